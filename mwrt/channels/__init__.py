@@ -1,0 +1,67 @@
+"""The data-channel registry: built-in channels by name, plus entry points `mwrt.channels`."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..errors import ConfigError
+from .base import DataChannel, Work
+
+# name -> class, or "module:Class" imported on first use (keeps optional deps lazy).
+_REGISTRY: dict[str, object] = {
+    "inproc": "mwrt.channels.inproc:InprocChannel",
+    "tcp": "mwrt.channels.tcp:TcpChannel",
+    "shm": "mwrt.channels.shm:ShmChannel",
+}
+_entry_points_loaded = False
+
+
+def register(name: str, cls) -> None:
+    """Make channel class `cls` (a DataChannel subclass) available as `name`."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"channel name: expected a non-empty str (got {name!r})")
+    if isinstance(cls, type) and not issubclass(cls, DataChannel):
+        raise TypeError(f"channel {name!r}: {cls.__name__} is not a DataChannel subclass")
+    _REGISTRY[name] = cls
+
+
+def known() -> list[str]:
+    """Names of every registered channel."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[DataChannel]:
+    """Return the channel class registered as `name`; a miss lists the known names."""
+    _load_entry_points()
+    try:
+        entry = _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(
+            f"channel: unknown channel {name!r} (known: {', '.join(sorted(_REGISTRY))}); "
+            "register one with mwrt.channels.register(name, cls)"
+        ) from None
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+        _REGISTRY[name] = entry
+    return entry
+
+
+def create(name: str, rank: int, world_size: int, **kwargs) -> DataChannel:
+    """Construct the channel `name` for `rank` of `world_size` (kwargs: store, prefix, key, timeout)."""
+    return get(name)(rank, world_size, **kwargs)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="mwrt.channels"):
+        _REGISTRY.setdefault(ep.name, f"{ep.module}:{ep.attr}")
+
+
+__all__ = ["DataChannel", "Work", "register", "get", "create", "known"]

@@ -1,0 +1,72 @@
+"""The reference channel: ranks are threads of one process, messages are queued copies."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import defaultdict, deque
+
+from ..errors import ChannelClosedError, ChannelTimeoutError
+from .base import DataChannel, size_mismatch
+
+# One mailbox table per (store, prefix): every rank of a group built on that store shares it.
+_GROUPS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+_GROUPS_LOCK = threading.Lock()
+
+
+class _Mailboxes:
+    """Queued messages keyed by (src, dst, tag), and which ranks have closed."""
+
+    def __init__(self):
+        self.queues: dict[tuple[int, int, int], deque] = defaultdict(deque)
+        self.closed: set[int] = set()
+        self.cond = threading.Condition()
+
+
+class InprocChannel(DataChannel):
+    """In-process reference implementation of the channel contract."""
+
+    name = "inproc"
+
+    def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None):
+        super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
+        with _GROUPS_LOCK:
+            per_store = _GROUPS.setdefault(store, {})
+            self._boxes = per_store.setdefault(prefix, _Mailboxes())
+
+    def _send(self, view, peer, tag, timeout, desc):
+        boxes = self._boxes
+        with boxes.cond:
+            if peer in boxes.closed:
+                raise ChannelClosedError(
+                    f"inproc send rank {self.rank}->{peer}: peer rank {peer} closed its channel",
+                    peer=peer,
+                )
+            boxes.queues[(self.rank, peer, tag)].append((bytes(view), desc))
+            boxes.cond.notify_all()
+
+    def _recv(self, view, peer, tag, timeout, desc):
+        boxes, key = self._boxes, (peer, self.rank, tag)
+        deadline = time.monotonic() + timeout
+        with boxes.cond:
+            while not boxes.queues[key]:
+                if peer in boxes.closed:
+                    raise ChannelClosedError(
+                        f"inproc recv rank {self.rank}<-{peer}: peer rank {peer} closed its "
+                        "channel before sending", peer=peer)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ChannelTimeoutError(
+                        f"inproc recv rank {self.rank}<-{peer} tag {tag}: nothing arrived "
+                        f"after {timeout} s")
+                boxes.cond.wait(left)
+            data, sent_desc = boxes.queues[key].popleft()
+        if len(data) != view.nbytes:
+            raise size_mismatch(self, peer, tag, sent_desc, desc)
+        view[:] = data
+
+    def _close(self):
+        with self._boxes.cond:
+            self._boxes.closed.add(self.rank)
+            self._boxes.cond.notify_all()

@@ -1,0 +1,62 @@
+"""Every default and MWRT_* environment variable, in one table."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One tunable: its variable name, default, type and meaning."""
+
+    env: str
+    default: object
+    kind: type
+    doc: str
+
+
+SETTINGS = {
+    "workers": Setting("MWRT_WORKERS", "", str, "comma-separated host:port of worker daemons"),
+    "local_workers": Setting("MWRT_LOCAL_WORKERS", 2, int, "daemons started when none are named"),
+    "connect_timeout": Setting("MWRT_CONNECT_TIMEOUT", 10.0, float, "seconds to reach a worker"),
+    "sync_timeout": Setting("MWRT_SYNC_TIMEOUT", 600.0, float, "seconds a sync point waits"),
+    "heartbeat_interval": Setting("MWRT_HEARTBEAT_INTERVAL", 0.5, float, "seconds between pings"),
+    "heartbeat_timeout": Setting("MWRT_HEARTBEAT_TIMEOUT", 5.0, float,
+                                 "seconds of silence before a peer is declared lost"),
+    "lease_timeout": Setting("MWRT_LEASE_TIMEOUT", 10.0, float,
+                             "seconds a worker keeps a silent master's session"),
+    "batch_size": Setting("MWRT_BATCH_SIZE", 256, int, "commands per batch before a flush"),
+    "inline_bytes": Setting("MWRT_INLINE_BYTES", 65536, int,
+                            "arrays up to this size ride inside commands"),
+    "max_frame_bytes": Setting("MWRT_MAX_FRAME_BYTES", 1 << 20, int,
+                               "largest command frame a daemon accepts"),
+    "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", 1 << 36, int,
+                                "largest tensor one command may create"),
+    "channel": Setting("MWRT_CHANNEL", "tcp", str, "data channel between workers"),
+    "channel_timeout": Setting("MWRT_CHANNEL_TIMEOUT", 300.0, float,
+                               "seconds a data-channel send/recv waits"),
+    "segment_bytes": Setting("MWRT_SEGMENT_BYTES", 4 << 20, int,
+                             "large transfers and collectives move in segments of this size"),
+    "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC"),
+    "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
+}
+
+
+def get(name: str):
+    """Return the setting `name`, from its MWRT_* variable if set, else its default."""
+    try:
+        setting = SETTINGS[name]
+    except KeyError:
+        raise ConfigError(f"config: unknown setting {name!r} (known: {', '.join(SETTINGS)})")
+    raw = os.environ.get(setting.env)
+    if raw is None or raw == "":
+        return setting.default
+    try:
+        return setting.kind(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{setting.env}: not a valid {setting.kind.__name__} (got {raw!r}); {setting.doc}"
+        ) from None
