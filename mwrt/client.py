@@ -1,0 +1,263 @@
+"""The master's side of the wire: one Node per worker, and the Cluster that holds them.
+
+A Node batches command rows and sends them on its `tx` socket; replies arrive on its
+`rx` socket, read only by a thread waiting at a sync point. A background heartbeat
+thread (heartbeat.py) pings every worker, relays events between nodes, and sends a
+batch that has waited too long, so work starts even when the master issues no more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+
+import zmq
+
+from . import config, wire
+from .errors import MwrtError, RemoteError, WorkerLostError
+
+log = logging.getLogger("mwrt")
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_SITES = 1 << 16  # issue sites remembered per node, for error reports
+_FREE = wire.code(wire.Free)
+# Commands whose third field is the stream they run on.
+_STREAM_CODES = frozenset(wire.code(c) for c in (
+    wire.Create, wire.Put, wire.Call, wire.Remote, wire.Free, wire.Get, wire.Meta, wire.Sync,
+    wire.Record, wire.WaitEvent, wire.NewStream))
+
+
+def dealer(context: zmq.Context, identity: bytes, address: str) -> zmq.Socket:
+    """A DEALER socket with `identity`, connected to `address`, that drops nothing silently."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.connect(address)
+    return sock
+
+
+def issue_site() -> str:
+    """'file:line in function' of the first caller outside mwrt."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+class Node:
+    """The master's connection to one worker daemon."""
+
+    def __init__(self, cluster, index: int, address: str):
+        self.cluster, self.index = cluster, index
+        self.address = address if address.startswith("tcp://") else f"tcp://{address}"
+        sid = cluster.session_id.encode()
+        self.tx = dealer(cluster.context, sid + b"/tx", self.address)
+        self.rx = dealer(cluster.context, sid + b"/rx", self.address)
+        self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
+        self.rows: list = []
+        self.frames: list = []
+        self.trackers: list = []
+        self.frees: deque = deque()
+        self.batch_started = self.last_flush = 0.0
+        self.batch_size = config.get("batch_size")
+        self.seq = 0
+        self.ids = itertools.count(1)
+        self.tokens = itertools.count(1)
+        self.replies: dict[int, tuple] = {}
+        self.sites: list = [""] * _SITES
+        self.streams: set[int] = set()  # every stream this master has used on the node
+        self.lost: str | None = None
+        self.info: wire.Welcome | None = None
+        self.closed = False
+
+    def __repr__(self):
+        return f"node {self.index} ({self.address})"
+
+    # -- connecting -----------------------------------------------------------------------
+
+    def connect(self, timeout: float) -> None:
+        """Say Hello on rx and wait for the Welcome; ConnectionError naming the address."""
+        token = next(self.tokens)
+        hello = wire.Hello(token, self.cluster.session_id, self.cluster.master_name, self.index)
+        self.rx.send_multipart([wire.encode_header(0), wire.encode_body([hello])])
+        if not self.rx.poll(timeout * 1000):
+            raise ConnectionError(f"worker {self.address} (node {self.index}): no answer within "
+                                  f"{timeout} s; is mwrt-worker running and listening there?")
+        self._route(self.rx.recv_multipart(copy=False))
+        reply, _ = self.replies.pop(token, (None, None))
+        if not isinstance(reply, wire.Welcome):
+            raise ConnectionError(f"worker {self.address} (node {self.index}): unexpected answer "
+                                  f"to Hello ({reply!r:.200})")
+        self.info = reply
+
+    # -- issuing --------------------------------------------------------------------------
+
+    def issue(self, row: tuple, frame=None) -> None:
+        """Queue one command row; it goes out with its batch (now, if the node was quiet)."""
+        self.sites[row[1] & (_SITES - 1)] = issue_site()
+        if row[0] in _STREAM_CODES:
+            self.streams.add(row[2])
+        with self.tx_lock:
+            now = time.monotonic()
+            if not self.rows:
+                self.batch_started = now
+            if frame is not None:
+                row = row[:-1] + (len(self.frames),)
+                self.frames.append(frame)
+            self.rows.append(row)
+            # Quiet: send at once (latency). Busy: batch (throughput); heartbeat sends stragglers.
+            if (len(self.rows) >= self.batch_size or now - self.last_flush > 1e-3
+                    or frame is not None):
+                self._flush_locked(now)
+
+    def release(self, tensor_id: int, streams: tuple) -> None:
+        """A handle was dropped: free its worker array with the next batch (thread-safe)."""
+        if not self.closed:
+            self.frees.append((tensor_id, streams))
+
+    def flush(self) -> None:
+        """Send the queued batch now."""
+        with self.tx_lock:
+            self._flush_locked(time.monotonic())
+
+    def flush_stale(self, now: float, age: float) -> None:
+        """Send the batch if its first row has waited more than `age` seconds."""
+        if (self.rows or self.frees) and now - self.batch_started > age:
+            with self.tx_lock:
+                self._flush_locked(now)
+
+    def _flush_locked(self, now: float) -> None:
+        self.last_flush = now
+        if self.frees:
+            self._append_frees()
+        if not self.rows or self.closed or self.lost:
+            return
+        self.seq += 1
+        tracker = self.tx.send_multipart(
+            [wire.encode_header(self.seq), wire.encode_raw(self.rows), *self.frames],
+            copy=False, track=bool(self.frames))
+        if self.frames:
+            self.trackers.append(tracker)
+        self.rows, self.frames = [], []
+
+    def _append_frees(self) -> None:
+        by_streams: dict[tuple, list] = {}
+        while True:
+            try:
+                tensor_id, streams = self.frees.popleft()
+            except IndexError:
+                break
+            by_streams.setdefault(streams, []).append(tensor_id)
+        for streams, ids in by_streams.items():
+            for stream in streams:
+                self.rows.append((_FREE, next(self.ids), stream, tuple(ids), len(streams)))
+
+    def known_streams(self) -> list[int]:
+        """Streams used on this node so far."""
+        return sorted(self.streams)
+
+    def wait_sent(self, timeout: float) -> None:
+        """Wait until zmq has sent every data frame queued so far (their memory is reusable)."""
+        while self.trackers:
+            tracker = self.trackers.pop(0)
+            tracker.wait(timeout)
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def request(self, row_without_token: tuple, what: str, timeout: float | None = None):
+        """Issue a row that ends with a reply token, and wait for its reply."""
+        token = next(self.tokens)
+        self.issue(row_without_token + (token,))
+        return self.wait(token, what, timeout)
+
+    def wait(self, token: int, what: str, timeout: float | None = None):
+        """Wait for the reply `token`; raise the worker's error, a loss, or a timeout."""
+        self.flush()
+        timeout = config.get("sync_timeout") if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self.rx_lock:
+            while token not in self.replies:
+                self.check_lost()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
+                                       "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
+                if self.rx.poll(min(left, 0.05) * 1000):
+                    self._route(self.rx.recv_multipart(copy=False))
+            reply, frames = self.replies.pop(token)
+        if isinstance(reply, wire.Failed):
+            raise self.remote_error(reply.info)
+        return reply, frames
+
+    def _route(self, frames) -> None:
+        try:
+            (reply,) = wire.decode_body(frames[1].bytes)
+        except (wire.WireError, ValueError) as exc:
+            log.error("%s: undecodable reply: %s", self, exc)
+            return
+        if reply.token == -1 and isinstance(reply, wire.Failed):
+            if reply.info.get("kind") == "unknown_session":
+                self.mark_lost(reply.info.get("message", "session unknown to the worker"))
+            else:
+                log.error("%s: %s", self, reply.info.get("message"))
+            return
+        self.replies[reply.token] = (reply, frames[2:])
+
+    # -- failures -------------------------------------------------------------------------
+
+    def mark_lost(self, reason: str) -> None:
+        """Record that this worker is gone; every later wait on it raises WorkerLostError."""
+        if self.lost is None:
+            self.lost = reason
+            log.error("%s lost: %s", self, reason)
+
+    def check_lost(self) -> None:
+        if self.lost is not None:
+            raise WorkerLostError(f"{self} is lost: {self.lost}; its tensors are gone",
+                                  node=self.index, address=self.address)
+
+    def remote_error(self, info: dict) -> Exception:
+        """Turn a worker's error report into RemoteError (or the loss it describes)."""
+        if info.get("kind") == "unknown_session":
+            self.mark_lost(info.get("message", ""))
+            return WorkerLostError(f"{self} is lost: {self.lost}", node=self.index,
+                                   address=self.address)
+        if info.get("kind") != "remote":
+            return MwrtError(f"{self}: {info.get('message')}")
+        command = info.get("command")
+        site = self.sites[command & (_SITES - 1)] if isinstance(command, int) else ""
+        message = (f"node {info.get('node')}, device {info.get('device')}, stream "
+                   f"{info.get('stream')}: {info.get('op')} on shapes {info.get('shapes')} "
+                   f"failed: {info.get('type')}: {info.get('message')}")
+        return RemoteError(message, node=info.get("node"), device=info.get("device"),
+                           stream=info.get("stream"), op=info.get("op"),
+                           remote_traceback=info.get("traceback", ""), issued_at=site)
+
+    def close(self, goodbye: bool = True) -> None:
+        """Say Bye (briefly waiting for it) and close the sockets."""
+        if self.closed:
+            return
+        if goodbye and self.lost is None:
+            try:
+                self._bye()
+            except Exception as exc:  # a dying worker must not stop shutdown
+                log.info("%s: goodbye not answered: %s", self, exc)
+        self.closed = True
+        self.tx.close(linger=0)
+        self.rx.close(linger=0)
+
+    def _bye(self) -> None:
+        token = next(self.ids)
+        with self.tx_lock:
+            self.rows.append((wire.code(wire.Bye), token))
+            self._flush_locked(time.monotonic())
+        self.wait(token, "goodbye", timeout=2.0)

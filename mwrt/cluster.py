@@ -1,0 +1,133 @@
+"""init_master_worker() and shutdown(): the Cluster of Nodes a master script drives."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import uuid
+
+import numpy as np
+import zmq
+
+from . import config
+from .client import Node
+from .errors import ConfigError, MwrtError
+from .local import LocalWorker
+
+log = logging.getLogger("mwrt")
+
+_cluster: "Cluster | None" = None
+_lock = threading.Lock()
+
+
+class Cluster:
+    """Everything one master holds: its nodes, local daemons, heartbeat and generator."""
+
+    def __init__(self, addresses: list[str], local: list[LocalWorker], timeout: float):
+        self.session_id = uuid.uuid4().hex
+        self.master_name = f"{socket.gethostname()}:{os.getpid()}"
+        self.context = zmq.Context()
+        self.local = local
+        self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
+        self.rng = np.random.default_rng()
+        try:
+            for node in self.nodes:
+                node.connect(timeout)
+        except BaseException:
+            self.close(goodbye=False)
+            raise
+        from .heartbeat import Heartbeat
+
+        self.heartbeat = Heartbeat(self)
+        self.heartbeat.start()
+
+    def node(self, index: int) -> Node:
+        """Node `index`, with an error naming the valid range."""
+        if not isinstance(index, int) or not 0 <= index < len(self.nodes):
+            raise ValueError(f"node: no node {index!r} (this master has nodes 0.."
+                             f"{len(self.nodes) - 1})")
+        return self.nodes[index]
+
+    def close(self, goodbye: bool = True) -> None:
+        """Say goodbye to every worker, stop the heartbeat and any local daemons."""
+        heartbeat = getattr(self, "heartbeat", None)
+        for node in self.nodes:
+            node.close(goodbye=goodbye and node.info is not None)
+        if heartbeat is not None:
+            heartbeat.stop()
+        for worker in self.local:
+            worker.stop()
+        self.context.term()
+
+
+def worker_addresses(workers) -> list[str]:
+    """Normalize the `workers` argument (or MWRT_WORKERS) into a list of addresses."""
+    if workers is None:
+        workers = config.get("workers")
+    if isinstance(workers, str):
+        workers = [w.strip() for w in workers.split(",") if w.strip()]
+    workers = list(workers)
+    for address in workers:
+        text = address[len("tcp://"):] if address.startswith("tcp://") else address
+        host, sep, port = text.rpartition(":")
+        if not isinstance(address, str) or not sep or not host or not port.isdigit():
+            raise ConfigError(f"workers: expected host:port or tcp://host:port "
+                              f"(got {address!r})")
+    return workers
+
+
+def init_master_worker(workers=None, *, local_workers: int | None = None,
+                       timeout: float | None = None) -> None:
+    """Connect to worker daemons (or start `local_workers` on loopback) and open sessions."""
+    global _cluster
+    timeout = config.get("connect_timeout") if timeout is None else float(timeout)
+    addresses = worker_addresses(workers)
+    with _lock:
+        if _cluster is not None:
+            raise MwrtError("init_master_worker: already initialized; call mwrt.shutdown() "
+                            "first")
+        local = []
+        if not addresses:
+            count = config.get("local_workers") if local_workers is None else local_workers
+            if not isinstance(count, int) or count < 1:
+                raise ConfigError(f"local_workers: must be an int >= 1 (got {count!r})")
+            try:
+                local = [LocalWorker.start(timeout) for _ in range(count)]
+            except BaseException:
+                for worker in local:
+                    worker.stop()
+                raise
+            addresses = [w.address for w in local]
+        try:
+            _cluster = Cluster(addresses, local, timeout)
+        except BaseException:
+            for worker in local:
+                worker.stop()
+            raise
+
+
+def shutdown() -> None:
+    """Free every session, close the sockets, stop local daemons; a no-op if not initialized."""
+    global _cluster
+    with _lock:
+        cluster, _cluster = _cluster, None
+    if cluster is not None:
+        cluster.close()
+
+
+def current() -> Cluster:
+    """The initialized cluster, or an error saying how to make one."""
+    cluster = _cluster
+    if cluster is None:
+        raise MwrtError("mwrt: not initialized; call mwrt.init_master_worker() first")
+    return cluster
+
+
+def is_initialized() -> bool:
+    return _cluster is not None
+
+
+atexit.register(shutdown)

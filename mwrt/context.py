@@ -1,0 +1,74 @@
+"""Where new tensors go: `with mwrt.node(i)`, `device=`, and the current stream (thread-local)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from .arrays import HOST
+
+_state = threading.local()
+
+
+def _stack(name: str) -> list:
+    stack = getattr(_state, name, None)
+    if stack is None:
+        stack = []
+        setattr(_state, name, stack)
+    return stack
+
+
+def current_node() -> int:
+    """The node new tensors are created on (0 unless inside `with mwrt.node(i)`)."""
+    stack = _stack("nodes")
+    return stack[-1] if stack else 0
+
+
+def current_device() -> int:
+    """The device new tensors are created on (host memory, -1, unless set)."""
+    stack = _stack("devices")
+    return stack[-1] if stack else HOST
+
+
+@contextlib.contextmanager
+def node(index: int, device: int | None = None):
+    """Create new tensors on node `index` (and `device`, if given) inside this block."""
+    from .cluster import current
+
+    current().node(index)  # validates the index now, not at the first op
+    nodes, devices = _stack("nodes"), _stack("devices")
+    nodes.append(index)
+    if device is not None:
+        devices.append(device)
+    try:
+        yield
+    finally:
+        nodes.pop()
+        if device is not None:
+            devices.pop()
+
+
+@contextlib.contextmanager
+def device(index: int):
+    """Create new tensors on `index` (-1 = host memory) of the current node inside this block."""
+    devices = _stack("devices")
+    devices.append(index)
+    try:
+        yield
+    finally:
+        devices.pop()
+
+
+def stream_stack() -> list:
+    """The stack of streams set with `with mwrt.stream(s)`."""
+    return _stack("streams")
+
+
+def stream_for(node_index: int, device_index: int) -> int:
+    """The stream id ops on (node, device) go to: the current stream if it is there."""
+    stack = _stack("streams")
+    if stack:
+        s = stack[-1]
+        if s.node == node_index and s.device == device_index:
+            return s.id
+    return device_index  # the default stream of a device has the device's number as id

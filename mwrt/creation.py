@@ -1,0 +1,88 @@
+"""Making tensors on workers: typed constructors, empty/zeros/ones/full/arange/rand/randn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import context, wire
+from .arrays import TYPED, as_dtype, as_shape
+from .cluster import current
+from .ops import Spec
+
+_CREATE = wire.code(wire.Create)
+
+
+def _create(kind: str, shape: tuple, dtype, node, device, args=()):
+    from .tensor import DistributedTensor
+
+    dtype = as_dtype(dtype)
+    target = current().node(context.current_node() if node is None else node)
+    device = context.current_device() if device is None else device
+    if not isinstance(device, int) or device < -1:
+        raise ValueError(f"device: must be -1 (host memory) or a GPU index >= 0 (got {device!r})")
+    stream = context.stream_for(target.index, device)
+    tensor = DistributedTensor(target, device, next(target.ids), Spec(shape, dtype), stream)
+    target.issue((_CREATE, next(target.ids), stream, tensor._id, kind, shape, dtype.str, device,
+                  tuple(args)))
+    return tensor
+
+
+def empty(*shape, dtype=np.float32, node=None, device=None):
+    """An uninitialized tensor of `shape` on (node, device)."""
+    return _create("empty", as_shape(shape), dtype, node, device)
+
+
+def zeros(*shape, dtype=np.float32, node=None, device=None):
+    return _create("zeros", as_shape(shape), dtype, node, device)
+
+
+def ones(*shape, dtype=np.float32, node=None, device=None):
+    return _create("ones", as_shape(shape), dtype, node, device)
+
+
+def full(shape, fill_value, dtype=None, node=None, device=None):
+    """A tensor of `shape` filled with `fill_value` (dtype inferred from it if not given)."""
+    shape = as_shape(shape if isinstance(shape, tuple) else (shape,))
+    dtype = np.asarray(fill_value).dtype if dtype is None else dtype
+    return _create("full", shape, dtype, node, device, (fill_value,))
+
+
+def arange(start, stop=None, step=1, dtype=None, node=None, device=None):
+    """Evenly spaced values in [start, stop), like np.arange."""
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must not be 0")
+    length = max(0, math.ceil((stop - start) / step))
+    dtype = np.arange(start, start + step, step).dtype if dtype is None else dtype
+    return _create("arange", (length,), dtype, node, device, (start, stop, step))
+
+
+def rand(*shape, dtype=np.float32, node=None, device=None):
+    """Uniform [0, 1) samples; reproducible after mwrt.manual_seed()."""
+    seed = int(current().rng.integers(2**63))
+    return _create("rand", as_shape(shape), dtype, node, device, (seed,))
+
+
+def randn(*shape, dtype=np.float32, node=None, device=None):
+    """Standard normal samples; reproducible after mwrt.manual_seed()."""
+    seed = int(current().rng.integers(2**63))
+    return _create("randn", as_shape(shape), dtype, node, device, (seed,))
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator that rand/randn draw their per-tensor seeds from."""
+    current().rng = np.random.default_rng(seed)
+
+
+def _typed(name: str, dtype):
+    def constructor(*shape, node=None, device=None):
+        return _create("empty", as_shape(shape), dtype, node, device)
+    constructor.__name__ = constructor.__qualname__ = name
+    constructor.__doc__ = f"An uninitialized {np.dtype(dtype)} tensor (torch's {name})."
+    return constructor
+
+
+TYPED_CONSTRUCTORS = {name: _typed(name, dtype) for name, dtype in TYPED.items()}

@@ -1,0 +1,131 @@
+"""The master's background thread: heartbeats, event relays between nodes, straggler batches.
+
+Each worker gets a third socket (SESSION/hb) owned by this thread alone. A worker is
+declared lost when its connection drops (a socket monitor sees it at once), when it
+stays silent past the heartbeat timeout, or when it answers with a new incarnation
+(it was restarted). Events recorded on one node and awaited on another are relayed
+here, so the master's own thread never has to be waiting for them to fire.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from . import config, wire
+from .client import dealer
+
+log = logging.getLogger("mwrt")
+
+_STRAGGLER_AGE = 2e-3  # seconds a batch may wait for more rows before this thread sends it
+
+
+class Heartbeat(threading.Thread):
+    """Pings workers, relays events, flushes stale batches; marks silent workers lost."""
+
+    def __init__(self, cluster):
+        super().__init__(name="mwrt-heartbeat", daemon=True)
+        self.cluster = cluster
+        self.interval = config.get("heartbeat_interval")
+        self.timeout = config.get("heartbeat_timeout")
+        self.relays: dict[int, list[int]] = {}  # event id -> nodes waiting on it
+        self.fired: dict[int, float] = {}  # event id -> time it fired
+        self.lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._outbox: list = []  # (node index, message), sent by this thread
+        sid = cluster.session_id.encode()
+        self.sockets = [dealer(cluster.context, sid + b"/hb", n.address) for n in cluster.nodes]
+        self.monitors = [s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+                         for s in self.sockets]
+        self.connected = [False] * len(self.sockets)
+        self.last_pong = [time.monotonic()] * len(self.sockets)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=2.0)
+
+    def relay(self, event: int, to_node: int) -> bool:
+        """Ask for event `event` to be relayed to `to_node`; False if it already fired."""
+        with self.lock:
+            if event in self.fired:
+                return False
+            self.relays.setdefault(event, []).append(to_node)
+            return True
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        for sock, monitor in zip(self.sockets, self.monitors):
+            poller.register(sock, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+        next_ping = 0.0
+        try:
+            while not self._stop_event.is_set():
+                now = time.monotonic()
+                if now >= next_ping:
+                    self._ping_all(now)
+                    next_ping = now + self.interval
+                for sock in dict(poller.poll(1)):
+                    self._on_readable(sock)
+                for node in self.cluster.nodes:
+                    node.flush_stale(time.monotonic(), _STRAGGLER_AGE)
+        except Exception:  # the master must learn why its heartbeat stopped
+            log.exception("mwrt heartbeat thread failed")
+        finally:
+            for sock, monitor in zip(self.sockets, self.monitors):
+                sock.disable_monitor()
+                monitor.close(linger=0)
+                sock.close(linger=0)
+
+    def _ping_all(self, now: float) -> None:
+        for index, node in enumerate(self.cluster.nodes):
+            if node.lost is not None or node.closed:
+                continue
+            silent = now - self.last_pong[index]
+            if silent > self.timeout:
+                node.mark_lost(f"no heartbeat for {silent:.1f} s (MWRT_HEARTBEAT_TIMEOUT="
+                               f"{self.timeout})")
+                continue
+            self._send(index, wire.Ping(0))
+
+    def _send(self, index: int, message) -> None:
+        self.sockets[index].send_multipart([wire.encode_header(0), wire.encode_body([message])])
+
+    def _on_readable(self, sock) -> None:
+        if sock in self.monitors:
+            index = self.monitors.index(sock)
+            event = recv_monitor_message(sock)["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self.connected[index] = True
+            elif event == zmq.EVENT_DISCONNECTED and self.connected[index]:
+                self.cluster.nodes[index].mark_lost("its connection closed (the worker process "
+                                                    "died or was stopped)")
+            return
+        index = self.sockets.index(sock)
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                (message,) = wire.decode_body(frames[1])
+            except Exception as exc:
+                log.error("node %d: undecodable heartbeat reply: %s", index, exc)
+                continue
+            self._on_message(index, message)
+
+    def _on_message(self, index: int, message) -> None:
+        node = self.cluster.nodes[index]
+        if isinstance(message, wire.Pong):
+            self.last_pong[index] = time.monotonic()
+            if node.info is not None and message.incarnation != node.info.incarnation:
+                node.mark_lost("the worker restarted (new incarnation); its tensors are gone")
+        elif isinstance(message, wire.Fired):
+            with self.lock:
+                self.fired[message.event] = message.time
+                waiting = self.relays.pop(message.event, [])
+            for to_node in waiting:
+                self._send(to_node, wire.EventDone(0, message.event))

@@ -1,0 +1,62 @@
+"""Local worker daemons, started by init_master_worker() when no workers are named."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+
+import mwrt
+
+
+class LocalWorker:
+    """A daemon process on this machine, listening on a loopback port it picked."""
+
+    def __init__(self, process: subprocess.Popen, address: str):
+        self.process, self.address = process, address
+
+    @classmethod
+    def start(cls, timeout: float, env: dict | None = None) -> "LocalWorker":
+        """Start `python -m mwrt.worker` on a free loopback port; wait for its address."""
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
+        child_env = dict(os.environ, **(env or {}))
+        # The child imports the same mwrt as this master, installed or not.
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mwrt.worker", "--listen", "127.0.0.1:0",
+             "--parent-pid", str(os.getpid())],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env, text=True)
+        line = _read_line(process, timeout)
+        prefix = "mwrt-worker: listening on "
+        if not line.startswith(prefix):
+            process.kill()
+            process.wait()
+            raise ConnectionError(f"local worker (pid {process.pid}): did not start within "
+                                  f"{timeout} s (said {line.strip()!r}); see its stderr")
+        return cls(process, line[len(prefix):].strip())
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def _read_line(process: subprocess.Popen, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.1)
+        if ready:
+            return process.stdout.readline()
+        if process.poll() is not None:
+            return f"(exited with code {process.returncode})"
+    return "(no answer)"

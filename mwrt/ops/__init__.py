@@ -1,0 +1,69 @@
+"""The op registry: each op's meta rule (run on the master) and implementation (on the worker).
+
+An op is one `Op` entry: `impl(xp, *args, **kwargs)` computes with the array namespace
+of the worker's device (NumPy or CuPy); `meta(*args, **kwargs)` receives `Spec`s in
+place of tensors and returns the result's Spec (or a tuple of them, or None for an
+in-place op), raising at issue time whatever NumPy would raise for shapes and dtypes.
+A meta rule may return UNKNOWN when the result's shape depends on the data; the master
+then asks the worker when the shape is first needed. Adding an op is one `register` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+
+class Spec(NamedTuple):
+    """What the master knows of a tensor: shape and dtype."""
+
+    shape: tuple
+    dtype: np.dtype
+
+
+UNKNOWN = "unknown"  # meta result whose shape depends on the data
+
+
+@dataclass(frozen=True)
+class Op:
+    """One registry entry."""
+
+    name: str
+    impl: Callable
+    meta: Callable
+    inplace: bool = False  # mutates its first argument, makes no new tensor
+
+
+_OPS: dict[str, Op] = {}
+
+
+def register(name: str, impl: Callable, meta: Callable, *, inplace: bool = False) -> Op:
+    """Add (or replace) op `name`."""
+    op = Op(name, impl, meta, inplace)
+    _OPS[name] = op
+    return op
+
+
+def get(name: str) -> Op:
+    """The op called `name`; a miss says how to find the known ones."""
+    try:
+        return _OPS[name]
+    except KeyError:
+        raise KeyError(f"op: unknown op {name!r} ({len(_OPS)} known; see mwrt.ops.names())") \
+            from None
+
+
+def has(name: str) -> bool:
+    """True if op `name` is registered."""
+    return name in _OPS
+
+
+def names() -> list[str]:
+    """Every registered op name."""
+    return sorted(_OPS)
+
+
+# Importing the families fills the registry.
+from . import elementwise, reductions, shape, misc  # noqa: E402,F401

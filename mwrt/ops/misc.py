@@ -1,0 +1,108 @@
+"""Matrix products, copies and casts, fills, and the array functions (where, clip, concatenate…)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import Spec, register
+from ._meta import result_dtype, shape_of, standin
+
+
+def matmul_meta(a, b):
+    """NumPy's matmul shape rule: 1-D operands are promoted then squeezed; batches broadcast."""
+    sa, sb = shape_of(a), shape_of(b)
+    if not sa or not sb:
+        raise ValueError("matmul: input operand does not have enough dimensions (got a 0-d "
+                         "operand, expected at least 1-D)")
+    ea = (1,) + sa if len(sa) == 1 else sa
+    eb = sb + (1,) if len(sb) == 1 else sb
+    if ea[-1] != eb[-2]:
+        raise ValueError(f"matmul: core dimensions do not match (got {sa} @ {sb}: "
+                         f"{ea[-1]} != {eb[-2]})")
+    batch = np.broadcast_shapes(ea[:-2], eb[:-2])
+    shape = batch + ((ea[-2],) if len(sa) > 1 else ()) + ((eb[-1],) if len(sb) > 1 else ())
+    return Spec(shape, result_dtype(np.matmul, (_as2d(a), _as2d(b))))
+
+
+def _as2d(x):
+    return Spec((1, 1), x.dtype) if isinstance(x, Spec) else np.ones((1, 1), np.asarray(x).dtype)
+
+
+def _same(a, *args, **kwargs):
+    return Spec(a.shape, a.dtype)
+
+
+def astype_meta(a, dtype):
+    return Spec(a.shape, np.dtype(dtype))
+
+
+def copy_meta(target, src):
+    try:
+        np.broadcast_to(standin(Spec(shape_of(src), None)), target.shape)
+    except ValueError:
+        raise ValueError(f"copy_: source shape {shape_of(src)} cannot be broadcast to the "
+                         f"target's {target.shape}") from None
+
+
+def _copy_into(xp, target, src):
+    target[...] = src
+
+
+def _fill(xp, target, value):
+    target.fill(value)
+
+
+def _fill_meta(target, value):
+    if isinstance(value, Spec):
+        raise TypeError("fill_: value must be a Python scalar (got a tensor); use copy_")
+
+
+def where_meta(cond, x, y):
+    shape = np.broadcast_shapes(shape_of(cond), shape_of(x), shape_of(y))
+    return Spec(shape, result_dtype(np.where, (Spec((1,), np.dtype(bool)), x, y)))
+
+
+def clip_meta(a, a_min=None, a_max=None, **kwargs):
+    shape = np.broadcast_shapes(*(shape_of(v) for v in (a, a_min, a_max) if v is not None))
+    args = [v if v is not None else None for v in (a, a_min, a_max)]
+    return Spec(shape, result_dtype(np.clip, args))
+
+
+def _join_meta(name):
+    fn = getattr(np, name)
+
+    def meta(arrays, axis=0, **kwargs):
+        if not isinstance(arrays, tuple) or not arrays:
+            raise ValueError(f"{name}: need a non-empty sequence of tensors")
+        shape = fn([standin(Spec(shape_of(a), None)) for a in arrays], axis=axis).shape
+        dtypes = [a.dtype if isinstance(a, Spec) else np.asarray(a).dtype for a in arrays]
+        return Spec(shape, np.result_type(*dtypes))
+    return meta
+
+
+def _join_impl(name):
+    def impl(xp, arrays, axis=0, **kwargs):
+        return getattr(xp, name)(list(arrays), axis=axis, **kwargs)
+    return impl
+
+
+def _to_device_impl(xp, a, device):
+    # xp is the namespace of the destination stream's device.
+    if device == -1:
+        get = getattr(a, "get", None)
+        return get() if get is not None else a.copy()
+    with xp.cuda.Device(device):
+        return xp.asarray(a)
+
+
+register("matmul", lambda xp, a, b: xp.matmul(a, b), matmul_meta)
+register("dot", lambda xp, a, b: xp.dot(a, b), matmul_meta)
+register("astype", lambda xp, a, dtype: a.astype(dtype), astype_meta)
+register("copy", lambda xp, a: a.copy(), _same)
+register("copy_", _copy_into, copy_meta, inplace=True)
+register("fill_", _fill, _fill_meta, inplace=True)
+register("where", lambda xp, c, x, y: xp.where(c, x, y), where_meta)
+register("clip", lambda xp, a, a_min=None, a_max=None: xp.clip(a, a_min, a_max), clip_meta)
+register("concatenate", _join_impl("concatenate"), _join_meta("concatenate"))
+register("stack", _join_impl("stack"), _join_meta("stack"))
+register("to_device", _to_device_impl, lambda a, device: Spec(a.shape, a.dtype))

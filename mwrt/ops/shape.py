@@ -1,0 +1,85 @@
+"""Shape ops (views where NumPy gives views), indexing and item assignment.
+
+Their meta rules run NumPy itself on stand-ins of item size 0, so every shape rule and
+error is exactly NumPy's and costs no memory on the master.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import UNKNOWN, Spec, register
+from ._meta import standin
+
+
+def _impl(name):
+    def impl(xp, a, *args, **kwargs):
+        return getattr(xp, name)(a, *args, **kwargs)
+    return impl
+
+
+def _view_meta(name):
+    fn = getattr(np, name)
+
+    def meta(a, *args, **kwargs):
+        return Spec(fn(standin(a), *args, **kwargs).shape, a.dtype)
+    return meta
+
+
+for _name in ["reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "ravel",
+              "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d", "roll"]:
+    register(_name, _impl(_name), _view_meta(_name))
+
+register("flatten", lambda xp, a: a.flatten(), lambda a: Spec((int(np.prod(a.shape)),), a.dtype))
+
+
+def _index_standin(index):
+    """Replace tensor Specs inside an index by stand-ins NumPy can index with."""
+    if isinstance(index, tuple):
+        return tuple(_index_standin(i) for i in index)
+    if isinstance(index, Spec):
+        if index.dtype == np.bool_:
+            return UNKNOWN  # a mask: the result's length depends on the data
+        if not np.issubdtype(index.dtype, np.integer):
+            raise IndexError(f"getitem: arrays used as indices must be of integer or boolean "
+                             f"type (got {index.dtype})")
+        return np.zeros(index.shape, dtype=np.intp)
+    return index
+
+
+def _has_unknown(index):
+    return index is UNKNOWN or (isinstance(index, tuple) and any(i is UNKNOWN for i in index))
+
+
+def getitem_impl(xp, a, index):
+    return a[index]
+
+
+def getitem_meta(a, index):
+    stand_index = _index_standin(index)
+    if _has_unknown(stand_index):
+        return UNKNOWN
+    # Zeros stand in for integer index tensors: in bounds whenever the axis is not empty.
+    return Spec(standin(a)[stand_index].shape, a.dtype)
+
+
+def setitem_impl(xp, a, index, value):
+    a[index] = value
+
+
+def setitem_meta(a, index, value):
+    stand_index = _index_standin(index)
+    if _has_unknown(stand_index):
+        return None
+    target = standin(a)[stand_index].shape
+    vshape = value.shape if isinstance(value, Spec) else np.shape(value)
+    try:
+        np.broadcast_to(np.empty(vshape, dtype=np.dtype([])), target)
+    except ValueError:
+        raise ValueError(f"setitem: could not broadcast input array from shape {vshape} "
+                         f"into shape {target}") from None
+    return None
+
+
+register("getitem", getitem_impl, getitem_meta)
+register("setitem", setitem_impl, setitem_meta, inplace=True)

@@ -1,0 +1,393 @@
+"""The command and reply format: one frozen dataclass per message, msgpack-encoded.
+
+A message is a ZeroMQ multipart: [header, body, *data frames]. The header is
+(MAGIC, VERSION, batch sequence); the body a list of messages, each `[code, *fields]`.
+Array bytes ride in the data frames (or on a data channel), never inside the body.
+Decoding builds plain values and these dataclasses only; it never runs code.
+Lists arrive as tuples: a list index must be sent as an array.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from .errors import WireError
+
+MAGIC = b"mwrt"
+VERSION = 1
+
+# msgpack extension codes for values that plain msgpack cannot carry.
+EXT_REF, EXT_SLICE, EXT_ELLIPSIS, EXT_ARRAY, EXT_COMPLEX = 1, 2, 3, 4, 5
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor named by its session-wide id."""
+
+    id: int
+
+
+# -- commands: master -> worker -------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Open a session: the worker answers with a Welcome."""
+
+    id: int
+    session: str
+    master: str
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """Close the session and free everything it holds."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Liveness probe; the worker answers Pong at once from its socket thread."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Allocate tensor `out` on `device`: kind in empty/zeros/ones/full/arange/rand/randn."""
+
+    id: int
+    stream: int
+    out: int
+    kind: str
+    shape: tuple
+    dtype: str
+    device: int
+    args: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Tensor `out` from bytes in data frame `frame` (or channel tag when frame < 0)."""
+
+    id: int
+    stream: int
+    out: int
+    shape: tuple
+    dtype: str
+    device: int
+    frame: int
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run registry op `op` on args (Refs resolved on the worker); results to ids `outs`."""
+
+    id: int
+    stream: int
+    outs: tuple
+    op: str
+    args: tuple
+    kwargs: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Remote:
+    """Run a cloudpickled user function; array results become tensors `outs`."""
+
+    id: int
+    stream: int
+    outs: tuple
+    fn: bytes
+    args: tuple
+    kwargs: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """Drop tensors `ids` once `uses` streams (each sent this Free) have reached it."""
+
+    id: int
+    stream: int
+    ids: tuple
+    uses: int
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    """Send tensor `ref`'s bytes back once `stream` reaches this point."""
+
+    id: int
+    stream: int
+    ref: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Report tensor `ref`'s shape and dtype once `stream` reaches this point."""
+
+    id: int
+    stream: int
+    ref: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Answer once `stream` reaches this point (raising its sticky error, if any)."""
+
+    id: int
+    stream: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """Answer at once whether `stream` has finished everything issued before this."""
+
+    id: int
+    stream: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewStream:
+    """Create stream `stream` on `device`, with its own executor."""
+
+    id: int
+    stream: int
+    device: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Mark event `event` done when `stream` reaches this point (timing if asked)."""
+
+    id: int
+    stream: int
+    event: int
+    timing: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEvent:
+    """Hold `stream` until event `event` is done; `remote` events are relayed by the master."""
+
+    id: int
+    stream: int
+    event: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventQuery:
+    """Answer whether event `event` is done; with `wait`, answer once it is."""
+
+    id: int
+    event: int
+    wait: bool
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventDone:
+    """Relay: event `event` (recorded on another node) is done."""
+
+    id: int
+    event: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Report live tensors and bytes of this session."""
+
+    id: int
+    token: int
+
+
+# -- replies: worker -> master --------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Answer to Hello: who the worker is."""
+
+    token: int
+    incarnation: str
+    hostname: str
+    pid: int
+    devices: int
+    data_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """Answer to Ping."""
+
+    token: int
+    incarnation: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A sync point was reached; `value` is the answer (None, bool, dict)."""
+
+    token: int
+    value: object
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """A tensor's bytes: in data frame 0."""
+
+    token: int
+    shape: tuple
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """An error: `info` holds kind, message, node, device, stream, op, shapes, traceback."""
+
+    token: int
+    info: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """Event `event` (one another node waits on) is done; the master relays it."""
+
+    token: int
+    event: int
+    time: float
+
+
+MESSAGES = [Hello, Bye, Ping, Create, Put, Call, Remote, Free, Get, Meta, Sync, Query,
+            NewStream, Record, WaitEvent, EventQuery, EventDone, Stats,
+            Welcome, Pong, Done, Data, Failed, Fired]
+CODES = {cls: code for code, cls in enumerate(MESSAGES)}
+_FIELDS = [tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES]
+
+
+# -- values ---------------------------------------------------------------------------------
+
+def _default(value):
+    if isinstance(value, Ref):
+        return msgpack.ExtType(EXT_REF, value.id.to_bytes(8, "little", signed=True))
+    if isinstance(value, slice):
+        return msgpack.ExtType(EXT_SLICE, _pack((value.start, value.stop, value.step)))
+    if value is Ellipsis:
+        return msgpack.ExtType(EXT_ELLIPSIS, b"")
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise WireError(f"wire: object arrays cannot be sent (got dtype {value.dtype})")
+        arr = np.ascontiguousarray(value)
+        return msgpack.ExtType(EXT_ARRAY, _pack((arr.dtype.str, arr.shape, arr.tobytes())))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, complex):
+        return msgpack.ExtType(EXT_COMPLEX, _pack((value.real, value.imag)))
+    if isinstance(value, np.dtype):
+        return value.str
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return np.dtype(value).str
+    raise WireError(f"wire: cannot encode a {type(value).__name__} (got {value!r:.60})")
+
+
+def _ext_hook(code, data):
+    if code == EXT_REF:
+        return Ref(int.from_bytes(data, "little", signed=True))
+    if code == EXT_SLICE:
+        return slice(*_unpack(data))
+    if code == EXT_ELLIPSIS:
+        return Ellipsis
+    if code == EXT_ARRAY:
+        dtype, shape, raw = _unpack(data)
+        dt = np.dtype(dtype)
+        if dt.hasobject:
+            raise WireError(f"wire: object arrays are refused (got dtype {dt})")
+        return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+    if code == EXT_COMPLEX:
+        return complex(*_unpack(data))
+    raise WireError(f"wire: unknown extension type {code}")
+
+
+def _pack(value) -> bytes:
+    return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=False)
+
+
+def _unpack(data):
+    return msgpack.unpackb(data, ext_hook=_ext_hook, use_list=False, raw=False,
+                           strict_map_key=False)
+
+
+# -- messages -------------------------------------------------------------------------------
+
+def encode_header(seq: int) -> bytes:
+    """The first frame of every message."""
+    return _pack((MAGIC, VERSION, seq))
+
+
+def decode_header(frame) -> int:
+    """Check magic and version of a header frame; return its batch sequence number."""
+    try:
+        magic, version, seq = _unpack(frame)
+    except Exception as exc:
+        raise WireError(f"wire: malformed header ({type(exc).__name__}: {exc})") from None
+    if magic != MAGIC:
+        raise WireError(f"wire: not an mwrt message (got magic {magic!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise WireError(f"wire: protocol version mismatch (got {version}, expected {VERSION}); "
+                        "run the same mwrt version on master and workers")
+    if not isinstance(seq, int):
+        raise WireError(f"wire: batch sequence must be an int (got {type(seq).__name__})")
+    return seq
+
+
+def encode_body(messages) -> bytes:
+    """Pack a list of messages into one frame."""
+    return _pack([(CODES[type(m)], *(getattr(m, f) for f in _FIELDS[CODES[type(m)]]))
+                  for m in messages])
+
+
+def encode_raw(rows) -> bytes:
+    """Pack rows already in `[code, *fields]` form (the master's fast path)."""
+    return _pack(rows)
+
+
+def decode_body(frame, max_bytes: int | None = None) -> list:
+    """Unpack a body frame into message dataclasses; any malformation is a WireError."""
+    if max_bytes is not None and len(frame) > max_bytes:
+        raise WireError(f"wire: command frame too large (got {len(frame)} bytes, "
+                        f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
+    try:
+        rows = _unpack(frame)
+    except WireError:
+        raise
+    except Exception as exc:
+        raise WireError(f"wire: malformed body ({type(exc).__name__}: {exc})") from None
+    if not isinstance(rows, tuple):
+        raise WireError(f"wire: body must be a list of messages (got {type(rows).__name__})")
+    return [_build(row) for row in rows]
+
+
+def _build(row):
+    if not isinstance(row, tuple) or not row or not isinstance(row[0], int):
+        raise WireError(f"wire: a message must be [code, *fields] (got {row!r:.80})")
+    code = row[0]
+    if not 0 <= code < len(MESSAGES):
+        raise WireError(f"wire: unknown message code {code} (known: 0..{len(MESSAGES) - 1})")
+    cls, names = MESSAGES[code], _FIELDS[code]
+    if len(row) - 1 != len(names):
+        raise WireError(f"wire: {cls.__name__} takes {len(names)} fields "
+                        f"(got {len(row) - 1})")
+    return cls(*row[1:])
+
+
+def code(cls) -> int:
+    """The wire code of message class `cls`."""
+    return CODES[cls]

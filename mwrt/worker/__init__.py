@@ -1,0 +1,1 @@
+"""The worker daemon: serves masters, holds their sessions, runs their streams."""

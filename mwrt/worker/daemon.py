@@ -1,0 +1,299 @@
+"""The daemon's socket loop: receives batches, hands commands to stream executors, forwards replies.
+
+The socket thread never runs an op. It decodes each batch, answers session-level
+commands (Hello, Ping, Query, event relays) itself, and queues stream commands on
+their stream's executor. Executors reply through an inproc PUSH socket that this
+loop forwards to the master, because a ZeroMQ socket belongs to one thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import time
+import uuid
+
+import zmq
+
+from .. import config, wire
+from ..errors import ConfigError, WireError
+from .session import Session
+
+log = logging.getLogger("mwrt.worker")
+
+# A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
+# it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
+TX, RX, HB = b"tx", b"rx", b"hb"
+_SOCKET_COMMANDS = (wire.Hello, wire.Bye, wire.Ping, wire.NewStream, wire.Query,
+                    wire.EventQuery, wire.EventDone, wire.Stats)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'host:port' or 'tcp://host:port' -> (host, port), with a clear error."""
+    text = address[len("tcp://"):] if address.startswith("tcp://") else address
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"address: expected host:port or tcp://host:port (got {address!r})")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return all(info[4][0].startswith("127.") or info[4][0] == "::1" for info in infos)
+
+
+class Daemon:
+    """A worker daemon: one ROUTER socket for masters, a session per master."""
+
+    def __init__(self, listen: str = "127.0.0.1:0", *, parent_pid: int | None = None):
+        host, port = parse_address(listen)
+        if not is_loopback(host):
+            raise ConfigError(f"mwrt-worker: refusing to listen on {host} without a key "
+                              "(a worker runs what masters send); pass --key-file, or listen "
+                              "on 127.0.0.1")
+        self.incarnation = uuid.uuid4().hex
+        self.context = zmq.Context()
+        self.router = self.context.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.MAXMSGSIZE, config.get("max_tensor_bytes") + 4096)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(f"tcp://{host}:{port or '*'}")
+        self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._reply_address = f"inproc://mwrt-replies-{self.incarnation}"
+        self.replies = self.context.socket(zmq.PULL)
+        self.replies.bind(self._reply_address)
+        self.sessions: dict[bytes, Session] = {}
+        self.lease_timeout = config.get("lease_timeout")
+        self.max_frame = config.get("max_frame_bytes")
+        self.parent_pid = parent_pid
+        self.stopping = False
+        self._functions: dict[bytes, object] = {}
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run until stop() (or SIGTERM/SIGINT in the CLI)."""
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.replies, zmq.POLLIN)
+        next_reap = time.monotonic() + 1.0
+        while not self.stopping:
+            ready = dict(poller.poll(200))
+            if self.replies in ready:
+                self._drain(self.replies, self._forward)
+            if self.router in ready:
+                self._drain(self.router, self._on_message)
+            if time.monotonic() >= next_reap:
+                self._reap()
+                next_reap = time.monotonic() + 1.0
+        self.close()
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def close(self) -> None:
+        for session in list(self.sessions.values()):
+            session.close()
+        self.sessions.clear()
+        self.router.close(linger=0)
+        self.replies.close(linger=0)
+        self.context.term()
+
+    def _drain(self, sock, handle) -> None:
+        for _ in range(1000):  # bounded, so replies and requests take turns
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def _forward(self, frames) -> None:
+        self.router.send_multipart(frames, copy=False)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _on_message(self, frames) -> None:
+        identity = frames[0].bytes
+        sid, _, role = identity.rpartition(b"/")
+        try:
+            if len(frames) < 3:
+                raise WireError(f"wire: a message has at least 2 frames (got {len(frames) - 1})")
+            seq = wire.decode_header(frames[1].bytes)
+            commands = wire.decode_body(frames[2].bytes, self.max_frame)
+        except WireError as exc:
+            log.warning("rejected a message from %r: %s", identity[:40], exc)
+            self.send(identity, wire.Failed(-1, {"kind": "wire", "message": str(exc)}))
+            return
+        if role == HB:
+            self._on_heartbeat(identity, sid, commands)
+        elif role == RX and len(commands) == 1 and isinstance(commands[0], wire.Hello):
+            self._hello(sid, commands[0])
+        elif role == TX:
+            self._on_batch(identity, sid, seq, commands, frames[3:])
+        else:
+            log.warning("rejected a message from %r: unknown role or command", identity[:40])
+            self.send(identity, wire.Failed(-1, {"kind": "wire", "message": "wire: expected "
+                                                 "a Hello on SESSION/rx or commands on tx"}))
+
+    def _on_heartbeat(self, identity, sid, commands) -> None:
+        session = self.sessions.get(sid)
+        if session is not None:
+            session.last_seen = time.monotonic()
+        for command in commands:
+            if isinstance(command, wire.Ping):
+                self.send(identity, wire.Pong(command.id, self.incarnation))
+            elif isinstance(command, wire.EventDone) and session is not None:
+                self.fire_event(session, command.event, None, self.send)
+
+    def _on_batch(self, identity, sid, seq, commands, data) -> None:
+        session = self.sessions.get(sid)
+        if session is None:
+            self.send(sid + b"/" + RX, wire.Failed(-1, {
+                "kind": "unknown_session", "incarnation": self.incarnation,
+                "message": f"worker {self.address} has no session for this master (it "
+                           "restarted, or freed the session after a silence)"}))
+            return
+        if seq <= session.last_seq:
+            log.info("dropped a resent batch %d from %s", seq, session.master)
+            return
+        session.last_seq, session.last_seen = seq, time.monotonic()
+        self._dispatch(session, commands, data)
+
+    def _dispatch(self, session, commands, data) -> None:
+        groups: dict[int, list] = {}
+        for command in commands:
+            if isinstance(command, _SOCKET_COMMANDS):
+                self._submit(session, groups, data)
+                groups = {}
+                session = self._socket_command(session, command)
+                if session is None:
+                    return
+            else:
+                groups.setdefault(command.stream, []).append(command)
+        self._submit(session, groups, data)
+
+    def _submit(self, session, groups, data) -> None:
+        for stream_id, commands in groups.items():
+            try:
+                executor = session.stream(stream_id)
+            except Exception as exc:
+                self.send(session.identity, wire.Failed(-1, {"kind": "remote",
+                                                             "message": str(exc)}))
+                continue
+            executor.submit(commands, data)
+
+    def _socket_command(self, session, command):
+        """Handle a session-level command on the socket thread; None once the session ends."""
+        identity = session.identity
+        if isinstance(command, (wire.Hello, wire.Ping)):
+            return session
+        if isinstance(command, wire.Bye):
+            self.sessions.pop(session.sid, None)
+            session.close()
+            self.send(identity, wire.Done(command.id, None))
+            return None
+        if isinstance(command, wire.NewStream):
+            session.stream(command.stream, command.device)
+        elif isinstance(command, wire.Query):
+            executor = session.streams.get(command.stream)
+            self.send(identity, wire.Done(command.token, executor is None or executor.idle()))
+        elif isinstance(command, wire.EventQuery):
+            self._event_query(session, command)
+        elif isinstance(command, wire.EventDone):
+            self.fire_event(session, command.event, None, self.send)
+        elif isinstance(command, wire.Stats):
+            self.send(identity, wire.Done(command.token, session.stats()))
+        return session
+
+    def _hello(self, sid, command) -> Session:
+        old = self.sessions.pop(sid, None)
+        if old is not None:
+            old.close()
+        identity = sid + b"/" + RX
+        session = Session(self, identity, command.session, command.master, command.node)
+        self.sessions[sid] = session
+        log.info("session %s opened by %s as node %d", command.session, command.master,
+                 command.node)
+        from .. import arrays
+
+        self.send(identity, wire.Welcome(command.id, self.incarnation, socket.gethostname(),
+                                         os.getpid(), arrays.device_count(), ""))
+        return session
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _event_query(self, session, command) -> None:
+        state = session.event(command.event)
+        with session.lock:
+            if not state.fired.is_set() and command.wait:
+                state_waiters = session.event_waiters.setdefault(command.event, [])
+                state_waiters.append(command.token)
+                return
+        self.send(session.identity, wire.Done(command.token, {
+            "done": state.fired.is_set(), "time": state.time}))
+
+    def fire_event(self, session, event_id, when, send) -> None:
+        """Mark an event done, answer its waiters, and tell the master (for relays)."""
+        state = session.event(event_id)
+        with session.lock:
+            if when is not None:
+                state.time = when
+            state.fired.set()
+            waiters = session.event_waiters.pop(event_id, [])
+        for token in waiters:
+            send(session.identity, wire.Done(token, {"done": True, "time": state.time}))
+        if when is not None:
+            send(session.sid + b"/" + HB, wire.Fired(-1, event_id, state.time))
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def send(self, identity: bytes, message, frames=()) -> None:
+        """Send one reply from the socket thread."""
+        self.router.send_multipart([identity, wire.encode_header(0),
+                                    wire.encode_body([message]), *frames], copy=False)
+
+    def reply_socket(self) -> zmq.Socket:
+        """A PUSH socket into the reply queue, for one executor thread."""
+        sock = self.context.socket(zmq.PUSH)
+        sock.connect(self._reply_address)
+        return sock
+
+    def load_function(self, session, blob: bytes):
+        """Unpickle a user function (cloudpickle), cached by content."""
+        digest = hashlib.sha256(blob).digest()
+        fn = self._functions.get(digest)
+        if fn is None:
+            import cloudpickle
+
+            fn = cloudpickle.loads(blob)
+            if len(self._functions) > 256:
+                self._functions.clear()
+            self._functions[digest] = fn
+        return fn
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for sid, session in list(self.sessions.items()):
+            if now - session.last_seen > self.lease_timeout:
+                log.warning("session %s of %s: no word for %.1f s, freeing it", session.id,
+                            session.master, now - session.last_seen)
+                self.sessions.pop(sid, None)
+                session.close()
+        if self.parent_pid is not None and not _alive(self.parent_pid):
+            log.warning("parent process %d is gone; stopping", self.parent_pid)
+            self.stopping = True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

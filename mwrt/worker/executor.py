@@ -1,0 +1,116 @@
+"""A stream's executor: one thread running that stream's commands in order.
+
+Errors are sticky per stream, as in CUDA: after a command fails, the stream skips its
+commands (their results are poisoned with the same error) until a sync point reports
+the error to the master; then the stream runs again.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import traceback
+
+from .. import arrays, wire
+from . import handlers
+
+log = logging.getLogger("mwrt.worker")
+
+DEFAULT_STREAM_LIMIT = 1 << 20  # ids below are default streams (id == device)
+_SYNC_POINTS = (wire.Get, wire.Meta, wire.Sync)
+# Run even after an error: sync points report it, frees and records must not be lost.
+_ALWAYS_RUN = (*_SYNC_POINTS, wire.Free, wire.Record)
+
+
+class StreamExecutor:
+    """Runs one stream's commands on its own thread, in issue order."""
+
+    def __init__(self, session, stream_id: int, device: int):
+        self.session, self.id, self.device = session, stream_id, device
+        self.xp = arrays.namespace(device)
+        self.error: dict | None = None
+        self.pending = 0  # batches queued and not finished; changed under _lock
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._reply_socket = None
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"mwrt-stream-{session.node}-{stream_id}")
+        self.thread.start()
+
+    def submit(self, commands: list, frames: list) -> None:
+        """Queue a list of commands (with the batch's data frames) for this stream."""
+        with self._lock:
+            self.pending += 1
+        self._queue.put((commands, frames))
+
+    def idle(self) -> bool:
+        """True when everything submitted so far has run."""
+        return self.pending == 0
+
+    def stop(self) -> None:
+        """Finish the current command and end the thread."""
+        self._queue.put(None)
+
+    def reply(self, message, frames=()) -> None:
+        """Send a reply to the session's master through the daemon's socket thread."""
+        self.send(self.session.identity, message, frames)
+
+    def send(self, identity: bytes, message, frames=()) -> None:
+        """Send a message to `identity` through the daemon's socket thread."""
+        self._reply_socket.send_multipart(
+            [identity, wire.encode_header(0), wire.encode_body([message]), *frames],
+            copy=False)
+
+    def _run(self) -> None:
+        self._reply_socket = self.session.daemon.reply_socket()
+        try:
+            with arrays.use_device(self.device):
+                while True:
+                    item = self._queue.get()
+                    if item is None:
+                        break
+                    commands, frames = item
+                    for command in commands:
+                        self.execute(command, frames)
+                    with self._lock:
+                        self.pending -= 1
+        finally:
+            self._reply_socket.close(linger=1000)
+
+    def execute(self, command, frames) -> None:
+        """Run one command, turning its failure into this stream's sticky error."""
+        if self.error is not None and not isinstance(command, _ALWAYS_RUN):
+            handlers.poison(self, command, self.error)
+            return
+        try:
+            handlers.HANDLERS[type(command)](self, command, frames)
+        except handlers.PoisonedInput as exc:
+            self._fail(command, exc.info)
+        except Exception as exc:
+            self._fail(command, self.describe(command, exc))
+
+    def _fail(self, command, info: dict) -> None:
+        if isinstance(command, _SYNC_POINTS):
+            self.reply(wire.Failed(command.token, info))
+            return
+        self.error = info
+        handlers.poison(self, command, info)
+
+    def describe(self, command, exc: BaseException) -> dict:
+        """The error report: what failed, where, on which arguments, and the traceback."""
+        return {
+            "kind": "remote", "type": type(exc).__name__, "message": str(exc),
+            "node": self.session.node, "device": self.device, "stream": self.id,
+            "op": handlers.op_name(command), "shapes": handlers.arg_shapes(self, command),
+            "command": command.id, "traceback": traceback.format_exc(),
+        }
+
+    def raise_sticky(self, token: int) -> bool:
+        """At a sync point: report and clear the sticky error; True if there was one."""
+        if self.error is None:
+            return False
+        info, self.error = self.error, None
+        self.reply(wire.Failed(token, info))
+        return True
+

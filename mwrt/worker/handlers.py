@@ -1,0 +1,193 @@
+"""One handler per stream command, named like the command; they run on stream executors."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import arrays, config, ops, wire
+
+
+class Poisoned:
+    """Table entry for a tensor whose producing op failed or was skipped."""
+
+    __slots__ = ("info",)
+
+    def __init__(self, info: dict):
+        self.info = info
+
+
+class PoisonedInput(Exception):
+    """An argument was produced by a failed op: carries that op's error report."""
+
+    def __init__(self, info: dict):
+        super().__init__(info.get("message", ""))
+        self.info = info
+
+
+def resolve(ex, value):
+    """Replace tensor Refs (also inside tuples and dicts) by the session's arrays."""
+    if isinstance(value, wire.Ref):
+        try:
+            found = ex.session.tensors[value.id]
+        except KeyError:
+            raise KeyError(f"tensor {value.id}: not on node {ex.session.node} (freed, or never "
+                           "created on this node)") from None
+        if isinstance(found, Poisoned):
+            raise PoisonedInput(found.info)
+        return found
+    if isinstance(value, tuple):
+        return tuple(resolve(ex, v) for v in value)
+    if isinstance(value, dict):
+        return {k: resolve(ex, v) for k, v in value.items()}
+    return value
+
+
+def store(ex, out: int, value) -> None:
+    """Keep a result as tensor `out`, as an array of the stream's namespace."""
+    if not hasattr(value, "shape") or isinstance(value, np.generic):
+        value = ex.xp.asarray(value)
+    ex.session.tensors[out] = value
+
+
+def _check_size(shape, dtype) -> None:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    limit = config.get("max_tensor_bytes")
+    if nbytes > limit:
+        raise MemoryError(f"create: tensor of {nbytes} bytes exceeds the limit of {limit} "
+                          "bytes (MWRT_MAX_TENSOR_BYTES)")
+
+
+def create(ex, cmd, frames):
+    xp, dtype, shape = ex.xp, np.dtype(cmd.dtype), tuple(cmd.shape)
+    _check_size(shape, dtype)
+    kind, args = cmd.kind, cmd.args
+    if kind in ("empty", "zeros", "ones"):
+        value = getattr(xp, kind)(shape, dtype)
+    elif kind == "full":
+        value = xp.full(shape, args[0], dtype)
+    elif kind == "arange":
+        value = xp.arange(*args, dtype=dtype)
+    elif kind in ("rand", "randn"):
+        rng = xp.random.default_rng(args[0])
+        draw = rng.random if kind == "rand" else rng.standard_normal
+        if dtype.kind == "f" and dtype.itemsize >= 4:
+            value = draw(shape, dtype=dtype)
+        else:
+            value = draw(shape).astype(dtype)
+    else:
+        raise ValueError(f"create: unknown kind {kind!r} (known: empty zeros ones full arange "
+                         "rand randn)")
+    store(ex, cmd.out, value)
+
+
+def put(ex, cmd, frames):
+    dtype, shape = np.dtype(cmd.dtype), tuple(cmd.shape)
+    _check_size(shape, dtype)
+    data = frames[cmd.frame]
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(data) != expected:
+        raise ValueError(f"put: data frame has the wrong size (got {len(data)} bytes, expected "
+                         f"{expected} for {dtype}{list(shape)})")
+    host = np.frombuffer(data, dtype=dtype).reshape(shape)
+    store(ex, cmd.out, ex.xp.array(host))  # copies: the frame's memory is read-only
+
+
+def call(ex, cmd, frames):
+    op = ops.get(cmd.op)
+    result = op.impl(ex.xp, *resolve(ex, cmd.args), **resolve(ex, cmd.kwargs))
+    if op.inplace:
+        return
+    if len(cmd.outs) == 1:
+        store(ex, cmd.outs[0], result)
+    else:
+        for out, value in zip(cmd.outs, result, strict=True):
+            store(ex, out, value)
+
+
+def remote(ex, cmd, frames):
+    fn = ex.session.daemon.load_function(ex.session, cmd.fn)
+    result = fn(*resolve(ex, cmd.args), **resolve(ex, cmd.kwargs))
+    if len(cmd.outs) == 1:
+        store(ex, cmd.outs[0], result)
+    elif cmd.outs:
+        if not isinstance(result, (tuple, list)) or len(result) != len(cmd.outs):
+            raise ValueError(f"remote: function returned {type(result).__name__}, expected a "
+                             f"tuple of {len(cmd.outs)} arrays (outputs={len(cmd.outs)})")
+        for out, value in zip(cmd.outs, result):
+            store(ex, out, value)
+
+
+def free(ex, cmd, frames):
+    ex.session.free(cmd.ids, cmd.uses)
+
+
+def get(ex, cmd, frames):
+    if ex.raise_sticky(cmd.token):
+        return
+    host = np.ascontiguousarray(arrays.to_host(resolve(ex, wire.Ref(cmd.ref))))
+    ex.reply(wire.Data(cmd.token, host.shape, host.dtype.str), [host.reshape(-1).view(np.uint8)])
+
+
+def meta(ex, cmd, frames):
+    if ex.raise_sticky(cmd.token):
+        return
+    value = resolve(ex, wire.Ref(cmd.ref))
+    ex.reply(wire.Done(cmd.token, {"shape": value.shape, "dtype": value.dtype.str}))
+
+
+def sync(ex, cmd, frames):
+    if not ex.raise_sticky(cmd.token):
+        ex.reply(wire.Done(cmd.token, None))
+
+
+def record(ex, cmd, frames):
+    ex.session.daemon.fire_event(ex.session, cmd.event, time.time(), ex.send)
+
+
+def wait_event(ex, cmd, frames):
+    state = ex.session.event(cmd.event)
+    timeout = config.get("sync_timeout")
+    deadline = time.monotonic() + timeout
+    while not state.fired.wait(0.2):
+        if ex.session.closed:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"wait_event: event {cmd.event} was not recorded after "
+                               f"{timeout} s (MWRT_SYNC_TIMEOUT); did its stream fail?")
+
+
+HANDLERS = {wire.Create: create, wire.Put: put, wire.Call: call, wire.Remote: remote,
+            wire.Free: free, wire.Get: get, wire.Meta: meta, wire.Sync: sync,
+            wire.Record: record, wire.WaitEvent: wait_event}
+
+
+def op_name(command) -> str:
+    """The op a command runs, for error reports."""
+    if isinstance(command, wire.Call):
+        return command.op
+    if isinstance(command, wire.Create):
+        return command.kind
+    return type(command).__name__.lower()
+
+
+def arg_shapes(ex, command) -> list:
+    """Shapes of a command's tensor arguments that still exist, for error reports."""
+    args = getattr(command, "args", ())
+    shapes = []
+    for value in args if isinstance(args, tuple) else ():
+        if isinstance(value, wire.Ref):
+            found = ex.session.tensors.get(value.id)
+            shapes.append(list(getattr(found, "shape", ())) if found is not None else None)
+    return shapes
+
+
+def poison(ex, command, info: dict) -> None:
+    """Mark what a failed or skipped command would have made."""
+    outs = getattr(command, "outs", None)
+    if outs is None:
+        out = getattr(command, "out", None)
+        outs = () if out is None else (out,)
+    for out in outs:
+        ex.session.tensors[out] = Poisoned(info)

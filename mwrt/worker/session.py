@@ -1,0 +1,89 @@
+"""One master's session on a worker: its tensors, streams and events, freed together."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .executor import DEFAULT_STREAM_LIMIT, StreamExecutor
+
+
+class EventState:
+    """An event's completion flag and the time it fired."""
+
+    __slots__ = ("fired", "time")
+
+    def __init__(self):
+        self.fired = threading.Event()
+        self.time = 0.0
+
+
+class Session:
+    """State kept for one master; every stream of the session has its own executor."""
+
+    def __init__(self, daemon, identity: bytes, session_id: str, master: str, node: int):
+        self.daemon, self.identity, self.id = daemon, identity, session_id
+        self.sid = session_id.encode()
+        self.master, self.node = master, node
+        self.tensors: dict[int, object] = {}
+        self.streams: dict[int, StreamExecutor] = {}
+        self.events: dict[int, EventState] = {}
+        self.pending_frees: dict[int, int] = {}
+        self.event_waiters: dict[int, list] = {}
+        self.lock = threading.Lock()
+        self.last_seen = time.monotonic()
+        self.last_seq = -1
+        self.closed = False
+
+    def stream(self, stream_id: int, device: int | None = None) -> StreamExecutor:
+        """The executor of `stream_id`; default streams (id == device) start on first use."""
+        executor = self.streams.get(stream_id)
+        if executor is None:
+            if device is None:
+                if not -1 <= stream_id < DEFAULT_STREAM_LIMIT:
+                    raise KeyError(f"stream {stream_id}: unknown on node {self.node}; "
+                                   "create it with mwrt.Stream() first")
+                device = stream_id
+            executor = StreamExecutor(self, stream_id, device)
+            self.streams[stream_id] = executor
+        return executor
+
+    def event(self, event_id: int) -> EventState:
+        """The state of event `event_id`, created on first mention."""
+        with self.lock:
+            state = self.events.get(event_id)
+            if state is None:
+                state = self.events[event_id] = EventState()
+            return state
+
+    def free(self, ids, uses: int) -> None:
+        """Drop tensors once each of the `uses` streams that were sent this free reached it."""
+        if uses <= 1:
+            for tid in ids:
+                self.tensors.pop(tid, None)
+            return
+        with self.lock:
+            for tid in ids:
+                left = self.pending_frees.get(tid, uses) - 1
+                if left <= 0:
+                    self.pending_frees.pop(tid, None)
+                    self.tensors.pop(tid, None)
+                else:
+                    self.pending_frees[tid] = left
+
+    def stats(self) -> dict:
+        """Live tensors and their bytes."""
+        arrays = [t for t in list(self.tensors.values()) if hasattr(t, "nbytes")]
+        return {"tensors": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)),
+                "streams": len(self.streams), "events": len(self.events)}
+
+    def close(self) -> None:
+        """Stop the executors and drop every tensor."""
+        self.closed = True
+        for executor in list(self.streams.values()):
+            executor.stop()
+        for state in list(self.events.values()):
+            state.fired.set()  # release any stream waiting on an event of this session
+        self.tensors.clear()
+        self.streams.clear()
+        self.events.clear()
