@@ -142,11 +142,12 @@ class Node:
         if not self.rows or self.closed or self.lost:
             return
         self.seq += 1
-        tracker = self.tx.send_multipart(
-            [wire.encode_header(self.seq), wire.encode_raw(self.rows), *self.frames],
-            copy=False, track=bool(self.frames))
-        if self.frames:
-            self.trackers.append(tracker)
+        parts = [wire.encode_header(self.seq), wire.encode_raw(self.rows)]
+        if self.frames:  # zero-copy for array bytes; small frames are cheaper copied
+            self.trackers.append(self.tx.send_multipart(parts + self.frames, copy=False,
+                                                        track=True))
+        else:
+            self.tx.send_multipart(parts)
         self.rows, self.frames = [], []
 
     def _append_frees(self) -> None:

@@ -68,7 +68,7 @@ class Heartbeat(threading.Thread):
                 if now >= next_ping:
                     self._ping_all(now)
                     next_ping = now + self.interval
-                for sock in dict(poller.poll(1)):
+                for sock in dict(poller.poll(50)):
                     self._on_readable(sock)
                 for node in self.cluster.nodes:
                     node.flush_stale(time.monotonic(), _STRAGGLER_AGE)
@@ -92,7 +92,7 @@ class Heartbeat(threading.Thread):
             self._send(index, wire.Ping(0))
 
     def _send(self, index: int, message) -> None:
-        self.sockets[index].send_multipart([wire.encode_header(0), wire.encode_body([message])])
+        wire.send(self.sockets[index], None, message)
 
     def _on_readable(self, sock) -> None:
         if sock in self.monitors:

@@ -24,12 +24,13 @@ _UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": 
 class DistributedTensor:
     """A handle to an array on (node, device); dropping the last handle frees it."""
 
-    __slots__ = ("_node", "_device", "_id", "_spec", "_streams", "__weakref__")
+    __slots__ = ("_node", "_device", "_id", "_spec", "_streams", "_ref", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, node, device: int, tensor_id: int, spec, stream: int):
         self._node, self._device, self._id = node, device, tensor_id
         self._spec, self._streams = spec, (stream,)
+        self._ref = wire.ref(tensor_id)  # pre-encoded, so messages carry it at no cost
 
     def __del__(self):
         try:
@@ -310,6 +311,10 @@ DistributedTensor.div_ = DistributedTensor.__itruediv__
 
 # -- issuing an op ------------------------------------------------------------------------
 
+_META_MEMO: dict = {}
+_SCALARS = (int, float, bool, complex)
+
+
 def call(name: str, *args, **kwargs):
     """Issue registry op `name` where its tensor arguments live; returns the result handles."""
     op = ops.get(name)
@@ -319,7 +324,7 @@ def call(name: str, *args, **kwargs):
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
     node, device = place[0]._node, place[0]._device
-    result = op.meta(*spec_args, **spec_kwargs)
+    result = _meta(op, spec_args, spec_kwargs)
     stream = context.stream_for(node.index, device)
     for tensor in place:
         if stream not in tensor._streams:
@@ -332,6 +337,21 @@ def call(name: str, *args, **kwargs):
     return outs[0] if type(result) is not tuple else tuple(outs)
 
 
+def _meta(op, spec_args, spec_kwargs):
+    """The op's meta rule, remembered for ops whose result depends only on argument types."""
+    if not op.by_type or spec_kwargs:
+        return op.meta(*spec_args, **spec_kwargs)
+    key = (op.name, *(a if type(a) is Spec else type(a) for a in spec_args))
+    result = _META_MEMO.get(key)
+    if result is None:
+        if not all(type(a) is Spec or type(a) in _SCALARS for a in spec_args):
+            return op.meta(*spec_args)
+        result = _META_MEMO[key] = op.meta(*spec_args) or False
+        if len(_META_MEMO) > 100_000:
+            _META_MEMO.clear()
+    return result or None
+
+
 def _outputs(node, device, stream, result) -> list:
     if result is None:
         return []
@@ -342,6 +362,8 @@ def _outputs(node, device, stream, result) -> list:
 
 def _convert(value, place: list, name: str):
     """(value with tensors as Specs, value with tensors as Refs); checks one (node, device)."""
+    if type(value) in _SCALARS:
+        return value, value
     if isinstance(value, DistributedTensor):
         if place and (place[0]._node is not value._node or place[0]._device != value._device):
             first = place[0]
@@ -350,7 +372,7 @@ def _convert(value, place: list, name: str):
                 f"device {first._device} and node {value._node.index} device "
                 f"{value._device}); move one with .to(node=, device=) first")
         place.append(value)
-        return value.spec, wire.Ref(value._id)
+        return value.spec, value._ref
     if isinstance(value, (tuple, list)):
         pairs = [_convert(v, place, name) for v in value]
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)

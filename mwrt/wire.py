@@ -325,6 +325,11 @@ def _unpack(data):
                            strict_map_key=False)
 
 
+def ref(tensor_id: int) -> msgpack.ExtType:
+    """A tensor reference already in wire form (the master builds one per tensor)."""
+    return msgpack.ExtType(EXT_REF, tensor_id.to_bytes(8, "little", signed=True))
+
+
 # -- messages -------------------------------------------------------------------------------
 
 def encode_header(seq: int) -> bytes:
@@ -386,6 +391,19 @@ def _build(row):
         raise WireError(f"wire: {cls.__name__} takes {len(names)} fields "
                         f"(got {len(row) - 1})")
     return cls(*row[1:])
+
+
+def send(sock, identity, message, frames=()) -> None:
+    """Send one message (after a routing identity, if given); array frames go zero-copy."""
+    parts = [encode_header(0), encode_body([message]), *frames]
+    if identity is not None:
+        parts.insert(0, identity)
+    # pyzmq's zero-copy path costs tens of µs per frame: only worth it for big payloads.
+    sock.send_multipart(parts, copy=not frames or sum(len(memoryview(f)) for f in frames)
+                        < ZERO_COPY_BYTES)
+
+
+ZERO_COPY_BYTES = 1 << 16
 
 
 def code(cls) -> int:

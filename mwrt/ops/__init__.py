@@ -34,14 +34,18 @@ class Op:
     impl: Callable
     meta: Callable
     inplace: bool = False  # mutates its first argument, makes no new tensor
+    # The result's Spec depends only on argument Specs and scalar types (not scalar values),
+    # so the master may remember it: true of ufuncs under NumPy 2's promotion rules.
+    by_type: bool = False
 
 
 _OPS: dict[str, Op] = {}
 
 
-def register(name: str, impl: Callable, meta: Callable, *, inplace: bool = False) -> Op:
+def register(name: str, impl: Callable, meta: Callable, *, inplace: bool = False,
+             by_type: bool = False) -> Op:
     """Add (or replace) op `name`."""
-    op = Op(name, impl, meta, inplace)
+    op = Op(name, impl, meta, inplace, by_type)
     _OPS[name] = op
     return op
 

@@ -81,8 +81,8 @@ def _inplace_meta(ufunc):
 for _name in UFUNCS:
     _ufunc = getattr(np, _name)
     if _ufunc.nout == 1:
-        register(_name, _ufunc_impl(_ufunc.__name__), _ufunc_meta(_ufunc))
+        register(_name, _ufunc_impl(_ufunc.__name__), _ufunc_meta(_ufunc), by_type=True)
         register(_name + "_", _inplace_impl(_ufunc.__name__), _inplace_meta(_ufunc),
-                 inplace=True)
+                 inplace=True, by_type=True)
     else:
         register(_name, _ufunc_impl(_ufunc.__name__), _ufunc_meta(_ufunc))

@@ -26,6 +26,8 @@ log = logging.getLogger("mwrt.worker")
 # A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
 # it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
 TX, RX, HB = b"tx", b"rx", b"hb"
+_FAST_SYNC = (wire.Get, wire.Meta, wire.Sync)
+_INLINE_LIMIT = 64 << 10  # bytes the socket thread may copy into a reply itself
 _SOCKET_COMMANDS = (wire.Hello, wire.Bye, wire.Ping, wire.NewStream, wire.Query,
                     wire.EventQuery, wire.EventDone, wire.Stats)
 
@@ -173,9 +175,26 @@ class Daemon:
                 session = self._socket_command(session, command)
                 if session is None:
                     return
-            else:
+            elif not (isinstance(command, _FAST_SYNC) and command.stream not in groups
+                      and self._answer_now(session, command)):
                 groups.setdefault(command.stream, []).append(command)
         self._submit(session, groups, data)
+
+    def _answer_now(self, session, command) -> bool:
+        """Answer a sync point on an idle stream here: saves two thread hand-offs.
+
+        Only when the stream has run everything before it and the answer is small, so the
+        socket thread never waits on an op nor copies much.
+        """
+        executor = session.streams.get(command.stream)
+        if executor is None or not executor.idle():
+            return False
+        if isinstance(command, wire.Get):
+            found = session.tensors.get(command.ref)
+            if getattr(found, "nbytes", _INLINE_LIMIT + 1) > _INLINE_LIMIT:
+                return False
+        executor.execute(command, ())
+        return True
 
     def _submit(self, session, groups, data) -> None:
         for stream_id, commands in groups.items():
@@ -254,8 +273,7 @@ class Daemon:
 
     def send(self, identity: bytes, message, frames=()) -> None:
         """Send one reply from the socket thread."""
-        self.router.send_multipart([identity, wire.encode_header(0),
-                                    wire.encode_body([message]), *frames], copy=False)
+        wire.send(self.router, identity, message, frames)
 
     def reply_socket(self) -> zmq.Socket:
         """A PUSH socket into the reply queue, for one executor thread."""

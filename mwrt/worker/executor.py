@@ -57,10 +57,11 @@ class StreamExecutor:
         self.send(self.session.identity, message, frames)
 
     def send(self, identity: bytes, message, frames=()) -> None:
-        """Send a message to `identity` through the daemon's socket thread."""
-        self._reply_socket.send_multipart(
-            [identity, wire.encode_header(0), wire.encode_body([message]), *frames],
-            copy=False)
+        """Send a message to `identity`: directly when called on the socket thread."""
+        if threading.get_ident() != self.thread.ident:
+            self.session.daemon.send(identity, message, frames)
+            return
+        wire.send(self._reply_socket, identity, message, frames)
 
     def _run(self) -> None:
         self._reply_socket = self.session.daemon.reply_socket()

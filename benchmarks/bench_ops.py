@@ -1,0 +1,147 @@
+"""Op overheads against one local worker, beside raw pyzmq and raw sockets measured in the same run.
+
+Prints: sync round trip on a tiny tensor vs a pyzmq DEALER/ROUTER round trip; the
+master's async issue rate of a small in-place op and the rate they complete; a 64 MiB
+dist_send and .numpy() vs a raw loopback socket.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import zmq
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import mwrt  # noqa: E402
+
+
+def median_us(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+_ECHO = """
+import sys, zmq
+ctx = zmq.Context(); router = ctx.socket(zmq.ROUTER)
+port = router.bind_to_random_port("tcp://127.0.0.1"); print(port, flush=True)
+while True:
+    frames = router.recv_multipart()
+    if frames[-1] == b"stop":
+        break
+    router.send_multipart(frames)
+"""
+
+
+def zmq_round_trip(reps: int) -> float:
+    """Raw DEALER/ROUTER echo over loopback tcp; the echo is another process, like a worker."""
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+    port = int(echo.stdout.readline())
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    msg = [b"x" * 16]
+
+    def once():
+        dealer.send_multipart(msg)
+        dealer.recv_multipart()
+    for _ in range(100):
+        once()
+    result = median_us(once, reps)
+    dealer.send_multipart([b"stop"])
+    echo.wait(10)
+    echo.stdout.close()
+    dealer.close(0)
+    ctx.term()
+    return result
+
+
+def raw_socket_gbps(nbytes: int, reps: int = 5) -> float:
+    """sendall/recv_into over a loopback TCP socket between two threads."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty(nbytes, np.uint8)
+
+    def sender():
+        conn, _ = server.accept()
+        for _ in range(reps):
+            conn.sendall(src)
+            conn.recv(1)
+        conn.close()
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    client = socket.create_connection(("127.0.0.1", port))
+    times = []
+    view = memoryview(dst)
+    for _ in range(reps):
+        t = time.perf_counter()
+        got = 0
+        while got < nbytes:
+            got += client.recv_into(view[got:])
+        times.append(time.perf_counter() - t)
+        client.sendall(b"k")
+    thread.join()
+    client.close()
+    server.close()
+    return nbytes / statistics.median(times) / 1e9
+
+
+def main() -> None:
+    mwrt.init_master_worker(local_workers=1)
+    tiny = mwrt.ones(4)
+    tiny.numpy()
+    mwrt_rt = median_us(tiny.numpy, 2000)
+    zmq_rt = zmq_round_trip(2000)
+    rows = [("sync round trip, 4-element .numpy()", f"{mwrt_rt:.0f} µs",
+             f"pyzmq DEALER/ROUTER {zmq_rt:.0f} µs", f"{mwrt_rt / zmq_rt:.2f}x")]
+
+    n = 200_000
+    x = mwrt.zeros(16)
+    mwrt.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x += 1.0
+    t_issue = time.perf_counter() - t0
+    mwrt.synchronize()
+    t_done = time.perf_counter() - t0
+    if x.numpy()[0] != n:
+        raise SystemExit(f"bench_ops: wrong result {x.numpy()[0]} (expected {n})")
+    rows.append(("async issue rate, x += 1.0 (16 floats)", f"{n / t_issue:,.0f} ops/s",
+                 "target 100,000 ops/s", f"{n / t_issue / 1e5:.2f}x"))
+    rows.append(("completion rate, same ops", f"{n / t_done:,.0f} ops/s", "", ""))
+
+    big = np.random.rand(64 << 20 >> 2).astype(np.float32)
+    raw = raw_socket_gbps(big.nbytes)
+    send_s = statistics.median([_timed(lambda: (mwrt.dist_send(big), mwrt.synchronize()))
+                                for _ in range(5)])
+    t = mwrt.dist_send(big)
+    get_s = statistics.median([_timed(t.numpy) for _ in range(5)])
+    for what, seconds in (("dist_send 64 MiB", send_s), (".numpy() 64 MiB", get_s)):
+        gbps = big.nbytes / seconds / 1e9
+        rows.append((what, f"{gbps:.2f} GB/s", f"raw socket {raw:.2f} GB/s", f"{gbps / raw:.2f}x"))
+    mwrt.shutdown()
+    print(f"{'what':42} {'mwrt':>16}   {'baseline (same run)':30} {'ratio':>6}")
+    for row in rows:
+        print(f"{row[0]:42} {row[1]:>16}   {row[2]:30} {row[3]:>6}")
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    main()
