@@ -15,7 +15,7 @@ from .errors import (ChannelClosedError, ChannelError, CollectiveMismatchError, 
 from .remote import remote
 from .tensor import DistributedTensor
 from .transfer import put as dist_send
-from .worker_api import memory_stats, num_nodes, synchronize
+from .worker_api import device_count, memory_stats, num_nodes, synchronize
 
 globals().update(TYPED_CONSTRUCTORS)
 
@@ -24,6 +24,7 @@ __all__ = [
     "init_master_worker", "shutdown", "is_initialized", "num_nodes", "node", "device",
     "current_node", "current_device", "DistributedTensor", "dist_send", "empty", "zeros", "ones",
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
+    "device_count",
     "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", *TYPED_CONSTRUCTORS,
 ]

@@ -230,6 +230,7 @@ class DistributedTensor:
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         name = ufunc.__name__
         if method == "reduce" and name in _UFUNC_REDUCE and out is None:
+            kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike sum()'s
             return call(_UFUNC_REDUCE[name], *inputs, **kwargs)
         if method != "__call__":
             return NotImplemented

@@ -12,25 +12,25 @@ from .ops import Spec
 _PUT, _GET = wire.code(wire.Put), wire.code(wire.Get)
 
 
-def put(array, node_index: int | None = None, device: int | None = None):
+def put(array, node: int | None = None, device: int | None = None):
     """Copy a NumPy array from the master to (node, device); returns its DistributedTensor."""
     from .tensor import DistributedTensor
 
     if not isinstance(array, (np.ndarray, np.generic)):
         raise TypeError(f"dist_send: expected a NumPy array (got {type(array).__name__}); "
                         "wrap data with np.asarray first")
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
     as_dtype(array.dtype)
-    node = current().node(context.current_node() if node_index is None else node_index)
+    target = current().node(context.current_node() if node is None else node)
     device = context.current_device() if device is None else device
-    stream = context.stream_for(node.index, device)
-    tensor = DistributedTensor(node, device, next(node.ids), Spec(array.shape, array.dtype),
+    stream = context.stream_for(target.index, device)
+    tensor = DistributedTensor(target, device, next(target.ids), Spec(array.shape, array.dtype),
                                stream)
     payload = array.reshape(-1).view(np.uint8) if array.size else b""
-    node.issue((_PUT, next(node.ids), stream, tensor._id, array.shape, array.dtype.str, device,
-                -1), frame=payload)
+    target.issue((_PUT, next(target.ids), stream, tensor._id, array.shape, array.dtype.str,
+                  device, -1), frame=payload)
     if array.nbytes > config.get("inline_bytes"):
-        node.wait_sent(config.get("sync_timeout"))  # the caller may reuse its array at once
+        target.wait_sent(config.get("sync_timeout"))  # the caller may reuse its array at once
     return tensor
 
 

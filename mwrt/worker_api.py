@@ -28,9 +28,15 @@ def synchronize(node: int | None = None) -> None:
 
 
 def memory_stats(node: int = 0) -> dict:
-    """Live tensors and bytes that this master holds on `node`."""
+    """Live tensors and bytes that this master holds on `node`, once its streams are done."""
     target = current().node(node)
+    synchronize(node)
     token = next(target.tokens)
     target.issue((_STATS, next(target.ids), token))
     reply, _ = target.wait(token, "memory_stats()")
     return reply.value
+
+
+def device_count(node: int = 0) -> int:
+    """How many GPUs the worker of `node` has (0: host memory only)."""
+    return current().node(node).info.devices

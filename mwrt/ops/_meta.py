@@ -38,7 +38,8 @@ def probe_key(value):
 @lru_cache(maxsize=4096)
 def _dtype_of(fn, keys, kwargs):
     values = [np.ones(1, dtype=k) if isinstance(k, np.dtype) else
-              np.ones(1, dtype=k[1]) if isinstance(k, tuple) else k(1) for k in keys]
+              np.ones(1, dtype=k[1]) if isinstance(k, tuple) else
+              None if k is type(None) else k(1) for k in keys]
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         out = fn(*values, **dict(kwargs))

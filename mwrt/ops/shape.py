@@ -35,15 +35,15 @@ register("flatten", lambda xp, a: a.flatten(), lambda a: Spec((int(np.prod(a.sha
 
 def _index_standin(index):
     """Replace tensor Specs inside an index by stand-ins NumPy can index with."""
-    if isinstance(index, tuple):
-        return tuple(_index_standin(i) for i in index)
-    if isinstance(index, Spec):
+    if isinstance(index, Spec):  # before tuple: a Spec is a NamedTuple
         if index.dtype == np.bool_:
             return UNKNOWN  # a mask: the result's length depends on the data
         if not np.issubdtype(index.dtype, np.integer):
             raise IndexError(f"getitem: arrays used as indices must be of integer or boolean "
                              f"type (got {index.dtype})")
         return np.zeros(index.shape, dtype=np.intp)
+    if isinstance(index, tuple):
+        return tuple(_index_standin(i) for i in index)
     return index
 
 

@@ -126,7 +126,7 @@ def free(ex, cmd, frames):
 def get(ex, cmd, frames):
     if ex.raise_sticky(cmd.token):
         return
-    host = np.ascontiguousarray(arrays.to_host(resolve(ex, wire.Ref(cmd.ref))))
+    host = np.asarray(arrays.to_host(resolve(ex, wire.Ref(cmd.ref))), order="C")
     ex.reply(wire.Data(cmd.token, host.shape, host.dtype.str), [host.reshape(-1).view(np.uint8)])
 
 

@@ -1,0 +1,70 @@
+"""Fixtures: real worker daemons on loopback, and a leak check after the whole suite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mwrt
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two local worker daemons for the tests of one module."""
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=2, timeout=30)
+    yield mwrt
+    mwrt.shutdown()
+
+
+def start_worker(*extra, env=None):
+    """A worker daemon process on a free loopback port: (process, address)."""
+    child_env = dict(os.environ, **(env or {}))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, child_env.get("PYTHONPATH")]))
+    process = subprocess.Popen([sys.executable, "-m", "mwrt.worker", "--listen", "127.0.0.1:0",
+                                *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=child_env)
+    line = process.stdout.readline()
+    if "listening on" not in line:
+        process.kill()
+        raise RuntimeError(f"worker did not start: {line!r} {process.stderr.read()}")
+    return process, line.split()[-1]
+
+
+def stop_worker(process) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _leftovers() -> list[str]:
+    found = []
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        pid, ppid, args = line.split(None, 2)
+        if "mwrt.worker" in args and int(ppid) == os.getpid():
+            found.append(f"worker process {pid}: {args}")
+    if os.path.isdir("/dev/shm"):
+        found += [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "mwrt" in name]
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaks():
+    """After the suite: no worker process started by it, no mwrt shared-memory segment."""
+    yield
+    mwrt.shutdown()
+    leftovers = _leftovers()
+    if leftovers:
+        pytest.fail("leaked after the test suite:\n" + "\n".join(leftovers))

@@ -1,0 +1,171 @@
+"""The master-worker foundation: placement, creation, transfers, remote(), errors, memory."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import mwrt
+
+
+def test_quickstart_semantics(cluster):
+    x = mwrt.FloatTensor(20, 20).fill_(4)
+    y = mwrt.dist_send(np.random.randn(20, 20).astype(np.float32))
+    z = x + y
+    assert (z.get_node(), z.get_device()) == (0, -1)
+    assert z.shape == (20, 20) and z.dtype == np.float32
+    with mwrt.node(1):
+        a = mwrt.FloatTensor(10)
+        assert (a.get_node(), a.get_device()) == (1, -1)
+        q = x + y  # runs where its operands live
+        assert q.get_node() == 0
+    np.testing.assert_allclose(z.numpy(), 4 + y.numpy())
+    assert mwrt.num_nodes() == 2
+
+
+@pytest.mark.parametrize("name, dtype", [("FloatTensor", np.float32), ("DoubleTensor", np.float64),
+                                         ("HalfTensor", np.float16), ("IntTensor", np.int32),
+                                         ("LongTensor", np.int64), ("ShortTensor", np.int16),
+                                         ("ByteTensor", np.uint8), ("BoolTensor", np.bool_)])
+def test_typed_constructors(cluster, name, dtype):
+    t = getattr(mwrt, name)(2, 3, node=1)
+    assert (t.shape, t.dtype, t.get_node()) == ((2, 3), np.dtype(dtype), 1)
+    assert t.numpy().dtype == dtype
+
+
+def test_creation_functions(cluster):
+    np.testing.assert_array_equal(mwrt.zeros(2, 3).numpy(), np.zeros((2, 3), np.float32))
+    np.testing.assert_array_equal(mwrt.ones((4,), dtype=np.int64).numpy(), np.ones(4, np.int64))
+    np.testing.assert_array_equal(mwrt.full((2, 2), 7).numpy(), np.full((2, 2), 7))
+    np.testing.assert_array_equal(mwrt.arange(5).numpy(), np.arange(5))
+    np.testing.assert_array_equal(mwrt.arange(1, 2, 0.25).numpy(), np.arange(1, 2, 0.25))
+    assert mwrt.empty(0, 3).numpy().shape == (0, 3)
+    mwrt.manual_seed(3)
+    r1, n1 = mwrt.rand(100).numpy(), mwrt.randn(100, node=1).numpy()
+    mwrt.manual_seed(3)
+    r2, n2 = mwrt.rand(100).numpy(), mwrt.randn(100, node=1).numpy()
+    np.testing.assert_array_equal(r1, r2)
+    np.testing.assert_array_equal(n1, n2)
+    assert 0 <= r1.min() and r1.max() < 1 and r1.dtype == np.float32
+    with pytest.raises(ValueError, match="dimensions must be >= 0"):
+        mwrt.zeros(-1)
+    with pytest.raises(TypeError, match="dtype"):
+        mwrt.zeros(2, dtype="nonsense")
+
+
+def test_dist_send_places_and_round_trips(cluster):
+    for dtype in (np.float32, np.int8, np.bool_, np.complex64, np.float16):
+        array = (np.arange(24) % 3).astype(dtype).reshape(2, 3, 4)
+        t = mwrt.dist_send(array, node=1)
+        assert t.get_node() == 1
+        np.testing.assert_array_equal(t.numpy(), array)
+    big = np.random.rand(1 << 20)  # 8 MiB: not inline
+    np.testing.assert_array_equal(mwrt.dist_send(big).numpy(), big)
+    scalar = mwrt.dist_send(np.float64(2.5))
+    assert scalar.shape == () and float(scalar) == 2.5
+    non_contiguous = np.arange(20.0).reshape(4, 5)[:, ::2]
+    np.testing.assert_array_equal(mwrt.dist_send(non_contiguous).numpy(), non_contiguous)
+
+
+def test_dist_send_rejects_non_arrays(cluster):
+    with pytest.raises(TypeError, match="dist_send: expected a NumPy array"):
+        mwrt.dist_send([1, 2, 3])
+    with pytest.raises(ValueError, match="no node 5"):
+        mwrt.dist_send(np.ones(2), node=5)
+
+
+def test_moves_between_nodes(cluster):
+    x = mwrt.dist_send(np.arange(6.0))
+    y = x.to(node=1)
+    assert (y.get_node(), y.get_device()) == (1, -1)
+    np.testing.assert_array_equal(y.numpy(), np.arange(6.0))
+    z = x.dist_send(node=1)
+    assert z.get_node() == 1
+    assert x.to(node=0) is x and x.cpu() is x
+
+
+def test_operands_on_different_nodes_name_both_places(cluster):
+    a = mwrt.ones(3)
+    b = mwrt.ones(3, node=1)
+    with pytest.raises(ValueError, match=r"node 0 device -1 and node 1 device -1"):
+        a + b
+
+
+def test_remote_function_runs_where_its_tensor_lives(cluster):
+    import os
+
+    x = mwrt.dist_send(np.arange(4.0), node=1)
+    doubled = mwrt.remote(lambda a: a * 2)(x)
+    assert doubled.get_node() == 1
+    np.testing.assert_array_equal(doubled.numpy(), np.arange(4.0) * 2)
+    assert doubled.shape == (4,)  # resolved on first use
+    pid = mwrt.remote(lambda a: np.array(os.getpid()))(x)
+    assert int(pid) != os.getpid()
+
+    @mwrt.remote(outputs=2)
+    def split(a):
+        return a[:2], a[2:]
+    first, second = split(x)
+    np.testing.assert_array_equal(second.numpy(), [2.0, 3.0])
+    assert first.get_node() == 1
+
+
+def test_remote_error_names_place_op_and_line_and_is_sticky(cluster):
+    x = mwrt.dist_send(np.ones(3))
+
+    def broken(a):
+        raise ValueError("bad input " + str(a.shape))
+    y = mwrt.remote(broken)(x)
+    skipped = x + 1  # issued after the failure on the same stream: skipped
+    with pytest.raises(mwrt.RemoteError) as info:
+        y.numpy()
+    err = info.value
+    assert (err.node, err.device, err.op) == (0, -1, "remote")
+    assert "bad input (3,)" in str(err) and "ValueError" in str(err)
+    assert "test_master_worker.py" in err.issued_at
+    assert "raise ValueError" in err.remote_traceback
+    with pytest.raises(mwrt.RemoteError, match="bad input"):
+        skipped.numpy()  # made by a skipped op: names the root cause
+    np.testing.assert_array_equal((x * 2).numpy(), [2.0, 2.0, 2.0])  # the stream recovered
+
+
+def test_dropping_handles_frees_worker_memory(cluster):
+    mwrt.synchronize()
+    gc.collect()
+    before = mwrt.memory_stats(1)
+    tensors = [mwrt.zeros(1000, node=1) for _ in range(20)]
+    during = mwrt.memory_stats(1)
+    assert during["tensors"] == before["tensors"] + 20
+    assert during["bytes"] >= before["bytes"] + 20 * 4000
+    del tensors
+    gc.collect()
+    mwrt.synchronize()
+    after = mwrt.memory_stats(1)
+    assert after["tensors"] == before["tensors"]
+
+
+def test_async_issue_then_synchronize(cluster):
+    x = mwrt.zeros(4)
+    for _ in range(500):
+        x += 1
+    mwrt.synchronize()
+    np.testing.assert_array_equal(x.numpy(), np.full(4, 500.0, np.float32))
+
+
+def test_not_initialized_error():
+    mwrt.shutdown()
+    with pytest.raises(mwrt.MwrtError, match="init_master_worker"):
+        mwrt.ones(3)
+
+
+def test_unreachable_worker_is_a_connection_error_naming_it():
+    mwrt.shutdown()
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="127.0.0.1:9"):
+        mwrt.init_master_worker(["127.0.0.1:9"], timeout=1.0)
+    assert time.monotonic() - start < 10
+    with pytest.raises(ValueError, match="host:port"):
+        mwrt.init_master_worker(["nonsense"])

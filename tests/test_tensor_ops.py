@@ -1,0 +1,192 @@
+"""Ops on remote tensors give what NumPy gives on the same arrays (real daemons on loopback)."""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import pytest
+
+import mwrt
+
+A = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
+B = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+I = np.arange(12, dtype=np.int32).reshape(3, 4)
+
+
+@pytest.fixture(scope="module")
+def mw(cluster):
+    return cluster
+
+
+def same(t, expected):
+    got = t.numpy()
+    assert got.shape == np.shape(expected), (got.shape, np.shape(expected))
+    assert got.dtype == np.asarray(expected).dtype, (got.dtype, np.asarray(expected).dtype)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    # The master knew the shape and dtype before asking.
+    assert t.shape == got.shape and t.dtype == got.dtype
+
+
+@pytest.mark.parametrize("op", [operator.add, operator.sub, operator.mul, operator.truediv,
+                                operator.floordiv, operator.mod, operator.pow, operator.lt,
+                                operator.le, operator.eq, operator.ne, operator.gt, operator.ge])
+def test_binary_operators_tensor_tensor_and_scalar(mw, op):
+    a, b = mw.dist_send(A), mw.dist_send(np.abs(B) + 1)
+    same(op(a, b), op(A, np.abs(B) + 1))
+    same(op(a, 2.0), op(A, 2.0))
+    same(op(3, a), op(3, A))
+
+
+@pytest.mark.parametrize("op", [operator.and_, operator.or_, operator.xor, operator.lshift,
+                                operator.rshift])
+def test_bitwise_operators_on_ints(mw, op):
+    same(op(mw.dist_send(I), 3), op(I, 3))
+
+
+@pytest.mark.parametrize("op", [operator.neg, operator.pos, operator.abs])
+def test_unary_operators(mw, op):
+    same(op(mw.dist_send(B)), op(B))
+
+
+def test_invert_on_ints(mw):
+    same(~mw.dist_send(I), ~I)
+
+
+@pytest.mark.parametrize("name", ["iadd", "isub", "imul", "itruediv"])
+def test_inplace_operators_keep_the_handle(mw, name):
+    a = mw.dist_send(A)
+    expected = getattr(operator, name)(A.copy(), 2.0)
+    b = getattr(operator, name)(a, 2.0)
+    assert b is a
+    same(a, expected)
+
+
+def test_inplace_cast_error_is_raised_at_issue_time(mw):
+    a = mw.dist_send(I)
+    with pytest.raises(TypeError, match="cannot cast"):
+        a += 1.5
+
+
+def test_shape_mismatch_raises_at_issue_time(mw):
+    with pytest.raises(ValueError, match=r"could not be broadcast.*\(3, 4\) \(5,\)"):
+        mw.dist_send(A) + mw.dist_send(np.ones(5, np.float32))
+
+
+def test_matmul_and_ufuncs(mw):
+    a = mw.dist_send(A)
+    same(a @ a.T, A @ A.T)
+    same(np.exp(a), np.exp(A))
+    same(np.add(a, 1), A + 1)
+    same(np.maximum(a, mw.dist_send(B)), np.maximum(A, B))
+    q, r = np.divmod(a, 5)
+    same(q, np.divmod(A, 5)[0])
+    same(r, np.divmod(A, 5)[1])
+    same(np.add.reduce(a), A.sum(axis=0))
+    with pytest.raises(ValueError, match="core dimensions"):
+        a @ a
+
+
+def test_ufunc_out_argument(mw):
+    a = mw.dist_send(A)
+    assert np.multiply(a, 2, out=a) is a
+    same(a, A * 2)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "prod", "min", "max", "argmin", "argmax",
+                                  "std", "var", "any", "all"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_reductions(mw, name, axis):
+    a = mw.dist_send(A)
+    same(getattr(a, name)(axis=axis), getattr(np, name)(A, axis=axis))
+
+
+def test_reductions_keepdims_tuple_axis_and_numpy_functions(mw):
+    a = mw.dist_send(A.reshape(3, 2, 2))
+    same(a.sum(axis=(0, 2), keepdims=True), A.reshape(3, 2, 2).sum(axis=(0, 2), keepdims=True))
+    same(np.mean(a, axis=1), A.reshape(3, 2, 2).mean(axis=1))
+    with pytest.raises(np.exceptions.AxisError):
+        a.sum(axis=5)
+
+
+def test_shape_ops(mw):
+    a = mw.dist_send(A)
+    same(a.reshape(4, 3), A.reshape(4, 3))
+    same(a.view(-1), A.reshape(-1))
+    same(a.reshape((2, 6)), A.reshape(2, 6))
+    same(a.flatten(), A.flatten())
+    same(a.T, A.T)
+    same(a.transpose(1, 0), A.T)
+    same(a.reshape(3, 1, 4).squeeze(), A)
+    same(a.expand_dims(0), A[None])
+    same(np.transpose(a), A.T)
+    with pytest.raises(ValueError):
+        a.reshape(5, 5)
+
+
+def test_indexing(mw):
+    a = mw.dist_send(A)
+    same(a[1], A[1])
+    same(a[:, 1:3], A[:, 1:3])
+    same(a[..., None, ::2], A[..., None, ::2])
+    same(a[[0, 2]], A[[0, 2]])
+    same(a[mw.dist_send(np.array([2, 0]))], A[[2, 0]])
+    mask = a > 6
+    masked = a[mask]  # shape depends on data: resolved when first needed
+    np.testing.assert_array_equal(masked.numpy(), A[A > 6])
+    assert masked.shape == (6,)
+    with pytest.raises(IndexError):
+        a[7]
+
+
+def test_item_assignment(mw):
+    a = mw.dist_send(A)
+    expected = A.copy()
+    a[0] = 0
+    expected[0] = 0
+    a[:, 1] = mw.dist_send(np.full(3, 9, np.float32))
+    expected[:, 1] = 9
+    a[a > 10] = -1
+    expected[expected > 10] = -1
+    same(a, expected)
+    with pytest.raises(ValueError, match="could not broadcast"):
+        a[0] = mw.dist_send(np.ones(3, np.float32))
+
+
+def test_copies_casts_and_fills(mw):
+    a = mw.dist_send(A)
+    same(a.astype(np.int64), A.astype(np.int64))
+    same(a.double(), A.astype(np.float64))
+    c = a.clone()
+    a.fill_(7)
+    same(c, A)
+    same(a, np.full_like(A, 7))
+    a.zero_()
+    same(a, np.zeros_like(A))
+    a.copy_(mw.dist_send(B))
+    same(a, B)
+    a.copy_(mw.dist_send(np.arange(4, dtype=np.float32)))
+    same(a, np.broadcast_to(np.arange(4, dtype=np.float32), (3, 4)))
+
+
+def test_array_functions(mw):
+    a, b = mw.dist_send(A), mw.dist_send(B)
+    same(np.concatenate([a, b]), np.concatenate([A, B]))
+    same(np.concatenate([a, b], axis=1), np.concatenate([A, B], axis=1))
+    same(np.stack([a, b]), np.stack([A, B]))
+    same(np.where(a > 5, a, b), np.where(A > 5, A, B))
+    same(np.clip(a, 2, 8), np.clip(A, 2, 8))
+    same(a.clip(3, None), np.clip(A, 3, None))
+
+
+def test_sync_points(mw):
+    a = mw.dist_send(A)
+    np.testing.assert_array_equal(np.asarray(a), A)
+    s = a.sum()
+    assert float(s) == pytest.approx(A.sum())
+    assert s.item() == pytest.approx(A.sum())
+    assert a.tolist() == A.tolist()
+    assert int(mw.dist_send(np.array(5))) == 5
+    assert len(a) == 3
+    with pytest.raises(ValueError, match="exactly 1"):
+        a.item()

@@ -1,0 +1,124 @@
+"""The daemon on its own: bad frames get error replies, a killed worker is reported, not hung on."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+import mwrt
+from mwrt import wire
+
+from conftest import start_worker, stop_worker
+
+
+@pytest.fixture
+def worker():
+    mwrt.shutdown()
+    process, address = start_worker()
+    yield process, address
+    mwrt.shutdown()
+    stop_worker(process)
+
+
+def raw_exchange(address, parts, identity=b"x/tx", reply_to=None):
+    """Send raw frames as a DEALER; return the decoded reply (or None after 3 s)."""
+    ctx = zmq.Context()
+    sockets = {}
+    for name in {identity, reply_to or identity}:
+        sock = sockets[name] = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, name)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+    try:
+        time.sleep(0.1)  # both connected before the worker answers
+        sockets[identity].send_multipart(parts)
+        listener = sockets[reply_to or identity]
+        if not listener.poll(3000):
+            return None
+        frames = listener.recv_multipart()
+        return wire.decode_body(frames[1])[0]
+    finally:
+        for sock in sockets.values():
+            sock.close(0)
+        ctx.term()
+
+
+BAD_FRAMES = [
+    [b"garbage"],
+    [b"\x93\xa4xxxx\x01\x00", b"body"],  # wrong magic
+    [msgpack.packb([b"mwrt", 99, 1]), b"\x90"],  # another protocol version
+    [wire.encode_header(1), b"\xc1"],  # invalid msgpack
+    [wire.encode_header(1), msgpack.packb([[999, 1, 2]])],  # unknown message code
+    [wire.encode_header(1), msgpack.packb([[wire.code(wire.Call), 1]])],  # missing fields
+    [wire.encode_header(1), msgpack.packb({"a": 1})],  # not a list
+]
+
+
+@pytest.mark.parametrize("parts", BAD_FRAMES)
+def test_malformed_messages_get_an_error_reply_and_the_daemon_serves_on(worker, parts):
+    process, address = worker
+    reply = raw_exchange(address, parts)
+    assert isinstance(reply, wire.Failed), reply
+    assert reply.info["kind"] in ("wire", "unknown_session")
+    assert process.poll() is None
+    mwrt.init_master_worker([address])
+    np.testing.assert_array_equal((mwrt.ones(3) + 1).numpy(), [2, 2, 2])
+
+
+def test_commands_without_a_session_are_refused(worker):
+    _, address = worker
+    body = wire.encode_body([wire.Create(1, -1, 5, "zeros", (3,), "<f4", -1, ())])
+    reply = raw_exchange(address, [wire.encode_header(1), body], identity=b"nosuch/tx",
+                         reply_to=b"nosuch/rx")
+    assert isinstance(reply, wire.Failed) and reply.info["kind"] == "unknown_session"
+
+
+def test_unknown_op_is_a_remote_error_and_the_stream_recovers(worker):
+    _, address = worker
+    mwrt.init_master_worker([address])
+    x = mwrt.ones(3)
+    node = x._node
+    node.issue((wire.code(wire.Call), next(node.ids), -1, (next(node.ids),), "no_such_op",
+                (x._ref,), {}))
+    with pytest.raises(mwrt.RemoteError, match="no_such_op"):
+        mwrt.synchronize()
+    np.testing.assert_array_equal(x.numpy(), [1, 1, 1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_worker_raises_worker_lost_naming_the_node(worker, sig):
+    process, address = worker
+    mwrt.init_master_worker([address])
+    x = mwrt.ones(1000)
+    x.numpy()
+    slow = mwrt.remote(lambda a: (time.sleep(30), a)[1])(x)
+    time.sleep(0.2)
+    process.send_signal(sig)
+    start = time.monotonic()
+    with pytest.raises(mwrt.WorkerLostError, match="node 0") as info:
+        slow.numpy()
+    assert time.monotonic() - start < 8
+    assert info.value.node == 0
+    with pytest.raises(mwrt.WorkerLostError):
+        (x + 1).numpy()
+
+
+def test_daemon_refuses_a_non_loopback_bind_without_a_key():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "mwrt.worker", "--listen", "0.0.0.0:0"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without a key" in result.stderr
+
+
+def test_sigterm_stops_the_daemon_cleanly(worker):
+    process, _ = worker
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(10) == 0
