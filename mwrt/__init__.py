@@ -12,7 +12,9 @@ from .creation import (TYPED_CONSTRUCTORS, arange, empty, full, manual_seed, one
                        zeros)
 from .errors import (ChannelClosedError, ChannelError, CollectiveMismatchError, MwrtError,
                      RemoteError, WireError, WorkerLostError)
+from .profile import profile
 from .remote import remote
+from .streams import Event, Stream, current_stream, stream
 from .tensor import DistributedTensor
 from .transfer import put as dist_send
 from .worker_api import device_count, memory_stats, num_nodes, synchronize
@@ -24,7 +26,7 @@ __all__ = [
     "init_master_worker", "shutdown", "is_initialized", "num_nodes", "node", "device",
     "current_node", "current_device", "DistributedTensor", "dist_send", "empty", "zeros", "ones",
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
-    "device_count",
+    "device_count", "Stream", "Event", "stream", "current_stream", "profile",
     "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", *TYPED_CONSTRUCTORS,
 ]

@@ -32,7 +32,7 @@ class Heartbeat(threading.Thread):
         self.cluster = cluster
         self.interval = config.get("heartbeat_interval")
         self.timeout = config.get("heartbeat_timeout")
-        self.relays: dict[int, list[int]] = {}  # event id -> nodes waiting on it
+        self.relays: dict[int, tuple[int, list[int]]] = {}  # event -> (its node, waiting nodes)
         self.fired: dict[int, float] = {}  # event id -> time it fired
         self.lock = threading.Lock()
         self._stop_event = threading.Event()
@@ -48,12 +48,12 @@ class Heartbeat(threading.Thread):
         self._stop_event.set()
         self.join(timeout=2.0)
 
-    def relay(self, event: int, to_node: int) -> bool:
-        """Ask for event `event` to be relayed to `to_node`; False if it already fired."""
+    def relay(self, event: int, from_node: int, to_node: int) -> bool:
+        """Ask for event `event` of `from_node` to be relayed to `to_node`; False if it fired."""
         with self.lock:
             if event in self.fired:
                 return False
-            self.relays.setdefault(event, []).append(to_node)
+            self.relays.setdefault(event, (from_node, []))[1].append(to_node)
             return True
 
     def run(self) -> None:
@@ -72,6 +72,7 @@ class Heartbeat(threading.Thread):
                     self._on_readable(sock)
                 for node in self.cluster.nodes:
                     node.flush_stale(time.monotonic(), _STRAGGLER_AGE)
+                self._fail_relays_of_lost_nodes()
         except Exception:  # the master must learn why its heartbeat stopped
             log.exception("mwrt heartbeat thread failed")
         finally:
@@ -126,6 +127,21 @@ class Heartbeat(threading.Thread):
         elif isinstance(message, wire.Fired):
             with self.lock:
                 self.fired[message.event] = message.time
-                waiting = self.relays.pop(message.event, [])
+                _, waiting = self.relays.pop(message.event, (index, []))
             for to_node in waiting:
-                self._send(to_node, wire.EventDone(0, message.event))
+                self._send(to_node, wire.EventDone(0, message.event, ""))
+
+    def _fail_relays_of_lost_nodes(self) -> None:
+        """Waiters on events of a lost node get an error instead of waiting forever."""
+        if not self.relays:
+            return
+        with self.lock:
+            doomed = [(event, entry) for event, entry in self.relays.items()
+                      if self.cluster.nodes[entry[0]].lost is not None]
+            for event, _ in doomed:
+                del self.relays[event]
+        for event, (from_node, waiting) in doomed:
+            reason = f"node {from_node}, which records it, is lost"
+            for to_node in waiting:
+                if self.cluster.nodes[to_node].lost is None:
+                    self._send(to_node, wire.EventDone(0, event, reason))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 import cloudpickle
 
 from . import context, wire
+from .arrays import as_dtype
 from .cluster import current
+from .ops import Spec
 
 _REMOTE = wire.code(wire.Remote)
 
@@ -15,11 +18,12 @@ _REMOTE = wire.code(wire.Remote)
 class RemoteFunction:
     """A function shipped (cloudpickle) to run where its tensor arguments live."""
 
-    def __init__(self, fn, outputs: int = 1):
+    def __init__(self, fn, outputs: int = 1, spec=None):
         if not callable(fn):
             raise TypeError(f"remote: expected a callable (got {type(fn).__name__})")
         if not isinstance(outputs, int) or outputs < 0:
             raise ValueError(f"remote: outputs must be an int >= 0 (got {outputs!r})")
+        self.specs = _specs(spec, outputs)
         self.fn, self.outputs = fn, outputs
         self._blob: bytes | None = None
         functools.update_wrapper(self, fn)
@@ -37,10 +41,10 @@ class RemoteFunction:
             target = current().node(context.current_node() if node is None else node)
             device = context.current_device() if device is None else device
         if self._blob is None:
-            self._blob = cloudpickle.dumps(self.fn)
+            self._blob = _pickle(self.fn)
         stream = context.stream_for(target.index, device)
-        outs = [DistributedTensor(target, device, next(target.ids), None, stream)
-                for _ in range(self.outputs)]
+        outs = [DistributedTensor(target, device, next(target.ids), spec, stream)
+                for spec in self.specs]
         target.issue((_REMOTE, next(target.ids), stream, tuple(t._id for t in outs), self._blob,
                       wire_args, wire_kwargs))
         if self.outputs == 0:
@@ -48,8 +52,38 @@ class RemoteFunction:
         return outs[0] if self.outputs == 1 else tuple(outs)
 
 
-def remote(fn=None, *, outputs: int = 1):
-    """Decorator or call: `mwrt.remote(fn)(t)` runs fn(t's array) on t's worker."""
+def _pickle(fn) -> bytes:
+    """cloudpickle `fn`; functions of the user's own modules go by value (workers lack them)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(module, "__file__", None) or ""
+    installed = any(path.startswith(p) for p in (sys.prefix, sys.base_prefix, *site_paths()))
+    if module is not None and path and not installed:
+        cloudpickle.register_pickle_by_value(module)
+    return cloudpickle.dumps(fn)
+
+
+def site_paths() -> list[str]:
+    import site
+
+    return [*site.getsitepackages(), site.getusersitepackages()]
+
+
+def remote(fn=None, *, outputs: int = 1, spec=None):
+    """Decorator or call: `mwrt.remote(fn)(t)` runs fn(t's array) on t's worker.
+
+    Results' shapes and dtypes resolve when first needed; give them up front as
+    `spec=(shape, dtype)` (a list of them for several outputs) and nothing ever waits.
+    """
     if fn is None:
-        return lambda f: RemoteFunction(f, outputs)
-    return RemoteFunction(fn, outputs)
+        return lambda f: RemoteFunction(f, outputs, spec)
+    return RemoteFunction(fn, outputs, spec)
+
+
+def _specs(spec, outputs: int) -> list:
+    """The declared (shape, dtype) of each output, or None where it is left to the worker."""
+    if spec is None:
+        return [None] * outputs
+    specs = [spec] if outputs == 1 else list(spec)
+    if len(specs) != outputs:
+        raise ValueError(f"remote: spec names {len(specs)} outputs (expected {outputs})")
+    return [Spec(tuple(shape), as_dtype(dtype)) for shape, dtype in specs]

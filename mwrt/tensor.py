@@ -50,8 +50,8 @@ class DistributedTensor:
     def spec(self) -> Spec:
         """Shape and dtype; asks the worker once if they depend on data (masks, remote())."""
         if self._spec is None:
-            reply, _ = self._node.request((_META, next(self._node.ids), self._stream(), self._id),
-                                          f"shape of tensor {self._id}")
+            reply, _ = self._node.request((_META, next(self._node.ids), self._streams[0],
+                                           self._id), f"shape of tensor {self._id}")
             self._spec = Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
         return self._spec
 
@@ -77,13 +77,14 @@ class DistributedTensor:
 
     __hash__ = object.__hash__
 
-    def _stream(self) -> int:
-        return context.stream_for(self._node.index, self._device)
-
     # -- copies to the master (sync points) -----------------------------------------------
 
     def numpy(self) -> np.ndarray:
-        """Copy to the master as a NumPy array; waits for the ops that produce it."""
+        """Copy to the master as a NumPy array; waits for the stream that made the tensor.
+
+        Changes made on other streams are ordered as in CUDA: synchronize them (or make the
+        tensor's stream wait on their events) first.
+        """
         from .transfer import fetch
 
         return fetch(self)

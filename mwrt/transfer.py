@@ -37,7 +37,7 @@ def put(array, node: int | None = None, device: int | None = None):
 def fetch(tensor) -> np.ndarray:
     """Copy a tensor's contents to the master; a sync point of its stream."""
     node = tensor._node
-    reply, frames = node.request((_GET, next(node.ids), tensor._stream(), tensor._id),
+    reply, frames = node.request((_GET, next(node.ids), tensor._streams[0], tensor._id),
                                  f"numpy() of tensor {tensor._id}")
     shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
     if tensor._spec is None:

@@ -196,10 +196,20 @@ class EventQuery:
 
 @dataclass(frozen=True, slots=True)
 class EventDone:
-    """Relay: event `event` (recorded on another node) is done."""
+    """Relay: event `event` (recorded on another node) is done, or will never be (`error`)."""
 
     id: int
     event: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Start (`on`) or stop recording a timeline of this session; stopping answers with it."""
+
+    id: int
+    on: bool
+    token: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +277,7 @@ class Fired:
 
 
 MESSAGES = [Hello, Bye, Ping, Create, Put, Call, Remote, Free, Get, Meta, Sync, Query,
-            NewStream, Record, WaitEvent, EventQuery, EventDone, Stats,
+            NewStream, Record, WaitEvent, EventQuery, EventDone, Profile, Stats,
             Welcome, Pong, Done, Data, Failed, Fired]
 CODES = {cls: code for code, cls in enumerate(MESSAGES)}
 _FIELDS = [tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES]

@@ -29,7 +29,7 @@ TX, RX, HB = b"tx", b"rx", b"hb"
 _FAST_SYNC = (wire.Get, wire.Meta, wire.Sync)
 _INLINE_LIMIT = 64 << 10  # bytes the socket thread may copy into a reply itself
 _SOCKET_COMMANDS = (wire.Hello, wire.Bye, wire.Ping, wire.NewStream, wire.Query,
-                    wire.EventQuery, wire.EventDone, wire.Stats)
+                    wire.EventQuery, wire.EventDone, wire.Profile, wire.Stats)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -150,7 +150,7 @@ class Daemon:
             if isinstance(command, wire.Ping):
                 self.send(identity, wire.Pong(command.id, self.incarnation))
             elif isinstance(command, wire.EventDone) and session is not None:
-                self.fire_event(session, command.event, None, self.send)
+                self.fire_event(session, command.event, None, self.send, command.error)
 
     def _on_batch(self, identity, sid, seq, commands, data) -> None:
         session = self.sessions.get(sid)
@@ -224,7 +224,11 @@ class Daemon:
         elif isinstance(command, wire.EventQuery):
             self._event_query(session, command)
         elif isinstance(command, wire.EventDone):
-            self.fire_event(session, command.event, None, self.send)
+            self.fire_event(session, command.event, None, self.send, command.error)
+        elif isinstance(command, wire.Profile):
+            trace, session.trace = session.trace, ([] if command.on else None)
+            if not command.on:
+                self.send(identity, wire.Done(command.token, trace or []))
         elif isinstance(command, wire.Stats):
             self.send(identity, wire.Done(command.token, session.stats()))
         return session
@@ -256,10 +260,11 @@ class Daemon:
         self.send(session.identity, wire.Done(command.token, {
             "done": state.fired.is_set(), "time": state.time}))
 
-    def fire_event(self, session, event_id, when, send) -> None:
+    def fire_event(self, session, event_id, when, send, error: str = "") -> None:
         """Mark an event done, answer its waiters, and tell the master (for relays)."""
         state = session.event(event_id)
         with session.lock:
+            state.error = error
             if when is not None:
                 state.time = when
             state.fired.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import traceback
 
 from .. import arrays, wire
@@ -84,12 +85,17 @@ class StreamExecutor:
         if self.error is not None and not isinstance(command, _ALWAYS_RUN):
             handlers.poison(self, command, self.error)
             return
+        trace = self.session.trace
+        start = time.time() if trace is not None else 0.0
         try:
             handlers.HANDLERS[type(command)](self, command, frames)
         except handlers.PoisonedInput as exc:
             self._fail(command, exc.info)
         except Exception as exc:
             self._fail(command, self.describe(command, exc))
+        if trace is not None:
+            trace.append((self.device, self.id, handlers.op_name(command), start, time.time(),
+                          handlers.arg_shapes(self, command)))
 
     def _fail(self, command, info: dict) -> None:
         if isinstance(command, _SYNC_POINTS):

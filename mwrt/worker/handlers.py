@@ -156,6 +156,8 @@ def wait_event(ex, cmd, frames):
         if time.monotonic() > deadline:
             raise TimeoutError(f"wait_event: event {cmd.event} was not recorded after "
                                f"{timeout} s (MWRT_SYNC_TIMEOUT); did its stream fail?")
+    if state.error:
+        raise RuntimeError(f"wait_event: event {cmd.event} will never fire: {state.error}")
 
 
 HANDLERS = {wire.Create: create, wire.Put: put, wire.Call: call, wire.Remote: remote,

@@ -11,11 +11,12 @@ from .executor import DEFAULT_STREAM_LIMIT, StreamExecutor
 class EventState:
     """An event's completion flag and the time it fired."""
 
-    __slots__ = ("fired", "time")
+    __slots__ = ("fired", "time", "error")
 
     def __init__(self):
         self.fired = threading.Event()
         self.time = 0.0
+        self.error = ""  # set when the event will never really fire (its node was lost)
 
 
 class Session:
@@ -33,6 +34,7 @@ class Session:
         self.lock = threading.Lock()
         self.last_seen = time.monotonic()
         self.last_seq = -1
+        self.trace: list | None = None  # timeline slices while the master profiles
         self.closed = False
 
     def stream(self, stream_id: int, device: int | None = None) -> StreamExecutor:

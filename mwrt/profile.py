@@ -1,0 +1,74 @@
+"""`with mwrt.profile() as prof:` — a timeline of what ran where, as a Chrome/Perfetto trace."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from . import wire
+from .cluster import current
+from .worker_api import synchronize
+
+_PROFILE = wire.code(wire.Profile)
+
+
+class Profile:
+    """Slices recorded by every worker while the block ran: (node, device, stream, op, times)."""
+
+    def __init__(self):
+        self.slices: list[dict] = []
+
+    def __enter__(self) -> "Profile":
+        synchronize()  # only work issued inside the block is recorded
+        for node in current().nodes:
+            node.issue((_PROFILE, next(node.ids), True, 0))
+            node.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        cluster = current()
+        if exc[0] is None:
+            synchronize()
+        for node in cluster.nodes:
+            if node.lost is not None:
+                continue
+            token = next(node.tokens)
+            node.issue((_PROFILE, next(node.ids), False, token))
+            reply, _ = node.wait(token, "the profile's timeline")
+            for device, stream, op, start, end, shapes in reply.value:
+                self.slices.append({"node": node.index, "device": device, "stream": stream,
+                                    "op": op, "start": start, "end": end,
+                                    "shapes": [list(s) if s else s for s in shapes]})
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Write the timeline as Chrome trace JSON: a process per node, a thread per stream."""
+        events = []
+        for node in sorted({s["node"] for s in self.slices}):
+            events.append({"ph": "M", "name": "process_name", "pid": node,
+                           "args": {"name": f"node {node}"}})
+        for node, device, stream in sorted({(s["node"], s["device"], s["stream"])
+                                            for s in self.slices}):
+            events.append({"ph": "M", "name": "thread_name", "pid": node, "tid": stream,
+                           "args": {"name": f"device {device} stream {stream}"}})
+        for s in self.slices:
+            events.append({"ph": "X", "name": s["op"], "pid": s["node"], "tid": s["stream"],
+                           "ts": s["start"] * 1e6, "dur": (s["end"] - s["start"]) * 1e6,
+                           "args": {"shapes": s["shapes"], "device": s["device"]}})
+        with open(path, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+    def table(self, top: int = 15) -> str:
+        """The ops that took the most time, summed over nodes and streams."""
+        totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
+        for s in self.slices:
+            totals[s["op"]][0] += 1
+            totals[s["op"]][1] += s["end"] - s["start"]
+        lines = [f"{'op':24} {'calls':>8} {'total ms':>10} {'mean µs':>10}"]
+        for op, (calls, total) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+            lines.append(f"{op:24} {calls:>8} {total * 1e3:>10.3f} {total / calls * 1e6:>10.1f}")
+        return "\n".join(lines)
+
+
+def profile() -> Profile:
+    """Record a timeline of every op the workers run inside the `with` block."""
+    return Profile()

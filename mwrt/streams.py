@@ -1,0 +1,156 @@
+"""CUDA-like streams and events on every node, with cross-node event waits relayed by the master.
+
+A stream is an ordered queue of commands on one (node, device), run by its own executor
+on the worker, so streams overlap. An event marks a point in a stream; another stream —
+on the same node or another — can wait for it without the master blocking. Tensors
+used on a stream other than the one that made them follow CUDA's rule: order the streams
+with events, and call `tensor.record_stream(s)` so its memory outlives the use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+from . import context, wire
+from .cluster import current
+
+_STREAM_IDS = itertools.count(1 << 20)  # ids below are the default streams (id == device)
+_EVENT_IDS = itertools.count(1)
+_NEW_STREAM, _SYNC, _QUERY = (wire.code(c) for c in (wire.NewStream, wire.Sync, wire.Query))
+_RECORD, _WAIT, _EVENT_QUERY = (wire.code(c) for c in (wire.Record, wire.WaitEvent,
+                                                       wire.EventQuery))
+
+
+class Stream:
+    """An ordered queue of commands on (node, device); streams of one worker run concurrently."""
+
+    def __init__(self, node: int | None = None, device: int | None = None, *, _id=None):
+        self.node = context.current_node() if node is None else node
+        self.device = context.current_device() if device is None else device
+        self._node = current().node(self.node)
+        if _id is None:
+            _id = next(_STREAM_IDS)
+            self._node.issue((_NEW_STREAM, next(self._node.ids), _id, self.device))
+        self.id = _id
+
+    @classmethod
+    def default(cls, node: int | None = None, device: int | None = None) -> "Stream":
+        """The default stream of (node, device)."""
+        device = context.current_device() if device is None else device
+        return cls(node, device, _id=device)
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and (self.node, self.id) == (other.node, other.id)
+
+    def __hash__(self):
+        return hash((self.node, self.id))
+
+    def __repr__(self):
+        kind = "default " if self.id < (1 << 20) else ""
+        return f"<{kind}Stream {self.id} on node {self.node} device {self.device}>"
+
+    def synchronize(self) -> None:
+        """Wait until everything issued to this stream has run; raises its sticky error."""
+        token = next(self._node.tokens)
+        self._node.issue((_SYNC, next(self._node.ids), self.id, token))
+        self._node.wait(token, f"synchronize() of {self!r}")
+
+    def query(self) -> bool:
+        """True if everything issued to this stream has run (does not wait)."""
+        token = next(self._node.tokens)
+        self._node.issue((_QUERY, next(self._node.ids), self.id, token))
+        reply, _ = self._node.wait(token, f"query() of {self!r}")
+        return bool(reply.value)
+
+    def wait_event(self, event: "Event") -> None:
+        """Make later work on this stream wait for `event` (the master does not block)."""
+        event.wait(self)
+
+    def wait_stream(self, stream: "Stream") -> None:
+        """Make later work on this stream wait for all work issued to `stream` so far."""
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        """Record `event` (or a new one) at this point of the stream."""
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+
+class Event:
+    """A point in a stream; query/synchronize/wait/elapsed_time as CUDA's."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.enable_timing = enable_timing
+        self._id: int | None = None
+        self._stream: Stream | None = None
+
+    def __repr__(self):
+        where = "unrecorded" if self._stream is None else f"recorded on {self._stream!r}"
+        return f"<Event {self._id} {where}>"
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Capture this point of `stream` (default: the current stream)."""
+        stream = current_stream() if stream is None else stream
+        self._id, self._stream = next(_EVENT_IDS), stream
+        node = stream._node
+        node.issue((_RECORD, next(node.ids), stream.id, self._id, self.enable_timing))
+
+    def query(self) -> bool:
+        """True if the recorded work is done (or nothing was recorded)."""
+        return self._ask(False)["done"] if self._stream is not None else True
+
+    def synchronize(self) -> None:
+        """Wait until the recorded work is done."""
+        if self._stream is not None:
+            self._ask(True)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make later work on `stream` wait for this event, across nodes too."""
+        stream = current_stream() if stream is None else stream
+        if self._stream is None:
+            return
+        target, source = stream._node, self._stream._node
+        if target is not source:
+            source.flush()  # the record must reach its worker for the relay to fire
+            if not current().heartbeat.relay(self._id, source.index, target.index):
+                return  # already fired: nothing to wait for
+        target.issue((_WAIT, next(target.ids), stream.id, self._id))
+
+    def elapsed_time(self, end: "Event") -> float:
+        """Milliseconds between this event and `end` (both synchronized first)."""
+        if not (self.enable_timing and end.enable_timing):
+            raise ValueError("elapsed_time: both events need Event(enable_timing=True)")
+        if self._stream is None or end._stream is None:
+            raise ValueError("elapsed_time: both events must be recorded first")
+        return (end._ask(True)["time"] - self._ask(True)["time"]) * 1000.0
+
+    def _ask(self, wait: bool) -> dict:
+        node = self._stream._node
+        token = next(node.tokens)
+        node.issue((_EVENT_QUERY, next(node.ids), self._id, wait, token))
+        reply, _ = node.wait(token, f"{'synchronize' if wait else 'query'}() of {self!r}")
+        return reply.value
+
+
+def current_stream(node: int | None = None, device: int | None = None) -> Stream:
+    """The stream ops on (node, device) go to now: the one set with `mwrt.stream`, or default."""
+    node = context.current_node() if node is None else node
+    device = context.current_device() if device is None else device
+    stack = context.stream_stack()
+    if stack and stack[-1].node == node and stack[-1].device == device:
+        return stack[-1]
+    return Stream.default(node, device)
+
+
+@contextlib.contextmanager
+def stream(s: Stream):
+    """Send ops issued inside (on s's node and device) to stream `s`; also makes s's place current."""
+    stack = context.stream_stack()
+    stack.append(s)
+    try:
+        with context.node(s.node, s.device):
+            yield s
+    finally:
+        stack.pop()

@@ -1,0 +1,154 @@
+"""Streams and events: overlap, ordering within and across nodes, sticky errors, timelines."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import mwrt
+
+
+def _rendezvous_wait(a):
+    """Stream A: wait (10 s at most) for stream B's op to signal; True only if they overlap."""
+    import builtins
+    import threading
+
+    event = builtins.__dict__.setdefault("_mwrt_test_event", threading.Event())
+    seen = event.wait(10)
+    event.clear()
+    return np.array(seen)
+
+
+def _rendezvous_signal(a):
+    import builtins
+    import threading
+
+    builtins.__dict__.setdefault("_mwrt_test_event", threading.Event()).set()
+    return a
+
+
+def test_two_streams_of_one_worker_overlap(cluster):
+    x = mwrt.ones(3)
+    with mwrt.stream(mwrt.Stream()):
+        waiting = mwrt.remote(_rendezvous_wait)(x)
+    with mwrt.stream(mwrt.Stream()):
+        mwrt.remote(_rendezvous_signal)(x)
+    assert bool(waiting.numpy()), "stream B's op did not run while stream A's was running"
+
+
+def test_ops_on_one_stream_run_in_issue_order(cluster):
+    s = mwrt.Stream()
+    with mwrt.stream(s):
+        x = mwrt.zeros(1)
+        for i in range(200):
+            x *= 0.5
+            x += i
+    expected = np.zeros(1, np.float32)
+    for i in range(200):
+        expected *= 0.5
+        expected += i
+    assert x.numpy()[0] == expected[0]
+
+
+def test_wait_event_orders_streams_within_a_node(cluster):
+    a, b = mwrt.Stream(), mwrt.Stream()
+    with mwrt.stream(a):
+        x = mwrt.zeros(4)
+        mwrt.remote(lambda t: (time.sleep(0.3), t.fill(5)), outputs=0)(x)
+        done = a.record_event()
+    b.wait_event(done)
+    with mwrt.stream(b):
+        y = x + 1  # runs only after stream a filled x
+    assert not done.query() or True  # may or may not be done yet; must not block
+    np.testing.assert_array_equal(y.numpy(), np.full(4, 6.0, np.float32))
+    assert done.query()
+
+
+def test_wait_event_across_nodes_is_relayed(cluster):
+    with mwrt.node(1):
+        s1 = mwrt.Stream()
+        start = mwrt.Event(enable_timing=True)
+        start.record(s1)
+        with mwrt.stream(s1):
+            mwrt.remote(lambda t: time.sleep(0.3), outputs=0)(mwrt.ones(1))
+        end = mwrt.Event(enable_timing=True)
+        end.record(s1)
+    s0 = mwrt.Stream(node=0)
+    issued = time.monotonic()
+    s0.wait_event(end)  # does not block the master
+    with mwrt.stream(s0):
+        stamp = mwrt.remote(lambda t: np.array(time.time()))(mwrt.ones(1))
+    assert time.monotonic() - issued < 0.25
+    assert not end.query()
+    ran_at = float(stamp)
+    end.synchronize()
+    assert end.query()
+    assert ran_at >= start._ask(True)["time"] + 0.29  # ran after node 1's sleep
+    assert 250 <= start.elapsed_time(end) < 5000
+
+
+def test_stream_query_and_synchronize(cluster):
+    s = mwrt.Stream()
+    with mwrt.stream(s):
+        mwrt.remote(lambda t: time.sleep(0.3), outputs=0)(mwrt.ones(1))
+    assert not s.query()
+    s.synchronize()
+    assert s.query()
+    assert mwrt.Event().query()  # never recorded: done
+
+
+def test_wait_stream_and_current_stream(cluster):
+    a, b = mwrt.Stream(), mwrt.Stream()
+    assert mwrt.current_stream() == mwrt.Stream.default(0, -1)
+    with mwrt.stream(a):
+        assert mwrt.current_stream() == a
+        x = mwrt.zeros(2)
+        mwrt.remote(lambda t: (time.sleep(0.2), t.fill(3)), outputs=0)(x)
+    b.wait_stream(a)
+    with mwrt.stream(b):
+        y = x * 2
+    np.testing.assert_array_equal(y.numpy(), [6, 6])
+
+
+def test_sticky_error_on_one_stream_leaves_another_working(cluster):
+    bad, good = mwrt.Stream(), mwrt.Stream()
+    x = mwrt.ones(3)
+    mwrt.synchronize()
+    with mwrt.stream(bad):
+        mwrt.remote(lambda t: 1 / 0, outputs=0)(x)
+    with mwrt.stream(good):
+        y = x + 1
+    np.testing.assert_array_equal(y.numpy(), [2, 2, 2])
+    good.synchronize()
+    with pytest.raises(mwrt.RemoteError, match="ZeroDivisionError") as info:
+        bad.synchronize()
+    assert info.value.stream == bad.id
+    bad.synchronize()  # reported once, then the stream runs again
+
+
+def test_remote_with_declared_spec_never_waits(cluster):
+    fn = mwrt.remote(lambda t: t[:2] * 2, spec=((2,), np.float64))
+    r = fn(mwrt.dist_send(np.arange(4.0)))
+    assert r._spec is not None and r.shape == (2,)
+    np.testing.assert_array_equal(r.numpy(), [0.0, 2.0])
+
+
+def test_profile_writes_a_trace_with_one_track_per_stream(cluster, tmp_path):
+    s = mwrt.Stream(node=1)
+    with mwrt.profile() as prof:
+        x = mwrt.ones(100)
+        y = (x * 2).sum()
+        with mwrt.stream(s):
+            z = mwrt.ones(10) + 1
+        float(y), z.numpy()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    tracks = {(e["pid"], e["tid"]) for e in events if e["ph"] == "X"}
+    assert (0, -1) in tracks and (1, s.id) in tracks
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"ones", "multiply", "sum", "add"} <= names
+    assert "multiply" in prof.table()
