@@ -39,6 +39,7 @@ HEADER = struct.Struct("<IBBHIQQQQ")
 MAGIC = 0x4D575254
 DATA = 1
 _DISCARD = 1 << 20
+_LINGER = 5.0  # seconds close() waits for peers to read what we sent
 
 
 class _Post:
@@ -233,6 +234,12 @@ class SocketChannel(DataChannel):
             except AuthError:
                 sock.close()
                 raise
+            except OSError as exc:
+                sock.close()
+                raise ChannelClosedError(
+                    f"{what}: rank {peer} at {address} dropped the connection during the "
+                    f"handshake ({type(exc).__name__}: {exc}); check the logs of rank {peer}",
+                    peer=peer) from None
             conn = self._outbound[peer] = OutConn(sock, address)
             if self.closed:  # close() ran while we connected: do not leak the socket
                 self._shut(sock)
@@ -465,14 +472,33 @@ class SocketChannel(DataChannel):
             _resolve(post, self._closed_error(None, post.tag))
         if self._listener is not None:
             self._shut(self._listener)
-        for conn in list(self._outbound.values()):
-            self._shut(conn.sock)
+        self._close_outbound()
         for sock in inbound:
             self._shut(sock, close=False)  # its receiver thread closes it
         deadline = time.monotonic() + 5.0
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(max(deadline - time.monotonic(), 0))
+
+    def _close_outbound(self) -> None:
+        # Half-close, then wait for the peer to finish reading: closing a socket with unread
+        # acks sends a reset, which would make the peer drop frames we already sent.
+        conns = list(self._outbound.values())
+        for conn in conns:
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + min(self.timeout, _LINGER)
+        for conn in conns:
+            try:
+                while deadline > time.monotonic():
+                    conn.sock.settimeout(deadline - time.monotonic())
+                    if not conn.sock.recv(_DISCARD):
+                        break
+            except OSError:
+                pass  # reset or timed out: the peer is gone or stuck, nothing left to save
+            conn.sock.close()
 
     @staticmethod
     def _shut(sock, close: bool = True) -> None:
