@@ -40,6 +40,8 @@ SETTINGS = {
                                "seconds a data-channel send/recv waits"),
     "segment_bytes": Setting("MWRT_SEGMENT_BYTES", 4 << 20, int,
                              "large transfers and collectives move in segments of this size"),
+    "shm_slots": Setting("MWRT_SHM_SLOTS", 4, int,
+                         "shared-memory slots of segment_bytes per (sender, receiver) pair"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC"),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }
