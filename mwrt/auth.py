@@ -111,3 +111,142 @@ def client_handshake(sock: socket.socket, key: bytes | None, timeout: float, cla
             raise AuthError(f"{peer}: could not prove it holds the key; refusing to send to it")
     finally:
         sock.settimeout(previous)
+
+
+# -- key files and CurveZMQ on the command socket --------------------------------------------
+#
+# A key file is JSON, readable by its owner only: the holder's CURVE key pair, the public
+# keys it trusts (a worker: the masters it admits; a master: the workers' server key), and
+# the HMAC key every data-channel connection of the cluster proves it knows.
+
+
+class KeyFile:
+    """One party's secrets: CURVE pair, trusted public keys, cluster HMAC key."""
+
+    def __init__(self, public: bytes, secret: bytes, trusted: list[bytes], hmac_key: bytes,
+                 path: str = "<memory>"):
+        self.public, self.secret, self.trusted = public, secret, list(trusted)
+        self.hmac_key, self.path = hmac_key, path
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps({"curve_public": self.public.decode(),
+                           "curve_secret": self.secret.decode(),
+                           "trusted": [k.decode() for k in self.trusted],
+                           "hmac": self.hmac_key.hex()})
+
+    def save(self, path: str) -> None:
+        """Write with mode 0600 (created so, never world-readable in between)."""
+        import os
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
+        self.path = path
+
+
+def load_key_file(path: str) -> KeyFile:
+    """Read a key file written by `mwrt-worker keygen`; errors name the file and the field."""
+    import json
+    import os
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise AuthError(f"key file {path}: cannot read it ({exc.strerror}); create keys with "
+                        "`mwrt-worker keygen DIR`") from None
+    except ValueError as exc:
+        raise AuthError(f"key file {path}: not JSON ({exc})") from None
+    if os.stat(path).st_mode & 0o077:
+        log.warning("key file %s is readable by others; chmod 600 it", path)
+    try:
+        keys = KeyFile(data["curve_public"].encode(), data["curve_secret"].encode(),
+                       [k.encode() for k in data["trusted"]], bytes.fromhex(data["hmac"]), path)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise AuthError(f"key file {path}: missing or malformed field ({exc})") from None
+    if len(keys.public) != 40 or len(keys.secret) != 40:
+        raise AuthError(f"key file {path}: CURVE keys must be 40 Z85 characters")
+    return keys
+
+
+def generate_cluster_keys() -> tuple[KeyFile, KeyFile]:
+    """A fresh (worker, master) pair of key files that trust each other."""
+    import zmq
+
+    worker_public, worker_secret = zmq.curve_keypair()
+    master_public, master_secret = zmq.curve_keypair()
+    shared = generate_hmac_key()
+    return (KeyFile(worker_public, worker_secret, [master_public], shared),
+            KeyFile(master_public, master_secret, [worker_public], shared))
+
+
+def keygen(directory: str) -> tuple[str, str]:
+    """Write worker.key and master.key into `directory`; returns their paths."""
+    import os
+
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    worker, master = generate_cluster_keys()
+    paths = os.path.join(directory, "worker.key"), os.path.join(directory, "master.key")
+    for keys, path in zip((worker, master), paths):
+        if os.path.exists(path):
+            raise AuthError(f"keygen: {path} exists; remove it or choose another directory")
+        keys.save(path)
+    return paths
+
+
+def as_key_file(key) -> KeyFile | None:
+    """Accept a KeyFile, a path, or None (then MWRT_KEY_FILE, if set)."""
+    from . import config
+
+    if isinstance(key, KeyFile):
+        return key
+    if key is None:
+        key = config.get("key_file") or None
+    return None if key is None else load_key_file(str(key))
+
+
+def serve_curve(socket, keys: KeyFile) -> None:
+    """Make `socket` a CURVE server; its context's authenticator must admit the masters."""
+    socket.curve_secretkey = keys.secret
+    socket.curve_publickey = keys.public
+    socket.curve_server = True
+
+
+def connect_curve(socket, keys: KeyFile) -> None:
+    """Make `socket` a CURVE client of a server whose public key `keys` trusts."""
+    if not keys.trusted:
+        raise AuthError(f"key file {keys.path}: trusts no worker key")
+    socket.curve_secretkey = keys.secret
+    socket.curve_publickey = keys.public
+    socket.curve_serverkey = keys.trusted[0]
+
+
+class MasterAdmission:
+    """ZAP callback: admit exactly the masters listed in the worker's key file; log refusals."""
+
+    def __init__(self, keys: KeyFile):
+        self.allowed = set(keys.trusted)
+        self.refused = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        import zmq.utils.z85
+
+        encoded = zmq.utils.z85.encode(key) if len(key) == 32 else key
+        if encoded in self.allowed:
+            return True
+        self.refused += 1
+        log.warning("refused a master whose CURVE key is not in the key file (key %s...)",
+                    encoded[:8].decode(errors="replace"))
+        return False
+
+
+def start_authenticator(context, keys: KeyFile):
+    """Start the ZAP handler thread that checks masters' keys for `context`'s sockets."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    authenticator = ThreadAuthenticator(context, log=logging.getLogger("mwrt.auth"))
+    authenticator.start()
+    authenticator.configure_curve_callback("*", MasterAdmission(keys))
+    return authenticator

@@ -18,23 +18,30 @@ from collections import deque
 
 import zmq
 
-from . import config, wire
-from .errors import MwrtError, RemoteError, WorkerLostError
+from zmq.utils.monitor import recv_monitor_message
+
+from . import auth, config, wire
+from .errors import AuthError, MwrtError, RemoteError, WireError, WorkerLostError
 
 log = logging.getLogger("mwrt")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SITES = 1 << 16  # issue sites remembered per node, for error reports
 _FREE = wire.code(wire.Free)
+_AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                  zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_AUTH_FAILURES)
 # Commands whose third field is the stream they run on.
 _STREAM_CODES = frozenset(wire.code(c) for c in (
     wire.Create, wire.Put, wire.Call, wire.Remote, wire.Free, wire.Get, wire.Meta, wire.Sync,
     wire.Record, wire.WaitEvent, wire.NewStream))
 
 
-def dealer(context: zmq.Context, identity: bytes, address: str) -> zmq.Socket:
-    """A DEALER socket with `identity`, connected to `address`, that drops nothing silently."""
+def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zmq.Socket:
+    """A DEALER socket with `identity`, connected to `address` (over CURVE given keys)."""
     sock = context.socket(zmq.DEALER)
+    if keys is not None:
+        auth.connect_curve(sock, keys)
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
@@ -60,8 +67,8 @@ class Node:
         self.cluster, self.index = cluster, index
         self.address = address if address.startswith("tcp://") else f"tcp://{address}"
         sid = cluster.session_id.encode()
-        self.tx = dealer(cluster.context, sid + b"/tx", self.address)
-        self.rx = dealer(cluster.context, sid + b"/rx", self.address)
+        self.tx = dealer(cluster.context, sid + b"/tx", self.address, cluster.keys)
+        self.rx = dealer(cluster.context, sid + b"/rx", self.address, cluster.keys)
         self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
         self.rows: list = []
         self.frames: list = []
@@ -76,6 +83,7 @@ class Node:
         self.sites: list = [""] * _SITES
         self.streams: set[int] = set()  # every stream this master has used on the node
         self.lost: str | None = None
+        self.rejected: str | None = None  # why the worker refused a batch, until reported
         self.info: wire.Welcome | None = None
         self.closed = False
 
@@ -88,16 +96,40 @@ class Node:
         """Say Hello on rx and wait for the Welcome; ConnectionError naming the address."""
         token = next(self.tokens)
         hello = wire.Hello(token, self.cluster.session_id, self.cluster.master_name, self.index)
-        self.rx.send_multipart([wire.encode_header(0), wire.encode_body([hello])])
-        if not self.rx.poll(timeout * 1000):
-            raise ConnectionError(f"worker {self.address} (node {self.index}): no answer within "
-                                  f"{timeout} s; is mwrt-worker running and listening there?")
+        monitor = self.rx.get_monitor_socket(_HANDSHAKE_EVENTS)
+        try:
+            self.rx.send_multipart([wire.encode_header(0), wire.encode_body([hello])])
+            self._await_welcome(monitor, timeout)
+        finally:
+            self.rx.disable_monitor()
+            monitor.close(linger=0)
         self._route(self.rx.recv_multipart(copy=False))
         reply, _ = self.replies.pop(token, (None, None))
         if not isinstance(reply, wire.Welcome):
             raise ConnectionError(f"worker {self.address} (node {self.index}): unexpected answer "
                                   f"to Hello ({reply!r:.200})")
         self.info = reply
+
+    def _await_welcome(self, monitor, timeout: float) -> None:
+        """Wait for the Hello's answer; a refused key is reported as such, not as silence."""
+        poller = zmq.Poller()
+        poller.register(self.rx, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = dict(poller.poll(max(deadline - time.monotonic(), 0) * 1000))
+            if self.rx in ready:
+                return
+            if monitor in ready:
+                event = recv_monitor_message(monitor)["event"]
+                if event in _AUTH_FAILURES:
+                    raise AuthError(
+                        f"worker {self.address} (node {self.index}): refused this master's key "
+                        "(CURVE handshake failed); use the master.key made with the worker's "
+                        "key (mwrt-worker keygen) via key= or MWRT_KEY_FILE")
+        raise ConnectionError(f"worker {self.address} (node {self.index}): no answer within "
+                              f"{timeout} s; is mwrt-worker running and listening there, with "
+                              "a key if this master has one?")
 
     # -- issuing --------------------------------------------------------------------------
 
@@ -188,6 +220,7 @@ class Node:
         with self.rx_lock:
             while token not in self.replies:
                 self.check_lost()
+                self._raise_rejected()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
@@ -208,8 +241,9 @@ class Node:
         if reply.token == -1 and isinstance(reply, wire.Failed):
             if reply.info.get("kind") == "unknown_session":
                 self.mark_lost(reply.info.get("message", "session unknown to the worker"))
-            else:
+            else:  # a whole batch was refused: its commands never ran; say so at the next wait
                 log.error("%s: %s", self, reply.info.get("message"))
+                self.rejected = reply.info.get("message", "a batch was refused")
             return
         self.replies[reply.token] = (reply, frames[2:])
 
@@ -220,6 +254,12 @@ class Node:
         if self.lost is None:
             self.lost = reason
             log.error("%s lost: %s", self, reason)
+
+    def _raise_rejected(self) -> None:
+        if self.rejected is not None:
+            message, self.rejected = self.rejected, None
+            raise WireError(f"{self}: the worker refused a batch of commands, which did not run: "
+                            f"{message}")
 
     def check_lost(self) -> None:
         if self.lost is not None:

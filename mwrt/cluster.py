@@ -6,13 +6,14 @@ import atexit
 import logging
 import os
 import socket
+import tempfile
 import threading
 import uuid
 
 import numpy as np
 import zmq
 
-from . import config
+from . import auth, config
 from .client import Node
 from .errors import ConfigError, MwrtError
 from .local import LocalWorker
@@ -26,7 +27,9 @@ _lock = threading.Lock()
 class Cluster:
     """Everything one master holds: its nodes, local daemons, heartbeat and generator."""
 
-    def __init__(self, addresses: list[str], local: list[LocalWorker], timeout: float):
+    def __init__(self, addresses: list[str], local: list[LocalWorker], timeout: float,
+                 keys=None):
+        self.keys = keys  # the master's KeyFile, or None for unkeyed loopback daemons
         self.session_id = uuid.uuid4().hex
         self.master_name = f"{socket.gethostname()}:{os.getpid()}"
         self.context = zmq.Context()
@@ -80,11 +83,16 @@ def worker_addresses(workers) -> list[str]:
 
 
 def init_master_worker(workers=None, *, local_workers: int | None = None,
-                       timeout: float | None = None) -> None:
-    """Connect to worker daemons (or start `local_workers` on loopback) and open sessions."""
+                       timeout: float | None = None, key=None) -> None:
+    """Connect to worker daemons (or start `local_workers` on loopback) and open sessions.
+
+    `key` is the master's key file (path or auth.KeyFile; default MWRT_KEY_FILE). Local
+    workers always get a fresh key pair, so only this master can reach them.
+    """
     global _cluster
     timeout = config.get("connect_timeout") if timeout is None else float(timeout)
     addresses = worker_addresses(workers)
+    keys = auth.as_key_file(key)
     with _lock:
         if _cluster is not None:
             raise MwrtError("init_master_worker: already initialized; call mwrt.shutdown() "
@@ -94,19 +102,31 @@ def init_master_worker(workers=None, *, local_workers: int | None = None,
             count = config.get("local_workers") if local_workers is None else local_workers
             if not isinstance(count, int) or count < 1:
                 raise ConfigError(f"local_workers: must be an int >= 1 (got {count!r})")
-            try:
-                local = [LocalWorker.start(timeout) for _ in range(count)]
-            except BaseException:
-                for worker in local:
-                    worker.stop()
-                raise
+            local, keys = start_local_workers(count, timeout)
             addresses = [w.address for w in local]
         try:
-            _cluster = Cluster(addresses, local, timeout)
+            _cluster = Cluster(addresses, local, timeout, keys)
         except BaseException:
             for worker in local:
                 worker.stop()
             raise
+
+
+def start_local_workers(count: int, timeout: float):
+    """Start `count` daemons on loopback with a fresh key; returns them and the master's key."""
+    worker_keys, master_keys = auth.generate_cluster_keys()
+    local: list[LocalWorker] = []
+    with tempfile.TemporaryDirectory(prefix="mwrt-keys-") as directory:
+        path = os.path.join(directory, "worker.key")
+        worker_keys.save(path)  # read by each daemon at start, removed right after
+        try:
+            for _ in range(count):
+                local.append(LocalWorker.start(timeout, key_file=path))
+        except BaseException:
+            for worker in local:
+                worker.stop()
+            raise
+    return local, master_keys
 
 
 def shutdown() -> None:

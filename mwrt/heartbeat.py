@@ -38,7 +38,8 @@ class Heartbeat(threading.Thread):
         self._stop_event = threading.Event()
         self._outbox: list = []  # (node index, message), sent by this thread
         sid = cluster.session_id.encode()
-        self.sockets = [dealer(cluster.context, sid + b"/hb", n.address) for n in cluster.nodes]
+        self.sockets = [dealer(cluster.context, sid + b"/hb", n.address, cluster.keys)
+                        for n in cluster.nodes]
         self.monitors = [s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
                          for s in self.sockets]
         self.connected = [False] * len(self.sockets)

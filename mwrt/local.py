@@ -18,16 +18,20 @@ class LocalWorker:
         self.process, self.address = process, address
 
     @classmethod
-    def start(cls, timeout: float, env: dict | None = None) -> "LocalWorker":
+    def start(cls, timeout: float, key_file: str | None = None,
+              env: dict | None = None) -> "LocalWorker":
         """Start `python -m mwrt.worker` on a free loopback port; wait for its address."""
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
         child_env = dict(os.environ, **(env or {}))
         # The child imports the same mwrt as this master, installed or not.
         child_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
+        command = [sys.executable, "-m", "mwrt.worker", "--listen", "127.0.0.1:0",
+                   "--parent-pid", str(os.getpid())]
+        if key_file is not None:
+            command += ["--key-file", key_file]
         process = subprocess.Popen(
-            [sys.executable, "-m", "mwrt.worker", "--listen", "127.0.0.1:0",
-             "--parent-pid", str(os.getpid())],
+            command,
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env, text=True)
         line = _read_line(process, timeout)
         prefix = "mwrt-worker: listening on "

@@ -35,6 +35,19 @@ def start_worker(*extra, env=None):
     return process, line.split()[-1]
 
 
+@pytest.fixture
+def keyed_worker(tmp_path):
+    """A worker daemon with a key: (process, address, path of the master's key file)."""
+    from mwrt.auth import keygen
+
+    worker_key, master_key = keygen(str(tmp_path / "keys"))
+    mwrt.shutdown()
+    process, address = start_worker("--key-file", worker_key)
+    yield process, address, master_key
+    mwrt.shutdown()
+    stop_worker(process)
+
+
 def stop_worker(process) -> None:
     if process.poll() is None:
         process.terminate()

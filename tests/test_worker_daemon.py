@@ -62,7 +62,7 @@ BAD_FRAMES = [
 @pytest.mark.parametrize("parts", BAD_FRAMES)
 def test_malformed_messages_get_an_error_reply_and_the_daemon_serves_on(worker, parts):
     process, address = worker
-    reply = raw_exchange(address, parts)
+    reply = raw_exchange(address, parts, reply_to=b"x/rx")
     assert isinstance(reply, wire.Failed), reply
     assert reply.info["kind"] in ("wire", "unknown_session")
     assert process.poll() is None
@@ -91,9 +91,9 @@ def test_unknown_op_is_a_remote_error_and_the_stream_recovers(worker):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_killed_worker_raises_worker_lost_naming_the_node(worker, sig):
-    process, address = worker
-    mwrt.init_master_worker([address])
+def test_killed_worker_raises_worker_lost_naming_the_node(keyed_worker, sig):
+    process, address, key = keyed_worker
+    mwrt.init_master_worker([address], key=key)
     x = mwrt.ones(1000)
     x.numpy()
     slow = mwrt.remote(lambda a: (time.sleep(30), a)[1])(x)

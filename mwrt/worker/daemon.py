@@ -16,8 +16,9 @@ import time
 import uuid
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from .. import config, wire
+from .. import auth, config, wire
 from ..errors import ConfigError, WireError
 from .session import Session
 
@@ -26,6 +27,8 @@ log = logging.getLogger("mwrt.worker")
 # A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
 # it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
 TX, RX, HB = b"tx", b"rx", b"hb"
+_REFUSALS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _FAST_SYNC = (wire.Get, wire.Meta, wire.Sync)
 _INLINE_LIMIT = 64 << 10  # bytes the socket thread may copy into a reply itself
 _SOCKET_COMMANDS = (wire.Hello, wire.Bye, wire.Ping, wire.NewStream, wire.Query,
@@ -53,15 +56,19 @@ def is_loopback(host: str) -> bool:
 class Daemon:
     """A worker daemon: one ROUTER socket for masters, a session per master."""
 
-    def __init__(self, listen: str = "127.0.0.1:0", *, parent_pid: int | None = None):
+    def __init__(self, listen: str = "127.0.0.1:0", *, keys=None, parent_pid: int | None = None):
         host, port = parse_address(listen)
-        if not is_loopback(host):
+        if keys is None and not is_loopback(host):
             raise ConfigError(f"mwrt-worker: refusing to listen on {host} without a key "
-                              "(a worker runs what masters send); pass --key-file, or listen "
-                              "on 127.0.0.1")
+                              "(a worker runs what masters send); pass --key-file (make one "
+                              "with `mwrt-worker keygen DIR`), or listen on 127.0.0.1")
+        self.keys = keys
         self.incarnation = uuid.uuid4().hex
         self.context = zmq.Context()
+        self.authenticator = auth.start_authenticator(self.context, keys) if keys else None
         self.router = self.context.socket(zmq.ROUTER)
+        if keys is not None:
+            auth.serve_curve(self.router, keys)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.get("max_tensor_bytes") + 4096)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind(f"tcp://{host}:{port or '*'}")
@@ -83,6 +90,8 @@ class Daemon:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.replies, zmq.POLLIN)
+        monitor = self.router.get_monitor_socket(_REFUSALS)
+        poller.register(monitor, zmq.POLLIN)
         next_reap = time.monotonic() + 1.0
         while not self.stopping:
             ready = dict(poller.poll(200))
@@ -90,10 +99,19 @@ class Daemon:
                 self._drain(self.replies, self._forward)
             if self.router in ready:
                 self._drain(self.router, self._on_message)
+            if monitor in ready:
+                self._log_refusal(recv_monitor_message(monitor))
             if time.monotonic() >= next_reap:
                 self._reap()
                 next_reap = time.monotonic() + 1.0
+        self.router.disable_monitor()
+        monitor.close(linger=0)
         self.close()
+
+    def _log_refusal(self, event: dict) -> None:
+        log.warning("refused a connection from %s: %s (a master without this worker's key, "
+                    "or not a master at all)", event.get("endpoint", b"?").decode(errors="replace"),
+                    zmq.Event(event["event"]).name.lower().replace("_", " "))
 
     def stop(self) -> None:
         self.stopping = True
@@ -104,6 +122,8 @@ class Daemon:
         self.sessions.clear()
         self.router.close(linger=0)
         self.replies.close(linger=0)
+        if self.authenticator is not None:
+            self.authenticator.stop()
         self.context.term()
 
     def _drain(self, sock, handle) -> None:
@@ -129,7 +149,9 @@ class Daemon:
             commands = wire.decode_body(frames[2].bytes, self.max_frame)
         except WireError as exc:
             log.warning("rejected a message from %r: %s", identity[:40], exc)
-            self.send(identity, wire.Failed(-1, {"kind": "wire", "message": str(exc)}))
+            # A master reads replies on its rx socket only.
+            reply_to = sid + b"/" + RX if role == TX else identity
+            self.send(reply_to, wire.Failed(-1, {"kind": "wire", "message": str(exc)}))
             return
         if role == HB:
             self._on_heartbeat(identity, sid, commands)
@@ -287,7 +309,11 @@ class Daemon:
         return sock
 
     def load_function(self, session, blob: bytes):
-        """Unpickle a user function (cloudpickle), cached by content."""
+        """Unpickle a user function (cloudpickle), cached by content: keyed daemons only."""
+        if self.keys is None:
+            raise PermissionError(
+                "remote: this worker has no key, so it does not run shipped code (any local "
+                "user could send it); start it with --key-file (see `mwrt-worker keygen`)")
         digest = hashlib.sha256(blob).digest()
         fn = self._functions.get(digest)
         if fn is None:
