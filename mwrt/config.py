@@ -48,6 +48,8 @@ SETTINGS = {
                                 "collective; 0: skip (saves one small exchange)"),
     "segment_bytes": Setting("MWRT_SEGMENT_BYTES", 4 << 20, int,
                              "large transfers and collectives move in segments of this size"),
+    "shm_slots": Setting("MWRT_SHM_SLOTS", 4, int,
+                         "shared-memory slots of segment_bytes per (sender, receiver) pair"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC"),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }

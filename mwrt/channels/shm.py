@@ -1,0 +1,223 @@
+"""The shm channel: ranks of one host hand large segments through reused shared memory.
+
+Control frames and small messages ride an abstract-namespace UNIX socket with the
+machinery of `sockets.py` (HMAC challenge included; no socket file to clean up).
+For a message above `inline_bytes`, the sender creates one /dev/shm segment per
+peer on first use, `shm_slots` slots of `segment_bytes` each, and names it in a MAP
+frame; the receiver maps it and unlinks the name at once, so nothing stays in
+/dev/shm whichever process dies later. Each segment of the message is copied into
+a free slot and announced by a SHM frame; the receiver thread copies the slot into
+the user's buffer and answers with the slot number on the same socket, which frees
+it. With several slots the sender fills one while the receiver drains another, so
+the two copies overlap on two cores, and the mapping is reused for the life of the
+channel (a fresh segment per transfer is 5x slower: BASELINE.md). A sender short of
+slots reads those answers itself: no spinning, and a dead receiver shows as end of
+stream.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import select
+import socket
+import struct
+import sys
+import threading
+from time import monotonic as _now
+from collections import deque
+
+import numpy as np
+
+from .. import config
+from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
+from .sockets import HEADER, MAGIC, SocketChannel
+
+SHM, MAP = 2, 3
+_ACK = struct.Struct("<I")
+_DIR = "/dev/shm"
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in once, at map time
+
+
+def host_id() -> str:
+    """This host's identity: hostname plus boot id, so two containers' hosts differ."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+class _Segment:
+    """A mapped /dev/shm segment; `slots` is an (n, slot_bytes) uint8 view of it."""
+
+    def __init__(self, name: str, nslots: int, slot_bytes: int, create: bool):
+        self.path = os.path.join(_DIR, name)
+        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, nslots * slot_bytes)
+            self.mm = mmap.mmap(fd, nslots * slot_bytes, flags=mmap.MAP_SHARED | _POPULATE)
+        finally:
+            os.close(fd)
+        self.slots = np.frombuffer(self.mm, np.uint8).reshape(nslots, slot_bytes)
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass  # the receiver unlinked it after mapping, as intended
+
+    def close(self) -> None:
+        self.slots = None  # drop our view first: mmap refuses to close while exported
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a copy in flight still holds a view; the mapping goes with it
+
+
+class _OutSlots:
+    """The sender's side of one peer's segment: free slots, and who may read acks."""
+
+    def __init__(self, segment: _Segment, nslots: int):
+        self.segment, self.free, self.lock = segment, deque(range(nslots)), threading.Lock()
+
+
+class ShmChannel(SocketChannel):
+    """Point-to-point buffers between processes of one host through shared memory."""
+
+    name = "shm"
+
+    def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None,
+                 inline_bytes: int | None = None):
+        if not sys.platform.startswith("linux") or not os.path.isdir(_DIR):
+            raise ConfigError(f"shm channel: needs Linux with {_DIR} (got {sys.platform}); "
+                              "use channel 'tcp'")
+        self.nslots = config.get("shm_slots")
+        if self.nslots < 1:
+            raise ConfigError(f"MWRT_SHM_SLOTS: must be >= 1 (got {self.nslots})")
+        self._in_segments: dict[int, _Segment] = {}
+        self._out_slots: dict[int, _OutSlots] = {}
+        self._slots_lock = threading.Lock()
+        super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
+        limit = min(65536, self.segment_bytes)  # below this a socket copy beats a slot handoff
+        self.inline_bytes = limit if inline_bytes is None else int(inline_bytes)
+
+    def _listen(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = f"mwrt-{os.getpid()}-{secrets.token_hex(8)}"
+        sock.bind("\0" + name)  # abstract namespace: vanishes with the socket
+        sock.listen(max(self.world_size, 16))
+        return sock, f"{host_id()}|{name}"
+
+    def _connect(self, address, peer, timeout):
+        host, _, name = address.rpartition("|")
+        if host != host_id():
+            raise ChannelError(
+                f"shm send rank {self.rank}->{peer}: rank {peer} is on another host (got "
+                f"{host}, this is {host_id()}); the shm channel joins ranks of one host only, "
+                "use channel 'tcp'")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect("\0" + name)
+        except OSError as exc:
+            sock.close()
+            raise ChannelClosedError(
+                f"shm send rank {self.rank}->{peer}: cannot connect to rank {peer} "
+                f"({type(exc).__name__}: {exc}); rank {peer} closed its channel or died, check "
+                "its logs", peer=peer) from None
+        return sock
+
+    # -- sending -----------------------------------------------------------------------
+
+    def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline):
+        if total <= self.inline_bytes:
+            return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
+        out = self._out(conn, peer, deadline)
+        slot = self._acquire_slot(out, conn, peer, deadline)
+        np.copyto(out.segment.slots[slot, : seg.nbytes], np.frombuffer(seg, np.uint8))
+        head = HEADER.pack(MAGIC, SHM, 0, len(desc), slot, tag, total, offset, seg.nbytes)
+        self._write(conn, peer, [head + desc], deadline)
+
+    def _out(self, conn, peer, deadline) -> _OutSlots:
+        with self._slots_lock:
+            out = self._out_slots.get(peer)
+            if out is None:
+                name = f"mwrt-{os.getpid()}-{secrets.token_hex(8)}"
+                segment = _Segment(name, self.nslots, self.segment_bytes, create=True)
+                out = self._out_slots[peer] = _OutSlots(segment, self.nslots)
+                head = HEADER.pack(MAGIC, MAP, 0, len(name), self.nslots, 0,
+                                   self.segment_bytes, 0, 0)
+                self._write(conn, peer, [head + name.encode()], deadline)
+            return out
+
+    def _acquire_slot(self, out: _OutSlots, conn, peer, deadline) -> int:
+        what = f"shm send rank {self.rank}->{peer}"
+        if not out.lock.acquire(timeout=max(deadline - _now(), 0)):
+            raise ChannelTimeoutError(f"{what}: no shared-memory slot freed before the timeout")
+        try:
+            ack = memoryview(bytearray(_ACK.size))
+            while not out.free:
+                got = 0
+                while got < ack.nbytes:
+                    poller = select.poll()
+                    poller.register(conn.sock, select.POLLIN)
+                    if not poller.poll(max(deadline - _now(), 0) * 1000):
+                        raise ChannelTimeoutError(
+                            f"{what}: rank {peer} freed no shared-memory slot before the "
+                            f"timeout; is it receiving?")
+                    try:
+                        k = conn.sock.recv_into(ack[got:])
+                    except OSError as exc:
+                        k, conn.error = 0, f"{type(exc).__name__}: {exc}"
+                    if k == 0:
+                        raise ChannelClosedError(
+                            f"{what}: rank {peer} closed the connection mid-transfer; check "
+                            f"the logs of rank {peer}", peer=peer)
+                    got += k
+                (slot,) = _ACK.unpack(ack)
+                if slot >= self.nslots:
+                    raise WireError(f"{what}: rank {peer} freed slot {slot} of {self.nslots}")
+                out.free.append(slot)
+            return out.free.popleft()
+        finally:
+            out.lock.release()
+
+    # -- receiving ---------------------------------------------------------------------
+
+    def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc):
+        if kind == MAP:
+            if not desc.startswith("mwrt-") or "/" in desc or aux < 1:
+                raise WireError(f"rank {peer} named a bad segment {desc!r} ({aux} slots)")
+            segment = _Segment(desc, aux, total, create=False)
+            segment.unlink()  # both sides hold it mapped now; the name is no longer needed
+            old = self._in_segments.pop(peer, None)
+            self._in_segments[peer] = segment
+            if old is not None:
+                old.close()
+            return
+        segment = self._in_segments.get(peer)
+        if kind != SHM or segment is None or aux >= segment.slots.shape[0] or \
+                seglen > segment.slots.shape[1]:
+            return super()._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
+        target = self._segment_target(peer, tag, total, offset, seglen, desc)
+        if target is not None:
+            np.copyto(np.frombuffer(target, np.uint8), segment.slots[aux, :seglen])
+        sock.sendall(_ACK.pack(aux))
+        self._segment_done(peer, tag, seglen)
+
+    def _on_peer_gone(self, peer):
+        segment = self._in_segments.pop(peer, None)
+        if segment is not None:
+            segment.close()
+
+    def _close(self):
+        super()._close()
+        with self._slots_lock:
+            outs, self._out_slots = list(self._out_slots.values()), {}
+        for out in outs:
+            out.segment.unlink()  # the receiver never mapped it (it died or never received)
+            out.segment.close()

@@ -1,0 +1,535 @@
+"""Framing, matching and connections shared by the socket channels (tcp, shm).
+
+Each rank listens on one socket and publishes its address in the store. A rank
+sends to a peer over a connection it opened itself, one per direction and pair,
+so two ranks that send to each other at once never race to set up a shared one;
+the HMAC challenge of `mwrt.auth` runs before any payload byte is read. A message
+travels as frames: a fixed header (magic, kind, tag, total size, offset, segment
+size, description length), the sender's description of its buffer on the first
+frame (for size-mismatch errors), then the raw segment. Messages longer than
+`segment_bytes` go in segments and the connection is released between them, so a
+large transfer delays a small one to the same peer by one segment at most.
+
+One receiver thread per inbound connection demultiplexes frames by tag. A frame
+for which a receive is posted lands straight in the user's buffer (recv_into, no
+copy); otherwise it is stashed in a temporary buffer until a receive claims it.
+So receives never block senders, and a ring of blocking sends cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+
+from .. import config
+from ..auth import client_handshake, server_handshake
+from ..errors import (AuthError, ChannelClosedError, ChannelError, ChannelTimeoutError,
+                      ConfigError, WireError)
+from .base import DataChannel, Work, byte_view, describe, size_mismatch
+
+log = logging.getLogger("mwrt.channels")
+
+# magic, kind, flags, desc_len, aux, tag, total, offset, seglen
+HEADER = struct.Struct("<IBBHIQQQQ")
+MAGIC = 0x4D575254
+DATA = 1
+_DISCARD = 1 << 20
+_LINGER = 5.0  # seconds close() waits for peers to read what we sent
+
+
+class _Post:
+    """A receive: the buffer to fill, and the future the caller waits on."""
+
+    __slots__ = ("view", "desc", "tag", "future", "cancelled")
+
+    def __init__(self, view, desc, tag):
+        self.view, self.desc, self.tag = view, desc, tag
+        self.future, self.cancelled = Future(), False
+
+
+class _Msg:
+    """A message from a peer: where its bytes go, and how many have arrived."""
+
+    __slots__ = ("total", "desc", "buf", "got", "post", "done")
+
+    def __init__(self, total, desc):
+        self.total, self.desc, self.buf, self.got = total, desc, None, 0
+        self.post, self.done = None, False
+
+
+class _Box:
+    """Per (peer, tag): receives waiting, messages nobody claimed yet, the one arriving."""
+
+    __slots__ = ("posted", "arrived", "current")
+
+    def __init__(self):
+        self.posted, self.arrived, self.current = deque(), deque(), None
+
+
+class OutConn:
+    """Our connection to a peer, used for sending; `lock` is held for one frame."""
+
+    def __init__(self, sock, address):
+        self.sock, self.address = sock, address
+        self.lock = threading.Lock()
+        self.error: str | None = None
+
+
+def _resolve(post: _Post, exc: BaseException | None = None) -> None:
+    try:
+        if exc is None:
+            post.future.set_result(None)
+        else:
+            post.future.set_exception(exc)
+    except InvalidStateError:
+        pass  # already failed by a timeout or a close; the late outcome is moot
+
+
+def read_into(sock, view: memoryview, what: str) -> bool:
+    """Fill `view` from `sock`; False on a clean end of stream before the first byte."""
+    got, n = 0, view.nbytes
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            if got == 0:
+                return False
+            raise ConnectionError(f"connection closed after {got} of {n} bytes of {what}")
+        got += k
+    return True
+
+
+def _sendall_parts(sock, parts) -> None:
+    sent = sock.sendmsg(parts)
+    for part in parts:
+        n = memoryview(part).nbytes
+        if sent >= n:
+            sent -= n
+            continue
+        sock.sendall(memoryview(part)[sent:])
+        sent = 0
+
+
+class SocketChannel(DataChannel):
+    """A channel over stream sockets; subclasses say how to listen and connect."""
+
+    name = "sockets"
+
+    def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None):
+        super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
+        self.segment_bytes = config.get("segment_bytes")
+        if self.segment_bytes < 1:
+            raise ConfigError(f"MWRT_SEGMENT_BYTES: must be >= 1 (got {self.segment_bytes})")
+        self._cond = threading.Condition()
+        self._boxes: dict[tuple[int, int], _Box] = {}
+        self._gone: dict[int, str] = {}
+        self._busy_tags: set[tuple[int, int]] = set()
+        self._outbound: dict[int, OutConn] = {}
+        self._out_locks = [threading.Lock() for _ in range(world_size)]
+        self._inbound: set = set()
+        self._threads: list[threading.Thread] = []
+        self._listener = None
+        if world_size > 1:
+            self._listener, address = self._listen()
+            store.set(self._address_key(rank), address)
+            self._spawn(self._accept_loop, f"mwrt-{self.name}-accept-{rank}")
+
+    # -- for subclasses ----------------------------------------------------------------
+
+    def _listen(self) -> tuple[socket.socket, str]:
+        """Open the listening socket; return it and the address peers connect to."""
+        raise NotImplementedError
+
+    def _connect(self, address: str, peer: int, timeout: float) -> socket.socket:
+        """Open a connected socket to `peer` at `address`."""
+        raise NotImplementedError
+
+    def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline) -> None:
+        """Send one segment of a message; shm overrides this for large ones."""
+        head = HEADER.pack(MAGIC, DATA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
+        self._write(conn, peer, [head + desc, seg], deadline)
+
+    def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc) -> None:
+        """Handle a frame kind other than DATA (shm's slot frames)."""
+        raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {kind} "
+                        f"from rank {peer}; are both sides the same mwrt version?")
+
+    def _on_peer_gone(self, peer: int) -> None:
+        """Release per-peer receive resources (shm mappings)."""
+
+    # -- sending -----------------------------------------------------------------------
+
+    def _send(self, view, peer, tag, timeout, desc):
+        deadline = time.monotonic() + timeout
+        conn = self._out_conn(peer, deadline, timeout)
+        key = (peer, tag)
+        with self._cond:  # messages on one (peer, tag) must not interleave their segments
+            while key in self._busy_tags:
+                if not self._cond.wait(deadline - time.monotonic()):
+                    raise ChannelTimeoutError(
+                        f"{self.name} send rank {self.rank}->{peer} tag {tag}: another send on "
+                        f"this tag did not finish within {timeout} s")
+            self._busy_tags.add(key)
+        try:
+            total, step, offset, head = view.nbytes, self.segment_bytes, 0, desc.encode()
+            while True:
+                n = min(step, total - offset)
+                seg = view[offset:offset + n]
+                self._send_segment(conn, peer, tag, total, offset, seg, head, deadline)
+                offset, head = offset + n, b""
+                if offset >= total:
+                    break
+        finally:
+            with self._cond:
+                self._busy_tags.discard(key)
+                self._cond.notify_all()
+
+    def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
+        """Write one frame on `conn`, converting socket errors to channel errors."""
+        what = f"{self.name} send rank {self.rank}->{peer}"
+        if not conn.lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise ChannelTimeoutError(f"{what}: connection busy past the send's timeout")
+        try:
+            if conn.error:
+                raise ChannelClosedError(f"{what}: connection unusable after an earlier error "
+                                         f"({conn.error})", peer=peer)
+            conn.sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            _sendall_parts(conn.sock, parts)
+        except TimeoutError:
+            conn.error = "a send timed out mid-frame"
+            raise ChannelTimeoutError(f"{what}: rank {peer} did not take the data within the "
+                                      "timeout; is it stalled?") from None
+        except OSError as exc:
+            conn.error = f"{type(exc).__name__}: {exc}"
+            raise ChannelClosedError(f"{what}: connection to rank {peer} lost ({conn.error}); "
+                                     f"check the logs of rank {peer}", peer=peer) from None
+        finally:
+            conn.lock.release()
+
+    def _out_conn(self, peer: int, deadline: float, timeout: float) -> OutConn:
+        what = f"{self.name} send rank {self.rank}->{peer}"
+        if not self._out_locks[peer].acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise ChannelTimeoutError(f"{what}: connecting took longer than {timeout} s")
+        try:
+            conn = self._outbound.get(peer)
+            if conn is not None:
+                return conn
+            key = self._address_key(peer)
+            try:
+                address = self.store.get(key, timeout=max(deadline - time.monotonic(), 0))
+            except TimeoutError:
+                raise ChannelTimeoutError(
+                    f"{what}: rank {peer} did not publish its address ({key!r}) within "
+                    f"{timeout} s; is it running with the same store and prefix?") from None
+            address = address.decode()
+            sock = self._connect(address, peer, max(deadline - time.monotonic(), 1e-3))
+            try:
+                client_handshake(sock, self.key, max(deadline - time.monotonic(), 1e-3),
+                                 self._claim(self.rank),
+                                 peer=f"{self.name} channel rank {peer} at {address}")
+            except AuthError:
+                sock.close()
+                raise
+            except OSError as exc:
+                sock.close()
+                raise ChannelClosedError(
+                    f"{what}: rank {peer} at {address} dropped the connection during the "
+                    f"handshake ({type(exc).__name__}: {exc}); check the logs of rank {peer}",
+                    peer=peer) from None
+            conn = self._outbound[peer] = OutConn(sock, address)
+            if self.closed:  # close() ran while we connected: do not leak the socket
+                self._shut(sock)
+            return conn
+        finally:
+            self._out_locks[peer].release()
+
+    # -- receiving ---------------------------------------------------------------------
+
+    def _recv(self, view, peer, tag, timeout, desc):
+        self._wait_post(self._post(view, peer, tag, desc), peer, timeout)
+
+    def irecv(self, buf, peer, tag=0, timeout=None):
+        """Post a receive now; the receiver thread fills `buf` without a helper thread."""
+        view = byte_view(buf, writable=True, what=f"{self.name} irecv from rank {peer}")
+        self._check(peer, tag)
+        post = self._post(view, peer, tag, describe(buf))
+        return _PostWork(self, post, peer, self._timeout(timeout))
+
+    def _post(self, view, peer, tag, desc) -> _Post:
+        post, copy_from = _Post(view, desc, tag), None
+        with self._cond:
+            box = self._boxes.setdefault((peer, tag), _Box())
+            if box.arrived:
+                msg = box.arrived.popleft()
+                self._gc(peer, tag, box)
+                if msg.total != view.nbytes:
+                    raise size_mismatch(self, peer, tag, msg.desc, desc)
+                if msg.done:
+                    copy_from = msg.buf
+                else:
+                    msg.post = post  # the receiver thread copies it out on completion
+            elif peer in self._gone or self.closed:
+                self._gc(peer, tag, box)
+                raise self._closed_error(peer, tag)
+            else:
+                box.posted.append(post)
+        if copy_from is not None:
+            view[:] = copy_from
+            _resolve(post)
+        return post
+
+    def _wait_post(self, post: _Post, peer: int, timeout: float) -> None:
+        try:
+            post.future.result(timeout)
+            return
+        except TimeoutError:
+            if post.future.done():  # the future's own error, or it completed just now
+                return post.future.result()
+        with self._cond:
+            post.cancelled = True
+            box = self._boxes.get((peer, post.tag))
+            if box is not None and post in box.posted:
+                box.posted.remove(post)
+                self._gc(peer, post.tag, box)
+        _resolve(post, ChannelTimeoutError(
+            f"{self.name} recv on rank {self.rank} from rank {peer} tag {post.tag}: no "
+            f"message of {post.desc} completed within {timeout} s; is rank {peer} sending "
+            "on this tag?"))
+        post.future.result()
+
+    def _closed_error(self, peer, tag, got=None, total=None) -> ChannelError:
+        where = f"{self.name} recv on rank {self.rank} from rank {peer} tag {tag}"
+        if self.closed and peer not in self._gone:
+            return ChannelError(f"{where}: this channel was closed while waiting")
+        part = "" if got is None else f" after {got} of {total} bytes"
+        return ChannelClosedError(f"{where}: rank {peer} {self._gone.get(peer, 'is gone')}"
+                                  f"{part}; check the logs of rank {peer}", peer=peer)
+
+    def _gc(self, peer, tag, box) -> None:
+        if not box.posted and not box.arrived and box.current is None:
+            self._boxes.pop((peer, tag), None)
+
+    # -- receiver thread ---------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # the listener was closed
+            if self.closed:
+                sock.close()
+                return
+            with self._cond:
+                self._inbound.add(sock)
+            self._spawn(self._serve, f"mwrt-{self.name}-recv-{self.rank}", sock)
+
+    def _serve(self, sock) -> None:
+        peer, why = None, "closed the connection"
+        try:
+            peer = self._authenticate(sock)
+            if peer is not None:
+                self._read_frames(sock, peer)
+        except (OSError, WireError) as exc:
+            why = f"broke the connection ({type(exc).__name__}: {exc})"
+            if isinstance(exc, WireError):
+                log.warning("%s channel rank %d: dropping rank %s: %s", self.name, self.rank,
+                            peer, exc)
+        finally:
+            with self._cond:
+                self._inbound.discard(sock)
+            sock.close()
+            if peer is not None:
+                self._peer_gone(peer, why)
+
+    def _authenticate(self, sock) -> int | None:
+        def check(claim: bytes):
+            group, _, rank = claim.rpartition(b"/")
+            if group + b"/" != self._claim("") or not rank.isdigit() or \
+                    not 0 <= int(rank) < self.world_size or int(rank) == self.rank:
+                raise AuthError(f"unexpected claim {claim!r} (expected {self._claim('<rank>')!r})")
+
+        try:
+            claim = server_handshake(sock, self.key, self.timeout, check)
+        except AuthError as exc:
+            log.warning("%s channel rank %d: refused a connection: %s", self.name, self.rank, exc)
+            return None
+        return int(claim.rpartition(b"/")[2])
+
+    def _read_frames(self, sock, peer: int) -> None:
+        head = memoryview(bytearray(HEADER.size))
+        while read_into(sock, head, "a frame header"):
+            magic, kind, _, dlen, aux, tag, total, offset, seglen = HEADER.unpack(head)
+            if magic != MAGIC:
+                raise WireError(f"bad frame magic {magic:#x} (expected {MAGIC:#x})")
+            desc = b""
+            if dlen:
+                desc = bytearray(dlen)
+                read_into(sock, memoryview(desc), "a frame description")
+            desc = desc.decode(errors="replace")
+            if kind == DATA:
+                target = self._segment_target(peer, tag, total, offset, seglen, desc)
+                if target is None:
+                    self._discard(sock, seglen)
+                elif not read_into(sock, target, "a segment") and seglen:
+                    raise ConnectionError(f"connection closed before a {seglen}-byte segment")
+                self._segment_done(peer, tag, seglen)
+            else:
+                self._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
+
+    @staticmethod
+    def _discard(sock, n: int) -> None:
+        scratch = memoryview(bytearray(min(n, _DISCARD)))
+        while n:
+            k = min(n, scratch.nbytes)
+            if not read_into(sock, scratch[:k], "a discarded segment"):
+                raise ConnectionError(f"connection closed with {n} bytes still due")
+            n -= k
+
+    def _segment_target(self, peer, tag, total, offset, seglen, desc):
+        """Where a segment's bytes go (a slice of the user's buffer or a stash), or None."""
+        with self._cond:
+            box = self._boxes.setdefault((peer, tag), _Box())
+            msg = box.current
+            if msg is None:
+                if offset != 0:
+                    raise WireError(f"tag {tag}: segment at offset {offset} starts no message")
+                msg = box.current = self._start_message(box, peer, tag, total, desc)
+            elif offset != msg.got or total != msg.total:
+                raise WireError(f"tag {tag}: segment out of order (got offset {offset} of "
+                                f"{total}, expected {msg.got} of {msg.total})")
+            if offset + seglen > total:
+                raise WireError(f"tag {tag}: segment runs past the message end ({total} bytes)")
+            if msg.buf is None or (msg.post is not None and msg.post.cancelled):
+                return None
+            return msg.buf[offset:offset + seglen]
+
+    def _start_message(self, box, peer, tag, total, desc) -> _Msg:
+        msg = _Msg(total, desc)
+        while box.posted:
+            post = box.posted.popleft()
+            if post.cancelled:
+                continue
+            if post.view.nbytes != total:
+                _resolve(post, size_mismatch(self, peer, tag, desc, post.desc))
+            else:
+                msg.buf, msg.post = post.view, post
+            return msg
+        msg.buf = memoryview(bytearray(total))
+        box.arrived.append(msg)
+        return msg
+
+    def _segment_done(self, peer, tag, seglen) -> None:
+        with self._cond:
+            box = self._boxes[(peer, tag)]
+            msg = box.current
+            msg.got += seglen
+            if msg.got < msg.total:
+                return
+            box.current, msg.done, post = None, True, msg.post
+            self._gc(peer, tag, box)
+        if post is not None and not post.cancelled:
+            if msg.buf is not post.view:
+                post.view[:] = msg.buf  # a stashed message that a receive claimed meanwhile
+            _resolve(post)
+
+    def _peer_gone(self, peer: int, why: str) -> None:
+        failed = []
+        with self._cond:
+            self._gone[peer] = why
+            for (p, tag), box in list(self._boxes.items()):
+                if p != peer:
+                    continue
+                failed += [(post, None, None) for post in box.posted]
+                box.posted.clear()
+                msg = box.current
+                if msg is not None:
+                    if msg.post is not None:
+                        failed.append((msg.post, msg.got, msg.total))
+                    if msg in box.arrived:
+                        box.arrived.remove(msg)
+                    box.current = None
+                self._gc(peer, tag, box)
+            self._cond.notify_all()
+        for post, got, total in failed:
+            _resolve(post, self._closed_error(peer, post.tag, got, total))
+        self._on_peer_gone(peer)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _close(self):
+        with self._cond:
+            posts = [p for box in self._boxes.values() for p in box.posted]
+            posts += [b.current.post for b in self._boxes.values()
+                      if b.current is not None and b.current.post is not None]
+            inbound = list(self._inbound)
+            self._cond.notify_all()
+        for post in posts:
+            _resolve(post, self._closed_error(None, post.tag))
+        if self._listener is not None:
+            self._shut(self._listener)
+        self._close_outbound()
+        for sock in inbound:
+            self._shut(sock, close=False)  # its receiver thread closes it
+        deadline = time.monotonic() + 5.0
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(deadline - time.monotonic(), 0))
+
+    def _close_outbound(self) -> None:
+        # Half-close, then wait for the peer to finish reading: closing a socket with unread
+        # acks sends a reset, which would make the peer drop frames we already sent.
+        conns = list(self._outbound.values())
+        for conn in conns:
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + min(self.timeout, _LINGER)
+        for conn in conns:
+            try:
+                while deadline > time.monotonic():
+                    conn.sock.settimeout(deadline - time.monotonic())
+                    if not conn.sock.recv(_DISCARD):
+                        break
+            except OSError:
+                pass  # reset or timed out: the peer is gone or stuck, nothing left to save
+            conn.sock.close()
+
+    @staticmethod
+    def _shut(sock, close: bool = True) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected, or already shut
+        if close:
+            sock.close()
+
+    def _spawn(self, target, name, *args) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _address_key(self, rank: int) -> str:
+        return f"{self.prefix}/{self.name}/{rank}"
+
+    def _claim(self, rank: int | str) -> bytes:
+        """Who a connecting rank says it is: group and rank, checked by the HMAC too."""
+        return f"{self.prefix}/{self.name}/{rank}".encode()
+
+
+class _PostWork(Work):
+    """An irecv posted to the receiver thread; wait() defaults to the irecv's timeout."""
+
+    def __init__(self, channel, post, peer, timeout):
+        super().__init__(post.future, f"{channel.name} irecv rank {channel.rank}<-{peer}")
+        self._channel, self._post, self._peer, self._default = channel, post, peer, timeout
+
+    def wait(self, timeout=None):
+        """Block until the buffer is filled, or raise ChannelTimeoutError after `timeout` s."""
+        timeout = self._default if timeout is None else timeout
+        self._channel._wait_post(self._post, self._peer, timeout)
