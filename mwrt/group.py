@@ -69,6 +69,7 @@ class ProcessGroup:
         self.name = f"group {group_id} (ranks {ranks})" if group_id else "the default group"
         self.control_tag = self._tag(_CONTROL, 0)
         self._seq = 0
+        self.broken = False  # set once a collective failed midway: peers may be gone
         self._pool: ThreadPoolExecutor | None = None
         self._last = None
         self._lock = threading.Lock()
@@ -143,6 +144,7 @@ class ProcessGroup:
     # -- failures ------------------------------------------------------------------------
 
     def _failure(self, what: str, e: BaseException) -> MwrtError:
+        self.broken = True
         peer = getattr(e, "group_peer", None)
         who = f"rank {self.ranks[peer]}" if peer is not None else "a peer"
         me = f"{what} on {self.name}, rank {self.channel.rank}"

@@ -164,8 +164,8 @@ def _recv_frame(sock: socket.socket):
 class _StoreServer:
     """The master's side of a TCPStore: a listening socket and one thread per client."""
 
-    def __init__(self, host: str, port: int):
-        self.store = HashStore(timeout=3600.0)
+    def __init__(self, host: str, port: int, generation: int | None):
+        self.store, self.generation = HashStore(timeout=3600.0), generation
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -207,6 +207,9 @@ class _StoreServer:
             return ["err", "wire", f"TCPStore: malformed request {str(req)[:80]!r}"]
         op, key, a, b = req
         s = self.store
+        if op == "hello":  # a client of another init (generation) on the same port: refuse it
+            stale = None not in (a, self.generation) and a != self.generation
+            return ["err", "stale", f"generation {self.generation}"] if stale else ["ok", None]
         try:
             if op == "set":
                 s.set(key, a)
@@ -252,10 +255,13 @@ class TCPStore(Store):
     """A store served by the master rank over TCP; every rank (master included) is a client."""
 
     def __init__(self, host: str, port: int, world_size: int | None = None,
-                 is_master: bool = False, timeout: float | None = None):
-        self.host, self.world_size = host, world_size
+                 is_master: bool = False, timeout: float | None = None,
+                 generation: int | None = None):
+        # generation: ranks that re-init on the same port pass their init count, so a client
+        # never talks to the previous init's server while rank 0 is replacing it.
+        self.host, self.world_size, self.generation = host, world_size, generation
         self.timeout = _seconds(timeout, config.get("rendezvous_timeout"))
-        self._server = _StoreServer(host, port) if is_master else None
+        self._server = _StoreServer(host, port, generation) if is_master else None
         self.port = self._server.port if self._server else int(port)
         self._lock = threading.Lock()
         try:
@@ -270,14 +276,19 @@ class TCPStore(Store):
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=2.0)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return sock
-            except OSError as e:
-                if time.monotonic() >= deadline:
-                    raise RendezvousTimeoutError(
-                        f"TCPStore: could not connect to {self.host}:{self.port} within "
-                        f"{self.timeout} s ({e}); is rank 0 running, and are MASTER_ADDR and "
-                        "MASTER_PORT the same on every rank?") from None
-                time.sleep(0.05)
+                _send_frame(sock, ["hello", "", self.generation, None])
+                if _recv_frame(sock)[0] == "ok":
+                    return sock
+                sock.close()
+                e = f"the server there belongs to another init than generation {self.generation}"
+            except (OSError, ConnectionError) as exc:
+                e = exc
+            if time.monotonic() >= deadline:
+                raise RendezvousTimeoutError(
+                    f"TCPStore: could not connect to {self.host}:{self.port} within "
+                    f"{self.timeout} s ({e}); is rank 0 running, and are MASTER_ADDR and "
+                    "MASTER_PORT the same on every rank?") from None
+            time.sleep(0.05)
 
     def _call(self, op, key, a=None, b=None, wait: float = 0.0):
         with self._lock:
@@ -486,7 +497,7 @@ def _env_int(name: str, given: int, what: str) -> int:
 
 
 def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1,
-                   timeout=None) -> tuple[Store, int, int]:
+                   timeout=None, generation: int | None = None) -> tuple[Store, int, int]:
     """Parse `env://`, `tcp://host:port` or `file:///path` into (store, rank, world_size)."""
     url = urlparse(init_method or "env://")
     query = parse_qs(url.query)
@@ -515,7 +526,9 @@ def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1
                               f"(got rank={rank}, world_size={world_size}); pass both")
     if url.scheme == "file":
         return FileStore(url.path, world_size, timeout=timeout), rank, world_size
-    return TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout), rank, world_size
+    store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
+                     generation=generation)
+    return store, rank, world_size
 
 
 def rendezvous(store: Store, rank: int, world_size: int, *, prefix: str = "mwrt",
