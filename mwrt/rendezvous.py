@@ -264,8 +264,10 @@ class TCPStore(Store):
         self._server = _StoreServer(host, port, generation) if is_master else None
         self.port = self._server.port if self._server else int(port)
         self._lock = threading.Lock()
+        self._free: list[socket.socket] = []
+        self._closed = False
         try:
-            self._sock = self._connect()
+            self._free.append(self._connect())
         except BaseException:
             self.close()
             raise
@@ -291,17 +293,28 @@ class TCPStore(Store):
             time.sleep(0.05)
 
     def _call(self, op, key, a=None, b=None, wait: float = 0.0):
+        # A pool of connections: a get blocked waiting for a key must not hold up a set
+        # from another thread of this process.
         with self._lock:
-            if self._sock is None:
+            if self._closed:
                 raise RendezvousError(f"TCPStore {self.host}:{self.port}: store is closed")
-            self._sock.settimeout(wait + 30.0)
-            try:
-                _send_frame(self._sock, [op, key, a, b])
-                reply = _recv_frame(self._sock)
-            except (OSError, ConnectionError) as e:
-                raise RendezvousError(
-                    f"TCPStore: lost the store at {self.host}:{self.port} during {op} {key!r} "
-                    f"({e}); rank 0, which serves it, has probably exited") from None
+            sock = self._free.pop() if self._free else None
+        try:
+            sock = sock or self._connect()
+            sock.settimeout(wait + 30.0)
+            _send_frame(sock, [op, key, a, b])
+            reply = _recv_frame(sock)
+        except (OSError, ConnectionError) as e:
+            if sock is not None:
+                sock.close()
+            raise RendezvousError(
+                f"TCPStore: lost the store at {self.host}:{self.port} during {op} {key!r} "
+                f"({e}); rank 0, which serves it, has probably exited") from None
+        with self._lock:
+            if self._closed:
+                sock.close()
+            else:
+                self._free.append(sock)
         if reply[0] == "ok":
             return reply[1]
         if reply[1] == "timeout":
@@ -336,8 +349,8 @@ class TCPStore(Store):
 
     def close(self):
         with self._lock:
-            sock, self._sock = getattr(self, "_sock", None), None
-        if sock is not None:
+            self._closed, free, self._free = True, self._free, []
+        for sock in free:
             sock.close()
         if self._server is not None:
             self._server.close()
@@ -535,12 +548,13 @@ def rendezvous(store: Store, rank: int, world_size: int, *, prefix: str = "mwrt"
                timeout: float | None = None) -> dict[int, tuple[str, int]]:
     """Register rank -> (hostname, pid) and wait for every rank; returns the table."""
     timeout = store.timeout if timeout is None else float(timeout)
-    me = f"{socket.gethostname()}:{os.getpid()}"
+    # The nonce tells two claimants apart even within one process; messages show host pid.
+    me = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
     err_key = f"{prefix}/rdzv/error"
     got = store.compare_set(f"{prefix}/rdzv/{rank}", b"", me).decode()
     if got != me:
-        msg = (f"rendezvous: rank {rank} was claimed twice (by {got} and by {me}); give each "
-               "process its own RANK")
+        msg = (f"rendezvous: rank {rank} was claimed twice (by {_who(got)} and by {_who(me)}); "
+               "give each process its own RANK")
         store.set(err_key, msg)
         raise RendezvousError(msg)
     keys = [f"{prefix}/rdzv/{r}" for r in range(world_size)]
@@ -561,6 +575,11 @@ def rendezvous(store: Store, rank: int, world_size: int, *, prefix: str = "mwrt"
                 "init_method / MASTER_ADDR:MASTER_PORT and WORLD_SIZE")
     table = {}
     for r, k in enumerate(keys):
-        host, _, pid = store.get(k).decode().rpartition(":")
+        host, pid, _ = store.get(k).decode().rsplit(":", 2)
         table[r] = (host, int(pid))
     return table
+
+
+def _who(identity: str) -> str:
+    host, pid, _ = identity.rsplit(":", 2)
+    return f"host {host} pid {pid}"

@@ -65,10 +65,25 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
         p = ctx.Process(target=_entry, args=(fn, rank, args, env, errors), daemon=daemon)
         p.start()
         procs.append(p)
+    context = SpawnContext(procs, errors)
     if not join:
-        return procs
-    _join(procs, errors, timeout)
+        return context
+    context.join(timeout)
     return None
+
+
+class SpawnContext:
+    """The processes of a spawn(join=False); join() waits and raises like spawn does."""
+
+    def __init__(self, processes, errors):
+        self.processes, self._errors = processes, errors  # the queue must outlive the children
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for every rank; at the first failure stop the rest and raise RankFailedError."""
+        _join(self.processes, self._errors, timeout)
 
 
 def _join(procs, errors, timeout) -> None:
