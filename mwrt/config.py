@@ -43,6 +43,9 @@ SETTINGS = {
     "small_collective_bytes": Setting("MWRT_SMALL_COLLECTIVE_BYTES", 65536, int,
                                       "collectives up to this size use latency-bound algorithms "
                                       "(recursive doubling, trees); larger ones use rings"),
+    "eager_bytes": Setting("MWRT_EAGER_BYTES", 65536, int,
+                           "collectives send messages up to this size without waiting for the "
+                           "peer (a channel may lower it with an eager_bytes attribute)"),
     "collective_check": Setting("MWRT_COLLECTIVE_CHECK", 1, int,
                                 "1: ranks check they agree on op/dtype/shape before each "
                                 "collective; 0: skip (saves one small exchange)"),

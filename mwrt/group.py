@@ -65,6 +65,10 @@ class ProcessGroup:
         self.segment_bytes = int(segment_bytes or config.get("segment_bytes"))
         self.small_bytes = int(config.get("small_collective_bytes") if small_bytes is None
                                else small_bytes)
+        # Sends up to eager_bytes return before the peer receives (socket buffers, shm
+        # slots), so small exchanges may send then receive on one thread; a channel that
+        # needs a matching receive first sets eager_bytes = 0.
+        self.eager_bytes = int(getattr(channel, "eager_bytes", config.get("eager_bytes")))
         self.check = bool(config.get("collective_check") if check is None else check)
         self.name = f"group {group_id} (ranks {ranks})" if group_id else "the default group"
         self.control_tag = self._tag(_CONTROL, 0)

@@ -179,3 +179,16 @@ def test_launcher_reads_slurm_variables():
     assert (e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) == ("5", "8", "1", "4")
     assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == ("gpu03", "29577")
     assert first_host("a1,b2") == "a1"
+
+
+EXAMPLES = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_runs_under_the_launcher(example):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
+                          "2", os.path.join(ROOT, "examples", example)], capture_output=True,
+                         text=True, env=env, timeout=50, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "[rank 0]" in res.stdout
