@@ -38,6 +38,17 @@ SETTINGS = {
     "channel": Setting("MWRT_CHANNEL", "tcp", str, "data channel between workers"),
     "channel_timeout": Setting("MWRT_CHANNEL_TIMEOUT", 300.0, float,
                                "seconds a data-channel send/recv waits"),
+    "rendezvous_timeout": Setting("MWRT_RENDEZVOUS_TIMEOUT", 300.0, float,
+                                  "seconds ranks wait for each other at init_process_group"),
+    "small_collective_bytes": Setting("MWRT_SMALL_COLLECTIVE_BYTES", 65536, int,
+                                      "collectives up to this size use latency-bound algorithms "
+                                      "(recursive doubling, trees); larger ones use rings"),
+    "eager_bytes": Setting("MWRT_EAGER_BYTES", 65536, int,
+                           "collectives send messages up to this size without waiting for the "
+                           "peer (a channel may lower it with an eager_bytes attribute)"),
+    "collective_check": Setting("MWRT_COLLECTIVE_CHECK", 1, int,
+                                "1: ranks check they agree on op/dtype/shape before each "
+                                "collective; 0: skip (saves one small exchange)"),
     "segment_bytes": Setting("MWRT_SEGMENT_BYTES", 4 << 20, int,
                              "large transfers and collectives move in segments of this size"),
     "shm_slots": Setting("MWRT_SHM_SLOTS", 4, int,

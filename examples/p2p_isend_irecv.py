@@ -1,0 +1,34 @@
+"""Non-blocking point-to-point: every rank passes its rank to the right, around a ring.
+
+    mwrt-launch --nproc-per-node 2 examples/p2p_isend_irecv.py      # or: python examples/p2p_isend_irecv.py
+"""
+
+import os
+
+import numpy as np
+
+import mwrt.distributed as dist
+
+
+def main():
+    dist.init_process_group()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    got = np.zeros(1, np.int64)
+    send = dist.isend(np.array([rank]), dst=(rank + 1) % n)  # returns at once
+    recv = dist.irecv(got, src=(rank - 1) % n)
+    send.wait()
+    recv.wait()  # read `got` only after wait()
+    print(f"rank {rank} received {got[0]} from its left neighbour")
+    dist.destroy_process_group()
+
+
+def spawned_main(rank):
+    """spawn's entry point (it must be importable): the rank comes from the environment."""
+    main()
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ:  # started by mwrt-launch
+        main()
+    else:  # plain python: start the ranks ourselves
+        dist.spawn(spawned_main, nprocs=int(os.environ.get("NPROC", "2")))

@@ -1,0 +1,261 @@
+"""The point-to-point patterns collectives are built from: rings, trees, recursive doubling.
+
+Each function takes a group `g` (rank, size, segment_bytes, send/recv/isend/irecv to
+group ranks) and flat NumPy arrays, and moves data under one tag; FIFO order per
+(peer, tag) matches sends to receives. They assume the caller already handled world
+size 1 and count 0 and checked that ranks agree (mwrt.collectives does both).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .reduce_ops import ReduceOp, combine
+
+
+
+def exchange(g, send, to, recv, frm, tag) -> None:
+    """Send `send` to rank `to` while receiving `recv` from rank `frm`."""
+    if send.nbytes <= g.eager_bytes:  # completes without the peer: skip the thread hop
+        g.send(send, to, tag)
+        g.recv(recv, frm, tag)
+        return
+    work = g.isend(send, to, tag)
+    g.recv(recv, frm, tag)
+    work.wait()
+
+
+def wait_all(works) -> None:
+    for w in works:
+        w.wait()
+
+
+def all_gather_bruck(g, block: np.ndarray, out: np.ndarray, tag: int) -> None:
+    """Bruck's all-gather: ceil(log2 n) rounds; round k pulls 2^k blocks from rank r + 2^k.
+
+    Blocks are kept rotated (position i holds rank r+i's block) so each round sends a
+    prefix and appends what arrives; a final rotation puts block i at out[i].
+    """
+    n, r, c = g.size, g.rank, block.size
+    tmp = np.empty(n * c, block.dtype)
+    tmp[:c] = block
+    have, dist = 1, 1
+    while have < n:
+        k = min(dist, n - have)
+        exchange(g, tmp[:k * c], (r - dist) % n, tmp[have * c:(have + k) * c],
+                  (r + dist) % n, tag)
+        have, dist = have + k, dist * 2
+    out.reshape(n, c)[:] = np.roll(tmp.reshape(n, c), r, axis=0)
+
+
+def all_reduce_rd(g, arr: np.ndarray, op: ReduceOp, tag: int) -> None:
+    """Recursive doubling: lg p exchanges of the whole buffer among p = 2^floor(lg n) ranks.
+
+    With n not a power of two, the first 2(n-p) ranks pair up: odd ones hand their buffer
+    to the even one below and sit out, and get the result back at the end. At each step
+    partners combine as op(lower, higher), so both compute the same bits.
+    """
+    n, r = g.size, g.rank
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    tmp = np.empty_like(arr)
+    if r < 2 * extra:
+        if r % 2:
+            g.send(arr, r - 1, tag)
+            g.recv(arr, r - 1, tag)
+            return
+        g.recv(tmp, r + 1, tag)
+        combine(op, arr, tmp, mine_is_lower=True)
+        vr = r // 2
+    else:
+        vr = r - extra
+    mask = 1
+    while mask < p:
+        vpeer = vr ^ mask
+        peer = vpeer * 2 if vpeer < extra else vpeer + extra
+        exchange(g, arr, peer, tmp, peer, tag)
+        combine(op, arr, tmp, mine_is_lower=vr < vpeer)
+        mask <<= 1
+    if r < 2 * extra:
+        g.send(arr, r + 1, tag)
+
+
+def chunk_bounds(count: int, parts: int) -> list[int]:
+    return [count * i // parts for i in range(parts + 1)]
+
+
+def _segments(g, bounds: list[int], itemsize: int) -> int:
+    """How many segments each ring chunk is cut into (the same on every rank)."""
+    largest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    return max(1, -(-largest * itemsize // g.segment_bytes))
+
+
+def _seg(bounds, chunk, j, nseg) -> slice:
+    a, b = bounds[chunk], bounds[chunk + 1]
+    return slice(a + (b - a) * j // nseg, a + (b - a) * (j + 1) // nseg)
+
+
+def ring_reduce_scatter(g, arr, op, bounds, tag) -> None:
+    """Ring reduce-scatter: after n-1 steps rank r holds the reduction of chunk r.
+
+    At step s rank r sends chunk r-s-1 to its right and receives chunk r-s-2 from its left,
+    reducing it into its own copy. Each chunk is cut into segments; the receive of the next
+    segment is posted before the current one is reduced (two buffers), so the wire and the
+    reduction overlap, and sends run asynchronously, at most a few in flight.
+    """
+    n, r = g.size, g.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    nseg = _segments(g, bounds, arr.itemsize)
+    plan = [(_seg(bounds, (r - s - 1) % n, j, nseg), _seg(bounds, (r - s - 2) % n, j, nseg))
+            for s in range(n - 1) for j in range(nseg)]
+    width = max(sl.stop - sl.start for _, sl in plan)
+    tmps = [np.empty(width, arr.dtype), np.empty(width, arr.dtype)]
+    sends, recvs = [], {}
+
+    def post(i):
+        sl = plan[i][1]
+        if sl.stop > sl.start:
+            recvs[i] = g.irecv(tmps[i % 2][:sl.stop - sl.start], left, tag)
+
+    post(0)
+    for i, (out_sl, in_sl) in enumerate(plan):
+        if out_sl.stop > out_sl.start:
+            sends.append(g.isend(arr[out_sl], right, tag))
+        if i + 1 < len(plan):
+            post(i + 1)
+        if i in recvs:
+            recvs.pop(i).wait()
+            # the incoming partial sum covers lower ranks on the ring: a fixed order per chunk
+            combine(op, arr[in_sl], tmps[i % 2][:in_sl.stop - in_sl.start], mine_is_lower=False)
+        while len(sends) > 4:
+            sends.pop(0).wait()
+    wait_all(sends)
+
+
+def ring_all_gather(g, arr, bounds, tag) -> None:
+    """Ring all-gather: rank r starts with chunk r; at step s it forwards chunk r-s rightward.
+
+    Receives land directly in place and are posted two segments ahead; a chunk is
+    forwarded only after it has fully arrived.
+    """
+    n, r = g.size, g.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    nseg = _segments(g, bounds, arr.itemsize)
+    plan = [(_seg(bounds, (r - s) % n, j, nseg), _seg(bounds, (r - s - 1) % n, j, nseg))
+            for s in range(n - 1) for j in range(nseg)]
+    sends, recvs = [], {}
+
+    def post(i):
+        sl = plan[i][1]
+        if sl.stop > sl.start:
+            recvs[i] = g.irecv(arr[sl], left, tag)
+
+    for i in range(min(2, len(plan))):
+        post(i)
+    for i, (out_sl, _) in enumerate(plan):
+        if out_sl.stop > out_sl.start:
+            sends.append(g.isend(arr[out_sl], right, tag))
+        if i + 2 < len(plan):
+            post(i + 2)
+        if i in recvs:
+            recvs.pop(i).wait()
+        while len(sends) > 4:
+            sends.pop(0).wait()
+    wait_all(sends)
+
+
+def tree_reduce(g, arr, op, root, tag) -> None:
+    """Binomial-tree reduce to `root`: lg n rounds; vrank v takes from v + 2^k, sends to v - 2^k."""
+    n = g.size
+    vr = (g.rank - root) % n
+    tmp, mask = None, 1
+    while mask < n:
+        if vr & mask:
+            g.send(arr, (vr - mask + root) % n, tag)
+            return
+        if vr + mask < n:
+            tmp = np.empty_like(arr) if tmp is None else tmp
+            g.recv(tmp, (vr + mask + root) % n, tag)
+            combine(op, arr, tmp, mine_is_lower=True)
+        mask <<= 1
+
+
+def tree_broadcast(g, arr, root, tag) -> None:
+    """Binomial-tree broadcast from `root`: a rank receives from its parent, then feeds its children."""
+    n = g.size
+    vr = (g.rank - root) % n
+    mask = 1
+    while mask < n:
+        if vr & mask:
+            g.recv(arr, (vr - mask + root) % n, tag)
+            break
+        mask <<= 1
+    sends = []
+    mask >>= 1
+    while mask > 0:
+        if vr + mask < n:
+            sends.append(g.isend(arr, (vr + mask + root) % n, tag))
+        mask >>= 1
+    wait_all(sends)
+
+
+def chain_broadcast(g, arr, root, tag) -> None:
+    """Pipelined chain broadcast: root -> root+1 -> ...; each segment is forwarded as it lands."""
+    n = g.size
+    vr = (g.rank - root) % n
+    nxt, prev = (g.rank + 1) % n, (g.rank - 1) % n
+    bounds = chunk_bounds(arr.size, -(-arr.nbytes // g.segment_bytes) or 1)
+    segs = [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    recvs = [g.irecv(arr[sl], prev, tag) for sl in segs] if vr else []
+    sends = []
+    for i, sl in enumerate(segs):
+        if vr:
+            recvs[i].wait()
+        if vr < n - 1:
+            sends.append(g.isend(arr[sl], nxt, tag))
+    wait_all(sends)
+
+
+def gather_direct(g, block, out, root, tag) -> None:
+    """Direct gather: the root posts n-1 receives straight into its output rows."""
+    n, c = g.size, block.size
+    if g.rank != root:
+        g.send(block, root, tag)
+        return
+    rows = out.reshape(n, c)
+    works = [g.irecv(rows[p], p, tag) for p in range(n) if p != root]
+    rows[root] = block
+    wait_all(works)
+
+
+def scatter_direct(g, block, src, root, tag) -> None:
+    """Direct scatter: the root sends row p of `src` to rank p; others receive their row."""
+    n, c = g.size, block.size
+    if g.rank != root:
+        g.recv(block, root, tag)
+        return
+    rows = src.reshape(n, c)
+    works = [g.isend(rows[p], p, tag) for p in range(n) if p != root]
+    block[:] = rows[root]
+    wait_all(works)
+
+
+def all_to_all_pairwise(g, out, src, tag) -> None:
+    """Pairwise exchange: at step i rank r sends row r+i to rank r+i and takes row r-i from r-i."""
+    n, r = g.size, g.rank
+    c = src.size // n
+    rows_out, rows_src = out.reshape(n, c), src.reshape(n, c)
+    rows_out[r] = rows_src[r]
+    for i in range(1, n):
+        to, frm = (r + i) % n, (r - i) % n
+        exchange(g, rows_src[to], to, rows_out[frm], frm, tag)
+
+
+def barrier_dissemination(g, tag) -> None:
+    """Dissemination barrier: round k signals rank r + 2^k and waits for rank r - 2^k."""
+    n, r = g.size, g.rank
+    token, got = np.zeros(1, np.uint8), np.empty(1, np.uint8)
+    dist = 1
+    while dist < n:
+        exchange(g, token, (r + dist) % n, got, (r - dist) % n, tag)
+        dist *= 2

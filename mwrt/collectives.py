@@ -1,0 +1,307 @@
+"""Collectives written once over any channel's point-to-point send/recv/isend/irecv.
+
+Every algorithm here sees a ProcessGroup (mwrt.group): its rank, size, and send/recv to
+other group ranks; none sees a socket. Each public function validates its arguments,
+turns the buffer into a flat NumPy view of the same memory, handles world size 1 and
+count 0 first, then checks that every rank called the same collective with the same op,
+dtype, shape and root (a fixed-size descriptor all-gathered on the group's control tag:
+a mismatch raises CollectiveMismatchError on every rank, naming each rank's values,
+before any data moves). Data messages carry a tag derived from (group, sequence number),
+so a message left over from a failed collective never matches the next one.
+
+Sizes pick the algorithm: up to `small_bytes` a latency-bound one (recursive doubling,
+binomial trees, Bruck's all-gather), above it a bandwidth-bound one (a segmented,
+pipelined ring; a pipelined chain for broadcast). `segment_bytes` splits ring chunks
+so tests can reach multi-segment paths with tiny arrays. Reductions run in place with
+NumPy ufuncs, always as op(lower-rank block, higher-rank block), and every final value is
+computed once and copied, so results are bitwise identical on every rank.
+"""
+
+from __future__ import annotations
+
+import struct
+from contextlib import contextmanager
+
+import numpy as np
+
+from . import algorithms as alg
+from .errors import CollectiveMismatchError
+from .reduce_ops import ReduceOp, reduce_op
+
+
+_OPS = list(ReduceOp)
+_KINDS = ["all_reduce", "broadcast", "reduce", "gather", "scatter", "all_gather",
+          "reduce_scatter", "all_to_all", "barrier"]
+
+
+# -- buffers -----------------------------------------------------------------------------
+
+
+def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
+    """A flat NumPy view of `buf`'s memory: NumPy, buffer protocol, or DLPack (torch CPU)."""
+    if isinstance(buf, np.ndarray):
+        arr = buf
+    elif hasattr(buf, "__dlpack__") and not hasattr(buf, "__cuda_array_interface__"):
+        arr = np.from_dlpack(buf)  # torch CPU tensors: a zero-copy view, no torch import
+    else:
+        try:
+            arr = np.asarray(memoryview(buf))
+        except TypeError:
+            raise TypeError(f"{what}: expected an array (NumPy, buffer protocol, DLPack), got "
+                            f"{type(buf).__name__}") from None
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{what}: array is not C-contiguous (shape {arr.shape}); pass "
+                         "np.ascontiguousarray(arr) and copy the result back")
+    if writable and not arr.flags.writeable:
+        raise ValueError(f"{what}: array is read-only; pass a writable array")
+    return arr.reshape(-1)
+
+
+@contextmanager
+def host_view(buf, group, what: str, writable: bool = True):
+    """Yield a flat host array for `buf`; device arrays (CuPy) are staged through host memory.
+
+    The hook for GPU buffers: a channel that moves device memory itself sets
+    `device_buffers = True` and brings native collectives; otherwise a CuPy array is copied
+    to the host, the collective runs there, and the result is copied back.
+    """
+    if buf is None:
+        yield None
+        return
+    if hasattr(buf, "__cuda_array_interface__") and not getattr(group.channel,
+                                                                 "device_buffers", False):
+        host = np.ascontiguousarray(buf.get()).reshape(-1)
+        yield host
+        if writable:
+            buf.set(host.reshape(buf.shape))
+        return
+    yield as_flat(buf, what, writable)
+
+
+# -- agreement check ---------------------------------------------------------------------
+
+# seq, kind, op, ndim, flags, root, count, dtype, dims[6]
+_DESC = struct.Struct("<IBBBBiq8s6q")
+
+
+def _describe(seq, kind, op, root, dtype, shape, count) -> bytes:
+    dims = list(shape)[:6] + [0] * (6 - min(len(shape), 6))
+    return _DESC.pack(seq & 0xFFFFFFFF, _KINDS.index(kind), _OPS.index(op) if op else 255,
+                      len(shape), 0, root, count, np.dtype(dtype).str.encode(), *dims)
+
+
+def _explain(raw: bytes) -> str:
+    seq, kind, op, ndim, _, root, count, dtype, *dims = _DESC.unpack(raw)
+    kind = _KINDS[kind] if kind < len(_KINDS) else f"kind#{kind}"
+    text = f"#{seq} {kind}"
+    if op != 255:
+        text += f" op={_OPS[op].name}"
+    if root >= 0:
+        text += f" root={root}"
+    dtype = np.dtype(dtype.rstrip(b"\0").decode())
+    if kind != "barrier":
+        shape = list(dims[:ndim]) if ndim <= 6 else f"({ndim}-d, {count} elements)"
+        text += f" {dtype}{shape}"
+    return text
+
+
+def agree(group, seq, kind, *, op=None, root=-1, dtype="u1", shape=(), count=0) -> None:
+    """Check every rank called the same collective alike; raise on every rank if not."""
+    if group.size == 1 or not group.check:
+        return
+    mine = np.frombuffer(_describe(seq, kind, op, root, dtype, shape, count), np.uint8)
+    every = np.empty((group.size, mine.size), np.uint8)
+    alg.all_gather_bruck(group, mine, every.reshape(-1), group.control_tag)
+    if (every == mine).all():
+        return
+    values = [_explain(every[r].tobytes()) for r in range(group.size)]
+    groups: dict[str, list[int]] = {}
+    for r, v in enumerate(values):
+        groups.setdefault(v, []).append(r)
+    detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
+                       for v, rs in groups.items())
+    raise CollectiveMismatchError(
+        f"{kind} on {group.name}: ranks disagree on the collective ({detail}); every rank must "
+        "call the same collectives in the same order with the same op, dtype, shape and root")
+
+
+
+
+# -- the collectives -----------------------------------------------------------------------
+
+
+def _check_size(arr, expected: int, what: str, name: str) -> None:
+    if arr is None or arr.size != expected:
+        got = "None" if arr is None else f"{arr.size} elements"
+        raise ValueError(f"{what}: {name} has the wrong size (got {got}, expected {expected} "
+                         "= world size x the per-rank count)")
+
+
+def _check_root(group, root: int, what: str) -> None:
+    if not isinstance(root, int) or not 0 <= root < group.size:
+        raise ValueError(f"{what}: root must be a group rank in [0, {group.size}) (got {root!r})")
+
+
+def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
+    """Reduce `buf` across the group in place; every rank ends with the same bits."""
+    with host_view(buf, group, "all_reduce") as arr:
+        op = reduce_op(op, arr.dtype, "all_reduce")
+        if group.size == 1:
+            return
+        with group.collective("all_reduce", op=op, dtype=arr.dtype, shape=np.shape(buf),
+                              count=arr.size) as tag:
+            if arr.size == 0 or group.run_native("all_reduce", arr, op):
+                return
+            if arr.nbytes <= group.small_bytes or arr.size < group.size:
+                alg.all_reduce_rd(group, arr, op, tag)
+            else:
+                bounds = alg.chunk_bounds(arr.size, group.size)
+                alg.ring_reduce_scatter(group, arr, op, bounds, tag)
+                alg.ring_all_gather(group, arr, bounds, tag)
+            if op is ReduceOp.AVG:
+                np.divide(arr, group.size, out=arr)
+
+
+def broadcast(group, buf, root: int = 0) -> None:
+    """Copy `buf` from group rank `root` into `buf` on every rank."""
+    _check_root(group, root, "broadcast")
+    with host_view(buf, group, "broadcast") as arr:
+        if group.size == 1:
+            return
+        with group.collective("broadcast", root=root, dtype=arr.dtype, shape=np.shape(buf),
+                              count=arr.size) as tag:
+            if arr.size == 0 or group.run_native("broadcast", arr, root):
+                return
+            if arr.nbytes <= group.small_bytes:
+                alg.tree_broadcast(group, arr, root, tag)
+            else:
+                alg.chain_broadcast(group, arr, root, tag)
+
+
+def reduce(group, buf, root: int = 0, op=ReduceOp.SUM) -> None:
+    """Reduce `buf` across the group into `buf` on `root`; other ranks' buffers are scratch."""
+    _check_root(group, root, "reduce")
+    with host_view(buf, group, "reduce") as arr:
+        op = reduce_op(op, arr.dtype, "reduce")
+        if group.size == 1:
+            return
+        with group.collective("reduce", op=op, root=root, dtype=arr.dtype, shape=np.shape(buf),
+                              count=arr.size) as tag:
+            if arr.size == 0 or group.run_native("reduce", arr, op, root):
+                return
+            if arr.nbytes <= group.small_bytes or arr.size < group.size:
+                alg.tree_reduce(group, arr, op, root, tag)
+            else:  # ring reduce-scatter, then each rank's reduced chunk goes to the root
+                bounds = alg.chunk_bounds(arr.size, group.size)
+                alg.ring_reduce_scatter(group, arr, op, bounds, tag)
+                _gather_chunks(group, arr, bounds, root, tag)
+            if op is ReduceOp.AVG and group.rank == root:
+                np.divide(arr, group.size, out=arr)
+
+
+def _gather_chunks(group, arr, bounds, root, tag) -> None:
+    r = group.rank
+    if r != root:
+        group.send(arr[bounds[r]:bounds[r + 1]], root, tag)
+        return
+    alg.wait_all([group.irecv(arr[bounds[p]:bounds[p + 1]], p, tag)
+                  for p in range(group.size) if p != root and bounds[p + 1] > bounds[p]])
+
+
+def gather(group, buf, out=None, root: int = 0) -> None:
+    """Gather every rank's `buf` into `out` (world size x buf's elements) on `root`."""
+    _check_root(group, root, "gather")
+    with host_view(buf, group, "gather", writable=False) as arr, \
+            host_view(out if group.rank == root else None, group, "gather out") as dst:
+        if group.rank == root:
+            _check_size(dst, group.size * arr.size, "gather", "out")
+        if group.size == 1:
+            dst[:] = arr
+            return
+        with group.collective("gather", root=root, dtype=arr.dtype, shape=np.shape(buf),
+                              count=arr.size) as tag:
+            if arr.size and not group.run_native("gather", arr, dst, root):
+                alg.gather_direct(group, arr, dst, root, tag)
+
+
+def scatter(group, buf, src=None, root: int = 0) -> None:
+    """Send row p of `src` (world size x buf's elements, on `root`) into `buf` on rank p."""
+    _check_root(group, root, "scatter")
+    with host_view(buf, group, "scatter") as arr, \
+            host_view(src if group.rank == root else None, group, "scatter src",
+                      writable=False) as source:
+        if group.rank == root:
+            _check_size(source, group.size * arr.size, "scatter", "src")
+        if group.size == 1:
+            arr[:] = source
+            return
+        with group.collective("scatter", root=root, dtype=arr.dtype, shape=np.shape(buf),
+                              count=arr.size) as tag:
+            if arr.size and not group.run_native("scatter", arr, source, root):
+                alg.scatter_direct(group, arr, source, root, tag)
+
+
+def all_gather(group, out, buf) -> None:
+    """Gather every rank's `buf` into `out` (world size x buf's elements) on every rank."""
+    with host_view(buf, group, "all_gather", writable=False) as arr, \
+            host_view(out, group, "all_gather out") as dst:
+        _check_size(dst, group.size * arr.size, "all_gather", "out")
+        if group.size == 1:
+            dst[:] = arr
+            return
+        with group.collective("all_gather", dtype=arr.dtype, shape=np.shape(buf),
+                              count=arr.size) as tag:
+            if arr.size == 0 or group.run_native("all_gather", dst, arr):
+                return
+            if dst.nbytes <= group.small_bytes:
+                alg.all_gather_bruck(group, arr, dst, tag)
+            else:
+                c, r = arr.size, group.rank
+                dst[r * c:(r + 1) * c] = arr
+                alg.ring_all_gather(group, dst, [c * i for i in range(group.size + 1)], tag)
+
+
+def reduce_scatter(group, out, src, op=ReduceOp.SUM) -> None:
+    """Reduce `src` (world size x out's elements) across ranks; rank p gets row p in `out`."""
+    with host_view(out, group, "reduce_scatter out") as dst, \
+            host_view(src, group, "reduce_scatter", writable=False) as source:
+        op = reduce_op(op, dst.dtype, "reduce_scatter")
+        _check_size(source, group.size * dst.size, "reduce_scatter", "src")
+        c, r = dst.size, group.rank
+        if group.size == 1:
+            dst[:] = source
+            return
+        with group.collective("reduce_scatter", op=op, dtype=dst.dtype, shape=np.shape(out),
+                              count=c) as tag:
+            if c == 0 or group.run_native("reduce_scatter", dst, source, op):
+                return
+            work = source.copy()  # the ring reduces in place; the caller's input stays intact
+            alg.ring_reduce_scatter(group, work, op, [c * i for i in range(group.size + 1)], tag)
+            dst[:] = work[r * c:(r + 1) * c]
+            if op is ReduceOp.AVG:
+                np.divide(dst, group.size, out=dst)
+
+
+def all_to_all(group, out, src) -> None:
+    """Rank r sends row p of `src` to rank p, which stores it as row r of its `out`."""
+    with host_view(out, group, "all_to_all out") as dst, \
+            host_view(src, group, "all_to_all", writable=False) as source:
+        if dst.size != source.size or dst.size % group.size:
+            raise ValueError(f"all_to_all: out and src must have the same size, a multiple of "
+                             f"the world size {group.size} (got {dst.size} and {source.size})")
+        if group.size == 1:
+            dst[:] = source
+            return
+        with group.collective("all_to_all", dtype=dst.dtype, shape=np.shape(out),
+                              count=dst.size) as tag:
+            if dst.size and not group.run_native("all_to_all", dst, source):
+                alg.all_to_all_pairwise(group, dst, source, tag)
+
+
+def barrier(group) -> None:
+    """Return once every rank of the group has entered the barrier."""
+    if group.size == 1:
+        return
+    with group.collective("barrier") as tag:
+        if not group.run_native("barrier"):
+            alg.barrier_dissemination(group, tag)

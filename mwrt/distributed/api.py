@@ -1,0 +1,249 @@
+"""The torch.distributed-shaped SPMD API: one default group per process, arrays for tensors.
+
+Names, arguments and semantics follow torch.distributed: `src`/`dst` are global ranks,
+collectives work in place, `async_op=True` returns a Work, non-members of a group get
+None. The algorithms live in mwrt.collectives; this module holds the process-wide state.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .. import channels, collectives as C
+from ..collectives import as_flat, host_view
+from ..errors import MwrtError
+from ..group import ProcessGroup
+from ..reduce_ops import ReduceOp
+from ..rendezvous import _seconds, rendezvous, store_from_url
+from .. import config
+
+
+class GroupMember:
+    """torch's marker for a rank outside a group (new_group returns it to non-members)."""
+
+    WORLD = None
+    NON_GROUP_MEMBER = object()
+
+
+class Work:
+    """A pending async operation: wait(timeout) raises its error; is_completed() polls."""
+
+    def __init__(self, future=None, work=None, after=None):
+        self._future, self._work, self._after = future, work, after
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done (at most `timeout` seconds) and raise the operation's error."""
+        if self._work is not None:
+            self._work.wait(timeout)
+        else:
+            try:
+                self._future.result(timeout=timeout)
+            except TimeoutError:
+                if self._future.done():
+                    raise
+                raise TimeoutError(f"Work.wait: the collective is not done after {timeout} s; "
+                                   "a peer may be slow or gone") from None
+        if self._after is not None:
+            self._after()
+            self._after = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed() if self._work is not None else self._future.done()
+
+    def exception(self):
+        """The operation's error or None, waiting for it to finish."""
+        try:
+            self.wait()
+        except BaseException as e:  # noqa: BLE001 - returned, as torch's Work.exception does
+            return e
+        return None
+
+
+class _State:
+    def __init__(self):
+        self.group: ProcessGroup | None = None
+        self.channel = self.store = self.backend = None
+        self.groups: list[ProcessGroup] = []
+        self.next_group_id = 1
+        self.user_store_inits = 0
+
+
+_state = _State()
+_init_lock = threading.Lock()
+_inits = [0]
+
+
+def init_process_group(backend: str = "tcp", init_method: str | None = None, timeout=None,
+                       world_size: int = -1, rank: int = -1, store=None,
+                       group_name: str = "") -> None:
+    """Join the default group: rendezvous through a store, then connect the channel."""
+    with _init_lock:
+        if _state.group is not None:
+            raise RuntimeError("init_process_group: already initialized; call "
+                               "destroy_process_group() first")
+        timeout = _seconds(timeout, config.get("rendezvous_timeout"))
+        backend = backend or config.get("channel")
+        prefix, own_store = "mwrt/pg", store is None
+        if own_store:
+            _inits[0] += 1  # SPMD: every rank counts its inits alike
+            store, rank, world_size = store_from_url(init_method, rank, world_size, timeout,
+                                                     generation=_inits[0])
+        else:
+            if rank < 0 or world_size < 1:
+                raise ValueError(f"init_process_group: with store=, pass rank and world_size "
+                                 f"(got rank={rank}, world_size={world_size})")
+            _state.user_store_inits += 1  # a reused store: fresh keys for each init
+            prefix = f"mwrt/pg{_state.user_store_inits}"
+        channel = None
+        try:
+            peers = rendezvous(store, rank, world_size, prefix=prefix, timeout=timeout)
+            channel = channels.create(backend, rank, world_size, store=store, prefix=prefix,
+                                      timeout=timeout)
+            group = ProcessGroup(channel, store=store, prefix=prefix, peers=peers,
+                                 timeout=timeout)
+            # Connect every pair now, while rank 0 (which serves the store) is sure to be up.
+            probe = np.zeros(world_size, np.uint8)
+            C.all_to_all(group, probe.copy(), probe)
+        except BaseException:
+            if channel is not None:
+                channel.close()
+            if own_store:
+                store.close()
+            raise
+        _state.group, _state.channel, _state.store = group, channel, store
+        _state.backend, _state.groups, _state.next_group_id = backend, [group], 1
+
+
+def destroy_process_group(group=None) -> None:
+    """Leave `group`, or (no argument) tear down everything; init may be called again."""
+    if group is not None and group is not _state.group:
+        if group is not GroupMember.NON_GROUP_MEMBER:
+            group.close()
+            _state.groups.remove(group)
+        return
+    g = _default()
+    if not g.broken:
+        try:  # rank 0 serves the store: keep it up until everyone is done with it
+            g.timeout = min(g.timeout, 30.0)
+            C.barrier(g)
+        except MwrtError:
+            pass
+    for pg in _state.groups:
+        pg.close()
+    _state.channel.close()
+    _state.store.close()
+    _state.__init__()
+
+
+def is_initialized() -> bool:
+    return _state.group is not None
+
+
+def _default() -> ProcessGroup:
+    if _state.group is None:
+        raise RuntimeError("mwrt.distributed: the default process group is not initialized; "
+                           "call init_process_group() first")
+    return _state.group
+
+
+def _group(group) -> ProcessGroup | None:
+    if group is None or group is GroupMember.WORLD:
+        return _default()
+    return None if group is GroupMember.NON_GROUP_MEMBER else group
+
+
+def get_rank(group=None) -> int:
+    """This process's rank in `group` (default: the global rank); -1 for non-members."""
+    g = _group(group)
+    return -1 if g is None else g.rank
+
+
+def get_world_size(group=None) -> int:
+    g = _group(group)
+    return -1 if g is None else g.size
+
+
+def get_backend(group=None) -> str:
+    _default()
+    return _state.backend
+
+
+def get_process_group_ranks(group) -> list[int]:
+    return list(_group(group).ranks)
+
+
+def new_group(ranks=None, timeout=None, backend=None):
+    """A subgroup of global `ranks`; every rank must call it, in the same order."""
+    parent = _default()
+    ranks = sorted(range(parent.size) if ranks is None else {int(r) for r in ranks})
+    if not all(0 <= r < parent.size for r in ranks):
+        raise ValueError(f"new_group: ranks must be in [0, {parent.size}) (got {ranks})")
+    gid, _state.next_group_id = _state.next_group_id, _state.next_group_id + 1
+    if parent.channel.rank not in ranks:
+        return GroupMember.NON_GROUP_MEMBER
+    g = ProcessGroup(parent.channel, ranks, group_id=gid, store=parent.store,
+                     prefix=parent.prefix, peers=parent.peers,
+                     timeout=parent.timeout if timeout is None else _seconds(timeout, 0))
+    _state.groups.append(g)
+    return g
+
+
+def _run(group, async_op, fn, *args):
+    """Run a collective on `group` now or (async_op) in order on its thread."""
+    g = _group(group)
+    if g is None:
+        return None
+    if async_op:
+        return Work(future=g.call(fn, g, *args, async_op=True))
+    g.call(fn, g, *args)
+    return None
+
+
+def _group_rank(g: ProcessGroup, rank: int, what: str) -> int:
+    try:
+        return g.ranks.index(rank)
+    except ValueError:
+        raise ValueError(f"{what}: rank {rank} is not in the group (ranks {g.ranks})") from None
+
+
+# -- point-to-point ----------------------------------------------------------------------
+
+
+def _p2p_args(peer, tag, what, group):
+    g = _group(group)
+    if peer is None:
+        raise ValueError(f"{what}: a peer rank is required (receiving from any source is "
+                         "not supported); name the sender")
+    if g is None or peer not in g.ranks:
+        raise ValueError(f"{what}: rank {peer} is not in the group")
+    return g, g.p2p_tag(int(tag))
+
+
+def send(tensor, dst: int, group=None, tag: int = 0) -> None:
+    """Send `tensor` to global rank `dst` (blocking until it may be reused)."""
+    g, t = _p2p_args(dst, tag, "send", group)
+    with host_view(tensor, g, "send", writable=False) as arr:
+        g.channel.send(arr, dst, t, g.timeout)
+
+
+def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
+    """Receive into `tensor` from global rank `src`; returns `src`."""
+    g, t = _p2p_args(src, tag, "recv", group)
+    with host_view(tensor, g, "recv") as arr:
+        g.channel.recv(arr, src, t, g.timeout)
+    return src
+
+
+def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
+    """Start sending `tensor` to `dst`; do not modify it before Work.wait()."""
+    g, t = _p2p_args(dst, tag, "isend", group)
+    return Work(work=g.channel.isend(as_flat(tensor, "isend", writable=False), dst, t, g.timeout))
+
+
+def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> Work:
+    """Start receiving into `tensor` from `src`; read it after Work.wait()."""
+    g, t = _p2p_args(src, tag, "irecv", group)
+    return Work(work=g.channel.irecv(as_flat(tensor, "irecv"), src, t, g.timeout))

@@ -1,0 +1,197 @@
+"""The facade's collectives: torch.distributed signatures over mwrt.collectives.
+
+Lists of arrays (torch's gather_list, tensor_list…) are staged through one contiguous
+buffer, which the algorithms need; the `*_into_tensor` / `*_tensor` variants take that
+buffer directly and copy nothing.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from .. import collectives as C
+from ..collectives import as_flat
+from ..reduce_ops import ReduceOp
+from .api import _group, _group_rank, _run
+
+
+def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
+    """Copy `tensor` from global rank `src` to every rank of the group, in place."""
+    g = _group(group)
+    return _run(group, async_op, C.broadcast, tensor, g and _group_rank(g, src, "broadcast"))
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """Reduce `tensor` across the group in place; bitwise identical on every rank."""
+    return _run(group, async_op, C.all_reduce, tensor, op)
+
+
+def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """Reduce `tensor` into `tensor` on global rank `dst`."""
+    g = _group(group)
+    return _run(group, async_op, C.reduce, tensor, g and _group_rank(g, dst, "reduce"), op)
+
+
+def _stack(arrays, like, what):
+    """One contiguous buffer shaped (n, *like.shape) for a list of same-shaped arrays."""
+    n = len(arrays)
+    for i, a in enumerate(arrays):
+        if np.shape(a) != np.shape(like):
+            raise ValueError(f"{what}: list entry {i} has shape {np.shape(a)}, expected "
+                             f"{np.shape(like)} like the local array")
+    return np.empty((n,) + np.shape(like), as_flat(like, what, writable=False).dtype)
+
+
+def _unstack(buf, arrays):
+    for i, a in enumerate(arrays):
+        as_flat(a, "output list")[:] = buf[i].reshape(-1)
+
+
+def _with_list(group, async_op, body, arrays, after_copy):
+    """Run body(g) (it fills a staging buffer); copy out now or when the Work is waited."""
+    work = _run(group, async_op, body)
+    if work is None:
+        if _group(group) is not None:
+            after_copy()
+        return None
+    work._after = after_copy
+    return work
+
+
+def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False):
+    """Gather every rank's `tensor` into `gather_list` on global rank `dst`."""
+    g = _group(group)
+    if g is None:
+        return None
+    root = _group_rank(g, dst, "gather")
+    is_root = g.rank == root
+    if is_root and (gather_list is None or len(gather_list) != g.size):
+        raise ValueError(f"gather: dst needs gather_list with {g.size} arrays (got "
+                         f"{None if gather_list is None else len(gather_list)})")
+    buf = _stack(gather_list, tensor, "gather") if is_root else None
+    return _with_list(group, async_op, lambda g: C.gather(g, tensor, buf, root), gather_list,
+                      lambda: is_root and _unstack(buf, gather_list))
+
+
+def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False):
+    """Send scatter_list[i] on global rank `src` into `tensor` on group rank i."""
+    g = _group(group)
+    if g is None:
+        return None
+    root = _group_rank(g, src, "scatter")
+    buf = None
+    if g.rank == root:
+        if scatter_list is None or len(scatter_list) != g.size:
+            raise ValueError(f"scatter: src needs scatter_list with {g.size} arrays")
+        buf = _stack(scatter_list, tensor, "scatter")
+        for i, a in enumerate(scatter_list):
+            buf[i] = np.asarray(a)
+    return _run(group, async_op, C.scatter, tensor, buf, root)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
+    """Gather every rank's `tensor` into `tensor_list` on every rank."""
+    g = _group(group)
+    if g is None:
+        return None
+    if len(tensor_list) != g.size:
+        raise ValueError(f"all_gather: tensor_list needs {g.size} arrays (got {len(tensor_list)})")
+    buf = _stack(tensor_list, tensor, "all_gather")
+    return _with_list(group, async_op, lambda g: C.all_gather(g, buf, tensor), tensor_list,
+                      lambda: _unstack(buf, tensor_list))
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
+    """all_gather into one array holding world-size copies of the input's size."""
+    return _run(group, async_op, C.all_gather, output_tensor, input_tensor)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """Reduce input_list[i] across ranks into `output` on group rank i."""
+    g = _group(group)
+    if g is None:
+        return None
+    if len(input_list) != g.size:
+        raise ValueError(f"reduce_scatter: input_list needs {g.size} arrays (got "
+                         f"{len(input_list)})")
+    buf = _stack(input_list, output, "reduce_scatter")
+    for i, a in enumerate(input_list):
+        buf[i] = np.asarray(a)
+    return _run(group, async_op, C.reduce_scatter, output, buf, op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """reduce_scatter from one array holding world-size rows."""
+    return _run(group, async_op, C.reduce_scatter, output, input, op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
+    """Rank r's input_tensor_list[p] lands in rank p's output_tensor_list[r]."""
+    g = _group(group)
+    if g is None:
+        return None
+    if len(output_tensor_list) != g.size or len(input_tensor_list) != g.size:
+        raise ValueError(f"all_to_all: both lists need {g.size} arrays")
+    src = _stack(input_tensor_list, input_tensor_list[0], "all_to_all")
+    for i, a in enumerate(input_tensor_list):
+        src[i] = np.asarray(a)
+    out = np.empty_like(src)
+    return _with_list(group, async_op, lambda g: C.all_to_all(g, out, src), output_tensor_list,
+                      lambda: _unstack(out, output_tensor_list))
+
+
+def all_to_all_single(output, input, group=None, async_op: bool = False):
+    """all_to_all over one array of world-size equal rows (no split sizes)."""
+    return _run(group, async_op, C.all_to_all, output, input)
+
+
+def barrier(group=None, async_op: bool = False):
+    """Block until every rank of the group has called barrier."""
+    return _run(group, async_op, C.barrier)
+
+
+# -- objects: pickle is fine here, the ranks are one user's own processes (SPMD), unlike the
+# daemon's wire, which never unpickles ------------------------------------------------------
+
+
+def _object_bytes(obj) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+def all_gather_object(object_list: list, obj, group=None) -> None:
+    """Fill object_list[i] with rank i's `obj` (pickled; sizes gathered first)."""
+    g = _group(group)
+    if g is None:
+        return
+    data = _object_bytes(obj)
+    sizes = np.zeros(g.size, np.int64)
+    C.all_gather(g, sizes, np.array([data.size], np.int64))
+    width = int(sizes.max())
+    padded = np.zeros(width, np.uint8)
+    padded[:data.size] = data
+    everything = np.empty(g.size * width, np.uint8)
+    C.all_gather(g, everything, padded)
+    for i in range(g.size):
+        object_list[i] = pickle.loads(everything[i * width:i * width + int(sizes[i])].tobytes())
+
+
+def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
+    """Replace object_list's items everywhere with those on global rank `src`."""
+    g = _group(group)
+    if g is None:
+        return
+    root = _group_rank(g, src, "broadcast_object_list")
+    data = _object_bytes(list(object_list)) if g.rank == root else None
+    size = np.array([0 if data is None else data.size], np.int64)
+    C.broadcast(g, size, root)
+    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
+    C.broadcast(g, buf, root)
+    if g.rank != root:
+        object_list[:] = pickle.loads(buf.tobytes())
+
+
+__all__ = ["broadcast", "all_reduce", "reduce", "gather", "scatter", "all_gather",
+           "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+           "all_to_all_single", "barrier", "all_gather_object", "broadcast_object_list"]

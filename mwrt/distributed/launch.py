@@ -1,0 +1,153 @@
+"""mwrt-launch: start N ranks of a script per node, like torchrun (and THD's pytorch_exec).
+
+    mwrt-launch --nproc-per-node 2 train.py --epochs 3
+    mwrt-launch --nnodes 2 --node-rank 0 --master-addr head --master-port 29500 --nproc-per-node 4 train.py
+    srun -N 2 --ntasks-per-node 4 mwrt-launch train.py      # one rank per SLURM task
+
+Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+Output lines are prefixed by "[rank r] ". When a rank fails, the others are stopped, and
+the launcher reports its exit code and last lines, and exits with that code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from .spawn import free_port, rank_env
+
+_TAIL = 20
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="mwrt-launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", "--node_rank", type=int, default=0)
+    p.add_argument("--master-addr", "--master_addr", default=None)
+    p.add_argument("--master-port", "--master_port", type=int, default=None)
+    p.add_argument("-m", dest="module", action="store_true", help="run the script as a module")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    return p.parse_args(argv)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: 'gpu[03-05,07],cpu1' -> 'gpu03'."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise ValueError(f"SLURM_NODELIST: cannot parse {nodelist!r}")
+    prefix, ranges = m.group(1), m.group(2)
+    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+
+
+def plan(opts, env=os.environ) -> list[dict[str, str]]:
+    """The environment of each local rank, from the options or SLURM's variables."""
+    if opts.nproc_per_node is None and "SLURM_PROCID" in env:  # srun: one rank per task
+        port = opts.master_port or int(env.get("MASTER_PORT") or
+                                       29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000)
+        addr = opts.master_addr or env.get("MASTER_ADDR") or first_host(
+            env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST", "127.0.0.1"))
+        local_size = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+        return [rank_env(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
+                         int(env.get("SLURM_LOCALID", "0")), local_size, addr, port)]
+    n = opts.nproc_per_node or 1
+    if n < 1 or opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
+        raise SystemExit(f"mwrt-launch: need --nproc-per-node >= 1 and 0 <= --node-rank < "
+                         f"--nnodes (got {n}, {opts.node_rank}, {opts.nnodes})")
+    addr = opts.master_addr or env.get("MASTER_ADDR") or "127.0.0.1"
+    port = opts.master_port or (int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None)
+    if port is None:
+        if opts.nnodes > 1:
+            raise SystemExit("mwrt-launch: with --nnodes > 1 pass --master-port (the same on "
+                             "every node)")
+        port = free_port()  # one node: any free port, so parallel jobs do not collide
+    return [rank_env(opts.node_rank * n + i, opts.nnodes * n, i, n, addr, port)
+            for i in range(n)]
+
+
+def _pump(stream, out, prefix, tail):
+    for line in iter(stream.readline, b""):
+        text = line.decode(errors="replace")
+        tail.append(text.rstrip("\n"))
+        out.write(prefix + text)
+        out.flush()
+    stream.close()
+
+
+def _start(cmd, env):
+    full = dict(os.environ, **env, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tail = collections.deque(maxlen=_TAIL)
+    prefix = f"[rank {env['RANK']}] "
+    pumps = [threading.Thread(target=_pump, args=(s, o, prefix, tail), daemon=True)
+             for s, o in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+    for t in pumps:
+        t.start()
+    return proc, tail, pumps
+
+
+def _stop(procs, grace=3.0):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run(opts) -> int:
+    """Start the local ranks and wait; return 0 or the first failing rank's exit code."""
+    cmd = [sys.executable, "-u"] + (["-m", opts.script] if opts.module else [opts.script])
+    ranks = [(env["RANK"], *_start(cmd + opts.args, env)) for env in plan(opts)]
+    try:
+        while True:
+            running = False
+            for rank, proc, tail, pumps in ranks:
+                code = proc.poll()
+                if code is None:
+                    running = True
+                elif code != 0:
+                    _stop([p for _, p, _, _ in ranks])
+                    for t in pumps:
+                        t.join(2)
+                    _report(rank, proc.pid, code, tail)
+                    return code if code > 0 else 128 - code
+            if not running:
+                return 0
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _stop([p for _, p, _, _ in ranks])
+        return 130
+    finally:
+        for _, _, _, pumps in ranks:
+            for t in pumps:
+                t.join(2)
+
+
+def _report(rank, pid, code, tail):
+    how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+           else f"exited with code {code}")
+    lines = "\n".join(f"[rank {rank}] {line}" for line in tail)
+    sys.stderr.write(f"mwrt-launch: rank {rank} (pid {pid}) {how}; stopped the other ranks. "
+                     f"Its last lines:\n{lines}\n")
+
+
+def main(argv=None) -> None:
+    """Console entry point: mwrt-launch [options] script.py args..."""
+    sys.exit(run(_parse(sys.argv[1:] if argv is None else argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""dist.spawn(fn, args, nprocs): run fn(rank, *args) in N processes, like mp.spawn.
+
+Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT, so `init_process_group()` (env://) works inside fn. The first rank to fail
+stops the others (by pid), and the parent raises RankFailedError naming the rank, with
+its traceback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import socket
+import time
+import traceback
+
+from ..errors import MwrtError
+
+
+class RankFailedError(MwrtError):
+    """A rank started by spawn or mwrt-launch failed; names the rank, exit code and output."""
+
+    def __init__(self, message, *, rank=None, exitcode=None):
+        self.rank, self.exitcode = rank, exitcode
+        super().__init__(message)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral port that was free a moment ago (rank 0's store binds it next)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, local_rank: int, local_world_size: int,
+             master_addr: str, master_port: int) -> dict[str, str]:
+    """The variables init_process_group(init_method='env://') reads, torchrun's names."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world_size), "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port)}
+
+
+def _entry(fn, rank, args, env, errors):
+    os.environ.update(env)
+    try:
+        fn(rank, *args)
+    except BaseException:  # noqa: BLE001 - sent to the parent, then this rank exits 1
+        errors.put((rank, traceback.format_exc()))  # SimpleQueue writes through: no flush
+        os._exit(1)
+
+
+def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
+          start_method: str = "spawn", timeout: float | None = None):
+    """Run fn(rank, *args) in `nprocs` processes; raise RankFailedError if any rank fails."""
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"spawn: nprocs must be a positive int (got {nprocs!r})")
+    ctx = mp.get_context(start_method)
+    errors = ctx.SimpleQueue()
+    addr, port = "127.0.0.1", free_port()
+    procs = []
+    for rank in range(nprocs):
+        env = rank_env(rank, nprocs, rank, nprocs, addr, port)
+        p = ctx.Process(target=_entry, args=(fn, rank, args, env, errors), daemon=daemon)
+        p.start()
+        procs.append(p)
+    context = SpawnContext(procs, errors)
+    if not join:
+        return context
+    context.join(timeout)
+    return None
+
+
+class SpawnContext:
+    """The processes of a spawn(join=False); join() waits and raises like spawn does."""
+
+    def __init__(self, processes, errors):
+        self.processes, self._errors = processes, errors  # the queue must outlive the children
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for every rank; at the first failure stop the rest and raise RankFailedError."""
+        _join(self.processes, self._errors, timeout)
+
+
+def _join(procs, errors, timeout) -> None:
+    """Wait for every process; at the first failure stop the rest and raise."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    alive = {p.sentinel: (rank, p) for rank, p in enumerate(procs)}
+    try:
+        while alive:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = mp.connection.wait(list(alive), timeout=left)
+            if not ready:
+                raise RankFailedError(f"spawn: ranks {sorted(r for r, _ in alive.values())} "
+                                      f"still running after {timeout} s; stopped them")
+            for s in ready:
+                rank, p = alive.pop(s)
+                p.join()
+                if p.exitcode != 0:
+                    raise _failed(rank, p.exitcode, errors)
+    finally:
+        _stop(p for _, p in alive.values())
+
+
+def _failed(rank, exitcode, errors) -> RankFailedError:
+    reports = {}
+    while not errors.empty():
+        r, tb = errors.get()
+        reports[r] = tb
+    tb = reports.get(rank)
+    if exitcode is not None and exitcode < 0:
+        how = f"was killed by signal {signal.Signals(-exitcode).name}"
+    else:
+        how = f"exited with code {exitcode}"
+    text = f"spawn: rank {rank} {how}"
+    text += f"\n### rank {rank} traceback:\n{tb.rstrip()}" if tb else " (no Python traceback)"
+    return RankFailedError(text, rank=rank, exitcode=exitcode)
+
+
+def _stop(procs, grace: float = 3.0) -> None:
+    """Terminate the processes we started (by pid), then kill those that linger."""
+    procs = [p for p in procs if p.is_alive()]
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.join(grace)
+        if p.is_alive():
+            p.kill()
+            p.join(grace)

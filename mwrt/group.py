@@ -1,0 +1,205 @@
+"""ProcessGroup: a channel, the channel ranks it spans, a tag space and a sequence counter.
+
+A group numbers its members 0..size-1 (group ranks) and maps them to channel ranks, so a
+subgroup runs the same algorithms over the same channel. Tags are 64-bit:
+(space << 56) | (group id << 32) | (sequence number or user tag), so collectives of two
+groups, their control messages and user point-to-point never match each other.
+
+A channel may bring native collectives: a method `native_<kind>(group, *args)` (kinds:
+all_reduce, broadcast, reduce, gather, scatter, all_gather, reduce_scatter, all_to_all,
+barrier) taking the same arguments as the generic algorithm in mwrt.collectives, e.g.
+`native_all_reduce(group, arr, op)`. It returns NotImplemented to decline (an op or dtype
+it cannot do); anything else means done. Ranks have already agreed on the call.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+from . import config
+from .collectives import agree
+from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
+
+_DATA, _CONTROL, _P2P = 0, 1, 2
+
+
+class _PeerWork:
+    """A channel Work that names the group peer when it fails."""
+
+    def __init__(self, work, peer: int, timeout: float):
+        self._work, self._peer, self._timeout = work, peer, timeout
+
+    def wait(self, timeout: float | None = None) -> None:
+        try:
+            self._work.wait(self._timeout if timeout is None else timeout)
+        except (ChannelError, TimeoutError, ConnectionError) as e:
+            e.group_peer = self._peer
+            raise
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+
+class ProcessGroup:
+    """Collectives' view of a channel: group ranks, tags, sequence numbers, error context."""
+
+    def __init__(self, channel, ranks=None, *, group_id: int = 0, store=None,
+                 prefix: str = "mwrt", peers: dict | None = None, timeout: float | None = None,
+                 segment_bytes: int | None = None, small_bytes: int | None = None,
+                 check: bool | None = None):
+        ranks = list(range(channel.world_size)) if ranks is None else [int(r) for r in ranks]
+        if len(set(ranks)) != len(ranks) or not all(0 <= r < channel.world_size for r in ranks):
+            raise ConfigError(f"ProcessGroup: ranks must be distinct channel ranks in [0, "
+                              f"{channel.world_size}) (got {ranks})")
+        if channel.rank not in ranks:
+            raise ConfigError(f"ProcessGroup: channel rank {channel.rank} is not in ranks "
+                              f"{ranks}; only members build the group")
+        self.channel, self.ranks, self.group_id = channel, ranks, int(group_id)
+        self.rank, self.size = ranks.index(channel.rank), len(ranks)
+        self.store, self.prefix, self.peers = store, prefix, peers or {}
+        self.timeout = channel.timeout if timeout is None else float(timeout)
+        self.segment_bytes = int(segment_bytes or config.get("segment_bytes"))
+        self.small_bytes = int(config.get("small_collective_bytes") if small_bytes is None
+                               else small_bytes)
+        # Sends up to eager_bytes return before the peer receives (socket buffers, shm
+        # slots), so small exchanges may send then receive on one thread; a channel that
+        # needs a matching receive first sets eager_bytes = 0.
+        self.eager_bytes = int(getattr(channel, "eager_bytes", config.get("eager_bytes")))
+        self.check = bool(config.get("collective_check") if check is None else check)
+        self.name = f"group {group_id} (ranks {ranks})" if group_id else "the default group"
+        self.control_tag = self._tag(_CONTROL, 0)
+        self._seq = 0
+        self.broken = False  # set once a collective failed midway: peers may be gone
+        self._pool: ThreadPoolExecutor | None = None
+        self._last = None
+        self._lock = threading.Lock()
+
+    def _tag(self, space: int, low: int) -> int:
+        return (space << 56) | ((self.group_id & 0xFFFFFF) << 32) | (low & 0xFFFFFFFF)
+
+    def p2p_tag(self, tag: int) -> int:
+        """The channel tag for a user point-to-point message with `tag`."""
+        return self._tag(_P2P, tag)
+
+    # -- point-to-point among group ranks ------------------------------------------------
+
+    def send(self, buf, peer: int, tag: int) -> None:
+        try:
+            self.channel.send(buf, self.ranks[peer], tag, self.timeout)
+        except (ChannelError, TimeoutError, ConnectionError) as e:
+            e.group_peer = peer
+            raise
+
+    def recv(self, buf, peer: int, tag: int) -> None:
+        try:
+            self.channel.recv(buf, self.ranks[peer], tag, self.timeout)
+        except (ChannelError, TimeoutError, ConnectionError) as e:
+            e.group_peer = peer
+            raise
+
+    def isend(self, buf, peer: int, tag: int) -> _PeerWork:
+        return _PeerWork(self.channel.isend(buf, self.ranks[peer], tag, self.timeout), peer,
+                         self.timeout)
+
+    def irecv(self, buf, peer: int, tag: int) -> _PeerWork:
+        return _PeerWork(self.channel.irecv(buf, self.ranks[peer], tag, self.timeout), peer,
+                         self.timeout)
+
+    # -- running collectives -------------------------------------------------------------
+
+    def run_native(self, kind: str, *args) -> bool:
+        """Run the channel's native `kind` if it has one; False means use the generic one."""
+        native = getattr(self.channel, f"native_{kind}", None)
+        return native is not None and native(self, *args) is not NotImplemented
+
+    @contextmanager
+    def collective(self, kind: str, **desc):
+        """Number the next collective, check ranks agree on it, yield its data tag."""
+        seq, self._seq = self._seq, self._seq + 1
+        try:
+            agree(self, seq, kind, **desc)
+            yield self._tag(_DATA, seq)
+        except (ChannelError, TimeoutError, ConnectionError) as e:
+            raise self._failure(f"{kind} #{seq}", e) from e
+
+    def call(self, fn, *args, async_op: bool = False):
+        """Run fn(*args) now, or in order on the group's thread; async returns a Work."""
+        with self._lock:
+            last = self._last
+            if async_op:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="mwrt-collective")
+                self._last = self._pool.submit(fn, *args)
+                return self._last
+        if last is not None and not last.done():
+            last.exception(timeout=self.timeout)  # keep program order after async calls
+        return fn(*args)
+
+    def close(self) -> None:
+        """Stop the group's async thread; the channel belongs to its creator."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # -- failures ------------------------------------------------------------------------
+
+    def _failure(self, what: str, e: BaseException) -> MwrtError:
+        self.broken = True
+        peer = getattr(e, "group_peer", None)
+        who = f"rank {self.ranks[peer]}" if peer is not None else "a peer"
+        me = f"{what} on {self.name}, rank {self.channel.rank}"
+        if isinstance(e, ChannelClosedError):
+            text = f"{me}: {who} closed its connection or died ({e})"
+        elif isinstance(e, TimeoutError):
+            text = f"{me}: timed out after {self.timeout} s waiting for {who} ({e})"
+        else:
+            text = f"{me}: {e}"
+        gone = self._gone_ranks()
+        if gone:
+            text += f"; ranks {gone} have exited (their processes are gone)"
+        reports = self._exchange_reports(f"rank {self.channel.rank}: {who} failed in {what}")
+        if reports:
+            text += "; reported by others: " + " | ".join(reports)
+        text += "; check the logs of those ranks"
+        cls = type(e) if isinstance(e, ChannelError) else (
+            ChannelTimeoutError if isinstance(e, TimeoutError) else ChannelClosedError)
+        err = cls(text)
+        err.peer = self.ranks[peer] if peer is not None else None
+        return err
+
+    def _gone_ranks(self) -> list[int]:
+        """Ranks on this host whose process no longer runs (a zombie counts as gone)."""
+        here, gone = socket.gethostname(), []
+        for rank, (host, pid) in sorted(self.peers.items()):
+            if host == here and rank in self.ranks and not _alive(pid):
+                gone.append(rank)
+        return gone
+
+    def _exchange_reports(self, mine: str) -> list[str]:
+        """Leave our report in the store and read the others' (best effort: it may be gone)."""
+        if self.store is None:
+            return []
+        try:
+            n = self.store.add(f"{self.prefix}/failures", 1)
+            self.store.set(f"{self.prefix}/failure/{n}", mine)
+            return [self.store.get(f"{self.prefix}/failure/{i}", timeout=1.0).decode()
+                    for i in range(1, n)]
+        except (MwrtError, OSError):
+            return ["(the store is unreachable: rank 0, which serves it, may be gone)"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+    except OSError:
+        return True  # no /proc: assume alive rather than accuse
+
+
+__all__ = ["ProcessGroup"]

@@ -1,0 +1,100 @@
+"""Run a function on every rank of a group: threads over inproc, processes over real channels."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import threading
+import traceback
+
+from mwrt import channels
+from mwrt.group import ProcessGroup
+from mwrt.rendezvous import FileStore, HashStore, rendezvous
+
+def available(name: str) -> bool:
+    """True if channel `name` can be imported (the tcp/shm channels may not be merged yet)."""
+    try:
+        channels.get(name)
+        return True
+    except Exception:
+        return False
+
+
+def run_ranks(backend: str, n: int, fn, *args, timeout: float = 5.0, join: float = 60.0,
+              errors: bool = False, **group_kw) -> list:
+    """Call fn(group, rank, *args) on n ranks; return the results, raise the first error.
+
+    With errors=True, return each rank's result or exception instead of raising.
+    """
+    if backend == "inproc":
+        results, errs = _threads(n, fn, args, timeout, join, group_kw)
+    else:
+        results, errs = _processes(backend, n, fn, args, timeout, join, group_kw)
+    if errors:
+        return [e if e is not None else v for v, e in zip(results, errs)]
+    for r, e in enumerate(errs):
+        if e is not None:
+            raise RuntimeError(f"rank {r} failed: {e}") from e
+    return results
+
+
+def _threads(n, fn, args, timeout, join, group_kw):
+    store = HashStore(timeout=timeout)
+    chans = [channels.create("inproc", r, n, store=store, timeout=timeout) for r in range(n)]
+    results, errors = [None] * n, [None] * n
+
+    def body(r):
+        try:
+            results[r] = fn(ProcessGroup(chans[r], store=store, **group_kw), r, *args)
+        except BaseException as e:  # noqa: BLE001 - reported to the test below
+            errors[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join)
+    for c in chans:
+        c.close()
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"ranks still running after {join} s")
+    return results, errors
+
+
+def _child(backend, n, r, path, fn, args, timeout, group_kw, queue):
+    try:
+        store = FileStore(path, n, timeout=timeout)
+        peers = rendezvous(store, r, n, prefix="t", timeout=timeout)
+        chan = channels.create(backend, r, n, store=store, prefix="t", timeout=timeout)
+        try:
+            group = ProcessGroup(chan, store=store, prefix="t", peers=peers, **group_kw)
+            queue.put((r, "ok", fn(group, r, *args)))
+        finally:
+            chan.close()
+            store.close()
+    except BaseException as e:  # noqa: BLE001 - sent to the parent
+        queue.put((r, "err", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def _processes(backend, n, fn, args, timeout, join, group_kw):
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_child, args=(backend, n, r, path, fn, args, timeout,
+                                                    group_kw, queue)) for r in range(n)]
+        for p in procs:
+            p.start()
+        results, errors = [None] * n, [None] * n
+        try:
+            for _ in range(n):
+                r, status, value = queue.get(timeout=join)
+                (results if status == "ok" else errors)[r] = value
+        finally:
+            for p in procs:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+    return results, [RuntimeError(e) if e else None for e in errors]

@@ -1,0 +1,230 @@
+"""One test body per collective, run over every channel, world sizes 1..4 and several dtypes."""
+
+from __future__ import annotations
+
+from functools import reduce as fold
+
+import numpy as np
+import pytest
+
+from mwrt import collectives as C
+from mwrt.errors import CollectiveMismatchError
+from mwrt.reduce_ops import ReduceOp
+from ranks import available, run_ranks
+
+pytestmark = pytest.mark.timeout(90)
+
+DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint8]
+COUNTS = [0, 1, 5, 37]
+# (small_bytes, segment_bytes): latency algorithms; rings with one segment; rings with many
+PATHS = [(1 << 20, 1 << 20), (0, 1 << 20), (0, 8)]
+OPS = {ReduceOp.SUM: np.add, ReduceOp.PRODUCT: np.multiply, ReduceOp.MIN: np.minimum,
+       ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
+       ReduceOp.BXOR: np.bitwise_xor, ReduceOp.AVG: np.add}
+
+
+
+def _skip(name):
+    return pytest.mark.skipif(not available(name), reason=f"channel {name!r} is not available")
+
+
+BACKENDS = ["inproc"] + [pytest.param(b, marks=_skip(b)) for b in ("tcp", "shm")]
+CASES = [("inproc", n) for n in (1, 2, 3, 4)] + [
+    pytest.param(b, n, marks=_skip(b)) for b in ("tcp", "shm") for n in (2, 3)]
+
+
+def data(rank, count, dtype, salt=0):
+    """Small positive values, so PRODUCT stays exact and bitwise ops are meaningful."""
+    return ((np.arange(count) * (rank + 3) + rank + salt) % 5 + 1).astype(dtype)
+
+
+def ops_for(dtype):
+    kind = np.dtype(dtype).kind
+    return [op for op in OPS if (op not in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+                                 or kind in "iub") and (op is not ReduceOp.AVG or kind == "f")]
+
+
+def cases():
+    for small, seg in PATHS:
+        for dtype in DTYPES:
+            for count in COUNTS:
+                yield small, seg, dtype, count
+
+
+def over_paths(g, body):
+    """Run body(small, seg, dtype, count) for every case; return the list of results."""
+    out = []
+    for small, seg, dtype, count in cases():
+        g.small_bytes, g.segment_bytes = small, seg
+        out.append(body(dtype, count))
+    return out
+
+
+def expected_reduce(op, n, count, dtype):
+    value = fold(lambda a, b: OPS[op](a, b), [data(r, count, dtype) for r in range(n)])
+    return value / n if op is ReduceOp.AVG else value
+
+
+def close(a, b):
+    if np.dtype(a.dtype).kind == "f":
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+# -- bodies (module level: processes need to pickle them) ----------------------------------
+
+
+def _all_reduce(g, r):
+    def body(dtype, count):
+        res = {}
+        for op in ops_for(dtype):
+            a = data(r, count, dtype)
+            C.all_reduce(g, a, op)
+            res[op] = a
+        return res
+    return over_paths(g, body)
+
+
+@pytest.mark.parametrize("backend,n", CASES)
+def test_all_reduce(backend, n):
+    results = run_ranks(backend, n, _all_reduce)
+    for i, (small, seg, dtype, count) in enumerate(cases()):
+        for op, got in results[0][i].items():
+            close(got, expected_reduce(op, n, count, dtype))
+            for other in results[1:]:  # bitwise identical on every rank
+                assert other[i][op].tobytes() == got.tobytes(), (op, dtype, count, small, seg)
+
+
+def _rooted(g, r, kind):
+    def body(dtype, count):
+        res = []
+        for root in range(g.size):
+            a = data(r, count, dtype)
+            if kind == "broadcast":
+                C.broadcast(g, a, root)
+            else:
+                C.reduce(g, a, root, ReduceOp.MAX if dtype == np.uint8 else ReduceOp.SUM)
+            res.append(a)
+        return res
+    return over_paths(g, body)
+
+
+@pytest.mark.parametrize("kind", ["broadcast", "reduce"])
+@pytest.mark.parametrize("backend,n", CASES)
+def test_broadcast_and_reduce(backend, n, kind):
+    results = run_ranks(backend, n, _rooted, kind)
+    for i, (_, _, dtype, count) in enumerate(cases()):
+        for root in range(n):
+            if kind == "broadcast":
+                for r in range(n):
+                    close(results[r][i][root], data(root, count, dtype))
+            else:
+                op = ReduceOp.MAX if dtype == np.uint8 else ReduceOp.SUM
+                close(results[root][i][root], expected_reduce(op, n, count, dtype))
+
+
+def _gather_scatter(g, r):
+    def body(dtype, count):
+        n, res = g.size, []
+        for root in range(n):
+            out = np.zeros(n * count, dtype) if r == root else None
+            C.gather(g, data(r, count, dtype), out, root)
+            got = np.zeros(count, dtype)
+            src = np.concatenate([data(p, count, dtype, 1) for p in range(n)]) if r == root else None
+            C.scatter(g, got, src, root)
+            res.append((out, got))
+        return res
+    return over_paths(g, body)
+
+
+@pytest.mark.parametrize("backend,n", CASES)
+def test_gather_and_scatter(backend, n):
+    results = run_ranks(backend, n, _gather_scatter)
+    for i, (_, _, dtype, count) in enumerate(cases()):
+        for root in range(n):
+            close(results[root][i][root][0], np.concatenate([data(p, count, dtype) for p in range(n)]))
+            for r in range(n):
+                close(results[r][i][root][1], data(r, count, dtype, 1))
+
+
+def _all_gather_family(g, r):
+    def body(dtype, count):
+        n = g.size
+        gathered = np.zeros(n * count, dtype)
+        C.all_gather(g, gathered, data(r, count, dtype))
+        scattered = np.zeros(count, dtype)
+        src = np.concatenate([data(r, count, dtype, p) for p in range(n)])
+        C.reduce_scatter(g, scattered, src, ReduceOp.MAX)
+        exchanged = np.zeros(n * count, dtype)
+        C.all_to_all(g, exchanged, src)
+        C.barrier(g)
+        return gathered, scattered, exchanged
+    return over_paths(g, body)
+
+
+@pytest.mark.parametrize("backend,n", CASES)
+def test_all_gather_reduce_scatter_all_to_all(backend, n):
+    results = run_ranks(backend, n, _all_gather_family)
+    for i, (_, _, dtype, count) in enumerate(cases()):
+        for r in range(n):
+            gathered, scattered, exchanged = results[r][i]
+            close(gathered, np.concatenate([data(p, count, dtype) for p in range(n)]))
+            close(scattered, fold(np.maximum, [data(p, count, dtype, r) for p in range(n)]))
+            close(exchanged, np.concatenate([data(p, count, dtype, r) for p in range(n)]))
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def _mismatch(g, r, field):
+    a = np.zeros(4, np.float32)
+    if r == 1:
+        a = {"dtype": np.zeros(4, np.float64), "shape": np.zeros(5, np.float32)}.get(field, a)
+    op = ReduceOp.MAX if (r == 1 and field == "op") else ReduceOp.SUM
+    if field == "kind" and r == 1:
+        C.broadcast(g, a, 0)
+    else:
+        C.all_reduce(g, a, op)
+    C.all_reduce(g, np.ones(3), ReduceOp.SUM)  # the group stays usable after a clean call
+
+
+@pytest.mark.parametrize("field,needle", [("dtype", "float64[4]"), ("shape", "float32[5]"),
+                                          ("op", "op=MAX"), ("kind", "broadcast")])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mismatch_raises_on_every_rank(backend, field, needle):
+    errors = run_ranks(backend, 3, _mismatch, field, errors=True)
+    for r, e in enumerate(errors):
+        assert isinstance(e, (CollectiveMismatchError, RuntimeError)), (r, e)
+        assert "CollectiveMismatchError" in repr(type(e)) or "disagree" in str(e)
+        assert needle in str(e) and "rank 1" in str(e) and "ranks 0, 2" in str(e), str(e)
+
+
+def test_bad_arguments_are_errors_not_hangs():
+    def body(g, r):
+        with pytest.raises(TypeError, match="needs an integer"):
+            C.all_reduce(g, np.ones(3), ReduceOp.BXOR)
+        with pytest.raises(TypeError, match="needs a floating"):
+            C.all_reduce(g, np.ones(3, np.int32), ReduceOp.AVG)
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            C.all_reduce(g, np.ones((4, 4))[:, 1])
+        with pytest.raises(ValueError, match="root must be"):
+            C.broadcast(g, np.ones(3), 7)
+        with pytest.raises(ValueError, match="wrong size"):
+            C.all_gather(g, np.ones(3), np.ones(3))
+    run_ranks("inproc", 2, body)
+
+
+def _dies(g, r, victim):
+    if r == victim:
+        return "left"  # the harness closes this rank's channel: as if it died
+    a = np.ones(64, np.float32)
+    C.all_reduce(g, a)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dead_rank_is_named_by_every_survivor(backend):
+    errors = run_ranks(backend, 3, _dies, 2, timeout=2.0, errors=True)
+    assert errors[2] == "left"
+    for r in (0, 1):
+        assert "all_reduce" in str(errors[r]) and "rank 2" in str(errors[r]), str(errors[r])

@@ -1,0 +1,194 @@
+"""The torch.distributed-shaped facade, spawn and mwrt-launch, end to end in real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import mwrt.distributed as dist
+from ranks import available
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKENDS = [b for b in ("tcp", "shm") if available(b)]
+
+
+def _facade(rank, backend):
+    dist.init_process_group(backend, timeout=10)
+    n = dist.get_world_size()
+    assert (dist.get_rank(), dist.get_backend(), dist.is_initialized()) == (rank, backend, True)
+    a = np.full(5, rank + 1, np.int64)
+    dist.all_reduce(a, op=dist.ReduceOp.MAX)
+    assert (a == n).all()
+    b = np.arange(4.0) if rank == 1 else np.zeros(4)
+    dist.broadcast(b, src=1)
+    assert (b == np.arange(4.0)).all()
+    out = [np.zeros(2, np.float32) for _ in range(n)]
+    dist.all_gather(out, np.full(2, rank, np.float32))
+    assert [int(o[0]) for o in out] == list(range(n))
+    got = np.zeros(3)
+    dist.scatter(got, [np.full(3, i * 10.0) for i in range(n)] if rank == 0 else None, src=0)
+    assert (got == rank * 10).all()
+    gl = [np.zeros(3) for _ in range(n)] if rank == 2 else None
+    dist.gather(got, gl, dst=2)
+    if rank == 2:
+        assert [g[0] for g in gl] == [i * 10.0 for i in range(n)]
+    rs = np.zeros(2)
+    dist.reduce_scatter(rs, [np.full(2, float(i)) for i in range(n)])
+    assert (rs == rank * n).all()
+    a2a = [np.zeros(1) for _ in range(n)]
+    dist.all_to_all(a2a, [np.full(1, rank * 100.0 + p) for p in range(n)])
+    assert [x[0] for x in a2a] == [p * 100.0 + rank for p in range(n)]
+    # point-to-point around a ring, blocking and async
+    right, left = (rank + 1) % n, (rank - 1) % n
+    buf = np.zeros(3)
+    send = dist.isend(np.full(3, float(rank)), right, tag=7)
+    dist.irecv(buf, left, tag=7).wait()
+    send.wait()
+    assert (buf == left).all()
+    # async collectives keep program order; a subgroup without rank 2
+    w = dist.all_reduce(c := np.ones(4), async_op=True)
+    sub = dist.new_group([0, 1])
+    if rank < 2:
+        s = np.ones(1)
+        dist.all_reduce(s, group=sub)
+        assert s[0] == 2 and dist.get_rank(sub) == rank
+    else:
+        assert sub is dist.GroupMember.NON_GROUP_MEMBER and dist.all_reduce(np.ones(1), group=sub) is None
+    w.wait()
+    assert (c == n).all()
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": r} for r in range(n)]
+    lst = [rank, "x"] if rank == 0 else [None, None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == [0, "x"]
+    dist.barrier()
+    dist.destroy_process_group()
+    dist.init_process_group(backend, timeout=10)  # re-init after destroy works
+    a = np.ones(2)
+    dist.all_reduce(a)
+    assert (a == n).all()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_facade_end_to_end(backend):
+    dist.spawn(_facade, args=(backend,), nprocs=3, timeout=50)
+
+
+def _fails(rank):
+    dist.init_process_group("tcp", timeout=10)
+    if rank == 1:
+        raise ValueError("rank one is unhappy")
+    dist.all_reduce(np.ones(3))  # survivors are stopped by spawn, or fail on rank 1's absence
+
+
+def test_spawn_names_the_failing_rank_and_its_traceback():
+    with pytest.raises(dist.RankFailedError, match="rank 1 exited with code 1") as info:
+        dist.spawn(_fails, nprocs=3, timeout=40)
+    assert "rank one is unhappy" in str(info.value) and info.value.rank == 1
+
+
+def _dies_mid_collective(rank, queue):
+    dist.init_process_group("tcp", timeout=3)
+    if rank == 2:
+        os._exit(3)  # a crash: no close, no goodbye
+    try:
+        dist.all_reduce(np.ones(1 << 16, np.float32))
+        queue.put((rank, "no error"))
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, str(e)))
+
+
+def test_a_dying_rank_is_named_by_every_survivor():
+    import multiprocessing as mp
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    context = dist.spawn(_dies_mid_collective, args=(queue,), nprocs=3, join=False)
+    procs = context.processes
+    try:
+        for p in procs:
+            p.join(30)
+        got = dict(queue.get() for _ in range(2))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    for rank in (0, 1):
+        assert "rank 2" in got[rank], got[rank]
+
+
+def test_init_errors():
+    with pytest.raises(RuntimeError, match="not initialized"):
+        dist.get_rank()
+    with pytest.raises(Exception, match="ranks \\[1\\] of world size 2 did not join"):
+        dist.init_process_group("tcp", init_method="tcp://127.0.0.1:0", rank=0, world_size=2,
+                                timeout=0.5)
+    assert not dist.is_initialized()
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, numpy as np
+    import mwrt.distributed as dist
+    dist.init_process_group("tcp", timeout=10)
+    a = np.ones(3) * dist.get_rank()
+    dist.all_reduce(a)
+    print("sum", a[0], "local", __import__("os").environ["LOCAL_RANK"], flush=True)
+    if len(sys.argv) > 1 and dist.get_rank() == int(sys.argv[1]):
+        print("about to fail", flush=True)
+        sys.exit(5)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def _launch(tmp_path, *args):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
+                           "2", str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=50)
+
+
+def test_launcher_runs_ranks_with_prefixed_output(tmp_path):
+    res = _launch(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "[rank 0] sum 1.0 local 0" in res.stdout and "[rank 1] sum 1.0 local 1" in res.stdout
+
+
+def test_launcher_reports_a_failing_rank(tmp_path):
+    res = _launch(tmp_path, "1")
+    assert res.returncode == 5
+    assert "rank 1" in res.stderr and "exited with code 5" in res.stderr
+    assert "[rank 1] about to fail" in res.stderr
+
+
+def test_launcher_reads_slurm_variables():
+    from mwrt.distributed.launch import _parse, first_host, plan
+
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+           "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_NODELIST": "gpu[03-04]", "SLURM_JOB_ID": "77"}
+    (e,) = plan(_parse(["x.py"]), env)
+    assert (e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) == ("5", "8", "1", "4")
+    assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == ("gpu03", "29577")
+    assert first_host("a1,b2") == "a1"
+
+
+EXAMPLES = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_runs_under_the_launcher(example):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
+                          "2", os.path.join(ROOT, "examples", example)], capture_output=True,
+                         text=True, env=env, timeout=50, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "[rank 0]" in res.stdout

@@ -1,0 +1,142 @@
+"""Stores (Hash, TCP, File) under one contract, init methods, and rendezvous errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from mwrt.errors import RendezvousError, RendezvousTimeoutError
+from mwrt.rendezvous import FileStore, HashStore, TCPStore, rendezvous, store_from_url
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(params=["hash", "tcp", "file"])
+def store(request, tmp_path):
+    if request.param == "hash":
+        s = HashStore(timeout=2)
+    elif request.param == "tcp":
+        s = TCPStore("127.0.0.1", 0, is_master=True, timeout=2)
+    else:
+        s = FileStore(str(tmp_path / "store"), timeout=2)
+    yield s
+    s.close()
+
+
+def test_store_contract(store):
+    store.set("a", b"1")
+    assert store.get("a") == b"1"
+    assert store.add("n", 2) == 2 and store.add("n", 3) == 5
+    assert store.compare_set("c", b"", b"x") == b"x"
+    assert store.compare_set("c", b"y", b"z") == b"x"  # wrong expectation: unchanged
+    assert store.compare_set("c", b"x", b"z") == b"z"
+    assert store.check(["a", "c"]) and not store.check(["a", "missing"])
+    assert store.delete_key("a") and not store.check(["a"])
+    with pytest.raises(RendezvousTimeoutError, match="missing"):
+        store.wait(["never"], timeout=0.2)
+
+
+def test_get_waits_for_a_key_set_later(store):
+    threading.Timer(0.2, store.set, ("late", "v")).start()
+    assert store.get("late", timeout=2) == b"v"
+
+
+def test_tcp_store_across_clients_and_port_in_use():
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=2)
+    try:
+        client = TCPStore("127.0.0.1", master.port, timeout=2)
+        client.set("k", "v")
+        assert master.get("k") == b"v"
+        client.close()
+        with pytest.raises(RendezvousError, match=f"port {master.port}"):
+            TCPStore("127.0.0.1", master.port, is_master=True, timeout=2)
+    finally:
+        master.close()
+
+
+def test_tcp_store_unreachable_names_the_address():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RendezvousTimeoutError, match=f"127.0.0.1:{port}"):
+        TCPStore("127.0.0.1", port, timeout=0.3)
+
+
+def test_file_store_removes_its_file_when_the_last_user_closes(tmp_path):
+    path = str(tmp_path / "f")
+    a, b = FileStore(path, 2), FileStore(path, 2)
+    a.set("x", "1")
+    assert b.get("x") == b"1"
+    a.close()
+    assert os.path.exists(path)
+    b.close()
+    assert not os.path.exists(path)
+
+
+def test_init_methods(tmp_path, monkeypatch):
+    store, rank, size = store_from_url(f"file://{tmp_path}/s", 0, 1)
+    assert (rank, size) == (0, 1)
+    store.close()
+    store, rank, size = store_from_url("tcp://127.0.0.1:0", 0, 1, timeout=2)
+    store.close()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    store, rank, size = store_from_url("env://", timeout=2)
+    assert (rank, size) == (0, 1)
+    store.close()
+    with pytest.raises(RendezvousError, match="unknown scheme"):
+        store_from_url("udp://x:1", 0, 1)
+    monkeypatch.delenv("RANK")
+    with pytest.raises(RendezvousError, match="RANK is not set"):
+        store_from_url("env://")
+
+
+def _rank(store, rank, size, out, timeout=1.0):
+    try:
+        out[rank] = rendezvous(store, rank, size, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - checked by the test
+        out[rank] = e
+
+
+def test_rendezvous_lists_missing_ranks():
+    store, out = HashStore(), {}
+    threads = [threading.Thread(target=_rank, args=(store, r, 4, out)) for r in (0, 2)]
+    t0 = time.monotonic()
+    [t.start() for t in threads]
+    [t.join(5) for t in threads]
+    assert time.monotonic() - t0 < 3
+    for r in (0, 2):
+        assert isinstance(out[r], RendezvousTimeoutError)
+        assert "ranks [1, 3] of world size 4" in str(out[r])
+
+
+def test_rendezvous_rejects_a_duplicate_rank_naming_both_hosts():
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=2)
+    other = TCPStore("127.0.0.1", master.port, timeout=2)
+    try:
+        out = {}
+        waiting = threading.Thread(target=_rank, args=(master, 0, 2, out, 5.0))
+        waiting.start()
+        with pytest.raises(RendezvousError, match="claimed twice") as info:
+            rendezvous(other, 0, 2, timeout=2)
+        host = socket.gethostname()
+        assert str(info.value).count(host) == 2
+        waiting.join(5)
+        assert isinstance(out[0], RendezvousError)  # rejected at once, not after 5 s
+    finally:
+        other.close()
+        master.close()
+
+
+def test_rendezvous_returns_hosts_and_pids():
+    store, out = HashStore(), {}
+    threads = [threading.Thread(target=_rank, args=(store, r, 2, out)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(5) for t in threads]
+    assert out[0] == out[1] == {r: (socket.gethostname(), os.getpid()) for r in range(2)}
