@@ -13,8 +13,9 @@ import uuid
 import numpy as np
 import zmq
 
-from . import auth, config
+from . import auth, channels, config, wire
 from .client import Node
+from .rendezvous import TCPStore
 from .errors import ConfigError, MwrtError
 from .local import LocalWorker
 
@@ -36,9 +37,12 @@ class Cluster:
         self.local = local
         self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
+        self._channel_lock = threading.Lock()
+        self.store = self._channel = None
         try:
             for node in self.nodes:
                 node.connect(timeout)
+            self._join_data_channel()
         except BaseException:
             self.close(goodbye=False)
             raise
@@ -46,6 +50,35 @@ class Cluster:
 
         self.heartbeat = Heartbeat(self)
         self.heartbeat.start()
+
+    def _join_data_channel(self) -> None:
+        """Serve the rendezvous store and tell every node how to join the data channel."""
+        self.store = TCPStore(config.get("master_addr"), 0, is_master=True)
+        name = config.get("channel")
+        if name == "auto":
+            same_host = all(n.info.hostname == socket.gethostname() for n in self.nodes)
+            name = "shm" if same_host else "tcp"
+        channels.get(name)  # an unknown name fails here, naming the known ones
+        self.channel_name = name
+        address = f"{self.store.host}:{self.store.port}"
+        for node in self.nodes:
+            node.issue((wire.code(wire.Join), next(node.ids), address, self.session_id,
+                        len(self.nodes) + 1, name))
+            node.flush()
+
+    @property
+    def master_rank(self) -> int:
+        """The master's rank in the data channel (nodes are ranks 0..N-1)."""
+        return len(self.nodes)
+
+    def channel(self):
+        """The master's end of the data channel, connected on first use."""
+        with self._channel_lock:
+            if self._channel is None:
+                self._channel = channels.create(
+                    self.channel_name, self.master_rank, len(self.nodes) + 1, store=self.store,
+                    prefix=self.session_id, key=self.keys.hmac_key if self.keys else None)
+            return self._channel
 
     def node(self, index: int) -> Node:
         """Node `index`, with an error naming the valid range."""
@@ -61,6 +94,9 @@ class Cluster:
             node.close(goodbye=goodbye and node.info is not None)
         if heartbeat is not None:
             heartbeat.stop()
+        for closeable in (self._channel, self.store):
+            if closeable is not None:
+                closeable.close()
         for worker in self.local:
             worker.stop()
         self.context.term()

@@ -35,7 +35,11 @@ SETTINGS = {
                                "largest command frame a daemon accepts"),
     "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", 1 << 36, int,
                                 "largest tensor one command may create"),
-    "channel": Setting("MWRT_CHANNEL", "tcp", str, "data channel between workers"),
+    "channel": Setting("MWRT_CHANNEL", "auto", str,
+                       "data channel of master-worker mode: auto (shm when every node is on "
+                       "the master's host, else tcp), or a registered channel name"),
+    "master_addr": Setting("MWRT_MASTER_ADDR", "127.0.0.1", str,
+                           "address workers reach the master's rendezvous store at"),
     "channel_timeout": Setting("MWRT_CHANNEL_TIMEOUT", 300.0, float,
                                "seconds a data-channel send/recv waits"),
     "rendezvous_timeout": Setting("MWRT_RENDEZVOUS_TIMEOUT", 300.0, float,

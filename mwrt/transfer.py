@@ -1,6 +1,13 @@
-"""Moving bytes: master to worker (dist_send), worker to master (numpy), between places (to)."""
+"""Moving bytes: master to worker (dist_send), worker to master (numpy), between places (to).
+
+Arrays up to `MWRT_INLINE_BYTES` ride beside the command as ZeroMQ frames. Larger ones
+go over the session's data channel: straight into a preallocated array on the other
+side, and between two workers directly, the master only sending the two commands.
+"""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -9,7 +16,10 @@ from .arrays import as_dtype
 from .cluster import current
 from .ops import Spec
 
-_PUT, _GET = wire.code(wire.Put), wire.code(wire.Get)
+_PUT, _GET, _CALL = wire.code(wire.Put), wire.code(wire.Get), wire.code(wire.Call)
+_SEND, _RECV = wire.code(wire.SendTo), wire.code(wire.RecvFrom)
+_TRANSFER_SPACE = 3 << 56  # channel tags of transfers; collectives use spaces 0-2
+_TAGS = itertools.count(1)
 
 
 def put(array, node: int | None = None, device: int | None = None):
@@ -21,38 +31,64 @@ def put(array, node: int | None = None, device: int | None = None):
                         "wrap data with np.asarray first")
     array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
     as_dtype(array.dtype)
-    target = current().node(context.current_node() if node is None else node)
+    cluster = current()
+    target = cluster.node(context.current_node() if node is None else node)
     device = context.current_device() if device is None else device
     stream = context.stream_for(target.index, device)
     tensor = DistributedTensor(target, device, next(target.ids), Spec(array.shape, array.dtype),
                                stream)
     payload = array.reshape(-1).view(np.uint8) if array.size else b""
-    target.issue((_PUT, next(target.ids), stream, tensor._id, array.shape, array.dtype.str,
-                  device, -1), frame=payload)
-    if array.nbytes > config.get("inline_bytes"):
-        target.wait_sent(config.get("sync_timeout"))  # the caller may reuse its array at once
+    if array.nbytes <= config.get("inline_bytes"):
+        target.issue((_PUT, next(target.ids), stream, tensor._id, array.shape,
+                      array.dtype.str, device, -1), frame=payload)
+        return tensor
+    tag = _TRANSFER_SPACE | next(_TAGS)
+    target.issue((_RECV, next(target.ids), stream, tensor._id, array.shape, array.dtype.str,
+                  device, cluster.master_rank, tag))
+    target.flush()
+    cluster.channel().send(payload, target.index, tag)  # returns when `array` may be reused
     return tensor
 
 
 def fetch(tensor) -> np.ndarray:
-    """Copy a tensor's contents to the master; a sync point of its stream."""
+    """Copy a tensor's contents to the master; a sync point of the stream that made it."""
     node = tensor._node
-    reply, frames = node.request((_GET, next(node.ids), tensor._streams[0], tensor._id),
-                                 f"numpy() of tensor {tensor._id}")
-    shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
-    if tensor._spec is None:
-        tensor._spec = Spec(shape, dtype)
-    return np.frombuffer(frames[0], dtype=dtype).reshape(shape).copy()
+    if tensor._spec is None or tensor.nbytes <= config.get("inline_bytes"):
+        reply, frames = node.request((_GET, next(node.ids), tensor._streams[0], tensor._id),
+                                     f"numpy() of tensor {tensor._id}")
+        shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
+        if tensor._spec is None:
+            tensor._spec = Spec(shape, dtype)
+        return np.frombuffer(frames[0], dtype=dtype).reshape(shape).copy()
+    cluster = current()
+    tag = _TRANSFER_SPACE | next(_TAGS)
+    # The worker answers before it sends: an error (a failed op) arrives instead of bytes.
+    node.request((_SEND, next(node.ids), tensor._streams[0], tensor._id, cluster.master_rank,
+                  tag), f"numpy() of tensor {tensor._id}")
+    out = np.empty(tensor.shape, tensor.dtype)
+    cluster.channel().recv(out.reshape(-1).view(np.uint8), node.index, tag)
+    return out
 
 
 def move(tensor, node_index: int, device: int):
     """`tensor` on (node_index, device): same place is itself; else a copy made there."""
+    from .tensor import DistributedTensor
+
     if node_index == tensor._node.index and device == tensor._device:
         return tensor
-    if node_index == tensor._node.index:
+    source = tensor._node
+    if node_index == source.index:
         return _to_device(tensor, device)
-    # Between nodes: through the master until the data channel carries it directly.
-    return put(fetch(tensor), node_index, device)
+    target = current().node(node_index)
+    stream = context.stream_for(target.index, device)
+    out = DistributedTensor(target, device, next(target.ids), tensor.spec, stream)
+    tag = _TRANSFER_SPACE | next(_TAGS)
+    # Worker to worker over the data channel: the master only sends the two commands.
+    source.issue((_SEND, next(source.ids), tensor._streams[0], tensor._id, target.index, tag,
+                  -1))
+    target.issue((_RECV, next(target.ids), stream, out._id, tensor.shape, tensor.dtype.str,
+                  device, source.index, tag))
+    return out
 
 
 def _to_device(tensor, device: int):
@@ -62,6 +98,6 @@ def _to_device(tensor, device: int):
     node = tensor._node
     stream = context.stream_for(node.index, device)
     out = DistributedTensor(node, device, next(node.ids), tensor.spec, stream)
-    node.issue((wire.code(wire.Call), next(node.ids), stream, (out._id,), "to_device",
-                (wire.Ref(tensor._id), device), {}))
+    node.issue((_CALL, next(node.ids), stream, (out._id,), "to_device", (tensor._ref, device),
+                {}))
     return out

@@ -213,6 +213,65 @@ class Profile:
 
 
 @dataclass(frozen=True, slots=True)
+class Join:
+    """The session's data channel: rendezvous store, key prefix, size, channel name.
+
+    The master is the last rank (`world` - 1); node i is rank i.
+    """
+
+    id: int
+    store: str
+    prefix: str
+    world: int
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendTo:
+    """Send tensor `ref` to channel rank `peer` with `tag`; token >= 0: say Done first."""
+
+    id: int
+    stream: int
+    ref: int
+    peer: int
+    tag: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecvFrom:
+    """Receive tensor `out` (shape, dtype, device) from channel rank `peer` with `tag`."""
+
+    id: int
+    stream: int
+    out: int
+    shape: tuple
+    dtype: str
+    device: int
+    peer: int
+    tag: int
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """Run collective `kind` over the nodes `ranks` (group `group`) on tensor `ref`.
+
+    `args` holds the collective's options (op, root); `out`, when not -1, names a new
+    tensor of `out_shape` for collectives that make one (all_gather, gather, scatter).
+    """
+
+    id: int
+    stream: int
+    kind: str
+    group: int
+    ranks: tuple
+    ref: int
+    args: dict
+    out: int
+    out_shape: tuple
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     """Report live tensors and bytes of this session."""
 
@@ -277,7 +336,8 @@ class Fired:
 
 
 MESSAGES = [Hello, Bye, Ping, Create, Put, Call, Remote, Free, Get, Meta, Sync, Query,
-            NewStream, Record, WaitEvent, EventQuery, EventDone, Profile, Stats,
+            NewStream, Record, WaitEvent, EventQuery, EventDone, Profile, Join, SendTo, RecvFrom,
+            Collective, Stats,
             Welcome, Pong, Done, Data, Failed, Fired]
 CODES = {cls: code for code, cls in enumerate(MESSAGES)}
 _FIELDS = [tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES]

@@ -32,7 +32,7 @@ _REFUSALS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOC
 _FAST_SYNC = (wire.Get, wire.Meta, wire.Sync)
 _INLINE_LIMIT = 64 << 10  # bytes the socket thread may copy into a reply itself
 _SOCKET_COMMANDS = (wire.Hello, wire.Bye, wire.Ping, wire.NewStream, wire.Query,
-                    wire.EventQuery, wire.EventDone, wire.Profile, wire.Stats)
+                    wire.EventQuery, wire.EventDone, wire.Profile, wire.Join, wire.Stats)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -251,6 +251,10 @@ class Daemon:
             trace, session.trace = session.trace, ([] if command.on else None)
             if not command.on:
                 self.send(identity, wire.Done(command.token, trace or []))
+        elif isinstance(command, wire.Join):
+            from .data import SessionData
+
+            session.data = SessionData(session, command)
         elif isinstance(command, wire.Stats):
             self.send(identity, wire.Done(command.token, session.stats()))
         return session

@@ -20,8 +20,9 @@ log = logging.getLogger("mwrt.worker")
 
 DEFAULT_STREAM_LIMIT = 1 << 20  # ids below are default streams (id == device)
 _SYNC_POINTS = (wire.Get, wire.Meta, wire.Sync)
-# Run even after an error: sync points report it, frees and records must not be lost.
-_ALWAYS_RUN = (*_SYNC_POINTS, wire.Free, wire.Record)
+# Run even after an error: sync points report it, frees and records must not be lost, and
+# a send tells its receiver that nothing is coming.
+_ALWAYS_RUN = (*_SYNC_POINTS, wire.Free, wire.Record, wire.SendTo)
 
 
 class StreamExecutor:
@@ -98,8 +99,9 @@ class StreamExecutor:
                           handlers.arg_shapes(self, command)))
 
     def _fail(self, command, info: dict) -> None:
-        if isinstance(command, _SYNC_POINTS):
-            self.reply(wire.Failed(command.token, info))
+        token = getattr(command, "token", -1)
+        if token >= 0:  # the master waits on this command: the error is its answer
+            self.reply(wire.Failed(token, info))
             return
         self.error = info
         handlers.poison(self, command, info)

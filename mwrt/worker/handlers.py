@@ -51,7 +51,7 @@ def store(ex, out: int, value) -> None:
     ex.session.tensors[out] = value
 
 
-def _check_size(shape, dtype) -> None:
+def check_size(shape, dtype) -> None:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     limit = config.get("max_tensor_bytes")
     if nbytes > limit:
@@ -61,7 +61,7 @@ def _check_size(shape, dtype) -> None:
 
 def create(ex, cmd, frames):
     xp, dtype, shape = ex.xp, np.dtype(cmd.dtype), tuple(cmd.shape)
-    _check_size(shape, dtype)
+    check_size(shape, dtype)
     kind, args = cmd.kind, cmd.args
     if kind in ("empty", "zeros", "ones"):
         value = getattr(xp, kind)(shape, dtype)
@@ -84,7 +84,7 @@ def create(ex, cmd, frames):
 
 def put(ex, cmd, frames):
     dtype, shape = np.dtype(cmd.dtype), tuple(cmd.shape)
-    _check_size(shape, dtype)
+    check_size(shape, dtype)
     data = frames[cmd.frame]
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(data) != expected:
@@ -160,9 +160,12 @@ def wait_event(ex, cmd, frames):
         raise RuntimeError(f"wait_event: event {cmd.event} will never fire: {state.error}")
 
 
+from . import data  # noqa: E402  (its handlers use the helpers above)
+
 HANDLERS = {wire.Create: create, wire.Put: put, wire.Call: call, wire.Remote: remote,
             wire.Free: free, wire.Get: get, wire.Meta: meta, wire.Sync: sync,
-            wire.Record: record, wire.WaitEvent: wait_event}
+            wire.Record: record, wire.WaitEvent: wait_event, wire.SendTo: data.send_to,
+            wire.RecvFrom: data.recv_from, wire.Collective: data.collective}
 
 
 def op_name(command) -> str:

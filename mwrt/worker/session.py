@@ -35,6 +35,7 @@ class Session:
         self.last_seen = time.monotonic()
         self.last_seq = -1
         self.trace: list | None = None  # timeline slices while the master profiles
+        self.data = None  # the data channel's state, once the master sent a Join
         self.closed = False
 
     def stream(self, stream_id: int, device: int | None = None) -> StreamExecutor:
@@ -84,6 +85,8 @@ class Session:
         self.closed = True
         for executor in list(self.streams.values()):
             executor.stop()
+        if self.data is not None:
+            self.data.close()
         for state in list(self.events.values()):
             state.fired.set()  # release any stream waiting on an event of this session
         self.tensors.clear()

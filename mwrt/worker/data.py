@@ -1,0 +1,126 @@
+"""The session's data channel on a worker: transfers to and from other ranks, and collectives.
+
+Node i is channel rank i and the master is the last rank. The channel is made on first
+use from the rendezvous the master sent (Join): a store for addresses and the cluster's
+HMAC key from the worker's key file, so only ranks of this cluster can connect.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .. import arrays, channels, collectives, wire
+from ..errors import ChannelError
+from ..group import ProcessGroup
+from ..reduce_ops import ReduceOp
+from ..rendezvous import TCPStore
+
+
+class SessionData:
+    """A session's channel, store and process groups, made lazily and closed with it."""
+
+    def __init__(self, session, join: wire.Join):
+        self.session, self.join = session, join
+        self.lock = threading.Lock()
+        self.store = self.channel = None
+        self.groups: dict[int, ProcessGroup] = {}
+
+    def get_channel(self):
+        """The channel, connected to the master's store on first use."""
+        with self.lock:
+            if self.channel is None:
+                host, _, port = self.join.store.rpartition(":")
+                self.store = TCPStore(host, int(port))
+                keys = self.session.daemon.keys
+                self.channel = channels.create(
+                    self.join.channel, self.session.node, self.join.world, store=self.store,
+                    prefix=self.join.prefix, key=keys.hmac_key if keys else None)
+            return self.channel
+
+    def group(self, group_id: int, ranks: tuple) -> ProcessGroup:
+        """The process group of `ranks` (node numbers), one per group id."""
+        channel = self.get_channel()
+        with self.lock:
+            group = self.groups.get(group_id)
+            if group is None:
+                group = self.groups[group_id] = ProcessGroup(channel, list(ranks),
+                                                             group_id=group_id)
+            return group
+
+    def close(self) -> None:
+        for closeable in (self.channel, self.store):
+            if closeable is not None:
+                try:
+                    closeable.close()
+                except Exception:  # a peer already gone must not stop the session's close
+                    pass
+
+
+def _data(ex) -> SessionData:
+    data = ex.session.data
+    if data is None:
+        raise ChannelError(f"node {ex.session.node}: this session has no data channel (the "
+                           "master sent no Join)")
+    return data
+
+
+def send_to(ex, cmd, frames):
+    from .handlers import PoisonedInput, resolve
+
+    if cmd.token >= 0 and ex.raise_sticky(cmd.token):
+        return  # the master asked (numpy()): it gets the stream's error instead of bytes
+    try:
+        if ex.error is not None:
+            raise PoisonedInput(ex.error)
+        array = np.asarray(arrays.to_host(resolve(ex, wire.Ref(cmd.ref))), order="C")
+    except PoisonedInput:
+        if cmd.token < 0:  # another worker waits: tell it now that nothing is coming
+            _data(ex).get_channel().send(b"", cmd.peer, cmd.tag)
+        raise
+    if cmd.token >= 0:
+        ex.reply(wire.Done(cmd.token, None))  # the master posts its receive on this answer
+    _data(ex).get_channel().send(array.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
+
+
+def recv_from(ex, cmd, frames):
+    from .handlers import check_size, store
+
+    dtype = np.dtype(cmd.dtype)
+    check_size(cmd.shape, dtype)
+    host = np.empty(cmd.shape, dtype)
+    try:
+        _data(ex).get_channel().recv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
+    except ChannelError as exc:
+        if "got 0 bytes" in str(exc) and host.nbytes:
+            raise ChannelError(f"node {ex.session.node}: rank {cmd.peer} sent nothing for tag "
+                               f"{cmd.tag}: the op that made the tensor failed there, and its "
+                               "error is raised at that node's next sync point") from None
+        raise
+    store(ex, cmd.out, host if ex.device == arrays.HOST else ex.xp.asarray(host))
+
+
+def collective(ex, cmd, frames):
+    from .handlers import resolve, store
+
+    group = _data(ex).group(cmd.group, cmd.ranks)
+    array = resolve(ex, wire.Ref(cmd.ref)) if cmd.ref >= 0 else None
+    args = dict(cmd.args)
+    if "op" in args:
+        args["op"] = ReduceOp[args["op"]]
+    kind = cmd.kind
+    if kind in ("all_reduce", "broadcast", "reduce"):
+        getattr(collectives, kind)(group, array, **args)
+        return
+    out = np.empty(cmd.out_shape, args.pop("dtype")) if cmd.out >= 0 else None
+    if kind == "all_gather":
+        collectives.all_gather(group, out, array)
+    elif kind == "gather":
+        collectives.gather(group, array, out, **args)
+    elif kind == "scatter":
+        collectives.scatter(group, out, array, **args)
+    else:
+        raise ValueError(f"collective: unknown kind {kind!r}")
+    if out is not None:
+        store(ex, cmd.out, out)
