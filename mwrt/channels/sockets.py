@@ -45,10 +45,10 @@ _LINGER = 5.0  # seconds close() waits for peers to read what we sent
 class _Post:
     """A receive: the buffer to fill, and the future the caller waits on."""
 
-    __slots__ = ("view", "desc", "tag", "future", "cancelled")
+    __slots__ = ("view", "desc", "peer", "tag", "future", "cancelled")
 
-    def __init__(self, view, desc, tag):
-        self.view, self.desc, self.tag = view, desc, tag
+    def __init__(self, view, desc, peer, tag):
+        self.view, self.desc, self.peer, self.tag = view, desc, peer, tag
         self.future, self.cancelled = Future(), False
 
 
@@ -164,17 +164,10 @@ class SocketChannel(DataChannel):
     # -- sending -----------------------------------------------------------------------
 
     def _send(self, view, peer, tag, timeout, desc):
-        deadline = time.monotonic() + timeout
-        conn = self._out_conn(peer, deadline, timeout)
-        key = (peer, tag)
-        with self._cond:  # messages on one (peer, tag) must not interleave their segments
-            while key in self._busy_tags:
-                if not self._cond.wait(deadline - time.monotonic()):
-                    raise ChannelTimeoutError(
-                        f"{self.name} send rank {self.rank}->{peer} tag {tag}: another send on "
-                        f"this tag did not finish within {timeout} s")
-            self._busy_tags.add(key)
+        deadline, claimed = time.monotonic() + timeout, False
         try:
+            conn = self._out_conn(peer, deadline, timeout)
+            claimed = self._claim_tag(peer, tag, deadline)
             total, step, offset, head = view.nbytes, self.segment_bytes, 0, desc.encode()
             while True:
                 n = min(step, total - offset)
@@ -183,10 +176,24 @@ class SocketChannel(DataChannel):
                 offset, head = offset + n, b""
                 if offset >= total:
                     break
+        except ChannelTimeoutError as exc:
+            raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
+                                      ) from None
         finally:
-            with self._cond:
-                self._busy_tags.discard(key)
-                self._cond.notify_all()
+            if claimed:
+                with self._cond:
+                    self._busy_tags.discard((peer, tag))
+                    self._cond.notify_all()
+
+    def _claim_tag(self, peer, tag, deadline) -> bool:
+        # Messages on one (peer, tag) must not interleave their segments.
+        with self._cond:
+            while (peer, tag) in self._busy_tags:
+                if not self._cond.wait(max(deadline - time.monotonic(), 0)):
+                    raise ChannelTimeoutError(f"{self.name} send rank {self.rank}->{peer}: "
+                                              "another send on this tag is still running")
+            self._busy_tags.add((peer, tag))
+            return True
 
     def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
         """Write one frame on `conn`, converting socket errors to channel errors."""
@@ -260,7 +267,7 @@ class SocketChannel(DataChannel):
         return _PostWork(self, post, peer, self._timeout(timeout))
 
     def _post(self, view, peer, tag, desc) -> _Post:
-        post, copy_from = _Post(view, desc, tag), None
+        post, copy_from = _Post(view, desc, peer, tag), None
         with self._cond:
             box = self._boxes.setdefault((peer, tag), _Box())
             if box.arrived:
@@ -303,7 +310,7 @@ class SocketChannel(DataChannel):
 
     def _closed_error(self, peer, tag, got=None, total=None) -> ChannelError:
         where = f"{self.name} recv on rank {self.rank} from rank {peer} tag {tag}"
-        if self.closed and peer not in self._gone:
+        if self.closed:
             return ChannelError(f"{where}: this channel was closed while waiting")
         part = "" if got is None else f" after {got} of {total} bytes"
         return ChannelClosedError(f"{where}: rank {peer} {self._gone.get(peer, 'is gone')}"
@@ -469,7 +476,7 @@ class SocketChannel(DataChannel):
             inbound = list(self._inbound)
             self._cond.notify_all()
         for post in posts:
-            _resolve(post, self._closed_error(None, post.tag))
+            _resolve(post, self._closed_error(post.peer, post.tag))
         if self._listener is not None:
             self._shut(self._listener)
         self._close_outbound()
