@@ -55,8 +55,10 @@ SETTINGS = {
                                 "collective; 0: skip (saves one small exchange)"),
     "segment_bytes": Setting("MWRT_SEGMENT_BYTES", 4 << 20, int,
                              "large transfers and collectives move in segments of this size"),
-    "shm_slots": Setting("MWRT_SHM_SLOTS", 4, int,
-                         "shared-memory slots of segment_bytes per (sender, receiver) pair"),
+    "shm_slots": Setting("MWRT_SHM_SLOTS", 8, int,
+                         "shared-memory slots per (sender, receiver) pair of the shm channel"),
+    "shm_slot_bytes": Setting("MWRT_SHM_SLOT_BYTES", 1 << 20, int,
+                              "bytes per shm slot (at most segment_bytes); ~L2-sized is fastest"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC"),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }

@@ -283,6 +283,11 @@ def test_stray_connection_refused_then_served(caplog):
     assert any("refused a connection" in r.getMessage() for r in caplog.records)
 
 
+def test_tcp_refuses_open_bind_without_key():
+    with pytest.raises(ValueError, match="without a key"):
+        channels.create("tcp", 0, 2, store=HashStore(), host="0.0.0.0")
+
+
 def test_unknown_channel_lists_known():
     with pytest.raises(ValueError, match="known: inproc, shm, tcp"):
         channels.get("carrier-pigeon")
@@ -342,6 +347,8 @@ def test_killed_receiver_fails_blocked_send(name, connected, tmp_path):
         work = ch.isend(np.ones(64 << 20, np.uint8), 1)
         time.sleep(0.3)
         assert not work.is_completed()
+        with pytest.raises(ChannelTimeoutError, match=r"rank 0->1.*tag 2, timeout 0.3 s"):
+            ch.send(np.ones(1 << 20, np.uint8), 1, tag=2, timeout=0.3)
         child.kill()
         with pytest.raises(ChannelClosedError, match="rank 1") as info:
             work.wait(10)

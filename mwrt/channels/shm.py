@@ -3,7 +3,7 @@
 Control frames and small messages ride an abstract-namespace UNIX socket with the
 machinery of `sockets.py` (HMAC challenge included; no socket file to clean up).
 For a message above `inline_bytes`, the sender creates one /dev/shm segment per
-peer on first use, `shm_slots` slots of `segment_bytes` each, and names it in a MAP
+peer on first use, `shm_slots` slots of `shm_slot_bytes` each, and names it in a MAP
 frame; the receiver maps it and unlinks the name at once, so nothing stays in
 /dev/shm whichever process dies later. Each segment of the message is copied into
 a free slot and announced by a SHM frame; the receiver thread copies the slot into
@@ -95,13 +95,16 @@ class ShmChannel(SocketChannel):
         if not sys.platform.startswith("linux") or not os.path.isdir(_DIR):
             raise ConfigError(f"shm channel: needs Linux with {_DIR} (got {sys.platform}); "
                               "use channel 'tcp'")
-        self.nslots = config.get("shm_slots")
-        if self.nslots < 1:
-            raise ConfigError(f"MWRT_SHM_SLOTS: must be >= 1 (got {self.nslots})")
+        self.nslots, slot_bytes = config.get("shm_slots"), config.get("shm_slot_bytes")
+        if self.nslots < 1 or slot_bytes < 1:
+            raise ConfigError(f"MWRT_SHM_SLOTS, MWRT_SHM_SLOT_BYTES: must be >= 1 (got "
+                              f"{self.nslots}, {slot_bytes})")
         self._in_segments: dict[int, _Segment] = {}
         self._out_slots: dict[int, _OutSlots] = {}
         self._slots_lock = threading.Lock()
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
+        # Slots that fit in L2 let the receiver read what the sender just wrote from cache.
+        self.segment_bytes = min(self.segment_bytes, slot_bytes)
         limit = min(65536, self.segment_bytes)  # below this a socket copy beats a slot handoff
         self.inline_bytes = limit if inline_bytes is None else int(inline_bytes)
 

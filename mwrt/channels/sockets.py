@@ -1,4 +1,4 @@
-"""Framing, matching and connections shared by the socket channels (tcp, shm).
+"""Framing and connections shared by the socket channels (tcp, shm).
 
 Each rank listens on one socket and publishes its address in the store. A rank
 sends to a peer over a connection it opened itself, one per direction and pair,
@@ -10,10 +10,10 @@ frame (for size-mismatch errors), then the raw segment. Messages longer than
 `segment_bytes` go in segments and the connection is released between them, so a
 large transfer delays a small one to the same peer by one segment at most.
 
-One receiver thread per inbound connection demultiplexes frames by tag. A frame
-for which a receive is posted lands straight in the user's buffer (recv_into, no
-copy); otherwise it is stashed in a temporary buffer until a receive claims it.
-So receives never block senders, and a ring of blocking sends cannot deadlock.
+One receiver thread per inbound connection reads frames and asks `matching.py`
+where each segment goes: straight into a posted receive's buffer (recv_into, no
+copy), or into a stash until a receive claims it. So receivers always drain their
+sockets, and a ring of blocking sends cannot deadlock.
 """
 
 from __future__ import annotations
@@ -23,14 +23,12 @@ import socket
 import struct
 import threading
 import time
-from collections import deque
-from concurrent.futures import Future, InvalidStateError
 
 from .. import config
 from ..auth import client_handshake, server_handshake
-from ..errors import (AuthError, ChannelClosedError, ChannelError, ChannelTimeoutError,
+from ..errors import (AuthError, ChannelClosedError, ChannelTimeoutError,
                       ConfigError, WireError)
-from .base import DataChannel, Work, byte_view, describe, size_mismatch
+from .matching import MatchingChannel, resolve
 
 log = logging.getLogger("mwrt.channels")
 
@@ -42,35 +40,6 @@ _DISCARD = 1 << 20
 _LINGER = 5.0  # seconds close() waits for peers to read what we sent
 
 
-class _Post:
-    """A receive: the buffer to fill, and the future the caller waits on."""
-
-    __slots__ = ("view", "desc", "tag", "future", "cancelled")
-
-    def __init__(self, view, desc, tag):
-        self.view, self.desc, self.tag = view, desc, tag
-        self.future, self.cancelled = Future(), False
-
-
-class _Msg:
-    """A message from a peer: where its bytes go, and how many have arrived."""
-
-    __slots__ = ("total", "desc", "buf", "got", "post", "done")
-
-    def __init__(self, total, desc):
-        self.total, self.desc, self.buf, self.got = total, desc, None, 0
-        self.post, self.done = None, False
-
-
-class _Box:
-    """Per (peer, tag): receives waiting, messages nobody claimed yet, the one arriving."""
-
-    __slots__ = ("posted", "arrived", "current")
-
-    def __init__(self):
-        self.posted, self.arrived, self.current = deque(), deque(), None
-
-
 class OutConn:
     """Our connection to a peer, used for sending; `lock` is held for one frame."""
 
@@ -78,16 +47,6 @@ class OutConn:
         self.sock, self.address = sock, address
         self.lock = threading.Lock()
         self.error: str | None = None
-
-
-def _resolve(post: _Post, exc: BaseException | None = None) -> None:
-    try:
-        if exc is None:
-            post.future.set_result(None)
-        else:
-            post.future.set_exception(exc)
-    except InvalidStateError:
-        pass  # already failed by a timeout or a close; the late outcome is moot
 
 
 def read_into(sock, view: memoryview, what: str) -> bool:
@@ -114,7 +73,7 @@ def _sendall_parts(sock, parts) -> None:
         sent = 0
 
 
-class SocketChannel(DataChannel):
+class SocketChannel(MatchingChannel):
     """A channel over stream sockets; subclasses say how to listen and connect."""
 
     name = "sockets"
@@ -124,9 +83,6 @@ class SocketChannel(DataChannel):
         self.segment_bytes = config.get("segment_bytes")
         if self.segment_bytes < 1:
             raise ConfigError(f"MWRT_SEGMENT_BYTES: must be >= 1 (got {self.segment_bytes})")
-        self._cond = threading.Condition()
-        self._boxes: dict[tuple[int, int], _Box] = {}
-        self._gone: dict[int, str] = {}
         self._busy_tags: set[tuple[int, int]] = set()
         self._outbound: dict[int, OutConn] = {}
         self._out_locks = [threading.Lock() for _ in range(world_size)]
@@ -158,23 +114,13 @@ class SocketChannel(DataChannel):
         raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {kind} "
                         f"from rank {peer}; are both sides the same mwrt version?")
 
-    def _on_peer_gone(self, peer: int) -> None:
-        """Release per-peer receive resources (shm mappings)."""
-
     # -- sending -----------------------------------------------------------------------
 
     def _send(self, view, peer, tag, timeout, desc):
-        deadline = time.monotonic() + timeout
-        conn = self._out_conn(peer, deadline, timeout)
-        key = (peer, tag)
-        with self._cond:  # messages on one (peer, tag) must not interleave their segments
-            while key in self._busy_tags:
-                if not self._cond.wait(deadline - time.monotonic()):
-                    raise ChannelTimeoutError(
-                        f"{self.name} send rank {self.rank}->{peer} tag {tag}: another send on "
-                        f"this tag did not finish within {timeout} s")
-            self._busy_tags.add(key)
+        deadline, claimed = time.monotonic() + timeout, False
         try:
+            conn = self._out_conn(peer, deadline, timeout)
+            claimed = self._claim_tag(peer, tag, deadline)
             total, step, offset, head = view.nbytes, self.segment_bytes, 0, desc.encode()
             while True:
                 n = min(step, total - offset)
@@ -183,10 +129,24 @@ class SocketChannel(DataChannel):
                 offset, head = offset + n, b""
                 if offset >= total:
                     break
+        except ChannelTimeoutError as exc:
+            raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
+                                      ) from None
         finally:
-            with self._cond:
-                self._busy_tags.discard(key)
-                self._cond.notify_all()
+            if claimed:
+                with self._cond:
+                    self._busy_tags.discard((peer, tag))
+                    self._cond.notify_all()
+
+    def _claim_tag(self, peer, tag, deadline) -> bool:
+        # Messages on one (peer, tag) must not interleave their segments.
+        with self._cond:
+            while (peer, tag) in self._busy_tags:
+                if not self._cond.wait(max(deadline - time.monotonic(), 0)):
+                    raise ChannelTimeoutError(f"{self.name} send rank {self.rank}->{peer}: "
+                                              "another send on this tag is still running")
+            self._busy_tags.add((peer, tag))
+            return True
 
     def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
         """Write one frame on `conn`, converting socket errors to channel errors."""
@@ -248,70 +208,6 @@ class SocketChannel(DataChannel):
             self._out_locks[peer].release()
 
     # -- receiving ---------------------------------------------------------------------
-
-    def _recv(self, view, peer, tag, timeout, desc):
-        self._wait_post(self._post(view, peer, tag, desc), peer, timeout)
-
-    def irecv(self, buf, peer, tag=0, timeout=None):
-        """Post a receive now; the receiver thread fills `buf` without a helper thread."""
-        view = byte_view(buf, writable=True, what=f"{self.name} irecv from rank {peer}")
-        self._check(peer, tag)
-        post = self._post(view, peer, tag, describe(buf))
-        return _PostWork(self, post, peer, self._timeout(timeout))
-
-    def _post(self, view, peer, tag, desc) -> _Post:
-        post, copy_from = _Post(view, desc, tag), None
-        with self._cond:
-            box = self._boxes.setdefault((peer, tag), _Box())
-            if box.arrived:
-                msg = box.arrived.popleft()
-                self._gc(peer, tag, box)
-                if msg.total != view.nbytes:
-                    raise size_mismatch(self, peer, tag, msg.desc, desc)
-                if msg.done:
-                    copy_from = msg.buf
-                else:
-                    msg.post = post  # the receiver thread copies it out on completion
-            elif peer in self._gone or self.closed:
-                self._gc(peer, tag, box)
-                raise self._closed_error(peer, tag)
-            else:
-                box.posted.append(post)
-        if copy_from is not None:
-            view[:] = copy_from
-            _resolve(post)
-        return post
-
-    def _wait_post(self, post: _Post, peer: int, timeout: float) -> None:
-        try:
-            post.future.result(timeout)
-            return
-        except TimeoutError:
-            if post.future.done():  # the future's own error, or it completed just now
-                return post.future.result()
-        with self._cond:
-            post.cancelled = True
-            box = self._boxes.get((peer, post.tag))
-            if box is not None and post in box.posted:
-                box.posted.remove(post)
-                self._gc(peer, post.tag, box)
-        _resolve(post, ChannelTimeoutError(
-            f"{self.name} recv on rank {self.rank} from rank {peer} tag {post.tag}: no "
-            f"message of {post.desc} completed within {timeout} s; is rank {peer} sending "
-            "on this tag?"))
-        post.future.result()
-
-    def _closed_error(self, peer, tag, got=None, total=None) -> ChannelError:
-        where = f"{self.name} recv on rank {self.rank} from rank {peer} tag {tag}"
-        if self.closed and peer not in self._gone:
-            return ChannelError(f"{where}: this channel was closed while waiting")
-        part = "" if got is None else f" after {got} of {total} bytes"
-        return ChannelClosedError(f"{where}: rank {peer} {self._gone.get(peer, 'is gone')}"
-                                  f"{part}; check the logs of rank {peer}", peer=peer)
-
-    def _gc(self, peer, tag, box) -> None:
-        if not box.posted and not box.arrived and box.current is None:
-            self._boxes.pop((peer, tag), None)
 
     # -- receiver thread ---------------------------------------------------------------
 
@@ -390,75 +286,6 @@ class SocketChannel(DataChannel):
                 raise ConnectionError(f"connection closed with {n} bytes still due")
             n -= k
 
-    def _segment_target(self, peer, tag, total, offset, seglen, desc):
-        """Where a segment's bytes go (a slice of the user's buffer or a stash), or None."""
-        with self._cond:
-            box = self._boxes.setdefault((peer, tag), _Box())
-            msg = box.current
-            if msg is None:
-                if offset != 0:
-                    raise WireError(f"tag {tag}: segment at offset {offset} starts no message")
-                msg = box.current = self._start_message(box, peer, tag, total, desc)
-            elif offset != msg.got or total != msg.total:
-                raise WireError(f"tag {tag}: segment out of order (got offset {offset} of "
-                                f"{total}, expected {msg.got} of {msg.total})")
-            if offset + seglen > total:
-                raise WireError(f"tag {tag}: segment runs past the message end ({total} bytes)")
-            if msg.buf is None or (msg.post is not None and msg.post.cancelled):
-                return None
-            return msg.buf[offset:offset + seglen]
-
-    def _start_message(self, box, peer, tag, total, desc) -> _Msg:
-        msg = _Msg(total, desc)
-        while box.posted:
-            post = box.posted.popleft()
-            if post.cancelled:
-                continue
-            if post.view.nbytes != total:
-                _resolve(post, size_mismatch(self, peer, tag, desc, post.desc))
-            else:
-                msg.buf, msg.post = post.view, post
-            return msg
-        msg.buf = memoryview(bytearray(total))
-        box.arrived.append(msg)
-        return msg
-
-    def _segment_done(self, peer, tag, seglen) -> None:
-        with self._cond:
-            box = self._boxes[(peer, tag)]
-            msg = box.current
-            msg.got += seglen
-            if msg.got < msg.total:
-                return
-            box.current, msg.done, post = None, True, msg.post
-            self._gc(peer, tag, box)
-        if post is not None and not post.cancelled:
-            if msg.buf is not post.view:
-                post.view[:] = msg.buf  # a stashed message that a receive claimed meanwhile
-            _resolve(post)
-
-    def _peer_gone(self, peer: int, why: str) -> None:
-        failed = []
-        with self._cond:
-            self._gone[peer] = why
-            for (p, tag), box in list(self._boxes.items()):
-                if p != peer:
-                    continue
-                failed += [(post, None, None) for post in box.posted]
-                box.posted.clear()
-                msg = box.current
-                if msg is not None:
-                    if msg.post is not None:
-                        failed.append((msg.post, msg.got, msg.total))
-                    if msg in box.arrived:
-                        box.arrived.remove(msg)
-                    box.current = None
-                self._gc(peer, tag, box)
-            self._cond.notify_all()
-        for post, got, total in failed:
-            _resolve(post, self._closed_error(peer, post.tag, got, total))
-        self._on_peer_gone(peer)
-
     # -- lifecycle ---------------------------------------------------------------------
 
     def _close(self):
@@ -469,7 +296,7 @@ class SocketChannel(DataChannel):
             inbound = list(self._inbound)
             self._cond.notify_all()
         for post in posts:
-            _resolve(post, self._closed_error(None, post.tag))
+            resolve(post, self._closed_error(post.peer, post.tag))
         if self._listener is not None:
             self._shut(self._listener)
         self._close_outbound()
@@ -520,16 +347,3 @@ class SocketChannel(DataChannel):
     def _claim(self, rank: int | str) -> bytes:
         """Who a connecting rank says it is: group and rank, checked by the HMAC too."""
         return f"{self.prefix}/{self.name}/{rank}".encode()
-
-
-class _PostWork(Work):
-    """An irecv posted to the receiver thread; wait() defaults to the irecv's timeout."""
-
-    def __init__(self, channel, post, peer, timeout):
-        super().__init__(post.future, f"{channel.name} irecv rank {channel.rank}<-{peer}")
-        self._channel, self._post, self._peer, self._default = channel, post, peer, timeout
-
-    def wait(self, timeout=None):
-        """Block until the buffer is filled, or raise ChannelTimeoutError after `timeout` s."""
-        timeout = self._default if timeout is None else timeout
-        self._channel._wait_post(self._post, self._peer, timeout)
