@@ -13,7 +13,9 @@ from .creation import (TYPED_CONSTRUCTORS, arange, empty, full, manual_seed, one
 from .errors import (ChannelClosedError, ChannelError, CollectiveMismatchError, MwrtError,
                      RemoteError, WireError, WorkerLostError)
 from .profile import profile
+from .reduce_ops import ReduceOp
 from .remote import remote
+from .tensor_collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
 from .streams import Event, Stream, current_stream, stream
 from .tensor import DistributedTensor
 from .transfer import put as dist_send
@@ -26,7 +28,8 @@ __all__ = [
     "init_master_worker", "shutdown", "is_initialized", "num_nodes", "node", "device",
     "current_node", "current_device", "DistributedTensor", "dist_send", "empty", "zeros", "ones",
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
-    "device_count", "Stream", "Event", "stream", "current_stream", "profile",
+    "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce", "all_gather", "gather",
+    "scatter", "Stream", "Event", "stream", "current_stream", "profile",
     "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", *TYPED_CONSTRUCTORS,
 ]

@@ -65,10 +65,12 @@ def stream_stack() -> list:
 
 
 def stream_for(node_index: int, device_index: int) -> int:
-    """The stream id ops on (node, device) go to: the current stream if it is there."""
-    stack = _stack("streams")
-    if stack:
-        s = stack[-1]
+    """The stream id ops on (node, device) go to: the innermost `with mwrt.stream(s)` there.
+
+    Nested stream blocks for different nodes all apply, so one collective can run on a
+    chosen stream of every node it spans.
+    """
+    for s in reversed(_stack("streams")):
         if s.node == node_index and s.device == device_index:
             return s.id
     return device_index  # the default stream of a device has the device's number as id

@@ -138,9 +138,9 @@ def current_stream(node: int | None = None, device: int | None = None) -> Stream
     """The stream ops on (node, device) go to now: the one set with `mwrt.stream`, or default."""
     node = context.current_node() if node is None else node
     device = context.current_device() if device is None else device
-    stack = context.stream_stack()
-    if stack and stack[-1].node == node and stack[-1].device == device:
-        return stack[-1]
+    for s in reversed(context.stream_stack()):
+        if s.node == node and s.device == device:
+            return s
     return Stream.default(node, device)
 
 

@@ -113,7 +113,8 @@ def collective(ex, cmd, frames):
     if kind in ("all_reduce", "broadcast", "reduce"):
         getattr(collectives, kind)(group, array, **args)
         return
-    out = np.empty(cmd.out_shape, args.pop("dtype")) if cmd.out >= 0 else None
+    dtype = args.pop("dtype")
+    out = np.empty(cmd.out_shape, dtype) if cmd.out >= 0 else None
     if kind == "all_gather":
         collectives.all_gather(group, out, array)
     elif kind == "gather":

@@ -1,0 +1,138 @@
+"""Collectives the master issues over DistributedTensors that live on several nodes.
+
+`mwrt.all_reduce([t0, t1, ...])` sends one command to each tensor's node; the workers
+then run the process-group algorithm (mwrt.collectives) among themselves over the
+session's data channel, on each tensor's current stream, like any op. The master never
+touches the data; it checks what it can see (one tensor per node, same shape and dtype,
+a valid op) at issue time, so mistakes are raised here, naming the nodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import context, wire
+from .cluster import current
+from .ops import Spec
+from .reduce_ops import ReduceOp, reduce_op
+
+_COLLECTIVE = wire.code(wire.Collective)
+
+
+def _check(tensors, what: str) -> list:
+    from .tensor import DistributedTensor
+
+    tensors = list(tensors)
+    if not tensors or not all(isinstance(t, DistributedTensor) for t in tensors):
+        raise TypeError(f"{what}: expected a non-empty list of DistributedTensors, one per node")
+    nodes = [t.get_node() for t in tensors]
+    if len(set(nodes)) != len(nodes):
+        raise ValueError(f"{what}: each tensor must be on its own node (got nodes {nodes})")
+    first = tensors[0]
+    for t in tensors[1:]:
+        if (t.shape, t.dtype) != (first.shape, first.dtype):
+            raise ValueError(f"{what}: tensors disagree (node {first.get_node()}: "
+                             f"{first.dtype}{list(first.shape)}, node {t.get_node()}: "
+                             f"{t.dtype}{list(t.shape)}); every node needs the same shape and "
+                             "dtype")
+    return tensors
+
+
+def _group_id(ranks: tuple) -> int:
+    """One process group per set of nodes, numbered by the master for every worker alike."""
+    groups = current().__dict__.setdefault("collective_groups", {})
+    return groups.setdefault(ranks, len(groups) + 1)
+
+
+def _issue(kind: str, tensor, node, device, ranks, args, out_spec=None):
+    """Queue the collective on one node; returns the new tensor it makes, if any."""
+    from .tensor import DistributedTensor
+
+    stream = context.stream_for(node.index, device)
+    out = None
+    if out_spec is not None:
+        out = DistributedTensor(node, device, next(node.ids), out_spec, stream)
+    node.issue((_COLLECTIVE, next(node.ids), stream, kind, _group_id(ranks), ranks,
+                -1 if tensor is None else tensor._id, args, -1 if out is None else out._id,
+                () if out_spec is None else out_spec.shape))
+    return out
+
+
+def all_reduce(tensors, op=ReduceOp.SUM) -> list:
+    """Combine the tensors with `op`, in place: every node ends with the same result."""
+    tensors = _check(tensors, "all_reduce")
+    op = reduce_op(op, tensors[0].dtype, "all_reduce")
+    ranks = tuple(t.get_node() for t in tensors)
+    for t in tensors:
+        _issue("all_reduce", t, t._node, t._device, ranks, {"op": op.name})
+    return tensors
+
+
+def broadcast(tensors, src: int = 0) -> list:
+    """Copy tensors[src] into every other tensor, in place."""
+    tensors = _check(tensors, "broadcast")
+    _check_index(src, tensors, "broadcast", "src")
+    ranks = tuple(t.get_node() for t in tensors)
+    for t in tensors:
+        _issue("broadcast", t, t._node, t._device, ranks, {"root": src})
+    return tensors
+
+
+def reduce(tensors, dst: int = 0, op=ReduceOp.SUM):
+    """Combine the tensors with `op` into tensors[dst] (the others are scratch space)."""
+    tensors = _check(tensors, "reduce")
+    _check_index(dst, tensors, "reduce", "dst")
+    op = reduce_op(op, tensors[0].dtype, "reduce")
+    ranks = tuple(t.get_node() for t in tensors)
+    for t in tensors:
+        _issue("reduce", t, t._node, t._device, ranks, {"root": dst, "op": op.name})
+    return tensors[dst]
+
+
+def all_gather(tensors) -> list:
+    """On every node, a new tensor stacking all the tensors: shape (len(tensors), *shape)."""
+    tensors = _check(tensors, "all_gather")
+    ranks = tuple(t.get_node() for t in tensors)
+    spec = Spec((len(tensors), *tensors[0].shape), tensors[0].dtype)
+    return [_issue("all_gather", t, t._node, t._device, ranks, {"dtype": spec.dtype.str}, spec)
+            for t in tensors]
+
+
+def gather(tensors, dst: int = 0):
+    """A new tensor on tensors[dst]'s node stacking all the tensors."""
+    tensors = _check(tensors, "gather")
+    _check_index(dst, tensors, "gather", "dst")
+    ranks = tuple(t.get_node() for t in tensors)
+    spec = Spec((len(tensors), *tensors[0].shape), tensors[0].dtype)
+    result = None
+    for i, t in enumerate(tensors):
+        made = _issue("gather", t, t._node, t._device, ranks,
+                      {"root": dst, "dtype": spec.dtype.str}, spec if i == dst else None)
+        result = made if i == dst else result
+    return result
+
+
+def scatter(tensor, nodes) -> list:
+    """Split `tensor` (shape (len(nodes), *rest)) along axis 0: part i goes to nodes[i]."""
+    from .tensor import DistributedTensor
+
+    if not isinstance(tensor, DistributedTensor):
+        raise TypeError(f"scatter: expected a DistributedTensor (got {type(tensor).__name__})")
+    nodes = [current().node(n) for n in nodes]
+    ranks = tuple(n.index for n in nodes)
+    if len(set(ranks)) != len(ranks) or tensor.get_node() not in ranks:
+        raise ValueError(f"scatter: nodes must be distinct and include the tensor's node "
+                         f"{tensor.get_node()} (got {list(ranks)})")
+    if not tensor.shape or tensor.shape[0] != len(nodes):
+        raise ValueError(f"scatter: the tensor's first axis must have one part per node (got "
+                         f"shape {tensor.shape}, expected ({len(nodes)}, ...))")
+    root = ranks.index(tensor.get_node())
+    spec = Spec(tensor.shape[1:], tensor.dtype)
+    return [_issue("scatter", tensor if node is tensor._node else None, node, tensor._device,
+                   ranks, {"root": root, "dtype": spec.dtype.str}, spec) for node in nodes]
+
+
+def _check_index(index, tensors, what: str, name: str) -> None:
+    if not isinstance(index, (int, np.integer)) or not 0 <= index < len(tensors):
+        raise ValueError(f"{what}: {name} must index the tensors list, in [0, {len(tensors)}) "
+                         f"(got {index!r})")
