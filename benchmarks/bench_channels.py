@@ -136,7 +136,7 @@ def memcpy(n, reps) -> float:
 
 
 def master_worker_rows() -> list[tuple[str, float, float]]:
-    """Rows for the master-worker data paths (dist_send, .to(node=)): added with the worker."""
+    """The master-worker data paths (dist_send, .numpy(), .to(node=)) are in bench_ops.py."""
     return []
 
 

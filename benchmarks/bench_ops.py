@@ -98,7 +98,39 @@ def raw_socket_gbps(nbytes: int, reps: int = 5) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
-def main() -> None:
+def memcpy_gbps(nbytes: int, reps: int = 5) -> float:
+    """np.copyto into a prefaulted array: the ceiling of a same-host copy."""
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    return nbytes / statistics.median(_timed(lambda: np.copyto(dst, src))
+                                      for _ in range(reps)) / 1e9
+
+
+def bulk_rows(channel: str, baseline: str, base_gbps: float) -> list:
+    """dist_send, .numpy() and worker-to-worker .to(node=) of 64 MiB over `channel`."""
+    os.environ["MWRT_CHANNEL"] = channel
+    mwrt.init_master_worker(local_workers=2)
+    big = np.random.rand(64 << 20 >> 3)
+    rows = []
+    mwrt.dist_send(big)  # connects the channel
+    send_s = statistics.median([_timed(lambda: (mwrt.dist_send(big), mwrt.synchronize()))
+                                for _ in range(5)])
+    t = mwrt.dist_send(big)
+    get_s = statistics.median([_timed(t.numpy) for _ in range(5)])
+    t.to(node=1).numpy()
+    move_s = statistics.median([_timed(lambda: (t.to(node=1), mwrt.synchronize()))
+                                for _ in range(5)])
+    mwrt.shutdown()
+    for what, seconds in ((f"dist_send 64 MiB ({channel})", send_s),
+                          (f".numpy() 64 MiB ({channel})", get_s),
+                          (f"node 0 -> node 1 .to(node=1) 64 MiB ({channel})", move_s)):
+        gbps = big.nbytes / seconds / 1e9
+        rows.append((what, f"{gbps:.2f} GB/s", f"{baseline} {base_gbps:.2f} GB/s",
+                     f"{gbps / base_gbps:.2f}x"))
+    return rows
+
+
+def overhead_rows() -> list:
+    """Sync round trip and async issue/completion rates against one local worker."""
     mwrt.init_master_worker(local_workers=1)
     tiny = mwrt.ones(4)
     tiny.numpy()
@@ -106,35 +138,33 @@ def main() -> None:
     zmq_rt = zmq_round_trip(2000)
     rows = [("sync round trip, 4-element .numpy()", f"{mwrt_rt:.0f} µs",
              f"pyzmq DEALER/ROUTER {zmq_rt:.0f} µs", f"{mwrt_rt / zmq_rt:.2f}x")]
-
     n = 200_000
     x = mwrt.zeros(16)
     mwrt.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         x += 1.0
-    t_issue = time.perf_counter() - t0
+    t_issue, cpu = time.perf_counter() - t0, time.process_time() - c0
     mwrt.synchronize()
     t_done = time.perf_counter() - t0
     if x.numpy()[0] != n:
         raise SystemExit(f"bench_ops: wrong result {x.numpy()[0]} (expected {n})")
+    mwrt.shutdown()
     rows.append(("async issue rate, x += 1.0 (16 floats)", f"{n / t_issue:,.0f} ops/s",
                  "target 100,000 ops/s", f"{n / t_issue / 1e5:.2f}x"))
+    rows.append(("  master CPU per issued op", f"{cpu / n * 1e6:.1f} µs", "", ""))
     rows.append(("completion rate, same ops", f"{n / t_done:,.0f} ops/s", "", ""))
+    return rows
 
-    big = np.random.rand(64 << 20 >> 2).astype(np.float32)
-    raw = raw_socket_gbps(big.nbytes)
-    send_s = statistics.median([_timed(lambda: (mwrt.dist_send(big), mwrt.synchronize()))
-                                for _ in range(5)])
-    t = mwrt.dist_send(big)
-    get_s = statistics.median([_timed(t.numpy) for _ in range(5)])
-    for what, seconds in (("dist_send 64 MiB", send_s), (".numpy() 64 MiB", get_s)):
-        gbps = big.nbytes / seconds / 1e9
-        rows.append((what, f"{gbps:.2f} GB/s", f"raw socket {raw:.2f} GB/s", f"{gbps / raw:.2f}x"))
-    mwrt.shutdown()
-    print(f"{'what':42} {'mwrt':>16}   {'baseline (same run)':30} {'ratio':>6}")
+
+def main() -> None:
+    rows = overhead_rows()
+    raw = raw_socket_gbps(64 << 20)
+    rows += bulk_rows("tcp", "raw socket", raw)
+    rows += bulk_rows("shm", "np.copyto", memcpy_gbps(64 << 20))
+    print(f"{'what':46} {'mwrt':>16}   {'baseline (same run)':30} {'ratio':>6}")
     for row in rows:
-        print(f"{row[0]:42} {row[1]:>16}   {row[2]:30} {row[3]:>6}")
+        print(f"{row[0]:46} {row[1]:>16}   {row[2]:30} {row[3]:>6}")
 
 
 def _timed(fn) -> float:

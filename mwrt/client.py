@@ -31,10 +31,7 @@ _FREE = wire.code(wire.Free)
 _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_AUTH_FAILURES)
-# Commands whose third field is the stream they run on.
-_STREAM_CODES = frozenset(wire.code(c) for c in (
-    wire.Create, wire.Put, wire.Call, wire.Remote, wire.Free, wire.Get, wire.Meta, wire.Sync,
-    wire.Record, wire.WaitEvent, wire.NewStream))
+_STREAM_CODES = wire.STREAM_CODES
 
 
 def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zmq.Socket:

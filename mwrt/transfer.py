@@ -43,9 +43,8 @@ def put(array, node: int | None = None, device: int | None = None):
                       array.dtype.str, device, -1), frame=payload)
         return tensor
     tag = _TRANSFER_SPACE | next(_TAGS)
-    target.issue((_RECV, next(target.ids), stream, tensor._id, array.shape, array.dtype.str,
-                  device, cluster.master_rank, tag))
-    target.flush()
+    target.request((_RECV, next(target.ids), stream, tensor._id, array.shape, array.dtype.str,
+                    device, cluster.master_rank, tag), "posting a receive for dist_send")
     cluster.channel().send(payload, target.index, tag)  # returns when `array` may be reused
     return tensor
 
@@ -83,11 +82,16 @@ def move(tensor, node_index: int, device: int):
     stream = context.stream_for(target.index, device)
     out = DistributedTensor(target, device, next(target.ids), tensor.spec, stream)
     tag = _TRANSFER_SPACE | next(_TAGS)
-    # Worker to worker over the data channel: the master only sends the two commands.
+    # Worker to worker over the data channel: the master only sends the two commands. A large
+    # receive is posted before the send is issued, so the bytes land in place, not a stash.
+    recv = (_RECV, next(target.ids), stream, out._id, tensor.shape, tensor.dtype.str, device,
+            source.index, tag)
+    if tensor.nbytes > config.get("inline_bytes"):
+        target.request(recv, f"posting a receive for .to(node={node_index})")
+    else:
+        target.issue(recv + (-1,))
     source.issue((_SEND, next(source.ids), tensor._streams[0], tensor._id, target.index, tag,
                   -1))
-    target.issue((_RECV, next(target.ids), stream, out._id, tensor.shape, tensor.dtype.str,
-                  device, source.index, tag))
     return out
 
 

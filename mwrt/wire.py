@@ -240,7 +240,11 @@ class SendTo:
 
 @dataclass(frozen=True, slots=True)
 class RecvFrom:
-    """Receive tensor `out` (shape, dtype, device) from channel rank `peer` with `tag`."""
+    """Receive tensor `out` (shape, dtype, device) from channel rank `peer` with `tag`.
+
+    The receive is posted when the command arrives; token >= 0: say Done once posted, so
+    the sender's bytes land in place instead of a stash.
+    """
 
     id: int
     stream: int
@@ -250,6 +254,7 @@ class RecvFrom:
     device: int
     peer: int
     tag: int
+    token: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +346,8 @@ MESSAGES = [Hello, Bye, Ping, Create, Put, Call, Remote, Free, Get, Meta, Sync, 
             Welcome, Pong, Done, Data, Failed, Fired]
 CODES = {cls: code for code, cls in enumerate(MESSAGES)}
 _FIELDS = [tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES]
+# Codes of the messages that run on a stream: their fields start (id, stream, ...).
+STREAM_CODES = frozenset(c for c, names in enumerate(_FIELDS) if names[1:2] == ("stream",))
 
 
 # -- values ---------------------------------------------------------------------------------

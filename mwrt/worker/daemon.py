@@ -199,6 +199,10 @@ class Daemon:
                     return
             elif not (isinstance(command, _FAST_SYNC) and command.stream not in groups
                       and self._answer_now(session, command)):
+                if isinstance(command, wire.RecvFrom) and session.data is not None:
+                    session.data.post(command)
+                    if command.token >= 0:
+                        self.send(session.identity, wire.Done(command.token, None))
                 groups.setdefault(command.stream, []).append(command)
         self._submit(session, groups, data)
 

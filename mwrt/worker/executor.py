@@ -22,6 +22,8 @@ DEFAULT_STREAM_LIMIT = 1 << 20  # ids below are default streams (id == device)
 _SYNC_POINTS = (wire.Get, wire.Meta, wire.Sync)
 # Run even after an error: sync points report it, frees and records must not be lost, and
 # a send tells its receiver that nothing is coming.
+# Commands whose token asks for their result (a RecvFrom's token only acknowledges posting).
+_ANSWERED = (*_SYNC_POINTS, wire.SendTo)
 _ALWAYS_RUN = (*_SYNC_POINTS, wire.Free, wire.Record, wire.SendTo)
 
 
@@ -99,8 +101,8 @@ class StreamExecutor:
                           handlers.arg_shapes(self, command)))
 
     def _fail(self, command, info: dict) -> None:
-        token = getattr(command, "token", -1)
-        if token >= 0:  # the master waits on this command: the error is its answer
+        token = getattr(command, "token", -1) if isinstance(command, _ANSWERED) else -1
+        if token >= 0:  # the master waits on this command's result: the error is its answer
             self.reply(wire.Failed(token, info))
             return
         self.error = info
