@@ -70,7 +70,7 @@ class StreamExecutor:
     def _run(self) -> None:
         self._reply_socket = self.session.daemon.reply_socket()
         try:
-            with arrays.use_device(self.device):
+            with arrays.use_device(self.device), self._device_stream():
                 while True:
                     item = self._queue.get()
                     if item is None:
@@ -82,6 +82,20 @@ class StreamExecutor:
                         self.pending -= 1
         finally:
             self._reply_socket.close(linger=1000)
+
+    def _device_stream(self):
+        """On a GPU, this stream's kernels go to a CuPy stream of its own (CUDA semantics)."""
+        if self.device == arrays.HOST:
+            import contextlib
+
+            return contextlib.nullcontext()
+        self.cuda_stream = self.xp.cuda.Stream(non_blocking=True)
+        return self.cuda_stream
+
+    def synchronize_device(self) -> None:
+        """Wait until the GPU has run every kernel this stream launched (no-op on the host)."""
+        if self.device != arrays.HOST:
+            self.cuda_stream.synchronize()
 
     def execute(self, command, frames) -> None:
         """Run one command, turning its failure into this stream's sticky error."""

@@ -138,11 +138,15 @@ def meta(ex, cmd, frames):
 
 
 def sync(ex, cmd, frames):
+    ex.synchronize_device()
     if not ex.raise_sticky(cmd.token):
         ex.reply(wire.Done(cmd.token, None))
 
 
 def record(ex, cmd, frames):
+    # Kernels launch asynchronously: the event fires once the GPU has run them, so a waiter
+    # on any node (or the master) sees their results.
+    ex.synchronize_device()
     ex.session.daemon.fire_event(ex.session, cmd.event, time.time(), ex.send)
 
 
