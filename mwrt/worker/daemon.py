@@ -213,7 +213,8 @@ class Daemon:
         socket thread never waits on an op nor copies much.
         """
         executor = session.streams.get(command.stream)
-        if executor is None or not executor.idle():
+        # GPU streams run asynchronously on the device: only their own thread may answer.
+        if executor is None or executor.device != -1 or not executor.idle():
             return False
         if isinstance(command, wire.Get):
             found = session.tensors.get(command.ref)
