@@ -113,3 +113,22 @@ def test_collective_runs_on_each_nodes_current_stream_after_earlier_ops(three):
         mwrt.all_reduce(ts)
     np.testing.assert_array_equal(ts[0].numpy(), [3, 3, 3, 3])
     np.testing.assert_array_equal(ts[1].numpy(), [3, 3, 3, 3])
+
+
+def test_a_node_that_cannot_join_a_collective_fails_it_everywhere_at_once(three):
+    import time
+
+    good = [mwrt.ones(4, node=n) for n in (0, 2)]
+    bad = mwrt.remote(lambda a: 1 / 0, spec=((4,), np.float32))(mwrt.ones(4, node=1))
+    start = time.monotonic()
+    mwrt.all_reduce([good[0], bad, good[1]])
+    for t, node in ((good[0], 0), (good[1], 2)):
+        with pytest.raises(mwrt.RemoteError, match="rank 1") as info:
+            t.numpy()
+        assert info.value.node == node
+    with pytest.raises(mwrt.RemoteError, match="ZeroDivisionError"):
+        bad.numpy()
+    assert time.monotonic() - start < 30  # not the channel's 300 s timeout
+    ok = [mwrt.ones(2, node=n) for n in range(3)]
+    mwrt.all_reduce(ok)  # the nodes' group still works afterwards
+    np.testing.assert_array_equal(ok[1].numpy(), [3, 3])

@@ -73,6 +73,16 @@ class SessionData:
                     pass
 
 
+def _abort(group) -> None:
+    """This node cannot take part: run a different collective in its place, so the other
+    nodes' agreement check fails at once, naming this node, instead of waiting out the
+    channel timeout for data that will never come."""
+    try:
+        collectives.barrier(group)
+    except Exception:  # the mismatch it provokes is the point; our own error is raised
+        pass
+
+
 def _data(ex) -> SessionData:
     data = ex.session.data
     if data is None:
@@ -123,10 +133,16 @@ def recv_from(ex, cmd, frames):
 
 
 def collective(ex, cmd, frames):
-    from .handlers import resolve, store
+    from .handlers import PoisonedInput, resolve, store
 
     group = _data(ex).group(cmd.group, cmd.ranks)
-    array = resolve(ex, wire.Ref(cmd.ref)) if cmd.ref >= 0 else None
+    try:
+        if ex.error is not None:
+            raise PoisonedInput(ex.error)
+        array = resolve(ex, wire.Ref(cmd.ref)) if cmd.ref >= 0 else None
+    except Exception:
+        _abort(group)
+        raise
     args = dict(cmd.args)
     if "op" in args:
         args["op"] = ReduceOp[args["op"]]

@@ -21,10 +21,10 @@ log = logging.getLogger("mwrt.worker")
 DEFAULT_STREAM_LIMIT = 1 << 20  # ids below are default streams (id == device)
 _SYNC_POINTS = (wire.Get, wire.Meta, wire.Sync)
 # Run even after an error: sync points report it, frees and records must not be lost, and
-# a send tells its receiver that nothing is coming.
+# a send or a collective tells its peers that nothing is coming.
 # Commands whose token asks for their result (a RecvFrom's token only acknowledges posting).
 _ANSWERED = (*_SYNC_POINTS, wire.SendTo)
-_ALWAYS_RUN = (*_SYNC_POINTS, wire.Free, wire.Record, wire.SendTo)
+_ALWAYS_RUN = (*_SYNC_POINTS, wire.Free, wire.Record, wire.SendTo, wire.Collective)
 
 
 class StreamExecutor:
