@@ -73,6 +73,7 @@ class Node:
         self.frees: deque = deque()
         self.batch_started = self.last_flush = 0.0
         self.batch_size = config.get("batch_size")
+        self.sync_timeout = config.get("sync_timeout")
         self.seq = 0
         self.ids = itertools.count(1)
         self.tokens = itertools.count(1)
@@ -212,7 +213,7 @@ class Node:
     def wait(self, token: int, what: str, timeout: float | None = None):
         """Wait for the reply `token`; raise the worker's error, a loss, or a timeout."""
         self.flush()
-        timeout = config.get("sync_timeout") if timeout is None else timeout
+        timeout = self.sync_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self.rx_lock:
             while token not in self.replies:

@@ -127,12 +127,11 @@ class Daemon:
         self.context.term()
 
     def _drain(self, sock, handle) -> None:
-        for _ in range(1000):  # bounded, so replies and requests take turns
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+        # Bounded, so replies and requests take turns; EVENTS avoids a zmq.Again per wake-up.
+        for _ in range(1000):
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return
-            handle(frames)
+            handle(sock.recv_multipart(copy=False))
 
     def _forward(self, frames) -> None:
         self.router.send_multipart(frames, copy=False)
