@@ -321,7 +321,7 @@ def call(name: str, *args, **kwargs):
     """Issue registry op `name` where its tensor arguments live; returns the result handles."""
     op = ops.get(name)
     place: list = []
-    spec_args, wire_args = _convert(args, place, name)
+    spec_args, wire_args = _convert_args(args, place, name)
     spec_kwargs, wire_kwargs = _convert(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
@@ -360,6 +360,25 @@ def _outputs(node, device, stream, result) -> list:
     specs = result if type(result) is tuple else (result,)
     return [DistributedTensor(node, device, next(node.ids), None if s is UNKNOWN else s, stream)
             for s in specs]
+
+
+def _convert_args(args: tuple, place: list, name: str):
+    """_convert over positional args, with tensors and scalars (nearly every arg) inline."""
+    specs, wires = [], []
+    for value in args:
+        if type(value) is DistributedTensor and (not place or (
+                place[0]._node is value._node and place[0]._device == value._device)):
+            place.append(value)
+            specs.append(value._spec or value.spec)
+            wires.append(value._ref)
+        elif type(value) in _SCALARS:
+            specs.append(value)
+            wires.append(value)
+        else:
+            spec, wired = _convert(value, place, name)
+            specs.append(spec)
+            wires.append(wired)
+    return tuple(specs), tuple(wires)
 
 
 def _convert(value, place: list, name: str):
