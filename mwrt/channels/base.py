@@ -71,6 +71,10 @@ class DataChannel:
     """Point-to-point byte transport among `world_size` ranks; rendezvous through a store."""
 
     name = "base"
+    # True when a send completes whether or not the peer has posted a receive (the socket
+    # channels' receiver threads always drain): collectives may then send before their
+    # agreement check settles (mwrt.agreement).
+    buffered_sends = False
 
     def __init__(self, rank: int, world_size: int, *, store, prefix: str = "mwrt",
                  key: bytes | None = None, timeout: float | None = None):
