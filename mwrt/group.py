@@ -18,7 +18,6 @@ a receive's wait, a native collective) or the end of the collective settles it.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
