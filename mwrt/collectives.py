@@ -96,7 +96,10 @@ def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
                               count=arr.size) as tag:
             if arr.size == 0 or group.run_native("all_reduce", arr, op):
                 return
-            if arr.nbytes <= group.small_bytes or arr.size < group.size:
+            # Two ranks move the same bytes either way, so up to one segment the single
+            # exchange of recursive doubling beats the ring's four messages in two phases.
+            if arr.nbytes <= group.small_bytes or arr.size < group.size or (
+                    group.size == 2 and arr.nbytes <= group.segment_bytes):
                 alg.all_reduce_rd(group, arr, op, tag)
             else:
                 bounds = alg.chunk_bounds(arr.size, group.size)
