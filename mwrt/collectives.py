@@ -3,10 +3,10 @@
 Every algorithm here sees a ProcessGroup (mwrt.group): its rank, size, and send/recv to
 other group ranks; none sees a socket. Each public function validates its arguments,
 turns the buffer into a flat NumPy view of the same memory, handles world size 1 and
-count 0 first, then checks that every rank called the same collective with the same op,
-dtype, shape and root (a fixed-size descriptor all-gathered on the group's control tag:
-a mismatch raises CollectiveMismatchError on every rank, naming each rank's values,
-before any data moves). Data messages carry a tag derived from (group, sequence number),
+count 0 first, and opens `group.collective(...)`, which checks that every rank called the
+same collective with the same op, dtype, shape and root (mwrt.agreement: the check rides
+beside the first data messages; a mismatch raises CollectiveMismatchError on every rank,
+naming each rank's values, before any received data is used). Data messages carry a tag derived from (group, sequence number),
 so a message left over from a failed collective never matches the next one.
 
 Sizes pick the algorithm: up to `small_bytes` a latency-bound one (recursive doubling,
@@ -19,19 +19,12 @@ computed once and copied, so results are bitwise identical on every rank.
 
 from __future__ import annotations
 
-import struct
 from contextlib import contextmanager
 
 import numpy as np
 
 from . import algorithms as alg
-from .errors import CollectiveMismatchError
 from .reduce_ops import ReduceOp, reduce_op
-
-
-_OPS = list(ReduceOp)
-_KINDS = ["all_reduce", "broadcast", "reduce", "gather", "scatter", "all_gather",
-          "reduce_scatter", "all_to_all", "barrier"]
 
 
 # -- buffers -----------------------------------------------------------------------------
@@ -78,55 +71,6 @@ def host_view(buf, group, what: str, writable: bool = True):
     yield as_flat(buf, what, writable)
 
 
-# -- agreement check ---------------------------------------------------------------------
-
-# seq, kind, op, ndim, flags, root, count, dtype, dims[6]
-_DESC = struct.Struct("<IBBBBiq8s6q")
-
-
-def _describe(seq, kind, op, root, dtype, shape, count) -> bytes:
-    dims = list(shape)[:6] + [0] * (6 - min(len(shape), 6))
-    return _DESC.pack(seq & 0xFFFFFFFF, _KINDS.index(kind), _OPS.index(op) if op else 255,
-                      len(shape), 0, root, count, np.dtype(dtype).str.encode(), *dims)
-
-
-def _explain(raw: bytes) -> str:
-    seq, kind, op, ndim, _, root, count, dtype, *dims = _DESC.unpack(raw)
-    kind = _KINDS[kind] if kind < len(_KINDS) else f"kind#{kind}"
-    text = f"#{seq} {kind}"
-    if op != 255:
-        text += f" op={_OPS[op].name}"
-    if root >= 0:
-        text += f" root={root}"
-    dtype = np.dtype(dtype.rstrip(b"\0").decode())
-    if kind != "barrier":
-        shape = list(dims[:ndim]) if ndim <= 6 else f"({ndim}-d, {count} elements)"
-        text += f" {dtype}{shape}"
-    return text
-
-
-def agree(group, seq, kind, *, op=None, root=-1, dtype="u1", shape=(), count=0) -> None:
-    """Check every rank called the same collective alike; raise on every rank if not."""
-    if group.size == 1 or not group.check:
-        return
-    mine = np.frombuffer(_describe(seq, kind, op, root, dtype, shape, count), np.uint8)
-    every = np.empty((group.size, mine.size), np.uint8)
-    alg.all_gather_bruck(group, mine, every.reshape(-1), group.control_tag)
-    if (every == mine).all():
-        return
-    values = [_explain(every[r].tobytes()) for r in range(group.size)]
-    groups: dict[str, list[int]] = {}
-    for r, v in enumerate(values):
-        groups.setdefault(v, []).append(r)
-    detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
-                       for v, rs in groups.items())
-    raise CollectiveMismatchError(
-        f"{kind} on {group.name}: ranks disagree on the collective ({detail}); every rank must "
-        "call the same collectives in the same order with the same op, dtype, shape and root")
-
-
-
-
 # -- the collectives -----------------------------------------------------------------------
 
 
@@ -152,7 +96,10 @@ def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
                               count=arr.size) as tag:
             if arr.size == 0 or group.run_native("all_reduce", arr, op):
                 return
-            if arr.nbytes <= group.small_bytes or arr.size < group.size:
+            # Two ranks move the same bytes either way, so up to one segment the single
+            # exchange of recursive doubling beats the ring's four messages in two phases.
+            if arr.nbytes <= group.small_bytes or arr.size < group.size or (
+                    group.size == 2 and arr.nbytes <= group.segment_bytes):
                 alg.all_reduce_rd(group, arr, op, tag)
             else:
                 bounds = alg.chunk_bounds(arr.size, group.size)

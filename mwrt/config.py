@@ -50,9 +50,6 @@ SETTINGS = {
     "eager_bytes": Setting("MWRT_EAGER_BYTES", 65536, int,
                            "collectives send messages up to this size without waiting for the "
                            "peer (a channel may lower it with an eager_bytes attribute)"),
-    "collective_check": Setting("MWRT_COLLECTIVE_CHECK", 1, int,
-                                "1: ranks check they agree on op/dtype/shape before each "
-                                "collective; 0: skip (saves one small exchange)"),
     "segment_bytes": Setting("MWRT_SEGMENT_BYTES", 4 << 20, int,
                              "large transfers and collectives move in segments of this size"),
     "shm_slots": Setting("MWRT_SHM_SLOTS", 8, int,

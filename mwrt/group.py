@@ -10,18 +10,21 @@ all_reduce, broadcast, reduce, gather, scatter, all_gather, reduce_scatter, all_
 barrier) taking the same arguments as the generic algorithm in mwrt.collectives, e.g.
 `native_all_reduce(group, arr, op)`. It returns NotImplemented to decline (an op or dtype
 it cannot do); anything else means done. Ranks have already agreed on the call.
+
+Every collective checks that ranks agree on it (mwrt.agreement). The check is fused with
+the data: `collective()` sends this rank's descriptor, and the first wait for data (recv,
+a receive's wait, a native collective) or the end of the collective settles it.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from . import config
-from .collectives import agree
+from .agreement import Agreement, describe_call
 from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
@@ -30,10 +33,12 @@ _DATA, _CONTROL, _P2P = 0, 1, 2
 class _PeerWork:
     """A channel Work that names the group peer when it fails."""
 
-    def __init__(self, work, peer: int, timeout: float):
-        self._work, self._peer, self._timeout = work, peer, timeout
+    def __init__(self, work, peer: int, timeout: float, group=None):
+        self._work, self._peer, self._timeout, self._group = work, peer, timeout, group
 
     def wait(self, timeout: float | None = None) -> None:
+        if self._group is not None and self._group._agreement is not None:
+            self._group._agreement.settle()  # a receive: check the call before using data
         try:
             self._work.wait(self._timeout if timeout is None else timeout)
         except (ChannelError, TimeoutError, ConnectionError) as e:
@@ -49,8 +54,7 @@ class ProcessGroup:
 
     def __init__(self, channel, ranks=None, *, group_id: int = 0, store=None,
                  prefix: str = "mwrt", peers: dict | None = None, timeout: float | None = None,
-                 segment_bytes: int | None = None, small_bytes: int | None = None,
-                 check: bool | None = None):
+                 segment_bytes: int | None = None, small_bytes: int | None = None):
         ranks = list(range(channel.world_size)) if ranks is None else [int(r) for r in ranks]
         if len(set(ranks)) != len(ranks) or not all(0 <= r < channel.world_size for r in ranks):
             raise ConfigError(f"ProcessGroup: ranks must be distinct channel ranks in [0, "
@@ -69,10 +73,11 @@ class ProcessGroup:
         # slots), so small exchanges may send then receive on one thread; a channel that
         # needs a matching receive first sets eager_bytes = 0.
         self.eager_bytes = int(getattr(channel, "eager_bytes", config.get("eager_bytes")))
-        self.check = bool(config.get("collective_check") if check is None else check)
+        # Where sends complete without a receive, data may leave before the check settles.
+        self._speculate = bool(getattr(channel, "buffered_sends", False))
         self.name = f"group {group_id} (ranks {ranks})" if group_id else "the default group"
-        self.control_tag = self._tag(_CONTROL, 0)
         self._seq = 0
+        self._agreement: Agreement | None = None
         self.broken = False  # set once a collective failed midway: peers may be gone
         self._pool: ThreadPoolExecutor | None = None
         self._last = None
@@ -88,25 +93,47 @@ class ProcessGroup:
     # -- point-to-point among group ranks ------------------------------------------------
 
     def send(self, buf, peer: int, tag: int) -> None:
+        if self._agreement is not None and not self._speculate:
+            self._agreement.settle()
+        self.raw_send(buf, peer, tag)
+
+    def recv(self, buf, peer: int, tag: int) -> None:
+        if self._agreement is not None:
+            self._agreement.settle()  # the call must agree before we wait for its data
+        self.raw_recv(buf, peer, tag)
+
+    def isend(self, buf, peer: int, tag: int) -> _PeerWork:
+        if self._agreement is not None and not self._speculate:
+            self._agreement.settle()
+        return self.raw_isend(buf, peer, tag)
+
+    def irecv(self, buf, peer: int, tag: int) -> _PeerWork:
+        # Posting is safe before the check: a receive's wait() settles it before data is used.
+        try:
+            work = self.channel.irecv(buf, self.ranks[peer], tag, self.timeout)
+        except (ChannelError, TimeoutError, ConnectionError) as e:
+            e.group_peer = peer
+            raise
+        return _PeerWork(work, peer, self.timeout, self)
+
+    # The raw calls skip the agreement hooks: the check's own messages use them.
+
+    def raw_send(self, buf, peer: int, tag: int) -> None:
         try:
             self.channel.send(buf, self.ranks[peer], tag, self.timeout)
         except (ChannelError, TimeoutError, ConnectionError) as e:
             e.group_peer = peer
             raise
 
-    def recv(self, buf, peer: int, tag: int) -> None:
+    def raw_recv(self, buf, peer: int, tag: int) -> None:
         try:
             self.channel.recv(buf, self.ranks[peer], tag, self.timeout)
         except (ChannelError, TimeoutError, ConnectionError) as e:
             e.group_peer = peer
             raise
 
-    def isend(self, buf, peer: int, tag: int) -> _PeerWork:
+    def raw_isend(self, buf, peer: int, tag: int) -> _PeerWork:
         return _PeerWork(self.channel.isend(buf, self.ranks[peer], tag, self.timeout), peer,
-                         self.timeout)
-
-    def irecv(self, buf, peer: int, tag: int) -> _PeerWork:
-        return _PeerWork(self.channel.irecv(buf, self.ranks[peer], tag, self.timeout), peer,
                          self.timeout)
 
     # -- running collectives -------------------------------------------------------------
@@ -114,17 +141,25 @@ class ProcessGroup:
     def run_native(self, kind: str, *args) -> bool:
         """Run the channel's native `kind` if it has one; False means use the generic one."""
         native = getattr(self.channel, f"native_{kind}", None)
+        if native is not None and self._agreement is not None:
+            self._agreement.settle()  # a native collective cannot be checked halfway
         return native is not None and native(self, *args) is not NotImplemented
 
     @contextmanager
     def collective(self, kind: str, **desc):
-        """Number the next collective, check ranks agree on it, yield its data tag."""
+        """Number the next collective, start its agreement check, yield its data tag."""
         seq, self._seq = self._seq, self._seq + 1
         try:
-            agree(self, seq, kind, **desc)
+            self._agreement = Agreement(self, self._tag(_CONTROL, seq), kind,
+                                        describe_call(seq, kind, **desc))
             yield self._tag(_DATA, seq)
+            self._agreement.settle()  # a rank that only sent checks here
         except (ChannelError, TimeoutError, ConnectionError) as e:
+            if self._agreement is not None:
+                self._agreement.settle_after_error()  # a mismatch explains the error best
             raise self._failure(f"{kind} #{seq}", e) from e
+        finally:
+            self._agreement = None
 
     def call(self, fn, *args, async_op: bool = False):
         """Run fn(*args) now, or in order on the group's thread; async returns a Work."""

@@ -32,13 +32,23 @@ def byte_view(buf, *, writable: bool, what: str) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+_DESCRIPTIONS: dict = {}
+
+
 def describe(buf) -> str:
     """Say what a buffer is, for error messages: dtype and shape when it has them."""
     dtype, shape = getattr(buf, "dtype", None), getattr(buf, "shape", None)
-    nbytes = memoryview(buf).nbytes
-    if dtype is not None:
-        return f"{nbytes} bytes ({dtype}{list(shape)})"
-    return f"{nbytes} bytes"
+    if dtype is None:
+        return f"{memoryview(buf).nbytes} bytes"
+    # Every message carries this; str(dtype) alone costs microseconds, so remember it.
+    key = (dtype, shape)
+    text = _DESCRIPTIONS.get(key)
+    if text is None:
+        if len(_DESCRIPTIONS) > 4096:
+            _DESCRIPTIONS.clear()
+        text = _DESCRIPTIONS[key] = f"{getattr(buf, 'nbytes', None) or memoryview(buf).nbytes} " \
+                                    f"bytes ({dtype}{list(shape)})"
+    return text
 
 
 class Work:
@@ -71,6 +81,10 @@ class DataChannel:
     """Point-to-point byte transport among `world_size` ranks; rendezvous through a store."""
 
     name = "base"
+    # True when a send completes whether or not the peer has posted a receive (the socket
+    # channels' receiver threads always drain): collectives may then send before their
+    # agreement check settles (mwrt.agreement).
+    buffered_sends = False
 
     def __init__(self, rank: int, world_size: int, *, store, prefix: str = "mwrt",
                  key: bytes | None = None, timeout: float | None = None):

@@ -28,6 +28,7 @@ class InprocChannel(DataChannel):
     """In-process reference implementation of the channel contract."""
 
     name = "inproc"
+    buffered_sends = True  # messages queue until received
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None):
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)

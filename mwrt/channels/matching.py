@@ -61,6 +61,8 @@ def resolve(post: _Post, exc: BaseException | None = None) -> None:
 class MatchingChannel(DataChannel):
     """A channel whose transport calls _segment_target/_segment_done/_peer_gone as bytes arrive."""
 
+    buffered_sends = True  # unmatched messages are stashed, so sends never wait for receives
+
     def __init__(self, rank, world_size, **kwargs):
         super().__init__(rank, world_size, **kwargs)
         self._cond = threading.Condition()

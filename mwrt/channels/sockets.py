@@ -119,7 +119,8 @@ class SocketChannel(MatchingChannel):
     def _send(self, view, peer, tag, timeout, desc):
         deadline, claimed = time.monotonic() + timeout, False
         try:
-            conn = self._out_conn(peer, deadline, timeout)
+            # Connected once, the connection stays: skip the per-peer connect lock.
+            conn = self._outbound.get(peer) or self._out_conn(peer, deadline, timeout)
             claimed = self._claim_tag(peer, tag, deadline)
             total, step, offset, head = view.nbytes, self.segment_bytes, 0, desc.encode()
             while True:
