@@ -153,6 +153,17 @@ class Daemon:
             reply_to = sid + b"/" + RX if role == TX else identity
             self.send(reply_to, wire.Failed(-1, {"kind": "wire", "message": str(exc)}))
             return
+        try:
+            self._route(identity, sid, role, seq, commands, frames)
+        except Exception as exc:  # well-formed but ill-typed fields: the loop must outlive them
+            log.warning("rejected a message from %r: %s: %s", identity[:40],
+                        type(exc).__name__, exc)
+            reply_to = sid + b"/" + RX if role == TX else identity
+            self.send(reply_to, wire.Failed(-1, {
+                "kind": "wire", "message": f"wire: a command has a field of the wrong type "
+                f"({type(exc).__name__}: {exc}); it and the rest of its batch did not run"}))
+
+    def _route(self, identity, sid, role, seq, commands, frames) -> None:
         if role == HB:
             self._on_heartbeat(identity, sid, commands)
         elif role == RX and len(commands) == 1 and isinstance(commands[0], wire.Hello):
@@ -191,6 +202,9 @@ class Daemon:
     def _dispatch(self, session, commands, data) -> None:
         groups: dict[int, list] = {}
         for command in commands:
+            if type(getattr(command, "stream", -1)) is not int:  # a thread per junk id, else
+                raise TypeError(f"{type(command).__name__}: stream must be an int (got "
+                                f"{command.stream!r:.40})")
             if isinstance(command, _SOCKET_COMMANDS):
                 self._submit(session, groups, data)
                 groups = {}
