@@ -116,7 +116,10 @@ class Daemon:
     def stop(self) -> None:
         self.stopping = True
 
-    def close(self) -> None:
+    def close(self, grace: float = 2.0) -> None:
+        """Close every session and socket; streams get `grace` seconds to finish their op."""
+        threads = [ex.thread for session in self.sessions.values()
+                   for ex in session.streams.values()]
         for session in list(self.sessions.values()):
             session.close()
         self.sessions.clear()
@@ -124,6 +127,14 @@ class Daemon:
         self.replies.close(linger=0)
         if self.authenticator is not None:
             self.authenticator.stop()
+        deadline = time.monotonic() + grace
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0))
+        busy = [t.name for t in threads if t.is_alive()]
+        if busy:  # a user function still running: context.term() would wait for it
+            log.warning("stopping with %d stream(s) still running an op (%s); not waiting",
+                        len(busy), ", ".join(busy))
+            return
         self.context.term()
 
     def _drain(self, sock, handle) -> None:
