@@ -362,9 +362,35 @@ class Daemon:
                             session.master, now - session.last_seen)
                 self.sessions.pop(sid, None)
                 session.close()
+        reap_orphan_segments()
         if self.parent_pid is not None and not _alive(self.parent_pid):
             log.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stopping = True
+
+
+def reap_orphan_segments(directory: str = "/dev/shm") -> list[str]:
+    """Unlink shm-channel segments whose creator is dead; return their names.
+
+    A sender names its segment mwrt-PID-HEX and the receiver unlinks it once mapped; a
+    sender killed before that leaves it behind, and no live process knows the name.
+    """
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith("mwrt-")]
+    except OSError:
+        return []
+    reaped = []
+    for name in names:
+        pid = name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+                reaped.append(name)
+            except OSError:
+                pass  # another reaper was first, or not ours to remove
+    if reaped:
+        log.warning("removed %d shared-memory segment(s) of dead processes: %s", len(reaped),
+                    ", ".join(reaped))
+    return reaped
 
 
 def _alive(pid: int) -> bool:
