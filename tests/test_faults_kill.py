@@ -104,6 +104,10 @@ def _check_named(kind, exc, victim, detection, what):
     assert detection < DETECT_WITHIN
 
 
+def _segments_of(pid: int) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"mwrt-{pid}-")]
+
+
 WORKER_PHASES = ["idle", "op", "put", "get", "move_from", "move_to"]
 
 
@@ -147,6 +151,9 @@ def test_worker_killed(workers, keys, phase, sig):
         x.numpy() if victim == 0 else mwrt.ones(2, node=1).numpy()
     assert lost.value.node == victim
     survivor = 1 - victim
+    # What the victim created and nobody mapped is reaped by the survivor (dead creator).
+    assert wait_until(lambda: not _segments_of(process.pid), 10) is not None, \
+        _segments_of(process.pid)
     if phase == "move_to":  # if the survivor's send failed, its stream reports that, once
         try:
             mwrt.synchronize(survivor)
@@ -325,5 +332,5 @@ def test_master_killed(workers, keys, phase, sig):
     for (process, _), before in zip(pairs, baseline):
         assert wait_until(lambda: fd_count(process.pid) <= before + 2, 15) is not None, \
             f"worker fds {fd_count(process.pid)}, were {before}"
-    leaked = [n for n in os.listdir("/dev/shm") if n.startswith(f"mwrt-{master.pid}-")]
-    assert not leaked, f"the dead master's shm segments: {leaked}"
+    assert wait_until(lambda: not _segments_of(master.pid), 10) is not None, \
+        f"the dead master's shm segments: {_segments_of(master.pid)}"
