@@ -151,6 +151,9 @@ def test_worker_killed(workers, keys, phase, sig):
         x.numpy() if victim == 0 else mwrt.ones(2, node=1).numpy()
     assert lost.value.node == victim
     survivor = 1 - victim
+    # A SIGTERM'd daemon stops by itself, even with a user function still running.
+    assert wait_until(lambda: process.poll() is not None, 10) is not None, \
+        f"worker {victim} still running 10 s after {sig.name}"
     # What the victim created and nobody mapped is reaped by the survivor (dead creator).
     assert wait_until(lambda: not _segments_of(process.pid), 10) is not None, \
         _segments_of(process.pid)
@@ -160,10 +163,6 @@ def test_worker_killed(workers, keys, phase, sig):
         except mwrt.RemoteError as sticky:
             assert names(sticky, victim), sticky
     np.testing.assert_array_equal((mwrt.ones(3, node=survivor) + 1).numpy(), [2, 2, 2])
-    # A SIGTERM'd daemon stops by itself, even with a user function still running.
-    if sig == signal.SIGTERM:
-        assert wait_until(lambda: process.poll() is not None, 10) is not None, \
-            f"worker {victim} still running 10 s after SIGTERM"
 
 
 def test_stopped_worker_is_declared_lost_after_the_heartbeat_timeout(workers, keys):
