@@ -250,7 +250,7 @@ def test_rank_killed_mid_collective(sig):
             named = line.startswith("error") and f"rank {victim}" in line
             detection = float(line.split()[1]) - killed if line.startswith("error") else None
             TALLY.fault(named, detection, hang=hang)
-            assert not hang, f"rank {rank}: no error {DETECT_WITHIN + 10} s after rank {victim} died"
+            assert not hang, f"rank {rank}: no error {DETECT_WITHIN + 10} s after the kill"
             assert named, f"rank {rank}: error does not name rank {victim}: {line}"
             assert detection < DETECT_WITHIN
         for rank, process in enumerate(ranks):

@@ -7,7 +7,6 @@ import os
 import pickle
 import random
 import socket
-import struct
 import threading
 import time
 
@@ -141,9 +140,9 @@ ARRAY_EXTS = st.builds(
     st.binary(max_size=64))
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1),
                    st.floats(), st.text(max_size=16), st.binary(max_size=32), EXTS, ARRAY_EXTS)
+KEYS = st.one_of(st.text(max_size=4), st.integers(-(1 << 63), (1 << 63) - 1))
 VALUES = st.recursive(LEAVES, lambda kids: st.one_of(
-    st.lists(kids, max_size=6), st.dictionaries(st.one_of(st.text(max_size=4), st.integers(-(1 << 63), (1 << 63) - 1)),
-                                                 kids, max_size=4)), max_leaves=12)
+    st.lists(kids, max_size=6), st.dictionaries(KEYS, kids, max_size=4)), max_leaves=12)
 ROWS = st.lists(st.tuples(st.integers(-2, len(wire.MESSAGES) + 2), st.lists(VALUES, max_size=8))
                 .map(lambda row: [row[0], *row[1]]), max_size=4)
 
