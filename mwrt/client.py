@@ -140,6 +140,8 @@ class Node:
             now = time.monotonic()
             if not self.rows:
                 self.batch_started = now
+            if self.frees:  # handles dropped before this row: their frees run before it
+                self._append_frees()
             if frame is not None:
                 row = row[:-1] + (len(self.frames),)
                 self.frames.append(frame)

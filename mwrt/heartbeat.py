@@ -123,6 +123,9 @@ class Heartbeat(threading.Thread):
         node = self.cluster.nodes[index]
         if isinstance(message, wire.Pong):
             self.last_pong[index] = time.monotonic()
+            # A pong proves a connection: the monitor may have missed EVENT_CONNECTED (it is
+            # attached after connect), and without it a disconnect would go unnoticed.
+            self.connected[index] = True
             if node.info is not None and message.incarnation != node.info.incarnation:
                 node.mark_lost("the worker restarted (new incarnation); its tensors are gone")
         elif isinstance(message, wire.Fired):

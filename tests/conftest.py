@@ -73,11 +73,30 @@ def _leftovers() -> list[str]:
     return found
 
 
+_FD_SLACK = 16  # pytest, hypothesis and lazily opened modules keep a few files open
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leaks():
-    """After the suite: no worker process started by it, no mwrt shared-memory segment."""
+    """After the suite: no worker process started by it, no mwrt shared-memory segment, and
+    not many more open file descriptors than before it."""
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     yield
     mwrt.shutdown()
     leftovers = _leftovers()
+    if fds is not None and len(os.listdir("/proc/self/fd")) > fds + _FD_SLACK:
+        now = sorted(os.listdir("/proc/self/fd"), key=int)
+        targets = [os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}")
+                   else "?" for fd in now]
+        leftovers.append(f"{len(now)} open file descriptors (were {fds}): {targets}")
     if leftovers:
         pytest.fail("leaked after the test suite:\n" + "\n".join(leftovers))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fault suite's one-line summary (tests/faultkit.py), when any of it ran."""
+    import faultkit
+
+    line = faultkit.TALLY.line()
+    if line:
+        terminalreporter.write_line(line)

@@ -116,7 +116,10 @@ class Daemon:
     def stop(self) -> None:
         self.stopping = True
 
-    def close(self) -> None:
+    def close(self, grace: float = 2.0) -> None:
+        """Close every session and socket; streams get `grace` seconds to finish their op."""
+        threads = [ex.thread for session in self.sessions.values()
+                   for ex in session.streams.values()]
         for session in list(self.sessions.values()):
             session.close()
         self.sessions.clear()
@@ -124,6 +127,14 @@ class Daemon:
         self.replies.close(linger=0)
         if self.authenticator is not None:
             self.authenticator.stop()
+        deadline = time.monotonic() + grace
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0))
+        busy = [t.name for t in threads if t.is_alive()]
+        if busy:  # a user function still running: context.term() would wait for it
+            log.warning("stopping with %d stream(s) still running an op (%s); not waiting",
+                        len(busy), ", ".join(busy))
+            return
         self.context.term()
 
     def _drain(self, sock, handle) -> None:
@@ -152,6 +163,17 @@ class Daemon:
             reply_to = sid + b"/" + RX if role == TX else identity
             self.send(reply_to, wire.Failed(-1, {"kind": "wire", "message": str(exc)}))
             return
+        try:
+            self._route(identity, sid, role, seq, commands, frames)
+        except Exception as exc:  # well-formed but ill-typed fields: the loop must outlive them
+            log.warning("rejected a message from %r: %s: %s", identity[:40],
+                        type(exc).__name__, exc)
+            reply_to = sid + b"/" + RX if role == TX else identity
+            self.send(reply_to, wire.Failed(-1, {
+                "kind": "wire", "message": f"wire: a command has a field of the wrong type "
+                f"({type(exc).__name__}: {exc}); it and the rest of its batch did not run"}))
+
+    def _route(self, identity, sid, role, seq, commands, frames) -> None:
         if role == HB:
             self._on_heartbeat(identity, sid, commands)
         elif role == RX and len(commands) == 1 and isinstance(commands[0], wire.Hello):
@@ -190,6 +212,9 @@ class Daemon:
     def _dispatch(self, session, commands, data) -> None:
         groups: dict[int, list] = {}
         for command in commands:
+            if type(getattr(command, "stream", -1)) is not int:  # a thread per junk id, else
+                raise TypeError(f"{type(command).__name__}: stream must be an int (got "
+                                f"{command.stream!r:.40})")
             if isinstance(command, _SOCKET_COMMANDS):
                 self._submit(session, groups, data)
                 groups = {}
@@ -341,9 +366,35 @@ class Daemon:
                             session.master, now - session.last_seen)
                 self.sessions.pop(sid, None)
                 session.close()
+        reap_orphan_segments()
         if self.parent_pid is not None and not _alive(self.parent_pid):
             log.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stopping = True
+
+
+def reap_orphan_segments(directory: str = "/dev/shm") -> list[str]:
+    """Unlink shm-channel segments whose creator is dead; return their names.
+
+    A sender names its segment mwrt-PID-HEX and the receiver unlinks it once mapped; a
+    sender killed before that leaves it behind, and no live process knows the name.
+    """
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith("mwrt-")]
+    except OSError:
+        return []
+    reaped = []
+    for name in names:
+        pid = name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+                reaped.append(name)
+            except OSError:
+                pass  # another reaper was first, or not ours to remove
+    if reaped:
+        log.warning("removed %d shared-memory segment(s) of dead processes: %s", len(reaped),
+                    ", ".join(reaped))
+    return reaped
 
 
 def _alive(pid: int) -> bool:
@@ -353,4 +404,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a zombie has exited; only its parent has not collected it yet
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True

@@ -76,10 +76,12 @@ class StreamExecutor:
                     if item is None:
                         break
                     commands, frames = item
-                    for command in commands:
-                        self.execute(command, frames)
-                    with self._lock:
-                        self.pending -= 1
+                    try:
+                        for command in commands:
+                            self._execute_safely(command, frames)
+                    finally:
+                        with self._lock:
+                            self.pending -= 1
         finally:
             self._reply_socket.close(linger=1000)
 
@@ -96,6 +98,14 @@ class StreamExecutor:
         """Wait until the GPU has run every kernel this stream launched (no-op on the host)."""
         if self.device != arrays.HOST:
             self.cuda_stream.synchronize()
+
+    def _execute_safely(self, command, frames) -> None:
+        """execute(), but a command too malformed even to report on must not end the stream."""
+        try:
+            self.execute(command, frames)
+        except Exception as exc:
+            log.warning("node %s stream %s: dropped a malformed %s (%s: %s)", self.session.node,
+                        self.id, type(command).__name__, type(exc).__name__, exc)
 
     def execute(self, command, frames) -> None:
         """Run one command, turning its failure into this stream's sticky error."""
