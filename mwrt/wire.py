@@ -109,9 +109,9 @@ def decode_header(frame) -> int:
         magic, version, seq = _unpack(frame)
     except Exception as exc:
         raise WireError(f"wire: malformed header ({type(exc).__name__}: {exc})") from None
-    if magic != MAGIC:
+    if type(magic) is not bytes or magic != MAGIC:
         raise WireError(f"wire: not an mwrt message (got magic {magic!r}, expected {MAGIC!r})")
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:
         raise WireError(f"wire: protocol version mismatch (got {version}, expected {VERSION}); "
                         "run the same mwrt version on master and workers")
     if not isinstance(seq, int):
