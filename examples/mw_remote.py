@@ -3,7 +3,6 @@
     python examples/mw_remote.py
 """
 
-import numpy as np
 
 import mwrt
 

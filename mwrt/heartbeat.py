@@ -43,6 +43,7 @@ class Heartbeat(threading.Thread):
         self.monitors = [s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
                          for s in self.sockets]
         self.connected = [False] * len(self.sockets)
+        self.announced: set[int] = set()  # lost nodes the others were told about
         self.last_pong = [time.monotonic()] * len(self.sockets)
 
     def stop(self) -> None:
@@ -74,6 +75,7 @@ class Heartbeat(threading.Thread):
                 for node in self.cluster.nodes:
                     node.flush_stale(time.monotonic(), _STRAGGLER_AGE)
                 self._fail_relays_of_lost_nodes()
+                self._announce_lost_nodes()
         except Exception:  # the master must learn why its heartbeat stopped
             log.exception("mwrt heartbeat thread failed")
         finally:
@@ -134,6 +136,17 @@ class Heartbeat(threading.Thread):
                 _, waiting = self.relays.pop(message.event, (index, []))
             for to_node in waiting:
                 self._send(to_node, wire.EventDone(0, message.event, ""))
+
+    def _announce_lost_nodes(self) -> None:
+        """Tell every surviving worker once that a node is gone, so whatever waits on it over
+        the data channel (a transfer, a collective) fails now, naming it."""
+        for index, node in enumerate(self.cluster.nodes):
+            if node.lost is None or index in self.announced:
+                continue
+            self.announced.add(index)
+            for other, peer in enumerate(self.cluster.nodes):
+                if peer.lost is None and not peer.closed:
+                    self._send(other, wire.PeerLost(0, index, node.lost))
 
     def _fail_relays_of_lost_nodes(self) -> None:
         """Waiters on events of a lost node get an error instead of waiting forever."""

@@ -319,8 +319,17 @@ class Fired:
     time: float
 
 
+@dataclass(frozen=True, slots=True)
+class PeerLost:
+    """Node `rank` is gone (`reason`): fail every receive from it on the data channel now."""
+
+    id: int
+    rank: int
+    reason: str
+
+
 # The wire code of a message is its index here: append, never reorder.
 MESSAGES = [Hello, Bye, Ping, Create, Put, Call, Remote, Free, Get, Meta, Sync, Query,
             NewStream, Record, WaitEvent, EventQuery, EventDone, Profile, Join, SendTo, RecvFrom,
             Collective, Stats,
-            Welcome, Pong, Done, Data, Failed, Fired]
+            Welcome, Pong, Done, Data, Failed, Fired, PeerLost]

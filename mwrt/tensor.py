@@ -11,7 +11,6 @@ import numpy as np
 
 from . import context, ops, wire
 from .arrays import HOST, as_dtype
-from .cluster import current
 from .ops import UNKNOWN, Spec
 from .ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
 

@@ -7,6 +7,7 @@ side, and between two workers directly, the master only sending the two commands
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from . import config, context, wire
 from .arrays import as_dtype
 from .cluster import current
+from .errors import ChannelError, WorkerLostError
 from .ops import Spec
 
 _PUT, _GET, _CALL = wire.code(wire.Put), wire.code(wire.Get), wire.code(wire.Call)
@@ -45,7 +47,8 @@ def put(array, node: int | None = None, device: int | None = None):
     tag = _TRANSFER_SPACE | next(_TAGS)
     target.request((_RECV, next(target.ids), stream, tensor._id, array.shape, array.dtype.str,
                     device, cluster.master_rank, tag), "posting a receive for dist_send")
-    cluster.channel().send(payload, target.index, tag)  # returns when `array` may be reused
+    with _naming_the_node(target):
+        cluster.channel().send(payload, target.index, tag)  # returns when `array` is reusable
     return tensor
 
 
@@ -65,8 +68,20 @@ def fetch(tensor) -> np.ndarray:
     node.request((_SEND, next(node.ids), tensor._streams[0], tensor._id, cluster.master_rank,
                   tag), f"numpy() of tensor {tensor._id}")
     out = np.empty(tensor.shape, tensor.dtype)
-    cluster.channel().recv(out.reshape(-1).view(np.uint8), node.index, tag)
+    with _naming_the_node(node):
+        cluster.channel().recv(out.reshape(-1).view(np.uint8), node.index, tag)
     return out
+
+
+@contextlib.contextmanager
+def _naming_the_node(node):
+    """A broken transfer is reported as the loss of the worker, by node, not by channel rank."""
+    try:
+        yield
+    except ChannelError as exc:
+        raise WorkerLostError(f"{node}: the data channel to it broke during a transfer ({exc}); "
+                              "the worker died or was stopped", node=node.index,
+                              address=node.address) from exc
 
 
 def move(tensor, node_index: int, device: int):

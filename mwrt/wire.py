@@ -23,6 +23,11 @@ CODES = {cls: code for code, cls in enumerate(MESSAGES)}
 _FIELDS = [tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES]
 # Codes of the messages that run on a stream: their fields start (id, stream, ...).
 STREAM_CODES = frozenset(c for c, names in enumerate(_FIELDS) if names[1:2] == ("stream",))
+_TYPES = {"int": int, "str": str, "tuple": tuple, "dict": dict, "bool": bool, "bytes": bytes,
+          "float": (int, float), "object": object}
+# What each field must decode to: a command with a dict for a stream id is refused here,
+# not deep inside a handler.
+_FIELD_TYPES = [tuple(_TYPES[f.type] for f in dataclasses.fields(cls)) for cls in MESSAGES]
 
 MAGIC = b"mwrt"
 VERSION = 1
@@ -156,6 +161,10 @@ def _build(row):
     if len(row) - 1 != len(names):
         raise WireError(f"wire: {cls.__name__} takes {len(names)} fields "
                         f"(got {len(row) - 1})")
+    for value, kind, name in zip(row[1:], _FIELD_TYPES[code], names):
+        if not isinstance(value, kind):
+            raise WireError(f"wire: {cls.__name__}.{name} has the wrong type (got "
+                            f"{type(value).__name__}, expected {getattr(kind, '__name__', kind)})")
     return cls(*row[1:])
 
 

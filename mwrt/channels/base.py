@@ -134,6 +134,10 @@ class DataChannel:
             pool.shutdown(wait=False, cancel_futures=True)
         self._close()
 
+    def fail_peer(self, peer: int, why: str) -> None:
+        """Someone who knows (a master's heartbeat) says `peer` is gone: fail its receives now
+        rather than at their timeout. A channel that cannot tell does nothing."""
+
     def __enter__(self):
         return self
 

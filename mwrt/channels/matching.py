@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 
+from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, WireError
 from .base import DataChannel, Work, byte_view, describe, size_mismatch
 
@@ -165,6 +166,10 @@ class MatchingChannel(DataChannel):
             else:
                 msg.buf, msg.post = post.view, post
             return msg
+        limit = config.get("max_tensor_bytes")
+        if total > limit:  # a peer's header must not make us allocate without bound
+            raise WireError(f"rank {peer} announced a {total}-byte message, over the limit of "
+                            f"{limit} bytes (MWRT_MAX_TENSOR_BYTES)")
         msg.buf = memoryview(bytearray(total))
         box.arrived.append(msg)
         return msg
@@ -204,6 +209,12 @@ class MatchingChannel(DataChannel):
         for post, got, total in failed:
             resolve(post, self._closed_error(peer, post.tag, got, total))
         self._on_peer_gone(peer)
+
+    def fail_peer(self, peer: int, why: str) -> None:
+        """Fail every receive from `peer` now, saying `why`."""
+        if 0 <= peer < self.world_size and peer != self.rank:
+            self._peer_gone(peer, why)
+
 
 class _PostWork(Work):
     """An irecv posted to the receiver thread; wait() defaults to the irecv's timeout."""

@@ -38,6 +38,7 @@ MAGIC = 0x4D575254
 DATA = 1
 _DISCARD = 1 << 20
 _LINGER = 5.0  # seconds close() waits for peers to read what we sent
+_HANDSHAKE_SECONDS = 10.0
 
 
 class OutConn:
@@ -251,7 +252,8 @@ class SocketChannel(MatchingChannel):
                 raise AuthError(f"unexpected claim {claim!r} (expected {self._claim('<rank>')!r})")
 
         try:
-            claim = server_handshake(sock, self.key, self.timeout, check)
+            # A connection that never finishes the challenge must not hold a thread for long.
+            claim = server_handshake(sock, self.key, min(self.timeout, _HANDSHAKE_SECONDS), check)
         except AuthError as exc:
             log.warning("%s channel rank %d: refused a connection: %s", self.name, self.rank, exc)
             return None

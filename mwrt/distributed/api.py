@@ -15,7 +15,6 @@ from .. import channels, collectives as C
 from ..collectives import as_flat, host_view
 from ..errors import MwrtError
 from ..group import ProcessGroup
-from ..reduce_ops import ReduceOp
 from ..rendezvous import _seconds, rendezvous, store_from_url
 from .. import config
 

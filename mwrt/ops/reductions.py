@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Spec, register
-from ._meta import normalize_axes, result_dtype
+from ._meta import normalize_axes
 
 REDUCTIONS = ["sum", "mean", "prod", "min", "max", "std", "var", "any", "all",
               "nansum", "nanmean", "nanprod", "nanmin", "nanmax", "nanstd", "nanvar",

@@ -29,6 +29,7 @@ log = logging.getLogger("mwrt.worker")
 TX, RX, HB = b"tx", b"rx", b"hb"
 _REFUSALS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_REJECTION_WINDOW, _REJECTIONS_LOGGED = 10.0, 20  # seconds, log lines per window
 _FAST_SYNC = (wire.Get, wire.Meta, wire.Sync)
 _INLINE_LIMIT = 64 << 10  # bytes the socket thread may copy into a reply itself
 _SOCKET_COMMANDS = (wire.Hello, wire.Bye, wire.Ping, wire.NewStream, wire.Query,
@@ -82,6 +83,7 @@ class Daemon:
         self.parent_pid = parent_pid
         self.stopping = False
         self._functions: dict[bytes, object] = {}
+        self._rejections = [0.0, 0, 0]  # window start, rejections in it, not logged
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -108,10 +110,25 @@ class Daemon:
         monitor.close(linger=0)
         self.close()
 
+    def _log_rejection(self, message: str, *args) -> None:
+        """Log a refused frame or connection: a flood of them must not flood the log."""
+        now = time.monotonic()
+        if now - self._rejections[0] > _REJECTION_WINDOW:
+            if self._rejections[2]:
+                log.warning("(%d more rejections in the last %.0f s were not logged)",
+                            self._rejections[2], _REJECTION_WINDOW)
+            self._rejections = [now, 0, 0]
+        self._rejections[1] += 1
+        if self._rejections[1] <= _REJECTIONS_LOGGED:
+            log.warning(message, *args)
+        else:
+            self._rejections[2] += 1
+
     def _log_refusal(self, event: dict) -> None:
-        log.warning("refused a connection from %s: %s (a master without this worker's key, "
-                    "or not a master at all)", event.get("endpoint", b"?").decode(errors="replace"),
-                    zmq.Event(event["event"]).name.lower().replace("_", " "))
+        self._log_rejection(
+            "refused a connection from %s: %s (a master without this worker's key, or not a "
+            "master at all)", event.get("endpoint", b"?").decode(errors="replace"),
+            zmq.Event(event["event"]).name.lower().replace("_", " "))
 
     def stop(self) -> None:
         self.stopping = True
@@ -158,7 +175,7 @@ class Daemon:
             seq = wire.decode_header(frames[1].bytes)
             commands = wire.decode_body(frames[2].bytes, self.max_frame)
         except WireError as exc:
-            log.warning("rejected a message from %r: %s", identity[:40], exc)
+            self._log_rejection("rejected a message from %r: %s", identity[:40], exc)
             # A master reads replies on its rx socket only.
             reply_to = sid + b"/" + RX if role == TX else identity
             self.send(reply_to, wire.Failed(-1, {"kind": "wire", "message": str(exc)}))
@@ -166,7 +183,7 @@ class Daemon:
         try:
             self._route(identity, sid, role, seq, commands, frames)
         except Exception as exc:  # well-formed but ill-typed fields: the loop must outlive them
-            log.warning("rejected a message from %r: %s: %s", identity[:40],
+            self._log_rejection("rejected a message from %r: %s: %s", identity[:40],
                         type(exc).__name__, exc)
             reply_to = sid + b"/" + RX if role == TX else identity
             self.send(reply_to, wire.Failed(-1, {
@@ -181,7 +198,8 @@ class Daemon:
         elif role == TX:
             self._on_batch(identity, sid, seq, commands, frames[3:])
         else:
-            log.warning("rejected a message from %r: unknown role or command", identity[:40])
+            self._log_rejection("rejected a message from %r: unknown role or command",
+                                identity[:40])
             self.send(identity, wire.Failed(-1, {"kind": "wire", "message": "wire: expected "
                                                  "a Hello on SESSION/rx or commands on tx"}))
 
@@ -194,6 +212,8 @@ class Daemon:
                 self.send(identity, wire.Pong(command.id, self.incarnation))
             elif isinstance(command, wire.EventDone) and session is not None:
                 self.fire_event(session, command.event, None, self.send, command.error)
+            elif isinstance(command, wire.PeerLost) and session is not None:
+                session.peer_lost(command.rank, command.reason)
 
     def _on_batch(self, identity, sid, seq, commands, data) -> None:
         session = self.sessions.get(sid)
@@ -284,6 +304,12 @@ class Daemon:
             from .data import SessionData
 
             session.data = SessionData(session, command)
+            # Publish this node's channel address now: a peer must never wait on the store
+            # for a node that died before its first transfer, only fail to connect to it.
+            try:
+                session.data.get_channel()
+            except Exception as exc:  # reported when a transfer first needs the channel
+                log.warning("session %s: data channel not ready: %s", session.id, exc)
         elif isinstance(command, wire.Stats):
             self.send(identity, wire.Done(command.token, session.stats()))
         return session

@@ -34,6 +34,7 @@ class StreamExecutor:
         self.session, self.id, self.device = session, stream_id, device
         self.xp = arrays.namespace(device)
         self.error: dict | None = None
+        self.stopped = False
         self.pending = 0  # batches queued and not finished; changed under _lock
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -53,7 +54,8 @@ class StreamExecutor:
         return self.pending == 0
 
     def stop(self) -> None:
-        """Finish the current command and end the thread."""
+        """Finish the current command, drop the queued ones, and end the thread."""
+        self.stopped = True
         self._queue.put(None)
 
     def reply(self, message, frames=()) -> None:
@@ -109,6 +111,8 @@ class StreamExecutor:
 
     def execute(self, command, frames) -> None:
         """Run one command, turning its failure into this stream's sticky error."""
+        if self.stopped:  # the session ended: its queued work has no one to answer to
+            return
         if self.error is not None and not isinstance(command, _ALWAYS_RUN):
             handlers.poison(self, command, self.error)
             return

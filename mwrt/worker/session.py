@@ -8,6 +8,9 @@ import time
 from .executor import DEFAULT_STREAM_LIMIT, StreamExecutor
 
 
+MAX_STREAMS = 1024  # each stream is a thread: a master must not be able to start unboundedly many
+
+
 class EventState:
     """An event's completion flag and the time it fired."""
 
@@ -47,6 +50,9 @@ class Session:
                     raise KeyError(f"stream {stream_id}: unknown on node {self.node}; "
                                    "create it with mwrt.Stream() first")
                 device = stream_id
+            if len(self.streams) >= MAX_STREAMS:
+                raise RuntimeError(f"stream {stream_id}: this session already has {MAX_STREAMS} "
+                                   f"streams on node {self.node} (the limit); reuse streams")
             executor = StreamExecutor(self, stream_id, device)
             self.streams[stream_id] = executor
         return executor
@@ -73,6 +79,12 @@ class Session:
                     self.tensors.pop(tid, None)
                 else:
                     self.pending_frees[tid] = left
+
+    def peer_lost(self, rank: int, reason: str) -> None:
+        """The master saw node `rank` die: transfers and collectives waiting on it fail now."""
+        channel = self.data.channel if self.data is not None else None
+        if channel is not None:
+            channel.fail_peer(rank, f"node {rank} is lost ({reason})")
 
     def stats(self) -> dict:
         """Live tensors and their bytes."""
