@@ -8,16 +8,22 @@ from . import channels
 from .arrays import HOST
 from .cluster import init_master_worker, is_initialized, shutdown
 from .context import current_device, current_node, device, node
-from .creation import (TYPED_CONSTRUCTORS, arange, empty, full, manual_seed, ones, rand, randn,
-                       zeros)
-from .errors import (ChannelClosedError, ChannelError, CollectiveMismatchError, MwrtError,
-                     RemoteError, WireError, WorkerLostError)
+from .creation import TYPED_CONSTRUCTORS, arange, empty, full, manual_seed, ones, rand, randn, zeros
+from .errors import (
+                       ChannelClosedError,
+                       ChannelError,
+                       CollectiveMismatchError,
+                       MwrtError,
+                       RemoteError,
+                       WireError,
+                       WorkerLostError,
+)
 from .profile import profile
 from .reduce_ops import ReduceOp
 from .remote import remote
-from .tensor_collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
 from .streams import Event, Stream, current_stream, stream
 from .tensor import DistributedTensor
+from .tensor_collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
 from .transfer import put as dist_send
 from .worker_api import device_count, memory_stats, num_nodes, synchronize
 

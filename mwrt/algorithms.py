@@ -13,7 +13,6 @@ import numpy as np
 from .reduce_ops import ReduceOp, combine
 
 
-
 def exchange(g, send, to, recv, frm, tag) -> None:
     """Send `send` to rank `to` while receiving `recv` from rank `frm`."""
     if send.nbytes <= g.eager_bytes:  # completes without the peer: skip the thread hop

@@ -17,7 +17,6 @@ import time
 from collections import deque
 
 import zmq
-
 from zmq.utils.monitor import recv_monitor_message
 
 from . import auth, config, wire

@@ -15,9 +15,9 @@ import zmq
 
 from . import auth, channels, config, wire
 from .client import Node
-from .rendezvous import TCPStore
 from .errors import ConfigError, MwrtError
 from .local import LocalWorker
+from .rendezvous import TCPStore
 
 log = logging.getLogger("mwrt")
 

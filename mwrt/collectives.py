@@ -26,7 +26,6 @@ import numpy as np
 from . import algorithms as alg
 from .reduce_ops import ReduceOp, reduce_op
 
-
 # -- buffers -----------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from . import config
 from .agreement import Agreement, describe_call
 from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
+from .procs import process_alive
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
 
@@ -210,7 +211,7 @@ class ProcessGroup:
         """Ranks on this host whose process no longer runs (a zombie counts as gone)."""
         here, gone = socket.gethostname(), []
         for rank, (host, pid) in sorted(self.peers.items()):
-            if host == here and rank in self.ranks and not _alive(pid):
+            if host == here and rank in self.ranks and not process_alive(pid):
                 gone.append(rank)
         return gone
 
@@ -225,16 +226,6 @@ class ProcessGroup:
                     for i in range(1, n)]
         except (MwrtError, OSError):
             return ["(the store is unreachable: rank 0, which serves it, may be gone)"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-    except OSError:
-        return True  # no /proc: assume alive rather than accuse
 
 
 __all__ = ["ProcessGroup"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 # -- commands: master -> worker -------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)

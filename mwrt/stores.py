@@ -17,6 +17,7 @@ from datetime import timedelta
 from . import config
 from .errors import RendezvousError, RendezvousTimeoutError
 
+
 def as_bytes(value) -> bytes:
     """Store values are bytes; str is UTF-8 encoded."""
     if isinstance(value, str):

@@ -64,12 +64,26 @@ def fetch(tensor) -> np.ndarray:
         return np.frombuffer(frames[0], dtype=dtype).reshape(shape).copy()
     cluster = current()
     tag = _TRANSFER_SPACE | next(_TAGS)
-    # The worker answers before it sends: an error (a failed op) arrives instead of bytes.
-    node.request((_SEND, next(node.ids), tensor._streams[0], tensor._id, cluster.master_rank,
-                  tag), f"numpy() of tensor {tensor._id}")
-    out = np.empty(tensor.shape, tensor.dtype)
+    node.check_lost()
     with _naming_the_node(node):
-        cluster.channel().recv(out.reshape(-1).view(np.uint8), node.index, tag)
+        if tensor.nbytes > config.get("max_tensor_bytes"):  # never made: the worker says why
+            out = None
+        else:  # post the receive first, so the bytes land in `out`, not in a stash
+            out = np.empty(tensor.shape, tensor.dtype)
+            work = cluster.channel().irecv(out.reshape(-1).view(np.uint8), node.index, tag)
+        try:
+            # The worker answers before it sends: an error (a failed op) comes instead of bytes.
+            node.request((_SEND, next(node.ids), tensor._streams[0], tensor._id,
+                          cluster.master_rank, tag), f"numpy() of tensor {tensor._id}")
+        except BaseException:
+            if out is not None:
+                work.cancel()
+            raise
+        if out is None:
+            out = np.empty(tensor.shape, tensor.dtype)
+            cluster.channel().recv(out.reshape(-1).view(np.uint8), node.index, tag)
+        else:
+            work.wait()
     return out
 
 

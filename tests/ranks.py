@@ -12,6 +12,7 @@ from mwrt import channels
 from mwrt.group import ProcessGroup
 from mwrt.rendezvous import FileStore, HashStore, rendezvous
 
+
 def available(name: str) -> bool:
     """True if channel `name` can be imported (the tcp/shm channels may not be merged yet)."""
     try:

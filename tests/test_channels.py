@@ -11,12 +11,12 @@ from __future__ import annotations
 import glob
 import logging
 import multiprocessing
-from multiprocessing import resource_tracker
 import os
 import signal
 import socket
 import threading
 import time
+from multiprocessing import resource_tracker
 
 import numpy as np
 import pytest

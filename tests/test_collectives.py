@@ -6,11 +6,11 @@ from functools import reduce as fold
 
 import numpy as np
 import pytest
+from ranks import available, run_ranks
 
 from mwrt import collectives as C
 from mwrt.errors import CollectiveMismatchError
 from mwrt.reduce_ops import ReduceOp
-from ranks import available, run_ranks
 
 pytestmark = pytest.mark.timeout(90)
 

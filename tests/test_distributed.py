@@ -9,9 +9,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from ranks import available
 
 import mwrt.distributed as dist
-from ranks import available
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,13 +13,21 @@ import time
 
 import numpy as np
 import pytest
+from faultkit import (
+    SIGNALS,
+    TALLY,
+    fd_count,
+    names,
+    python,
+    read_line,
+    reap,
+    start_logged_worker,
+    wait_until,
+)
 
 import mwrt
 from mwrt.auth import keygen
 from mwrt.cluster import current
-
-from faultkit import (SIGNALS, TALLY, fd_count, names, python, read_line, reap,
-                      start_logged_worker, wait_until)
 
 pytestmark = pytest.mark.timeout(90)
 

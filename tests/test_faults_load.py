@@ -11,10 +11,9 @@ import time
 
 import numpy as np
 import pytest
+from faultkit import TALLY
 
 import mwrt
-
-from faultkit import TALLY
 
 SECONDS = float(os.environ.get("MWRT_LOAD_SECONDS", "20"))
 RATE = float(os.environ.get("MWRT_LOAD_RATE", "500"))

@@ -14,6 +14,8 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from conftest import stop_worker
+from faultkit import TALLY, fd_count, start_logged_worker, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,9 +24,6 @@ from mwrt import auth, channels, wire
 from mwrt.channels import sockets
 from mwrt.errors import WireError
 from mwrt.rendezvous import HashStore
-
-from conftest import stop_worker
-from faultkit import TALLY, fd_count, start_logged_worker, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,13 +12,12 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from conftest import start_worker, stop_worker
 
 import mwrt
 from mwrt import wire
 from mwrt.auth import keygen
 from mwrt.errors import AuthError
-
-from conftest import start_worker, stop_worker
 
 
 def works(key) -> None:

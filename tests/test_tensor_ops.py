@@ -7,7 +7,6 @@ import operator
 import numpy as np
 import pytest
 
-
 A = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
 B = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
 I = np.arange(12, dtype=np.int32).reshape(3, 4)

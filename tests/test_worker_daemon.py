@@ -9,11 +9,10 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from conftest import start_worker, stop_worker
 
 import mwrt
 from mwrt import wire
-
-from conftest import start_worker, stop_worker
 
 
 @pytest.fixture

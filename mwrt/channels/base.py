@@ -72,6 +72,10 @@ class Work:
         """True once the operation finished, successfully or not."""
         return self._future.done()
 
+    def cancel(self) -> None:
+        """Withdraw a receive that will never be matched (best effort; a no-op here)."""
+        self._future.cancel()
+
     def exception(self):
         """The operation's error, or None; waits for it to finish."""
         return self._future.exception()

@@ -18,6 +18,7 @@ from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, WireError
 from .base import DataChannel, Work, byte_view, describe, size_mismatch
 
+
 class _Post:
     """A receive: the buffer to fill, and the future the caller waits on."""
 
@@ -106,6 +107,15 @@ class MatchingChannel(DataChannel):
             resolve(post)
         return post
 
+    def _withdraw(self, post: _Post, peer: int) -> None:
+        """Take a posted receive back: a message that arrives later goes to the stash."""
+        with self._cond:
+            post.cancelled = True
+            box = self._boxes.get((peer, post.tag))
+            if box is not None and post in box.posted:
+                box.posted.remove(post)
+                self._gc(peer, post.tag, box)
+
     def _wait_post(self, post: _Post, peer: int, timeout: float) -> None:
         try:
             post.future.result(timeout)
@@ -113,12 +123,7 @@ class MatchingChannel(DataChannel):
         except TimeoutError:
             if post.future.done():  # the future's own error, or it completed just now
                 return post.future.result()
-        with self._cond:
-            post.cancelled = True
-            box = self._boxes.get((peer, post.tag))
-            if box is not None and post in box.posted:
-                box.posted.remove(post)
-                self._gc(peer, post.tag, box)
+        self._withdraw(post, peer)
         resolve(post, ChannelTimeoutError(
             f"{self.name} recv on rank {self.rank} from rank {peer} tag {post.tag}: no "
             f"message of {post.desc} completed within {timeout} s; is rank {peer} sending "
@@ -222,6 +227,11 @@ class _PostWork(Work):
     def __init__(self, channel, post, peer, timeout):
         super().__init__(post.future, f"{channel.name} irecv rank {channel.rank}<-{peer}")
         self._channel, self._post, self._peer, self._default = channel, post, peer, timeout
+
+    def cancel(self) -> None:
+        """Withdraw the receive (nothing will come): its buffer is no longer written."""
+        self._channel._withdraw(self._post, self._peer)
+        resolve(self._post, ChannelError(f"{self._what}: cancelled"))
 
     def wait(self, timeout=None):
         """Block until the buffer is filled, or raise ChannelTimeoutError after `timeout` s."""

@@ -17,6 +17,7 @@ stream.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import secrets
@@ -25,14 +26,17 @@ import socket
 import struct
 import sys
 import threading
-from time import monotonic as _now
 from collections import deque
+from time import monotonic as _now
 
 import numpy as np
 
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
+from ..procs import process_alive
 from .sockets import HEADER, MAGIC, SocketChannel
+
+log = logging.getLogger("mwrt.channels")
 
 SHM, MAP = 2, 3
 _ACK = struct.Struct("<I")
@@ -224,3 +228,28 @@ class ShmChannel(SocketChannel):
         for out in outs:
             out.segment.unlink()  # the receiver never mapped it (it died or never received)
             out.segment.close()
+
+
+def reap_orphan_segments(directory: str = "/dev/shm") -> list[str]:
+    """Unlink shm-channel segments whose creator is dead; return their names.
+
+    A sender names its segment mwrt-PID-HEX and the receiver unlinks it once mapped; a
+    sender killed before that leaves it behind, and no live process knows the name.
+    """
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith("mwrt-")]
+    except OSError:
+        return []
+    reaped = []
+    for name in names:
+        pid = name.split("-")[1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+                reaped.append(name)
+            except OSError:
+                pass  # another reaper was first, or not ours to remove
+    if reaped:
+        log.warning("removed %d shared-memory segment(s) of dead processes: %s", len(reaped),
+                    ", ".join(reaped))
+    return reaped

@@ -26,8 +26,7 @@ import time
 
 from .. import config
 from ..auth import client_handshake, server_handshake
-from ..errors import (AuthError, ChannelClosedError, ChannelTimeoutError,
-                      ConfigError, WireError)
+from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
 from .matching import MatchingChannel, resolve
 
 log = logging.getLogger("mwrt.channels")

@@ -7,13 +7,38 @@
 
 from ..reduce_ops import ReduceOp
 from ..rendezvous import FileStore, HashStore, Store, TCPStore
-from .api import (GroupMember, Work, destroy_process_group, get_backend,
-                  get_process_group_ranks, get_rank, get_world_size, init_process_group,
-                  irecv, is_initialized, isend, new_group, recv, send)
-from .collective import (all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
-                         all_to_all, all_to_all_single, barrier, broadcast,
-                         broadcast_object_list, gather, reduce, reduce_scatter,
-                         reduce_scatter_tensor, scatter)
+from .api import (
+                  GroupMember,
+                  Work,
+                  destroy_process_group,
+                  get_backend,
+                  get_process_group_ranks,
+                  get_rank,
+                  get_world_size,
+                  init_process_group,
+                  irecv,
+                  is_initialized,
+                  isend,
+                  new_group,
+                  recv,
+                  send,
+)
+from .collective import (
+                  all_gather,
+                  all_gather_into_tensor,
+                  all_gather_object,
+                  all_reduce,
+                  all_to_all,
+                  all_to_all_single,
+                  barrier,
+                  broadcast,
+                  broadcast_object_list,
+                  gather,
+                  reduce,
+                  reduce_scatter,
+                  reduce_scatter_tensor,
+                  scatter,
+)
 from .spawn import RankFailedError, spawn
 
 __all__ = [

@@ -11,12 +11,12 @@ import threading
 
 import numpy as np
 
-from .. import channels, collectives as C
+from .. import channels, config
+from .. import collectives as C
 from ..collectives import as_flat, host_view
 from ..errors import MwrtError
 from ..group import ProcessGroup
 from ..rendezvous import _seconds, rendezvous, store_from_url
-from .. import config
 
 
 class GroupMember:

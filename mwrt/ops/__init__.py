@@ -70,4 +70,4 @@ def names() -> list[str]:
 
 
 # Importing the families fills the registry.
-from . import elementwise, reductions, shape, misc  # noqa: E402,F401
+from . import elementwise, misc, reductions, shape  # noqa: E402,F401

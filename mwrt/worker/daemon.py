@@ -19,7 +19,9 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from .. import auth, config, wire
+from ..channels.shm import reap_orphan_segments
 from ..errors import ConfigError, WireError
+from ..procs import process_alive
 from .session import Session
 
 log = logging.getLogger("mwrt.worker")
@@ -196,7 +198,7 @@ class Daemon:
         elif role == RX and len(commands) == 1 and isinstance(commands[0], wire.Hello):
             self._hello(sid, commands[0])
         elif role == TX:
-            self._on_batch(identity, sid, seq, commands, frames[3:])
+            self._on_batch(sid, seq, commands, frames[3:])
         else:
             self._log_rejection("rejected a message from %r: unknown role or command",
                                 identity[:40])
@@ -215,7 +217,7 @@ class Daemon:
             elif isinstance(command, wire.PeerLost) and session is not None:
                 session.peer_lost(command.rank, command.reason)
 
-    def _on_batch(self, identity, sid, seq, commands, data) -> None:
+    def _on_batch(self, sid, seq, commands, data) -> None:
         session = self.sessions.get(sid)
         if session is None:
             self.send(sid + b"/" + RX, wire.Failed(-1, {
@@ -393,45 +395,6 @@ class Daemon:
                 self.sessions.pop(sid, None)
                 session.close()
         reap_orphan_segments()
-        if self.parent_pid is not None and not _alive(self.parent_pid):
+        if self.parent_pid is not None and not process_alive(self.parent_pid):
             log.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stopping = True
-
-
-def reap_orphan_segments(directory: str = "/dev/shm") -> list[str]:
-    """Unlink shm-channel segments whose creator is dead; return their names.
-
-    A sender names its segment mwrt-PID-HEX and the receiver unlinks it once mapped; a
-    sender killed before that leaves it behind, and no live process knows the name.
-    """
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith("mwrt-")]
-    except OSError:
-        return []
-    reaped = []
-    for name in names:
-        pid = name.split("-")[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            try:
-                os.unlink(os.path.join(directory, name))
-                reaped.append(name)
-            except OSError:
-                pass  # another reaper was first, or not ours to remove
-    if reaped:
-        log.warning("removed %d shared-memory segment(s) of dead processes: %s", len(reaped),
-                    ", ".join(reaped))
-    return reaped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited; only its parent has not collected it yet
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True

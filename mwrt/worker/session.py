@@ -7,7 +7,6 @@ import time
 
 from .executor import DEFAULT_STREAM_LIMIT, StreamExecutor
 
-
 MAX_STREAMS = 1024  # each stream is a thread: a master must not be able to start unboundedly many
 
 
