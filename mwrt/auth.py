@@ -19,6 +19,7 @@ import socket
 import struct
 
 from .errors import AuthError
+from .netio import recv_exact
 
 PUBLIC_KEY = b"mwrt-public-key: no secret configured"
 _MAGIC = b"MWRTAUTH1"
@@ -41,17 +42,6 @@ def _mac(key: bytes | None, role: bytes, server_nonce: bytes, client_nonce: byte
     return hmac.new(key or PUBLIC_KEY, msg, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError(f"connection closed after {got} of {n} handshake bytes")
-        got += k
-    return bytes(buf)
-
-
 def server_handshake(sock: socket.socket, key: bytes | None, timeout: float,
                      check=None) -> bytes:
     """Challenge the connecting side; return its authenticated claim or raise AuthError.
@@ -63,12 +53,12 @@ def server_handshake(sock: socket.socket, key: bytes | None, timeout: float,
     try:
         server_nonce = secrets.token_bytes(_NONCE)
         sock.sendall(_MAGIC + server_nonce)
-        client_nonce = _recv_exact(sock, _NONCE)
-        (claim_len,) = struct.unpack("<H", _recv_exact(sock, 2))
+        client_nonce = recv_exact(sock, _NONCE)
+        (claim_len,) = struct.unpack("<H", recv_exact(sock, 2))
         if claim_len > _MAX_CLAIM:
             raise AuthError(f"handshake: claim too long (got {claim_len} bytes, at most {_MAX_CLAIM})")
-        claim = _recv_exact(sock, claim_len)
-        answer = _recv_exact(sock, _DIGEST)
+        claim = recv_exact(sock, claim_len)
+        answer = recv_exact(sock, _DIGEST)
         if not hmac.compare_digest(answer, _mac(key, b"client", server_nonce, client_nonce, claim)):
             sock.sendall(_REFUSED)
             raise AuthError(f"handshake: wrong HMAC from {claim!r}; the two sides use different keys")
@@ -95,19 +85,19 @@ def client_handshake(sock: socket.socket, key: bytes | None, timeout: float, cla
     previous = sock.gettimeout()
     sock.settimeout(timeout)
     try:
-        hello = _recv_exact(sock, len(_MAGIC) + _NONCE)
+        hello = recv_exact(sock, len(_MAGIC) + _NONCE)
         if hello[: len(_MAGIC)] != _MAGIC:
             raise AuthError(f"{peer}: did not start an mwrt handshake (got {hello[:9]!r})")
         server_nonce, client_nonce = hello[len(_MAGIC):], secrets.token_bytes(_NONCE)
         proof = _mac(key, b"client", server_nonce, client_nonce, claim)
         sock.sendall(client_nonce + struct.pack("<H", len(claim)) + claim + proof)
-        if _recv_exact(sock, 1) != _OK:
+        if recv_exact(sock, 1) != _OK:
             raise AuthError(
                 f"{peer}: refused the HMAC handshake (a wrong key, or a rank or group it "
                 "does not expect); give every rank the same key (MWRT_KEY_FILE)"
             )
         expected = _mac(key, b"server", server_nonce, client_nonce, claim)
-        if not hmac.compare_digest(_recv_exact(sock, _DIGEST), expected):
+        if not hmac.compare_digest(recv_exact(sock, _DIGEST), expected):
             raise AuthError(f"{peer}: could not prove it holds the key; refusing to send to it")
     finally:
         sock.settimeout(previous)

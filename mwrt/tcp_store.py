@@ -16,6 +16,7 @@ import msgpack
 
 from . import config
 from .errors import RendezvousError, RendezvousTimeoutError, WireError
+from .netio import recv_exact
 from .stores import HashStore, Store, _seconds, as_bytes
 
 # -- TCPStore ----------------------------------------------------------------------------
@@ -33,22 +34,11 @@ def _send_frame(sock: socket.socket, obj) -> None:
     sock.sendall(_FRAME.pack(len(payload)) + payload)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("connection closed by peer")
-        got += k
-    return bytes(buf)
-
-
 def _recv_frame(sock: socket.socket):
-    (n,) = _FRAME.unpack(_recv_exact(sock, 4))
+    (n,) = _FRAME.unpack(recv_exact(sock, 4))
     if n > _MAX_FRAME:
         raise WireError(f"TCPStore: frame of {n} bytes exceeds the {_MAX_FRAME}-byte limit")
-    return msgpack.unpackb(_recv_exact(sock, n), raw=False)
+    return msgpack.unpackb(recv_exact(sock, n), raw=False)
 
 
 class _StoreServer:
