@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -52,7 +53,7 @@ def store(ex, out: int, value) -> None:
 
 
 def check_size(shape, dtype) -> None:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     limit = config.get("max_tensor_bytes")
     if nbytes > limit:
         raise MemoryError(f"create: tensor of {nbytes} bytes exceeds the limit of {limit} "
@@ -86,7 +87,7 @@ def put(ex, cmd, frames):
     dtype, shape = np.dtype(cmd.dtype), tuple(cmd.shape)
     check_size(shape, dtype)
     data = frames[cmd.frame]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(data) != expected:
         raise ValueError(f"put: data frame has the wrong size (got {len(data)} bytes, expected "
                          f"{expected} for {dtype}{list(shape)})")
