@@ -22,33 +22,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from mwrt import channels  # noqa: E402
+from mwrt.stores import FileStore  # noqa: E402
 
 SIZES = [1 << 20, 64 << 20, 256 << 20]
 REPS = {1 << 20: 30, 64 << 20: 7, 256 << 20: 5}
 PINGS = 500
 
 
-class DirStore:
-    """A store that is a directory of files (until the rendezvous branch's FileStore lands)."""
-
-    def __init__(self, path, timeout=30.0):
-        self.path, self.timeout = path, timeout
-
-    def set(self, key, value):
-        target = os.path.join(self.path, key.replace("/", "%"))
-        with open(target + ".tmp", "wb") as f:
-            f.write(value.encode() if isinstance(value, str) else value)
-        os.replace(target + ".tmp", target)
-
-    def get(self, key, timeout=None):
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        target = os.path.join(self.path, key.replace("/", "%"))
-        while not os.path.exists(target):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"DirStore: key {key!r} not set")
-            time.sleep(0.002)
-        with open(target, "rb") as f:
-            return f.read()
+def shared_store(path: str) -> FileStore:
+    """The store both benchmark processes meet in: a file in their shared temporary folder."""
+    return FileStore(os.path.join(path, "store"), timeout=30.0)
 
 
 class RawSocket:
@@ -85,7 +68,7 @@ def open_transport(kind, rank, store):
 
 def peer_main(path, kinds, sizes, reps):
     """Rank 1: receive and ack every message, echo every ping, in rank 0's order."""
-    store, ack = DirStore(path), np.zeros(1, np.uint8)
+    store, ack = shared_store(path), np.zeros(1, np.uint8)
     bufs = {n: np.empty(n, np.uint8) for n in sizes}
     for buf in bufs.values():
         buf.fill(0)  # prefault: BASELINE measures reused receive buffers
@@ -150,7 +133,7 @@ def main() -> None:
         peer = ctx.Process(target=peer_main, args=(path, kinds, sizes, REPS), daemon=True)
         peer.start()
         try:
-            store = DirStore(path)
+            store = shared_store(path)
             for kind in kinds:
                 ch = open_transport(kind, 0, store)
                 results[kind] = {n: bandwidth(ch, n, REPS[n]) for n in sizes}
