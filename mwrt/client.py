@@ -68,7 +68,6 @@ class Node:
         self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
         self.rows: list = []
         self.frames: list = []
-        self.trackers: list = []
         self.frees: deque = deque()
         self.batch_started = self.last_flush = 0.0
         self.batch_size = config.get("batch_size")
@@ -173,12 +172,10 @@ class Node:
         if not self.rows or self.closed or self.lost:
             return
         self.seq += 1
-        parts = [wire.encode_header(self.seq), wire.encode_raw(self.rows)]
-        if self.frames:  # zero-copy for array bytes; small frames are cheaper copied
-            self.trackers.append(self.tx.send_multipart(parts + self.frames, copy=False,
-                                                        track=True))
-        else:
-            self.tx.send_multipart(parts)
+        # Data frames here are inline arrays (at most MWRT_INLINE_BYTES): copying them as they
+        # are sent is cheap, and frees the caller to reuse its array at once.
+        self.tx.send_multipart([wire.encode_header(self.seq), wire.encode_raw(self.rows),
+                                *self.frames])
         self.rows, self.frames = [], []
 
     def _append_frees(self) -> None:
@@ -196,14 +193,6 @@ class Node:
     def known_streams(self) -> list[int]:
         """Streams used on this node so far."""
         return sorted(self.streams)
-
-    def wait_sent(self, timeout: float) -> None:
-        """Wait until zmq has sent every data frame queued so far (their memory is reusable)."""
-        while self.trackers:
-            tracker = self.trackers.pop(0)
-            tracker.wait(timeout)
-
-    # -- waiting --------------------------------------------------------------------------
 
     def request(self, row_without_token: tuple, what: str, timeout: float | None = None):
         """Issue a row that ends with a reply token, and wait for its reply."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -33,7 +34,9 @@ class Heartbeat(threading.Thread):
         self.interval = config.get("heartbeat_interval")
         self.timeout = config.get("heartbeat_timeout")
         self.relays: dict[int, tuple[int, list[int]]] = {}  # event -> (its node, waiting nodes)
-        self.fired: dict[int, float] = {}  # event id -> time it fired
+        # Recorded events by id, held weakly: the master learns when each fires, and forgets
+        # events the program dropped, so a long run does not accumulate them.
+        self.recorded: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
         self.lock = threading.Lock()
         self._stop_event = threading.Event()
         self._outbox: list = []  # (node index, message), sent by this thread
@@ -50,12 +53,17 @@ class Heartbeat(threading.Thread):
         self._stop_event.set()
         self.join(timeout=2.0)
 
-    def relay(self, event: int, from_node: int, to_node: int) -> bool:
-        """Ask for event `event` of `from_node` to be relayed to `to_node`; False if it fired."""
+    def watch(self, event) -> None:
+        """Note a recorded event, so its firing can be seen here."""
         with self.lock:
-            if event in self.fired:
+            self.recorded[event._id] = event
+
+    def relay(self, event, from_node: int, to_node: int) -> bool:
+        """Ask for `event` of `from_node` to be relayed to `to_node`; False if it fired."""
+        with self.lock:
+            if event._fired:
                 return False
-            self.relays.setdefault(event, (from_node, []))[1].append(to_node)
+            self.relays.setdefault(event._id, (from_node, []))[1].append(to_node)
             return True
 
     def run(self) -> None:
@@ -132,7 +140,9 @@ class Heartbeat(threading.Thread):
                 node.mark_lost("the worker restarted (new incarnation); its tensors are gone")
         elif isinstance(message, wire.Fired):
             with self.lock:
-                self.fired[message.event] = message.time
+                event = self.recorded.get(message.event)
+                if event is not None and event._id == message.event:
+                    event._fired = True
                 _, waiting = self.relays.pop(message.event, (index, []))
             for to_node in waiting:
                 self._send(to_node, wire.EventDone(0, message.event, ""))

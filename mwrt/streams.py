@@ -85,6 +85,7 @@ class Event:
         self.enable_timing = enable_timing
         self._id: int | None = None
         self._stream: Stream | None = None
+        self._fired = False  # set by the master's heartbeat thread when the worker says so
 
     def __repr__(self):
         where = "unrecorded" if self._stream is None else f"recorded on {self._stream!r}"
@@ -93,7 +94,8 @@ class Event:
     def record(self, stream: Stream | None = None) -> None:
         """Capture this point of `stream` (default: the current stream)."""
         stream = current_stream() if stream is None else stream
-        self._id, self._stream = next(_EVENT_IDS), stream
+        self._id, self._stream, self._fired = next(_EVENT_IDS), stream, False
+        current().heartbeat.watch(self)
         node = stream._node
         node.issue((_RECORD, next(node.ids), stream.id, self._id, self.enable_timing))
 
@@ -114,7 +116,7 @@ class Event:
         target, source = stream._node, self._stream._node
         if target is not source:
             source.flush()  # the record must reach its worker for the relay to fire
-            if not current().heartbeat.relay(self._id, source.index, target.index):
+            if not current().heartbeat.relay(self, source.index, target.index):
                 return  # already fired: nothing to wait for
         target.issue((_WAIT, next(target.ids), stream.id, self._id))
 
