@@ -5,7 +5,9 @@
 time = per iteration, the max over ranks (each iteration starts after a barrier), then the
 median over iterations; algbw = bytes / time; busbw = algbw * 2(n-1)/n. Peers that are not
 installed (torch, mpi4py + mpirun) are skipped with a message. n=4 on 2 cores is
-oversubscribed: it measures scheduling as much as the algorithm.
+oversubscribed: it measures scheduling as much as the algorithm. "tcp floor" (n=2) is the
+channel swapping the whole buffer without reducing: the bytes a two-rank all_reduce must
+move, so the least time any all_reduce over loopback TCP sockets can take here.
 """
 
 from __future__ import annotations
@@ -57,6 +59,28 @@ def _mwrt_rank(rank, backend, sizes, quick, queue):
     dist.init_process_group(backend, timeout=60)
     try:
         queue.put((rank, measure(dist.all_reduce, dist.barrier, sizes, quick)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _floor_rank(rank, sizes, quick, queue):
+    """The tcp floor for n=2: the channel swaps the whole buffer, nothing is reduced.
+
+    A ring all_reduce of two ranks moves the same bytes each way (half in reduce-scatter,
+    half in all-gather), so no all_reduce over these sockets can beat this time.
+    """
+    import mwrt.distributed as dist
+    from mwrt.distributed import api
+
+    dist.init_process_group("tcp", timeout=60)
+    channel, peer, spare = api._default().channel, 1 - rank, {}
+    try:
+        def exchange(buf):
+            into = spare.setdefault(buf.nbytes, np.empty_like(buf))
+            work = channel.isend(buf, peer, 1)
+            channel.recv(into, peer, 1)
+            work.wait()
+        queue.put((rank, measure(exchange, dist.barrier, sizes, quick)))
     finally:
         dist.destroy_process_group()
 
@@ -163,6 +187,8 @@ def main():
         if backend in channels.known():
             impls.append((f"mwrt {backend}", lambda n, b=backend: run_spawned(
                 _mwrt_rank, (b, sizes, args.quick), n)))
+    impls.append(("tcp floor (swap, no reduce)", lambda n: run_spawned(
+        _floor_rank, (sizes, args.quick), n) if n == 2 else None))
     if available("torch"):
         impls.append(("torch gloo", lambda n: run_spawned(_gloo_rank, (sizes, args.quick), n)))
     else:

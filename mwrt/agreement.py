@@ -79,13 +79,19 @@ class Agreement:
 
     def __init__(self, group, tag: int, kind: str, mine: bytes):
         self.group, self.tag, self.kind, self.mine = group, tag, kind, mine
-        self.settled = False
-        if group.size > DIRECT_MAX or not getattr(group.channel, "buffered_sends", False):
+        self.settled = self.started = False
+
+    def start(self) -> None:
+        """Send our descriptor to every peer (once); before the data where sends may block."""
+        if self.started:
+            return
+        self.started, g = True, self.group
+        if g.size > DIRECT_MAX or not getattr(g.channel, "buffered_sends", False):
             self._all_gather()
             return
-        for peer in range(group.size):
-            if peer != group.rank:
-                group.raw_send(np.frombuffer(mine, np.uint8), peer, tag)
+        for peer in range(g.size):
+            if peer != g.rank:
+                g.raw_send(np.frombuffer(self.mine, np.uint8), peer, self.tag)
 
     def _all_gather(self) -> None:
         g = self.group
@@ -97,6 +103,7 @@ class Agreement:
 
     def settle(self) -> None:
         """Receive every peer's descriptor (once) and raise if any differs from ours."""
+        self.start()
         if self.settled:
             return
         self.settled = True

@@ -56,6 +56,9 @@ SETTINGS = {
                          "shared-memory slots per (sender, receiver) pair of the shm channel"),
     "shm_slot_bytes": Setting("MWRT_SHM_SLOT_BYTES", 1 << 20, int,
                               "bytes per shm slot (at most segment_bytes); ~L2-sized is fastest"),
+    "shm_cma": Setting("MWRT_SHM_CMA", 1, int,
+                       "1: shm collectives read peers' buffers in place (process_vm_readv) "
+                       "when the kernel allows; 0: always the socket and slot path"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC"),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }

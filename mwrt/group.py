@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from . import config
-from .agreement import Agreement, describe_call
+from .agreement import Agreement, check, describe_call
 from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
 from .procs import process_alive
 
@@ -142,9 +142,24 @@ class ProcessGroup:
     def run_native(self, kind: str, *args) -> bool:
         """Run the channel's native `kind` if it has one; False means use the generic one."""
         native = getattr(self.channel, f"native_{kind}", None)
-        if native is not None and self._agreement is not None:
+        if native is None:
+            return False
+        if self._agreement is not None and not getattr(native, "checks_calls", False):
             self._agreement.settle()  # a native collective cannot be checked halfway
-        return native is not None and native(self, *args) is not NotImplemented
+        return native(self, *args) is not NotImplemented
+
+    def take_call_check(self) -> bytes:
+        """For an algorithm that carries the agreement check itself: our call's descriptor."""
+        agreement, self._agreement = self._agreement, None
+        return agreement.mine
+
+    def check_calls(self, kind: str, every: list[bytes]) -> None:
+        """Raise CollectiveMismatchError unless every rank's descriptor (by rank) is equal."""
+        check(self, kind, every)
+
+    def current_seq(self) -> int:
+        """The sequence number of the collective now running (the same on every rank)."""
+        return self._seq - 1
 
     @contextmanager
     def collective(self, kind: str, **desc):
@@ -154,7 +169,8 @@ class ProcessGroup:
             self._agreement = Agreement(self, self._tag(_CONTROL, seq), kind,
                                         describe_call(seq, kind, **desc))
             yield self._tag(_DATA, seq)
-            self._agreement.settle()  # a rank that only sent checks here
+            if self._agreement is not None:
+                self._agreement.settle()  # a rank that only sent checks here
         except (ChannelError, TimeoutError, ConnectionError) as e:
             if self._agreement is not None:
                 self._agreement.settle_after_error()  # a mismatch explains the error best

@@ -34,6 +34,7 @@ import numpy as np
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
 from ..procs import process_alive
+from .cma_collectives import CmaCollectives
 from .sockets import HEADER, MAGIC, SocketChannel
 
 log = logging.getLogger("mwrt.channels")
@@ -89,7 +90,7 @@ class _OutSlots:
         self.segment, self.free, self.lock = segment, deque(range(nslots)), threading.Lock()
 
 
-class ShmChannel(SocketChannel):
+class ShmChannel(CmaCollectives, SocketChannel):
     """Point-to-point buffers between processes of one host through shared memory."""
 
     name = "shm"
@@ -106,6 +107,7 @@ class ShmChannel(SocketChannel):
         self._in_segments: dict[int, _Segment] = {}
         self._out_slots: dict[int, _OutSlots] = {}
         self._slots_lock = threading.Lock()
+        self._cma_groups = {}
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
         # Slots that fit in L2 let the receiver read what the sender just wrote from cache.
         self.segment_bytes = min(self.segment_bytes, slot_bytes)

@@ -1,0 +1,267 @@
+"""Single-copy collectives between processes of one host, by cross-memory attach (CMA).
+
+Linux's process_vm_readv/writev copy straight between two processes' memories, so on
+one host a rank reads (and writes) its peers' buffers where they lie: no socket, no
+staging segment, one copy per byte moved (Open MPI's shared-memory transport does the
+same). The shm channel uses this for every collective when the kernel lets ranks reach
+each other (same user, ptrace allowed): decided once per group, the same on every rank.
+
+Each rank keeps a small private control block: a stage counter, the addresses and sizes
+of this call's buffers, and the call's agreement descriptor. Peers poll it with the same
+syscall. A collective with group sequence number s has two stages: 2s+1 (buffers
+published) and 2s+2 (done with the others' buffers); every rank waits for every peer at
+both, so a rank returns, and rewrites its block, only once nobody touches its memory.
+At 2s+1 each rank compares all descriptors (ProcessGroup.check_calls): a mismatch
+raises on every rank before any data moves. A dead peer makes the syscall fail at once
+(ESRCH); a live but absent one times out. Waits spin briefly (ranks usually arrive
+within microseconds), then yield, then sleep. The stores of a stage after its fields
+rely on x86-64's ordering (what CMA hosts run; other CPUs would need a fence here).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import platform
+import time
+
+import numpy as np
+
+from .. import config
+from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError
+from ..reduce_ops import combine
+
+log = logging.getLogger("mwrt.channels")
+
+_STAGE, _A, _NA, _B, _NB = 0, 1, 2, 3, 4
+_DESC_AT = 40  # byte offset of the call's descriptor (mwrt.agreement, 76 bytes)
+_BLOCK_WORDS = 16
+_PIECE_BYTES = 256 << 10  # the reduction reads peers in L2-sized pieces
+_SPIN_SECONDS = 2e-3
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _libc(name: str):
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                   ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_ssize_t
+    return fn
+
+
+_readv, _writev = _libc("process_vm_readv"), _libc("process_vm_writev")
+
+
+def read_remote(pid: int, local: int, remote: int, nbytes: int, iov=None,
+                write: bool = False) -> None:
+    """Copy `nbytes` at address `remote` in process `pid` to address `local` here (or back)."""
+    mine, theirs = iov or (_IoVec(), _IoVec())
+    call, done = _writev if write else _readv, 0
+    while done < nbytes:
+        mine.base, mine.len = local + done, nbytes - done
+        theirs.base, theirs.len = remote + done, nbytes - done
+        got = call(pid, mine, 1, theirs, 1, 0)
+        if got <= 0:
+            code = ctypes.get_errno() if got < 0 else errno.EFAULT
+            raise OSError(code, os.strerror(code))
+        done += got
+
+
+class CmaGroup:
+    """One process group's CMA state on this rank: its control block and its peers'."""
+
+    def __init__(self, channel, group, peers: dict[int, tuple[int, int]], block):
+        self.channel, self.group, self.block = channel, group, block
+        self.peers = peers  # group rank -> (pid, control block address)
+        self.others = sorted(peers)
+        self._stage = np.zeros(1, np.uint64)
+        self._stage_at = self._stage.ctypes.data
+        self._iov = (_IoVec(), _IoVec())  # reused: building them costs more than the syscall
+        self._fields = np.zeros((group.size, _BLOCK_WORDS), np.uint64)
+        self._tmp = np.empty(_PIECE_BYTES, np.uint8)
+
+    # -- publishing and waiting ----------------------------------------------------------
+
+    def publish(self, stage: int, a=None, b=None, desc: bytes | None = None) -> None:
+        """Make this call's buffers (and descriptor) visible, then the stage: in that order."""
+        blk = self.block
+        if desc is not None:
+            for word, arr in ((_A, a), (_B, b)):
+                blk[word] = 0 if arr is None else arr.ctypes.data
+                blk[word + 1] = 0 if arr is None else arr.nbytes
+            blk.view(np.uint8)[_DESC_AT:_DESC_AT + len(desc)] = np.frombuffer(desc, np.uint8)
+        blk[_STAGE] = stage  # x86 stores are seen in order: fields before the stage
+
+    def wait(self, stage: int, what: str) -> None:
+        """Return once every peer's stage is at least `stage`."""
+        pending, start, pause = list(self.others), time.monotonic(), 0.0
+        while pending:
+            pending = [p for p in pending if self._stage_of(p, what) < stage]
+            if not pending:
+                return
+            waited = time.monotonic() - start
+            if waited > self.group.timeout:
+                ranks = [self.group.ranks[p] for p in pending]
+                err = ChannelTimeoutError(
+                    f"shm {what} on rank {self.channel.rank}: ranks {ranks} did not reach "
+                    f"the collective within {self.group.timeout} s; are they calling it?")
+                err.group_peer = pending[0]
+                raise err
+            self._check_alive(pending, what)
+            if waited < _SPIN_SECONDS:
+                os.sched_yield()  # lets an oversubscribed peer run; releases the GIL
+            else:
+                pause = min(max(pause * 2, 2e-5), 1e-3, waited / 20)
+                time.sleep(pause)
+
+    def _stage_of(self, peer: int, what: str) -> int:
+        self.read(peer, self._stage_at, self.peers[peer][1], 8, what)
+        return int(self._stage[0])
+
+    def _check_alive(self, pending, what) -> None:
+        gone = self.channel._gone
+        for p in pending:
+            why = gone.get(self.group.ranks[p])
+            if why is not None or self.channel.closed:
+                self._lost(p, what, why or "closed the channel")
+
+    def read(self, peer: int, local: int, remote: int, nbytes: int, what: str,
+             write: bool = False) -> None:
+        """Copy `nbytes` of peer's memory at address `remote` to our address `local` (or back)."""
+        try:
+            read_remote(self.peers[peer][0], local, remote, nbytes, self._iov, write)
+        except OSError as exc:
+            self._lost(peer, what, f"cannot be read ({exc.strerror})")
+
+    def _lost(self, peer: int, what: str, why: str):
+        rank = self.group.ranks[peer]
+        err = ChannelClosedError(f"shm {what} on rank {self.channel.rank}: rank {rank} {why}; "
+                                 f"it died or left, check the logs of rank {rank}", peer=rank)
+        err.group_peer = peer
+        raise err
+
+    # -- the call's frame ------------------------------------------------------------------
+
+    def begin(self, what: str, a=None, b=None) -> int:
+        """Publish this call, wait for every peer to publish theirs, check they agree."""
+        base = 2 * self.group.current_seq()
+        mine = self.group.take_call_check()
+        self.publish(base + 1, a, b, mine)
+        self.wait(base + 1, what)
+        every = []
+        for p in range(self.group.size):
+            if p == self.group.rank:
+                every.append(mine)
+                continue
+            row = self._fields[p]
+            self.read(p, row.ctypes.data, self.peers[p][1], row.nbytes, what)
+            every.append(self._fields[p].view(np.uint8)[_DESC_AT:_DESC_AT + len(mine)].tobytes())
+        self.group.check_calls(what, every)
+        return base
+
+    def finish(self, base: int, what: str) -> None:
+        """Say we are done reading the others, and wait until they are done reading us."""
+        self.publish(base + 2)
+        self.wait(base + 2, what)
+
+    def buffer(self, peer: int, which: int) -> tuple[int, int]:
+        """A peer's published buffer `which` (_A or _B): address and size in bytes."""
+        return int(self._fields[peer, which]), int(self._fields[peer, which + 1])
+
+    def read_part(self, peer, which, dst: np.ndarray, offset_bytes: int, what: str,
+                  write: bool = False) -> None:
+        """Read dst.nbytes bytes of a peer's buffer from `offset_bytes` into `dst` (or back)."""
+        addr, size = self.buffer(peer, which)
+        if offset_bytes + dst.nbytes > size:
+            raise ChannelError(f"shm {what} on rank {self.channel.rank}: rank "
+                               f"{self.group.ranks[peer]} published {size} bytes, "
+                               f"{offset_bytes + dst.nbytes} needed")
+        if dst.nbytes:
+            self.read(peer, dst.ctypes.data, addr + offset_bytes, dst.nbytes, what, write)
+
+    def reduce_from(self, peers, which, out: np.ndarray, start: int, op, what: str,
+                    avg: int = 0, write_to=()) -> None:
+        """out op= every peer's elements [start, start + out.size) of buffer `which`.
+
+        Piece by piece, so the peers' data passes through cache once; with `avg` the sum is
+        divided by it, and each finished piece is written back into the `write_to` peers'
+        buffers at the same place while it is still in cache.
+        """
+        step = max(1, _PIECE_BYTES // out.itemsize)
+        tmp = self._tmp[:step * out.itemsize].view(out.dtype)
+        for lo in range(0, out.size, step):
+            piece, at = out[lo:lo + step], (start + lo) * out.itemsize
+            for p in peers:
+                part = tmp[:piece.size]
+                self.read_part(p, which, part, at, what)
+                combine(op, piece, part, mine_is_lower=False)
+            if avg:
+                np.divide(piece, avg, out=piece)
+            for p in write_to:
+                self.read_part(p, which, piece, at, what, write=True)
+
+
+def setup(channel, group) -> CmaGroup | None:
+    """Publish our control block, learn the peers', and agree whether CMA works for all."""
+    store, prefix = channel.store, f"{channel.prefix}/cma/{group.group_id}"
+    block = np.zeros(_BLOCK_WORDS, np.uint64)
+    store.set(f"{prefix}/{channel.rank}", f"{os.getpid()}:{block.ctypes.data}")
+    peers = {}
+    for p, rank in enumerate(group.ranks):
+        if rank != channel.rank:
+            peers[p] = tuple(int(x) for x in _get(store, prefix, rank, group).split(":"))
+    store.set(f"{prefix}/ok/{channel.rank}", _verdict(channel, group, peers))
+    verdicts = [_get(store, f"{prefix}/ok", r, group) for r in group.ranks]
+    refused = [v[2:] for v in verdicts if not v.startswith("1")]
+    if refused:
+        if channel.rank == group.ranks[0]:
+            log.warning("shm channel: single-copy collectives off for %s (%s); using the "
+                        "socket and slot path", group.name, "; ".join(refused))
+        return None
+    return CmaGroup(channel, group, peers, block)
+
+
+def _verdict(channel, group, peers) -> str:
+    """'1' if this rank can use CMA with every peer, else '0 <why>'."""
+    if not config.get("shm_cma"):
+        return f"0 rank {channel.rank} has MWRT_SHM_CMA=0"
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"0 rank {channel.rank}: control blocks assume x86-64 store order"
+    if _readv is None or _writev is None:
+        return f"0 rank {channel.rank}: no process_vm_readv/writev in this C library"
+    probe = np.zeros(1, np.uint64)
+    for p, (pid, addr) in peers.items():
+        try:
+            read_remote(pid, probe.ctypes.data, addr, probe.nbytes)
+        except OSError as exc:
+            return f"0 rank {channel.rank} cannot read rank {group.ranks[p]} ({exc.strerror})"
+    return "1"
+
+
+def _get(store, prefix: str, rank: int, group) -> str:
+    """What `rank` published under `prefix` during setup; an error naming it if it never does."""
+    channel, deadline = group.channel, time.monotonic() + group.timeout
+    while True:
+        try:  # in short slices: a rank declared gone meanwhile must fail us now
+            return store.get(f"{prefix}/{rank}", timeout=0.2).decode()
+        except TimeoutError:
+            pass
+        why = channel._gone.get(rank) or ("closed the channel" if channel.closed else None)
+        if why is not None or time.monotonic() > deadline:
+            cls = ChannelTimeoutError if why is None else ChannelClosedError
+            err = cls(f"shm channel: rank {rank} did not join the first collective of "
+                      f"{group.name} ({why or f'nothing in the store after {group.timeout} s'});"
+                      f" is it running and calling it?")
+            err.group_peer = group.ranks.index(rank)
+            raise err
+
+
+__all__ = ["CmaGroup", "read_remote", "setup"]

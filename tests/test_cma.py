@@ -1,0 +1,87 @@
+"""The shm channel's single-copy collectives: peers' buffers read in place (CMA)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from ranks import available, run_ranks
+
+from mwrt import collectives as C
+from mwrt.channels.cma import CmaGroup
+from mwrt.reduce_ops import ReduceOp
+
+pytestmark = [pytest.mark.timeout(90),
+              pytest.mark.skipif(not available("shm"), reason="the shm channel needs Linux")]
+
+COUNT = 300_001  # several 256 KiB pieces per chunk, chunks of unequal size
+
+
+def _large(g, r):
+    a = (np.arange(COUNT, dtype=np.float32) % 7) * (r + 1)
+    C.all_reduce(g, a)
+    m = np.full(COUNT, r, np.int64)
+    C.all_reduce(g, m, ReduceOp.MAX)
+    out = np.empty(g.size * COUNT, np.float32)
+    C.all_gather(g, out, a)
+    rs = np.empty(COUNT // g.size, np.float64)
+    C.reduce_scatter(g, rs, np.ones(rs.size * g.size) * (r + 1), ReduceOp.AVG)
+    states = list(g.channel._cma_groups.values())
+    return a, m, out, rs, [isinstance(s, CmaGroup) for s in states]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_large_collectives_read_peers_in_place(n):
+    results = run_ranks("shm", n, _large, timeout=30)
+    total = sum(r + 1 for r in range(n))
+    want = (np.arange(COUNT, dtype=np.float32) % 7) * total
+    for a, m, out, rs, used in results:
+        assert used == [True]
+        np.testing.assert_array_equal(a, want)
+        assert a.tobytes() == results[0][0].tobytes()
+        assert (m == n - 1).all()
+        np.testing.assert_array_equal(out.reshape(n, COUNT), np.stack([want] * n))
+        np.testing.assert_allclose(rs, total / n)
+
+
+def _one_rank_refuses(g, r):
+    if r == 0:
+        os.environ["MWRT_SHM_CMA"] = "0"  # this process only (forked ranks)
+    a = np.full(1000, r + 1.0)
+    C.all_reduce(g, a)
+    return a, list(g.channel._cma_groups.values())
+
+
+def test_a_rank_that_refuses_turns_it_off_for_all():
+    for a, states in run_ranks("shm", 2, _one_rank_refuses, timeout=30):
+        assert states == [None]  # both fell back to the socket and slot path, together
+        assert (a == 3.0).all()
+
+
+def _leaves_after_one(g, r, stay):
+    a = np.ones(4096, np.float32)
+    C.all_reduce(g, a)
+    if r == 1:
+        time.sleep(stay)  # then return: the harness closes the channel, the process exits
+        return "left"
+    t0 = time.monotonic()
+    try:
+        C.all_reduce(g, a)
+    except Exception as exc:  # noqa: BLE001 - the error is the result under test
+        return f"{type(exc).__name__}: {exc}", time.monotonic() - t0
+    return "no error", 0.0
+
+
+def test_a_peer_that_dies_is_named_not_waited_for():
+    errors = run_ranks("shm", 2, _leaves_after_one, 0.0, timeout=60, errors=True)
+    text, _ = errors[0]
+    assert errors[1] == "left"
+    assert "rank 1" in text and "timed out" not in text, text
+
+
+def test_a_silent_peer_times_out_naming_it():
+    errors = run_ranks("shm", 2, _leaves_after_one, 4.0, timeout=1.0, errors=True)
+    text, _ = errors[0]
+    assert "ChannelTimeoutError" in text and "rank 1" in text and "all_reduce" in text, text
