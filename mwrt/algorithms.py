@@ -79,6 +79,10 @@ def all_reduce_rd(g, arr: np.ndarray, op: ReduceOp, tag: int) -> None:
         g.send(arr, r + 1, tag)
 
 
+_AHEAD = 2  # reduce-scatter receives posted ahead of the one being reduced
+_GATHER_PHASE = 1 << 60  # marks a collective's second-phase tag (group tag spaces are < 16)
+
+
 def chunk_bounds(count: int, parts: int) -> list[int]:
     return [count * i // parts for i in range(parts + 1)]
 
@@ -98,9 +102,10 @@ def ring_reduce_scatter(g, arr, op, bounds, tag) -> None:
     """Ring reduce-scatter: after n-1 steps rank r holds the reduction of chunk r.
 
     At step s rank r sends chunk r-s-1 to its right and receives chunk r-s-2 from its left,
-    reducing it into its own copy. Each chunk is cut into segments; the receive of the next
-    segment is posted before the current one is reduced (two buffers), so the wire and the
-    reduction overlap, and sends run asynchronously, at most a few in flight.
+    reducing it into its own copy. Each chunk is cut into segments. Step 0's segments leave
+    at once; every later one leaves the moment it is reduced (what step s receives, step
+    s+1 sends), and receives are posted ahead into a few scratch buffers, so the wire, the
+    reduction and the peer's sends all overlap.
     """
     n, r = g.size, g.rank
     right, left = (r + 1) % n, (r - 1) % n
@@ -108,58 +113,83 @@ def ring_reduce_scatter(g, arr, op, bounds, tag) -> None:
     plan = [(_seg(bounds, (r - s - 1) % n, j, nseg), _seg(bounds, (r - s - 2) % n, j, nseg))
             for s in range(n - 1) for j in range(nseg)]
     width = max(sl.stop - sl.start for _, sl in plan)
-    tmps = [np.empty(width, arr.dtype), np.empty(width, arr.dtype)]
+    depth = min(len(plan), _AHEAD + 1)
+    tmps = [np.empty(width, arr.dtype) for _ in range(depth)]
     sends, recvs = [], {}
 
     def post(i):
         sl = plan[i][1]
         if sl.stop > sl.start:
-            recvs[i] = g.irecv(tmps[i % 2][:sl.stop - sl.start], left, tag)
+            recvs[i] = g.irecv(tmps[i % depth][:sl.stop - sl.start], left, tag)
 
-    post(0)
-    for i, (out_sl, in_sl) in enumerate(plan):
-        if out_sl.stop > out_sl.start:
-            sends.append(g.isend(arr[out_sl], right, tag))
-        if i + 1 < len(plan):
-            post(i + 1)
+    def send(i):
+        sl = plan[i][0]
+        if sl.stop > sl.start:
+            sends.append(g.isend(arr[sl], right, tag))
+
+    for i in range(depth):
+        post(i)
+    for i in range(nseg):
+        send(i)
+    for i, (_, in_sl) in enumerate(plan):
         if i in recvs:
             recvs.pop(i).wait()
             # the incoming partial sum covers lower ranks on the ring: a fixed order per chunk
-            combine(op, arr[in_sl], tmps[i % 2][:in_sl.stop - in_sl.start], mine_is_lower=False)
-        while len(sends) > 4:
-            sends.pop(0).wait()
+            combine(op, arr[in_sl], tmps[i % depth][:in_sl.stop - in_sl.start],
+                    mine_is_lower=False)
+        if i + depth < len(plan):
+            post(i + depth)
+        if i + nseg < len(plan):
+            send(i + nseg)
     wait_all(sends)
 
 
-def ring_all_gather(g, arr, bounds, tag) -> None:
+def ring_all_reduce(g, arr, op, bounds, tag) -> None:
+    """Ring all-reduce: reduce-scatter, then all-gather on a tag of its own.
+
+    The all-gather's receives land in place and are posted before the reduce-scatter
+    starts, so a fast neighbour's forwarded chunks never wait in a stash. It is safe: a
+    chunk comes back only once it is fully reduced, after our share of it has left.
+    """
+    gather_tag = tag | _GATHER_PHASE
+    # A channel whose irecv runs on a thread would block the reduce-scatter's receives
+    # behind these: post them early only where receives are truly posted.
+    early = getattr(g.channel, "posted_receives", False)
+    recvs = _post_all_gather(g, arr, bounds, gather_tag) if early else None
+    ring_reduce_scatter(g, arr, op, bounds, tag)
+    ring_all_gather(g, arr, bounds, gather_tag, recvs)
+
+
+def _all_gather_plan(g, bounds, itemsize):
+    n, r = g.size, g.rank
+    nseg = _segments(g, bounds, itemsize)
+    return nseg, [(_seg(bounds, (r - s) % n, j, nseg), _seg(bounds, (r - s - 1) % n, j, nseg))
+                  for s in range(n - 1) for j in range(nseg)]
+
+
+def _post_all_gather(g, arr, bounds, tag) -> dict:
+    _, plan = _all_gather_plan(g, bounds, arr.itemsize)
+    left = (g.rank - 1) % g.size
+    return {i: g.irecv(arr[sl], left, tag) for i, (_, sl) in enumerate(plan)
+            if sl.stop > sl.start}
+
+
+def ring_all_gather(g, arr, bounds, tag, recvs=None) -> None:
     """Ring all-gather: rank r starts with chunk r; at step s it forwards chunk r-s rightward.
 
-    Receives land directly in place and are posted two segments ahead; a chunk is
-    forwarded only after it has fully arrived.
+    Every receive lands in place, so all are posted at once (or were, as `recvs`); step
+    0's segments leave at once and each later one is forwarded the moment it has arrived.
     """
-    n, r = g.size, g.rank
-    right, left = (r + 1) % n, (r - 1) % n
-    nseg = _segments(g, bounds, arr.itemsize)
-    plan = [(_seg(bounds, (r - s) % n, j, nseg), _seg(bounds, (r - s - 1) % n, j, nseg))
-            for s in range(n - 1) for j in range(nseg)]
-    sends, recvs = [], {}
-
-    def post(i):
-        sl = plan[i][1]
-        if sl.stop > sl.start:
-            recvs[i] = g.irecv(arr[sl], left, tag)
-
-    for i in range(min(2, len(plan))):
-        post(i)
-    for i, (out_sl, _) in enumerate(plan):
-        if out_sl.stop > out_sl.start:
-            sends.append(g.isend(arr[out_sl], right, tag))
-        if i + 2 < len(plan):
-            post(i + 2)
+    right = (g.rank + 1) % g.size
+    nseg, plan = _all_gather_plan(g, bounds, arr.itemsize)
+    if recvs is None:
+        recvs = _post_all_gather(g, arr, bounds, tag)
+    sends = [g.isend(arr[sl], right, tag) for sl, _ in plan[:nseg] if sl.stop > sl.start]
+    for i in range(len(plan)):
         if i in recvs:
             recvs.pop(i).wait()
-        while len(sends) > 4:
-            sends.pop(0).wait()
+        if i + nseg < len(plan) and plan[i + nseg][0].stop > plan[i + nseg][0].start:
+            sends.append(g.isend(arr[plan[i + nseg][0]], right, tag))
     wait_all(sends)
 
 

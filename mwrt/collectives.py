@@ -102,8 +102,7 @@ def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
                 alg.all_reduce_rd(group, arr, op, tag)
             else:
                 bounds = alg.chunk_bounds(arr.size, group.size)
-                alg.ring_reduce_scatter(group, arr, op, bounds, tag)
-                alg.ring_all_gather(group, arr, bounds, tag)
+                alg.ring_all_reduce(group, arr, op, bounds, tag)
             if op is ReduceOp.AVG:
                 np.divide(arr, group.size, out=arr)
 

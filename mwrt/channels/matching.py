@@ -64,6 +64,7 @@ class MatchingChannel(DataChannel):
     """A channel whose transport calls _segment_target/_segment_done/_peer_gone as bytes arrive."""
 
     buffered_sends = True  # unmatched messages are stashed, so sends never wait for receives
+    posted_receives = True  # irecv posts the buffer and returns: any number may be pending
 
     def __init__(self, rank, world_size, **kwargs):
         super().__init__(rank, world_size, **kwargs)
