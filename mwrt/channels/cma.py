@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from .. import config
-from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError
+from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, CollectiveMismatchError
 from ..reduce_ops import combine
 
 log = logging.getLogger("mwrt.channels")
@@ -164,8 +164,19 @@ class CmaGroup:
             row = self._fields[p]
             self.read(p, row.ctypes.data, self.peers[p][1], row.nbytes, what)
             every.append(self._fields[p].view(np.uint8)[_DESC_AT:_DESC_AT + len(mine)].tobytes())
-        self.group.check_calls(what, every)
+        try:
+            self.group.check_calls(what, every)
+        except CollectiveMismatchError:
+            self._linger(base, what)
+            raise
         return base
+
+    def _linger(self, base: int, what: str) -> None:
+        """Before raising a mismatch, wait until every peer has read our descriptor too."""
+        try:
+            self.finish(base, what)
+        except ChannelError:
+            pass  # a peer left or went silent: the mismatch is still the error to report
 
     def finish(self, base: int, what: str) -> None:
         """Say we are done reading the others, and wait until they are done reading us."""

@@ -1,6 +1,6 @@
 """The shm channel's native collectives: each rank reads its peers' buffers in place (CMA).
 
-Every function has the signature of the generic one in mwrt.collectives that it
+Every collective has the signature of the generic one in mwrt.collectives that it
 replaces (`native_<kind>(group, ...)`), returns NotImplemented where single-copy reads
 are not allowed (then the generic algorithm runs, the same on every rank), and checks
 the call's agreement itself through the control blocks (`checks_calls`). Reductions
@@ -13,20 +13,112 @@ rank ends with the same bits, and the closing stage says every write has landed.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..reduce_ops import ReduceOp
 from . import cma
 from .cma import _A, _B
 
 
-def _checks_calls(fn):
-    fn.checks_calls = True  # ProcessGroup.run_native leaves the agreement check to us
-    return fn
+def _native(publish):
+    """Make body(c, group, *args) a native collective that publishes `publish(*args)`."""
+    def wrap(body):
+        kind = body.__name__
+
+        def native(channel, group, *args):
+            c = channel._cma_for(group)
+            if c is None:
+                return NotImplemented
+            a, b = publish(*args)
+            base = c.begin(kind, a=a, b=b)
+            body(c, group, *args)
+            c.finish(base, kind)  # nobody touches our buffers once every rank is here
+
+        native.checks_calls = True  # ProcessGroup.run_native leaves the check to us
+        native.__name__ = native.__qualname__ = f"native_{kind}"
+        native.__doc__ = body.__doc__
+        return native
+    return wrap
+
+
+def _reduce_chunk(c, group, arr, op, targets) -> None:
+    """Reduce this rank's chunk of `arr` from every peer, writing it into `targets`' buffers."""
+    lo, hi = arr.size * group.rank // group.size, arr.size * (group.rank + 1) // group.size
+    c.reduce_from(c.others, _A, arr[lo:hi], lo, op, "reduce",
+                  avg=group.size if op is ReduceOp.AVG else 0, write_to=targets)
+
+
+@_native(lambda arr, op: (arr, None))
+def all_reduce(c, group, arr, op):
+    """Every rank reduces its chunk and writes it into every peer's buffer."""
+    _reduce_chunk(c, group, arr, op, c.others)
+
+
+@_native(lambda arr, op, root: (arr, None))
+def reduce(c, group, arr, op, root):
+    """Every rank reduces its chunk and writes it into the root's buffer."""
+    _reduce_chunk(c, group, arr, op, [root] if root != group.rank else [])
+
+
+@_native(lambda arr, root: (arr, None))
+def broadcast(c, group, arr, root):
+    """Every rank reads the root's buffer."""
+    if group.rank != root:
+        c.read_part(root, _A, arr, 0, "broadcast")
+
+
+@_native(lambda arr, out, root: (arr, None))
+def gather(c, group, arr, out, root):
+    """The root reads every peer's buffer into its row."""
+    if group.rank == root:
+        rows = out.reshape(group.size, arr.size)
+        rows[root] = arr
+        for p in c.others:
+            c.read_part(p, _A, rows[p], 0, "gather")
+
+
+@_native(lambda arr, src, root: (arr, src))
+def scatter(c, group, arr, src, root):
+    """Every rank reads its row of the root's source."""
+    if group.rank == root:
+        arr[:] = src.reshape(group.size, arr.size)[root]
+    else:
+        c.read_part(root, _B, arr, group.rank * arr.nbytes, "scatter")
+
+
+@_native(lambda out, arr: (arr, None))
+def all_gather(c, group, out, arr):
+    """Every rank reads every peer's buffer into its row."""
+    rows = out.reshape(group.size, arr.size)
+    rows[group.rank] = arr
+    for p in c.others:
+        c.read_part(p, _A, rows[p], 0, "all_gather")
+
+
+@_native(lambda out, src, op: (None, src))
+def reduce_scatter(c, group, out, src, op):
+    """Every rank reduces its row of the peers' sources into `out`."""
+    start = group.rank * out.size
+    out[:] = src[start:start + out.size]
+    c.reduce_from(c.others, _B, out, start, op, "reduce_scatter",
+                  avg=group.size if op is ReduceOp.AVG else 0)
+
+
+@_native(lambda out, src: (None, src))
+def all_to_all(c, group, out, src):
+    """Every rank reads its row of every peer's source."""
+    n = group.size
+    rows, count = out.reshape(n, -1), out.size // n
+    rows[group.rank] = src.reshape(n, -1)[group.rank]
+    for p in c.others:
+        c.read_part(p, _B, rows[p], group.rank * count * out.itemsize, "all_to_all")
+
+
+@_native(lambda: (None, None))
+def barrier(c, group):
+    """Publishing and the closing stage are the whole barrier."""
 
 
 class CmaCollectives:
-    """Mixin for a channel whose ranks share a host: native_<kind> by cross-memory reads."""
+    """Mixin for a channel whose ranks share a host: native_<kind> by cross-memory access."""
 
     _cma_groups: dict  # (group id, ranks) -> CmaGroup, or None where CMA is refused
 
@@ -36,109 +128,7 @@ class CmaCollectives:
             self._cma_groups[key] = cma.setup(self, group)
         return self._cma_groups[key]
 
-    @staticmethod
-    def _reduce_chunk(c, arr, op, to_all: bool, root: int, what: str) -> None:
-        """Reduce this rank's chunk of `arr` from every peer and write it into theirs (or root's)."""
-        g = c.group
-        lo, hi = arr.size * g.rank // g.size, arr.size * (g.rank + 1) // g.size
-        targets = c.others if to_all else [root] if root != g.rank else []
-        c.reduce_from(c.others, _A, arr[lo:hi], lo, op, what,
-                      avg=g.size if op is ReduceOp.AVG else 0, write_to=targets)
-
-    @_checks_calls
-    def native_all_reduce(self, group, arr, op):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        base = c.begin("all_reduce", a=arr)
-        self._reduce_chunk(c, arr, op, True, -1, "all_reduce")
-        c.finish(base, "all_reduce")  # every rank has written its chunk into every buffer
-
-    @_checks_calls
-    def native_reduce(self, group, arr, op, root):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        base = c.begin("reduce", a=arr)
-        self._reduce_chunk(c, arr, op, False, root, "reduce")
-        c.finish(base, "reduce")
-
-    @_checks_calls
-    def native_broadcast(self, group, arr, root):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        base = c.begin("broadcast", a=arr)
-        if group.rank != root:
-            c.read_part(root, _A, arr, 0, "broadcast")
-        c.finish(base, "broadcast")
-
-    @_checks_calls
-    def native_gather(self, group, arr, out, root):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        base = c.begin("gather", a=arr)
-        if group.rank == root:
-            rows = out.reshape(group.size, arr.size)
-            rows[root] = arr
-            for p in c.others:
-                c.read_part(p, _A, rows[p], 0, "gather")
-        c.finish(base, "gather")
-
-    @_checks_calls
-    def native_scatter(self, group, arr, src, root):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        base = c.begin("scatter", a=arr, b=src)
-        if group.rank == root:
-            arr[:] = src.reshape(group.size, arr.size)[root]
-        else:
-            c.read_part(root, _B, arr, group.rank * arr.nbytes, "scatter")
-        c.finish(base, "scatter")
-
-    @_checks_calls
-    def native_all_gather(self, group, out, arr):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        base = c.begin("all_gather", a=arr)
-        rows = out.reshape(group.size, arr.size)
-        rows[group.rank] = arr
-        for p in c.others:
-            c.read_part(p, _A, rows[p], 0, "all_gather")
-        c.finish(base, "all_gather")
-
-    @_checks_calls
-    def native_reduce_scatter(self, group, out, src, op):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        base = c.begin("reduce_scatter", b=src)
-        start = group.rank * out.size
-        out[:] = src[start:start + out.size]
-        c.reduce_from(c.others, _B, out, start, op, "reduce_scatter")
-        if op is ReduceOp.AVG:
-            np.divide(out, group.size, out=out)
-        c.finish(base, "reduce_scatter")
-
-    @_checks_calls
-    def native_all_to_all(self, group, out, src):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        base = c.begin("all_to_all", b=src)
-        n = group.size
-        rows, count = out.reshape(n, -1), out.size // n
-        rows[group.rank] = src.reshape(n, -1)[group.rank]
-        for p in c.others:
-            c.read_part(p, _B, rows[p], group.rank * count * out.itemsize, "all_to_all")
-        c.finish(base, "all_to_all")
-
-    @_checks_calls
-    def native_barrier(self, group):
-        c = self._cma_for(group)
-        if c is None:
-            return NotImplemented
-        c.finish(c.begin("barrier"), "barrier")
+    native_all_reduce, native_reduce, native_broadcast = all_reduce, reduce, broadcast
+    native_gather, native_scatter, native_all_gather = gather, scatter, all_gather
+    native_reduce_scatter, native_all_to_all = reduce_scatter, all_to_all
+    native_barrier = barrier
