@@ -19,6 +19,7 @@ sockets, and a ring of blocking sends cannot deadlock.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import struct
 import threading
@@ -27,7 +28,7 @@ import time
 from .. import config
 from ..auth import client_handshake, server_handshake
 from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
-from .matching import MatchingChannel, resolve
+from .matching import MatchingChannel
 
 log = logging.getLogger("mwrt.channels")
 
@@ -36,6 +37,7 @@ HEADER = struct.Struct("<IBBHIQQQQ")
 MAGIC = 0x4D575254
 DATA = 1
 _DISCARD = 1 << 20
+_WHOLE = 1 << 16  # a message up to this size (with its description) is read in one piece
 _LINGER = 5.0  # seconds close() waits for peers to read what we sent
 _HANDSHAKE_SECONDS = 10.0
 
@@ -62,15 +64,29 @@ def read_into(sock, view: memoryview, what: str) -> bool:
     return True
 
 
-def _sendall_parts(sock, parts) -> None:
-    sent = sock.sendmsg(parts)
+def send_parts(sock, parts, deadline: float) -> None:
+    """Write `parts` (bytes, or flat byte views) on a non-blocking socket; TimeoutError after
+    `deadline`. One sendmsg when the kernel buffer has room, which is the common case."""
+    try:
+        sent = sock.sendmsg(parts)
+    except BlockingIOError:
+        sent = 0
     for part in parts:
-        n = memoryview(part).nbytes
+        n = len(part)
         if sent >= n:
             sent -= n
             continue
-        sock.sendall(memoryview(part)[sent:])
-        sent = 0
+        rest, sent = memoryview(part)[sent:], 0
+        while rest:
+            left = deadline - time.monotonic()
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            if left <= 0 or not poller.poll(left * 1000):
+                raise TimeoutError("the peer took no data before the deadline")
+            try:
+                rest = rest[sock.send(rest):]
+            except BlockingIOError:
+                pass
 
 
 class SocketChannel(MatchingChannel):
@@ -83,7 +99,8 @@ class SocketChannel(MatchingChannel):
         self.segment_bytes = config.get("segment_bytes")
         if self.segment_bytes < 1:
             raise ConfigError(f"MWRT_SEGMENT_BYTES: must be >= 1 (got {self.segment_bytes})")
-        self._busy_tags: set[tuple[int, int]] = set()
+        self._busy_tags: dict[tuple[int, int], int] = {}  # (peer, tag) -> the sending thread
+        self._tag_waiters = 0
         self._outbound: dict[int, OutConn] = {}
         self._out_locks = [threading.Lock() for _ in range(world_size)]
         self._inbound: set = set()
@@ -107,7 +124,7 @@ class SocketChannel(MatchingChannel):
     def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline) -> None:
         """Send one segment of a message; shm overrides this for large ones."""
         head = HEADER.pack(MAGIC, DATA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
-        self._write(conn, peer, [head + desc, seg], deadline)
+        self._write(conn, peer, [head, desc, seg] if desc else [head, seg], deadline)
 
     def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc) -> None:
         """Handle a frame kind other than DATA (shm's slot frames)."""
@@ -117,15 +134,20 @@ class SocketChannel(MatchingChannel):
     # -- sending -----------------------------------------------------------------------
 
     def _send(self, view, peer, tag, timeout, desc):
-        deadline, claimed = time.monotonic() + timeout, False
+        deadline = time.monotonic() + timeout
+        key = (peer, tag)
         try:
             # Connected once, the connection stays: skip the per-peer connect lock.
             conn = self._outbound.get(peer) or self._out_conn(peer, deadline, timeout)
-            claimed = self._claim_tag(peer, tag, deadline)
+            self._claim_tag(key, deadline)
+        except ChannelTimeoutError as exc:
+            raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
+                                      ) from None
+        try:
             total, step, offset, head = view.nbytes, self.segment_bytes, 0, desc.encode()
             while True:
                 n = min(step, total - offset)
-                seg = view[offset:offset + n]
+                seg = view[offset:offset + n] if n < total else view
                 self._send_segment(conn, peer, tag, total, offset, seg, head, deadline)
                 offset, head = offset + n, b""
                 if offset >= total:
@@ -134,32 +156,40 @@ class SocketChannel(MatchingChannel):
             raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
                                       ) from None
         finally:
-            if claimed:
-                with self._cond:
-                    self._busy_tags.discard((peer, tag))
-                    self._cond.notify_all()
+            self._release_tag(key)
 
-    def _claim_tag(self, peer, tag, deadline) -> bool:
-        # Messages on one (peer, tag) must not interleave their segments.
+    def _claim_tag(self, key, deadline) -> None:
+        """Own (peer, tag) while a message's segments go out, so two never interleave."""
+        me = threading.get_ident()
+        if self._busy_tags.setdefault(key, me) == me:  # atomic under the GIL: no lock
+            return
         with self._cond:
-            while (peer, tag) in self._busy_tags:
-                if not self._cond.wait(max(deadline - time.monotonic(), 0)):
-                    raise ChannelTimeoutError(f"{self.name} send rank {self.rank}->{peer}: "
-                                              "another send on this tag is still running")
-            self._busy_tags.add((peer, tag))
-            return True
+            self._tag_waiters += 1
+            try:
+                while self._busy_tags.setdefault(key, me) != me:
+                    if not self._cond.wait(max(deadline - time.monotonic(), 0)):
+                        raise ChannelTimeoutError(f"{self.name} send rank {self.rank}->{key[0]}: "
+                                                  "another send on this tag is still running")
+            finally:
+                self._tag_waiters -= 1
+
+    def _release_tag(self, key) -> None:
+        del self._busy_tags[key]
+        if self._tag_waiters:  # read after the delete: a waiter counted later sees it free
+            with self._cond:
+                self._cond.notify_all()
 
     def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
         """Write one frame on `conn`, converting socket errors to channel errors."""
         what = f"{self.name} send rank {self.rank}->{peer}"
-        if not conn.lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+        if not conn.lock.acquire(False) and \
+                not conn.lock.acquire(True, max(deadline - time.monotonic(), 0)):
             raise ChannelTimeoutError(f"{what}: connection busy past the send's timeout")
         try:
             if conn.error:
                 raise ChannelClosedError(f"{what}: connection unusable after an earlier error "
                                          f"({conn.error})", peer=peer)
-            conn.sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-            _sendall_parts(conn.sock, parts)
+            send_parts(conn.sock, parts, deadline)
         except TimeoutError:
             conn.error = "a send timed out mid-frame"
             raise ChannelTimeoutError(f"{what}: rank {peer} did not take the data within the "
@@ -201,14 +231,13 @@ class SocketChannel(MatchingChannel):
                     f"{what}: rank {peer} at {address} dropped the connection during the "
                     f"handshake ({type(exc).__name__}: {exc}); check the logs of rank {peer}",
                     peer=peer) from None
+            sock.setblocking(False)  # send_parts waits itself, only when the buffer is full
             conn = self._outbound[peer] = OutConn(sock, address)
             if self.closed:  # close() ran while we connected: do not leak the socket
                 self._shut(sock)
             return conn
         finally:
             self._out_locks[peer].release()
-
-    # -- receiving ---------------------------------------------------------------------
 
     # -- receiver thread ---------------------------------------------------------------
 
@@ -260,15 +289,23 @@ class SocketChannel(MatchingChannel):
 
     def _read_frames(self, sock, peer: int) -> None:
         head = memoryview(bytearray(HEADER.size))
+        whole = memoryview(bytearray(_WHOLE))
         while read_into(sock, head, "a frame header"):
             magic, kind, _, dlen, aux, tag, total, offset, seglen = HEADER.unpack(head)
             if magic != MAGIC:
                 raise WireError(f"bad frame magic {magic:#x} (expected {MAGIC:#x})")
-            desc = b""
+            if kind == DATA and offset == 0 and seglen == total and dlen + total <= _WHOLE:
+                # A small message: its description and bytes in one read, then one lock.
+                body = whole[:dlen + total]
+                if not read_into(sock, body, "a message") and body:
+                    raise ConnectionError(f"connection closed before a {total}-byte message")
+                self._deliver(peer, tag, body[dlen:], str(body[:dlen], "utf-8", "replace"))
+                continue
+            desc = ""
             if dlen:
-                desc = bytearray(dlen)
-                read_into(sock, memoryview(desc), "a frame description")
-            desc = desc.decode(errors="replace")
+                desc = whole[:dlen]
+                read_into(sock, desc, "a frame description")
+                desc = str(desc, "utf-8", "replace")
             if kind == DATA:
                 target = self._segment_target(peer, tag, total, offset, seglen, desc)
                 if target is None:
@@ -291,14 +328,9 @@ class SocketChannel(MatchingChannel):
     # -- lifecycle ---------------------------------------------------------------------
 
     def _close(self):
+        self._fail_posts()
         with self._cond:
-            posts = [p for box in self._boxes.values() for p in box.posted]
-            posts += [b.current.post for b in self._boxes.values()
-                      if b.current is not None and b.current.post is not None]
             inbound = list(self._inbound)
-            self._cond.notify_all()
-        for post in posts:
-            resolve(post, self._closed_error(post.peer, post.tag))
         if self._listener is not None:
             self._shut(self._listener)
         self._close_outbound()
