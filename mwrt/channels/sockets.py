@@ -1,43 +1,37 @@
-"""Framing and connections shared by the socket channels (tcp, shm).
+"""Connections and receiver threads shared by the socket channels (tcp, shm).
 
 Each rank listens on one socket and publishes its address in the store. A rank
 sends to a peer over a connection it opened itself, one per direction and pair,
 so two ranks that send to each other at once never race to set up a shared one;
 the HMAC challenge of `mwrt.auth` runs before any payload byte is read. A message
-travels as frames: a fixed header (magic, kind, tag, total size, offset, segment
-size, description length), the sender's description of its buffer on the first
-frame (for size-mismatch errors), then the raw segment. Messages longer than
-`segment_bytes` go in segments and the connection is released between them, so a
-large transfer delays a small one to the same peer by one segment at most.
+travels as frames (`framing.py`): a fixed header, the sender's description of its
+buffer on the first frame (for size-mismatch errors), then the raw segment.
+Messages longer than `segment_bytes` go in segments and the connection is released
+between them, so a large transfer delays a small one to the same peer by one segment.
 
 One receiver thread per inbound connection reads frames and asks `matching.py`
-where each segment goes: straight into a posted receive's buffer (recv_into, no
-copy), or into a stash until a receive claims it. So receivers always drain their
-sockets, and a ring of blocking sends cannot deadlock.
+where each message goes: a large segment straight into a posted receive's buffer
+(recv_into, no copy), a small message in one piece to its receive or a stash. So
+receivers always drain their sockets, and a ring of blocking sends cannot deadlock.
 """
 
 from __future__ import annotations
 
 import logging
-import select
 import socket
-import struct
 import threading
 import time
 
 from .. import config
 from ..auth import client_handshake, server_handshake
 from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
+from .framing import DATA, HEADER, MAGIC, WHOLE, Reader, send_parts
 from .matching import MatchingChannel
+
+__all__ = ["DATA", "HEADER", "MAGIC", "SocketChannel"]  # the frame format, for subclasses
 
 log = logging.getLogger("mwrt.channels")
 
-# magic, kind, flags, desc_len, aux, tag, total, offset, seglen
-HEADER = struct.Struct("<IBBHIQQQQ")
-MAGIC = 0x4D575254
-DATA = 1
-_DISCARD = 1 << 20
-_WHOLE = 1 << 16  # a message up to this size (with its description) is read in one piece
 _LINGER = 5.0  # seconds close() waits for peers to read what we sent
 _HANDSHAKE_SECONDS = 10.0
 
@@ -49,44 +43,6 @@ class OutConn:
         self.sock, self.address = sock, address
         self.lock = threading.Lock()
         self.error: str | None = None
-
-
-def read_into(sock, view: memoryview, what: str) -> bool:
-    """Fill `view` from `sock`; False on a clean end of stream before the first byte."""
-    got, n = 0, view.nbytes
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            if got == 0:
-                return False
-            raise ConnectionError(f"connection closed after {got} of {n} bytes of {what}")
-        got += k
-    return True
-
-
-def send_parts(sock, parts, deadline: float) -> None:
-    """Write `parts` (bytes, or flat byte views) on a non-blocking socket; TimeoutError after
-    `deadline`. One sendmsg when the kernel buffer has room, which is the common case."""
-    try:
-        sent = sock.sendmsg(parts)
-    except BlockingIOError:
-        sent = 0
-    for part in parts:
-        n = len(part)
-        if sent >= n:
-            sent -= n
-            continue
-        rest, sent = memoryview(part)[sent:], 0
-        while rest:
-            left = deadline - time.monotonic()
-            poller = select.poll()
-            poller.register(sock, select.POLLOUT)
-            if left <= 0 or not poller.poll(left * 1000):
-                raise TimeoutError("the peer took no data before the deadline")
-            try:
-                rest = rest[sock.send(rest):]
-            except BlockingIOError:
-                pass
 
 
 class SocketChannel(MatchingChannel):
@@ -127,7 +83,8 @@ class SocketChannel(MatchingChannel):
         self._write(conn, peer, [head, desc, seg] if desc else [head, seg], deadline)
 
     def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc) -> None:
-        """Handle a frame kind other than DATA (shm's slot frames)."""
+        """Handle a frame kind other than DATA (shm's slot frames); `sock` is a
+        framing.Reader: read the frame's bytes, and answer, through it."""
         raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {kind} "
                         f"from rank {peer}; are both sides the same mwrt version?")
 
@@ -288,42 +245,26 @@ class SocketChannel(MatchingChannel):
         return int(claim.rpartition(b"/")[2])
 
     def _read_frames(self, sock, peer: int) -> None:
-        head = memoryview(bytearray(HEADER.size))
-        whole = memoryview(bytearray(_WHOLE))
-        while read_into(sock, head, "a frame header"):
-            magic, kind, _, dlen, aux, tag, total, offset, seglen = HEADER.unpack(head)
+        reader = Reader(sock)
+        while (head := reader.next_header()) is not None:
+            magic, kind, _, dlen, aux, tag, total, offset, seglen = head
             if magic != MAGIC:
                 raise WireError(f"bad frame magic {magic:#x} (expected {MAGIC:#x})")
-            if kind == DATA and offset == 0 and seglen == total and dlen + total <= _WHOLE:
-                # A small message: its description and bytes in one read, then one lock.
-                body = whole[:dlen + total]
-                if not read_into(sock, body, "a message") and body:
-                    raise ConnectionError(f"connection closed before a {total}-byte message")
+            if kind == DATA and offset == 0 and seglen == total and dlen + total <= WHOLE:
+                # A small message, usually read already with its header: one lock, no wait.
+                body = reader.take(dlen + total, "a message")
                 self._deliver(peer, tag, body[dlen:], str(body[:dlen], "utf-8", "replace"))
                 continue
-            desc = ""
-            if dlen:
-                desc = whole[:dlen]
-                read_into(sock, desc, "a frame description")
-                desc = str(desc, "utf-8", "replace")
+            desc = str(reader.take(dlen, "a frame description"), "utf-8", "replace")
             if kind == DATA:
                 target = self._segment_target(peer, tag, total, offset, seglen, desc)
                 if target is None:
-                    self._discard(sock, seglen)
-                elif not read_into(sock, target, "a segment") and seglen:
-                    raise ConnectionError(f"connection closed before a {seglen}-byte segment")
+                    reader.discard(seglen, "a discarded segment")
+                else:
+                    reader.read_into(target, "a segment")
                 self._segment_done(peer, tag, seglen)
             else:
-                self._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
-
-    @staticmethod
-    def _discard(sock, n: int) -> None:
-        scratch = memoryview(bytearray(min(n, _DISCARD)))
-        while n:
-            k = min(n, scratch.nbytes)
-            if not read_into(sock, scratch[:k], "a discarded segment"):
-                raise ConnectionError(f"connection closed with {n} bytes still due")
-            n -= k
+                self._on_frame(reader, peer, kind, aux, tag, total, offset, seglen, desc)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -355,7 +296,7 @@ class SocketChannel(MatchingChannel):
             try:
                 while deadline > time.monotonic():
                     conn.sock.settimeout(deadline - time.monotonic())
-                    if not conn.sock.recv(_DISCARD):
+                    if not conn.sock.recv(1 << 16):
                         break
             except OSError:
                 pass  # reset or timed out: the peer is gone or stuck, nothing left to save
