@@ -184,8 +184,9 @@ class Agreement:
     def take(self) -> bytes:
         """Hand the check to the caller, who carries it: nothing of ours will be sent."""
         if self.started:
-            raise RuntimeError(f"take_call_check on {self.group.name}: this {self.kind} already "
-                               "sent its check; take it before the first send or receive")
+            raise RuntimeError(f"take_call_check on {self.group.name}: the check of this "
+                               f"{self.kind} already started (sent, or taken before); take it "
+                               "once, before the collective's first send or receive")
         self.started = self.settled = True
         return self.mine
 

@@ -86,7 +86,7 @@ class MatchingChannel(DataChannel):
             self._wait_post(got, timeout)
 
     def _recv_message(self, peer, tag, timeout):
-        got = self._post(None, peer, tag, "a message of any size")
+        got = self._post(None, peer, tag, "any size")
         if type(got) is _Post:
             self._wait_post(got, timeout)
             got = got.view
