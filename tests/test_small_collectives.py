@@ -187,3 +187,32 @@ def test_a_native_collective_that_checks_calls_takes_the_check():
     finally:
         for ch in chans:
             ch.close()
+
+
+# -- device arrays staged through the host -------------------------------------------------
+
+
+class _FakeDeviceArray:
+    """Quacks like a CuPy array to host_view: the collective must stage it through the host."""
+
+    __cuda_array_interface__ = {}
+
+    def __init__(self, host):
+        self.data, self.shape = host.copy(), host.shape
+
+    def get(self):
+        return self.data.copy()
+
+    def set(self, host):
+        self.data[...] = host
+
+
+def _device_all_reduce(g, r):
+    a = _FakeDeviceArray(np.full((2, 3), r + 1.0, np.float32))
+    C.all_reduce(g, a)
+    return a.data
+
+
+def test_device_arrays_are_staged_and_written_back():
+    for got in run_ranks("inproc", 2, _device_all_reduce):
+        np.testing.assert_array_equal(got, np.full((2, 3), 3.0, np.float32))
