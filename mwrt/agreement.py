@@ -1,21 +1,28 @@
 """The agreement check: every rank of a collective called it with the same kind, op, dtype,
 shape and root, or every rank raises CollectiveMismatchError naming each rank's values.
 
-Each rank packs its call into a fixed-size descriptor and sends it to every peer on a
-control tag of its own (derived from the collective's sequence number, so a descriptor
-left over from a failed collective never meets the next one). The check is fused with the
-data rather than run as a round before it: the algorithm's first sends leave at once, next
-to the descriptors, and the descriptors are received and compared just before the rank
-first *waits* for data (`ProcessGroup.recv`, a receive's `wait`, a native collective) or,
-for a rank that only sends, when the collective ends. So a call that agrees pays no extra
-round trip, and a call that does not is caught before any received byte is used: a
-speculative send of the wrong size only lands in a stash under a tag that nothing will
-ever claim again.
+Each rank packs its call into a fixed-size descriptor. The check costs no message of its
+own where it can ride inside the collective's: an algorithm that all-gathers as it goes
+(recursive doubling; the barrier) takes the check over (`ProcessGroup.carry_check`), and
+each of its messages is [every descriptor its sender knows][payload] on the check tag.
+After the last round every rank holds every rank's descriptor. A received descriptor
+that differs from ours poisons the call: its data is never combined, but the messages
+still flow, so every rank completes the all-gather and raises the same error.
 
-This is safe only where a send completes without a matching receive (the socket channels
-drain every connection; inproc queues): channels say so with `buffered_sends = True`.
-Elsewhere, and above `DIRECT_MAX` ranks (n-1 descriptors per rank would dominate), the
-check runs first as Bruck's all-gather, as a round of its own.
+Other collectives check lazily: their first message starts the check, which sends our
+descriptor to every peer on the check tag (derived from the collective's sequence number,
+so a message left over from a failed collective never meets the next one), and the first
+*wait* for data (`ProcessGroup.recv`, a receive's `wait`, a native collective) or the end
+of the collective settles it, receiving one message from every peer. A call that agrees
+pays no extra round trip, and a call that does not is caught before any received byte is
+used. That needs sends that complete without a matching receive (`buffered_sends`);
+elsewhere, and above `DIRECT_MAX` ranks, the check runs first as a round of its own.
+
+The two kinds meet: a rank that checks directly takes a carried message as its peer's
+word, and a poisoned carrier sends what it knows to the peers its pattern never reached,
+so a mismatch between, say, a barrier and a broadcast raises on every rank instead of
+hanging. A carrier that fails (a peer died) tells every other peer, naming the dead rank,
+so ranks that wait on it in later rounds fail at once rather than at their timeout.
 """
 
 from __future__ import annotations
@@ -25,23 +32,46 @@ import struct
 import numpy as np
 
 from . import algorithms as alg
-from .errors import ChannelError, CollectiveMismatchError
+from .errors import (
+    ChannelClosedError,
+    ChannelError,
+    ChannelTimeoutError,
+    CollectiveMismatchError,
+    WireError,
+)
 from .reduce_ops import ReduceOp
 
 DIRECT_MAX = 8
+ABORT, TIMED_OUT = 1, 2  # a check message's flags: the sender failed; it was a timeout
+_NOBODY = 0xFFFFFFFF
 
 _OPS = list(ReduceOp)
 _KINDS = ["all_reduce", "broadcast", "reduce", "gather", "scatter", "all_gather",
           "reduce_scatter", "all_to_all", "barrier"]
 # seq, kind, op, ndim, flags, root, count, dtype, dims[6]
 _DESC = struct.Struct("<IBBBBiq8s6q")
+_SEQ = struct.Struct("<I")
+# A check message: count of descriptors, flags, the rank an ABORT names; then per descriptor
+# its rank and bytes (80 bytes: the payload after them stays 8-byte aligned).
+_HEAD = struct.Struct("<HHI")
+_RANK = struct.Struct("<I")
+_ENTRY = _RANK.size + _DESC.size
+_TAILS: dict = {}
+_CHANNEL_ERRORS = (ChannelError, TimeoutError, ConnectionError)
 
 
 def describe_call(seq, kind, op=None, root=-1, dtype="u1", shape=(), count=0) -> bytes:
     """The fixed-size descriptor of one collective call."""
-    dims = list(shape)[:6] + [0] * (6 - min(len(shape), 6))
-    return _DESC.pack(seq & 0xFFFFFFFF, _KINDS.index(kind), _OPS.index(op) if op else 255,
-                      len(shape), 0, root, count, np.dtype(dtype).str.encode(), *dims)
+    key = (kind, op, root, dtype, shape, count)
+    tail = _TAILS.get(key)
+    if tail is None:  # packing costs microseconds; a program repeats a few calls
+        if len(_TAILS) > 4096:
+            _TAILS.clear()
+        dims = list(shape)[:6] + [0] * (6 - min(len(shape), 6))
+        tail = _TAILS[key] = _DESC.pack(
+            0, _KINDS.index(kind), _OPS.index(op) if op else 255, len(shape), 0, root, count,
+            np.dtype(dtype).str.encode(), *dims)[_SEQ.size:]
+    return _SEQ.pack(seq & 0xFFFFFFFF) + tail
 
 
 def explain(raw: bytes) -> str:
@@ -60,6 +90,17 @@ def explain(raw: bytes) -> str:
     return text
 
 
+def check_known(group, kind: str, known: dict[int, bytes]) -> None:
+    """check() over descriptors by rank; one never received is a protocol error."""
+    if len(known) == group.size and len(set(known.values())) == 1:
+        return  # the common case, quickly
+    missing = [r for r in range(group.size) if r not in known]
+    if missing:
+        raise WireError(f"{kind} on {group.name}: the call descriptors of ranks {missing} "
+                        "never arrived; are all ranks the same mwrt version?")
+    check(group, kind, [known[r] for r in range(group.size)])
+
+
 def check(group, kind: str, every: list[bytes]) -> None:
     """Raise CollectiveMismatchError unless all descriptors in `every` (by rank) are equal."""
     if all(d == every[0] for d in every):
@@ -74,48 +115,101 @@ def check(group, kind: str, every: list[bytes]) -> None:
         "call the same collectives in the same order with the same op, dtype, shape and root")
 
 
+# -- check messages ------------------------------------------------------------------------
+
+
+def pack(entries: list[bytes], payload=None, flags: int = 0, aux: int = 0) -> bytes:
+    """A check message: the header, packed entries (rank + descriptor), the payload's bytes."""
+    head = _HEAD.pack(len(entries), flags, aux)
+    return b"".join([head, *entries] if payload is None else [head, *entries, payload])
+
+
+def unpack(group, msg: memoryview, peer: int):
+    """(descriptors by rank, flags, aux, payload) of group rank `peer`'s check message."""
+    count, flags, aux = _HEAD.unpack_from(msg) if len(msg) >= _HEAD.size else (-1, 0, 0)
+    end = _HEAD.size + count * _ENTRY
+    if not 0 <= count <= group.size or end > len(msg):
+        raise WireError(f"check message from rank {group.ranks[peer]} on {group.name}: "
+                        f"malformed ({len(msg)} bytes, {count} descriptors); are both sides "
+                        "the same mwrt version?")
+    known = {}
+    for at in range(_HEAD.size, end, _ENTRY):
+        (rank,) = _RANK.unpack_from(msg, at)
+        if rank >= group.size:
+            raise WireError(f"check message from rank {group.ranks[peer]} on {group.name}: a "
+                            f"descriptor of rank {rank} in a group of {group.size}")
+        known[rank] = bytes(msg[at + _RANK.size:at + _ENTRY])
+    if flags & ABORT:
+        raise _aborted(group, peer, aux, flags, msg[end:])
+    return known, msg[end:]
+
+
+def _aborted(group, peer: int, failed: int, flags: int, reason) -> ChannelError:
+    """The error a rank raises when `peer` says the collective failed there."""
+    text = f"rank {group.ranks[peer]} gave up on the collective: {str(reason, 'utf-8', 'replace')}"
+    if flags & TIMED_OUT:  # we, too, waited for `peer` in vain
+        err, err.group_peer = ChannelTimeoutError(text), peer
+        return err
+    failed = failed if failed < group.size else peer
+    err = ChannelClosedError(text, peer=group.ranks[failed])
+    err.group_peer = failed
+    return err
+
+
+# -- the check in its two forms ------------------------------------------------------------
+
+
 class Agreement:
-    """One collective's check in flight: our descriptor is sent, the peers' are due."""
+    """One collective's check: started by its first message, settled before data is used."""
 
     def __init__(self, group, tag: int, kind: str, mine: bytes):
         self.group, self.tag, self.kind, self.mine = group, tag, kind, mine
-        self.settled = self.started = False
+        self.started = self.settled = False
 
     def start(self) -> None:
-        """Send our descriptor to every peer (once); before the data where sends may block."""
+        """Send our descriptor to every peer (once), or run the all-gather round now."""
         if self.started:
             return
-        self.started, g = True, self.group
-        if g.size > DIRECT_MAX or not getattr(g.channel, "buffered_sends", False):
+        self.started = True
+        g = self.group
+        if g.size > DIRECT_MAX or not g.speculates:
             self._all_gather()
             return
+        msg = pack([_RANK.pack(g.rank) + self.mine]) if g.carries_checks else \
+            np.frombuffer(self.mine, np.uint8)
         for peer in range(g.size):
             if peer != g.rank:
-                g.raw_send(np.frombuffer(self.mine, np.uint8), peer, self.tag)
+                g.raw_send(msg, peer, self.tag)
 
-    def _all_gather(self) -> None:
-        g = self.group
-        mine = np.frombuffer(self.mine, np.uint8)
-        every = np.empty((g.size, mine.size), np.uint8)
-        alg.all_gather_bruck(_Raw(g), mine, every.reshape(-1), self.tag)
-        self.settled = True
-        check(g, self.kind, [row.tobytes() for row in every])
+    def take(self) -> bytes:
+        """Hand the check to the caller, who carries it: nothing of ours will be sent."""
+        if self.started:
+            raise RuntimeError(f"take_call_check on {self.group.name}: the check of this "
+                               f"{self.kind} already started (sent, or taken before); take it "
+                               "once, before the collective's first send or receive")
+        self.started = self.settled = True
+        return self.mine
 
     def settle(self) -> None:
-        """Receive every peer's descriptor (once) and raise if any differs from ours."""
+        """Receive one message from every peer (once) and raise if any descriptor differs."""
+        if self.settled:
+            return
         self.start()
         if self.settled:
             return
         self.settled = True
-        g, every = self.group, []
-        buf = np.empty(len(self.mine), np.uint8)
+        g, every = self.group, {self.group.rank: self.mine}
+        buf = None if g.carries_checks else np.empty(len(self.mine), np.uint8)
         for peer in range(g.size):
             if peer == g.rank:
-                every.append(self.mine)
                 continue
-            g.raw_recv(buf, peer, self.tag)
-            every.append(buf.tobytes())
-        check(g, self.kind, every)
+            if buf is None:
+                for rank, desc in unpack(g, g.raw_recv_message(peer, self.tag), peer)[0].items():
+                    every.setdefault(rank, desc)
+            else:
+                g.raw_recv(buf, peer, self.tag)
+                every[peer] = buf.tobytes()
+        check_known(g, self.kind, every)
 
     def settle_after_error(self) -> None:
         """On a failed collective: raise the mismatch if that was the cause, else return."""
@@ -123,6 +217,108 @@ class Agreement:
             self.settle()
         except ChannelError:
             pass  # the peer is gone or silent: the original error says so
+
+    def _all_gather(self) -> None:
+        g = self.group
+        if g.carries_checks:  # the same pattern as carried collectives, so the two meet
+            carrier = Carrier(g, self.tag, self.kind, self.mine)
+            alg.all_reduce_rd_carried(carrier, None, None)
+            self.settled = True
+            carrier.finish()
+            return
+        mine = np.frombuffer(self.mine, np.uint8)
+        every = np.empty((g.size, mine.size), np.uint8)
+        alg.all_gather_bruck(_Raw(g), mine, every.reshape(-1), self.tag)
+        self.settled = True
+        check(g, self.kind, [row.tobytes() for row in every])
+
+
+class Carrier:
+    """The check riding in a collective's own messages: [descriptors known][payload]."""
+
+    def __init__(self, group, tag: int, kind: str, mine: bytes):
+        self.group, self.tag, self.kind, self.mine = group, tag, kind, mine
+        self.rank, self.size = group.rank, group.size
+        self.known = {group.rank: mine}
+        self.entries = [_RANK.pack(group.rank) + mine]
+        self.poisoned, self.notified, self.sent = False, False, set()
+
+    def send(self, peer: int, payload=None) -> None:
+        """Send every descriptor we know, then `payload` (a flat array or None), to `peer`."""
+        try:
+            self.group.raw_send(pack(self.entries, payload), peer, self.tag)
+        except _CHANNEL_ERRORS as exc:
+            self._notify(exc)
+            raise
+        self.sent.add(peer)
+
+    def recv(self, peer: int, like=None):
+        """Take `peer`'s message: its payload as an array like `like`, or None for none or
+        once the call is poisoned (a descriptor differs: the data must not be used)."""
+        try:
+            known, payload = unpack(self.group, self._wait_message(peer), peer)
+        except _CHANNEL_ERRORS as exc:
+            self._notify(exc)
+            raise
+        for rank, desc in known.items():
+            if rank not in self.known:
+                self.known[rank] = desc
+                self.entries.append(_RANK.pack(rank) + desc)
+            self.poisoned = self.poisoned or desc != self.mine
+        if like is None or self.poisoned:
+            return None
+        if len(payload) != like.nbytes:
+            raise WireError(f"check message from rank {self.group.ranks[peer]}: {len(payload)} "
+                            f"bytes of data for a call that needs {like.nbytes}")
+        return np.frombuffer(payload, like.dtype)
+
+    def finish(self) -> None:
+        """Raise the mismatch, as every rank of a poisoned call does; else return."""
+        if self.poisoned and self.size <= DIRECT_MAX:
+            # Ranks that check directly wait for a message from every peer: reach the rest.
+            note = pack(self.entries)
+            for peer in range(self.size):
+                if peer != self.rank and peer not in self.sent:
+                    self._quietly(note, peer)
+        check_known(self.group, self.kind, self.known)
+
+    def _wait_message(self, peer: int) -> memoryview:
+        g = self.group
+        try:
+            return g.raw_recv_message(peer, self.tag)
+        except ChannelTimeoutError as exc:
+            first = exc
+        self._notify(first)
+        # The peer may wait in turn on a rank that failed a moment after we began to wait:
+        # give its notice, which names that rank, a short while to arrive.
+        try:
+            late = g.raw_recv_message(peer, self.tag, timeout=min(g.timeout, 1.0))
+        except ChannelTimeoutError:
+            raise first from None
+        unpack(g, late, peer)  # raises the peer's notice, if that is what came
+        raise first
+
+    def _notify(self, exc: BaseException) -> None:
+        """Tell every peer but the failed one that this collective failed here (once)."""
+        if self.notified:
+            return
+        self.notified, g = True, self.group
+        failed = getattr(exc, "group_peer", None)
+        timed_out = isinstance(exc, TimeoutError)
+        what = "timed out waiting for" if timed_out else "lost"
+        who = "a peer" if failed is None else f"rank {g.ranks[failed]}"
+        reason = f"rank {g.ranks[self.rank]} {what} {who}: {exc}"[:500].encode()
+        note = pack([], reason, ABORT | (TIMED_OUT if timed_out else 0),
+                    _NOBODY if failed is None else failed)
+        for peer in range(self.size):
+            if peer not in (self.rank, failed):
+                self._quietly(note, peer)
+
+    def _quietly(self, msg: bytes, peer: int) -> None:
+        try:  # best effort: the error being raised already explains the failure
+            self.group.raw_send(msg, peer, self.tag, timeout=min(self.group.timeout, 1.0))
+        except _CHANNEL_ERRORS:
+            pass
 
 
 class _Raw:

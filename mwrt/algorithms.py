@@ -79,6 +79,44 @@ def all_reduce_rd(g, arr: np.ndarray, op: ReduceOp, tag: int) -> None:
         g.send(arr, r + 1, tag)
 
 
+def all_reduce_rd_carried(c, arr: np.ndarray | None, op: ReduceOp | None) -> None:
+    """Recursive doubling whose messages also carry the agreement check; arr None: a barrier.
+
+    The steps of all_reduce_rd, but through a Carrier `c` (mwrt.agreement): each message is
+    [every call descriptor its sender knows][its data], so the exchanges reduce the data
+    and all-gather the descriptors at once, and a barrier is the all-gather alone. Once a
+    received descriptor differs from ours, c.recv returns None and nothing is combined;
+    the steps still run, so every rank learns every descriptor, and c.finish() raises.
+    """
+    n, r = c.size, c.rank
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    if r < 2 * extra and r % 2:
+        c.send(r - 1, arr)
+        got = c.recv(r - 1, arr)
+        if got is not None:
+            arr[:] = got
+        return
+    if r < 2 * extra:
+        got = c.recv(r + 1, arr)
+        if got is not None:
+            combine(op, arr, got, mine_is_lower=True)
+        vr = r // 2
+    else:
+        vr = r - extra
+    mask = 1
+    while mask < p:
+        vpeer = vr ^ mask
+        peer = vpeer * 2 if vpeer < extra else vpeer + extra
+        c.send(peer, arr)
+        got = c.recv(peer, arr)
+        if got is not None:
+            combine(op, arr, got, mine_is_lower=vr < vpeer)
+        mask <<= 1
+    if r < 2 * extra:
+        c.send(r + 1, arr)
+
+
 _AHEAD = 2  # reduce-scatter receives posted ahead of the one being reduced
 _GATHER_PHASE = 1 << 60  # marks a collective's second-phase tag (group tag spaces are < 16)
 

@@ -2,12 +2,15 @@
 
 Every algorithm here sees a ProcessGroup (mwrt.group): its rank, size, and send/recv to
 other group ranks; none sees a socket. Each public function validates its arguments,
-turns the buffer into a flat NumPy view of the same memory, handles world size 1 and
-count 0 first, and opens `group.collective(...)`, which checks that every rank called the
+turns the buffer into a flat NumPy view of the same memory, handles world size 1 first,
+and opens `group.collective(...)`, which checks that every rank called the
 same collective with the same op, dtype, shape and root (mwrt.agreement: the check rides
-beside the first data messages; a mismatch raises CollectiveMismatchError on every rank,
-naming each rank's values, before any received data is used). Data messages carry a tag derived from (group, sequence number),
-so a message left over from a failed collective never matches the next one.
+inside the messages of small all_reduce and barrier, and beside the first data messages of
+the others; a mismatch raises CollectiveMismatchError on every rank, naming each rank's
+values, before any received data is used). Data messages carry a tag derived from (group,
+sequence number), so a message left over from a failed collective never matches the next.
+A channel's native collective, if any, is offered every call, count 0 included, so ranks
+that disagree on the count still meet in the same place (and learn that they disagree).
 
 Sizes pick the algorithm: up to `small_bytes` a latency-bound one (recursive doubling,
 binomial trees, Bruck's all-gather), above it a bandwidth-bound one (a segmented,
@@ -18,8 +21,6 @@ computed once and copied, so results are bitwise identical on every rank.
 """
 
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -49,25 +50,34 @@ def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
     return arr.reshape(-1)
 
 
-@contextmanager
-def host_view(buf, group, what: str, writable: bool = True):
-    """Yield a flat host array for `buf`; device arrays (CuPy) are staged through host memory.
+class host_view:
+    """`with host_view(buf, group, what) as arr`: a flat host array for `buf`; device arrays
+    (CuPy) are staged through host memory.
 
     The hook for GPU buffers: a channel that moves device memory itself sets
     `device_buffers = True` and brings native collectives; otherwise a CuPy array is copied
-    to the host, the collective runs there, and the result is copied back.
+    to the host, the collective runs there, and the result is copied back. (A class, not a
+    generator: small collectives pay for every microsecond of it.)
     """
-    if buf is None:
-        yield None
-        return
-    if hasattr(buf, "__cuda_array_interface__") and not getattr(group.channel,
-                                                                 "device_buffers", False):
-        host = np.ascontiguousarray(buf.get()).reshape(-1)
-        yield host
-        if writable:
-            buf.set(host.reshape(buf.shape))
-        return
-    yield as_flat(buf, what, writable)
+
+    __slots__ = ("arr", "buf", "staged", "writable")
+
+    def __init__(self, buf, group, what: str, writable: bool = True):
+        self.buf, self.writable, self.staged = buf, writable, False
+        if buf is None:
+            self.arr = None
+        elif hasattr(buf, "__cuda_array_interface__") and not getattr(group.channel,
+                                                                     "device_buffers", False):
+            self.arr, self.staged = np.ascontiguousarray(buf.get()).reshape(-1), True
+        else:
+            self.arr = as_flat(buf, what, writable)
+
+    def __enter__(self) -> np.ndarray | None:
+        return self.arr
+
+    def __exit__(self, exc_type, *_) -> None:
+        if self.staged and self.writable and exc_type is None:
+            self.buf.set(self.arr.reshape(self.buf.shape))
 
 
 # -- the collectives -----------------------------------------------------------------------
@@ -93,12 +103,16 @@ def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
             return
         with group.collective("all_reduce", op=op, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as tag:
-            if arr.size == 0 or group.run_native("all_reduce", arr, op):
+            if group.run_native("all_reduce", arr, op) or arr.size == 0:
                 return
+            small = arr.nbytes <= group.small_bytes or arr.size < group.size
+            if small and group.carries_checks:  # the check rides in the data: no extra message
+                carrier = group.carry_check()
+                alg.all_reduce_rd_carried(carrier, arr, op)
+                carrier.finish()
             # Two ranks move the same bytes either way, so up to one segment the single
             # exchange of recursive doubling beats the ring's four messages in two phases.
-            if arr.nbytes <= group.small_bytes or arr.size < group.size or (
-                    group.size == 2 and arr.nbytes <= group.segment_bytes):
+            elif small or (group.size == 2 and arr.nbytes <= group.segment_bytes):
                 alg.all_reduce_rd(group, arr, op, tag)
             else:
                 bounds = alg.chunk_bounds(arr.size, group.size)
@@ -115,7 +129,7 @@ def broadcast(group, buf, root: int = 0) -> None:
             return
         with group.collective("broadcast", root=root, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as tag:
-            if arr.size == 0 or group.run_native("broadcast", arr, root):
+            if group.run_native("broadcast", arr, root) or arr.size == 0:
                 return
             if arr.nbytes <= group.small_bytes:
                 alg.tree_broadcast(group, arr, root, tag)
@@ -132,7 +146,7 @@ def reduce(group, buf, root: int = 0, op=ReduceOp.SUM) -> None:
             return
         with group.collective("reduce", op=op, root=root, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as tag:
-            if arr.size == 0 or group.run_native("reduce", arr, op, root):
+            if group.run_native("reduce", arr, op, root) or arr.size == 0:
                 return
             if arr.nbytes <= group.small_bytes or arr.size < group.size:
                 alg.tree_reduce(group, arr, op, root, tag)
@@ -165,7 +179,7 @@ def gather(group, buf, out=None, root: int = 0) -> None:
             return
         with group.collective("gather", root=root, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as tag:
-            if arr.size and not group.run_native("gather", arr, dst, root):
+            if not group.run_native("gather", arr, dst, root) and arr.size:
                 alg.gather_direct(group, arr, dst, root, tag)
 
 
@@ -182,7 +196,7 @@ def scatter(group, buf, src=None, root: int = 0) -> None:
             return
         with group.collective("scatter", root=root, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as tag:
-            if arr.size and not group.run_native("scatter", arr, source, root):
+            if not group.run_native("scatter", arr, source, root) and arr.size:
                 alg.scatter_direct(group, arr, source, root, tag)
 
 
@@ -196,7 +210,7 @@ def all_gather(group, out, buf) -> None:
             return
         with group.collective("all_gather", dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as tag:
-            if arr.size == 0 or group.run_native("all_gather", dst, arr):
+            if group.run_native("all_gather", dst, arr) or arr.size == 0:
                 return
             if dst.nbytes <= group.small_bytes:
                 alg.all_gather_bruck(group, arr, dst, tag)
@@ -218,7 +232,7 @@ def reduce_scatter(group, out, src, op=ReduceOp.SUM) -> None:
             return
         with group.collective("reduce_scatter", op=op, dtype=dst.dtype, shape=np.shape(out),
                               count=c) as tag:
-            if c == 0 or group.run_native("reduce_scatter", dst, source, op):
+            if group.run_native("reduce_scatter", dst, source, op) or c == 0:
                 return
             work = source.copy()  # the ring reduces in place; the caller's input stays intact
             alg.ring_reduce_scatter(group, work, op, [c * i for i in range(group.size + 1)], tag)
@@ -239,7 +253,7 @@ def all_to_all(group, out, src) -> None:
             return
         with group.collective("all_to_all", dtype=dst.dtype, shape=np.shape(out),
                               count=dst.size) as tag:
-            if dst.size and not group.run_native("all_to_all", dst, source):
+            if not group.run_native("all_to_all", dst, source) and dst.size:
                 alg.all_to_all_pairwise(group, dst, source, tag)
 
 
@@ -248,5 +262,14 @@ def barrier(group) -> None:
     if group.size == 1:
         return
     with group.collective("barrier") as tag:
-        if not group.run_native("barrier"):
+        if group.run_native("barrier"):
+            return
+        if group.carries_checks:
+            # The descriptors' all-gather is the barrier. It follows recursive doubling like
+            # a small all_reduce, not dissemination, so that a barrier facing a mismatched
+            # all_reduce meets it message for message and both raise instead of waiting.
+            carrier = group.carry_check()
+            alg.all_reduce_rd_carried(carrier, None, None)
+            carrier.finish()
+        else:
             alg.barrier_dissemination(group, tag)

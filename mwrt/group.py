@@ -9,11 +9,15 @@ A channel may bring native collectives: a method `native_<kind>(group, *args)` (
 all_reduce, broadcast, reduce, gather, scatter, all_gather, reduce_scatter, all_to_all,
 barrier) taking the same arguments as the generic algorithm in mwrt.collectives, e.g.
 `native_all_reduce(group, arr, op)`. It returns NotImplemented to decline (an op or dtype
-it cannot do); anything else means done. Ranks have already agreed on the call.
+it cannot do); anything else means done. Ranks have already agreed on the call, unless the
+function says `checks_calls = True`: then it carries the check itself, calling
+`take_call_check()` (after any decision to decline) and comparing the descriptors.
 
-Every collective checks that ranks agree on it (mwrt.agreement). The check is fused with
-the data: `collective()` sends this rank's descriptor, and the first wait for data (recv,
-a receive's wait, a native collective) or the end of the collective settles it.
+Every collective checks that ranks agree on it (mwrt.agreement). The check is lazy: the
+first send or receive through the checked calls below sends this rank's descriptor, and
+the first wait for data (recv, a receive's wait, a native collective) or the end of the
+collective settles it. An algorithm that carries the check in its own messages takes it
+over with `carry_check()`, and no message of the check's own is sent.
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ from __future__ import annotations
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 from . import config
-from .agreement import Agreement, check, describe_call
+from .agreement import Agreement, Carrier, check, describe_call
 from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
 from .procs import process_alive
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
+_CHANNEL_ERRORS = (ChannelError, TimeoutError, ConnectionError)
 
 
 class _PeerWork:
@@ -48,6 +52,40 @@ class _PeerWork:
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
+
+
+class _Collective:
+    """One collective on a group: its sequence number, agreement check and failure report.
+
+    A class rather than a generator-based context manager: small collectives pay for every
+    microsecond of it."""
+
+    __slots__ = ("desc", "group", "kind", "seq")
+
+    def __init__(self, group, kind: str, desc: dict):
+        self.group, self.kind, self.desc = group, kind, desc
+
+    def __enter__(self) -> int:
+        g = self.group
+        self.seq, g._seq = g._seq, g._seq + 1
+        g._agreement = Agreement(g, g._tag(_CONTROL, self.seq), self.kind,
+                                 describe_call(self.seq, self.kind, **self.desc))
+        return g._tag(_DATA, self.seq)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        g = self.group
+        try:
+            if exc_type is None:
+                g._agreement.settle()  # a rank that only sent, or never talked, checks here
+                return
+            if not issubclass(exc_type, _CHANNEL_ERRORS):
+                return  # a mismatch, a bad argument: raised as it is
+            g._agreement.settle_after_error()  # a mismatch explains the failure best
+        except _CHANNEL_ERRORS as e:
+            exc = e
+        finally:
+            g._agreement = None
+        raise g._failure(f"{self.kind} #{self.seq}", exc) from exc
 
 
 class ProcessGroup:
@@ -74,8 +112,10 @@ class ProcessGroup:
         # slots), so small exchanges may send then receive on one thread; a channel that
         # needs a matching receive first sets eager_bytes = 0.
         self.eager_bytes = int(getattr(channel, "eager_bytes", config.get("eager_bytes")))
-        # Where sends complete without a receive, data may leave before the check settles.
-        self._speculate = bool(getattr(channel, "buffered_sends", False))
+        # Where sends complete without a receive, data may leave before the check settles;
+        # where a receive takes a message of any size, the check may ride inside the data.
+        self.speculates = bool(getattr(channel, "buffered_sends", False))
+        self.carries_checks = self.speculates and bool(getattr(channel, "any_size_recv", False))
         self.name = f"group {group_id} (ranks {ranks})" if group_id else "the default group"
         self._seq = 0
         self._agreement: Agreement | None = None
@@ -94,8 +134,7 @@ class ProcessGroup:
     # -- point-to-point among group ranks ------------------------------------------------
 
     def send(self, buf, peer: int, tag: int) -> None:
-        if self._agreement is not None and not self._speculate:
-            self._agreement.settle()
+        self._before_send()
         self.raw_send(buf, peer, tag)
 
     def recv(self, buf, peer: int, tag: int) -> None:
@@ -104,12 +143,13 @@ class ProcessGroup:
         self.raw_recv(buf, peer, tag)
 
     def isend(self, buf, peer: int, tag: int) -> _PeerWork:
-        if self._agreement is not None and not self._speculate:
-            self._agreement.settle()
+        self._before_send()
         return self.raw_isend(buf, peer, tag)
 
     def irecv(self, buf, peer: int, tag: int) -> _PeerWork:
-        # Posting is safe before the check: a receive's wait() settles it before data is used.
+        # Posting is safe before the check settles: a receive's wait() settles it first.
+        if self._agreement is not None:
+            self._agreement.start()
         try:
             work = self.channel.irecv(buf, self.ranks[peer], tag, self.timeout)
         except (ChannelError, TimeoutError, ConnectionError) as e:
@@ -117,11 +157,20 @@ class ProcessGroup:
             raise
         return _PeerWork(work, peer, self.timeout, self)
 
+    def _before_send(self) -> None:
+        agreement = self._agreement
+        if agreement is not None and not agreement.settled:
+            if self.speculates:
+                agreement.start()
+            else:
+                agreement.settle()
+
     # The raw calls skip the agreement hooks: the check's own messages use them.
 
-    def raw_send(self, buf, peer: int, tag: int) -> None:
+    def raw_send(self, buf, peer: int, tag: int, timeout: float | None = None) -> None:
         try:
-            self.channel.send(buf, self.ranks[peer], tag, self.timeout)
+            self.channel.send(buf, self.ranks[peer], tag,
+                              self.timeout if timeout is None else timeout)
         except (ChannelError, TimeoutError, ConnectionError) as e:
             e.group_peer = peer
             raise
@@ -129,6 +178,14 @@ class ProcessGroup:
     def raw_recv(self, buf, peer: int, tag: int) -> None:
         try:
             self.channel.recv(buf, self.ranks[peer], tag, self.timeout)
+        except (ChannelError, TimeoutError, ConnectionError) as e:
+            e.group_peer = peer
+            raise
+
+    def raw_recv_message(self, peer: int, tag: int, timeout: float | None = None) -> memoryview:
+        try:
+            return self.channel.recv_message(self.ranks[peer], tag,
+                                             self.timeout if timeout is None else timeout)
         except (ChannelError, TimeoutError, ConnectionError) as e:
             e.group_peer = peer
             raise
@@ -149,9 +206,18 @@ class ProcessGroup:
         return native(self, *args) is not NotImplemented
 
     def take_call_check(self) -> bytes:
-        """For an algorithm that carries the agreement check itself: our call's descriptor."""
-        agreement, self._agreement = self._agreement, None
-        return agreement.mine
+        """Say the caller carries the agreement check itself (in its own messages, or a native
+        collective's): return this rank's call descriptor (agreement.describe_call); the group
+        then sends no check of its own. Call it before the collective's first message."""
+        if self._agreement is None:
+            raise RuntimeError(f"take_call_check on {self.name}: no collective is running; "
+                               "call it inside group.collective()")
+        return self._agreement.take()
+
+    def carry_check(self) -> Carrier:
+        """Take the check over for an algorithm whose messages carry it (agreement.Carrier)."""
+        mine = self.take_call_check()
+        return Carrier(self, self._agreement.tag, self._agreement.kind, mine)
 
     def check_calls(self, kind: str, every: list[bytes]) -> None:
         """Raise CollectiveMismatchError unless every rank's descriptor (by rank) is equal."""
@@ -161,22 +227,10 @@ class ProcessGroup:
         """The sequence number of the collective now running (the same on every rank)."""
         return self._seq - 1
 
-    @contextmanager
-    def collective(self, kind: str, **desc):
-        """Number the next collective, start its agreement check, yield its data tag."""
-        seq, self._seq = self._seq, self._seq + 1
-        try:
-            self._agreement = Agreement(self, self._tag(_CONTROL, seq), kind,
-                                        describe_call(seq, kind, **desc))
-            yield self._tag(_DATA, seq)
-            if self._agreement is not None:
-                self._agreement.settle()  # a rank that only sent checks here
-        except (ChannelError, TimeoutError, ConnectionError) as e:
-            if self._agreement is not None:
-                self._agreement.settle_after_error()  # a mismatch explains the error best
-            raise self._failure(f"{kind} #{seq}", e) from e
-        finally:
-            self._agreement = None
+    def collective(self, kind: str, **desc) -> _Collective:
+        """`with group.collective(kind, op=..., dtype=..., shape=..., count=...) as tag`: number
+        the next collective, prepare its agreement check, and yield its data tag."""
+        return _Collective(self, kind, desc)
 
     def call(self, fn, *args, async_op: bool = False):
         """Run fn(*args) now, or in order on the group's thread; async returns a Work."""

@@ -135,6 +135,21 @@ def contract_body(ch):
             got = np.empty(big, np.uint8)
             ch.recv(got, peer, tag=11)
             np.testing.assert_array_equal(got, payload(np.uint8, big, peer, rank))
+    if rank == 0:  # recv_message: any size, stashed first or awaited, several segments
+        for size in SIZES:
+            ch.send(payload(np.uint8, size, rank), 1, tag=21)
+        ch.recv(np.empty(1, np.uint8), 1, tag=22)
+        for size in SIZES:
+            ch.send(payload(np.uint8, size, rank, 1), 1, tag=23)
+    elif rank == 1:
+        for size in SIZES:
+            got = ch.recv_message(0, tag=21)
+            np.testing.assert_array_equal(np.frombuffer(got, np.uint8), payload(np.uint8, size, 0))
+        ch.send(np.zeros(1, np.uint8), 0, tag=22)
+        for size in SIZES:
+            got = ch.recv_message(0, tag=23)
+            np.testing.assert_array_equal(np.frombuffer(got, np.uint8),
+                                          payload(np.uint8, size, 0, 1))
     if rank == 0:  # out-of-order tags, and many messages in order on one tag
         for tag in (1, 2, 3):
             ch.send(np.full(3, tag, np.int64), 1, tag=tag)
@@ -197,6 +212,8 @@ def test_recv_timeout_says_what_from_whom(name):
             assert time.monotonic() - start < 2
             with pytest.raises(ChannelTimeoutError):
                 ch.irecv(np.zeros(4), 0, tag=6).wait(0.1)
+            with pytest.raises(ChannelTimeoutError, match=r"rank 1.*0 tag 7.*0.1 s"):
+                ch.recv_message(0, tag=7, timeout=0.1)
 
     run_ranks(name, 2, body)
 

@@ -5,6 +5,8 @@ their arguments and convert them to flat byte views; subclasses implement the
 `_private` methods only. Messages between two ranks are matched by (peer, tag) and
 delivered in send order per (peer, tag). A receive names the buffer to fill; a
 message of another size is an error naming both sizes, never a silent truncation.
+A channel whose transport learns a message's size before its bytes also offers
+`recv_message`, which takes the next message whatever its size (`any_size_recv`).
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class DataChannel:
     # channels' receiver threads always drain): collectives may then send before their
     # agreement check settles (mwrt.agreement).
     buffered_sends = False
+    # True when recv_message() works: collectives then carry their agreement check inside
+    # their own messages, whose sizes may differ between ranks that disagree.
+    any_size_recv = False
 
     def __init__(self, rank: int, world_size: int, *, store, prefix: str = "mwrt",
                  key: bytes | None = None, timeout: float | None = None):
@@ -116,6 +121,11 @@ class DataChannel:
         view = byte_view(buf, writable=True, what=f"{self.name} recv from rank {peer}")
         self._check(peer, tag)
         self._recv(view, peer, tag, self._timeout(timeout), describe(buf))
+
+    def recv_message(self, peer: int, tag: int = 0, timeout: float | None = None) -> memoryview:
+        """Receive the next message from `peer` on `tag`, whatever its size, as a byte view."""
+        self._check(peer, tag)
+        return self._recv_message(peer, tag, self._timeout(timeout))
 
     def isend(self, buf, peer: int, tag: int = 0, timeout: float | None = None) -> Work:
         """Start a send; the returned Work completes when `buf` may be reused."""
@@ -158,6 +168,10 @@ class DataChannel:
 
     def _recv(self, view: memoryview, peer: int, tag: int, timeout: float, desc: str) -> None:
         raise NotImplementedError
+
+    def _recv_message(self, peer: int, tag: int, timeout: float) -> memoryview:
+        raise NotImplementedError(f"{self.name} channel: recv_message needs a transport that "
+                                  "sends each message's size first (any_size_recv = False)")
 
     def _close(self) -> None:
         pass

@@ -29,6 +29,7 @@ class InprocChannel(DataChannel):
 
     name = "inproc"
     buffered_sends = True  # messages queue until received
+    any_size_recv = True
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None):
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
@@ -48,6 +49,16 @@ class InprocChannel(DataChannel):
             boxes.cond.notify_all()
 
     def _recv(self, view, peer, tag, timeout, desc):
+        data, sent_desc = self._take(peer, tag, timeout)
+        if len(data) != view.nbytes:
+            raise size_mismatch(self, peer, tag, sent_desc, desc)
+        view[:] = data
+
+    def _recv_message(self, peer, tag, timeout):
+        return memoryview(self._take(peer, tag, timeout)[0])
+
+    def _take(self, peer, tag, timeout) -> tuple[bytes, str]:
+        """The next queued message from `peer` on `tag`, and the sender's description of it."""
         boxes, key = self._boxes, (peer, self.rank, tag)
         deadline = time.monotonic() + timeout
         with boxes.cond:
@@ -62,10 +73,11 @@ class InprocChannel(DataChannel):
                         f"inproc recv rank {self.rank}<-{peer} tag {tag}: nothing arrived "
                         f"after {timeout} s")
                 boxes.cond.wait(left)
-            data, sent_desc = boxes.queues[key].popleft()
-        if len(data) != view.nbytes:
-            raise size_mismatch(self, peer, tag, sent_desc, desc)
-        view[:] = data
+            queue = boxes.queues[key]
+            item = queue.popleft()
+            if not queue:
+                del boxes.queues[key]  # tags are per collective: drop the empty queue
+            return item
 
     def _close(self):
         with self._boxes.cond:

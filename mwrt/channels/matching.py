@@ -1,38 +1,52 @@
 """Matching received messages to receives by (peer, tag), for channels with a receiver thread.
 
-A transport's receiver thread reports each segment it reads; this layer decides where
-the bytes go. A message for which a receive is posted lands straight in the user's
+A transport's receiver thread reports each message (or segment) it reads; this layer
+decides where the bytes go. A message for which a receive is posted lands in the user's
 buffer; otherwise it is stashed in a temporary buffer until a receive claims it (then
-copied once). Receives on one (peer, tag) match messages in send order. A message of
-the wrong size fails its receive with both sizes named and is consumed. When a peer's
-connection ends, every receive waiting on it fails with ChannelClosedError.
+copied once, or handed over whole to `recv_message`). Receives on one (peer, tag) match
+messages in send order. A message of the wrong size fails its receive with both sizes
+named and is consumed. When a peer's connection ends, every receive waiting on it fails
+with ChannelClosedError.
+
+A waiting receive sleeps on a lock of its own that the receiver thread releases: the
+cheapest hand-off between two threads, which small messages pay once each. Whoever first
+decides a receive's outcome (the receiver thread, a timeout, a close) marks it `finished`
+under the channel lock; only that party writes the outcome and releases the waiter.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
 
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, WireError
 from .base import DataChannel, Work, byte_view, describe, size_mismatch
 
+_PENDING = object()
+
 
 class _Post:
-    """A receive: the buffer to fill, and the future the caller waits on."""
+    """A receive: the buffer to fill (None: any size, made on arrival) and its outcome."""
 
-    __slots__ = ("view", "desc", "peer", "tag", "future", "cancelled")
+    __slots__ = ("desc", "error", "finished", "peer", "ready", "tag", "view")
 
     def __init__(self, view, desc, peer, tag):
         self.view, self.desc, self.peer, self.tag = view, desc, peer, tag
-        self.future, self.cancelled = Future(), False
+        self.finished, self.error = False, _PENDING
+        self.ready = threading.Lock()
+        self.ready.acquire()
+
+    def release(self, error=None) -> None:
+        """Hand the outcome to the waiter; only the party that set `finished` calls this."""
+        self.error = error
+        self.ready.release()
 
 
 class _Msg:
-    """A message from a peer: where its bytes go, and how many have arrived."""
+    """A stashed message from a peer: its bytes, and how many have arrived."""
 
-    __slots__ = ("total", "desc", "buf", "got", "post", "done")
+    __slots__ = ("buf", "desc", "done", "got", "post", "total")
 
     def __init__(self, total, desc):
         self.total, self.desc, self.buf, self.got = total, desc, None, 0
@@ -42,28 +56,18 @@ class _Msg:
 class _Box:
     """Per (peer, tag): receives waiting, messages nobody claimed yet, the one arriving."""
 
-    __slots__ = ("posted", "arrived", "current")
+    __slots__ = ("arrived", "current", "posted")
 
     def __init__(self):
         self.posted, self.arrived, self.current = deque(), deque(), None
 
 
-
-def resolve(post: _Post, exc: BaseException | None = None) -> None:
-    try:
-        if exc is None:
-            post.future.set_result(None)
-        else:
-            post.future.set_exception(exc)
-    except InvalidStateError:
-        pass  # already failed by a timeout or a close; the late outcome is moot
-
-
-
 class MatchingChannel(DataChannel):
-    """A channel whose transport calls _segment_target/_segment_done/_peer_gone as bytes arrive."""
+    """A channel whose transport calls _deliver, or _segment_target/_segment_done, as bytes
+    arrive, and _peer_gone when a peer's connection ends."""
 
     buffered_sends = True  # unmatched messages are stashed, so sends never wait for receives
+    any_size_recv = True
     posted_receives = True  # irecv posts the buffer and returns: any number may be pending
 
     def __init__(self, rank, world_size, **kwargs):
@@ -75,61 +79,82 @@ class MatchingChannel(DataChannel):
     def _on_peer_gone(self, peer: int) -> None:
         """Release per-peer receive resources (shm mappings)."""
 
+    # -- receives ----------------------------------------------------------------------
+
     def _recv(self, view, peer, tag, timeout, desc):
-        self._wait_post(self._post(view, peer, tag, desc), peer, timeout)
+        got = self._post(view, peer, tag, desc)
+        if type(got) is _Post:
+            self._wait_post(got, timeout)
+
+    def _recv_message(self, peer, tag, timeout):
+        got = self._post(None, peer, tag, "any size")
+        if type(got) is _Post:
+            self._wait_post(got, timeout)
+            got = got.view
+        return got
 
     def irecv(self, buf, peer, tag=0, timeout=None):
         """Post a receive now; the receiver thread fills `buf` without a helper thread."""
         view = byte_view(buf, writable=True, what=f"{self.name} irecv from rank {peer}")
         self._check(peer, tag)
-        post = self._post(view, peer, tag, describe(buf))
+        desc = describe(buf)
+        post = self._post(view, peer, tag, desc)
+        if type(post) is not _Post:  # it had arrived: a receive that is already complete
+            post = _Post(view, desc, peer, tag)
+            post.finished = True
+            post.release()
         return _PostWork(self, post, peer, self._timeout(timeout))
 
-    def _post(self, view, peer, tag, desc) -> _Post:
-        post, copy_from = _Post(view, desc, peer, tag), None
+    def _post(self, view, peer, tag, desc):
+        """Claim an arrived message for (peer, tag), or post a receive for the next one.
+
+        Returns the filled buffer (the stash itself for `view` None) or a pending _Post."""
         with self._cond:
-            box = self._boxes.setdefault((peer, tag), _Box())
-            if box.arrived:
+            box = self._boxes.get((peer, tag))
+            if box is not None and box.arrived:
                 msg = box.arrived.popleft()
                 self._gc(peer, tag, box)
-                if msg.total != view.nbytes:
+                if view is not None and msg.total != view.nbytes:
                     raise size_mismatch(self, peer, tag, msg.desc, desc)
-                if msg.done:
-                    copy_from = msg.buf
-                else:
-                    msg.post = post  # the receiver thread copies it out on completion
+                if not msg.done:  # still arriving: the receiver thread hands it over at the end
+                    msg.post = _Post(view if view is not None else msg.buf, desc, peer, tag)
+                    return msg.post
             elif peer in self._gone or self.closed:
-                self._gc(peer, tag, box)
                 raise self._closed_error(peer, tag)
             else:
+                post = _Post(view, desc, peer, tag)
+                if box is None:
+                    box = self._boxes[(peer, tag)] = _Box()
                 box.posted.append(post)
-        if copy_from is not None:
-            view[:] = copy_from
-            resolve(post)
-        return post
+                return post
+        if view is None:
+            return msg.buf
+        view[:] = msg.buf
+        return view
 
-    def _withdraw(self, post: _Post, peer: int) -> None:
-        """Take a posted receive back: a message that arrives later goes to the stash."""
-        with self._cond:
-            post.cancelled = True
-            box = self._boxes.get((peer, post.tag))
-            if box is not None and post in box.posted:
-                box.posted.remove(post)
-                self._gc(peer, post.tag, box)
+    def _wait_post(self, post: _Post, timeout: float | None) -> None:
+        if not post.ready.acquire(True, -1 if timeout is None else max(timeout, 0)):
+            with self._cond:
+                mine = not post.finished
+                if mine:  # a message that arrives later goes to the stash
+                    post.finished = True
+                    self._unpost(post)
+            if mine:
+                post.release(ChannelTimeoutError(
+                    f"{self.name} recv on rank {self.rank} from rank {post.peer} tag "
+                    f"{post.tag}: no message of {post.desc} completed within {timeout} s; is "
+                    f"rank {post.peer} sending on this tag?"))
+            post.ready.acquire()  # released by us, or by whoever is completing it right now
+        post.ready.release()  # leave it open: a second wait returns at once
+        if post.error is not None:
+            raise post.error
 
-    def _wait_post(self, post: _Post, peer: int, timeout: float) -> None:
-        try:
-            post.future.result(timeout)
-            return
-        except TimeoutError:
-            if post.future.done():  # the future's own error, or it completed just now
-                return post.future.result()
-        self._withdraw(post, peer)
-        resolve(post, ChannelTimeoutError(
-            f"{self.name} recv on rank {self.rank} from rank {peer} tag {post.tag}: no "
-            f"message of {post.desc} completed within {timeout} s; is rank {peer} sending "
-            "on this tag?"))
-        post.future.result()
+    def _unpost(self, post: _Post) -> None:
+        """Take a posted receive out of its box (under the lock)."""
+        box = self._boxes.get((post.peer, post.tag))
+        if box is not None and post in box.posted:
+            box.posted.remove(post)
+            self._gc(post.peer, post.tag, box)
 
     def _closed_error(self, peer, tag, got=None, total=None) -> ChannelError:
         where = f"{self.name} recv on rank {self.rank} from rank {peer} tag {tag}"
@@ -143,10 +168,50 @@ class MatchingChannel(DataChannel):
         if not box.posted and not box.arrived and box.current is None:
             self._boxes.pop((peer, tag), None)
 
+    # -- the receiver thread's side ----------------------------------------------------
+
+    def _deliver(self, peer, tag, data: memoryview, desc: str) -> None:
+        """A whole message arrived in one piece (`data` is reused after the call)."""
+        error = None
+        with self._cond:
+            box = self._boxes.get((peer, tag))
+            if box is not None and box.current is not None:
+                raise WireError(f"tag {tag}: a new message while {box.current.got} of "
+                                f"{box.current.total} bytes of the last one are due")
+            post = self._next_post(box)
+            if post is None:
+                msg = _Msg(data.nbytes, desc)
+                msg.buf, msg.got, msg.done = memoryview(bytearray(data)), data.nbytes, True
+                if box is None:
+                    box = self._boxes[(peer, tag)] = _Box()
+                box.arrived.append(msg)
+            else:
+                post.finished = True
+                if post.view is None:
+                    post.view = memoryview(bytearray(data))
+                elif post.view.nbytes == data.nbytes:
+                    post.view[:] = data
+                else:
+                    error = size_mismatch(self, peer, tag, desc, post.desc)
+            if box is not None:
+                self._gc(peer, tag, box)
+        if post is not None:
+            post.release(error)
+
+    def _next_post(self, box) -> _Post | None:
+        """Take the oldest receive still waiting in `box` (under the lock)."""
+        while box is not None and box.posted:
+            post = box.posted.popleft()
+            if not post.finished:  # a closed channel leaves failed ones in place
+                return post
+        return None
+
     def _segment_target(self, peer, tag, total, offset, seglen, desc):
         """Where a segment's bytes go (a slice of the user's buffer or a stash), or None."""
         with self._cond:
-            box = self._boxes.setdefault((peer, tag), _Box())
+            box = self._boxes.get((peer, tag))
+            if box is None:
+                box = self._boxes[(peer, tag)] = _Box()
             msg = box.current
             if msg is None:
                 if offset != 0:
@@ -157,28 +222,31 @@ class MatchingChannel(DataChannel):
                                 f"{total}, expected {msg.got} of {msg.total})")
             if offset + seglen > total:
                 raise WireError(f"tag {tag}: segment runs past the message end ({total} bytes)")
-            if msg.buf is None or (msg.post is not None and msg.post.cancelled):
+            if msg.buf is None or (msg.post is not None and msg.post.finished):
                 return None
             return msg.buf[offset:offset + seglen]
 
     def _start_message(self, box, peer, tag, total, desc) -> _Msg:
         msg = _Msg(total, desc)
-        while box.posted:
-            post = box.posted.popleft()
-            if post.cancelled:
-                continue
-            if post.view.nbytes != total:
-                resolve(post, size_mismatch(self, peer, tag, desc, post.desc))
-            else:
-                msg.buf, msg.post = post.view, post
-            return msg
+        post = self._next_post(box)
+        if post is None:
+            msg.buf = self._stash(peer, total)
+            box.arrived.append(msg)
+        elif post.view is not None and post.view.nbytes != total:
+            post.finished = True
+            post.release(size_mismatch(self, peer, tag, desc, post.desc))  # consumed: discarded
+        else:
+            if post.view is None:
+                post.view = self._stash(peer, total)
+            msg.buf, msg.post = post.view, post  # the last segment's arrival finishes it
+        return msg
+
+    def _stash(self, peer, total) -> memoryview:
         limit = config.get("max_tensor_bytes")
         if total > limit:  # a peer's header must not make us allocate without bound
             raise WireError(f"rank {peer} announced a {total}-byte message, over the limit of "
                             f"{limit} bytes (MWRT_MAX_TENSOR_BYTES)")
-        msg.buf = memoryview(bytearray(total))
-        box.arrived.append(msg)
-        return msg
+        return memoryview(bytearray(total))
 
     def _segment_done(self, peer, tag, seglen) -> None:
         with self._cond:
@@ -189,10 +257,12 @@ class MatchingChannel(DataChannel):
                 return
             box.current, msg.done, post = None, True, msg.post
             self._gc(peer, tag, box)
-        if post is not None and not post.cancelled:
-            if msg.buf is not post.view:
-                post.view[:] = msg.buf  # a stashed message that a receive claimed meanwhile
-            resolve(post)
+            if post is None or post.finished:
+                return
+            post.finished = True
+        if msg.buf is not post.view:
+            post.view[:] = msg.buf  # a stashed message that a receive claimed meanwhile
+        post.release()
 
     def _peer_gone(self, peer: int, why: str) -> None:
         failed = []
@@ -205,16 +275,31 @@ class MatchingChannel(DataChannel):
                 box.posted.clear()
                 msg = box.current
                 if msg is not None:
-                    if msg.post is not None:
+                    if msg.post is not None and not msg.post.finished:
                         failed.append((msg.post, msg.got, msg.total))
                     if msg in box.arrived:
                         box.arrived.remove(msg)
                     box.current = None
                 self._gc(peer, tag, box)
+            for post, _, _ in failed:
+                post.finished = True
             self._cond.notify_all()
         for post, got, total in failed:
-            resolve(post, self._closed_error(peer, post.tag, got, total))
+            post.release(self._closed_error(peer, post.tag, got, total))
         self._on_peer_gone(peer)
+
+    def _fail_posts(self) -> None:
+        """On close: every receive still waiting fails, saying the channel was closed."""
+        with self._cond:
+            posts = [p for box in self._boxes.values() for p in box.posted]
+            posts += [b.current.post for b in self._boxes.values()
+                      if b.current is not None and b.current.post is not None]
+            posts = [p for p in posts if not p.finished]
+            for post in posts:
+                post.finished = True
+            self._cond.notify_all()
+        for post in posts:
+            post.release(self._closed_error(post.peer, post.tag))
 
     def fail_peer(self, peer: int, why: str) -> None:
         """Fail every receive from `peer` now, saying `why`."""
@@ -226,15 +311,30 @@ class _PostWork(Work):
     """An irecv posted to the receiver thread; wait() defaults to the irecv's timeout."""
 
     def __init__(self, channel, post, peer, timeout):
-        super().__init__(post.future, f"{channel.name} irecv rank {channel.rank}<-{peer}")
         self._channel, self._post, self._peer, self._default = channel, post, peer, timeout
-
-    def cancel(self) -> None:
-        """Withdraw the receive (nothing will come): its buffer is no longer written."""
-        self._channel._withdraw(self._post, self._peer)
-        resolve(self._post, ChannelError(f"{self._what}: cancelled"))
+        self._what = f"{channel.name} irecv rank {channel.rank}<-{peer}"
 
     def wait(self, timeout=None):
         """Block until the buffer is filled, or raise ChannelTimeoutError after `timeout` s."""
-        timeout = self._default if timeout is None else timeout
-        self._channel._wait_post(self._post, self._peer, timeout)
+        self._channel._wait_post(self._post, self._default if timeout is None else timeout)
+
+    def is_completed(self) -> bool:
+        return self._post.error is not _PENDING
+
+    def cancel(self) -> None:
+        """Withdraw the receive (nothing will come): its buffer is no longer written."""
+        post, channel = self._post, self._channel
+        with channel._cond:
+            mine = not post.finished
+            if mine:
+                post.finished = True
+                channel._unpost(post)
+        if mine:
+            post.release(ChannelError(f"{self._what}: cancelled"))
+
+    def exception(self):
+        try:
+            self.wait(None)
+        except BaseException as exc:  # noqa: BLE001 - returned, as Future.exception does
+            return exc
+        return None

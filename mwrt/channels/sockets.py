@@ -1,41 +1,37 @@
-"""Framing and connections shared by the socket channels (tcp, shm).
+"""Connections and receiver threads shared by the socket channels (tcp, shm).
 
 Each rank listens on one socket and publishes its address in the store. A rank
 sends to a peer over a connection it opened itself, one per direction and pair,
 so two ranks that send to each other at once never race to set up a shared one;
 the HMAC challenge of `mwrt.auth` runs before any payload byte is read. A message
-travels as frames: a fixed header (magic, kind, tag, total size, offset, segment
-size, description length), the sender's description of its buffer on the first
-frame (for size-mismatch errors), then the raw segment. Messages longer than
-`segment_bytes` go in segments and the connection is released between them, so a
-large transfer delays a small one to the same peer by one segment at most.
+travels as frames (`framing.py`): a fixed header, the sender's description of its
+buffer on the first frame (for size-mismatch errors), then the raw segment.
+Messages longer than `segment_bytes` go in segments and the connection is released
+between them, so a large transfer delays a small one to the same peer by one segment.
 
 One receiver thread per inbound connection reads frames and asks `matching.py`
-where each segment goes: straight into a posted receive's buffer (recv_into, no
-copy), or into a stash until a receive claims it. So receivers always drain their
-sockets, and a ring of blocking sends cannot deadlock.
+where each message goes: a large segment straight into a posted receive's buffer
+(recv_into, no copy), a small message in one piece to its receive or a stash. So
+receivers always drain their sockets, and a ring of blocking sends cannot deadlock.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import struct
 import threading
 import time
 
 from .. import config
 from ..auth import client_handshake, server_handshake
 from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
-from .matching import MatchingChannel, resolve
+from .framing import DATA, HEADER, MAGIC, WHOLE, Reader, send_parts
+from .matching import MatchingChannel
+
+__all__ = ["DATA", "HEADER", "MAGIC", "SocketChannel"]  # the frame format, for subclasses
 
 log = logging.getLogger("mwrt.channels")
 
-# magic, kind, flags, desc_len, aux, tag, total, offset, seglen
-HEADER = struct.Struct("<IBBHIQQQQ")
-MAGIC = 0x4D575254
-DATA = 1
-_DISCARD = 1 << 20
 _LINGER = 5.0  # seconds close() waits for peers to read what we sent
 _HANDSHAKE_SECONDS = 10.0
 
@@ -49,30 +45,6 @@ class OutConn:
         self.error: str | None = None
 
 
-def read_into(sock, view: memoryview, what: str) -> bool:
-    """Fill `view` from `sock`; False on a clean end of stream before the first byte."""
-    got, n = 0, view.nbytes
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            if got == 0:
-                return False
-            raise ConnectionError(f"connection closed after {got} of {n} bytes of {what}")
-        got += k
-    return True
-
-
-def _sendall_parts(sock, parts) -> None:
-    sent = sock.sendmsg(parts)
-    for part in parts:
-        n = memoryview(part).nbytes
-        if sent >= n:
-            sent -= n
-            continue
-        sock.sendall(memoryview(part)[sent:])
-        sent = 0
-
-
 class SocketChannel(MatchingChannel):
     """A channel over stream sockets; subclasses say how to listen and connect."""
 
@@ -83,7 +55,8 @@ class SocketChannel(MatchingChannel):
         self.segment_bytes = config.get("segment_bytes")
         if self.segment_bytes < 1:
             raise ConfigError(f"MWRT_SEGMENT_BYTES: must be >= 1 (got {self.segment_bytes})")
-        self._busy_tags: set[tuple[int, int]] = set()
+        self._busy_tags: dict[tuple[int, int], int] = {}  # (peer, tag) -> the sending thread
+        self._tag_waiters = 0
         self._outbound: dict[int, OutConn] = {}
         self._out_locks = [threading.Lock() for _ in range(world_size)]
         self._inbound: set = set()
@@ -107,25 +80,31 @@ class SocketChannel(MatchingChannel):
     def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline) -> None:
         """Send one segment of a message; shm overrides this for large ones."""
         head = HEADER.pack(MAGIC, DATA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
-        self._write(conn, peer, [head + desc, seg], deadline)
+        self._write(conn, peer, [head, desc, seg] if desc else [head, seg], deadline)
 
     def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc) -> None:
-        """Handle a frame kind other than DATA (shm's slot frames)."""
+        """Handle a frame kind other than DATA (shm's slot frames); `sock` is a
+        framing.Reader: read the frame's bytes, and answer, through it."""
         raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {kind} "
                         f"from rank {peer}; are both sides the same mwrt version?")
 
     # -- sending -----------------------------------------------------------------------
 
     def _send(self, view, peer, tag, timeout, desc):
-        deadline, claimed = time.monotonic() + timeout, False
+        deadline = time.monotonic() + timeout
+        key = (peer, tag)
         try:
             # Connected once, the connection stays: skip the per-peer connect lock.
             conn = self._outbound.get(peer) or self._out_conn(peer, deadline, timeout)
-            claimed = self._claim_tag(peer, tag, deadline)
+            self._claim_tag(key, deadline)
+        except ChannelTimeoutError as exc:
+            raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
+                                      ) from None
+        try:
             total, step, offset, head = view.nbytes, self.segment_bytes, 0, desc.encode()
             while True:
                 n = min(step, total - offset)
-                seg = view[offset:offset + n]
+                seg = view[offset:offset + n] if n < total else view
                 self._send_segment(conn, peer, tag, total, offset, seg, head, deadline)
                 offset, head = offset + n, b""
                 if offset >= total:
@@ -134,32 +113,40 @@ class SocketChannel(MatchingChannel):
             raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
                                       ) from None
         finally:
-            if claimed:
-                with self._cond:
-                    self._busy_tags.discard((peer, tag))
-                    self._cond.notify_all()
+            self._release_tag(key)
 
-    def _claim_tag(self, peer, tag, deadline) -> bool:
-        # Messages on one (peer, tag) must not interleave their segments.
+    def _claim_tag(self, key, deadline) -> None:
+        """Own (peer, tag) while a message's segments go out, so two never interleave."""
+        me = threading.get_ident()
+        if self._busy_tags.setdefault(key, me) == me:  # atomic under the GIL: no lock
+            return
         with self._cond:
-            while (peer, tag) in self._busy_tags:
-                if not self._cond.wait(max(deadline - time.monotonic(), 0)):
-                    raise ChannelTimeoutError(f"{self.name} send rank {self.rank}->{peer}: "
-                                              "another send on this tag is still running")
-            self._busy_tags.add((peer, tag))
-            return True
+            self._tag_waiters += 1
+            try:
+                while self._busy_tags.setdefault(key, me) != me:
+                    if not self._cond.wait(max(deadline - time.monotonic(), 0)):
+                        raise ChannelTimeoutError(f"{self.name} send rank {self.rank}->{key[0]}: "
+                                                  "another send on this tag is still running")
+            finally:
+                self._tag_waiters -= 1
+
+    def _release_tag(self, key) -> None:
+        del self._busy_tags[key]
+        if self._tag_waiters:  # read after the delete: a waiter counted later sees it free
+            with self._cond:
+                self._cond.notify_all()
 
     def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
         """Write one frame on `conn`, converting socket errors to channel errors."""
         what = f"{self.name} send rank {self.rank}->{peer}"
-        if not conn.lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+        if not conn.lock.acquire(False) and \
+                not conn.lock.acquire(True, max(deadline - time.monotonic(), 0)):
             raise ChannelTimeoutError(f"{what}: connection busy past the send's timeout")
         try:
             if conn.error:
                 raise ChannelClosedError(f"{what}: connection unusable after an earlier error "
                                          f"({conn.error})", peer=peer)
-            conn.sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-            _sendall_parts(conn.sock, parts)
+            send_parts(conn.sock, parts, deadline)
         except TimeoutError:
             conn.error = "a send timed out mid-frame"
             raise ChannelTimeoutError(f"{what}: rank {peer} did not take the data within the "
@@ -201,14 +188,13 @@ class SocketChannel(MatchingChannel):
                     f"{what}: rank {peer} at {address} dropped the connection during the "
                     f"handshake ({type(exc).__name__}: {exc}); check the logs of rank {peer}",
                     peer=peer) from None
+            sock.setblocking(False)  # send_parts waits itself, only when the buffer is full
             conn = self._outbound[peer] = OutConn(sock, address)
             if self.closed:  # close() ran while we connected: do not leak the socket
                 self._shut(sock)
             return conn
         finally:
             self._out_locks[peer].release()
-
-    # -- receiving ---------------------------------------------------------------------
 
     # -- receiver thread ---------------------------------------------------------------
 
@@ -259,46 +245,33 @@ class SocketChannel(MatchingChannel):
         return int(claim.rpartition(b"/")[2])
 
     def _read_frames(self, sock, peer: int) -> None:
-        head = memoryview(bytearray(HEADER.size))
-        while read_into(sock, head, "a frame header"):
-            magic, kind, _, dlen, aux, tag, total, offset, seglen = HEADER.unpack(head)
+        reader = Reader(sock)
+        while (head := reader.next_header()) is not None:
+            magic, kind, _, dlen, aux, tag, total, offset, seglen = head
             if magic != MAGIC:
                 raise WireError(f"bad frame magic {magic:#x} (expected {MAGIC:#x})")
-            desc = b""
-            if dlen:
-                desc = bytearray(dlen)
-                read_into(sock, memoryview(desc), "a frame description")
-            desc = desc.decode(errors="replace")
+            if kind == DATA and offset == 0 and seglen == total and dlen + total <= WHOLE:
+                # A small message, usually read already with its header: one lock, no wait.
+                body = reader.take(dlen + total, "a message")
+                self._deliver(peer, tag, body[dlen:], str(body[:dlen], "utf-8", "replace"))
+                continue
+            desc = str(reader.take(dlen, "a frame description"), "utf-8", "replace")
             if kind == DATA:
                 target = self._segment_target(peer, tag, total, offset, seglen, desc)
                 if target is None:
-                    self._discard(sock, seglen)
-                elif not read_into(sock, target, "a segment") and seglen:
-                    raise ConnectionError(f"connection closed before a {seglen}-byte segment")
+                    reader.discard(seglen, "a discarded segment")
+                else:
+                    reader.read_into(target, "a segment")
                 self._segment_done(peer, tag, seglen)
             else:
-                self._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
-
-    @staticmethod
-    def _discard(sock, n: int) -> None:
-        scratch = memoryview(bytearray(min(n, _DISCARD)))
-        while n:
-            k = min(n, scratch.nbytes)
-            if not read_into(sock, scratch[:k], "a discarded segment"):
-                raise ConnectionError(f"connection closed with {n} bytes still due")
-            n -= k
+                self._on_frame(reader, peer, kind, aux, tag, total, offset, seglen, desc)
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def _close(self):
+        self._fail_posts()
         with self._cond:
-            posts = [p for box in self._boxes.values() for p in box.posted]
-            posts += [b.current.post for b in self._boxes.values()
-                      if b.current is not None and b.current.post is not None]
             inbound = list(self._inbound)
-            self._cond.notify_all()
-        for post in posts:
-            resolve(post, self._closed_error(post.peer, post.tag))
         if self._listener is not None:
             self._shut(self._listener)
         self._close_outbound()
@@ -323,7 +296,7 @@ class SocketChannel(MatchingChannel):
             try:
                 while deadline > time.monotonic():
                     conn.sock.settimeout(deadline - time.monotonic())
-                    if not conn.sock.recv(_DISCARD):
+                    if not conn.sock.recv(1 << 16):
                         break
             except OSError:
                 pass  # reset or timed out: the peer is gone or stuck, nothing left to save
