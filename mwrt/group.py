@@ -190,6 +190,13 @@ class ProcessGroup:
             e.group_peer = peer
             raise
 
+    def raw_exchange_message(self, buf, peer: int, tag: int) -> memoryview:
+        try:
+            return self.channel.exchange_message(buf, self.ranks[peer], tag, self.timeout)
+        except (ChannelError, TimeoutError, ConnectionError) as e:
+            e.group_peer = peer
+            raise
+
     def raw_isend(self, buf, peer: int, tag: int) -> _PeerWork:
         return _PeerWork(self.channel.isend(buf, self.ranks[peer], tag, self.timeout), peer,
                          self.timeout)
