@@ -265,8 +265,7 @@ class Carrier:
         return self._take(msg, peer, like)
 
     def recv(self, peer: int, like=None):
-        """Take `peer`'s message: its payload as an array like `like`, or None for none or
-        once the call is poisoned (a descriptor differs: the data must not be used)."""
+        """`peer`'s payload as an array like `like`; None without one, or once poisoned."""
         return self._take(self._wait_message(peer), peer, like)
 
     def _take(self, msg: memoryview, peer: int, like):
@@ -307,8 +306,9 @@ class Carrier:
             raise
 
     def _wait_late(self, peer: int, first: ChannelTimeoutError) -> memoryview:
-        """After a timeout waiting for `peer`: tell the others, then give `peer`'s own notice
-        a moment, since it may wait in turn on a rank that failed a moment after we began."""
+        """After a timeout waiting for `peer`: tell the others, then await `peer`'s notice."""
+        # The peer may wait in turn on a rank that failed a moment after we began to wait:
+        # its notice, which names that rank, gets a short while to arrive.
         self._notify(first)
         g = self.group
         try:

@@ -42,9 +42,9 @@ def read_into(sock, view: memoryview, what: str) -> bool:
 
 
 def send_parts(sock, parts, deadline: float, before_wait=None) -> None:
-    """Write `parts` (bytes, or flat byte views) on a non-blocking socket; TimeoutError after
-    `deadline`. One sendmsg when the kernel buffer has room, which is the common case;
-    otherwise `before_wait()` runs once before the first wait."""
+    """Write `parts` (bytes, flat byte views) on a non-blocking socket by `deadline`."""
+    # One sendmsg when the kernel buffer has room, the common case; else `before_wait()`
+    # runs once before the first wait, and TimeoutError comes at the deadline.
     try:
         sent = sock.sendmsg(parts)
     except BlockingIOError:
@@ -71,10 +71,11 @@ def send_parts(sock, parts, deadline: float, before_wait=None) -> None:
 
 
 class Reader:
-    """A non-blocking inbound socket read ahead into a buffer; other attributes are the
-    socket's, so a frame handler given the Reader may read (recv_into) and answer
-    (sendall) as on it. Without a deadline a read waits as long as it takes, calling
-    `before_wait()` first; with one it raises TimeoutError when the bytes are late."""
+    """A non-blocking inbound socket read ahead into a buffer, usable as the socket itself."""
+
+    # Other attributes are the socket's, so a frame handler given the Reader may read and
+    # answer as on it. Without a deadline a read waits as long as it takes, calling
+    # `before_wait()` first; with one it raises TimeoutError when the bytes are late.
 
     def __init__(self, sock, size: int = WHOLE + HEADER.size, before_wait=lambda: None,
                  send_timeout: float = 300.0):

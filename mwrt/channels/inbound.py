@@ -61,8 +61,7 @@ class InConn:
     # -- the receiver thread's side --------------------------------------------------
 
     def wait_readable(self, at_least: float = 0.0) -> None:
-        """Wait until bytes (or the end) arrive while armed, or a lease needs a look (not
-        before `at_least` seconds)."""
+        """Wait for bytes (or the end) while armed, or for a lease to need a look."""
         if self._epoll is None:
             self.reader.wait()
             return
@@ -141,9 +140,9 @@ class InConn:
         self.lock.release()
 
     def next_small(self, deadline: float):
-        """The next frame as (tag, description, bytes) if it is a whole small DATA message
-        (the bytes are valid until the next read); WAIT if none came by `deadline`;
-        HAND_BACK if the next frame is anything else, or the stream ended or broke."""
+        """(tag, description, bytes) of a next whole small DATA frame, else WAIT or HAND_BACK."""
+        # WAIT: nothing by `deadline`. HAND_BACK: another frame, or the stream ended or
+        # broke: the receiver thread's business. The bytes are valid until the next read.
         r = self.reader
         try:
             if not r.fill(HEADER.size, "a frame header", deadline):
@@ -170,8 +169,7 @@ class InConn:
 
 
 class InboundChannel(MatchingChannel):
-    """Reading frames off inbound connections: a receiver thread per connection (started by
-    the subclass, which calls _read_frames), and waiters that read for themselves."""
+    """Frames off inbound connections: by their receiver threads (_read_frames), or waiters."""
 
     def __init__(self, rank, world_size, **kwargs):
         super().__init__(rank, world_size, **kwargs)
@@ -179,8 +177,8 @@ class InboundChannel(MatchingChannel):
         self._role = threading.local()  # .conn: the inbound connection this thread reads
 
     def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc) -> None:
-        """Handle a frame kind other than DATA (shm's slot frames); `sock` is a
-        framing.Reader: read the frame's bytes, and answer, through it."""
+        """Handle a frame kind other than DATA (shm's slot frames), reading via `sock`."""
+        # `sock` is the framing.Reader: read the frame's bytes, and answer, through it.
         raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {kind} "
                         f"from rank {peer}; are both sides the same mwrt version?")
 
@@ -267,10 +265,9 @@ class InboundChannel(MatchingChannel):
 
     def _read_small(self, conn: InConn, peer: int, deadline: float | None, post=None,
                     tag: int = -1) -> memoryview | None:
-        """Deliver whole small frames from `conn` ourselves until `post` is finished, or
-        (with no post) until a message on `tag` that no receive awaits comes, which is
-        returned; stop when anything else shows up (the receiver thread's business) or
-        `deadline` passes."""
+        """Deliver small frames from `conn` until `post` is done, or return one for `tag`."""
+        # With no post, a message on `tag` that no receive awaits is ours and returned. Stop
+        # when anything else shows up (the receiver thread's business) or at `deadline`.
         while post is None or not post.finished:
             now = time.monotonic()
             if (deadline is not None and now >= deadline) or peer in self._gone or self.closed:
@@ -301,7 +298,7 @@ class InboundChannel(MatchingChannel):
 
     def _exchange_message(self, view, peer, tag, timeout, desc):
         conn = self._inconns.get(peer)
-        if view.nbytes > WHOLE or conn is None or not conn.take():
+        if view.nbytes > WHOLE or conn is None or not self._connected(peer) or not conn.take():
             return super()._exchange_message(view, peer, tag, timeout, desc)
         # The peer's answer usually arrives while we send: holding the read role already,
         # we read it without waking the receiver thread (a send that must wait yields it).
@@ -321,6 +318,10 @@ class InboundChannel(MatchingChannel):
         if left <= 0:
             raise self._timeout_error(peer, tag, "any size", timeout)
         return self._recv_message(peer, tag, left)  # it did not come whole: the usual way
+
+    def _connected(self, peer: int) -> bool:
+        """True once our own connection to `peer` is up (a first send may wait on it)."""
+        return False
 
     def _yield_role(self, lend: bool = False) -> None:
         """Give back the read role this thread holds, if any (lend: keep it on a lease)."""

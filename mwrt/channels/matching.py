@@ -64,8 +64,7 @@ class _Box:
 
 
 class MatchingChannel(DataChannel):
-    """A channel whose transport calls _deliver, or _segment_target/_segment_done, as bytes
-    arrive, and _peer_gone when a peer's connection ends."""
+    """A channel whose transport reports arrivals (_deliver, _segment_*) and ends (_peer_gone)."""
 
     buffered_sends = True  # unmatched messages are stashed, so sends never wait for receives
     any_size_recv = True
@@ -107,9 +106,7 @@ class MatchingChannel(DataChannel):
         return _PostWork(self, post, peer, self._timeout(timeout))
 
     def _post(self, view, peer, tag, desc):
-        """Claim an arrived message for (peer, tag), or post a receive for the next one.
-
-        Returns the filled buffer (the stash itself for `view` None) or a pending _Post."""
+        """The arrived message for (peer, tag) in `view` (or the stash itself), or a _Post."""
         with self._lock:
             box = self._boxes.get((peer, tag))
             if box is not None and box.arrived:
@@ -191,10 +188,10 @@ class MatchingChannel(DataChannel):
     # -- the receiver thread's side ----------------------------------------------------
 
     def _deliver(self, peer, tag, data: memoryview, desc: str, keep: bool = False):
-        """A whole message arrived in one piece (`data` is reused after the call). Returns the
-        receive it finished, as (post, error), for the caller to release; or, when no
-        receive waits for it and `keep` is set, the message (a copy) instead of stashing it;
-        or None."""
+        """A whole message arrived: hand it to a receive, or stash it; see the comment below."""
+        # Returns the receive it finished, as (post, error), for the caller to release; or,
+        # when no receive waits and `keep` is set, a copy of the message instead of stashing
+        # it; or None. `data` is reused after the call.
         error = None
         with self._lock:
             box = self._boxes.get((peer, tag))

@@ -115,6 +115,7 @@ class SocketChannel(InboundChannel):
         me = threading.get_ident()
         if self._busy_tags.setdefault(key, me) == me:  # atomic under the GIL: no lock
             return
+        self._yield_role()  # never wait while the receiver thread is shut out
         with self._cond:
             self._tag_waiters += 1
             try:
@@ -154,6 +155,9 @@ class SocketChannel(InboundChannel):
                                      peer=peer) from None
         finally:
             conn.lock.release()
+
+    def _connected(self, peer: int) -> bool:
+        return peer in self._outbound
 
     def _what(self, peer: int) -> str:
         return f"{self.name} send rank {self.rank}->{peer}"
