@@ -252,11 +252,25 @@ class Carrier:
             raise
         self.sent.add(peer)
 
-    def recv(self, peer: int, like=None):
-        """Take `peer`'s message: its payload as an array like `like`, or None for none or
-        once the call is poisoned (a descriptor differs: the data must not be used)."""
+    def exchange(self, peer: int, payload=None, like=None):
+        """send(peer, payload), then recv(peer, like), in one channel call."""
         try:
-            known, payload = unpack(self.group, self._wait_message(peer), peer)
+            msg = self.group.raw_exchange_message(pack(self.entries, payload), peer, self.tag)
+        except ChannelTimeoutError as exc:
+            msg = self._wait_late(peer, exc)  # raises: ours, or the peer's notice
+        except _CHANNEL_ERRORS as exc:
+            self._notify(exc)
+            raise
+        self.sent.add(peer)
+        return self._take(msg, peer, like)
+
+    def recv(self, peer: int, like=None):
+        """`peer`'s payload as an array like `like`; None without one, or once poisoned."""
+        return self._take(self._wait_message(peer), peer, like)
+
+    def _take(self, msg: memoryview, peer: int, like):
+        try:
+            known, payload = unpack(self.group, msg, peer)
         except _CHANNEL_ERRORS as exc:
             self._notify(exc)
             raise
@@ -283,14 +297,20 @@ class Carrier:
         check_known(self.group, self.kind, self.known)
 
     def _wait_message(self, peer: int) -> memoryview:
-        g = self.group
         try:
-            return g.raw_recv_message(peer, self.tag)
+            return self.group.raw_recv_message(peer, self.tag)
         except ChannelTimeoutError as exc:
-            first = exc
-        self._notify(first)
+            return self._wait_late(peer, exc)
+        except _CHANNEL_ERRORS as exc:
+            self._notify(exc)
+            raise
+
+    def _wait_late(self, peer: int, first: ChannelTimeoutError) -> memoryview:
+        """After a timeout waiting for `peer`: tell the others, then await `peer`'s notice."""
         # The peer may wait in turn on a rank that failed a moment after we began to wait:
-        # give its notice, which names that rank, a short while to arrive.
+        # its notice, which names that rank, gets a short while to arrive.
+        self._notify(first)
+        g = self.group
         try:
             late = g.raw_recv_message(peer, self.tag, timeout=min(g.timeout, 1.0))
         except ChannelTimeoutError:

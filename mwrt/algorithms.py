@@ -92,8 +92,7 @@ def all_reduce_rd_carried(c, arr: np.ndarray | None, op: ReduceOp | None) -> Non
     p = 1 << (n.bit_length() - 1)
     extra = n - p
     if r < 2 * extra and r % 2:
-        c.send(r - 1, arr)
-        got = c.recv(r - 1, arr)
+        got = c.exchange(r - 1, arr, arr)
         if got is not None:
             arr[:] = got
         return
@@ -108,8 +107,7 @@ def all_reduce_rd_carried(c, arr: np.ndarray | None, op: ReduceOp | None) -> Non
     while mask < p:
         vpeer = vr ^ mask
         peer = vpeer * 2 if vpeer < extra else vpeer + extra
-        c.send(peer, arr)
-        got = c.recv(peer, arr)
+        got = c.exchange(peer, arr, arr)
         if got is not None:
             combine(op, arr, got, mine_is_lower=vr < vpeer)
         mask <<= 1

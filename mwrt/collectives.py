@@ -51,14 +51,12 @@ def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
 
 
 class host_view:
-    """`with host_view(buf, group, what) as arr`: a flat host array for `buf`; device arrays
-    (CuPy) are staged through host memory.
+    """`with host_view(buf, group, what) as arr`: a flat host array for `buf`."""
 
-    The hook for GPU buffers: a channel that moves device memory itself sets
-    `device_buffers = True` and brings native collectives; otherwise a CuPy array is copied
-    to the host, the collective runs there, and the result is copied back. (A class, not a
-    generator: small collectives pay for every microsecond of it.)
-    """
+    # The hook for GPU buffers: a channel that moves device memory itself sets
+    # `device_buffers = True` and brings native collectives; otherwise a CuPy array is
+    # copied to the host, the collective runs there, and the result is copied back. A
+    # class, not a generator: small collectives pay for every microsecond of it.
 
     __slots__ = ("arr", "buf", "staged", "writable")
 

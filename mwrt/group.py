@@ -55,10 +55,10 @@ class _PeerWork:
 
 
 class _Collective:
-    """One collective on a group: its sequence number, agreement check and failure report.
+    """One collective on a group: its sequence number, agreement check and failure report."""
 
-    A class rather than a generator-based context manager: small collectives pay for every
-    microsecond of it."""
+    # A class rather than a generator-based context manager: small collectives pay for every
+    # microsecond of it.
 
     __slots__ = ("desc", "group", "kind", "seq")
 
@@ -190,6 +190,13 @@ class ProcessGroup:
             e.group_peer = peer
             raise
 
+    def raw_exchange_message(self, buf, peer: int, tag: int) -> memoryview:
+        try:
+            return self.channel.exchange_message(buf, self.ranks[peer], tag, self.timeout)
+        except (ChannelError, TimeoutError, ConnectionError) as e:
+            e.group_peer = peer
+            raise
+
     def raw_isend(self, buf, peer: int, tag: int) -> _PeerWork:
         return _PeerWork(self.channel.isend(buf, self.ranks[peer], tag, self.timeout), peer,
                          self.timeout)
@@ -206,9 +213,9 @@ class ProcessGroup:
         return native(self, *args) is not NotImplemented
 
     def take_call_check(self) -> bytes:
-        """Say the caller carries the agreement check itself (in its own messages, or a native
-        collective's): return this rank's call descriptor (agreement.describe_call); the group
-        then sends no check of its own. Call it before the collective's first message."""
+        """The caller carries the agreement check: this rank's call descriptor; we send none."""
+        # For algorithms whose messages carry descriptors, and native collectives marked
+        # checks_calls; call it before the collective's first message.
         if self._agreement is None:
             raise RuntimeError(f"take_call_check on {self.name}: no collective is running; "
                                "call it inside group.collective()")
@@ -228,8 +235,7 @@ class ProcessGroup:
         return self._seq - 1
 
     def collective(self, kind: str, **desc) -> _Collective:
-        """`with group.collective(kind, op=..., dtype=..., shape=..., count=...) as tag`: number
-        the next collective, prepare its agreement check, and yield its data tag."""
+        """`with group.collective(kind, op=, dtype=, shape=, count=) as tag`: the next one."""
         return _Collective(self, kind, desc)
 
     def call(self, fn, *args, async_op: bool = False):

@@ -150,6 +150,11 @@ def contract_body(ch):
             got = ch.recv_message(0, tag=23)
             np.testing.assert_array_equal(np.frombuffer(got, np.uint8),
                                           payload(np.uint8, size, 0, 1))
+    if world == 2:  # exchange_message: each sends, then takes the other's, any size
+        for size in SIZES:
+            got = ch.exchange_message(payload(np.uint8, size + rank, rank), right, tag=24)
+            np.testing.assert_array_equal(np.frombuffer(got, np.uint8),
+                                          payload(np.uint8, size + right, right))
     if rank == 0:  # out-of-order tags, and many messages in order on one tag
         for tag in (1, 2, 3):
             ch.send(np.full(3, tag, np.int64), 1, tag=tag)
@@ -237,6 +242,28 @@ def test_peer_close_fails_waiting_recv(name):
             assert info.value.peer == 0
 
     run_ranks(name, 2, body)
+
+
+@pytest.mark.parametrize("name", SOCKET_NAMES)
+def test_fail_peer_ends_a_waiting_exchange(name):
+    """A thread that reads the connection itself still hears fail_peer (a heartbeat's word)."""
+    ready = threading.Barrier(2, timeout=10)
+
+    def body(ch):
+        if ch.rank == 0:
+            ch.send(np.ones(1), 1)  # connect, so rank 1 can read from us directly
+            ready.wait()
+            ready.wait()
+            return
+        ch.recv(np.zeros(1), 0)
+        ready.wait()
+        threading.Timer(0.2, ch.fail_peer, (0, "missed its heartbeats")).start()
+        with pytest.raises(ChannelClosedError, match="rank 0 missed its heartbeats") as info:
+            ch.exchange_message(np.ones(4), 0, tag=3)
+        assert info.value.peer == 0
+        ready.wait()
+
+    run_ranks(name, 2, body, timeout=30.0)
 
 
 @pytest.mark.parametrize("name", SOCKET_NAMES)

@@ -195,7 +195,7 @@ def test_a_native_collective_that_checks_calls_takes_the_check():
 class _FakeDeviceArray:
     """Quacks like a CuPy array to host_view: the collective must stage it through the host."""
 
-    __cuda_array_interface__ = {}
+    __cuda_array_interface__ = None  # only its presence matters here
 
     def __init__(self, host):
         self.data, self.shape = host.copy(), host.shape

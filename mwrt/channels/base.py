@@ -127,6 +127,13 @@ class DataChannel:
         self._check(peer, tag)
         return self._recv_message(peer, tag, self._timeout(timeout))
 
+    def exchange_message(self, buf, peer: int, tag: int = 0,
+                         timeout: float | None = None) -> memoryview:
+        """Send `buf` to `peer`, then receive `peer`'s next message on `tag` (recv_message)."""
+        view = byte_view(buf, writable=False, what=f"{self.name} exchange with rank {peer}")
+        self._check(peer, tag)
+        return self._exchange_message(view, peer, tag, self._timeout(timeout), describe(buf))
+
     def isend(self, buf, peer: int, tag: int = 0, timeout: float | None = None) -> Work:
         """Start a send; the returned Work completes when `buf` may be reused."""
         self._check(peer, tag)
@@ -172,6 +179,11 @@ class DataChannel:
     def _recv_message(self, peer: int, tag: int, timeout: float) -> memoryview:
         raise NotImplementedError(f"{self.name} channel: recv_message needs a transport that "
                                   "sends each message's size first (any_size_recv = False)")
+
+    def _exchange_message(self, view: memoryview, peer: int, tag: int, timeout: float,
+                          desc: str) -> memoryview:
+        self._send(view, peer, tag, timeout, desc)
+        return self._recv_message(peer, tag, timeout)
 
     def _close(self) -> None:
         pass

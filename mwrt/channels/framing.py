@@ -6,7 +6,9 @@ only), then, for DATA frames, the segment's bytes. Writes go out as one sendmsg 
 non-blocking socket, which waits only when the kernel buffer is full. Reads go through a
 `Reader` that asks the kernel for as much as is there: a small message, or several,
 costs one recv (and one trip through the GIL) instead of one per part; a large segment
-is still received straight into its destination.
+is still received straight into its destination. Inbound sockets are non-blocking too:
+the thread that reads one may change (mwrt.channels.inbound), and only the current
+reader may wait on it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ HEADER = struct.Struct("<IBBHIQQQQ")
 MAGIC = 0x4D575254
 DATA = 1
 WHOLE = 1 << 16  # a message up to this size (with its description) is handled in one piece
+# Seconds a thread waiting with a deadline polls the socket before it sleeps: a sleeping
+# thread costs a wake-up, and the kernel then tends to move it next to the sender's thread
+# (a "sync" wake-up), where two ranks that exchange at once take turns on one CPU.
+SPIN = 50e-6
 
 
 def read_into(sock, view: memoryview, what: str) -> bool:
@@ -35,9 +41,10 @@ def read_into(sock, view: memoryview, what: str) -> bool:
     return True
 
 
-def send_parts(sock, parts, deadline: float) -> None:
-    """Write `parts` (bytes, or flat byte views) on a non-blocking socket; TimeoutError after
-    `deadline`. One sendmsg when the kernel buffer has room, which is the common case."""
+def send_parts(sock, parts, deadline: float, before_wait=None) -> None:
+    """Write `parts` (bytes, flat byte views) on a non-blocking socket by `deadline`."""
+    # One sendmsg when the kernel buffer has room, the common case; else `before_wait()`
+    # runs once before the first wait, and TimeoutError comes at the deadline.
     try:
         sent = sock.sendmsg(parts)
     except BlockingIOError:
@@ -48,6 +55,9 @@ def send_parts(sock, parts, deadline: float) -> None:
             sent -= n
             continue
         rest, sent = memoryview(part)[sent:], 0
+        if before_wait is not None:
+            before_wait()
+            before_wait = None
         while rest:
             left = deadline - time.monotonic()
             poller = select.poll()
@@ -61,15 +71,42 @@ def send_parts(sock, parts, deadline: float) -> None:
 
 
 class Reader:
-    """An inbound socket read ahead into a buffer; other attributes are the socket's, so a
-    frame handler given the Reader may read (recv_into) and answer (sendall) as on it."""
+    """A non-blocking inbound socket read ahead into a buffer, usable as the socket itself."""
 
-    def __init__(self, sock, size: int = WHOLE + HEADER.size):
-        self.sock, self.buf = sock, bytearray(size)
+    # Other attributes are the socket's, so a frame handler given the Reader may read and
+    # answer as on it. Without a deadline a read waits as long as it takes, calling
+    # `before_wait()` first; with one it raises TimeoutError when the bytes are late.
+
+    def __init__(self, sock, size: int = WHOLE + HEADER.size, before_wait=lambda: None,
+                 send_timeout: float = 300.0):
+        self.sock, self.buf, self.before_wait = sock, bytearray(size), before_wait
         self.view, self.start, self.end = memoryview(self.buf), 0, 0
+        self.send_timeout = send_timeout
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
 
     def __getattr__(self, name):
         return getattr(self.sock, name)
+
+    def sendall(self, data) -> None:
+        """socket.sendall for the non-blocking socket (answers such as shm's slot acks)."""
+        send_parts(self.sock, [data], time.monotonic() + self.send_timeout)
+
+    def wait(self) -> None:
+        """Wait until the socket has bytes (or has ended)."""
+        self._poller.poll()
+
+    def available(self) -> bool | None:
+        """True when bytes are buffered or arrive without waiting; None at the end of stream."""
+        if self.end > self.start:
+            return True
+        self.start = self.end = 0
+        try:
+            k = self.sock.recv_into(self.view)
+        except BlockingIOError:
+            return False
+        self.end = k
+        return True if k else None
 
     def next_header(self) -> tuple | None:
         """The next frame's header fields, or None at a clean end of stream."""
@@ -87,7 +124,7 @@ class Reader:
         self.start += n
         return out
 
-    def fill(self, n: int, what: str) -> bool:
+    def fill(self, n: int, what: str, deadline: float | None = None) -> bool:
         """Have `n` bytes buffered; False on a clean end of stream before any."""
         if self.end - self.start >= n:
             return True
@@ -96,7 +133,7 @@ class Reader:
             self.buf[:left] = self.view[self.start:self.end]
             self.start, self.end = 0, left
         while self.end - self.start < n:
-            k = self.sock.recv_into(self.view[self.end:])
+            k = self._recv(self.view[self.end:], deadline)
             if k == 0:
                 if self.end == self.start:
                     return False
@@ -105,11 +142,16 @@ class Reader:
             self.end += k
         return True
 
+    def recv(self, n: int) -> bytes:
+        """socket.recv, served from the buffer first; waits for bytes like a blocking one."""
+        buf = bytearray(n)
+        return bytes(buf[:self.recv_into(memoryview(buf))])
+
     def recv_into(self, view: memoryview, nbytes: int = 0) -> int:
-        """socket.recv_into, served from the buffer first."""
+        """socket.recv_into, served from the buffer first; waits for bytes like a blocking one."""
         n = min(nbytes or len(view), self.end - self.start)
         if n == 0:
-            return self.sock.recv_into(view, nbytes)
+            return self._recv(view[:nbytes] if nbytes else view, None)
         view[:n] = self.view[self.start:self.start + n]
         self.start += n
         return n
@@ -125,3 +167,22 @@ class Reader:
             k = min(n, len(self.buf))
             self.take(k, what)
             n -= k
+
+    def _recv(self, view: memoryview, deadline: float | None) -> int:
+        spin_until = None
+        while True:
+            try:
+                return self.sock.recv_into(view)
+            except BlockingIOError:
+                pass
+            if deadline is None:
+                self.before_wait()
+                self._poller.poll()
+                continue
+            now = time.monotonic()
+            if spin_until is None:
+                spin_until = min(now + SPIN, deadline)
+            if now < spin_until:
+                continue  # a waiter's bytes usually follow within µs: stay awake for them
+            if now >= deadline or not self._poller.poll((deadline - now) * 1000):
+                raise TimeoutError("no bytes before the deadline")

@@ -17,6 +17,7 @@ under the channel lock; only that party writes the outcome and releases the wait
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 from .. import config
@@ -63,8 +64,7 @@ class _Box:
 
 
 class MatchingChannel(DataChannel):
-    """A channel whose transport calls _deliver, or _segment_target/_segment_done, as bytes
-    arrive, and _peer_gone when a peer's connection ends."""
+    """A channel whose transport reports arrivals (_deliver, _segment_*) and ends (_peer_gone)."""
 
     buffered_sends = True  # unmatched messages are stashed, so sends never wait for receives
     any_size_recv = True
@@ -72,7 +72,8 @@ class MatchingChannel(DataChannel):
 
     def __init__(self, rank, world_size, **kwargs):
         super().__init__(rank, world_size, **kwargs)
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # the boxes; a plain lock: `with` on it costs no Python
+        self._cond = threading.Condition(self._lock)  # for subclasses that wait on the state
         self._boxes: dict[tuple[int, int], _Box] = {}
         self._gone: dict[int, str] = {}
 
@@ -106,10 +107,8 @@ class MatchingChannel(DataChannel):
         return _PostWork(self, post, peer, self._timeout(timeout))
 
     def _post(self, view, peer, tag, desc):
-        """Claim an arrived message for (peer, tag), or post a receive for the next one.
-
-        Returns the filled buffer (the stash itself for `view` None) or a pending _Post."""
-        with self._cond:
+        """The arrived message for (peer, tag) in `view` (or the stash itself), or a _Post."""
+        with self._lock:
             box = self._boxes.get((peer, tag))
             if box is not None and box.arrived:
                 msg = box.arrived.popleft()
@@ -133,21 +132,40 @@ class MatchingChannel(DataChannel):
         return view
 
     def _wait_post(self, post: _Post, timeout: float | None) -> None:
-        if not post.ready.acquire(True, -1 if timeout is None else max(timeout, 0)):
-            with self._cond:
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
+        if not post.finished:
+            self._read_for(post, deadline)
+        left = -1 if deadline is None else max(deadline - time.monotonic(), 0)
+        if not post.ready.acquire(True, left):
+            with self._lock:
                 mine = not post.finished
                 if mine:  # a message that arrives later goes to the stash
                     post.finished = True
                     self._unpost(post)
             if mine:
-                post.release(ChannelTimeoutError(
-                    f"{self.name} recv on rank {self.rank} from rank {post.peer} tag "
-                    f"{post.tag}: no message of {post.desc} completed within {timeout} s; is "
-                    f"rank {post.peer} sending on this tag?"))
+                post.release(self._timeout_error(post.peer, post.tag, post.desc, timeout))
             post.ready.acquire()  # released by us, or by whoever is completing it right now
         post.ready.release()  # leave it open: a second wait returns at once
         if post.error is not None:
             raise post.error
+
+    def _timeout_error(self, peer, tag, desc, timeout) -> ChannelTimeoutError:
+        return ChannelTimeoutError(
+            f"{self.name} recv on rank {self.rank} from rank {peer} tag {tag}: no message of "
+            f"{desc} completed within {timeout} s; is rank {peer} sending on this tag?")
+
+    def _read_for(self, post: _Post, deadline: float | None) -> None:
+        """Before sleeping on `post`: a transport may read the message itself (sockets)."""
+
+    def _claim_arrived(self, peer, tag) -> memoryview | None:
+        """The message that arrived whole on (peer, tag), if no receive waits before us."""
+        with self._lock:
+            box = self._boxes.get((peer, tag))
+            if box is None or box.posted or not box.arrived or not box.arrived[0].done:
+                return None
+            msg = box.arrived.popleft()
+            self._gc(peer, tag, box)
+            return msg.buf
 
     def _unpost(self, post: _Post) -> None:
         """Take a posted receive out of its box (under the lock)."""
@@ -170,15 +188,20 @@ class MatchingChannel(DataChannel):
 
     # -- the receiver thread's side ----------------------------------------------------
 
-    def _deliver(self, peer, tag, data: memoryview, desc: str) -> None:
-        """A whole message arrived in one piece (`data` is reused after the call)."""
+    def _deliver(self, peer, tag, data: memoryview, desc: str, keep: bool = False):
+        """A whole message arrived: hand it to a receive, or stash it; see the comment below."""
+        # Returns the receive it finished, as (post, error), for the caller to release; or,
+        # when no receive waits and `keep` is set, a copy of the message instead of stashing
+        # it; or None. `data` is reused after the call.
         error = None
-        with self._cond:
+        with self._lock:
             box = self._boxes.get((peer, tag))
             if box is not None and box.current is not None:
                 raise WireError(f"tag {tag}: a new message while {box.current.got} of "
                                 f"{box.current.total} bytes of the last one are due")
             post = self._next_post(box)
+            if post is None and keep:
+                return memoryview(bytearray(data))
             if post is None:
                 msg = _Msg(data.nbytes, desc)
                 msg.buf, msg.got, msg.done = memoryview(bytearray(data)), data.nbytes, True
@@ -195,8 +218,7 @@ class MatchingChannel(DataChannel):
                     error = size_mismatch(self, peer, tag, desc, post.desc)
             if box is not None:
                 self._gc(peer, tag, box)
-        if post is not None:
-            post.release(error)
+        return None if post is None else (post, error)
 
     def _next_post(self, box) -> _Post | None:
         """Take the oldest receive still waiting in `box` (under the lock)."""
@@ -208,7 +230,7 @@ class MatchingChannel(DataChannel):
 
     def _segment_target(self, peer, tag, total, offset, seglen, desc):
         """Where a segment's bytes go (a slice of the user's buffer or a stash), or None."""
-        with self._cond:
+        with self._lock:
             box = self._boxes.get((peer, tag))
             if box is None:
                 box = self._boxes[(peer, tag)] = _Box()
@@ -249,7 +271,7 @@ class MatchingChannel(DataChannel):
         return memoryview(bytearray(total))
 
     def _segment_done(self, peer, tag, seglen) -> None:
-        with self._cond:
+        with self._lock:
             box = self._boxes[(peer, tag)]
             msg = box.current
             msg.got += seglen
@@ -266,7 +288,7 @@ class MatchingChannel(DataChannel):
 
     def _peer_gone(self, peer: int, why: str) -> None:
         failed = []
-        with self._cond:
+        with self._lock:
             self._gone[peer] = why
             for (p, tag), box in list(self._boxes.items()):
                 if p != peer:
@@ -283,21 +305,19 @@ class MatchingChannel(DataChannel):
                 self._gc(peer, tag, box)
             for post, _, _ in failed:
                 post.finished = True
-            self._cond.notify_all()
         for post, got, total in failed:
             post.release(self._closed_error(peer, post.tag, got, total))
         self._on_peer_gone(peer)
 
     def _fail_posts(self) -> None:
         """On close: every receive still waiting fails, saying the channel was closed."""
-        with self._cond:
+        with self._lock:
             posts = [p for box in self._boxes.values() for p in box.posted]
             posts += [b.current.post for b in self._boxes.values()
                       if b.current is not None and b.current.post is not None]
             posts = [p for p in posts if not p.finished]
             for post in posts:
                 post.finished = True
-            self._cond.notify_all()
         for post in posts:
             post.release(self._closed_error(post.peer, post.tag))
 
@@ -324,7 +344,7 @@ class _PostWork(Work):
     def cancel(self) -> None:
         """Withdraw the receive (nothing will come): its buffer is no longer written."""
         post, channel = self._post, self._channel
-        with channel._cond:
+        with channel._lock:
             mine = not post.finished
             if mine:
                 post.finished = True

@@ -9,10 +9,11 @@ buffer on the first frame (for size-mismatch errors), then the raw segment.
 Messages longer than `segment_bytes` go in segments and the connection is released
 between them, so a large transfer delays a small one to the same peer by one segment.
 
-One receiver thread per inbound connection reads frames and asks `matching.py`
-where each message goes: a large segment straight into a posted receive's buffer
-(recv_into, no copy), a small message in one piece to its receive or a stash. So
-receivers always drain their sockets, and a ring of blocking sends cannot deadlock.
+One receiver thread per inbound connection reads frames (`inbound.py`) and asks
+`matching.py` where each message goes: a large segment straight into a posted receive's
+buffer (recv_into, no copy), a small message in one piece to its receive or a stash. So
+receivers always drain their sockets, and a ring of blocking sends cannot deadlock. A
+thread that waits for a small message may read the connection itself for a moment.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import time
 from .. import config
 from ..auth import client_handshake, server_handshake
 from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
-from .framing import DATA, HEADER, MAGIC, WHOLE, Reader, send_parts
-from .matching import MatchingChannel
+from .framing import DATA, HEADER, MAGIC, send_parts
+from .inbound import InboundChannel
 
 __all__ = ["DATA", "HEADER", "MAGIC", "SocketChannel"]  # the frame format, for subclasses
 
@@ -45,7 +46,7 @@ class OutConn:
         self.error: str | None = None
 
 
-class SocketChannel(MatchingChannel):
+class SocketChannel(InboundChannel):
     """A channel over stream sockets; subclasses say how to listen and connect."""
 
     name = "sockets"
@@ -82,12 +83,6 @@ class SocketChannel(MatchingChannel):
         head = HEADER.pack(MAGIC, DATA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
         self._write(conn, peer, [head, desc, seg] if desc else [head, seg], deadline)
 
-    def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc) -> None:
-        """Handle a frame kind other than DATA (shm's slot frames); `sock` is a
-        framing.Reader: read the frame's bytes, and answer, through it."""
-        raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {kind} "
-                        f"from rank {peer}; are both sides the same mwrt version?")
-
     # -- sending -----------------------------------------------------------------------
 
     def _send(self, view, peer, tag, timeout, desc):
@@ -120,6 +115,7 @@ class SocketChannel(MatchingChannel):
         me = threading.get_ident()
         if self._busy_tags.setdefault(key, me) == me:  # atomic under the GIL: no lock
             return
+        self._yield_role()  # never wait while the receiver thread is shut out
         with self._cond:
             self._tag_waiters += 1
             try:
@@ -138,28 +134,36 @@ class SocketChannel(MatchingChannel):
 
     def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
         """Write one frame on `conn`, converting socket errors to channel errors."""
-        what = f"{self.name} send rank {self.rank}->{peer}"
-        if not conn.lock.acquire(False) and \
-                not conn.lock.acquire(True, max(deadline - time.monotonic(), 0)):
-            raise ChannelTimeoutError(f"{what}: connection busy past the send's timeout")
+        if not conn.lock.acquire(False):
+            self._yield_role()  # never wait while the receiver thread is shut out
+            if not conn.lock.acquire(True, max(deadline - time.monotonic(), 0)):
+                raise ChannelTimeoutError(f"{self._what(peer)}: connection busy past the send's "
+                                          "timeout")
         try:
             if conn.error:
-                raise ChannelClosedError(f"{what}: connection unusable after an earlier error "
-                                         f"({conn.error})", peer=peer)
-            send_parts(conn.sock, parts, deadline)
+                raise ChannelClosedError(f"{self._what(peer)}: connection unusable after an "
+                                         f"earlier error ({conn.error})", peer=peer)
+            send_parts(conn.sock, parts, deadline, self._yield_role)
         except TimeoutError:
             conn.error = "a send timed out mid-frame"
-            raise ChannelTimeoutError(f"{what}: rank {peer} did not take the data within the "
-                                      "timeout; is it stalled?") from None
+            raise ChannelTimeoutError(f"{self._what(peer)}: rank {peer} did not take the data "
+                                      "within the timeout; is it stalled?") from None
         except OSError as exc:
             conn.error = f"{type(exc).__name__}: {exc}"
-            raise ChannelClosedError(f"{what}: connection to rank {peer} lost ({conn.error}); "
-                                     f"check the logs of rank {peer}", peer=peer) from None
+            raise ChannelClosedError(f"{self._what(peer)}: connection to rank {peer} lost "
+                                     f"({conn.error}); check the logs of rank {peer}",
+                                     peer=peer) from None
         finally:
             conn.lock.release()
 
+    def _connected(self, peer: int) -> bool:
+        return peer in self._outbound
+
+    def _what(self, peer: int) -> str:
+        return f"{self.name} send rank {self.rank}->{peer}"
+
     def _out_conn(self, peer: int, deadline: float, timeout: float) -> OutConn:
-        what = f"{self.name} send rank {self.rank}->{peer}"
+        what = self._what(peer)
         if not self._out_locks[peer].acquire(timeout=max(deadline - time.monotonic(), 0)):
             raise ChannelTimeoutError(f"{what}: connecting took longer than {timeout} s")
         try:
@@ -207,7 +211,7 @@ class SocketChannel(MatchingChannel):
             if self.closed:
                 sock.close()
                 return
-            with self._cond:
+            with self._lock:
                 self._inbound.add(sock)
             self._spawn(self._serve, f"mwrt-{self.name}-recv-{self.rank}", sock)
 
@@ -223,7 +227,7 @@ class SocketChannel(MatchingChannel):
                 log.warning("%s channel rank %d: dropping rank %s: %s", self.name, self.rank,
                             peer, exc)
         finally:
-            with self._cond:
+            with self._lock:
                 self._inbound.discard(sock)
             sock.close()
             if peer is not None:
@@ -244,33 +248,12 @@ class SocketChannel(MatchingChannel):
             return None
         return int(claim.rpartition(b"/")[2])
 
-    def _read_frames(self, sock, peer: int) -> None:
-        reader = Reader(sock)
-        while (head := reader.next_header()) is not None:
-            magic, kind, _, dlen, aux, tag, total, offset, seglen = head
-            if magic != MAGIC:
-                raise WireError(f"bad frame magic {magic:#x} (expected {MAGIC:#x})")
-            if kind == DATA and offset == 0 and seglen == total and dlen + total <= WHOLE:
-                # A small message, usually read already with its header: one lock, no wait.
-                body = reader.take(dlen + total, "a message")
-                self._deliver(peer, tag, body[dlen:], str(body[:dlen], "utf-8", "replace"))
-                continue
-            desc = str(reader.take(dlen, "a frame description"), "utf-8", "replace")
-            if kind == DATA:
-                target = self._segment_target(peer, tag, total, offset, seglen, desc)
-                if target is None:
-                    reader.discard(seglen, "a discarded segment")
-                else:
-                    reader.read_into(target, "a segment")
-                self._segment_done(peer, tag, seglen)
-            else:
-                self._on_frame(reader, peer, kind, aux, tag, total, offset, seglen, desc)
-
     # -- lifecycle ---------------------------------------------------------------------
 
     def _close(self):
         self._fail_posts()
-        with self._cond:
+        self._kick_inbound()
+        with self._lock:
             inbound = list(self._inbound)
         if self._listener is not None:
             self._shut(self._listener)
