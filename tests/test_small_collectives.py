@@ -66,9 +66,9 @@ def test_small_all_reduce_is_right_and_bitwise_identical(backend, n):
 
 # What rank 1 calls instead of `all_reduce(float32[4], SUM)`, and how the error shows it.
 MISMATCHES = {
-    "op": (lambda g: C.all_reduce(g, np.zeros(4, np.float32), ReduceOp.MAX), "op=MAX"),
+    "op": (lambda g: C.all_reduce(g, np.ones(4, np.float32), ReduceOp.MAX), "op=MAX"),
     "dtype": (lambda g: C.all_reduce(g, np.zeros(4, np.float64)), "float64[4]"),
-    "shape": (lambda g: C.all_reduce(g, np.zeros((2, 2), np.float32)), "float32[2, 2]"),
+    "shape": (lambda g: C.all_reduce(g, np.ones((2, 2), np.float32)), "float32[2, 2]"),
     "count": (lambda g: C.all_reduce(g, np.zeros(1000, np.float32)), "float32[1000]"),
     "barrier": (C.barrier, "barrier"),
     "empty": (lambda g: C.all_reduce(g, np.zeros(0, np.float32)), "float32[0]"),
@@ -78,19 +78,21 @@ MISMATCHES = {
 
 def _disagree(g, r, field, mine_is_barrier):
     call, _ = MISMATCHES[field]
+    mine = np.full(4, r + 1.0, np.float32)
     try:
         if r == 1:
             call(g)
         elif mine_is_barrier:
             C.barrier(g)
         else:
-            C.all_reduce(g, np.zeros(4, np.float32))
+            C.all_reduce(g, mine)
         error = None
     except CollectiveMismatchError as e:
         error = str(e)
+    untouched = r == 1 or np.array_equal(mine, np.full(4, r + 1.0))  # nothing combined in
     a = np.full(3, r + 1.0)
     C.all_reduce(g, a)  # leftovers of the failed call never meet the next one
-    return error, a
+    return error, untouched, a
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -99,8 +101,9 @@ def _disagree(g, r, field, mine_is_barrier):
 def test_every_rank_raises_naming_every_rank(backend, field, n):
     _, needle = MISMATCHES[field]
     results = run_ranks(backend, n, _disagree, field, False)
-    for r, (error, after) in enumerate(results):
+    for r, (error, untouched, after) in enumerate(results):
         assert error is not None, f"rank {r} did not raise"
+        assert untouched, f"rank {r}: data was combined although the calls disagree"
         assert "ranks disagree" in error and needle in error and "rank 1:" in error, error
         assert ("ranks 0, 2:" if n == 3 else "rank 0:") in error, error
         assert "float32[4]" in error and "op=SUM" in error, error  # the others' call, too
@@ -112,7 +115,7 @@ def test_every_rank_raises_naming_every_rank(backend, field, n):
 def test_barrier_against_all_reduce_raises_everywhere(backend, n):
     """Rank 1 calls all_reduce where the others call barrier (the reverse of the above)."""
     results = run_ranks(backend, n, _disagree, "op", True)
-    for r, (error, _) in enumerate(results):
+    for r, (error, _, _) in enumerate(results):
         assert error is not None and "barrier" in error and "op=MAX" in error, (r, error)
 
 

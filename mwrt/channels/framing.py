@@ -13,6 +13,7 @@ reader may wait on it.
 
 from __future__ import annotations
 
+import os
 import select
 import struct
 import time
@@ -182,7 +183,8 @@ class Reader:
             now = time.monotonic()
             if spin_until is None:
                 spin_until = min(now + SPIN, deadline)
-            if now < spin_until:
-                continue  # a waiter's bytes usually follow within µs: stay awake for them
+            if now < spin_until:  # a waiter's bytes usually follow within µs: stay awake,
+                os.sched_yield()  # but let a thread that shares our CPU (the sender?) run
+                continue
             if now >= deadline or not self._poller.poll((deadline - now) * 1000):
                 raise TimeoutError("no bytes before the deadline")
