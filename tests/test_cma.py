@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from ranks import available, run_ranks
 
+import mwrt.distributed as dist
 from mwrt import collectives as C
 from mwrt.channels.cma import CmaGroup
 from mwrt.reduce_ops import ReduceOp
@@ -85,3 +86,28 @@ def test_a_silent_peer_times_out_naming_it():
     errors = run_ranks("shm", 2, _leaves_after_one, 4.0, timeout=1.0, errors=True)
     text, _ = errors[0]
     assert "ChannelTimeoutError" in text and "rank 1" in text and "all_reduce" in text, text
+
+
+def _last_call(g, r):
+    a = np.full(1000, r + 1.0)
+    C.all_reduce(g, a)  # then return: the harness closes the channel, the process exits
+    return a
+
+
+def test_ranks_that_leave_right_after_a_collective_do_not_fail_the_others():
+    """The first rank to see a call done must not leave while a peer still polls it."""
+    for _ in range(20):  # four ranks on fewer cores: the last one is often descheduled
+        for a in run_ranks("shm", 4, _last_call, timeout=30):
+            assert (a == 10.0).all()
+
+
+def _script_without_destroy(rank):
+    dist.init_process_group("shm")
+    a = np.ones(1000)
+    dist.all_reduce(a)  # the script's last line: no destroy_process_group
+    assert (a == 4).all()
+
+
+def test_a_script_may_end_right_after_a_collective():
+    for _ in range(5):
+        dist.spawn(_script_without_destroy, nprocs=4, start_method="fork", timeout=60)

@@ -155,6 +155,10 @@ class DataChannel:
             pool.shutdown(wait=False, cancel_futures=True)
         self._close()
 
+    def leave(self) -> None:
+        """Before this process exits: wait (briefly) until no peer still reads our memory.
+        A channel whose peers never do has nothing to wait for."""
+
     def fail_peer(self, peer: int, why: str) -> None:
         """Someone who knows (a master's heartbeat) says `peer` is gone: fail its receives now
         rather than at their timeout. A channel that cannot tell does nothing."""

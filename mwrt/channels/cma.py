@@ -37,6 +37,8 @@ log = logging.getLogger("mwrt.channels")
 
 _STAGE, _A, _NA, _B, _NB = 0, 1, 2, 3, 4
 _DESC_AT = 40  # byte offset of the call's descriptor (mwrt.agreement, 76 bytes)
+_SEEN = 15  # the last stage this rank saw every peer reach (after the descriptor)
+_LEAVE_SECONDS = 5.0
 _BLOCK_WORDS = 16
 _PIECE_BYTES = 256 << 10  # the reduction reads peers in L2-sized pieces
 _SPIN_SECONDS = 2e-3
@@ -106,6 +108,7 @@ class CmaGroup:
         while pending:
             pending = [p for p in pending if self._stage_of(p, what) < stage]
             if not pending:
+                self.block[_SEEN] = stage  # tells a leaving peer we no longer poll it
                 return
             waited = time.monotonic() - start
             if waited > self.group.timeout:
@@ -121,6 +124,32 @@ class CmaGroup:
             else:
                 pause = min(max(pause * 2, 2e-5), 1e-3, waited / 20)
                 time.sleep(pause)
+
+    def leave(self) -> None:
+        """Before this rank goes, wait (briefly) until no peer still polls our last stage.
+
+        A rank returns from a collective once it sees every peer done, but a peer may not
+        have seen it done yet; leaving then would make that peer's last poll fail.
+        """
+        last = int(self.block[_STAGE])
+        if last % 2:  # we left a call midway: it failed, the peers get the error anyway
+            return
+        pending, deadline = list(self.others), time.monotonic() + _LEAVE_SECONDS
+        while pending and time.monotonic() < deadline:
+            pending = [p for p in pending if not self._has_seen(p, last)]
+            if pending:
+                time.sleep(1e-4)
+
+    def _has_seen(self, peer: int, stage: int) -> bool:
+        """True if peer saw every rank reach `stage`, or can no longer look."""
+        if self.group.ranks[peer] in self.channel._gone:
+            return True
+        try:
+            read_remote(self.peers[peer][0], self._stage_at,
+                        self.peers[peer][1] + 8 * _SEEN, 8, self._iov)
+        except OSError:
+            return True  # gone
+        return int(self._stage[0]) >= stage
 
     def _stage_of(self, peer: int, what: str) -> int:
         self.read(peer, self._stage_at, self.peers[peer][1], 8, what)

@@ -128,6 +128,11 @@ class CmaCollectives:
             self._cma_groups[key] = cma.setup(self, group)
         return self._cma_groups[key]
 
+    def leave(self) -> None:
+        for cma_group in self._cma_groups.values():
+            if cma_group is not None:
+                cma_group.leave()
+
     native_all_reduce, native_reduce, native_broadcast = all_reduce, reduce, broadcast
     native_gather, native_scatter, native_all_gather = gather, scatter, all_gather
     native_reduce_scatter, native_all_to_all = reduce_scatter, all_to_all

@@ -7,6 +7,7 @@ None. The algorithms live in mwrt.collectives; this module holds the process-wid
 
 from __future__ import annotations
 
+import atexit
 import threading
 
 import numpy as np
@@ -137,6 +138,13 @@ def destroy_process_group(group=None) -> None:
     _state.channel.close()
     _state.store.close()
     _state.__init__()
+
+
+@atexit.register
+def leave_at_exit() -> None:
+    """A script that ends without destroy_process_group still leaves its peers cleanly."""
+    if _state.channel is not None:
+        _state.channel.leave()  # the sockets close with the process, as an exit should
 
 
 def is_initialized() -> bool:

@@ -17,6 +17,7 @@ import time
 import traceback
 
 from ..errors import MwrtError
+from . import api
 
 
 class RankFailedError(MwrtError):
@@ -46,6 +47,7 @@ def _entry(fn, rank, args, env, errors):
     os.environ.update(env)
     try:
         fn(rank, *args)
+        api.leave_at_exit()  # a forked child skips atexit handlers
     except BaseException:  # noqa: BLE001 - sent to the parent, then this rank exits 1
         errors.put((rank, traceback.format_exc()))  # SimpleQueue writes through: no flush
         os._exit(1)
