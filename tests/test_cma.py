@@ -17,7 +17,7 @@ from mwrt.reduce_ops import ReduceOp
 pytestmark = [pytest.mark.timeout(90),
               pytest.mark.skipif(not available("shm"), reason="the shm channel needs Linux")]
 
-COUNT = 300_001  # several 256 KiB pieces per chunk, chunks of unequal size
+COUNT = 600_001  # several 512 KiB pieces per chunk, chunks of unequal size
 
 
 def _large(g, r):
