@@ -18,9 +18,7 @@ stream.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import secrets
 import select
 import socket
 import struct
@@ -35,14 +33,15 @@ from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
 from ..procs import process_alive
 from .cma_collectives import CmaCollectives
+from .segments import DIR as _DIR
+from .segments import Segment as _Segment
+from .segments import new_name
 from .sockets import HEADER, MAGIC, SocketChannel
 
 log = logging.getLogger("mwrt.channels")
 
 SHM, MAP = 2, 3
 _ACK = struct.Struct("<I")
-_DIR = "/dev/shm"
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in once, at map time
 
 
 def host_id() -> str:
@@ -53,34 +52,6 @@ def host_id() -> str:
     except OSError:
         boot = "?"
     return f"{socket.gethostname()}/{boot}"
-
-
-class _Segment:
-    """A mapped /dev/shm segment; `slots` is an (n, slot_bytes) uint8 view of it."""
-
-    def __init__(self, name: str, nslots: int, slot_bytes: int, create: bool):
-        self.path = os.path.join(_DIR, name)
-        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, nslots * slot_bytes)
-            self.mm = mmap.mmap(fd, nslots * slot_bytes, flags=mmap.MAP_SHARED | _POPULATE)
-        finally:
-            os.close(fd)
-        self.slots = np.frombuffer(self.mm, np.uint8).reshape(nslots, slot_bytes)
-
-    def unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass  # the receiver unlinked it after mapping, as intended
-
-    def close(self) -> None:
-        self.slots = None  # drop our view first: mmap refuses to close while exported
-        try:
-            self.mm.close()
-        except BufferError:
-            pass  # a copy in flight still holds a view; the mapping goes with it
 
 
 class _OutSlots:
@@ -116,7 +87,7 @@ class ShmChannel(CmaCollectives, SocketChannel):
 
     def _listen(self):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        name = f"mwrt-{os.getpid()}-{secrets.token_hex(8)}"
+        name = new_name()
         sock.bind("\0" + name)  # abstract namespace: vanishes with the socket
         sock.listen(max(self.world_size, 16))
         return sock, f"{host_id()}|{name}"
@@ -155,7 +126,7 @@ class ShmChannel(CmaCollectives, SocketChannel):
         with self._slots_lock:
             out = self._out_slots.get(peer)
             if out is None:
-                name = f"mwrt-{os.getpid()}-{secrets.token_hex(8)}"
+                name = new_name()
                 segment = _Segment(name, self.nslots, self.segment_bytes, create=True)
                 out = self._out_slots[peer] = _OutSlots(segment, self.nslots)
                 head = HEADER.pack(MAGIC, MAP, 0, len(name), self.nslots, 0,
