@@ -59,6 +59,9 @@ SETTINGS = {
     "shm_cma": Setting("MWRT_SHM_CMA", 1, int,
                        "1: shm collectives read peers' buffers in place (process_vm_readv) "
                        "when the kernel allows; 0: always the socket and slot path"),
+    "shm_stage_bytes": Setting("MWRT_SHM_STAGE_BYTES", 4 << 20, int,
+                               "shm all_reduce up to this size goes through shared staging "
+                               "areas (in-cache copies beat single-copy reads); 0: off"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC"),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }

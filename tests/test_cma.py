@@ -33,8 +33,10 @@ def _large(g, r):
     return a, m, out, rs, [isinstance(s, CmaGroup) for s in states]
 
 
+@pytest.mark.parametrize("stage_bytes", ["0", str(16 << 20)], ids=["in-place", "staged"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_large_collectives_read_peers_in_place(n):
+def test_large_collectives_read_peers_in_place(n, stage_bytes, monkeypatch):
+    monkeypatch.setenv("MWRT_SHM_STAGE_BYTES", stage_bytes)  # the forked ranks inherit it
     results = run_ranks("shm", n, _large, timeout=30)
     total = sum(r + 1 for r in range(n))
     want = (np.arange(COUNT, dtype=np.float32) % 7) * total
@@ -111,3 +113,26 @@ def _script_without_destroy(rank):
 def test_a_script_may_end_right_after_a_collective():
     for _ in range(5):
         dist.spawn(_script_without_destroy, nprocs=4, start_method="fork", timeout=60)
+
+
+def _stage_sizes_differ(g, r, sizes):
+    os.environ["MWRT_SHM_STAGE_BYTES"] = str(sizes[r])  # this process only (forked ranks)
+    out = []
+    for count in (1000, 300_000):  # 4 KB: staged wherever anyone stages; 1.2 MB: in between
+        a = np.full(count, r + 1.0, np.float32)
+        C.all_reduce(g, a)
+        out.append(a)
+    c = g.channel._cma_groups[(g.group_id, tuple(g.ranks))]
+    return out, c.stage_bytes
+
+
+@pytest.mark.parametrize("sizes", [(1 << 20, 4 << 20), (4 << 20, 1 << 40)],
+                         ids=["smaller-wins", "one-cannot-stage"])
+def test_ranks_agree_on_what_to_stage(sizes):
+    """A rank with a smaller staging area, or none (/dev/shm too small), decides for all."""
+    before = set(os.listdir("/dev/shm"))
+    results = run_ranks("shm", 2, _stage_sizes_differ, sizes, timeout=30)
+    for out, stage_bytes in results:
+        assert stage_bytes == (1 << 20 if sizes[0] == 1 << 20 else 0)
+        assert all((a == 3.0).all() for a in out)
+    assert set(os.listdir("/dev/shm")) <= before  # every staging area was unlinked

@@ -16,6 +16,10 @@ raises on every rank before any data moves. A dead peer makes the syscall fail a
 (ESRCH); a live but absent one times out. Waits spin briefly (ranks usually arrive
 within microseconds), then yield, then sleep. The stores of a stage after its fields
 rely on x86-64's ordering (what CMA hosts run; other CPUs would need a fence here).
+
+Each rank also maps every peer's staging area (a /dev/shm segment of
+MWRT_SHM_STAGE_BYTES, unlinked once all have mapped it); a rank that cannot make one
+(a full or capped /dev/shm) turns staging off for the group, like CMA itself.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, CollectiveMismatchError
 from ..reduce_ops import combine
+from .segments import Segment, new_name
 
 log = logging.getLogger("mwrt.channels")
 
@@ -80,9 +85,11 @@ def read_remote(pid: int, local: int, remote: int, nbytes: int, iov=None,
 class CmaGroup:
     """One process group's CMA state on this rank: its control block and its peers'."""
 
-    def __init__(self, channel, group, peers: dict[int, tuple[int, int]], block):
+    def __init__(self, channel, group, peers: dict[int, tuple[int, int]], block, staging):
         self.channel, self.group, self.block = channel, group, block
         self.peers = peers  # group rank -> (pid, control block address)
+        self.staging = staging  # group rank -> Segment: every rank's staging area, mapped
+        self.stage_bytes = min((s.mm.size() for s in staging.values()), default=0)
         self.others = sorted(peers)
         self._stage = np.zeros(1, np.uint64)
         self._stage_at = self._stage.ctypes.data
@@ -139,6 +146,15 @@ class CmaGroup:
             pending = [p for p in pending if not self._has_seen(p, last)]
             if pending:
                 time.sleep(1e-4)
+
+    def staged(self, rank: int, dtype, count: int) -> np.ndarray:
+        """The first `count` elements of group rank `rank`'s staging area, as `dtype`."""
+        return np.frombuffer(self.staging[rank].mm, dtype, count)
+
+    def close(self) -> None:
+        for segment in self.staging.values():
+            segment.close()
+        self.staging, self.stage_bytes = {}, 0
 
     def _has_seen(self, peer: int, stage: int) -> bool:
         """True if peer saw every rank reach `stage`, or can no longer look."""
@@ -253,20 +269,52 @@ def setup(channel, group) -> CmaGroup | None:
     """Publish our control block, learn the peers', and agree whether CMA works for all."""
     store, prefix = channel.store, f"{channel.prefix}/cma/{group.group_id}"
     block = np.zeros(_BLOCK_WORDS, np.uint64)
-    store.set(f"{prefix}/{channel.rank}", f"{os.getpid()}:{block.ctypes.data}")
+    staging = _new_staging(group)
+    name = staging[group.rank].path.rsplit("/", 1)[1] if staging else "-"
+    size = staging[group.rank].mm.size() if staging else 0
+    store.set(f"{prefix}/{channel.rank}", f"{os.getpid()}:{block.ctypes.data}:{name}:{size}")
     peers = {}
-    for p, rank in enumerate(group.ranks):
-        if rank != channel.rank:
-            peers[p] = tuple(int(x) for x in _get(store, prefix, rank, group).split(":"))
-    store.set(f"{prefix}/ok/{channel.rank}", _verdict(channel, group, peers))
-    verdicts = [_get(store, f"{prefix}/ok", r, group) for r in group.ranks]
+    try:
+        for p, rank in enumerate(group.ranks):
+            if rank != channel.rank:
+                pid, addr, name, size = _get(store, prefix, rank, group).split(":")
+                peers[p] = (int(pid), int(addr))
+                if staging and name != "-":
+                    staging[p] = Segment(name, 1, int(size), create=False)
+        store.set(f"{prefix}/ok/{channel.rank}", _verdict(channel, group, peers))
+        verdicts = [_get(store, f"{prefix}/ok", r, group) for r in group.ranks]
+    finally:
+        for segment in staging.values():
+            segment.unlink()  # every peer has mapped it (or never will): no name left behind
     refused = [v[2:] for v in verdicts if not v.startswith("1")]
+    if len(staging) < group.size:  # a rank without a staging area: nobody stages
+        _close_all(staging)
+        staging = {}
     if refused:
+        _close_all(staging)
         if channel.rank == group.ranks[0]:
             log.warning("shm channel: single-copy collectives off for %s (%s); using the "
                         "socket and slot path", group.name, "; ".join(refused))
         return None
-    return CmaGroup(channel, group, peers, block)
+    return CmaGroup(channel, group, peers, block, staging)
+
+
+def _new_staging(group) -> dict:
+    """Our staging area, if collectives stage here: {our group rank: Segment}."""
+    size = config.get("shm_stage_bytes")
+    if size <= 0:
+        return {}
+    try:
+        return {group.rank: Segment(new_name(), 1, size, create=True)}
+    except OSError as exc:  # /dev/shm is full or capped (containers): stage nothing, say why
+        log.warning("shm channel: no %d-byte staging area for %s (%s); all_reduce reads peers "
+                    "in place instead", size, group.name, exc)
+        return {}
+
+
+def _close_all(staging: dict) -> None:
+    for segment in staging.values():
+        segment.close()
 
 
 def _verdict(channel, group, peers) -> str:

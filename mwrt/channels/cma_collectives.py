@@ -9,31 +9,38 @@ chunk r, piece by piece, and writes each reduced piece straight into the peers' 
 while it is still in cache (only rank r ever touches chunk r of anyone's buffer, and it
 reads a piece before it writes it); each value is computed once and copied, so every
 rank ends with the same bits, and the closing stage says every write has landed.
+
+An all_reduce up to the staging size (MWRT_SHM_STAGE_BYTES) takes the same steps
+through the staging areas instead: shared segments every rank mapped at setup, so
+peers' data is read and written with plain in-cache copies, which beat the
+syscall's page pinning by 2x at 1 MiB (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
-from ..reduce_ops import ReduceOp
+import numpy as np
+
+from ..reduce_ops import ReduceOp, combine
 from . import cma
 from .cma import _A, _B
 
 
-def _native(publish):
+def _native(publish, kind: str | None = None):
     """Make body(c, group, *args) a native collective that publishes `publish(*args)`."""
     def wrap(body):
-        kind = body.__name__
+        kind_ = kind or body.__name__
 
         def native(channel, group, *args):
             c = channel._cma_for(group)
             if c is None:
                 return NotImplemented
             a, b = publish(*args)
-            base = c.begin(kind, a=a, b=b)
+            base = c.begin(kind_, a=a, b=b)
             body(c, group, *args)
-            c.finish(base, kind)  # nobody touches our buffers once every rank is here
+            c.finish(base, kind_)  # nobody touches our buffers once every rank is here
 
         native.checks_calls = True  # ProcessGroup.run_native leaves the check to us
-        native.__name__ = native.__qualname__ = f"native_{kind}"
+        native.__name__ = native.__qualname__ = f"native_{kind_}"
         native.__doc__ = body.__doc__
         return native
     return wrap
@@ -46,8 +53,36 @@ def _reduce_chunk(c, group, arr, op, targets) -> None:
                   avg=group.size if op is ReduceOp.AVG else 0, write_to=targets)
 
 
-@_native(lambda arr, op: (arr, None))
-def all_reduce(c, group, arr, op):
+def all_reduce(channel, group, arr, op):
+    """Up to the staging size through the shared staging areas, else by single-copy reads."""
+    c = channel._cma_for(group)
+    if c is None:
+        return NotImplemented
+    if arr.nbytes > c.stage_bytes:
+        return _all_reduce_in_place(channel, group, arr, op)
+    n, r, avg = group.size, group.rank, group.size if op is ReduceOp.AVG else 0
+    chunks = [slice(arr.size * p // n, arr.size * (p + 1) // n) for p in range(n)]
+    mine = c.staged(r, arr.dtype, arr.size)
+    for p in c.others:
+        mine[chunks[p]] = arr[chunks[p]]  # what rank p reduces, where it can read it
+    base = c.begin("all_reduce", a=arr)
+    own = arr[chunks[r]]
+    for p in c.others:  # the peers' chunk r, read where it lies; the same order as below
+        combine(op, own, c.staged(p, arr.dtype, arr.size)[chunks[r]], mine_is_lower=False)
+    if avg:
+        np.divide(own, avg, out=own)
+    for p in c.others:
+        c.staged(p, arr.dtype, arr.size)[chunks[r]] = own
+    c.finish(base, "all_reduce")  # every reduced chunk is in our staging area now
+    for p in c.others:
+        arr[chunks[p]] = mine[chunks[p]]
+
+
+all_reduce.checks_calls = True
+
+
+@_native(lambda arr, op: (arr, None), "all_reduce")
+def _all_reduce_in_place(c, group, arr, op):
     """Every rank reduces its chunk and writes it into every peer's buffer."""
     _reduce_chunk(c, group, arr, op, c.others)
 
@@ -132,6 +167,12 @@ class CmaCollectives:
         for cma_group in self._cma_groups.values():
             if cma_group is not None:
                 cma_group.leave()
+
+    def _close_cma(self) -> None:
+        self.leave()
+        for cma_group in self._cma_groups.values():
+            if cma_group is not None:
+                cma_group.close()
 
     native_all_reduce, native_reduce, native_broadcast = all_reduce, reduce, broadcast
     native_gather, native_scatter, native_all_gather = gather, scatter, all_gather

@@ -26,9 +26,13 @@ class Segment:
         self.path = os.path.join(DIR, name)
         fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
         try:
-            if create:
-                os.ftruncate(fd, nslots * slot_bytes)
+            if create:  # reserve the pages now: a full /dev/shm fails here, not as SIGBUS later
+                os.posix_fallocate(fd, 0, nslots * slot_bytes)
             self.mm = mmap.mmap(fd, nslots * slot_bytes, flags=mmap.MAP_SHARED | _POPULATE)
+        except OSError:
+            if create:
+                self.unlink()
+            raise
         finally:
             os.close(fd)
         self.slots = np.frombuffer(self.mm, np.uint8).reshape(nslots, slot_bytes)

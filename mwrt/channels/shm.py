@@ -195,7 +195,7 @@ class ShmChannel(CmaCollectives, SocketChannel):
             segment.close()
 
     def _close(self):
-        self.leave()  # before the sockets go: peers take a closed one as a death
+        self._close_cma()  # before the sockets go: peers take a closed one as a death
         super()._close()
         with self._slots_lock:
             outs, self._out_slots = list(self._out_slots.values()), {}
