@@ -49,7 +49,7 @@ SETTINGS = {
                                       "(recursive doubling, trees); larger ones use rings"),
     "eager_bytes": Setting("MWRT_EAGER_BYTES", 65536, int,
                            "collectives send messages up to this size without waiting for the "
-                           "peer (a channel may lower it with an eager_bytes attribute)"),
+                           "peer (a channel may set its own with an eager_bytes attribute)"),
     "segment_bytes": Setting("MWRT_SEGMENT_BYTES", 4 << 20, int,
                              "large transfers and collectives move in segments of this size"),
     "shm_slots": Setting("MWRT_SHM_SLOTS", 8, int,

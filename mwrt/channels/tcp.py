@@ -23,6 +23,9 @@ class TcpChannel(SocketChannel):
     """Point-to-point buffers over TCP; each rank listens on `host` (loopback by default)."""
 
     name = "tcp"
+    # A send this size lands whole in the socket buffers (_BUFFER_BYTES, or the receiver
+    # thread drains it), so exchanges send then receive on one thread: no hand-off.
+    eager_bytes = 2 << 20
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None,
                  host: str = "127.0.0.1"):
