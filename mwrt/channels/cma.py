@@ -6,20 +6,22 @@ staging segment, one copy per byte moved (Open MPI's shared-memory transport doe
 same). The shm channel uses this for every collective when the kernel lets ranks reach
 each other (same user, ptrace allowed): decided once per group, the same on every rank.
 
-Each rank keeps a small private control block: a stage counter, the addresses and sizes
-of this call's buffers, and the call's agreement descriptor. Peers poll it with the same
-syscall. A collective with group sequence number s has two stages: 2s+1 (buffers
+Each rank has a control block at the head of a small /dev/shm segment that every peer
+maps once (then the name is unlinked): a stage counter, the addresses and sizes of this
+call's buffers, and the call's agreement descriptor, so polling a peer is a plain memory
+load. A collective with group sequence number s has two stages: 2s+1 (buffers
 published) and 2s+2 (done with the others' buffers); every rank waits for every peer at
 both, so a rank returns, and rewrites its block, only once nobody touches its memory.
 At 2s+1 each rank compares all descriptors (ProcessGroup.check_calls): a mismatch
-raises on every rank before any data moves. A dead peer makes the syscall fail at once
-(ESRCH); a live but absent one times out. Waits spin briefly (ranks usually arrive
-within microseconds), then yield, then sleep. The stores of a stage after its fields
-rely on x86-64's ordering (what CMA hosts run; other CPUs would need a fence here).
+raises on every rank before any data moves. A waiter probes the ranks it waits for with
+the syscall every millisecond: a dead one fails it (ESRCH) and is named; a live but
+absent one times out. Waits spin briefly (ranks usually arrive within microseconds),
+then yield, then sleep. The stores of a stage after its fields rely on x86-64's
+ordering (what CMA hosts run; other CPUs would need a fence here).
 
-Each rank also maps every peer's staging area (a /dev/shm segment of
-MWRT_SHM_STAGE_BYTES, unlinked once all have mapped it); a rank that cannot make one
-(a full or capped /dev/shm) turns staging off for the group, like CMA itself.
+After the block, the segment holds the rank's staging area (MWRT_SHM_STAGE_BYTES) for
+all_reduce up to that size; a rank that cannot make one (a full or capped /dev/shm)
+turns staging off for the group, and one without even a block turns CMA off.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ _LEAVE_SECONDS = 5.0
 _BLOCK_WORDS = 16
 _PIECE_BYTES = 512 << 10  # the reduction reads peers in pieces a quarter of L2 (2 MiB here)
 _SPIN_SECONDS = 2e-3
+_PROBE_SECONDS = 1e-3  # a waiter checks that the ranks it waits for still exist this often
+_CONTROL_BYTES = 4096  # a segment's control block, then its staging area (page-aligned)
 
 
 class _IoVec(ctypes.Structure):
@@ -83,13 +87,16 @@ def read_remote(pid: int, local: int, remote: int, nbytes: int, iov=None,
 
 
 class CmaGroup:
-    """One process group's CMA state on this rank: its control block and its peers'."""
+    """One process group's CMA state on this rank: every rank's control block and staging area."""
 
-    def __init__(self, channel, group, peers: dict[int, tuple[int, int]], block, staging):
-        self.channel, self.group, self.block = channel, group, block
-        self.peers = peers  # group rank -> (pid, control block address)
-        self.staging = staging  # group rank -> Segment: every rank's staging area, mapped
-        self.stage_bytes = min((s.mm.size() for s in staging.values()), default=0)
+    def __init__(self, channel, group, peers: dict[int, tuple[int, int]], probe, segments):
+        self.channel, self.group, self._probe_word = channel, group, probe
+        self.peers = peers  # group rank -> (pid, address of a word to probe it with)
+        self.segments = segments  # group rank -> Segment: control block, then staging area
+        self.blocks = {p: np.frombuffer(seg.mm, np.uint64, _BLOCK_WORDS)
+                       for p, seg in segments.items()}
+        self.block = self.blocks[group.rank]
+        self.stage_bytes = min(seg.mm.size() for seg in segments.values()) - _CONTROL_BYTES
         self.others = sorted(peers)
         self._stage = np.zeros(1, np.uint64)
         self._stage_at = self._stage.ctypes.data
@@ -111,9 +118,10 @@ class CmaGroup:
 
     def wait(self, stage: int, what: str) -> None:
         """Return once every peer's stage is at least `stage`."""
-        pending, start, pause = list(self.others), time.monotonic(), 0.0
+        pending, start, pause, probed = list(self.others), time.monotonic(), 0.0, 0.0
+        blocks = self.blocks
         while pending:
-            pending = [p for p in pending if self._stage_of(p, what) < stage]
+            pending = [p for p in pending if blocks[p][_STAGE] < stage]
             if not pending:
                 self.block[_SEEN] = stage  # tells a leaving peer we no longer poll it
                 return
@@ -126,6 +134,10 @@ class CmaGroup:
                 err.group_peer = pending[0]
                 raise err
             self._check_alive(pending, what)
+            if waited - probed > _PROBE_SECONDS:  # a block in shared memory outlives its owner
+                probed = waited
+                for p in pending:
+                    self.read(p, self._stage_at, self.peers[p][1], 8, what)
             if waited < _SPIN_SECONDS:
                 os.sched_yield()  # lets an oversubscribed peer run; releases the GIL
             else:
@@ -149,27 +161,23 @@ class CmaGroup:
 
     def staged(self, rank: int, dtype, count: int) -> np.ndarray:
         """The first `count` elements of group rank `rank`'s staging area, as `dtype`."""
-        return np.frombuffer(self.staging[rank].mm, dtype, count)
+        return np.frombuffer(self.segments[rank].mm, dtype, count, offset=_CONTROL_BYTES)
 
     def close(self) -> None:
-        for segment in self.staging.values():
+        self.blocks = self.block = None  # views first: a mapping cannot close under them
+        for segment in self.segments.values():
             segment.close()
-        self.staging, self.stage_bytes = {}, 0
+        self.segments, self.stage_bytes = {}, 0
 
     def _has_seen(self, peer: int, stage: int) -> bool:
         """True if peer saw every rank reach `stage`, or can no longer look."""
         if self.group.ranks[peer] in self.channel._gone:
             return True
         try:
-            read_remote(self.peers[peer][0], self._stage_at,
-                        self.peers[peer][1] + 8 * _SEEN, 8, self._iov)
+            read_remote(self.peers[peer][0], self._stage_at, self.peers[peer][1], 8, self._iov)
         except OSError:
             return True  # gone
-        return int(self._stage[0]) >= stage
-
-    def _stage_of(self, peer: int, what: str) -> int:
-        self.read(peer, self._stage_at, self.peers[peer][1], 8, what)
-        return int(self._stage[0])
+        return int(self.blocks[peer][_SEEN]) >= stage
 
     def _check_alive(self, pending, what) -> None:
         gone = self.channel._gone
@@ -206,8 +214,7 @@ class CmaGroup:
             if p == self.group.rank:
                 every.append(mine)
                 continue
-            row = self._fields[p]
-            self.read(p, row.ctypes.data, self.peers[p][1], row.nbytes, what)
+            self._fields[p] = self.blocks[p]
             every.append(self._fields[p].view(np.uint8)[_DESC_AT:_DESC_AT + len(mine)].tobytes())
         try:
             self.group.check_calls(what, every)
@@ -266,55 +273,59 @@ class CmaGroup:
 
 
 def setup(channel, group) -> CmaGroup | None:
-    """Publish our control block, learn the peers', and agree whether CMA works for all."""
+    """Share our control segment, map the peers', and agree whether CMA works for all."""
     store, prefix = channel.store, f"{channel.prefix}/cma/{group.group_id}"
-    block = np.zeros(_BLOCK_WORDS, np.uint64)
-    staging = _new_staging(group)
-    name = staging[group.rank].path.rsplit("/", 1)[1] if staging else "-"
-    size = staging[group.rank].mm.size() if staging else 0
-    store.set(f"{prefix}/{channel.rank}", f"{os.getpid()}:{block.ctypes.data}:{name}:{size}")
-    peers = {}
+    probe = np.zeros(1, np.uint64)  # any word of ours: reading it tells a peer we exist
+    mine, why = _new_segment(channel, group)
+    name, size = (mine.path.rsplit("/", 1)[1], mine.mm.size()) if mine else ("-", 0)
+    store.set(f"{prefix}/{channel.rank}", f"{os.getpid()}:{probe.ctypes.data}:{name}:{size}")
+    peers, segments = {}, {group.rank: mine} if mine else {}
     try:
         for p, rank in enumerate(group.ranks):
             if rank != channel.rank:
                 pid, addr, name, size = _get(store, prefix, rank, group).split(":")
                 peers[p] = (int(pid), int(addr))
-                if staging and name != "-":
-                    staging[p] = Segment(name, 1, int(size), create=False)
-        store.set(f"{prefix}/ok/{channel.rank}", _verdict(channel, group, peers))
+                why = why or _map(segments, p, name, int(size), channel, rank)
+        store.set(f"{prefix}/ok/{channel.rank}", why or _verdict(channel, group, peers))
         verdicts = [_get(store, f"{prefix}/ok", r, group) for r in group.ranks]
     finally:
-        for segment in staging.values():
-            segment.unlink()  # every peer has mapped it (or never will): no name left behind
+        if mine:
+            mine.unlink()  # every peer has mapped it (or never will): no name left behind
     refused = [v[2:] for v in verdicts if not v.startswith("1")]
-    if len(staging) < group.size:  # a rank without a staging area: nobody stages
-        _close_all(staging)
-        staging = {}
     if refused:
-        _close_all(staging)
+        for segment in segments.values():
+            segment.close()
         if channel.rank == group.ranks[0]:
             log.warning("shm channel: single-copy collectives off for %s (%s); using the "
                         "socket and slot path", group.name, "; ".join(refused))
         return None
-    return CmaGroup(channel, group, peers, block, staging)
+    return CmaGroup(channel, group, peers, probe, segments)
 
 
-def _new_staging(group) -> dict:
-    """Our staging area, if collectives stage here: {our group rank: Segment}."""
-    size = config.get("shm_stage_bytes")
-    if size <= 0:
-        return {}
+def _new_segment(channel, group):
+    """Our control block and staging area, or the block alone where /dev/shm is short."""
+    size = max(config.get("shm_stage_bytes"), 0)
+    if size:
+        try:
+            return Segment(new_name(), 1, _CONTROL_BYTES + size, create=True), None
+        except OSError as exc:
+            log.warning("shm channel: no %d-byte staging area for %s (%s); all_reduce reads "
+                        "peers in place instead", size, group.name, exc)
     try:
-        return {group.rank: Segment(new_name(), 1, size, create=True)}
-    except OSError as exc:  # /dev/shm is full or capped (containers): stage nothing, say why
-        log.warning("shm channel: no %d-byte staging area for %s (%s); all_reduce reads peers "
-                    "in place instead", size, group.name, exc)
-        return {}
+        return Segment(new_name(), 1, _CONTROL_BYTES, create=True), None
+    except OSError as exc:
+        return None, f"0 rank {channel.rank} has no shared control block ({exc})"
 
 
-def _close_all(staging: dict) -> None:
-    for segment in staging.values():
-        segment.close()
+def _map(segments, p, name, size, channel, rank) -> str | None:
+    """Map group rank p's segment; a refusal verdict if we cannot."""
+    if name == "-":
+        return f"0 rank {rank} has no shared control block"
+    try:
+        segments[p] = Segment(name, 1, size, create=False)
+    except OSError as exc:
+        return f"0 rank {channel.rank} cannot map rank {rank}'s control block ({exc})"
+    return None
 
 
 def _verdict(channel, group, peers) -> str:
