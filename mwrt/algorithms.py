@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .reduce_ops import ReduceOp, combine
+from .scratch import scratch
 
 
 def exchange(g, send, to, recv, frm, tag) -> None:
@@ -54,10 +55,15 @@ def all_reduce_rd(g, arr: np.ndarray, op: ReduceOp, tag: int) -> None:
     to the even one below and sit out, and get the result back at the end. At each step
     partners combine as op(lower, higher), so both compute the same bits.
     """
-    n, r = g.size, g.rank
+    n = g.size
     p = 1 << (n.bit_length() - 1)
     extra = n - p
-    tmp = np.empty_like(arr)
+    with scratch(arr.size, arr.dtype) as tmp:
+        _rd_steps(g, arr, op, tag, tmp, p, extra)
+
+
+def _rd_steps(g, arr, op, tag, tmp, p, extra) -> None:
+    r = g.rank
     if r < 2 * extra:
         if r % 2:
             g.send(arr, r - 1, tag)
@@ -134,23 +140,29 @@ def _seg(bounds, chunk, j, nseg) -> slice:
     return slice(a + (b - a) * j // nseg, a + (b - a) * (j + 1) // nseg)
 
 
-def ring_reduce_scatter(g, arr, op, bounds, tag) -> None:
+def ring_reduce_scatter(g, arr, op, bounds, tag, on_final=None) -> None:
     """Ring reduce-scatter: after n-1 steps rank r holds the reduction of chunk r.
 
     At step s rank r sends chunk r-s-1 to its right and receives chunk r-s-2 from its left,
     reducing it into its own copy. Each chunk is cut into segments. Step 0's segments leave
     at once; every later one leaves the moment it is reduced (what step s receives, step
     s+1 sends), and receives are posted ahead into a few scratch buffers, so the wire, the
-    reduction and the peer's sends all overlap.
+    reduction and the peer's sends all overlap. `on_final(slice)` is called with each
+    segment of chunk r as soon as it is fully reduced (the last step's).
     """
     n, r = g.size, g.rank
-    right, left = (r + 1) % n, (r - 1) % n
     nseg = _segments(g, bounds, arr.itemsize)
     plan = [(_seg(bounds, (r - s - 1) % n, j, nseg), _seg(bounds, (r - s - 2) % n, j, nseg))
             for s in range(n - 1) for j in range(nseg)]
     width = max(sl.stop - sl.start for _, sl in plan)
     depth = min(len(plan), _AHEAD + 1)
-    tmps = [np.empty(width, arr.dtype) for _ in range(depth)]
+    with scratch(width * depth, arr.dtype) as space:
+        tmps = [space[k * width:(k + 1) * width] for k in range(depth)]
+        _ring_reduce_steps(g, arr, op, tag, plan, nseg, tmps, on_final)
+
+
+def _ring_reduce_steps(g, arr, op, tag, plan, nseg, tmps, on_final) -> None:
+    right, left, depth = (g.rank + 1) % g.size, (g.rank - 1) % g.size, len(tmps)
     sends, recvs = [], {}
 
     def post(i):
@@ -173,6 +185,8 @@ def ring_reduce_scatter(g, arr, op, bounds, tag) -> None:
             # the incoming partial sum covers lower ranks on the ring: a fixed order per chunk
             combine(op, arr[in_sl], tmps[i % depth][:in_sl.stop - in_sl.start],
                     mine_is_lower=False)
+        if on_final is not None and i >= len(plan) - nseg and in_sl.stop > in_sl.start:
+            on_final(in_sl)
         if i + depth < len(plan):
             post(i + depth)
         if i + nseg < len(plan):
@@ -192,8 +206,13 @@ def ring_all_reduce(g, arr, op, bounds, tag) -> None:
     # behind these: post them early only where receives are truly posted.
     early = getattr(g.channel, "posted_receives", False)
     recvs = _post_all_gather(g, arr, bounds, gather_tag) if early else None
-    ring_reduce_scatter(g, arr, op, bounds, tag)
-    ring_all_gather(g, arr, bounds, gather_tag, recvs)
+    right, sends = (g.rank + 1) % g.size, []
+
+    def forward(sl):  # the all-gather's first step, one segment at a time: no gap between
+        sends.append(g.isend(arr[sl], right, gather_tag))
+
+    ring_reduce_scatter(g, arr, op, bounds, tag, on_final=forward)
+    ring_all_gather(g, arr, bounds, gather_tag, recvs, sends)
 
 
 def _all_gather_plan(g, bounds, itemsize):
@@ -210,17 +229,19 @@ def _post_all_gather(g, arr, bounds, tag) -> dict:
             if sl.stop > sl.start}
 
 
-def ring_all_gather(g, arr, bounds, tag, recvs=None) -> None:
+def ring_all_gather(g, arr, bounds, tag, recvs=None, sends=None) -> None:
     """Ring all-gather: rank r starts with chunk r; at step s it forwards chunk r-s rightward.
 
     Every receive lands in place, so all are posted at once (or were, as `recvs`); step
-    0's segments leave at once and each later one is forwarded the moment it has arrived.
+    0's segments leave at once (or left, as `sends`) and each later one is forwarded the
+    moment it has arrived.
     """
     right = (g.rank + 1) % g.size
     nseg, plan = _all_gather_plan(g, bounds, arr.itemsize)
     if recvs is None:
         recvs = _post_all_gather(g, arr, bounds, tag)
-    sends = [g.isend(arr[sl], right, tag) for sl, _ in plan[:nseg] if sl.stop > sl.start]
+    if sends is None:
+        sends = [g.isend(arr[sl], right, tag) for sl, _ in plan[:nseg] if sl.stop > sl.start]
     for i in range(len(plan)):
         if i in recvs:
             recvs.pop(i).wait()
