@@ -77,8 +77,12 @@ def _floor_rank(rank, sizes, quick, queue):
     dist.init_process_group("tcp", timeout=60)
     channel, peer, spare = api._default().channel, 1 - rank, {}
     try:
-        def exchange(buf):
+        def exchange(buf):  # the channel's fastest swap: what all_reduce's exchanges do
             into = spare.setdefault(buf.nbytes, np.empty_like(buf))
+            if buf.nbytes <= channel.eager_bytes:  # lands in the socket buffers: no thread
+                channel.send(buf, peer, 1)
+                channel.recv(into, peer, 1)
+                return
             work = channel.isend(buf, peer, 1)
             channel.recv(into, peer, 1)
             work.wait()
