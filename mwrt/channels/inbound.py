@@ -330,6 +330,14 @@ class InboundChannel(MatchingChannel):
             self._role.conn = None
             conn.give_back(lend)
 
+    def _before_blocking(self) -> None:
+        """About to wait on something else (a full socket, a busy connection): let every
+        receiver thread read. Two ranks whose sends wait on each other's reads would
+        otherwise stall until their leases run out (5 ms), where socket buffers are small."""
+        self._yield_role()
+        for conn in list(self._inconns.values()):
+            conn.reclaim()
+
     def _kick_inbound(self) -> None:
         """On close: receivers watching a lease look again, and find the channel closing."""
         for conn in list(self._inconns.values()):

@@ -115,7 +115,7 @@ class SocketChannel(InboundChannel):
         me = threading.get_ident()
         if self._busy_tags.setdefault(key, me) == me:  # atomic under the GIL: no lock
             return
-        self._yield_role()  # never wait while the receiver thread is shut out
+        self._before_blocking()  # never wait while a receiver thread is shut out
         with self._cond:
             self._tag_waiters += 1
             try:
@@ -135,7 +135,7 @@ class SocketChannel(InboundChannel):
     def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
         """Write one frame on `conn`, converting socket errors to channel errors."""
         if not conn.lock.acquire(False):
-            self._yield_role()  # never wait while the receiver thread is shut out
+            self._before_blocking()  # never wait while a receiver thread is shut out
             if not conn.lock.acquire(True, max(deadline - time.monotonic(), 0)):
                 raise ChannelTimeoutError(f"{self._what(peer)}: connection busy past the send's "
                                           "timeout")
@@ -143,7 +143,7 @@ class SocketChannel(InboundChannel):
             if conn.error:
                 raise ChannelClosedError(f"{self._what(peer)}: connection unusable after an "
                                          f"earlier error ({conn.error})", peer=peer)
-            send_parts(conn.sock, parts, deadline, self._yield_role)
+            send_parts(conn.sock, parts, deadline, self._before_blocking)
         except TimeoutError:
             conn.error = "a send timed out mid-frame"
             raise ChannelTimeoutError(f"{self._what(peer)}: rank {peer} did not take the data "

@@ -23,9 +23,6 @@ class TcpChannel(SocketChannel):
     """Point-to-point buffers over TCP; each rank listens on `host` (loopback by default)."""
 
     name = "tcp"
-    # A send this size lands whole in the socket buffers (_BUFFER_BYTES, or the receiver
-    # thread drains it), so exchanges send then receive on one thread: no hand-off.
-    eager_bytes = 2 << 20
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None,
                  host: str = "127.0.0.1"):
@@ -35,6 +32,7 @@ class TcpChannel(SocketChannel):
                 "pass key=mwrt.auth.generate_hmac_key() (the same on every rank)")
         self.host = host
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
+        self.eager_bytes = _eager_bytes()
 
     def _listen(self):
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -60,6 +58,18 @@ class TcpChannel(SocketChannel):
                 f"({type(exc).__name__}: {exc}); rank {peer} closed its channel or died, check "
                 "its logs", peer=peer) from None
         return sock
+
+
+def _eager_bytes() -> int:
+    """The largest send that lands whole in the socket buffers, so an exchange may send
+    then receive on one thread (no hand-off); a larger one would reach the peer before
+    its receive is posted, and be copied twice. The kernel caps what tune() asks for
+    (net.core.wmem_max: 4 MiB here, 208 KiB on a stock kernel)."""
+    with socket.socket() as sock:
+        tune(sock)
+        granted = min(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                      sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+    return min(2 << 20, granted // 2)  # Linux reports twice what it grants for data
 
 
 def _is_loopback(host: str) -> bool:
