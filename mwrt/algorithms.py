@@ -199,7 +199,8 @@ def ring_all_reduce(g, arr, op, bounds, tag) -> None:
 
     The all-gather's receives land in place and are posted before the reduce-scatter
     starts, so a fast neighbour's forwarded chunks never wait in a stash. It is safe: a
-    chunk comes back only once it is fully reduced, after our share of it has left.
+    chunk comes back only once it is fully reduced, after our share of it has left. The
+    all-gather's first step leaves segment by segment, as the reduce-scatter finishes them.
     """
     gather_tag = tag | _GATHER_PHASE
     # A channel whose irecv runs on a thread would block the reduce-scatter's receives
