@@ -67,7 +67,7 @@ def all_reduce(channel, group, arr, op):
         mine[chunks[p]] = arr[chunks[p]]  # what rank p reduces, where it can read it
     base = c.begin("all_reduce", a=arr)
     own = arr[chunks[r]]
-    for p in c.others:  # the peers' chunk r, read where it lies; the same order as below
+    for p in c.others:  # the peers' chunk r, read where it lies, in rank order (as in place)
         combine(op, own, c.staged(p, arr.dtype, arr.size)[chunks[r]], mine_is_lower=False)
     if avg:
         np.divide(own, avg, out=own)
