@@ -48,40 +48,47 @@ def all_gather_bruck(g, block: np.ndarray, out: np.ndarray, tag: int) -> None:
     out.reshape(n, c)[:] = np.roll(tmp.reshape(n, c), r, axis=0)
 
 
-def all_reduce_rd(g, arr: np.ndarray, op: ReduceOp, tag: int) -> None:
-    """Recursive doubling: lg p exchanges of the whole buffer among p = 2^floor(lg n) ranks.
+def _rd_schedule(n: int, r: int) -> tuple[str | None, list[tuple[int, bool]]]:
+    """Rank r's part in recursive doubling over n ranks: (fold, [(partner, we_are_lower)]).
 
-    With n not a power of two, the first 2(n-p) ranks pair up: odd ones hand their buffer
-    to the even one below and sit out, and get the result back at the end. At each step
-    partners combine as op(lower, higher), so both compute the same bits.
+    Among p = 2^floor(lg n) ranks each step pairs vranks differing in one bit. With n > p
+    the first 2(n-p) ranks pair up first: fold "out" for an odd one (it hands its buffer
+    to r-1, sits out, gets the result back), "in" for the even one (it takes r+1's buffer
+    first and hands the result back last), None for the others.
     """
-    n = g.size
     p = 1 << (n.bit_length() - 1)
     extra = n - p
-    with scratch(arr.size, arr.dtype) as tmp:
-        _rd_steps(g, arr, op, tag, tmp, p, extra)
-
-
-def _rd_steps(g, arr, op, tag, tmp, p, extra) -> None:
-    r = g.rank
-    if r < 2 * extra:
-        if r % 2:
-            g.send(arr, r - 1, tag)
-            g.recv(arr, r - 1, tag)
-            return
-        g.recv(tmp, r + 1, tag)
-        combine(op, arr, tmp, mine_is_lower=True)
-        vr = r // 2
-    else:
-        vr = r - extra
-    mask = 1
+    if r < 2 * extra and r % 2:
+        return "out", []
+    fold = "in" if r < 2 * extra else None
+    vr = r // 2 if fold else r - extra
+    steps, mask = [], 1
     while mask < p:
         vpeer = vr ^ mask
-        peer = vpeer * 2 if vpeer < extra else vpeer + extra
-        exchange(g, arr, peer, tmp, peer, tag)
-        combine(op, arr, tmp, mine_is_lower=vr < vpeer)
+        steps.append((vpeer * 2 if vpeer < extra else vpeer + extra, vr < vpeer))
         mask <<= 1
-    if r < 2 * extra:
+    return fold, steps
+
+
+def all_reduce_rd(g, arr: np.ndarray, op: ReduceOp, tag: int) -> None:
+    """Recursive doubling: lg p exchanges of the whole buffer (_rd_schedule).
+
+    Partners combine as op(lower, higher), so both compute the same bits.
+    """
+    r = g.rank
+    fold, steps = _rd_schedule(g.size, r)
+    if fold == "out":
+        g.send(arr, r - 1, tag)
+        g.recv(arr, r - 1, tag)
+        return
+    with scratch(arr.size, arr.dtype) as tmp:
+        if fold == "in":
+            g.recv(tmp, r + 1, tag)
+            combine(op, arr, tmp, mine_is_lower=True)
+        for peer, lower in steps:
+            exchange(g, arr, peer, tmp, peer, tag)
+            combine(op, arr, tmp, mine_is_lower=lower)
+    if fold == "in":
         g.send(arr, r + 1, tag)
 
 
@@ -94,30 +101,22 @@ def all_reduce_rd_carried(c, arr: np.ndarray | None, op: ReduceOp | None) -> Non
     received descriptor differs from ours, c.recv returns None and nothing is combined;
     the steps still run, so every rank learns every descriptor, and c.finish() raises.
     """
-    n, r = c.size, c.rank
-    p = 1 << (n.bit_length() - 1)
-    extra = n - p
-    if r < 2 * extra and r % 2:
+    r = c.rank
+    fold, steps = _rd_schedule(c.size, r)
+    if fold == "out":
         got = c.exchange(r - 1, arr, arr)
         if got is not None:
             arr[:] = got
         return
-    if r < 2 * extra:
+    if fold == "in":
         got = c.recv(r + 1, arr)
         if got is not None:
             combine(op, arr, got, mine_is_lower=True)
-        vr = r // 2
-    else:
-        vr = r - extra
-    mask = 1
-    while mask < p:
-        vpeer = vr ^ mask
-        peer = vpeer * 2 if vpeer < extra else vpeer + extra
+    for peer, lower in steps:
         got = c.exchange(peer, arr, arr)
         if got is not None:
-            combine(op, arr, got, mine_is_lower=vr < vpeer)
-        mask <<= 1
-    if r < 2 * extra:
+            combine(op, arr, got, mine_is_lower=lower)
+    if fold == "in":
         c.send(r + 1, arr)
 
 

@@ -99,3 +99,27 @@ def _processes(backend, n, fn, args, timeout, join, group_kw):
                     p.kill()
                     p.join(5)
     return results, [RuntimeError(e) if e else None for e in errors]
+
+
+def spawn_and_collect(fn, nprocs: int, reports: int, join: float) -> tuple[bool, dict]:
+    """dist.spawn fn(rank, queue) on nprocs ranks, wait up to `join` s for each; return
+    whether all exited and {rank: text} of up to `reports` reports they queued. Ranks
+    still running at the end are killed."""
+    import mwrt.distributed as dist
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    context = dist.spawn(fn, args=(queue,), nprocs=nprocs, join=False)
+    procs = context.processes  # the context holds a queue the children need: keep it
+    try:
+        for p in procs:
+            p.join(join)
+        exited = all(p.exitcode is not None for p in procs)
+        got = {}
+        while len(got) < reports and (exited or not queue.empty()):
+            rank, text = queue.get()
+            got[rank] = text
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return exited, got

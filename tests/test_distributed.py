@@ -9,7 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from ranks import available
+from ranks import available, spawn_and_collect
 
 import mwrt.distributed as dist
 
@@ -107,19 +107,7 @@ def _dies_mid_collective(rank, queue):
 
 
 def test_a_dying_rank_is_named_by_every_survivor():
-    import multiprocessing as mp
-
-    queue = mp.get_context("spawn").SimpleQueue()
-    context = dist.spawn(_dies_mid_collective, args=(queue,), nprocs=3, join=False)
-    procs = context.processes
-    try:
-        for p in procs:
-            p.join(30)
-        got = dict(queue.get() for _ in range(2))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    _, got = spawn_and_collect(_dies_mid_collective, nprocs=3, reports=2, join=30)
     for rank in (0, 1):
         assert "rank 2" in got[rank], got[rank]
 

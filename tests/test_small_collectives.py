@@ -3,12 +3,11 @@ results, every kind of disagreement between ranks, and ranks that die mid-collec
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 
 import numpy as np
 import pytest
-from ranks import available, run_ranks
+from ranks import available, run_ranks, spawn_and_collect
 from test_collectives import data, expected_reduce, ops_for
 
 import mwrt.distributed as dist
@@ -143,18 +142,8 @@ def _dies_in_a_loop(rank, queue):
 def test_a_rank_dying_mid_small_collective_is_named_at_once():
     """Ranks that wait on a survivor rather than on the dead rank learn it from that
     survivor, long before their 60 s timeout."""
-    queue = mp.get_context("spawn").SimpleQueue()
-    context = dist.spawn(_dies_in_a_loop, args=(queue,), nprocs=3, join=False)
-    procs = context.processes  # the context holds a queue the children need: keep it
-    try:
-        for p in procs:
-            p.join(40)
-        assert all(p.exitcode is not None for p in procs), "survivors still waiting"
-        got = dict(queue.get() for _ in range(2))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    exited, got = spawn_and_collect(_dies_in_a_loop, nprocs=3, reports=2, join=40)
+    assert exited, "survivors still waiting"
     for rank in (0, 1):
         assert "rank 2" in got[rank], got[rank]
 

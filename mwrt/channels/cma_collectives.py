@@ -66,13 +66,13 @@ def all_reduce(channel, group, arr, op):
     for p in c.others:
         mine[chunks[p]] = arr[chunks[p]]  # what rank p reduces, where it can read it
     base = c.begin("all_reduce", a=arr)
-    own = arr[chunks[r]]
-    for p in c.others:  # the peers' chunk r, read where it lies, in rank order (as in place)
-        combine(op, own, c.staged(p, arr.dtype, arr.size)[chunks[r]], mine_is_lower=False)
+    own, theirs = arr[chunks[r]], [c.staged(p, arr.dtype, arr.size)[chunks[r]] for p in c.others]
+    for part in theirs:  # the peers' chunk r, read where it lies, in rank order (as in place)
+        combine(op, own, part, mine_is_lower=False)
     if avg:
         np.divide(own, avg, out=own)
-    for p in c.others:
-        c.staged(p, arr.dtype, arr.size)[chunks[r]] = own
+    for part in theirs:
+        part[:] = own
     c.finish(base, "all_reduce")  # every reduced chunk is in our staging area now
     for p in c.others:
         arr[chunks[p]] = mine[chunks[p]]

@@ -32,12 +32,12 @@ class TcpChannel(SocketChannel):
                 "pass key=mwrt.auth.generate_hmac_key() (the same on every rank)")
         self.host = host
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
-        self.eager_bytes = _eager_bytes()
 
     def _listen(self):
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         tune(sock)  # accepted sockets inherit the buffer sizes, set before the handshake
+        self.eager_bytes = _eager_bytes(sock)
         sock.bind((self.host, 0))
         sock.listen(max(self.world_size, 16))
         port = sock.getsockname()[1]
@@ -60,15 +60,13 @@ class TcpChannel(SocketChannel):
         return sock
 
 
-def _eager_bytes() -> int:
+def _eager_bytes(sock: socket.socket) -> int:
     """The largest send that lands whole in the socket buffers, so an exchange may send
     then receive on one thread (no hand-off); a larger one would reach the peer before
     its receive is posted, and be copied twice. The kernel caps what tune() asks for
     (net.core.wmem_max: 4 MiB here, 208 KiB on a stock kernel)."""
-    with socket.socket() as sock:
-        tune(sock)
-        granted = min(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
-                      sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+    granted = min(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                  sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
     return min(2 << 20, granted // 2)  # Linux reports twice what it grants for data
 
 
