@@ -35,7 +35,13 @@ def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
     if isinstance(buf, np.ndarray):
         arr = buf
     elif hasattr(buf, "__dlpack__") and not hasattr(buf, "__cuda_array_interface__"):
-        arr = np.from_dlpack(buf)  # torch CPU tensors: a zero-copy view, no torch import
+        try:
+            arr = np.from_dlpack(buf)  # torch CPU tensors: a zero-copy view, no torch import
+        except (BufferError, RuntimeError, TypeError) as exc:
+            dtype = getattr(buf, "dtype", "?")
+            raise TypeError(f"{what}: NumPy cannot view this array (dtype {dtype}: {exc}); "
+                            "cast it (t.float()) and copy the result back, or move its bits "
+                            "as a same-size integer view (t.view(torch.int16))") from None
     else:
         try:
             arr = np.asarray(memoryview(buf))

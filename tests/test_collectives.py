@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 from functools import reduce as fold
 
 import numpy as np
@@ -213,6 +214,44 @@ def test_bad_arguments_are_errors_not_hangs():
         with pytest.raises(ValueError, match="wrong size"):
             C.all_gather(g, np.ones(3), np.ones(3))
     run_ranks("inproc", 2, body)
+
+
+class DLPackOnly:
+    """An array known to NumPy only through DLPack, as a torch CPU tensor is."""
+
+    def __init__(self, arr, fail=False):
+        self.arr, self.fail, self.dtype = arr, fail, "bfloat16" if fail else arr.dtype
+
+    def __dlpack__(self, **kwargs):
+        if self.fail:
+            raise BufferError("Unsupported dtype in DLTensor")
+        return self.arr.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+def test_in_place_on_buffer_protocol_and_dlpack_arrays():
+    def body(g, r):
+        packed = array.array("f", [r + 1.0] * 3)
+        C.all_reduce(g, packed)
+        behind = np.full(4, r + 1, np.int32)
+        C.all_reduce(g, DLPackOnly(behind), ReduceOp.MAX)
+        with pytest.raises(TypeError, match=r"all_reduce: NumPy cannot view .*bfloat16"):
+            C.all_reduce(g, DLPackOnly(np.ones(2), fail=True))
+        return list(packed), behind.tolist()
+    for got in run_ranks("inproc", 2, body):
+        assert got == ([3.0, 3.0, 3.0], [2, 2, 2, 2])
+
+
+def test_torch_cpu_tensors_reduce_in_place():
+    torch = pytest.importorskip("torch", reason="torch is only compared against, not required")
+
+    def body(g, r):
+        t = torch.full((2, 3), float(r + 1))
+        C.all_reduce(g, t)
+        return t.tolist()
+    assert run_ranks("inproc", 2, body) == [[[3.0] * 3] * 2] * 2
 
 
 def _dies(g, r, victim):
