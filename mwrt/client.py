@@ -127,6 +127,18 @@ class Node:
                               f"{timeout} s; is mwrt-worker running and listening there, with "
                               "a key if this master has one?")
 
+    def check_device(self, device) -> int:
+        """`device` if this node has it (-1 = host memory), else a ValueError naming both."""
+        if not isinstance(device, int) or device < -1:
+            raise ValueError(f"device: must be -1 (host memory) or a GPU index >= 0 (got "
+                             f"{device!r})")
+        count = self.info.devices if self.info is not None else device + 1
+        if device >= count:
+            why = ": no CuPy or no CUDA device there" if count == 0 else ""
+            raise ValueError(f"device: node {self.index} has no GPU {device} (it has {count}"
+                             f"{why}); use device=-1 (host memory) or a GPU index below {count}")
+        return device
+
     # -- issuing --------------------------------------------------------------------------
 
     def issue(self, row: tuple, frame=None) -> None:

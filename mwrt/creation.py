@@ -19,9 +19,7 @@ def _create(kind: str, shape: tuple, dtype, node, device, args=()):
 
     dtype = as_dtype(dtype)
     target = current().node(context.current_node() if node is None else node)
-    device = context.current_device() if device is None else device
-    if not isinstance(device, int) or device < -1:
-        raise ValueError(f"device: must be -1 (host memory) or a GPU index >= 0 (got {device!r})")
+    device = target.check_device(context.current_device() if device is None else device)
     stream = context.stream_for(target.index, device)
     tensor = DistributedTensor(target, device, next(target.ids), Spec(shape, dtype), stream)
     target.issue((_CREATE, next(target.ids), stream, tensor._id, kind, shape, dtype.str, device,

@@ -27,8 +27,9 @@ class Stream:
 
     def __init__(self, node: int | None = None, device: int | None = None, *, _id=None):
         self.node = context.current_node() if node is None else node
-        self.device = context.current_device() if device is None else device
         self._node = current().node(self.node)
+        self.device = self._node.check_device(context.current_device() if device is None
+                                              else device)
         if _id is None:
             _id = next(_STREAM_IDS)
             self._node.issue((_NEW_STREAM, next(self._node.ids), _id, self.device))

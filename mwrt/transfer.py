@@ -102,6 +102,7 @@ def move(tensor, node_index: int, device: int):
     """`tensor` on (node_index, device): same place is itself; else a copy made there."""
     from .tensor import DistributedTensor
 
+    current().node(node_index).check_device(device)
     if node_index == tensor._node.index and device == tensor._device:
         return tensor
     source = tensor._node

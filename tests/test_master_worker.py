@@ -94,6 +94,18 @@ def test_operands_on_different_nodes_name_both_places(cluster):
         a + b
 
 
+def test_a_gpu_the_node_lacks_is_refused_at_once_and_the_session_goes_on(cluster):
+    missing = mwrt.device_count(0)  # one past the last GPU: 0 on a machine without any
+    x = mwrt.ones(3)
+    for make in (lambda: mwrt.FloatTensor(3, device=missing), lambda: x.cuda(missing),
+                 lambda: mwrt.Stream(device=missing), lambda: x.to(node=1, device=missing)):
+        with pytest.raises(ValueError, match=rf"device: node \d has no GPU {missing} "):
+            make()
+    gc.collect()
+    mwrt.synchronize()  # nothing half-made is left to fail a later sync point
+    np.testing.assert_array_equal((x + 1).numpy(), [2, 2, 2])
+
+
 def test_remote_function_runs_where_its_tensor_lives(cluster):
     import os
 
