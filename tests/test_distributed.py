@@ -12,6 +12,7 @@ import pytest
 from ranks import available, spawn_and_collect
 
 import mwrt.distributed as dist
+from mwrt.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,6 +120,30 @@ def test_init_errors():
         dist.init_process_group("tcp", init_method="tcp://127.0.0.1:0", rank=0, world_size=2,
                                 timeout=0.5)
     assert not dist.is_initialized()
+    with pytest.raises(ConfigError, match="unknown channel 'nccl2'"):  # at once, not at timeout
+        dist.init_process_group("nccl2", init_method="tcp://127.0.0.1:0", rank=0, world_size=2,
+                                timeout=300)
+    assert not dist.is_initialized()
+
+
+def _torch_tutorial(rank):
+    """torch's "Writing Distributed Applications" tutorial, arrays for tensors."""
+    dist.init_process_group("gloo", rank=rank, world_size=2)  # torch's CPU backend runs as tcp
+    tensor = np.zeros(1)
+    if rank == 0:
+        tensor += 1
+        req = dist.isend(tensor=tensor, dst=1)
+    else:
+        req = dist.irecv(tensor=tensor, src=0)
+    req.wait()
+    group = dist.new_group([0, 1])
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    assert tensor[0] == 2 and dist.get_backend() == "tcp"
+    dist.destroy_process_group()
+
+
+def test_torch_tutorial_runs_unchanged():
+    dist.spawn(_torch_tutorial, nprocs=2, timeout=40)
 
 
 SCRIPT = textwrap.dedent("""

@@ -86,8 +86,10 @@ def init_process_group(backend: str = "tcp", init_method: str | None = None, tim
                                "destroy_process_group() first")
         timeout = _seconds(timeout, config.get("rendezvous_timeout"))
         backend = backend or config.get("channel")
-        if backend == "auto":  # SPMD ranks may span hosts: tcp unless asked otherwise
-            backend = "tcp"
+        # SPMD ranks may span hosts: tcp unless asked otherwise; gloo is torch's CPU backend
+        # over TCP, so its tutorials run unchanged.
+        backend = "tcp" if backend in ("auto", "gloo") else backend
+        channels.get(backend)  # an unknown name fails now, before the other ranks wait on us
         prefix, own_store = "mwrt/pg", store is None
         if own_store:
             _inits[0] += 1  # SPMD: every rank counts its inits alike
