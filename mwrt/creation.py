@@ -54,7 +54,8 @@ def arange(start, stop=None, step=1, dtype=None, node=None, device=None):
     if step == 0:
         raise ValueError("arange: step must not be 0")
     length = max(0, math.ceil((stop - start) / step))
-    dtype = np.arange(start, start + step, step).dtype if dtype is None else dtype
+    if dtype is None:  # NumPy's inference from all three, on at most one element
+        dtype = np.arange(start, stop, step * max(length, 1)).dtype
     return _create("arange", (length,), dtype, node, device, (start, stop, step))
 
 

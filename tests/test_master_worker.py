@@ -42,6 +42,9 @@ def test_creation_functions(cluster):
     np.testing.assert_array_equal(mwrt.full((2, 2), 7).numpy(), np.full((2, 2), 7))
     np.testing.assert_array_equal(mwrt.arange(5).numpy(), np.arange(5))
     np.testing.assert_array_equal(mwrt.arange(1, 2, 0.25).numpy(), np.arange(1, 2, 0.25))
+    for args in [(4.0,), (0, 4.0), (5,), (1, 2, 0.25), (10, 0, -3), (0, 1, 1)]:
+        got, want = mwrt.arange(*args).numpy(), np.arange(*args)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist(), args
     assert mwrt.empty(0, 3).numpy().shape == (0, 3)
     mwrt.manual_seed(3)
     r1, n1 = mwrt.rand(100).numpy(), mwrt.randn(100, node=1).numpy()
