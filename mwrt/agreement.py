@@ -42,6 +42,7 @@ from .errors import (
 from .reduce_ops import ReduceOp
 
 DIRECT_MAX = 8
+_ALREADY_HERE = 0.05  # seconds to wait for a check message that should have come long ago
 ABORT, TIMED_OUT = 1, 2  # a check message's flags: the sender failed; it was a timeout
 _NOBODY = 0xFFFFFFFF
 
@@ -91,23 +92,26 @@ def explain(raw: bytes) -> str:
 
 
 def check_known(group, kind: str, known: dict[int, bytes]) -> None:
-    """check() over descriptors by rank; one never received is a protocol error."""
+    """check() over descriptors by rank; one never received is a protocol error, unless
+    those that did arrive already disagree (a rank that took another algorithm sent less)."""
     if len(known) == group.size and len(set(known.values())) == 1:
         return  # the common case, quickly
+    check(group, kind, known)
     missing = [r for r in range(group.size) if r not in known]
-    if missing:
-        raise WireError(f"{kind} on {group.name}: the call descriptors of ranks {missing} "
-                        "never arrived; are all ranks the same mwrt version?")
-    check(group, kind, [known[r] for r in range(group.size)])
+    raise WireError(f"{kind} on {group.name}: the call descriptors of ranks {missing} "
+                    "never arrived; are all ranks the same mwrt version?")
 
 
-def check(group, kind: str, every: list[bytes]) -> None:
-    """Raise CollectiveMismatchError unless all descriptors in `every` (by rank) are equal."""
-    if all(d == every[0] for d in every):
+def check(group, kind: str, every) -> None:
+    """Raise CollectiveMismatchError unless the descriptors in `every` (a list by rank, or
+    {rank: descriptor} where a missing rank is unknown) are all equal."""
+    every = dict(enumerate(every)) if isinstance(every, list) else every
+    first = next(iter(every.values()))
+    if all(d == first for d in every.values()):
         return
     groups: dict[str, list[int]] = {}
-    for r, raw in enumerate(every):
-        groups.setdefault(explain(raw), []).append(r)
+    for r in range(group.size):
+        groups.setdefault(explain(every[r]) if r in every else "not heard from", []).append(r)
     detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
                        for v, rs in groups.items())
     raise CollectiveMismatchError(
@@ -199,17 +203,34 @@ class Agreement:
             return
         self.settled = True
         g, every = self.group, {self.group.rank: self.mine}
-        buf = None if g.carries_checks else np.empty(len(self.mine), np.uint8)
         for peer in range(g.size):
             if peer == g.rank:
                 continue
-            if buf is None:
-                for rank, desc in unpack(g, g.raw_recv_message(peer, self.tag), peer)[0].items():
-                    every.setdefault(rank, desc)
-            else:
-                g.raw_recv(buf, peer, self.tag)
-                every[peer] = buf.tobytes()
+            try:
+                self._hear(peer, every)
+            except ChannelTimeoutError:
+                # Ranks that disagree may be why this one is late: that is the better error.
+                for other in range(peer + 1, g.size):
+                    if other != g.rank:
+                        try:
+                            self._hear(other, every, timeout=_ALREADY_HERE)
+                        except ChannelError:
+                            pass
+                check(g, self.kind, every)
+                raise
         check_known(g, self.kind, every)
+
+    def _hear(self, peer: int, every: dict, timeout: float | None = None) -> None:
+        """Add the descriptors in `peer`'s check message to `every`."""
+        g = self.group
+        if g.carries_checks:
+            msg = g.raw_recv_message(peer, self.tag, timeout)
+            for rank, desc in unpack(g, msg, peer)[0].items():
+                every.setdefault(rank, desc)
+        else:
+            buf = np.empty(len(self.mine), np.uint8)
+            g.raw_recv(buf, peer, self.tag, timeout)
+            every[peer] = buf.tobytes()
 
     def settle_after_error(self) -> None:
         """On a failed collective: raise the mismatch if that was the cause, else return."""

@@ -175,9 +175,10 @@ class ProcessGroup:
             e.group_peer = peer
             raise
 
-    def raw_recv(self, buf, peer: int, tag: int) -> None:
+    def raw_recv(self, buf, peer: int, tag: int, timeout: float | None = None) -> None:
         try:
-            self.channel.recv(buf, self.ranks[peer], tag, self.timeout)
+            self.channel.recv(buf, self.ranks[peer], tag,
+                              self.timeout if timeout is None else timeout)
         except (ChannelError, TimeoutError, ConnectionError) as e:
             e.group_peer = peer
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import time
 from functools import reduce as fold
 
 import numpy as np
@@ -199,6 +200,26 @@ def test_mismatch_raises_on_every_rank(backend, field, needle):
         assert isinstance(e, (CollectiveMismatchError, RuntimeError)), (r, e)
         assert "CollectiveMismatchError" in repr(type(e)) or "disagree" in str(e)
         assert needle in str(e) and "rank 1" in str(e) and "ranks 0, 2" in str(e), str(e)
+
+
+def _small_against_large(g, r, late):
+    if r == 1 and late:
+        time.sleep(1.5)  # past the others' timeout: they must still name the real cause
+    C.all_reduce(g, np.zeros(10 if r == 2 else 1 << 15, np.float32))
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["on_time", "one_rank_late"])
+@pytest.mark.parametrize("backend", BACKENDS[1:])
+def test_ranks_on_different_algorithms_still_name_the_mismatch(backend, late):
+    # Rank 2's small call carries its check in recursive doubling; the others' large one
+    # checks beside its data: they meet, and every rank reports the shapes.
+    errors = run_ranks(backend, 3, _small_against_large, late, timeout=1.0, errors=True)
+    for r, e in enumerate(errors):
+        if r == 1 and late and "disagree" not in str(e):  # came after the others had left
+            assert "rank 0" in str(e) or "rank 2" in str(e), str(e)
+            continue
+        assert "disagree" in str(e) and "float32[10]" in str(e), (r, str(e))
+        assert "float32[32768]" in str(e), (r, str(e))
 
 
 def test_bad_arguments_are_errors_not_hangs():
