@@ -28,6 +28,7 @@ so ranks that wait on it in later rounds fail at once rather than at their timeo
 from __future__ import annotations
 
 import struct
+import zlib
 
 import numpy as np
 
@@ -61,14 +62,17 @@ _TAILS: dict = {}
 _CHANNEL_ERRORS = (ChannelError, TimeoutError, ConnectionError)
 
 
-def describe_call(seq, kind, op=None, root=-1, dtype="u1", shape=(), count=0) -> bytes:
-    """The fixed-size descriptor of one collective call."""
-    key = (kind, op, root, dtype, shape, count)
+def describe_call(seq, kind, op=None, root=-1, dtype="u1", shape=(), count=0,
+                  split=()) -> bytes:
+    """The fixed-size descriptor of one collective call; `split`: uneven per-rank counts."""
+    key = (kind, op, root, dtype, shape, count, split)
     tail = _TAILS.get(key)
     if tail is None:  # packing costs microseconds; a program repeats a few calls
         if len(_TAILS) > 4096:
             _TAILS.clear()
         dims = list(shape)[:6] + [0] * (6 - min(len(shape), 6))
+        if split:  # in the last slot, past a shape of at most 5 dims: a digest of the counts
+            dims[5] = zlib.crc32(np.asarray(split, np.int64).tobytes()) or 1
         tail = _TAILS[key] = _DESC.pack(
             0, _KINDS.index(kind), _OPS.index(op) if op else 255, len(shape), 0, root, count,
             np.dtype(dtype).str.encode(), *dims)[_SEQ.size:]
@@ -88,6 +92,8 @@ def explain(raw: bytes) -> str:
     if kind != "barrier":
         shape = list(dims[:ndim]) if ndim <= 6 else f"({ndim}-d, {count} elements)"
         text += f" {dtype}{shape}"
+    if ndim < 6 and dims[5]:
+        text += f" split by rank #{dims[5]:08x}"
     return text
 
 

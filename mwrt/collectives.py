@@ -224,6 +224,27 @@ def all_gather(group, out, buf) -> None:
                 alg.ring_all_gather(group, dst, [c * i for i in range(group.size + 1)], tag)
 
 
+def all_gather_v(group, out, buf, counts) -> None:
+    """all_gather where rank p contributes counts[p] elements (torch's uneven all_gather):
+    `out` holds them in rank order; every rank passes the same counts."""
+    counts = [int(c) for c in counts]
+    with host_view(buf, group, "all_gather", writable=False) as arr, \
+            host_view(out, group, "all_gather out") as dst:
+        if len(counts) != group.size or min(counts) < 0:
+            raise ValueError(f"all_gather: need a count >= 0 per rank, {group.size} of them "
+                             f"(got {counts})")
+        _check_size(arr, counts[group.rank], "all_gather", f"rank {group.rank}'s input")
+        _check_size(dst, sum(counts), "all_gather", "out")
+        bounds = [0, *np.cumsum(counts).tolist()]
+        dst[bounds[group.rank]:bounds[group.rank + 1]] = arr
+        if group.size == 1:
+            return
+        with group.collective("all_gather", dtype=arr.dtype, shape=(dst.size,), count=dst.size,
+                              split=tuple(counts)) as tag:
+            if dst.size:  # the ring takes chunks of any size; Bruck's blocks are equal
+                alg.ring_all_gather(group, dst, bounds, tag)
+
+
 def reduce_scatter(group, out, src, op=ReduceOp.SUM) -> None:
     """Reduce `src` (world size x out's elements) across ranks; rank p gets row p in `out`."""
     with host_view(out, group, "reduce_scatter out") as dst, \

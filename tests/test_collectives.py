@@ -176,6 +176,34 @@ def test_all_gather_reduce_scatter_all_to_all(backend, n):
             close(exchanged, np.concatenate([data(p, count, dtype, r) for p in range(n)]))
 
 
+def _uneven_all_gather(g, r):
+    def body(dtype, count):
+        counts = [(count + p) % 4 * (p + 1) for p in range(g.size)]  # some ranks give none
+        out = np.zeros(sum(counts), dtype)
+        C.all_gather_v(g, out, data(r, counts[r], dtype), counts)
+        return counts, out
+    return over_paths(g, body)
+
+
+@pytest.mark.parametrize("backend,n", CASES)
+def test_all_gather_with_uneven_counts(backend, n):
+    for r, per_case in enumerate(run_ranks(backend, n, _uneven_all_gather)):
+        for counts, out in per_case:
+            close(out, np.concatenate([data(p, c, out.dtype) for p, c in enumerate(counts)]))
+
+
+def _uneven_disagreement(g, r):
+    counts = [2, 1, 3] if r == 1 else [1, 2, 3]  # the same total: only the split differs
+    C.all_gather_v(g, np.zeros(6), np.zeros(counts[r]), counts)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ranks_that_split_an_uneven_all_gather_differently_are_told(backend):
+    for r, e in enumerate(run_ranks(backend, 3, _uneven_disagreement, errors=True)):
+        assert "disagree" in str(e) and "split by rank" in str(e), (r, str(e))
+        assert "rank 1:" in str(e) and "ranks 0, 2:" in str(e), (r, str(e))
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 

@@ -32,6 +32,9 @@ def _facade(rank, backend):
     out = [np.zeros(2, np.float32) for _ in range(n)]
     dist.all_gather(out, np.full(2, rank, np.float32))
     assert [int(o[0]) for o in out] == list(range(n))
+    uneven = [np.zeros((p, 2)) for p in range(n)]  # torch allows a size per rank
+    dist.all_gather(uneven, np.full((rank, 2), rank + 0.5))
+    assert [u.tolist() for u in uneven] == [[[p + 0.5] * 2] * p for p in range(n)]
     got = np.zeros(3)
     dist.scatter(got, [np.full(3, i * 10.0) for i in range(n)] if rank == 0 else None, src=0)
     assert (got == rank * 10).all()

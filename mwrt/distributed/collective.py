@@ -98,9 +98,23 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
         return None
     if len(tensor_list) != g.size:
         raise ValueError(f"all_gather: tensor_list needs {g.size} arrays (got {len(tensor_list)})")
-    buf = _stack(tensor_list, tensor, "all_gather")
-    return _with_list(group, async_op, lambda g: C.all_gather(g, buf, tensor), tensor_list,
-                      lambda: _unstack(buf, tensor_list))
+    if all(np.shape(a) == np.shape(tensor) for a in tensor_list):
+        buf = _stack(tensor_list, tensor, "all_gather")
+        return _with_list(group, async_op, lambda g: C.all_gather(g, buf, tensor), tensor_list,
+                          lambda: _unstack(buf, tensor_list))
+    # Uneven sizes, as torch allows: entry i is rank i's array, ours must match our input.
+    if np.shape(tensor_list[g.rank]) != np.shape(tensor):
+        raise ValueError(f"all_gather: tensor_list[{g.rank}] (this rank's entry) has shape "
+                         f"{np.shape(tensor_list[g.rank])}, expected the input's "
+                         f"{np.shape(tensor)}")
+    counts = [int(np.prod(np.shape(a))) for a in tensor_list]
+    flat = np.empty(sum(counts), as_flat(tensor, "all_gather", writable=False).dtype)
+
+    def copy_out():
+        for a, part in zip(tensor_list, np.split(flat, np.cumsum(counts)[:-1])):
+            as_flat(a, "output list")[:] = part
+    return _with_list(group, async_op, lambda g: C.all_gather_v(g, flat, tensor, counts),
+                      tensor_list, copy_out)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
