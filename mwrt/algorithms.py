@@ -337,6 +337,15 @@ def all_to_all_pairwise(g, out, src, tag) -> None:
         exchange(g, rows_src[to], to, rows_out[frm], frm, tag)
 
 
+def all_to_all_pairwise_v(g, recvs, sends, tag) -> None:
+    """all_to_all_pairwise over per-peer arrays of any size: sends[p] goes to p, recvs[p]
+    comes from p (an empty one still travels, so both sides keep step)."""
+    n, r = g.size, g.rank
+    for i in range(1, n):
+        to, frm = (r + i) % n, (r - i) % n
+        exchange(g, sends[to], to, recvs[frm], frm, tag)
+
+
 def barrier_dissemination(g, tag) -> None:
     """Dissemination barrier: round k signals rank r + 2^k and waits for rank r - 2^k."""
     n, r = g.size, g.rank

@@ -282,6 +282,28 @@ def all_to_all(group, out, src) -> None:
                 alg.all_to_all_pairwise(group, dst, source, tag)
 
 
+def all_to_all_v(group, out, src, send_counts, recv_counts) -> None:
+    """all_to_all with a count per peer: rank r sends send_counts[p] elements of `src` (in
+    peer order) to rank p, which keeps them as its recv_counts[r] elements of `out`."""
+    send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+    with host_view(out, group, "all_to_all out") as dst, \
+            host_view(src, group, "all_to_all", writable=False) as source:
+        for name, counts, arr in (("send", send_counts, source), ("recv", recv_counts, dst)):
+            if len(counts) != group.size or min(counts) < 0:
+                raise ValueError(f"all_to_all: need a {name} count >= 0 per rank, "
+                                 f"{group.size} of them (got {counts})")
+            _check_size(arr, sum(counts), "all_to_all", f"the {name} array")
+        sends = np.split(source, np.cumsum(send_counts)[:-1])
+        recvs = np.split(dst, np.cumsum(recv_counts)[:-1])
+        recvs[group.rank][:] = sends[group.rank]
+        if group.size == 1:
+            return
+        # Ranks agree on the kind and dtype; a count that differs between a sender and its
+        # receiver fails that receive, naming both sizes.
+        with group.collective("all_to_all", dtype=dst.dtype, split=(-1,)) as tag:
+            alg.all_to_all_pairwise_v(group, recvs, sends, tag)
+
+
 def barrier(group) -> None:
     """Return once every rank of the group has entered the barrier."""
     if group.size == 1:

@@ -274,7 +274,9 @@ class ProcessGroup:
         gone = self._gone_ranks()
         if gone:
             text += f"; ranks {gone} have exited (their processes are gone)"
-        reports = self._exchange_reports(f"rank {self.channel.rank}: {who} failed in {what}")
+        lost = isinstance(e, (ChannelClosedError, TimeoutError))
+        reports = self._exchange_reports(f"rank {self.channel.rank}: {who} failed in {what}" if lost
+                                         else f"rank {self.channel.rank}: {what}: {e}"[:300])
         if reports:
             text += "; reported by others: " + " | ".join(reports)
         text += "; check the logs of those ranks"

@@ -192,6 +192,26 @@ def test_all_gather_with_uneven_counts(backend, n):
             close(out, np.concatenate([data(p, c, out.dtype) for p, c in enumerate(counts)]))
 
 
+def _uneven_all_to_all(g, r):
+    def body(dtype, count):
+        n = g.size
+        def sent(a, b):  # how many elements rank a sends rank b
+            return (count + a * 2 + b) % 3
+        src = np.concatenate([data(r, sent(r, p), dtype, p) for p in range(n)])
+        out = np.zeros(sum(sent(p, r) for p in range(n)), dtype)
+        C.all_to_all_v(g, out, src, [sent(r, p) for p in range(n)],
+                       [sent(p, r) for p in range(n)])
+        return out, [data(p, sent(p, r), dtype, r) for p in range(n)]
+    return over_paths(g, body)
+
+
+@pytest.mark.parametrize("backend,n", CASES)
+def test_all_to_all_with_uneven_counts(backend, n):
+    for per_case in run_ranks(backend, n, _uneven_all_to_all):
+        for out, parts in per_case:
+            close(out, np.concatenate(parts))
+
+
 def _uneven_disagreement(g, r):
     counts = [2, 1, 3] if r == 1 else [1, 2, 3]  # the same total: only the split differs
     C.all_gather_v(g, np.zeros(6), np.zeros(counts[r]), counts)

@@ -35,6 +35,16 @@ def _facade(rank, backend):
     uneven = [np.zeros((p, 2)) for p in range(n)]  # torch allows a size per rank
     dist.all_gather(uneven, np.full((rank, 2), rank + 0.5))
     assert [u.tolist() for u in uneven] == [[[p + 0.5] * 2] * p for p in range(n)]
+    # torch's documented uneven all_to_all_single, on the first three of its four ranks
+    in_split = [[2, 2, 1], [3, 2, 2], [2, 1, 1]][rank]
+    out_split = [[2, 3, 2], [2, 2, 1], [1, 2, 1]][rank]
+    a2a = np.zeros(sum(out_split))
+    dist.all_to_all_single(a2a, np.arange(sum(in_split)) + rank * 10.0, out_split, in_split)
+    assert a2a.tolist() == [[0, 1, 10, 11, 12, 20, 21], [2, 3, 13, 14, 22],
+                            [4, 15, 16, 23]][rank]
+    pieces = [np.zeros(rank + p) for p in range(n)]
+    dist.all_to_all(pieces, [np.full(p + rank, rank * 1.0) for p in range(n)])
+    assert [q.tolist() for q in pieces] == [[p * 1.0] * (rank + p) for p in range(n)]
     got = np.zeros(3)
     dist.scatter(got, [np.full(3, i * 10.0) for i in range(n)] if rank == 0 else None, src=0)
     assert (got == rank * 10).all()

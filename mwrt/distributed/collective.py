@@ -142,23 +142,56 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
-    """Rank r's input_tensor_list[p] lands in rank p's output_tensor_list[r]."""
+    """Rank r's input_tensor_list[p] lands in rank p's output_tensor_list[r] (any sizes)."""
     g = _group(group)
     if g is None:
         return None
     if len(output_tensor_list) != g.size or len(input_tensor_list) != g.size:
         raise ValueError(f"all_to_all: both lists need {g.size} arrays")
-    src = _stack(input_tensor_list, input_tensor_list[0], "all_to_all")
-    for i, a in enumerate(input_tensor_list):
-        src[i] = np.asarray(a)
-    out = np.empty_like(src)
-    return _with_list(group, async_op, lambda g: C.all_to_all(g, out, src), output_tensor_list,
-                      lambda: _unstack(out, output_tensor_list))
+    like = input_tensor_list[0]
+    if all(np.shape(a) == np.shape(like) for a in [*input_tensor_list, *output_tensor_list]):
+        src = _stack(input_tensor_list, like, "all_to_all")
+        for i, a in enumerate(input_tensor_list):
+            src[i] = np.asarray(a)
+        out = np.empty_like(src)
+        return _with_list(group, async_op, lambda g: C.all_to_all(g, out, src),
+                          output_tensor_list, lambda: _unstack(out, output_tensor_list))
+    dtype = as_flat(like, "all_to_all", writable=False).dtype
+    src = np.concatenate([as_flat(a, "all_to_all", writable=False) for a in input_tensor_list]
+                         ).astype(dtype, copy=False)
+    send_counts = [int(np.prod(np.shape(a))) for a in input_tensor_list]
+    recv_counts = [int(np.prod(np.shape(a))) for a in output_tensor_list]
+    out = np.empty(sum(recv_counts), dtype)
+
+    def copy_out():
+        for a, part in zip(output_tensor_list, np.split(out, np.cumsum(recv_counts)[:-1])):
+            as_flat(a, "output list")[:] = part
+    return _with_list(group, async_op,
+                      lambda g: C.all_to_all_v(g, out, src, send_counts, recv_counts),
+                      output_tensor_list, copy_out)
 
 
-def all_to_all_single(output, input, group=None, async_op: bool = False):
-    """all_to_all over one array of world-size equal rows (no split sizes)."""
-    return _run(group, async_op, C.all_to_all, output, input)
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op: bool = False):
+    """all_to_all over one array: equal rows per rank, or the given split sizes (dim 0)."""
+    if output_split_sizes is None and input_split_sizes is None:
+        return _run(group, async_op, C.all_to_all, output, input)
+    g = _group(group)
+    if g is None:
+        return None
+
+    def counts(arr, sizes, name):
+        shape = np.shape(arr)
+        row = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        if sizes is None:
+            if not shape or shape[0] % g.size:
+                raise ValueError(f"all_to_all_single: {name} needs {name}_split_sizes, or a "
+                                 f"first dimension divisible by {g.size} (got shape {shape})")
+            sizes = [shape[0] // g.size] * g.size
+        return [int(k) * row for k in sizes]
+    send = counts(input, input_split_sizes, "input")
+    recv = counts(output, output_split_sizes, "output")
+    return _run(group, async_op, C.all_to_all_v, output, input, send, recv)
 
 
 def barrier(group=None, async_op: bool = False):
