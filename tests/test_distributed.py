@@ -12,7 +12,7 @@ import pytest
 from ranks import available, spawn_and_collect
 
 import mwrt.distributed as dist
-from mwrt.errors import ConfigError
+from mwrt.errors import ChannelTimeoutError, ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,6 +153,29 @@ def _torch_tutorial(rank):
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     assert tensor[0] == 2 and dist.get_backend() == "tcp"
     dist.destroy_process_group()
+
+
+def _any_source(rank):
+    dist.init_process_group("tcp", timeout=2)
+    n = dist.get_world_size()
+    if rank == 0:
+        got: dict = {}
+        for _ in range(2 * (n - 1)):
+            t = np.zeros(2)
+            got.setdefault(dist.recv(t), []).append(t[0])  # returns the sender, as torch's
+        assert got == {p: [p, p * 10.0] for p in range(1, n)}, got  # in order per sender
+        with pytest.raises(ChannelTimeoutError, match=r"any source.*nothing from ranks \[1, 2\]"):
+            dist.recv(np.zeros(2), tag=7)
+        with pytest.raises(ValueError, match="only recv takes any source"):
+            dist.irecv(np.zeros(2))
+    else:
+        dist.send(np.full(2, rank * 1.0), dst=0)
+        dist.send(np.full(2, rank * 10.0), dst=0)
+    dist.destroy_process_group()  # no barrier: rank 0 spends the timeout on tag 7
+
+
+def test_recv_from_any_source_returns_the_sender():
+    dist.spawn(_any_source, nprocs=3, timeout=40)
 
 
 def test_torch_tutorial_runs_unchanged():

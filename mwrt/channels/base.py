@@ -155,6 +155,12 @@ class DataChannel:
             pool.shutdown(wait=False, cancel_futures=True)
         self._close()
 
+    def arrived(self, peer: int, tag: int = 0) -> bool:
+        """True if a message from `peer` on `tag` came (or is coming) that no receive awaits:
+        how a receive from any source learns who sent first."""
+        raise NotImplementedError(f"{self.name} channel: cannot tell which peer sent first, so "
+                                  "it cannot receive from any source; name the sender")
+
     def leave(self) -> None:
         """Before this process exits: wait (briefly) until no peer still reads our memory.
         A channel whose peers never do has nothing to wait for."""

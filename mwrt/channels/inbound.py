@@ -319,6 +319,12 @@ class InboundChannel(MatchingChannel):
             raise self._timeout_error(peer, tag, "any size", timeout)
         return self._recv_message(peer, tag, left)  # it did not come whole: the usual way
 
+    def arrived(self, peer: int, tag: int = 0) -> bool:
+        conn = self._inconns.get(peer)
+        if conn is not None:
+            conn.reclaim()  # a lent connection is read by nobody: let its receiver thread look
+        return super().arrived(peer, tag)
+
     def _connected(self, peer: int) -> bool:
         """True once our own connection to `peer` is up (a first send may wait on it)."""
         return False

@@ -57,6 +57,10 @@ class InprocChannel(DataChannel):
     def _recv_message(self, peer, tag, timeout):
         return memoryview(self._take(peer, tag, timeout)[0])
 
+    def arrived(self, peer: int, tag: int = 0) -> bool:
+        with self._boxes.cond:
+            return bool(self._boxes.queues.get((peer, self.rank, tag)))
+
     def _take(self, peer, tag, timeout) -> tuple[bytes, str]:
         """The next queued message from `peer` on `tag`, and the sender's description of it."""
         boxes, key = self._boxes, (peer, self.rank, tag)

@@ -131,6 +131,11 @@ class MatchingChannel(DataChannel):
         view[:] = msg.buf
         return view
 
+    def arrived(self, peer: int, tag: int = 0) -> bool:
+        with self._lock:
+            box = self._boxes.get((peer, tag))
+            return box is not None and bool(box.arrived) and not box.posted
+
     def _wait_post(self, post: _Post, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
         if not post.finished:

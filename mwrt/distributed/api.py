@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 
 import numpy as np
 
 from .. import channels, config
 from .. import collectives as C
 from ..collectives import as_flat, host_view
-from ..errors import MwrtError
+from ..errors import ChannelTimeoutError, MwrtError
 from ..group import ProcessGroup
 from ..rendezvous import _seconds, rendezvous, store_from_url
 
@@ -226,8 +227,8 @@ def _group_rank(g: ProcessGroup, rank: int, what: str) -> int:
 def _p2p_args(peer, tag, what, group):
     g = _group(group)
     if peer is None:
-        raise ValueError(f"{what}: a peer rank is required (receiving from any source is "
-                         "not supported); name the sender")
+        raise ValueError(f"{what}: a peer rank is required (only recv takes any source); "
+                         "name the sender")
     if g is None or peer not in g.ranks:
         raise ValueError(f"{what}: rank {peer} is not in the group")
     return g, g.p2p_tag(int(tag))
@@ -241,11 +242,33 @@ def send(tensor, dst: int, group=None, tag: int = 0) -> None:
 
 
 def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
-    """Receive into `tensor` from global rank `src`; returns `src`."""
+    """Receive into `tensor` from global rank `src` (None: whoever sends first); returns it."""
+    if src is None:
+        src = _first_sender(group, tag)
     g, t = _p2p_args(src, tag, "recv", group)
     with host_view(tensor, g, "recv") as arr:
         g.channel.recv(arr, src, t, g.timeout)
     return src
+
+
+def _first_sender(group, tag: int) -> int:
+    """The global rank whose message on `tag` came first; polls, as nothing can be posted
+    for an unknown sender (a receive posted to each peer would take one from each)."""
+    g = _group(group)
+    if g is None:
+        raise ValueError("recv: this rank is not in the group")
+    ch, t = g.channel, g.p2p_tag(int(tag))
+    peers = [p for p in g.ranks if p != ch.rank]
+    deadline, pause = time.monotonic() + g.timeout, 1e-5
+    while True:
+        for peer in peers:
+            if ch.arrived(peer, t):
+                return peer
+        if time.monotonic() >= deadline:
+            raise ChannelTimeoutError(f"recv on rank {ch.rank} from any source, tag {tag}: "
+                                      f"nothing from ranks {peers} within {g.timeout} s")
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
 
 
 def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
