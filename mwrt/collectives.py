@@ -22,9 +22,13 @@ computed once and copied, so results are bitwise identical on every rank.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from . import algorithms as alg
+from .agreement import check
+from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError
 from .reduce_ops import ReduceOp, reduce_op
 
 # -- buffers -----------------------------------------------------------------------------
@@ -320,3 +324,61 @@ def barrier(group) -> None:
             carrier.finish()
         else:
             alg.barrier_dissemination(group, tag)
+
+
+_ARRIVED, _LATE, _GONE, _UNASKED = 0, 1, 2, 3  # a rank's status in a monitored barrier
+
+
+def monitored_barrier(group, timeout: float, wait_all_ranks: bool = False) -> None:
+    """A barrier for finding hangs: group rank 0 waits up to `timeout` s for the others and
+    tells each rank who did not come (the first one; every one with `wait_all_ranks`)."""
+    if group.size == 1:
+        return
+    with group.collective("barrier") as tag:
+        mine = np.frombuffer(group.take_call_check(), np.uint8)  # the arrival is the check
+        n, width = group.size, mine.size
+        verdict = np.zeros(n + n * width, np.uint8)  # a status per rank, then descriptors
+        if group.rank == 0:
+            _collect_arrivals(group, tag, timeout, wait_all_ranks, mine, verdict)
+        else:
+            group.raw_send(mine, 0, tag)
+            try:  # rank 0 may come up to `timeout` after us, then wait as long for others
+                group.raw_recv(verdict, 0, tag, timeout=2 * timeout)
+            except ChannelError as exc:
+                verdict[:n] = _UNASKED
+                verdict[0] = _GONE if isinstance(exc, ChannelClosedError) else _LATE
+    status, descs = verdict[:n], verdict[n:].reshape(n, width)
+    missing = [r for r in range(n) if status[r] in (_LATE, _GONE)]
+    if missing:
+        group.broken = True
+        gone = [group.ranks[r] for r in missing if status[r] == _GONE]
+        raise ChannelTimeoutError(
+            f"monitored_barrier on {group.name}, rank {group.ranks[group.rank]}: ranks "
+            f"{[group.ranks[r] for r in missing]} did not arrive within {timeout} s" +
+            (f" (ranks {gone} closed their connection or died)" if gone else "") +
+            "; check the logs of those ranks")
+    check(group, "barrier", {r: descs[r].tobytes() for r in range(n) if status[r] == _ARRIVED})
+
+
+def _collect_arrivals(group, tag, timeout, wait_all, mine, verdict) -> None:
+    """Rank 0's side: take each rank's descriptor by the deadline, then answer every rank."""
+    n, width = group.size, mine.size
+    status, descs = verdict[:n], verdict[n:].reshape(n, width)
+    descs[0] = mine
+    deadline = time.monotonic() + timeout
+    for r in range(1, n):
+        if not wait_all and (status[1:r] != _ARRIVED).any():
+            status[r] = _UNASKED  # past the first missing rank: not waited for
+            continue
+        try:
+            group.raw_recv(descs[r], r, tag, timeout=max(deadline - time.monotonic(), 0))
+        except ChannelClosedError:
+            status[r] = _GONE
+        except ChannelError:
+            status[r] = _LATE
+    for r in range(1, n):
+        if status[r] in (_ARRIVED, _UNASKED):
+            try:
+                group.raw_send(verdict, r, tag, timeout=timeout)
+            except ChannelError:
+                pass  # it left after arriving: its own wait says so

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -124,6 +125,28 @@ def test_a_dying_rank_is_named_by_every_survivor():
     _, got = spawn_and_collect(_dies_mid_collective, nprocs=3, reports=2, join=30)
     for rank in (0, 1):
         assert "rank 2" in got[rank], got[rank]
+
+
+def _monitored(rank, queue):
+    dist.init_process_group("tcp", timeout=10)
+    dist.monitored_barrier(timeout=5)  # everyone comes: it passes
+    if rank == 3:
+        os._exit(3)
+    if rank == 2:
+        time.sleep(3)  # alive, but not there in time
+        return
+    try:
+        dist.monitored_barrier(timeout=1, wait_all_ranks=True)
+        queue.put((rank, "no error"))
+    except ChannelTimeoutError as e:
+        queue.put((rank, str(e)))
+
+
+def test_monitored_barrier_names_every_rank_that_did_not_come():
+    _, got = spawn_and_collect(_monitored, nprocs=4, reports=2, join=30)
+    for rank in (0, 1):
+        assert "ranks [2, 3] did not arrive within 1.0 s" in got[rank], got[rank]
+        assert "ranks [3] closed their connection or died" in got[rank], got[rank]
 
 
 def test_init_errors():

@@ -34,6 +34,7 @@ from .collective import (
                   broadcast,
                   broadcast_object_list,
                   gather,
+                  monitored_barrier,
                   reduce,
                   reduce_scatter,
                   reduce_scatter_tensor,
@@ -47,6 +48,7 @@ __all__ = [
     "get_world_size", "get_backend", "get_process_group_ranks", "new_group",
     "send", "recv", "isend", "irecv", "broadcast", "all_reduce", "reduce", "gather", "scatter",
     "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "all_to_all", "all_to_all_single", "barrier", "all_gather_object", "broadcast_object_list",
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "all_gather_object",
+    "broadcast_object_list",
     "spawn", "RankFailedError",
 ]

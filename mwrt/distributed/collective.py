@@ -14,6 +14,7 @@ import numpy as np
 from .. import collectives as C
 from ..collectives import as_flat
 from ..reduce_ops import ReduceOp
+from ..stores import _seconds
 from .api import _group, _group_rank, _run
 
 
@@ -199,6 +200,14 @@ def barrier(group=None, async_op: bool = False):
     return _run(group, async_op, C.barrier)
 
 
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False):
+    """A barrier that names the ranks that did not reach it within `timeout` (torch's)."""
+    g = _group(group)
+    if g is None:
+        return None
+    return _run(group, False, C.monitored_barrier, _seconds(timeout, g.timeout), wait_all_ranks)
+
+
 # -- objects: pickle is fine here, the ranks are one user's own processes (SPMD), unlike the
 # daemon's wire, which never unpickles ------------------------------------------------------
 
@@ -241,4 +250,5 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
 
 __all__ = ["broadcast", "all_reduce", "reduce", "gather", "scatter", "all_gather",
            "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-           "all_to_all_single", "barrier", "all_gather_object", "broadcast_object_list"]
+           "all_to_all_single", "barrier", "monitored_barrier", "all_gather_object",
+           "broadcast_object_list"]
