@@ -83,6 +83,7 @@ def _facade(rank, backend):
     lst = [rank, "x"] if rank == 0 else [None, None]
     dist.broadcast_object_list(lst, src=0)
     assert lst == [0, "x"]
+    _torch_extras(rank, n)
     dist.barrier()
     dist.destroy_process_group()
     dist.init_process_group(backend, timeout=10)  # re-init after destroy works
@@ -90,6 +91,30 @@ def _facade(rank, backend):
     dist.all_reduce(a)
     assert (a == n).all()
     dist.destroy_process_group()
+
+
+def _torch_extras(rank, n):
+    """The rest of torch's surface: object gather/scatter/p2p, batched p2p, rank lookups."""
+    got = [None] * n if rank == 1 else None
+    dist.gather_object("x" * rank, got, dst=1)
+    assert rank != 1 or got == ["x" * r for r in range(n)]
+    mine = [None]
+    dist.scatter_object_list(mine, [{"to": r} for r in range(n)] if rank == 0 else None, src=0)
+    assert mine == [{"to": rank}]
+    right, left = (rank + 1) % n, (rank - 1) % n
+    inbox = np.zeros(3)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, np.full(3, rank * 1.0), right),
+                                    dist.P2POp(dist.irecv, inbox, left)])
+    assert all(w.wait() and w.is_success() for w in works) and inbox.tolist() == [left] * 3
+    if rank == 0:
+        dist.send_object_list([{"a": 1}, "b"], dst=n - 1)
+    elif rank == n - 1:
+        received = [None, None]
+        assert dist.recv_object_list(received) == 0 and received == [{"a": 1}, "b"]
+    sub = dist.new_group([1, 2])
+    if sub is not dist.GroupMember.NON_GROUP_MEMBER:
+        assert dist.get_group_rank(sub, 2) == 1 and dist.get_global_rank(sub, 0) == 1
+    assert dist.get_node_local_rank() == rank and dist.is_available()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

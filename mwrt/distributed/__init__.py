@@ -9,14 +9,20 @@ from ..reduce_ops import ReduceOp
 from ..rendezvous import FileStore, HashStore, Store, TCPStore
 from .api import (
                   GroupMember,
+                  P2POp,
                   Work,
+                  batch_isend_irecv,
                   destroy_process_group,
                   get_backend,
+                  get_global_rank,
+                  get_group_rank,
+                  get_node_local_rank,
                   get_process_group_ranks,
                   get_rank,
                   get_world_size,
                   init_process_group,
                   irecv,
+                  is_available,
                   is_initialized,
                   isend,
                   new_group,
@@ -26,13 +32,11 @@ from .api import (
 from .collective import (
                   all_gather,
                   all_gather_into_tensor,
-                  all_gather_object,
                   all_reduce,
                   all_to_all,
                   all_to_all_single,
                   barrier,
                   broadcast,
-                  broadcast_object_list,
                   gather,
                   monitored_barrier,
                   reduce,
@@ -40,15 +44,25 @@ from .collective import (
                   reduce_scatter_tensor,
                   scatter,
 )
+from .objects import (
+                  all_gather_object,
+                  broadcast_object_list,
+                  gather_object,
+                  recv_object_list,
+                  scatter_object_list,
+                  send_object_list,
+)
 from .spawn import RankFailedError, spawn
 
 __all__ = [
     "ReduceOp", "Store", "HashStore", "TCPStore", "FileStore", "GroupMember", "Work",
-    "init_process_group", "destroy_process_group", "is_initialized", "get_rank",
-    "get_world_size", "get_backend", "get_process_group_ranks", "new_group",
-    "send", "recv", "isend", "irecv", "broadcast", "all_reduce", "reduce", "gather", "scatter",
+    "init_process_group", "destroy_process_group", "is_available", "is_initialized", "get_rank",
+    "get_world_size", "get_backend", "get_process_group_ranks", "get_group_rank",
+    "get_global_rank", "get_node_local_rank", "new_group",
+    "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
+    "broadcast", "all_reduce", "reduce", "gather", "scatter",
     "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "all_gather_object",
-    "broadcast_object_list",
-    "spawn", "RankFailedError",
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
+    "all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list",
+    "send_object_list", "recv_object_list", "spawn", "RankFailedError",
 ]

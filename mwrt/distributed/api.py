@@ -8,6 +8,7 @@ None. The algorithms live in mwrt.collectives; this module holds the process-wid
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 
@@ -53,6 +54,10 @@ class Work:
 
     def is_completed(self) -> bool:
         return self._work.is_completed() if self._work is not None else self._future.done()
+
+    def is_success(self) -> bool:
+        """True once it finished without an error (torch's; False while it runs)."""
+        return self.is_completed() and self.exception() is None
 
     def exception(self):
         """The operation's error or None, waiting for it to finish."""
@@ -187,6 +192,34 @@ def get_process_group_ranks(group) -> list[int]:
     return list(_group(group).ranks)
 
 
+def get_group_rank(group, global_rank: int) -> int:
+    """`global_rank`'s rank within `group`."""
+    return _group_rank(_group(group), global_rank, "get_group_rank")
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    """The global rank of `group_rank` within `group`."""
+    g = _group(group)
+    if not 0 <= group_rank < g.size:
+        raise ValueError(f"get_global_rank: group rank must be in [0, {g.size}) (got "
+                         f"{group_rank})")
+    return g.ranks[group_rank]
+
+
+def is_available() -> bool:
+    return True
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank on its machine (LOCAL_RANK, set by mwrt-launch and spawn)."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is None:
+        raise RuntimeError("get_node_local_rank: LOCAL_RANK is not set; start with mwrt-launch "
+                           "or pass fallback_rank")
+    return fallback_rank
+
+
 def new_group(ranks=None, timeout=None, backend=None):
     """A subgroup of global `ranks`; every rank must call it, in the same order."""
     parent = _default()
@@ -281,3 +314,19 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> Work:
     """Start receiving into `tensor` from `src`; read it after Work.wait()."""
     g, t = _p2p_args(src, tag, "irecv", group)
     return Work(work=g.channel.irecv(as_flat(tensor, "irecv"), src, t, g.timeout))
+
+
+class P2POp:
+    """One isend or irecv for batch_isend_irecv: P2POp(dist.isend, tensor, peer)."""
+
+    def __init__(self, op, tensor, peer: int, group=None, tag: int = 0):
+        if op not in (isend, irecv):
+            raise ValueError(f"P2POp: op must be dist.isend or dist.irecv (got {op!r})")
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+
+def batch_isend_irecv(p2p_op_list: list) -> list[Work]:
+    """Start every operation of the list; return their Works, in order."""
+    if not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise TypeError("batch_isend_irecv: expected a list of P2POp")
+    return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]

@@ -7,8 +7,6 @@ buffer directly and copy nothing.
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 
 from .. import collectives as C
@@ -208,47 +206,6 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False):
     return _run(group, False, C.monitored_barrier, _seconds(timeout, g.timeout), wait_all_ranks)
 
 
-# -- objects: pickle is fine here, the ranks are one user's own processes (SPMD), unlike the
-# daemon's wire, which never unpickles ------------------------------------------------------
-
-
-def _object_bytes(obj) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-
-
-def all_gather_object(object_list: list, obj, group=None) -> None:
-    """Fill object_list[i] with rank i's `obj` (pickled; sizes gathered first)."""
-    g = _group(group)
-    if g is None:
-        return
-    data = _object_bytes(obj)
-    sizes = np.zeros(g.size, np.int64)
-    C.all_gather(g, sizes, np.array([data.size], np.int64))
-    width = int(sizes.max())
-    padded = np.zeros(width, np.uint8)
-    padded[:data.size] = data
-    everything = np.empty(g.size * width, np.uint8)
-    C.all_gather(g, everything, padded)
-    for i in range(g.size):
-        object_list[i] = pickle.loads(everything[i * width:i * width + int(sizes[i])].tobytes())
-
-
-def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
-    """Replace object_list's items everywhere with those on global rank `src`."""
-    g = _group(group)
-    if g is None:
-        return
-    root = _group_rank(g, src, "broadcast_object_list")
-    data = _object_bytes(list(object_list)) if g.rank == root else None
-    size = np.array([0 if data is None else data.size], np.int64)
-    C.broadcast(g, size, root)
-    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
-    C.broadcast(g, buf, root)
-    if g.rank != root:
-        object_list[:] = pickle.loads(buf.tobytes())
-
-
 __all__ = ["broadcast", "all_reduce", "reduce", "gather", "scatter", "all_gather",
            "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-           "all_to_all_single", "barrier", "monitored_barrier", "all_gather_object",
-           "broadcast_object_list"]
+           "all_to_all_single", "barrier", "monitored_barrier"]

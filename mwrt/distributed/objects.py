@@ -1,0 +1,116 @@
+"""Collectives and messages of any picklable object, as torch's *_object functions.
+
+Pickle is fine here: the ranks are one user's own processes (SPMD), unlike the daemon's
+wire, which never unpickles. Sizes travel first; the bytes follow in one array.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from .. import collectives as C
+from .api import _group, _group_rank, recv, send
+
+
+def _pickled(obj) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+def _padded(parts: list, width: int) -> np.ndarray:
+    """The byte arrays `parts`, one row each, zero-padded to `width`."""
+    rows = np.zeros((len(parts), width), np.uint8)
+    for row, part in zip(rows, parts):
+        row[:part.size] = part
+    return rows
+
+
+def all_gather_object(object_list: list, obj, group=None) -> None:
+    """Fill object_list[i] with rank i's `obj`."""
+    g = _group(group)
+    if g is None:
+        return
+    data = _pickled(obj)
+    sizes = np.zeros(g.size, np.int64)
+    C.all_gather(g, sizes, np.array([data.size], np.int64))
+    everything = np.empty(int(sizes.sum()), np.uint8)
+    C.all_gather_v(g, everything, data, sizes)
+    for i, part in enumerate(np.split(everything, np.cumsum(sizes)[:-1])):
+        object_list[i] = pickle.loads(part.tobytes())
+
+
+def gather_object(obj, object_gather_list=None, dst: int = 0, group=None) -> None:
+    """Fill object_gather_list[i] on global rank `dst` with rank i's `obj`."""
+    g = _group(group)
+    if g is None:
+        return
+    root = _group_rank(g, dst, "gather_object")
+    if g.rank == root and (object_gather_list is None or len(object_gather_list) < g.size):
+        raise ValueError(f"gather_object: dst needs object_gather_list with {g.size} slots")
+    data = _pickled(obj)
+    sizes = np.zeros(g.size, np.int64)
+    C.all_gather(g, sizes, np.array([data.size], np.int64))
+    width = int(sizes.max())
+    rows = np.empty((g.size, width), np.uint8) if g.rank == root else None
+    C.gather(g, _padded([data], width)[0], rows, root)
+    if g.rank == root:
+        for i in range(g.size):
+            object_gather_list[i] = pickle.loads(rows[i, :sizes[i]].tobytes())
+
+
+def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list=None,
+                        src: int = 0, group=None) -> None:
+    """Set scatter_object_output_list[0] on group rank i to item i of the list on `src`."""
+    g = _group(group)
+    if g is None:
+        return
+    root = _group_rank(g, src, "scatter_object_list")
+    sizes, rows = np.zeros(g.size, np.int64), None
+    if g.rank == root:
+        if scatter_object_input_list is None or len(scatter_object_input_list) != g.size:
+            raise ValueError(f"scatter_object_list: src needs {g.size} objects to scatter")
+        parts = [_pickled(o) for o in scatter_object_input_list]
+        sizes[:] = [p.size for p in parts]
+    C.broadcast(g, sizes, root)
+    if g.rank == root:
+        rows = _padded(parts, int(sizes.max()))
+    mine = np.empty(int(sizes.max()), np.uint8)
+    C.scatter(g, mine, rows, root)
+    scatter_object_output_list[0] = pickle.loads(mine[:sizes[g.rank]].tobytes())
+
+
+def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
+    """Replace object_list's items everywhere with those on global rank `src`."""
+    g = _group(group)
+    if g is None:
+        return
+    root = _group_rank(g, src, "broadcast_object_list")
+    data = _pickled(list(object_list)) if g.rank == root else None
+    size = np.array([0 if data is None else data.size], np.int64)
+    C.broadcast(g, size, root)
+    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
+    C.broadcast(g, buf, root)
+    if g.rank != root:
+        object_list[:] = pickle.loads(buf.tobytes())
+
+
+def send_object_list(object_list: list, dst: int, group=None) -> None:
+    """Send the list's items to global rank `dst` (its size, then its bytes, on tag 0)."""
+    data = _pickled(list(object_list))
+    send(np.array([data.size], np.int64), dst, group)
+    send(data, dst, group)
+
+
+def recv_object_list(object_list: list, src: int | None = None, group=None) -> int:
+    """Replace the list's items with those `src` (or the first sender) sent; return it."""
+    size = np.zeros(1, np.int64)
+    src = recv(size, src, group)
+    data = np.empty(int(size[0]), np.uint8)
+    recv(data, src, group)
+    object_list[:] = pickle.loads(data.tobytes())
+    return src
+
+
+__all__ = ["all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list",
+           "send_object_list", "recv_object_list"]
