@@ -13,10 +13,10 @@ import time
 from urllib.parse import parse_qs, urlparse
 
 from .errors import RendezvousError, RendezvousTimeoutError
-from .stores import FileStore, HashStore, Store, _seconds, as_bytes  # noqa: F401 (re-exported)
+from .stores import FileStore, HashStore, PrefixStore, Store, _seconds, as_bytes  # noqa: F401
 from .tcp_store import TCPStore
 
-__all__ = ["FileStore", "HashStore", "Store", "TCPStore", "as_bytes", "rendezvous",
+__all__ = ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore", "as_bytes", "rendezvous",
            "store_from_url"]
 
 # -- init methods ------------------------------------------------------------------------

@@ -62,6 +62,35 @@ class Store:
         pass
 
 
+class PrefixStore(Store):
+    """Every key of `store` under `prefix` + "/": groups of ranks sharing one store (torch's)."""
+
+    def __init__(self, prefix: str, store: Store):
+        self.prefix, self.store = f"{prefix}/", store
+        self.timeout = store.timeout
+
+    def set(self, key, value):
+        self.store.set(self.prefix + key, value)
+
+    def get(self, key, timeout=None):
+        return self.store.get(self.prefix + key, timeout)
+
+    def add(self, key, amount):
+        return self.store.add(self.prefix + key, amount)
+
+    def compare_set(self, key, expected, desired):
+        return self.store.compare_set(self.prefix + key, expected, desired)
+
+    def wait(self, keys, timeout=None):
+        self.store.wait([self.prefix + k for k in keys], timeout)
+
+    def delete_key(self, key):
+        return self.store.delete_key(self.prefix + key)
+
+    def check(self, keys):
+        return self.store.check([self.prefix + k for k in keys])
+
+
 class HashStore(Store):
     """An in-process store for ranks that are threads of one process."""
 

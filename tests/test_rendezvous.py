@@ -10,15 +10,24 @@ import time
 import pytest
 
 from mwrt.errors import RendezvousError, RendezvousTimeoutError
-from mwrt.rendezvous import FileStore, HashStore, TCPStore, rendezvous, store_from_url
+from mwrt.rendezvous import (
+    FileStore,
+    HashStore,
+    PrefixStore,
+    TCPStore,
+    rendezvous,
+    store_from_url,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.fixture(params=["hash", "tcp", "file"])
+@pytest.fixture(params=["hash", "tcp", "file", "prefix"])
 def store(request, tmp_path):
     if request.param == "hash":
         s = HashStore(timeout=2)
+    elif request.param == "prefix":
+        s = PrefixStore("job", HashStore(timeout=2))
     elif request.param == "tcp":
         s = TCPStore("127.0.0.1", 0, is_master=True, timeout=2)
     else:
@@ -38,6 +47,15 @@ def test_store_contract(store):
     assert store.delete_key("a") and not store.check(["a"])
     with pytest.raises(RendezvousTimeoutError, match="missing"):
         store.wait(["never"], timeout=0.2)
+
+
+def test_prefix_stores_keep_their_keys_apart():
+    shared = HashStore(timeout=1)
+    a, b = PrefixStore("a", shared), PrefixStore("b", shared)
+    a.set("k", "1")
+    b.set("k", "2")
+    assert (a.get("k"), b.get("k"), shared.get("a/k")) == (b"1", b"2", b"1")
+    assert a.add("n", 1) == 1 and b.add("n", 5) == 5
 
 
 def test_get_waits_for_a_key_set_later(store):

@@ -6,7 +6,7 @@
 """
 
 from ..reduce_ops import ReduceOp
-from ..rendezvous import FileStore, HashStore, Store, TCPStore
+from ..rendezvous import FileStore, HashStore, PrefixStore, Store, TCPStore
 from .api import (
                   GroupMember,
                   P2POp,
@@ -55,7 +55,7 @@ from .objects import (
 from .spawn import RankFailedError, spawn
 
 __all__ = [
-    "ReduceOp", "Store", "HashStore", "TCPStore", "FileStore", "GroupMember", "Work",
+    "ReduceOp", "Store", "HashStore", "TCPStore", "FileStore", "PrefixStore", "GroupMember", "Work",
     "init_process_group", "destroy_process_group", "is_available", "is_initialized", "get_rank",
     "get_world_size", "get_backend", "get_process_group_ranks", "get_group_rank",
     "get_global_rank", "get_node_local_rank", "new_group",
