@@ -297,6 +297,10 @@ def all_to_all_v(group, out, src, send_counts, recv_counts) -> None:
                 raise ValueError(f"all_to_all: need a {name} count >= 0 per rank, "
                                  f"{group.size} of them (got {counts})")
             _check_size(arr, sum(counts), "all_to_all", f"the {name} array")
+        r = group.rank
+        if send_counts[r] != recv_counts[r]:
+            raise ValueError(f"all_to_all: rank {r} sends itself {send_counts[r]} elements but "
+                             f"expects {recv_counts[r]} from itself")
         sends = np.split(source, np.cumsum(send_counts)[:-1])
         recvs = np.split(dst, np.cumsum(recv_counts)[:-1])
         recvs[group.rank][:] = sends[group.rank]
