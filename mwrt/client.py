@@ -143,6 +143,8 @@ class Node:
 
     def issue(self, row: tuple, frame=None) -> None:
         """Queue one command row; it goes out with its batch (now, if the node was quiet)."""
+        if self.closed:
+            self._raise_closed()
         self.sites[row[1] & (_SITES - 1)] = issue_site()
         if row[0] in _STREAM_CODES:
             self.streams.add(row[2])
@@ -214,6 +216,8 @@ class Node:
 
     def wait(self, token: int, what: str, timeout: float | None = None):
         """Wait for the reply `token`; raise the worker's error, a loss, or a timeout."""
+        if self.closed:
+            self._raise_closed()
         self.flush()
         timeout = self.sync_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -260,6 +264,10 @@ class Node:
             message, self.rejected = self.rejected, None
             raise WireError(f"{self}: the worker refused a batch of commands, which did not run: "
                             f"{message}")
+
+    def _raise_closed(self) -> None:
+        raise MwrtError(f"{self}: this master's session with the node has ended "
+                        "(mwrt.shutdown()); tensors made in it are gone")
 
     def check_lost(self) -> None:
         if self.lost is not None:

@@ -33,6 +33,11 @@ class DistributedTensor:
         self._spec, self._streams = spec, (stream,)
         self._ref = wire.ref(tensor_id)  # pre-encoded, so messages carry it at no cost
 
+    def __reduce__(self):
+        raise TypeError("DistributedTensor: a handle cannot be pickled, nor captured by a "
+                        "function shipped with mwrt.remote; pass the tensor as an argument "
+                        "(remote(fn)(t)), or its value (t.numpy())")
+
     def __del__(self):
         try:
             self._node.release(self._id, self._streams)

@@ -147,6 +147,16 @@ def test_remote_error_names_place_op_and_line_and_is_sticky(cluster):
     np.testing.assert_array_equal((x * 2).numpy(), [2.0, 2.0, 2.0])  # the stream recovered
 
 
+def test_remote_results_and_captures_that_cannot_be_tensors_are_named(cluster):
+    x = mwrt.ones(3)
+    with pytest.raises(mwrt.RemoteError, match="the result is a dict, which is not an array"):
+        mwrt.remote(lambda a: {"sum": float(a.sum())})(x).numpy()
+    assert float(mwrt.remote(lambda a: a.sum())(x)) == 3.0  # a number is a 0-d tensor
+    y = mwrt.ones(3)
+    with pytest.raises(TypeError, match="pass the tensor as an argument"):
+        mwrt.remote(lambda a: a + np.asarray(y))(x)  # a handle inside the shipped closure
+
+
 def test_dropping_handles_frees_worker_memory(cluster):
     mwrt.synchronize()
     gc.collect()
@@ -174,6 +184,16 @@ def test_not_initialized_error():
     mwrt.shutdown()
     with pytest.raises(mwrt.MwrtError, match="init_master_worker"):
         mwrt.ones(3)
+
+
+def test_tensors_of_a_session_that_ended_say_so():
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=1, timeout=30)
+    x = mwrt.ones(3)
+    mwrt.shutdown()
+    for use in (lambda: (x + 1).numpy(), lambda: x.numpy()):
+        with pytest.raises(mwrt.MwrtError, match="session with the node has ended"):
+            use()
 
 
 def test_unreachable_worker_is_a_connection_error_naming_it():

@@ -47,8 +47,12 @@ def resolve(ex, value):
 
 def store(ex, out: int, value) -> None:
     """Keep a result as tensor `out`, as an array of the stream's namespace."""
+    kind = type(value).__name__
     if not hasattr(value, "shape") or isinstance(value, np.generic):
         value = ex.xp.asarray(value)
+    if value.dtype.hasobject:  # a dict, a list of mixed things: nothing the wire can carry
+        raise TypeError(f"the result is a {kind}, which is not an array of numbers; return "
+                        "NumPy/CuPy arrays or numbers")
     ex.session.tensors[out] = value
 
 
