@@ -212,13 +212,18 @@ def _any_source(rank):
             t = np.zeros(2)
             got.setdefault(dist.recv(t), []).append(t[0])  # returns the sender, as torch's
         assert got == {p: [p, p * 10.0] for p in range(1, n)}, got  # in order per sender
+        late = np.zeros(2)
+        work = dist.irecv(late)  # from any source, on a thread: the sender is known once done
+        dist.send(np.ones(1), dst=1, tag=9)  # rank 1 sends only once asked
+        assert work.wait() and work.source_rank() == 1 and late.tolist() == [5.0, 5.0]
         with pytest.raises(ChannelTimeoutError, match=r"any source.*nothing from ranks \[1, 2\]"):
             dist.recv(np.zeros(2), tag=7)
-        with pytest.raises(ValueError, match="only recv takes any source"):
-            dist.irecv(np.zeros(2))
     else:
         dist.send(np.full(2, rank * 1.0), dst=0)
         dist.send(np.full(2, rank * 10.0), dst=0)
+        if rank == 1:
+            dist.recv(np.zeros(1), src=0, tag=9)
+            dist.send(np.full(2, 5.0), dst=0)
     dist.destroy_process_group()  # no barrier: rank 0 spends the timeout on tag 7
 
 

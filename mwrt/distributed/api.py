@@ -11,6 +11,7 @@ import atexit
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -32,8 +33,15 @@ class GroupMember:
 class Work:
     """A pending async operation: wait(timeout) raises its error; is_completed() polls."""
 
-    def __init__(self, future=None, work=None, after=None):
-        self._future, self._work, self._after = future, work, after
+    def __init__(self, future=None, work=None, after=None, source=None):
+        self._future, self._work, self._after, self._source = future, work, after, source
+
+    def source_rank(self) -> int:
+        """The sender of a receive (for one from any source, once it completed)."""
+        if self._source is None:
+            self.wait()
+            self._source = self._future.result()
+        return self._source
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done (at most `timeout` seconds) and raise the operation's error."""
@@ -75,6 +83,7 @@ class _State:
         self.groups: list[ProcessGroup] = []
         self.next_group_id = 1
         self.user_store_inits = 0
+        self.any_source: ThreadPoolExecutor | None = None  # runs irecv(src=None), in order
 
 
 _state = _State()
@@ -143,6 +152,8 @@ def destroy_process_group(group=None) -> None:
             pass
     for pg in _state.groups:
         pg.close()
+    if _state.any_source is not None:  # a receive still waiting there fails as the channel closes
+        _state.any_source.shutdown(wait=False, cancel_futures=True)
     _state.channel.close()
     _state.store.close()
     _state.__init__()
@@ -260,8 +271,7 @@ def _group_rank(g: ProcessGroup, rank: int, what: str) -> int:
 def _p2p_args(peer, tag, what, group):
     g = _group(group)
     if peer is None:
-        raise ValueError(f"{what}: a peer rank is required (only recv takes any source); "
-                         "name the sender")
+        raise ValueError(f"{what}: a destination rank is required (got None)")
     if g is None or peer not in g.ranks:
         raise ValueError(f"{what}: rank {peer} is not in the group")
     return g, g.p2p_tag(int(tag))
@@ -311,9 +321,16 @@ def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> Work:
-    """Start receiving into `tensor` from `src`; read it after Work.wait()."""
+    """Start receiving into `tensor` from `src` (None: the first sender); read it after
+    Work.wait(), and the sender from Work.source_rank()."""
+    if src is None:  # nothing can be posted for an unknown sender: a thread waits for it
+        as_flat(tensor, "irecv")
+        with _init_lock:
+            if _state.any_source is None:
+                _state.any_source = ThreadPoolExecutor(1, thread_name_prefix="mwrt-any-source")
+        return Work(future=_state.any_source.submit(recv, tensor, None, group, tag))
     g, t = _p2p_args(src, tag, "irecv", group)
-    return Work(work=g.channel.irecv(as_flat(tensor, "irecv"), src, t, g.timeout))
+    return Work(work=g.channel.irecv(as_flat(tensor, "irecv"), src, t, g.timeout), source=src)
 
 
 class P2POp:
