@@ -129,6 +129,8 @@ class ProcessGroup:
 
     def p2p_tag(self, tag: int) -> int:
         """The channel tag for a user point-to-point message with `tag`."""
+        if not 0 <= tag < 1 << 32:  # more bits would alias another tag
+            raise ValueError(f"tag: must be in [0, 2**32) (got {tag})")
         return self._tag(_P2P, tag)
 
     # -- point-to-point among group ranks ------------------------------------------------

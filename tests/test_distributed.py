@@ -218,6 +218,9 @@ def _any_source(rank):
         assert work.wait() and work.source_rank() == 1 and late.tolist() == [5.0, 5.0]
         with pytest.raises(ChannelTimeoutError, match=r"any source.*nothing from ranks \[1, 2\]"):
             dist.recv(np.zeros(2), tag=7)
+        for bad in (-1, 1 << 32):  # a tag the channel's 32 bits cannot hold apart
+            with pytest.raises(ValueError, match=r"tag: must be in \[0, 2\*\*32\)"):
+                dist.send(np.zeros(1), dst=1, tag=bad)
     else:
         dist.send(np.full(2, rank * 1.0), dst=0)
         dist.send(np.full(2, rank * 10.0), dst=0)
