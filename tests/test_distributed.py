@@ -203,8 +203,8 @@ def _torch_tutorial(rank):
     dist.destroy_process_group()
 
 
-def _any_source(rank):
-    dist.init_process_group("tcp", timeout=2)
+def _any_source(rank, backend):
+    dist.init_process_group(backend, timeout=2)
     n = dist.get_world_size()
     if rank == 0:
         got: dict = {}
@@ -230,8 +230,9 @@ def _any_source(rank):
     dist.destroy_process_group()  # no barrier: rank 0 spends the timeout on tag 7
 
 
-def test_recv_from_any_source_returns_the_sender():
-    dist.spawn(_any_source, nprocs=3, timeout=40)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recv_from_any_source_returns_the_sender(backend):
+    dist.spawn(_any_source, args=(backend,), nprocs=3, timeout=40)
 
 
 def test_torch_tutorial_runs_unchanged():
