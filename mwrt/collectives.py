@@ -28,65 +28,9 @@ import numpy as np
 
 from . import algorithms as alg
 from .agreement import check
+from .buffers import host_view
 from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError
 from .reduce_ops import ReduceOp, reduce_op
-
-# -- buffers -----------------------------------------------------------------------------
-
-
-def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
-    """A flat NumPy view of `buf`'s memory: NumPy, buffer protocol, or DLPack (torch CPU)."""
-    if isinstance(buf, np.ndarray):
-        arr = buf
-    elif hasattr(buf, "__dlpack__") and not hasattr(buf, "__cuda_array_interface__"):
-        try:
-            arr = np.from_dlpack(buf)  # torch CPU tensors: a zero-copy view, no torch import
-        except (BufferError, RuntimeError, TypeError) as exc:
-            dtype = getattr(buf, "dtype", "?")
-            raise TypeError(f"{what}: NumPy cannot view this array (dtype {dtype}: {exc}); "
-                            "cast it (t.float()) and copy the result back, or move its bits "
-                            "as a same-size integer view (t.view(torch.int16))") from None
-    else:
-        try:
-            arr = np.asarray(memoryview(buf))
-        except TypeError:
-            raise TypeError(f"{what}: expected an array (NumPy, buffer protocol, DLPack), got "
-                            f"{type(buf).__name__}") from None
-    if not arr.flags.c_contiguous:
-        raise ValueError(f"{what}: array is not C-contiguous (shape {arr.shape}); pass "
-                         "np.ascontiguousarray(arr) and copy the result back")
-    if writable and not arr.flags.writeable:
-        raise ValueError(f"{what}: array is read-only; pass a writable array")
-    return arr.reshape(-1)
-
-
-class host_view:
-    """`with host_view(buf, group, what) as arr`: a flat host array for `buf`."""
-
-    # The hook for GPU buffers: a channel that moves device memory itself sets
-    # `device_buffers = True` and brings native collectives; otherwise a CuPy array is
-    # copied to the host, the collective runs there, and the result is copied back. A
-    # class, not a generator: small collectives pay for every microsecond of it.
-
-    __slots__ = ("arr", "buf", "staged", "writable")
-
-    def __init__(self, buf, group, what: str, writable: bool = True):
-        self.buf, self.writable, self.staged = buf, writable, False
-        if buf is None:
-            self.arr = None
-        elif hasattr(buf, "__cuda_array_interface__") and not getattr(group.channel,
-                                                                     "device_buffers", False):
-            self.arr, self.staged = np.ascontiguousarray(buf.get()).reshape(-1), True
-        else:
-            self.arr = as_flat(buf, what, writable)
-
-    def __enter__(self) -> np.ndarray | None:
-        return self.arr
-
-    def __exit__(self, exc_type, *_) -> None:
-        if self.staged and self.writable and exc_type is None:
-            self.buf.set(self.arr.reshape(self.buf.shape))
-
 
 # -- the collectives -----------------------------------------------------------------------
 
@@ -105,7 +49,7 @@ def _check_root(group, root: int, what: str) -> None:
 
 def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
     """Reduce `buf` across the group in place; every rank ends with the same bits."""
-    with host_view(buf, group, "all_reduce") as arr:
+    with host_view(buf, group, "all_reduce", reduces=True) as arr:
         op = reduce_op(op, arr.dtype, "all_reduce")
         if group.size == 1:
             return
@@ -148,7 +92,7 @@ def broadcast(group, buf, root: int = 0) -> None:
 def reduce(group, buf, root: int = 0, op=ReduceOp.SUM) -> None:
     """Reduce `buf` across the group into `buf` on `root`; other ranks' buffers are scratch."""
     _check_root(group, root, "reduce")
-    with host_view(buf, group, "reduce") as arr:
+    with host_view(buf, group, "reduce", reduces=True) as arr:
         op = reduce_op(op, arr.dtype, "reduce")
         if group.size == 1:
             return
@@ -251,8 +195,8 @@ def all_gather_v(group, out, buf, counts) -> None:
 
 def reduce_scatter(group, out, src, op=ReduceOp.SUM) -> None:
     """Reduce `src` (world size x out's elements) across ranks; rank p gets row p in `out`."""
-    with host_view(out, group, "reduce_scatter out") as dst, \
-            host_view(src, group, "reduce_scatter", writable=False) as source:
+    with host_view(out, group, "reduce_scatter out", reduces=True) as dst, \
+            host_view(src, group, "reduce_scatter", writable=False, reduces=True) as source:
         op = reduce_op(op, dst.dtype, "reduce_scatter")
         _check_size(source, group.size * dst.size, "reduce_scatter", "src")
         c, r = dst.size, group.rank

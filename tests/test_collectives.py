@@ -11,6 +11,7 @@ import pytest
 from ranks import available, run_ranks
 
 from mwrt import collectives as C
+from mwrt.buffers import narrow_to_bfloat16, widen_bfloat16
 from mwrt.errors import CollectiveMismatchError
 from mwrt.reduce_ops import ReduceOp
 
@@ -319,8 +320,24 @@ def test_torch_cpu_tensors_reduce_in_place():
     def body(g, r):
         t = torch.full((2, 3), float(r + 1))
         C.all_reduce(g, t)
-        return t.tolist()
-    assert run_ranks("inproc", 2, body) == [[[3.0] * 3] * 2] * 2
+        half = torch.tensor([1.5, 1e-3, 3e38, -2.0], dtype=torch.bfloat16) * (r + 1)
+        C.all_reduce(g, half)  # summed as float32, rounded back as torch rounds
+        moved = torch.full((3,), r + 0.5, dtype=torch.bfloat16)
+        C.broadcast(g, moved, 1)  # moved as bits
+        return t.tolist(), half, moved.tolist()
+    start = torch.tensor([1.5, 1e-3, 3e38, -2.0], dtype=torch.bfloat16)
+    want = (start.float() + (start * 2).float()).bfloat16()
+    for t, half, moved in run_ranks("inproc", 2, body):
+        assert t == [[3.0] * 3] * 2 and moved == [1.5] * 3
+        assert torch.equal(half, want), (half, want)
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    values = np.array([1.0, 1.00390625, 1.01171875, -2.5, np.inf, np.nan,
+                       np.finfo(np.float32).max], np.float32)  # two exact ties among them
+    bits = narrow_to_bfloat16(values)
+    assert bits.tolist() == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F80, 0x7FC0, 0x7F80]
+    np.testing.assert_array_equal(widen_bfloat16(bits[:5]), [1.0, 1.0, 1.015625, -2.5, np.inf])
 
 
 def _dies(g, r, victim):

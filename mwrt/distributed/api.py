@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import channels, config
 from .. import collectives as C
-from ..collectives import as_flat, host_view
+from ..buffers import as_flat, host_view
 from ..errors import ChannelTimeoutError, MwrtError
 from ..group import ProcessGroup
 from ..rendezvous import _seconds, rendezvous, store_from_url

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives as C
-from ..collectives import as_flat
+from ..buffers import as_flat
 from ..reduce_ops import ReduceOp
 from ..stores import _seconds
 from .api import _group, _group_rank, _run
