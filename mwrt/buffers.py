@@ -19,7 +19,7 @@ def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
     a torch bfloat16 tensor's bits as uint16, for collectives that only move data."""
     if isinstance(buf, np.ndarray):
         arr = buf
-    elif _is_bfloat16(buf):
+    elif is_bfloat16(buf):
         arr = np.from_dlpack(buf.view(sys.modules["torch"].int16)).view(np.uint16)
     elif hasattr(buf, "__dlpack__") and not hasattr(buf, "__cuda_array_interface__"):
         try:
@@ -64,7 +64,7 @@ class host_view:
                 raise TypeError(f"{what}: a GPU array other than CuPy's ({type(buf).__name__}); "
                                 "pass a CuPy array, or a CPU copy and copy the result back")
             self.arr, self.staged = np.ascontiguousarray(buf.get()).reshape(-1), True
-        elif reduces and _is_bfloat16(buf):
+        elif reduces and is_bfloat16(buf):
             self.bits = as_flat(buf, what, writable)
             self.arr, self.staged = widen_bfloat16(self.bits), True
         else:
@@ -81,7 +81,7 @@ class host_view:
                 self.buf.set(self.arr.reshape(self.buf.shape))
 
 
-def _is_bfloat16(buf) -> bool:
+def is_bfloat16(buf) -> bool:
     return str(getattr(buf, "dtype", "")) == "torch.bfloat16"  # torch is imported, then
 
 

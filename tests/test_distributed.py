@@ -235,6 +235,27 @@ def test_recv_from_any_source_returns_the_sender(backend):
     dist.spawn(_any_source, args=(backend,), nprocs=3, timeout=40)
 
 
+def _bfloat16_lists(rank):
+    import torch
+
+    dist.init_process_group("tcp", timeout=10)
+    bf = torch.bfloat16
+    out = torch.zeros(2, dtype=bf)
+    dist.reduce_scatter(out, [torch.full((2,), i + 1.5, dtype=bf) for i in range(2)])
+    assert out.tolist() == [rank * 2 + 3.0] * 2  # row `rank` from both ranks, summed
+    got = [torch.zeros(1, dtype=bf) for _ in range(2)]
+    dist.all_to_all(got, [torch.full((1,), rank * 10.0 + i, dtype=bf) for i in range(2)])
+    assert [g.item() for g in got] == [rank, 10.0 + rank]
+    dist.all_gather(got, torch.full((1,), rank + 0.5, dtype=bf))
+    assert [g.item() for g in got] == [0.5, 1.5]
+    dist.destroy_process_group()
+
+
+def test_torch_bfloat16_lists():
+    pytest.importorskip("torch", reason="torch is only compared against, not required")
+    dist.spawn(_bfloat16_lists, nprocs=2, timeout=40)
+
+
 def test_torch_tutorial_runs_unchanged():
     dist.spawn(_torch_tutorial, nprocs=2, timeout=40)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import collectives as C
-from ..buffers import as_flat
+from ..buffers import as_flat, is_bfloat16, widen_bfloat16
 from ..reduce_ops import ReduceOp
 from ..stores import _seconds
 from .api import _group, _group_rank, _run
@@ -33,14 +33,21 @@ def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = F
     return _run(group, async_op, C.reduce, tensor, g and _group_rank(g, dst, "reduce"), op)
 
 
-def _stack(arrays, like, what):
-    """One contiguous buffer shaped (n, *like.shape) for a list of same-shaped arrays."""
+def _stack(arrays, like, what, fill: bool = False, reduces: bool = False):
+    """One contiguous buffer shaped (n, *like.shape) for a list of same-shaped arrays, with
+    their values if `fill` (bfloat16 widened to float32 where the collective `reduces`)."""
     n = len(arrays)
     for i, a in enumerate(arrays):
         if np.shape(a) != np.shape(like):
             raise ValueError(f"{what}: list entry {i} has shape {np.shape(a)}, expected "
                              f"{np.shape(like)} like the local array")
-    return np.empty((n,) + np.shape(like), as_flat(like, what, writable=False).dtype)
+    widen = reduces and is_bfloat16(like)
+    dtype = np.float32 if widen else as_flat(like, what, writable=False).dtype
+    buf = np.empty((n,) + np.shape(like), dtype)
+    for row, a in zip(buf, arrays if fill else ()):
+        flat = as_flat(a, what, writable=False)
+        row.reshape(-1)[:] = widen_bfloat16(flat) if widen else flat
+    return buf
 
 
 def _unstack(buf, arrays):
@@ -84,9 +91,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
     if g.rank == root:
         if scatter_list is None or len(scatter_list) != g.size:
             raise ValueError(f"scatter: src needs scatter_list with {g.size} arrays")
-        buf = _stack(scatter_list, tensor, "scatter")
-        for i, a in enumerate(scatter_list):
-            buf[i] = np.asarray(a)
+        buf = _stack(scatter_list, tensor, "scatter", fill=True)
     return _run(group, async_op, C.scatter, tensor, buf, root)
 
 
@@ -129,9 +134,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     if len(input_list) != g.size:
         raise ValueError(f"reduce_scatter: input_list needs {g.size} arrays (got "
                          f"{len(input_list)})")
-    buf = _stack(input_list, output, "reduce_scatter")
-    for i, a in enumerate(input_list):
-        buf[i] = np.asarray(a)
+    buf = _stack(input_list, output, "reduce_scatter", fill=True, reduces=True)
     return _run(group, async_op, C.reduce_scatter, output, buf, op)
 
 
@@ -149,9 +152,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
         raise ValueError(f"all_to_all: both lists need {g.size} arrays")
     like = input_tensor_list[0]
     if all(np.shape(a) == np.shape(like) for a in [*input_tensor_list, *output_tensor_list]):
-        src = _stack(input_tensor_list, like, "all_to_all")
-        for i, a in enumerate(input_tensor_list):
-            src[i] = np.asarray(a)
+        src = _stack(input_tensor_list, like, "all_to_all", fill=True)
         out = np.empty_like(src)
         return _with_list(group, async_op, lambda g: C.all_to_all(g, out, src),
                           output_tensor_list, lambda: _unstack(out, output_tensor_list))
