@@ -308,6 +308,15 @@ def test_launcher_reads_slurm_variables():
     assert first_host("a1,b2") == "a1"
 
 
+def test_launcher_refuses_counts_that_start_nothing():
+    from mwrt.distributed.launch import _parse, plan
+
+    for args in (["--nproc-per-node", "0"], ["--nnodes", "2", "--node-rank", "2",
+                                             "--master-port", "29500"]):
+        with pytest.raises(SystemExit, match="need --nproc-per-node >= 1"):
+            plan(_parse([*args, "x.py"]), {})
+
+
 EXAMPLES = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
 
 

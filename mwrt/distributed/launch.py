@@ -58,7 +58,7 @@ def plan(opts, env=os.environ) -> list[dict[str, str]]:
         local_size = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
         return [rank_env(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
                          int(env.get("SLURM_LOCALID", "0")), local_size, addr, port)]
-    n = opts.nproc_per_node or 1
+    n = 1 if opts.nproc_per_node is None else opts.nproc_per_node
     if n < 1 or opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
         raise SystemExit(f"mwrt-launch: need --nproc-per-node >= 1 and 0 <= --node-rank < "
                          f"--nnodes (got {n}, {opts.node_rank}, {opts.nnodes})")
