@@ -135,6 +135,15 @@ def test_spawn_names_the_failing_rank_and_its_traceback():
     assert "rank one is unhappy" in str(info.value) and info.value.rank == 1
 
 
+def test_spawn_refuses_what_it_cannot_start():
+    with pytest.raises(ValueError, match="nprocs must be a positive int"):
+        dist.spawn(_fails, nprocs=0)
+    with pytest.raises(TypeError, match="define it at module level"):
+        dist.spawn(lambda rank: None, nprocs=2)
+    with pytest.raises(TypeError, match="a tuple of its arguments"):
+        dist.spawn(_fails, args=5, nprocs=1)
+
+
 def _dies_mid_collective(rank, queue):
     dist.init_process_group("tcp", timeout=3)
     if rank == 2:

@@ -58,6 +58,14 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
     """Run fn(rank, *args) in `nprocs` processes; raise RankFailedError if any rank fails."""
     if not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"spawn: nprocs must be a positive int (got {nprocs!r})")
+    if not callable(fn) or not isinstance(args, (tuple, list)):
+        raise TypeError(f"spawn: expected a function and a tuple of its arguments after the "
+                        f"rank (got {type(fn).__name__} and {type(args).__name__})")
+    where = getattr(fn, "__qualname__", "")
+    if start_method != "fork" and ("<locals>" in where or "<lambda>" in where):
+        raise TypeError(f"spawn: {where} is defined inside a function or is a "
+                        f"lambda, which the '{start_method}' start method cannot send to the "
+                        "ranks; define it at module level")
     ctx = mp.get_context(start_method)
     errors = ctx.SimpleQueue()
     addr, port = "127.0.0.1", free_port()
