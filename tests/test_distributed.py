@@ -115,6 +115,13 @@ def _torch_extras(rank, n):
     if sub is not dist.GroupMember.NON_GROUP_MEMBER:
         assert dist.get_group_rank(sub, 2) == 1 and dist.get_global_rank(sub, 0) == 1
     assert dist.get_node_local_rank() == rank and dist.is_available()
+    mine, every = dist.new_subgroups_by_enumeration([[0, 2], [1]])
+    assert len(every) == 2 and mine.ranks == ([1] if rank == 1 else [0, 2])
+    x = np.ones(1)
+    dist.all_reduce(x, group=mine)
+    assert x[0] == len(mine.ranks)
+    with pytest.raises(ValueError, match="must divide the world size"):
+        dist.new_subgroups(2)  # 3 ranks
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -26,6 +26,8 @@ from .api import (
                   is_initialized,
                   isend,
                   new_group,
+                  new_subgroups,
+                  new_subgroups_by_enumeration,
                   recv,
                   send,
 )
@@ -58,7 +60,8 @@ __all__ = [
     "ReduceOp", "Store", "HashStore", "TCPStore", "FileStore", "PrefixStore", "GroupMember", "Work",
     "init_process_group", "destroy_process_group", "is_available", "is_initialized", "get_rank",
     "get_world_size", "get_backend", "get_process_group_ranks", "get_group_rank",
-    "get_global_rank", "get_node_local_rank", "new_group",
+    "get_global_rank", "get_node_local_rank", "new_group", "new_subgroups",
+    "new_subgroups_by_enumeration",
     "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
     "broadcast", "all_reduce", "reduce", "gather", "scatter",
     "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",

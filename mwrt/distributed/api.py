@@ -247,6 +247,32 @@ def new_group(ranks=None, timeout=None, backend=None):
     return g
 
 
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None):
+    """One new_group per list of ranks (every rank calls this alike): (ours, all of them)."""
+    mine, groups = None, []
+    for ranks in ranks_per_subgroup_list:
+        g = new_group(ranks, timeout, backend)
+        groups.append(g)
+        if g is not GroupMember.NON_GROUP_MEMBER:
+            if mine is not None:
+                raise ValueError(f"new_subgroups_by_enumeration: rank {get_rank()} is in two "
+                                 f"subgroups ({mine.ranks} and {g.ranks})")
+            mine = g
+    return mine, groups
+
+
+def new_subgroups(group_size: int | None = None, group=None, timeout=None, backend=None):
+    """Split the world into subgroups of `group_size` consecutive ranks (default: the ranks
+    of one machine, LOCAL_WORLD_SIZE): (ours, all of them)."""
+    n = get_world_size()
+    size = group_size or int(os.environ.get("LOCAL_WORLD_SIZE", n))
+    if size < 1 or n % size:
+        raise ValueError(f"new_subgroups: group_size must divide the world size {n} (got "
+                         f"{size})")
+    return new_subgroups_by_enumeration([range(i, i + size) for i in range(0, n, size)],
+                                        timeout, backend)
+
+
 def _run(group, async_op, fn, *args):
     """Run a collective on `group` now or (async_op) in order on its thread."""
     g = _group(group)
