@@ -19,7 +19,7 @@ def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
     a torch bfloat16 tensor's bits as uint16, for collectives that only move data."""
     if isinstance(buf, np.ndarray):
         arr = buf
-    elif is_bfloat16(buf):
+    elif is_bfloat16(buf) and not hasattr(buf, "__cuda_array_interface__"):
         arr = np.from_dlpack(buf.view(sys.modules["torch"].int16)).view(np.uint16)
     elif hasattr(buf, "__dlpack__") and not hasattr(buf, "__cuda_array_interface__"):
         try:
