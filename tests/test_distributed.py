@@ -13,7 +13,7 @@ import pytest
 from ranks import available, spawn_and_collect
 
 import mwrt.distributed as dist
-from mwrt.errors import ChannelTimeoutError, ConfigError
+from mwrt.errors import ChannelClosedError, ChannelTimeoutError, ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,6 +183,22 @@ def _monitored(rank, queue):
         queue.put((rank, str(e)))
 
 
+def _any_source_from_the_dead(rank, queue):
+    dist.init_process_group("tcp", timeout=20)
+    if rank == 1:
+        os._exit(3)
+    try:
+        dist.recv(np.zeros(1))
+        queue.put((rank, "no error"))
+    except ChannelClosedError as e:
+        queue.put((rank, str(e)))
+
+
+def test_a_receive_from_any_source_fails_when_no_peer_is_left():
+    _, got = spawn_and_collect(_any_source_from_the_dead, nprocs=2, reports=1, join=15)
+    assert "every peer is gone" in got[0] and "rank 1" in got[0], got[0]
+
+
 def test_monitored_barrier_names_every_rank_that_did_not_come():
     _, got = spawn_and_collect(_monitored, nprocs=4, reports=2, join=30)
     for rank in (0, 1):
@@ -243,7 +259,8 @@ def _any_source(rank, backend):
         if rank == 1:
             dist.recv(np.zeros(1), src=0, tag=9)
             dist.send(np.full(2, 5.0), dst=0)
-    dist.destroy_process_group()  # no barrier: rank 0 spends the timeout on tag 7
+        time.sleep(3)  # alive while rank 0 waits out its timeout on tag 7: it is not "gone"
+    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

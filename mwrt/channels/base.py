@@ -157,7 +157,8 @@ class DataChannel:
 
     def arrived(self, peer: int, tag: int = 0) -> bool:
         """True if a message from `peer` on `tag` came (or is coming) that no receive awaits:
-        how a receive from any source learns who sent first."""
+        how a receive from any source learns who sent first. ChannelClosedError once `peer`
+        is gone and left nothing."""
         raise NotImplementedError(f"{self.name} channel: cannot tell which peer sent first, so "
                                   "it cannot receive from any source; name the sender")
 

@@ -59,7 +59,12 @@ class InprocChannel(DataChannel):
 
     def arrived(self, peer: int, tag: int = 0) -> bool:
         with self._boxes.cond:
-            return bool(self._boxes.queues.get((peer, self.rank, tag)))
+            if self._boxes.queues.get((peer, self.rank, tag)):
+                return True
+            if peer in self._boxes.closed:
+                raise ChannelClosedError(f"inproc recv rank {self.rank}<-{peer}: peer rank "
+                                         f"{peer} closed its channel", peer=peer)
+            return False
 
     def _take(self, peer, tag, timeout) -> tuple[bytes, str]:
         """The next queued message from `peer` on `tag`, and the sender's description of it."""

@@ -134,7 +134,11 @@ class MatchingChannel(DataChannel):
     def arrived(self, peer: int, tag: int = 0) -> bool:
         with self._lock:
             box = self._boxes.get((peer, tag))
-            return box is not None and bool(box.arrived) and not box.posted
+            if box is not None and box.arrived and not box.posted:
+                return True
+            if peer in self._gone or self.closed:
+                raise self._closed_error(peer, tag)
+            return False
 
     def _wait_post(self, post: _Post, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0)

@@ -18,7 +18,7 @@ import numpy as np
 from .. import channels, config
 from .. import collectives as C
 from ..buffers import as_flat, host_view
-from ..errors import ChannelTimeoutError, MwrtError
+from ..errors import ChannelClosedError, ChannelTimeoutError, MwrtError
 from ..group import ProcessGroup
 from ..rendezvous import _seconds, rendezvous, store_from_url
 
@@ -327,17 +327,26 @@ def _first_sender(group, tag: int) -> int:
     if g is None:
         raise ValueError("recv: this rank is not in the group")
     ch, t = g.channel, g.p2p_tag(int(tag))
-    peers = [p for p in g.ranks if p != ch.rank]
+    peers, gone = [p for p in g.ranks if p != ch.rank], []
+    if not peers:
+        raise ValueError("recv: no other rank in the group to receive from")
     deadline, pause = time.monotonic() + g.timeout, 1e-5
-    while True:
-        for peer in peers:
-            if ch.arrived(peer, t):
-                return peer
+    while peers:
+        for peer in list(peers):
+            try:
+                if ch.arrived(peer, t):
+                    return peer
+            except ChannelClosedError as exc:  # it can send nothing more
+                peers.remove(peer)
+                gone.append((peer, exc))
         if time.monotonic() >= deadline:
             raise ChannelTimeoutError(f"recv on rank {ch.rank} from any source, tag {tag}: "
                                       f"nothing from ranks {peers} within {g.timeout} s")
         time.sleep(pause)
         pause = min(pause * 2, 1e-3)
+    raise ChannelClosedError(f"recv on rank {ch.rank} from any source, tag {tag}: every peer "
+                             f"is gone ({'; '.join(str(e) for _, e in gone)})",
+                             peer=gone[0][0] if gone else None)
 
 
 def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
