@@ -168,8 +168,8 @@ def test_a_dying_rank_is_named_by_every_survivor():
         assert "rank 2" in got[rank], got[rank]
 
 
-def _monitored(rank, queue):
-    dist.init_process_group("tcp", timeout=10)
+def _monitored(rank, queue, backend="tcp"):
+    dist.init_process_group(backend, timeout=10)
     dist.monitored_barrier(timeout=5)  # everyone comes: it passes
     if rank == 3:
         os._exit(3)
@@ -199,8 +199,13 @@ def test_a_receive_from_any_source_fails_when_no_peer_is_left():
     assert "every peer is gone" in got[0] and "rank 1" in got[0], got[0]
 
 
-def test_monitored_barrier_names_every_rank_that_did_not_come():
-    _, got = spawn_and_collect(_monitored, nprocs=4, reports=2, join=30)
+def _monitored_shm(rank, queue):
+    _monitored(rank, queue, "shm")
+
+
+@pytest.mark.parametrize("fn", [_monitored, _monitored_shm], ids=["tcp", "shm"])
+def test_monitored_barrier_names_every_rank_that_did_not_come(fn):
+    _, got = spawn_and_collect(fn, nprocs=4, reports=2, join=30)
     for rank in (0, 1):
         assert "ranks [2, 3] did not arrive within 1.0 s" in got[rank], got[rank]
         assert "ranks [3] closed their connection or died" in got[rank], got[rank]
