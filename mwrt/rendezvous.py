@@ -22,14 +22,15 @@ __all__ = ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore", "as_byt
 # -- init methods ------------------------------------------------------------------------
 
 
-def _env_int(name: str, given: int, what: str) -> int:
+def _env_int(name: str, given: int | None, instead: str) -> int:
+    """`given` if set, else the int in environment variable `name`; `instead`: what else
+    would give it."""
     if given is not None and given >= 0:
         return given
     raw = os.environ.get(name)
     if raw is None or raw == "":
-        raise RendezvousError(
-            f"env://: {what} not given and {name} is not set; pass {what}= or run under "
-            "mwrt-launch (or dist.spawn), which set it")
+        raise RendezvousError(f"env://: {name} is not set; {instead}, or run under mwrt-launch "
+                              "(or dist.spawn), which sets it")
     try:
         return int(raw)
     except ValueError:
@@ -46,10 +47,11 @@ def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1
     if world_size is None or world_size < 0:
         world_size = int(query["world_size"][0]) if "world_size" in query else world_size
     if url.scheme == "env":
-        rank = _env_int("RANK", rank, "rank")
-        world_size = _env_int("WORLD_SIZE", world_size, "world_size")
+        rank = _env_int("RANK", rank, "pass rank=")
+        world_size = _env_int("WORLD_SIZE", world_size, "pass world_size=")
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        port = _env_int("MASTER_PORT", None, "the master port")
+        port = _env_int("MASTER_PORT", None, "set it (and MASTER_ADDR), pass "
+                        "init_method='tcp://host:port'")
     elif url.scheme == "tcp":
         if not url.hostname or url.port is None:
             raise RendezvousError(f"init_method: tcp:// needs host:port (got {init_method!r}); "

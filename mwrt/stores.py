@@ -158,7 +158,11 @@ def _seconds(timeout, default) -> float:
         return float(default)
     if isinstance(timeout, timedelta):
         return timeout.total_seconds()
-    return float(timeout)
+    try:
+        return float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout: expected seconds or a datetime.timedelta (got "
+                        f"{timeout!r})") from None
 
 
 # -- FileStore ---------------------------------------------------------------------------

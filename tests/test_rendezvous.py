@@ -111,8 +111,15 @@ def test_init_methods(tmp_path, monkeypatch):
     with pytest.raises(RendezvousError, match="unknown scheme"):
         store_from_url("udp://x:1", 0, 1)
     monkeypatch.delenv("RANK")
-    with pytest.raises(RendezvousError, match="RANK is not set"):
+    with pytest.raises(RendezvousError, match="RANK is not set; pass rank="):
         store_from_url("env://")
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(RendezvousError, match="MASTER_PORT is not set; set it .*tcp://"):
+        store_from_url("env://", 0, 1)
+    import mwrt.distributed as dist
+
+    with pytest.raises(TypeError, match="timeout: expected seconds or a datetime.timedelta"):
+        dist.init_process_group("tcp", timeout="soon")
 
 
 def _rank(store, rank, size, out, timeout=1.0):
