@@ -46,6 +46,10 @@ def _facade(rank, backend):
     pieces = [np.zeros(rank + p) for p in range(n)]
     dist.all_to_all(pieces, [np.full(p + rank, rank * 1.0) for p in range(n)])
     assert [q.tolist() for q in pieces] == [[p * 1.0] * (rank + p) for p in range(n)]
+    sent = [[1, 3, 2], [3, 1, 2], [2, 2, 2]]  # rank 2's lists happen to be all one size
+    pieces = [np.zeros(sent[p][rank]) for p in range(n)]
+    dist.all_to_all(pieces, [np.full(sent[rank][p], rank * 1.0) for p in range(n)])
+    assert [q.tolist() for q in pieces] == [[p * 1.0] * sent[p][rank] for p in range(n)]
     got = np.zeros(3)
     dist.scatter(got, [np.full(3, i * 10.0) for i in range(n)] if rank == 0 else None, src=0)
     assert (got == rank * 10).all()

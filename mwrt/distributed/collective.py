@@ -150,13 +150,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
         return None
     if len(output_tensor_list) != g.size or len(input_tensor_list) != g.size:
         raise ValueError(f"all_to_all: both lists need {g.size} arrays")
-    like = input_tensor_list[0]
-    if all(np.shape(a) == np.shape(like) for a in [*input_tensor_list, *output_tensor_list]):
-        src = _stack(input_tensor_list, like, "all_to_all", fill=True)
-        out = np.empty_like(src)
-        return _with_list(group, async_op, lambda g: C.all_to_all(g, out, src),
-                          output_tensor_list, lambda: _unstack(out, output_tensor_list))
-    dtype = as_flat(like, "all_to_all", writable=False).dtype
+    # Always the per-peer form: whether the sizes happen to be equal is each rank's local
+    # view, so ranks deciding by it could pick different algorithms for one call.
+    dtype = as_flat(input_tensor_list[0], "all_to_all", writable=False).dtype
     src = np.concatenate([as_flat(a, "all_to_all", writable=False) for a in input_tensor_list]
                          ).astype(dtype, copy=False)
     send_counts = [int(np.prod(np.shape(a))) for a in input_tensor_list]
@@ -173,7 +169,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
                       group=None, async_op: bool = False):
-    """all_to_all over one array: equal rows per rank, or the given split sizes (dim 0)."""
+    """all_to_all over one array: equal rows per rank, or the given split sizes (dim 0;
+    every rank passes them, or none does)."""
     if output_split_sizes is None and input_split_sizes is None:
         return _run(group, async_op, C.all_to_all, output, input)
     g = _group(group)
