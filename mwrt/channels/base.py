@@ -6,7 +6,9 @@ their arguments and convert them to flat byte views; subclasses implement the
 delivered in send order per (peer, tag). A receive names the buffer to fill; a
 message of another size is an error naming both sizes, never a silent truncation.
 A channel whose transport learns a message's size before its bytes also offers
-`recv_message`, which takes the next message whatever its size (`any_size_recv`).
+`recv_message`, which takes the next message whatever its size (`any_size_recv`), and
+one that can tell whether a message has come without taking it offers `arrived`, which
+receives from any source need.
 """
 
 from __future__ import annotations
