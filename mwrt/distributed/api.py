@@ -264,6 +264,9 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
 def new_subgroups(group_size: int | None = None, group=None, timeout=None, backend=None):
     """Split the world into subgroups of `group_size` consecutive ranks (default: the ranks
     of one machine, LOCAL_WORLD_SIZE): (ours, all of them)."""
+    if group is not None:
+        raise ValueError("new_subgroups: splitting a group other than the world is not "
+                         "supported; list the ranks with new_subgroups_by_enumeration")
     n = get_world_size()
     size = group_size or int(os.environ.get("LOCAL_WORLD_SIZE", n))
     if size < 1 or n % size:
