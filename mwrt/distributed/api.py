@@ -343,8 +343,9 @@ def _first_sender(group, tag: int) -> int:
                 peers.remove(peer)
                 gone.append((peer, exc))
         if time.monotonic() >= deadline:
+            left = f"; ranks {[p for p, _ in gone]} are gone" if gone else ""
             raise ChannelTimeoutError(f"recv on rank {ch.rank} from any source, tag {tag}: "
-                                      f"nothing from ranks {peers} within {g.timeout} s")
+                                      f"nothing from ranks {peers} within {g.timeout} s{left}")
         time.sleep(pause)
         pause = min(pause * 2, 1e-3)
     raise ChannelClosedError(f"recv on rank {ch.rank} from any source, tag {tag}: every peer "
