@@ -296,15 +296,15 @@ def monitored_barrier(group, timeout: float, wait_all_ranks: bool = False) -> No
                 verdict[:n] = _UNASKED
                 verdict[0] = _GONE if isinstance(exc, ChannelClosedError) else _LATE
     status, descs = verdict[:n], verdict[n:].reshape(n, width)
-    missing = [r for r in range(n) if status[r] in (_LATE, _GONE)]
-    if missing:
+    late = [group.ranks[r] for r in range(n) if status[r] == _LATE]
+    gone = [group.ranks[r] for r in range(n) if status[r] == _GONE]
+    if late or gone:
         group.broken = True
-        gone = [group.ranks[r] for r in missing if status[r] == _GONE]
-        raise ChannelTimeoutError(
-            f"monitored_barrier on {group.name}, rank {group.ranks[group.rank]}: ranks "
-            f"{[group.ranks[r] for r in missing]} did not arrive within {timeout} s" +
-            (f" (ranks {gone} closed their connection or died)" if gone else "") +
-            "; check the logs of those ranks")
+        what = [f"ranks {late} did not arrive within {timeout} s"] if late else []
+        what += [f"ranks {gone} closed their connection or died"] if gone else []
+        raise ChannelTimeoutError(f"monitored_barrier on {group.name}, rank "
+                                  f"{group.ranks[group.rank]}: {'; '.join(what)}; check the "
+                                  "logs of those ranks")
     check(group, "barrier", {r: descs[r].tobytes() for r in range(n) if status[r] == _ARRIVED})
 
 
