@@ -13,7 +13,14 @@ import time
 from urllib.parse import parse_qs, urlparse
 
 from .errors import RendezvousError, RendezvousTimeoutError
-from .stores import FileStore, HashStore, PrefixStore, Store, _seconds, as_bytes  # noqa: F401
+from .stores import (  # noqa: F401 (re-exported)
+    FileStore,
+    HashStore,
+    PrefixStore,
+    Store,
+    _seconds,
+    as_bytes,
+)
 from .tcp_store import TCPStore
 
 __all__ = ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore", "as_bytes", "rendezvous",

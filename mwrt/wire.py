@@ -10,6 +10,7 @@ Lists arrive as tuples: a list index must be sent as an array.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import msgpack
@@ -18,6 +19,8 @@ import numpy as np
 from .errors import WireError
 from .messages import *  # noqa: F403  (the message classes, reached as wire.Call etc.)
 from .messages import MESSAGES
+
+_ARRAY_DTYPE = re.compile(r"[<>|=][biufcSUmM]\d{1,3}(\[\w+\])?\Z")
 
 CODES = {cls: code for code, cls in enumerate(MESSAGES)}
 _FIELDS = [tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES]
@@ -78,9 +81,11 @@ def _ext_hook(code, data):
         return Ellipsis
     if code == EXT_ARRAY:
         dtype, shape, raw = _unpack(data)
+        # Only the canonical form a sender writes (dtype.str): not object arrays, nor the
+        # aliases np.dtype would also take (some deprecated, some not numbers at all).
+        if not isinstance(dtype, str) or not _ARRAY_DTYPE.match(dtype):
+            raise WireError(f"wire: arrays need a dtype like '<f4' (got {dtype!r:.40})")
         dt = np.dtype(dtype)
-        if dt.hasobject:
-            raise WireError(f"wire: object arrays are refused (got dtype {dt})")
         return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
     if code == EXT_COMPLEX:
         return complex(*_unpack(data))

@@ -198,6 +198,13 @@ class Canary:
         return (open, (self.path, "w"))
 
 
+@pytest.mark.parametrize("dtype", ["a", "O", "|O", "V8", "i8,O", "(2,3)f4", "f", "int32", 7])
+def test_inline_arrays_need_a_canonical_dtype(dtype):
+    ext = msgpack.ExtType(wire.EXT_ARRAY, msgpack.packb([dtype, [0], b""], use_bin_type=True))
+    with pytest.raises(wire.WireError, match="arrays need a dtype like"):
+        wire._unpack(msgpack.packb(ext))
+
+
 def test_decoding_never_unpickles(tmp_path):
     Canary.path = str(tmp_path / "canary")
     blob = pickle.dumps(Canary())
