@@ -327,19 +327,16 @@ def scatter_direct(g, block, src, root, tag) -> None:
 
 
 def all_to_all_pairwise(g, out, src, tag) -> None:
-    """Pairwise exchange: at step i rank r sends row r+i to rank r+i and takes row r-i from r-i."""
+    """all_to_all_pairwise_v over equal rows: row p of `src` to rank p, row p of `out` from p."""
     n, r = g.size, g.rank
-    c = src.size // n
-    rows_out, rows_src = out.reshape(n, c), src.reshape(n, c)
+    rows_out, rows_src = out.reshape(n, -1), src.reshape(n, -1)
     rows_out[r] = rows_src[r]
-    for i in range(1, n):
-        to, frm = (r + i) % n, (r - i) % n
-        exchange(g, rows_src[to], to, rows_out[frm], frm, tag)
+    all_to_all_pairwise_v(g, rows_out, rows_src, tag)
 
 
 def all_to_all_pairwise_v(g, recvs, sends, tag) -> None:
-    """all_to_all_pairwise over per-peer arrays of any size: sends[p] goes to p, recvs[p]
-    comes from p (an empty one still travels, so both sides keep step)."""
+    """Pairwise exchange: at step i rank r sends sends[r+i] to rank r+i and takes recvs[r-i]
+    from r-i; arrays of any size (an empty one still travels, so both sides keep step)."""
     n, r = g.size, g.rank
     for i in range(1, n):
         to, frm = (r + i) % n, (r - i) % n

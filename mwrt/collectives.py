@@ -42,6 +42,15 @@ def _check_size(arr, expected: int, what: str, name: str) -> None:
                          "= world size x the per-rank count)")
 
 
+def _counts(group, counts, what: str, which: str = "") -> list[int]:
+    """`counts` as ints, one >= 0 per group rank, or a ValueError naming them."""
+    counts = [int(c) for c in counts]
+    if len(counts) != group.size or min(counts) < 0:
+        raise ValueError(f"{what}: need a {which}count >= 0 per rank, {group.size} of them "
+                         f"(got {counts})")
+    return counts
+
+
 def _check_root(group, root: int, what: str) -> None:
     if not isinstance(root, int) or not 0 <= root < group.size:
         raise ValueError(f"{what}: root must be a group rank in [0, {group.size}) (got {root!r})")
@@ -175,12 +184,9 @@ def all_gather(group, out, buf) -> None:
 def all_gather_v(group, out, buf, counts) -> None:
     """all_gather where rank p contributes counts[p] elements (torch's uneven all_gather):
     `out` holds them in rank order; every rank passes the same counts."""
-    counts = [int(c) for c in counts]
+    counts = _counts(group, counts, "all_gather")
     with host_view(buf, group, "all_gather", writable=False) as arr, \
             host_view(out, group, "all_gather out") as dst:
-        if len(counts) != group.size or min(counts) < 0:
-            raise ValueError(f"all_gather: need a count >= 0 per rank, {group.size} of them "
-                             f"(got {counts})")
         _check_size(arr, counts[group.rank], "all_gather", f"rank {group.rank}'s input")
         _check_size(dst, sum(counts), "all_gather", "out")
         bounds = [0, *np.cumsum(counts).tolist()]
@@ -233,14 +239,12 @@ def all_to_all(group, out, src) -> None:
 def all_to_all_v(group, out, src, send_counts, recv_counts) -> None:
     """all_to_all with a count per peer: rank r sends send_counts[p] elements of `src` (in
     peer order) to rank p, which keeps them as its recv_counts[r] elements of `out`."""
-    send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+    send_counts = _counts(group, send_counts, "all_to_all", "send ")
+    recv_counts = _counts(group, recv_counts, "all_to_all", "recv ")
     with host_view(out, group, "all_to_all out") as dst, \
             host_view(src, group, "all_to_all", writable=False) as source:
-        for name, counts, arr in (("send", send_counts, source), ("recv", recv_counts, dst)):
-            if len(counts) != group.size or min(counts) < 0:
-                raise ValueError(f"all_to_all: need a {name} count >= 0 per rank, "
-                                 f"{group.size} of them (got {counts})")
-            _check_size(arr, sum(counts), "all_to_all", f"the {name} array")
+        _check_size(source, sum(send_counts), "all_to_all", "the send array")
+        _check_size(dst, sum(recv_counts), "all_to_all", "the recv array")
         r = group.rank
         if send_counts[r] != recv_counts[r]:
             raise ValueError(f"all_to_all: rank {r} sends itself {send_counts[r]} elements but "

@@ -102,13 +102,13 @@ def move(tensor, node_index: int, device: int):
     """`tensor` on (node_index, device): same place is itself; else a copy made there."""
     from .tensor import DistributedTensor
 
-    current().node(node_index).check_device(device)
+    target = current().node(node_index)
+    target.check_device(device)
     if node_index == tensor._node.index and device == tensor._device:
         return tensor
     source = tensor._node
     if node_index == source.index:
         return _to_device(tensor, device)
-    target = current().node(node_index)
     stream = context.stream_for(target.index, device)
     out = DistributedTensor(target, device, next(target.ids), tensor.spec, stream)
     tag = _TRANSFER_SPACE | next(_TAGS)

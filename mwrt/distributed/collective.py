@@ -50,9 +50,14 @@ def _stack(arrays, like, what, fill: bool = False, reduces: bool = False):
     return buf
 
 
+def _sizes(arrays) -> list[int]:
+    return [int(np.prod(np.shape(a))) for a in arrays]
+
+
 def _unstack(buf, arrays):
-    for i, a in enumerate(arrays):
-        as_flat(a, "output list")[:] = buf[i].reshape(-1)
+    """Copy the consecutive parts of `buf` into `arrays`, each as many as it holds."""
+    for a, part in zip(arrays, np.split(buf.reshape(-1), np.cumsum(_sizes(arrays))[:-1])):
+        as_flat(a, "output list")[:] = part
 
 
 def _with_list(group, async_op, body, arrays, after_copy):
@@ -111,14 +116,10 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
         raise ValueError(f"all_gather: tensor_list[{g.rank}] (this rank's entry) has shape "
                          f"{np.shape(tensor_list[g.rank])}, expected the input's "
                          f"{np.shape(tensor)}")
-    counts = [int(np.prod(np.shape(a))) for a in tensor_list]
+    counts = _sizes(tensor_list)
     flat = np.empty(sum(counts), as_flat(tensor, "all_gather", writable=False).dtype)
-
-    def copy_out():
-        for a, part in zip(tensor_list, np.split(flat, np.cumsum(counts)[:-1])):
-            as_flat(a, "output list")[:] = part
     return _with_list(group, async_op, lambda g: C.all_gather_v(g, flat, tensor, counts),
-                      tensor_list, copy_out)
+                      tensor_list, lambda: _unstack(flat, tensor_list))
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
@@ -155,16 +156,11 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     dtype = as_flat(input_tensor_list[0], "all_to_all", writable=False).dtype
     src = np.concatenate([as_flat(a, "all_to_all", writable=False) for a in input_tensor_list]
                          ).astype(dtype, copy=False)
-    send_counts = [int(np.prod(np.shape(a))) for a in input_tensor_list]
-    recv_counts = [int(np.prod(np.shape(a))) for a in output_tensor_list]
+    send_counts, recv_counts = _sizes(input_tensor_list), _sizes(output_tensor_list)
     out = np.empty(sum(recv_counts), dtype)
-
-    def copy_out():
-        for a, part in zip(output_tensor_list, np.split(out, np.cumsum(recv_counts)[:-1])):
-            as_flat(a, "output list")[:] = part
     return _with_list(group, async_op,
                       lambda g: C.all_to_all_v(g, out, src, send_counts, recv_counts),
-                      output_tensor_list, copy_out)
+                      output_tensor_list, lambda: _unstack(out, output_tensor_list))
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
