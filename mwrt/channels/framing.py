@@ -74,8 +74,8 @@ def send_parts(sock, parts, deadline: float, before_wait=None) -> None:
 class Reader:
     """A non-blocking inbound socket read ahead into a buffer, usable as the socket itself."""
 
-    # Other attributes are the socket's, so a frame handler given the Reader may read and
-    # answer as on it. Without a deadline a read waits as long as it takes, calling
+    # Other attributes are the socket's, so a frame handler given the Reader may read
+    # (recv_into) and answer (sendall) as on it. Without a deadline a read waits as long as it takes, calling
     # `before_wait()` first; with one it raises TimeoutError when the bytes are late.
 
     def __init__(self, sock, size: int = WHOLE + HEADER.size, before_wait=lambda: None,
@@ -142,11 +142,6 @@ class Reader:
                                       f"bytes of {what}")
             self.end += k
         return True
-
-    def recv(self, n: int) -> bytes:
-        """socket.recv, served from the buffer first; waits for bytes like a blocking one."""
-        buf = bytearray(n)
-        return bytes(buf[:self.recv_into(memoryview(buf))])
 
     def recv_into(self, view: memoryview, nbytes: int = 0) -> int:
         """socket.recv_into, served from the buffer first; waits for bytes like a blocking one."""
