@@ -226,11 +226,14 @@ def test_init_errors():
         dist.init_process_group("nccl2", init_method="tcp://127.0.0.1:0", rank=0, world_size=2,
                                 timeout=300)
     assert not dist.is_initialized()
+    with pytest.raises(ConfigError, match=r"unknown backend 'nccl' \(known: gloo, inproc"):
+        dist.Backend("nccl")  # no nccl channel registered here
 
 
 def _torch_tutorial(rank):
     """torch's "Writing Distributed Applications" tutorial, arrays for tensors."""
-    dist.init_process_group("gloo", rank=rank, world_size=2)  # torch's CPU backend runs as tcp
+    assert dist.is_available() and dist.is_gloo_available() and not dist.is_nccl_available()
+    dist.init_process_group(dist.Backend.GLOO, rank=rank, world_size=2)  # runs as tcp
     tensor = np.zeros(1)
     if rank == 0:
         tensor += 1
@@ -241,6 +244,9 @@ def _torch_tutorial(rank):
     group = dist.new_group([0, 1])
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     assert tensor[0] == 2 and dist.get_backend() == "tcp"
+    dist.all_reduce(tensor, group=dist.group.WORLD)  # the default group, as torch's
+    dist.barrier(device_ids=[0])  # NCCL code passes its GPU; nothing to pick here
+    assert tensor[0] == 4 and dist.get_world_size(dist.group.WORLD) == 2
     dist.destroy_process_group()
 
 

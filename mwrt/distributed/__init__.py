@@ -20,6 +20,7 @@ from .api import (
                   get_process_group_ranks,
                   get_rank,
                   get_world_size,
+                  group,
                   init_process_group,
                   irecv,
                   is_available,
@@ -31,6 +32,7 @@ from .api import (
                   recv,
                   send,
 )
+from .backends import Backend, is_gloo_available, is_mpi_available, is_nccl_available
 from .collective import (
                   all_gather,
                   all_gather_into_tensor,
@@ -58,6 +60,7 @@ from .spawn import RankFailedError, spawn
 
 __all__ = [
     "ReduceOp", "Store", "HashStore", "TCPStore", "FileStore", "PrefixStore", "GroupMember", "Work",
+    "Backend", "is_gloo_available", "is_nccl_available", "is_mpi_available", "group",
     "init_process_group", "destroy_process_group", "is_available", "is_initialized", "get_rank",
     "get_world_size", "get_backend", "get_process_group_ranks", "get_group_rank",
     "get_global_rank", "get_node_local_rank", "new_group", "new_subgroups",

@@ -30,6 +30,9 @@ class GroupMember:
     NON_GROUP_MEMBER = object()
 
 
+group = GroupMember  # torch's `dist.group.WORLD`: None, the default group
+
+
 class Work:
     """A pending async operation: wait(timeout) raises its error; is_completed() polls."""
 

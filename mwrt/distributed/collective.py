@@ -187,8 +187,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return _run(group, async_op, C.all_to_all_v, output, input, send, recv)
 
 
-def barrier(group=None, async_op: bool = False):
-    """Block until every rank of the group has called barrier."""
+def barrier(group=None, async_op: bool = False, device_ids=None):
+    """Block until every rank of the group has called barrier (device_ids: accepted, unused)."""
     return _run(group, async_op, C.barrier)
 
 

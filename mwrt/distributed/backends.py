@@ -1,0 +1,40 @@
+"""Backend names and availability checks, as torch.distributed spells them."""
+
+from __future__ import annotations
+
+from .. import channels
+from ..errors import ConfigError
+
+
+class Backend(str):
+    """A backend's name: any registered channel, or "gloo" (torch's CPU backend, run as tcp)."""
+
+    TCP, SHM, GLOO, MPI, NCCL = "tcp", "shm", "gloo", "mpi", "nccl"
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str):
+            raise TypeError(f"Backend: name must be a str (got {type(name).__name__})")
+        lowered = name.lower()
+        if lowered != cls.GLOO and lowered not in channels.known():
+            raise ConfigError(f"Backend: unknown backend {name!r} (known: "
+                              f"{', '.join([cls.GLOO, *channels.known()])})")
+        return super().__new__(cls, lowered)
+
+
+def _registered(name: str) -> bool:
+    return name in channels.known()
+
+
+def is_gloo_available() -> bool:
+    """True: gloo programs run over the tcp channel."""
+    return _registered(Backend.TCP)
+
+
+def is_nccl_available() -> bool:
+    """Whether an "nccl" channel is registered."""
+    return _registered(Backend.NCCL)
+
+
+def is_mpi_available() -> bool:
+    """Whether an "mpi" channel is registered."""
+    return _registered(Backend.MPI)
