@@ -7,7 +7,8 @@ median over iterations; algbw = bytes / time; busbw = algbw * 2(n-1)/n. Peers th
 installed (torch, mpi4py + mpirun) are skipped with a message. n=4 on 2 cores is
 oversubscribed: it measures scheduling as much as the algorithm. "tcp floor" (n=2) is the
 channel swapping the whole buffer without reducing: the bytes a two-rank all_reduce must
-move, so the least time any all_reduce over loopback TCP sockets can take here.
+move, so the least time any all_reduce over loopback TCP sockets can take here; "raw socket
+floor" is the same swap over plain sockets (a sending thread, recv_into), no mwrt.
 """
 
 from __future__ import annotations
@@ -89,6 +90,51 @@ def _floor_rank(rank, sizes, quick, queue):
         queue.put((rank, measure(exchange, dist.barrier, sizes, quick)))
     finally:
         dist.destroy_process_group()
+
+
+def _raw_floor_rank(rank, sizes, quick, queue):
+    """The same swap over plain sockets, one per direction as the channel's, no mwrt."""
+    import socket
+    import threading
+
+    addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    if rank == 0:
+        with socket.create_server(addr) as server:
+            inbound, outbound = server.accept()[0], server.accept()[0]
+    else:  # one socket for both directions would serialize them on the socket's lock
+        outbound, inbound = _connect_retrying(addr), _connect_retrying(addr)
+    for sock in (inbound, outbound):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    spare = {}
+
+    def swap(buf):
+        into = memoryview(spare.setdefault(buf.nbytes, np.empty_like(buf))).cast("B")
+        sender = threading.Thread(target=outbound.sendall, args=(memoryview(buf).cast("B"),))
+        sender.start()
+        got = 0
+        while got < buf.nbytes:
+            got += inbound.recv_into(into[got:])
+        sender.join()
+
+    def barrier():
+        outbound.sendall(b"b")
+        inbound.recv(1)
+
+    with inbound, outbound:
+        queue.put((rank, measure(swap, barrier, sizes, quick)))
+
+
+def _connect_retrying(addr, timeout=30.0):
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection(addr)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _gloo_rank(rank, sizes, quick, queue):
@@ -195,6 +241,8 @@ def main():
                 _mwrt_rank, (b, sizes, args.quick), n)))
     impls.append(("tcp floor (swap, no reduce)", lambda n: run_spawned(
         _floor_rank, (sizes, args.quick), n) if n == 2 else None))
+    impls.append(("raw socket floor (swap)", lambda n: run_spawned(
+        _raw_floor_rank, (sizes, args.quick), n) if n == 2 else None))
     if available("torch"):
         impls.append(("torch gloo", lambda n: run_spawned(_gloo_rank, (sizes, args.quick), n)))
     else:
