@@ -36,8 +36,9 @@ def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
             raise TypeError(f"{what}: expected an array (NumPy, buffer protocol, DLPack), got "
                             f"{type(buf).__name__}") from None
     if not arr.flags.c_contiguous:
+        fix = "t.contiguous()" if hasattr(buf, "contiguous") else "np.ascontiguousarray(arr)"
         raise ValueError(f"{what}: array is not C-contiguous (shape {arr.shape}); pass "
-                         "np.ascontiguousarray(arr) and copy the result back")
+                         f"{fix} and copy the result back")
     if writable and not arr.flags.writeable:
         raise ValueError(f"{what}: array is read-only; pass a writable array")
     return arr.reshape(-1)

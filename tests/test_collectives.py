@@ -324,6 +324,8 @@ def test_torch_cpu_tensors_reduce_in_place():
         C.all_reduce(g, half)  # summed as float32, rounded back as torch rounds
         moved = torch.full((3,), r + 0.5, dtype=torch.bfloat16)
         C.broadcast(g, moved, 1)  # moved as bits
+        with pytest.raises(ValueError, match=r"not C-contiguous.*pass t\.contiguous\(\)"):
+            C.all_reduce(g, t.t())  # a transposed view: torch's own fix, not NumPy's
         return t.tolist(), half, moved.tolist()
     start = torch.tensor([1.5, 1e-3, 3e38, -2.0], dtype=torch.bfloat16)
     want = (start.float() + (start * 2).float()).bfloat16()
