@@ -105,34 +105,51 @@ def _floor_rank(rank, sizes, quick, queue):
 
 def _raw_floor_rank(rank, sizes, quick, queue):
     """The same swap over plain sockets, one per direction as the channel's, no mwrt."""
-    import socket
-    import threading
+    port = int(os.environ["MASTER_PORT"])
+    with RawPair(rank, port) as pair:
+        queue.put((rank, measure(pair.swap, pair.barrier, sizes, quick)))
 
-    addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    if rank == 0:
-        with socket.create_server(addr) as server:
-            inbound, outbound = server.accept()[0], server.accept()[0]
-    else:  # one socket for both directions would serialize them on the socket's lock
-        outbound, inbound = _connect_retrying(addr), _connect_retrying(addr)
-    for sock in (inbound, outbound):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    spare = {}
 
-    def swap(buf):
-        into = memoryview(spare.setdefault(buf.nbytes, np.empty_like(buf))).cast("B")
-        sender = threading.Thread(target=outbound.sendall, args=(memoryview(buf).cast("B"),))
+class RawPair:
+    """Two plain TCP sockets between ranks 0 and 1, one per direction (as the channel has:
+    one socket for both directions would serialize them on the socket's lock)."""
+
+    def __init__(self, rank: int, port: int):
+        import socket
+
+        addr = ("127.0.0.1", port)
+        if rank == 0:
+            with socket.create_server(addr) as server:
+                self.inbound, self.outbound = server.accept()[0], server.accept()[0]
+        else:
+            self.outbound, self.inbound = _connect_retrying(addr), _connect_retrying(addr)
+        for sock in (self.inbound, self.outbound):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.spare = {}
+
+    def swap(self, buf) -> None:
+        """Send all of `buf` on a thread while receiving the peer's into a spare buffer."""
+        import threading
+
+        into = memoryview(self.spare.setdefault(buf.nbytes, np.empty_like(buf))).cast("B")
+        sender = threading.Thread(target=self.outbound.sendall,
+                                  args=(memoryview(buf).cast("B"),))
         sender.start()
         got = 0
         while got < buf.nbytes:
-            got += inbound.recv_into(into[got:])
+            got += self.inbound.recv_into(into[got:])
         sender.join()
 
-    def barrier():
-        outbound.sendall(b"b")
-        inbound.recv(1)
+    def barrier(self) -> None:
+        self.outbound.sendall(b"b")
+        self.inbound.recv(1)
 
-    with inbound, outbound:
-        queue.put((rank, measure(swap, barrier, sizes, quick)))
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.inbound.close()
+        self.outbound.close()
 
 
 def _connect_retrying(addr, timeout=30.0):
@@ -162,8 +179,8 @@ def _gloo_rank(rank, sizes, quick, queue):
         tdist.destroy_process_group()
 
 
-def _paired_rank(rank, gloo_port, sizes, quick, queue):
-    """mwrt tcp and torch gloo in the same two processes, taking turns every iteration."""
+def _paired_rank(rank, gloo_port, raw_port, sizes, quick, queue):
+    """mwrt tcp, torch gloo and the raw swap in the same two processes, in turns."""
     import torch
     import torch.distributed as tdist
 
@@ -174,9 +191,11 @@ def _paired_rank(rank, gloo_port, sizes, quick, queue):
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank,
                              world_size=2)
     try:
-        impls = {"mwrt tcp": dist.all_reduce,
-                 "torch gloo": lambda buf: tdist.all_reduce(torch.from_numpy(buf))}
-        queue.put((rank, measure_alternating(impls, dist.barrier, sizes, quick)))
+        with RawPair(rank, raw_port) as raw:
+            impls = {"mwrt tcp": dist.all_reduce,
+                     "torch gloo": lambda buf: tdist.all_reduce(torch.from_numpy(buf)),
+                     "raw socket floor": raw.swap}
+            queue.put((rank, measure_alternating(impls, dist.barrier, sizes, quick)))
     finally:
         tdist.destroy_process_group()
         dist.destroy_process_group()
@@ -186,12 +205,15 @@ def run_paired(sizes, quick) -> None:
     """Print mwrt tcp beside gloo measured in turns in the same processes (n=2)."""
     from mwrt.distributed.spawn import free_port
 
-    res = run_spawned(_paired_rank, (free_port(), sizes, quick), 2)
-    print("\n| paired, n=2, in turns | size | mwrt tcp | torch gloo | mwrt vs gloo busbw |")
-    print("|---|---|---|---|---|")
+    res = run_spawned(_paired_rank, (free_port(), free_port(), sizes, quick), 2)
+    print("\n| in turns, n=2 | size | mwrt tcp | torch gloo | raw socket floor | "
+          "mwrt vs gloo busbw | floor vs gloo |")
+    print("|---|---|---|---|---|---|---|")
     for nbytes in sizes:
-        ours, gloo = summarize(res["mwrt tcp"][nbytes]), summarize(res["torch gloo"][nbytes])
-        print(f"| | {_label(nbytes)} | {_shown(ours)} | {_shown(gloo)} | {gloo / ours:.2f}x |")
+        ours, gloo, floor = (summarize(res[name][nbytes])
+                             for name in ("mwrt tcp", "torch gloo", "raw socket floor"))
+        print(f"| | {_label(nbytes)} | {_shown(ours)} | {_shown(gloo)} | {_shown(floor)} | "
+              f"{gloo / ours:.2f}x | {gloo / floor:.2f}x |")
 
 
 def _mpi_rank(sizes, quick):
