@@ -13,12 +13,11 @@ import time
 from urllib.parse import parse_qs, urlparse
 
 from .errors import RendezvousError, RendezvousTimeoutError
-from .stores import (  # noqa: F401 (re-exported)
+from .stores import (  # re-exported: stores are reached as mwrt.rendezvous.FileStore etc.
     FileStore,
     HashStore,
     PrefixStore,
     Store,
-    _seconds,
     as_bytes,
 )
 from .tcp_store import TCPStore

@@ -75,8 +75,9 @@ class Reader:
     """A non-blocking inbound socket read ahead into a buffer, usable as the socket itself."""
 
     # Other attributes are the socket's, so a frame handler given the Reader may read
-    # (recv_into) and answer (sendall) as on it. Without a deadline a read waits as long as it takes, calling
-    # `before_wait()` first; with one it raises TimeoutError when the bytes are late.
+    # (recv_into) and answer (sendall) as on it. Without a deadline a read waits as long as
+    # it takes, calling `before_wait()` first; with one it raises TimeoutError when the
+    # bytes are late.
 
     def __init__(self, sock, size: int = WHOLE + HEADER.size, before_wait=lambda: None,
                  send_timeout: float = 300.0):

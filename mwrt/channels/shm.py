@@ -33,9 +33,7 @@ from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
 from ..procs import process_alive
 from .cma_collectives import CmaCollectives
-from .segments import DIR as _DIR
-from .segments import Segment as _Segment
-from .segments import new_name
+from .segments import DIR, Segment, new_name
 from .sockets import HEADER, MAGIC, SocketChannel
 
 log = logging.getLogger("mwrt.channels")
@@ -57,7 +55,7 @@ def host_id() -> str:
 class _OutSlots:
     """The sender's side of one peer's segment: free slots, and who may read acks."""
 
-    def __init__(self, segment: _Segment, nslots: int):
+    def __init__(self, segment: Segment, nslots: int):
         self.segment, self.free, self.lock = segment, deque(range(nslots)), threading.Lock()
 
 
@@ -68,14 +66,14 @@ class ShmChannel(CmaCollectives, SocketChannel):
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None,
                  inline_bytes: int | None = None):
-        if not sys.platform.startswith("linux") or not os.path.isdir(_DIR):
-            raise ConfigError(f"shm channel: needs Linux with {_DIR} (got {sys.platform}); "
+        if not sys.platform.startswith("linux") or not os.path.isdir(DIR):
+            raise ConfigError(f"shm channel: needs Linux with {DIR} (got {sys.platform}); "
                               "use channel 'tcp'")
         self.nslots, slot_bytes = config.get("shm_slots"), config.get("shm_slot_bytes")
         if self.nslots < 1 or slot_bytes < 1:
             raise ConfigError(f"MWRT_SHM_SLOTS, MWRT_SHM_SLOT_BYTES: must be >= 1 (got "
                               f"{self.nslots}, {slot_bytes})")
-        self._in_segments: dict[int, _Segment] = {}
+        self._in_segments: dict[int, Segment] = {}
         self._out_slots: dict[int, _OutSlots] = {}
         self._slots_lock = threading.Lock()
         self._cma_groups = {}
@@ -127,7 +125,7 @@ class ShmChannel(CmaCollectives, SocketChannel):
             out = self._out_slots.get(peer)
             if out is None:
                 name = new_name()
-                segment = _Segment(name, self.nslots, self.segment_bytes, create=True)
+                segment = Segment(name, self.nslots, self.segment_bytes, create=True)
                 out = self._out_slots[peer] = _OutSlots(segment, self.nslots)
                 head = HEADER.pack(MAGIC, MAP, 0, len(name), self.nslots, 0,
                                    self.segment_bytes, 0, 0)
@@ -172,7 +170,7 @@ class ShmChannel(CmaCollectives, SocketChannel):
         if kind == MAP:
             if not desc.startswith("mwrt-") or "/" in desc or aux < 1:
                 raise WireError(f"rank {peer} named a bad segment {desc!r} ({aux} slots)")
-            segment = _Segment(desc, aux, total, create=False)
+            segment = Segment(desc, aux, total, create=False)
             segment.unlink()  # both sides hold it mapped now; the name is no longer needed
             old = self._in_segments.pop(peer, None)
             self._in_segments[peer] = segment
@@ -204,7 +202,7 @@ class ShmChannel(CmaCollectives, SocketChannel):
             out.segment.close()
 
 
-def reap_orphan_segments(directory: str = "/dev/shm") -> list[str]:
+def reap_orphan_segments(directory: str = DIR) -> list[str]:
     """Unlink shm-channel segments whose creator is dead; return their names.
 
     A sender names its segment mwrt-PID-HEX and the receiver unlinks it once mapped; a

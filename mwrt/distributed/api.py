@@ -20,7 +20,8 @@ from .. import collectives as C
 from ..buffers import as_flat, host_view
 from ..errors import ChannelClosedError, ChannelTimeoutError, MwrtError
 from ..group import ProcessGroup
-from ..rendezvous import _seconds, rendezvous, store_from_url
+from ..rendezvous import rendezvous, store_from_url
+from ..stores import _seconds
 
 
 class GroupMember:
