@@ -18,6 +18,8 @@ def slow_square(a):
 mwrt.init_master_worker()
 x = mwrt.dist_send(np.arange(4.0))
 a, b = mwrt.Stream(), mwrt.Stream()  # two streams on node 0: their ops may overlap
+for s in (a, b):  # as in CUDA: x was made on the default stream, so wait for it first
+    s.wait_stream(mwrt.current_stream())
 start = time.perf_counter()
 with mwrt.stream(a):
     ya = mwrt.remote(slow_square)(x)

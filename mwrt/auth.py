@@ -141,6 +141,7 @@ def load_key_file(path: str) -> KeyFile:
     import json
     import os
 
+    path = os.path.expanduser(path)  # "~/mwrt-keys/master.key" as the README writes it
     try:
         with open(path) as f:
             data = json.load(f)
@@ -195,6 +196,17 @@ def as_key_file(key) -> KeyFile | None:
     if key is None:
         key = config.get("key_file") or None
     return None if key is None else load_key_file(str(key))
+
+
+def job_secret() -> bytes | None:
+    """An SPMD job's HMAC key: MWRT_JOB_SECRET, else MWRT_KEY_FILE's cluster key, else None."""
+    from . import config
+
+    secret = config.get("job_secret")
+    if secret:
+        return hashlib.sha256(b"mwrt-job-secret:" + secret.encode()).digest()
+    keys = as_key_file(None)
+    return keys.hmac_key if keys is not None else None
 
 
 def serve_curve(socket, keys: KeyFile) -> None:

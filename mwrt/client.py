@@ -20,7 +20,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import auth, config, wire
-from .errors import AuthError, MwrtError, RemoteError, WireError, WorkerLostError
+from .errors import AuthError, ChannelError, MwrtError, RemoteError, WireError, WorkerLostError
 
 log = logging.getLogger("mwrt")
 
@@ -280,6 +280,8 @@ class Node:
             self.mark_lost(info.get("message", ""))
             return WorkerLostError(f"{self} is lost: {self.lost}", node=self.index,
                                    address=self.address)
+        if info.get("kind") == "channel":
+            return ChannelError(f"{self}: {info.get('message')}")
         if info.get("kind") != "remote":
             return MwrtError(f"{self}: {info.get('message')}")
         command = info.get("command")

@@ -17,6 +17,7 @@ from . import auth, channels, config, wire
 from .client import Node
 from .errors import ConfigError, MwrtError
 from .local import LocalWorker
+from .netaddr import advertise_address, join_host_port, resolve, split_host_port
 from .rendezvous import TCPStore
 
 log = logging.getLogger("mwrt")
@@ -42,7 +43,7 @@ class Cluster:
         try:
             for node in self.nodes:
                 node.connect(timeout)
-            self._join_data_channel()
+            self._join_data_channel(timeout)
         except BaseException:
             self.close(goodbye=False)
             raise
@@ -51,20 +52,25 @@ class Cluster:
         self.heartbeat = Heartbeat(self)
         self.heartbeat.start()
 
-    def _join_data_channel(self) -> None:
-        """Serve the rendezvous store and tell every node how to join the data channel."""
-        self.store = TCPStore(config.get("master_addr"), 0, is_master=True)
+    def _join_data_channel(self, timeout: float) -> None:
+        """Serve the rendezvous store and have every node join the data channel; a node that
+        cannot reach the store fails here, naming itself and the address."""
         name = config.get("channel")
-        if name == "auto":
-            same_host = all(n.info.hostname == socket.gethostname() for n in self.nodes)
-            name = "shm" if same_host else "tcp"
         channels.get(name)  # an unknown name fails here, naming the known ones
         self.channel_name = name
-        address = f"{self.store.host}:{self.store.port}"
-        for node in self.nodes:
-            node.issue((wire.code(wire.Join), next(node.ids), address, self.session_id,
-                        len(self.nodes) + 1, name))
+        # Each node is told the master's address on the route to it; one store serves all.
+        given = config.get("master_addr")
+        toward = [given or advertise_address(split_host_port(n.address)[0]) for n in self.nodes]
+        bind = toward[0] if len(set(toward)) == 1 else "0.0.0.0"
+        self.store = TCPStore(toward[0], 0, is_master=True, bind=bind)
+        tokens = []
+        for node, host in zip(self.nodes, toward):
+            tokens.append(next(node.tokens))
+            node.issue((wire.code(wire.Join), next(node.ids), join_host_port(host, self.store.port),
+                        self.session_id, len(self.nodes) + 1, name, tokens[-1]))
             node.flush()
+        for node, token in zip(self.nodes, tokens):
+            node.wait(token, "joining the data channel", timeout * 2)
 
     @property
     def master_rank(self) -> int:
@@ -110,11 +116,8 @@ def worker_addresses(workers) -> list[str]:
         workers = [w.strip() for w in workers.split(",") if w.strip()]
     workers = list(workers)
     for address in workers:
-        text = address[len("tcp://"):] if address.startswith("tcp://") else address
-        host, sep, port = text.rpartition(":")
-        if not isinstance(address, str) or not sep or not host or not port.isdigit():
-            raise ConfigError(f"workers: expected host:port or tcp://host:port "
-                              f"(got {address!r})")
+        host, _ = split_host_port(address, "workers")
+        resolve(host, f"workers: {address}")  # an unknown name fails now, not at a timeout
     return workers
 
 

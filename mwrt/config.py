@@ -38,8 +38,21 @@ SETTINGS = {
     "channel": Setting("MWRT_CHANNEL", "auto", str,
                        "data channel of master-worker mode: auto (shm when every node is on "
                        "the master's host, else tcp), or a registered channel name"),
-    "master_addr": Setting("MWRT_MASTER_ADDR", "127.0.0.1", str,
-                           "address workers reach the master's rendezvous store at"),
+    "master_addr": Setting("MWRT_MASTER_ADDR", "", str,
+                           "address workers reach the master's rendezvous store at (default: "
+                           "the master's address on the route to the workers)"),
+    "advertise_addr": Setting("MWRT_ADVERTISE_ADDR", "", str,
+                              "address this process's listeners advertise to peers (default: "
+                              "the one on the route to the master or store)"),
+    "ifname": Setting("MWRT_IFNAME", "", str,
+                      "network interface whose address listeners advertise (as "
+                      "GLOO_SOCKET_IFNAME)"),
+    "job_secret": Setting("MWRT_JOB_SECRET", "", str,
+                          "an SPMD job's shared secret: data-channel connections prove it "
+                          "(mwrt-launch makes one for one-node jobs)"),
+    "insecure": Setting("MWRT_INSECURE", 0, int,
+                        "1: let unkeyed channels listen beyond loopback (a private network "
+                        "only: anyone reaching the port can read and feed tensors)"),
     "channel_timeout": Setting("MWRT_CHANNEL_TIMEOUT", 300.0, float,
                                "seconds a data-channel send/recv waits"),
     "rendezvous_timeout": Setting("MWRT_RENDEZVOUS_TIMEOUT", 300.0, float,

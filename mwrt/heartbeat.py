@@ -154,6 +154,9 @@ class Heartbeat(threading.Thread):
             if node.lost is None or index in self.announced:
                 continue
             self.announced.add(index)
+            channel = self.cluster._channel  # the master's own transfers to it fail now too
+            if channel is not None:
+                channel.fail_peer(index, f"node {index} is lost ({node.lost})")
             for other, peer in enumerate(self.cluster.nodes):
                 if peer.lost is None and not peer.closed:
                     self._send(other, wire.PeerLost(0, index, node.lost))

@@ -194,7 +194,8 @@ class Profile:
 class Join:
     """The session's data channel: rendezvous store, key prefix, size, channel name.
 
-    The master is the last rank (`world` - 1); node i is rank i.
+    The master is the last rank (`world` - 1); node i is rank i. The worker joins off its
+    socket thread, so a store it cannot reach never stalls its other masters.
     """
 
     id: int
@@ -202,6 +203,7 @@ class Join:
     prefix: str
     world: int
     channel: str
+    token: int  # answered (Done, or Failed naming what it could not reach) once joined
 
 
 @dataclass(frozen=True, slots=True)

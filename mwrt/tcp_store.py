@@ -136,12 +136,13 @@ class TCPStore(Store):
 
     def __init__(self, host: str, port: int, world_size: int | None = None,
                  is_master: bool = False, timeout: float | None = None,
-                 generation: int | None = None):
+                 generation: int | None = None, bind: str | None = None):
         # generation: ranks that re-init on the same port pass their init count, so a client
-        # never talks to the previous init's server while rank 0 is replacing it.
+        # never talks to the previous init's server while rank 0 is replacing it. bind: where
+        # the master's server listens, when not at `host` (every interface: "0.0.0.0").
         self.host, self.world_size, self.generation = host, world_size, generation
         self.timeout = _seconds(timeout, config.get("rendezvous_timeout"))
-        self._server = _StoreServer(host, port, generation) if is_master else None
+        self._server = _StoreServer(bind or host, port, generation) if is_master else None
         self.port = self._server.port if self._server else int(port)
         self._lock = threading.Lock()
         self._free: list[socket.socket] = []

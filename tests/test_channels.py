@@ -26,8 +26,8 @@ from mwrt.auth import generate_hmac_key
 from mwrt.errors import AuthError, ChannelClosedError, ChannelError, ChannelTimeoutError
 from mwrt.rendezvous import HashStore
 
-NAMES = ["inproc", "tcp", "shm"]
-SOCKET_NAMES = ["tcp", "shm"]
+NAMES = ["inproc", "tcp", "shm", "auto"]
+SOCKET_NAMES = ["tcp", "shm", "auto"]
 SEGMENT = 4096
 SIZES = [0, 1, 7, 1000, 3 * SEGMENT + 5]  # the last: several segments, and shm slots
 DTYPES = [np.uint8, np.int32, np.float32, np.float64, np.complex64]
@@ -328,12 +328,12 @@ def test_stray_connection_refused_then_served(caplog):
 
 
 def test_tcp_refuses_open_bind_without_key():
-    with pytest.raises(ValueError, match="without a key"):
+    with pytest.raises(ValueError, match="no secret"):
         channels.create("tcp", 0, 2, store=HashStore(), host="0.0.0.0")
 
 
 def test_unknown_channel_lists_known():
-    with pytest.raises(ValueError, match="known: inproc, shm, tcp"):
+    with pytest.raises(ValueError, match="known: auto, inproc, shm, tcp"):
         channels.get("carrier-pigeon")
 
 

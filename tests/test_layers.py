@@ -11,7 +11,7 @@ import mwrt
 ROOT = os.path.dirname(os.path.abspath(mwrt.__file__))
 
 LAYERS = {
-    "errors": 0, "config": 0, "procs": 0, "netio": 0,
+    "errors": 0, "config": 0, "procs": 0, "netio": 0, "netaddr": 0,
     "arrays": 1, "wire": 1, "messages": 1, "auth": 1, "reduce_ops": 1, "ops": 1, "scratch": 1,
     "buffers": 1,
     "rendezvous": 2, "stores": 2, "tcp_store": 2, "channels": 2,

@@ -12,6 +12,7 @@ _REGISTRY: dict[str, object] = {
     "inproc": "mwrt.channels.inproc:InprocChannel",
     "tcp": "mwrt.channels.tcp:TcpChannel",
     "shm": "mwrt.channels.shm:ShmChannel",
+    "auto": "mwrt.channels.auto:AutoChannel",
 }
 _entry_points_loaded = False
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
+from ..netaddr import host_identity
 from ..procs import process_alive
 from .cma_collectives import CmaCollectives
 from .segments import DIR, Segment, new_name
@@ -40,16 +41,6 @@ log = logging.getLogger("mwrt.channels")
 
 SHM, MAP = 2, 3
 _ACK = struct.Struct("<I")
-
-
-def host_id() -> str:
-    """This host's identity: hostname plus boot id, so two containers' hosts differ."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
-    return f"{socket.gethostname()}/{boot}"
 
 
 class _OutSlots:
@@ -88,15 +79,15 @@ class ShmChannel(CmaCollectives, SocketChannel):
         name = new_name()
         sock.bind("\0" + name)  # abstract namespace: vanishes with the socket
         sock.listen(max(self.world_size, 16))
-        return sock, f"{host_id()}|{name}"
+        return [sock], f"{host_identity()}|{name}"
 
     def _connect(self, address, peer, timeout):
         host, _, name = address.rpartition("|")
-        if host != host_id():
+        if host != host_identity():
             raise ChannelError(
                 f"shm send rank {self.rank}->{peer}: rank {peer} is on another host (got "
-                f"{host}, this is {host_id()}); the shm channel joins ranks of one host only, "
-                "use channel 'tcp'")
+                f"{host}, this is {host_identity()}); the shm channel joins ranks of one host "
+                "only, use channel 'auto' (shm within a host, tcp between) or 'tcp'")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:

@@ -62,16 +62,17 @@ class SocketChannel(InboundChannel):
         self._out_locks = [threading.Lock() for _ in range(world_size)]
         self._inbound: set = set()
         self._threads: list[threading.Thread] = []
-        self._listener = None
+        self._listeners: list[socket.socket] = []
         if world_size > 1:
-            self._listener, address = self._listen()
+            self._listeners, address = self._listen()
             store.set(self._address_key(rank), address)
-            self._spawn(self._accept_loop, f"mwrt-{self.name}-accept-{rank}")
+            for listener in self._listeners:
+                self._spawn(self._accept_loop, f"mwrt-{self.name}-accept-{rank}", listener)
 
     # -- for subclasses ----------------------------------------------------------------
 
-    def _listen(self) -> tuple[socket.socket, str]:
-        """Open the listening socket; return it and the address peers connect to."""
+    def _listen(self) -> tuple[list[socket.socket], str]:
+        """Open the listening sockets; return them and the address peers connect to."""
         raise NotImplementedError
 
     def _connect(self, address: str, peer: int, timeout: float) -> socket.socket:
@@ -149,7 +150,7 @@ class SocketChannel(InboundChannel):
             raise ChannelTimeoutError(f"{self._what(peer)}: rank {peer} did not take the data "
                                       "within the timeout; is it stalled?") from None
         except OSError as exc:
-            conn.error = f"{type(exc).__name__}: {exc}"
+            conn.error = conn.error or f"{type(exc).__name__}: {exc}"  # fail_peer's why first
             raise ChannelClosedError(f"{self._what(peer)}: connection to rank {peer} lost "
                                      f"({conn.error}); check the logs of rank {peer}",
                                      peer=peer) from None
@@ -200,12 +201,21 @@ class SocketChannel(InboundChannel):
         finally:
             self._out_locks[peer].release()
 
+    def fail_peer(self, peer: int, why: str) -> None:
+        """Fail receives from `peer` and sends to it: a send blocked on a dead link (its
+        socket buffer full, no reset ever coming) wakes now instead of at its timeout."""
+        super().fail_peer(peer, why)
+        conn = self._outbound.get(peer)
+        if conn is not None and conn.error is None:
+            conn.error = why
+            self._shut(conn.sock, close=False)  # a blocked send returns EPIPE at once
+
     # -- receiver thread ---------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.accept()
             except OSError:
                 return  # the listener was closed
             if self.closed:
@@ -255,8 +265,8 @@ class SocketChannel(InboundChannel):
         self._kick_inbound()
         with self._lock:
             inbound = list(self._inbound)
-        if self._listener is not None:
-            self._shut(self._listener)
+        for listener in self._listeners:
+            self._shut(listener)
         self._close_outbound()
         for sock in inbound:
             self._shut(sock, close=False)  # its receiver thread closes it

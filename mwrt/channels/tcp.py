@@ -1,15 +1,28 @@
-"""The tcp channel: the socket machinery of `sockets.py` over TCP, the default between hosts."""
+"""The tcp channel: the socket machinery of `sockets.py` over TCP, the default between hosts.
+
+A rank listens on the address `mwrt.netaddr` picks (the interface that routes to the
+store's host, or the one MWRT_IFNAME / MWRT_ADVERTISE_ADDR names) and publishes it.
+Unkeyed, a channel listens on loopback only: beyond it, anyone who reaches the port
+could read or feed tensors, so a job needs a secret there (MWRT_JOB_SECRET, a key file)
+or the explicit MWRT_INSECURE=1.
+"""
 
 from __future__ import annotations
 
-import ipaddress
+import logging
 import socket
 
+from .. import config
 from ..errors import ChannelClosedError, ConfigError
+from ..netaddr import advertise_address, bind_listener, is_loopback, join_host_port, \
+    split_host_port
 from .sockets import SocketChannel
+
+log = logging.getLogger("mwrt.channels")
 
 # Loopback tops out near 1.7 GB/s with 4 MiB buffers (BASELINE.md); the kernel caps the value.
 _BUFFER_BYTES = 4 << 20
+_warned_insecure = False
 
 
 def tune(sock: socket.socket) -> None:
@@ -19,45 +32,84 @@ def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES)
 
 
+def listen_host(store, key, host: str | None = None) -> tuple[str, bool]:
+    """Where a channel listens for tcp peers, and whether it may: unkeyed, only on loopback
+    (or anywhere under MWRT_INSECURE=1)."""
+    global _warned_insecure
+    if host is None:
+        host = advertise_address(getattr(store, "host", None))
+    if key is not None or is_loopback(host):
+        return host, True
+    if config.get("insecure"):
+        if not _warned_insecure:
+            _warned_insecure = True
+            log.warning("MWRT_INSECURE=1: an unkeyed data channel listens on %s; anyone who "
+                        "reaches it can read and feed this job's tensors", host)
+        return host, True
+    return host, False
+
+
+def no_secret(what: str, host: str) -> ConfigError:
+    """The refusal of an unkeyed listener beyond loopback, with the fixes."""
+    return ConfigError(
+        f"{what}: this job has no secret, so it will not listen on {host} (beyond loopback, "
+        "where anyone who reaches the port could read or feed its tensors); set "
+        "MWRT_JOB_SECRET to the same value on every rank (or MWRT_KEY_FILE to a key file from "
+        "`mwrt-worker keygen`), or MWRT_INSECURE=1 on a private network")
+
+
+def listen_tcp(host: str, backlog: int, what: str) -> tuple[socket.socket, str]:
+    """A tuned TCP listener on `host` (any port) and the address peers connect to."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    tune(sock)  # accepted sockets inherit the buffer sizes, set before the handshake
+    try:
+        bind_listener(sock, host, 0, what)
+    except BaseException:
+        sock.close()
+        raise
+    sock.listen(max(backlog, 16))
+    return sock, join_host_port(host, sock.getsockname()[1])
+
+
+def connect_tcp(channel, address: str, peer: int, timeout: float) -> socket.socket:
+    """A tuned connection to `peer` at `address`; an unreachable one fails within the
+    connect timeout (MWRT_CONNECT_TIMEOUT), naming both ends and the fix."""
+    host, port = split_host_port(address, f"rank {peer}'s address")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    tune(sock)
+    sock.settimeout(min(timeout, config.get("connect_timeout")))
+    try:
+        sock.connect((host, port))
+    except OSError as exc:
+        sock.close()
+        here = getattr(channel, "host", None) or "here"
+        raise ChannelClosedError(
+            f"{channel.name} send rank {channel.rank}->{peer}: cannot connect to rank {peer} at "
+            f"{address} from {here} ({type(exc).__name__}: {exc}); rank {peer} closed its "
+            "channel or died (check its logs), or that address is not reachable from here "
+            f"(set MWRT_IFNAME or MWRT_ADVERTISE_ADDR on rank {peer})", peer=peer) from None
+    return sock
+
+
 class TcpChannel(SocketChannel):
-    """Point-to-point buffers over TCP; each rank listens on `host` (loopback by default)."""
+    """Point-to-point buffers over TCP, on the address `listen_host` picks."""
 
     name = "tcp"
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None,
-                 host: str = "127.0.0.1"):
-        if key is None and not _is_loopback(host):
-            raise ConfigError(
-                f"tcp channel: refusing to listen on non-loopback host {host!r} without a key; "
-                "pass key=mwrt.auth.generate_hmac_key() (the same on every rank)")
-        self.host = host
+                 host: str | None = None):
+        self.host, allowed = listen_host(store, key, host)
+        if not allowed:
+            raise no_secret(f"tcp channel rank {rank}", self.host)
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
 
     def _listen(self):
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        tune(sock)  # accepted sockets inherit the buffer sizes, set before the handshake
+        sock, address = listen_tcp(self.host, self.world_size, f"tcp channel rank {self.rank}")
         self.eager_bytes = _eager_bytes(sock)
-        sock.bind((self.host, 0))
-        sock.listen(max(self.world_size, 16))
-        port = sock.getsockname()[1]
-        return sock, f"[{self.host}]:{port}" if family == socket.AF_INET6 else f"{self.host}:{port}"
+        return [sock], address
 
     def _connect(self, address, peer, timeout):
-        host, _, port = address.rpartition(":")
-        host = host.strip("[]")
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        tune(sock)
-        sock.settimeout(timeout)
-        try:
-            sock.connect((host, int(port)))
-        except OSError as exc:
-            sock.close()
-            raise ChannelClosedError(
-                f"tcp send rank {self.rank}->{peer}: cannot connect to rank {peer} at {address} "
-                f"({type(exc).__name__}: {exc}); rank {peer} closed its channel or died, check "
-                "its logs", peer=peer) from None
-        return sock
+        return connect_tcp(self, address, peer, timeout)
 
 
 def _eager_bytes(sock: socket.socket) -> int:
@@ -68,10 +120,3 @@ def _eager_bytes(sock: socket.socket) -> int:
     granted = min(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
                   sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
     return min(2 << 20, granted // 2)  # Linux reports twice what it grants for data
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import channels, config
+from .. import auth, channels, config
 from .. import collectives as C
 from ..buffers import as_flat, host_view
 from ..errors import ChannelClosedError, ChannelTimeoutError, MwrtError
@@ -95,7 +95,7 @@ _init_lock = threading.Lock()
 _inits = [0]
 
 
-def init_process_group(backend: str = "tcp", init_method: str | None = None, timeout=None,
+def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
                        world_size: int = -1, rank: int = -1, store=None,
                        group_name: str = "") -> None:
     """Join the default group: rendezvous through a store, then connect the channel."""
@@ -104,10 +104,10 @@ def init_process_group(backend: str = "tcp", init_method: str | None = None, tim
             raise RuntimeError("init_process_group: already initialized; call "
                                "destroy_process_group() first")
         timeout = _seconds(timeout, config.get("rendezvous_timeout"))
-        backend = backend or config.get("channel")
-        # SPMD ranks may span hosts: tcp unless asked otherwise; gloo is torch's CPU backend
-        # over TCP, so its tutorials run unchanged.
-        backend = "tcp" if backend in ("auto", "gloo") else backend
+        asked = backend = backend or config.get("channel")
+        # gloo is torch's CPU backend: its tutorials run unchanged on the auto channel, shm
+        # between the ranks of a host and tcp between hosts.
+        backend = "auto" if backend == "gloo" else backend
         channels.get(backend)  # an unknown name fails now, before the other ranks wait on us
         prefix, own_store = "mwrt/pg", store is None
         if own_store:
@@ -124,7 +124,7 @@ def init_process_group(backend: str = "tcp", init_method: str | None = None, tim
         try:
             peers = rendezvous(store, rank, world_size, prefix=prefix, timeout=timeout)
             channel = channels.create(backend, rank, world_size, store=store, prefix=prefix,
-                                      timeout=timeout)
+                                      timeout=timeout, key=auth.job_secret())
             group = ProcessGroup(channel, store=store, prefix=prefix, peers=peers,
                                  timeout=timeout)
             # Connect every pair now, while rank 0 (which serves the store) is sure to be up.
@@ -137,7 +137,7 @@ def init_process_group(backend: str = "tcp", init_method: str | None = None, tim
                 store.close()
             raise
         _state.group, _state.channel, _state.store = group, channel, store
-        _state.backend, _state.groups, _state.next_group_id = backend, [group], 1
+        _state.backend, _state.groups, _state.next_group_id = asked, [group], 1
 
 
 def destroy_process_group(group=None) -> None:

@@ -15,6 +15,7 @@ import argparse
 import collections
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -69,7 +70,11 @@ def plan(opts, env=os.environ) -> list[dict[str, str]]:
             raise SystemExit("mwrt-launch: with --nnodes > 1 pass --master-port (the same on "
                              "every node)")
         port = free_port()  # one node: any free port, so parallel jobs do not collide
-    return [rank_env(opts.node_rank * n + i, opts.nnodes * n, i, n, addr, port)
+    # One node: the launcher makes the job's secret; across nodes every launcher must be
+    # given the same one (MWRT_JOB_SECRET or MWRT_KEY_FILE), which the ranks inherit.
+    secret = {} if opts.nnodes > 1 or env.get("MWRT_JOB_SECRET") else {
+        "MWRT_JOB_SECRET": secrets.token_hex(16)}
+    return [dict(rank_env(opts.node_rank * n + i, opts.nnodes * n, i, n, addr, port), **secret)
             for i in range(n)]
 
 

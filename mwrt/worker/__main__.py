@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -12,16 +13,37 @@ from .. import config
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mwrt-worker", description=__doc__)
-    parser.add_argument("--listen", default="127.0.0.1:7070",
-                        help="HOST:PORT to serve masters on (default 127.0.0.1:7070; port 0 "
-                             "picks a free one)")
+    parser.add_argument("--listen", default=os.environ.get("MWRT_LISTEN") or "127.0.0.1:7070",
+                        help="HOST:PORT to serve masters on (default MWRT_LISTEN, else "
+                             "127.0.0.1:7070; port 0 picks a free one)")
+    parser.add_argument("--advertise", default=None, metavar="HOST",
+                        help="address this worker's data channel gives its peers (default: "
+                             "MWRT_ADVERTISE_ADDR, MWRT_IFNAME's, else the one on the route to "
+                             "the master)")
     parser.add_argument("--key-file", default=config.get("key_file") or None,
                         help="CURVE/HMAC key file (from `mwrt-worker keygen DIR`); required to "
                              "listen beyond loopback or to run shipped functions")
+    parser.add_argument("--env-file", default=None, metavar="PATH",
+                        help="read MWRT_* settings from PATH (KEY=VALUE lines, as worker.env)")
     parser.add_argument("--log-level", default=config.get("log_level"))
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process is gone (used for local workers)")
     return parser
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """KEY=VALUE lines of a systemd-style environment file; '#' starts a comment."""
+    settings = {}
+    with open(os.path.expanduser(path)) as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, sep, value = line.partition("=")
+            if not sep or not key.strip().isidentifier():
+                raise ValueError(f"{path}:{number}: expected KEY=VALUE (got {line!r})")
+            settings[key.strip()] = value.strip().strip("'\"")
+    return settings
 
 
 def keygen_main(argv) -> int:
@@ -33,7 +55,7 @@ def keygen_main(argv) -> int:
         print("usage: mwrt-worker keygen DIR", file=sys.stderr)
         return 2
     try:
-        worker, master = keygen(argv[0])
+        worker, master = keygen(os.path.expanduser(argv[0]))
     except AuthError as exc:
         print(f"mwrt-worker: {exc}", file=sys.stderr)
         return 2
@@ -46,7 +68,17 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["keygen"]:
         return keygen_main(argv[1:])
+    # The env file comes first: its settings are the other options' defaults.
+    env_file = build_parser().parse_known_args(argv)[0].env_file
+    if env_file:
+        try:
+            os.environ.update(read_env_file(env_file))
+        except (OSError, ValueError) as exc:
+            print(f"mwrt-worker: --env-file: {exc}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
+    if args.advertise:
+        os.environ["MWRT_ADVERTISE_ADDR"] = args.advertise  # read by this daemon's channels
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s mwrt-worker[%(process)d] %(levelname)s %(message)s")
     from ..auth import load_key_file

@@ -21,6 +21,7 @@ from zmq.utils.monitor import recv_monitor_message
 from .. import auth, config, wire
 from ..channels.shm import reap_orphan_segments
 from ..errors import ConfigError, WireError
+from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from .session import Session
 
@@ -38,29 +39,13 @@ _SOCKET_COMMANDS = (wire.Hello, wire.Bye, wire.Ping, wire.NewStream, wire.Query,
                     wire.EventQuery, wire.EventDone, wire.Profile, wire.Join, wire.Stats)
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """'host:port' or 'tcp://host:port' -> (host, port), with a clear error."""
-    text = address[len("tcp://"):] if address.startswith("tcp://") else address
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"address: expected host:port or tcp://host:port (got {address!r})")
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost."""
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
-        return False
-    return all(info[4][0].startswith("127.") or info[4][0] == "::1" for info in infos)
-
-
 class Daemon:
     """A worker daemon: one ROUTER socket for masters, a session per master."""
 
     def __init__(self, listen: str = "127.0.0.1:0", *, keys=None, parent_pid: int | None = None):
-        host, port = parse_address(listen)
+        host, port = split_host_port(listen, "mwrt-worker --listen")
+        if host not in ("*", "0.0.0.0", "::"):
+            host = resolve(host, "mwrt-worker --listen")
         if keys is None and not is_loopback(host):
             raise ConfigError(f"mwrt-worker: refusing to listen on {host} without a key "
                               "(a worker runs what masters send); pass --key-file (make one "
@@ -74,7 +59,16 @@ class Daemon:
             auth.serve_curve(self.router, keys)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.get("max_tensor_bytes") + 4096)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind(f"tcp://{host}:{port or '*'}")
+        try:
+            self.router.bind(f"tcp://{join_host_port(host, port or '*')}")
+        except zmq.ZMQError as exc:
+            self.router.close(linger=0)
+            if self.authenticator is not None:
+                self.authenticator.stop()
+            self.context.term()
+            raise ConfigError(f"mwrt-worker: cannot listen on {join_host_port(host, port)} "
+                              f"({exc}); pick another port with --listen HOST:PORT (port 0 "
+                              "takes a free one)") from None
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._reply_address = f"inproc://mwrt-replies-{self.incarnation}"
         self.replies = self.context.socket(zmq.PULL)
@@ -305,13 +299,12 @@ class Daemon:
         elif isinstance(command, wire.Join):
             from .data import SessionData
 
-            session.data = SessionData(session, command)
+            if session.data is not None:
+                session.data.close()
             # Publish this node's channel address now: a peer must never wait on the store
             # for a node that died before its first transfer, only fail to connect to it.
-            try:
-                session.data.get_channel()
-            except Exception as exc:  # reported when a transfer first needs the channel
-                log.warning("session %s: data channel not ready: %s", session.id, exc)
+            session.data = SessionData(session, command)
+            session.data.start()
         elif isinstance(command, wire.Stats):
             self.send(identity, wire.Done(command.token, session.stats()))
         return session

@@ -1,55 +1,113 @@
 """The session's data channel on a worker: transfers to and from other ranks, and collectives.
 
-Node i is channel rank i and the master is the last rank. The channel is made on first
-use from the rendezvous the master sent (Join): a store for addresses and the cluster's
-HMAC key from the worker's key file, so only ranks of this cluster can connect.
+Node i is channel rank i and the master is the last rank. The channel is made when the
+master's Join arrives, on a thread of its own (a store that cannot be reached must not
+stall the daemon's socket thread, nor its other masters): it connects to the master's
+store, listens on the address that routes to it, publishes that, and answers the Join,
+so a master learns at init, by name, what a worker could not reach. Only ranks holding
+the cluster's HMAC key (the worker's key file) can connect.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
 
-from .. import arrays, channels, collectives, wire
-from ..errors import ChannelError
+from .. import arrays, channels, collectives, config, wire
+from ..errors import ChannelError, ChannelTimeoutError
 from ..group import ProcessGroup
+from ..netaddr import advertise_address, split_host_port
 from ..reduce_ops import ReduceOp
 from ..rendezvous import TCPStore
 
+log = logging.getLogger("mwrt.worker")
+
 
 class SessionData:
-    """A session's channel, store and process groups, made lazily and closed with it."""
+    """A session's channel, store and process groups, opened by join() and closed with it."""
 
     def __init__(self, session, join: wire.Join):
         self.session, self.join = session, join
         self.lock = threading.Lock()
         self.store = self.channel = None
+        self.error: Exception | None = None
+        self.ready = threading.Event()
         self.groups: dict[int, ProcessGroup] = {}
         self.posted: dict[int, tuple] = {}  # RecvFrom command id -> (array, Work)
 
-    def get_channel(self):
-        """The channel, connected to the master's store on first use."""
+    def start(self) -> None:
+        """Join the data channel on a thread of its own; it answers the Join when done."""
+        threading.Thread(target=self._join, daemon=True,
+                         name=f"mwrt-join-{self.session.node}").start()
+
+    def _join(self) -> None:
+        try:
+            self._open()
+            answer = wire.Done(self.join.token, None)
+        except Exception as exc:
+            self.error = exc if isinstance(exc, ChannelError) else self._unreachable(exc)
+            log.warning("session %s: %s", self.session.id, self.error)
+            answer = wire.Failed(self.join.token, {"kind": "channel", "message": str(self.error)})
+        finally:
+            self.ready.set()
+        sock = self.session.daemon.reply_socket()
+        try:
+            wire.send(sock, self.session.identity, answer)
+        finally:
+            sock.close(linger=1000)
+
+    def _open(self) -> None:
+        host, port = split_host_port(self.join.store, "Join: the master's store")
+        store = TCPStore(host, port, timeout=config.get("connect_timeout"))
+        keys = self.session.daemon.keys
+        try:
+            channel = channels.create(
+                self.join.channel, self.session.node, self.join.world, store=store,
+                prefix=self.join.prefix, key=keys.hmac_key if keys else None)
+        except BaseException:
+            store.close()
+            raise
         with self.lock:
-            if self.channel is None:
-                host, _, port = self.join.store.rpartition(":")
-                self.store = TCPStore(host, int(port))
-                keys = self.session.daemon.keys
-                self.channel = channels.create(
-                    self.join.channel, self.session.node, self.join.world, store=self.store,
-                    prefix=self.join.prefix, key=keys.hmac_key if keys else None)
-            return self.channel
+            self.store, self.channel = store, channel
+            closed = self.session.closed
+        if closed:  # the session ended while we joined: nobody else will close these
+            self.close()
+
+    def _unreachable(self, exc: Exception) -> ChannelError:
+        """A Join that failed, named: where the store is, where we are, and the fix."""
+        host = split_host_port(self.join.store, "Join")[0]
+        try:
+            here = advertise_address(host)
+        except Exception:  # no route at all: the error below says so already
+            here = "this worker"
+        return ChannelError(
+            f"node {self.session.node}: cannot reach the master's data channel store at "
+            f"{self.join.store} from {here} ({type(exc).__name__}: {exc}); set MWRT_MASTER_ADDR "
+            "or MWRT_IFNAME on the master to an address this worker can reach")
+
+    def get_channel(self):
+        """The channel, once joined; the join's error if it failed."""
+        if not self.ready.wait(config.get("connect_timeout") * 2):
+            raise ChannelTimeoutError(f"node {self.session.node}: still joining the master's "
+                                      f"data channel at {self.join.store}")
+        if self.error is not None:
+            raise self.error
+        return self.channel
 
     def post(self, cmd: wire.RecvFrom) -> None:
         """Post a RecvFrom's receive as soon as it arrives (socket thread), so the bytes land
         in their array at once instead of a stash, even while the stream is still busy."""
         from .handlers import check_size
 
+        if self.channel is None:  # still joining (or failed): the stream's attempt waits
+            return
         try:
             dtype = np.dtype(cmd.dtype)
             check_size(cmd.shape, dtype)
             host = np.empty(cmd.shape, dtype)
-            work = self.get_channel().irecv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
+            work = self.channel.irecv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
         except Exception:  # the stream's own attempt will fail and report it
             return
         self.posted[cmd.id] = (host, work)
@@ -65,7 +123,9 @@ class SessionData:
             return group
 
     def close(self) -> None:
-        for closeable in (self.channel, self.store):
+        with self.lock:
+            closeables, self.channel, self.store = (self.channel, self.store), None, None
+        for closeable in closeables:
             if closeable is not None:
                 try:
                     closeable.close()

@@ -1,0 +1,83 @@
+"""The auto channel: shared memory with the ranks of this host, TCP with the others.
+
+Each rank listens twice, on an abstract UNIX socket (the shm channel's) and on TCP
+(the tcp channel's address and key rules), and publishes both beside its host
+identity (`netaddr.host_identity`: hostname, boot id, the /dev/shm filesystem and the
+network namespace). A sender compares the peer's identity with its own when it first
+connects: equal, the pair talks as the shm channel does (large segments through shared
+slots); different, as the tcp channel does. Both ends of a pair decide alike, since
+identity equality is symmetric. The single-copy collectives (CMA) run for a group whose
+ranks all share this host; any other group runs the generic algorithms over the
+per-pair paths. Force one path for every pair with channel 'shm' or 'tcp'.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from ..errors import ChannelError, WireError
+from ..netaddr import host_identity
+from .shm import MAP, SHM, ShmChannel
+from .sockets import SocketChannel
+from .tcp import connect_tcp, listen_host, listen_tcp
+
+
+class AutoChannel(ShmChannel):
+    """Per peer pair: shm when the two processes share a host, else tcp."""
+
+    name = "auto"
+
+    def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None,
+                 host: str | None = None):
+        self.host, self._tcp_allowed = listen_host(store, key, host)
+        self.identity = host_identity()
+        self._remote: dict[int, bool] = {}  # peer -> True when it is on another host
+        super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
+
+    def _listen(self):
+        listeners, local = super()._listen()
+        tcp = ""  # unkeyed beyond loopback: no tcp listener (peers of this host still connect)
+        if self._tcp_allowed:
+            sock, tcp = listen_tcp(self.host, self.world_size, f"auto channel rank {self.rank}")
+            listeners.append(sock)
+        return listeners, f"{local}|{tcp}"
+
+    def _connect(self, address, peer, timeout):
+        identity, name, tcp = address.split("|")
+        self._remote[peer] = identity != self.identity
+        if not self._remote[peer]:
+            return super()._connect(f"{identity}|{name}", peer, timeout)
+        if not tcp:
+            raise ChannelError(
+                f"auto send rank {self.rank}->{peer}: rank {peer} is on another host but "
+                "listens on this host's shared memory only: the job has no secret; set "
+                "MWRT_JOB_SECRET to the same value on every rank (or MWRT_KEY_FILE), or "
+                "MWRT_INSECURE=1 on a private network")
+        return connect_tcp(self, tcp, peer, timeout)
+
+    def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline):
+        if self._remote.get(peer):
+            return SocketChannel._send_segment(self, conn, peer, tag, total, offset, seg, desc,
+                                               deadline)
+        return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
+
+    def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc):
+        if kind in (MAP, SHM) and sock.family != socket.AF_UNIX:
+            raise WireError(f"rank {peer} sent a shared-memory frame over tcp (from another "
+                            "host, its segments cannot be ours)")
+        return super()._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
+
+    def _cma_for(self, group):
+        key = (group.group_id, tuple(group.ranks))
+        if key not in self._cma_groups and not all(map(self._shares_host, group.ranks)):
+            self._cma_groups[key] = None  # single-copy reads need every rank on this host
+        return super()._cma_for(group)
+
+    def _shares_host(self, rank: int) -> bool:
+        """True if `rank` is this process or on this host (from its published address)."""
+        if rank == self.rank:
+            return True
+        if rank not in self._remote:
+            address = self.store.get(self._address_key(rank), timeout=self.timeout).decode()
+            self._remote[rank] = address.split("|")[0] != self.identity
+        return not self._remote[rank]
