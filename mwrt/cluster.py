@@ -67,10 +67,10 @@ class Cluster:
         for node, host in zip(self.nodes, toward):
             tokens.append(next(node.tokens))
             node.issue((wire.code(wire.Join), next(node.ids), join_host_port(host, self.store.port),
-                        self.session_id, len(self.nodes) + 1, name, tokens[-1]))
+                        self.session_id, len(self.nodes) + 1, name, timeout, tokens[-1]))
             node.flush()
-        for node, token in zip(self.nodes, tokens):
-            node.wait(token, "joining the data channel", timeout * 2)
+        for node, token in zip(self.nodes, tokens):  # the worker answers within `timeout`
+            node.wait(token, "joining the data channel", timeout + 5.0)
 
     @property
     def master_rank(self) -> int:

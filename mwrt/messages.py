@@ -203,6 +203,7 @@ class Join:
     prefix: str
     world: int
     channel: str
+    timeout: float  # seconds the worker tries to reach the store: the master's to choose
     token: int  # answered (Done, or Failed naming what it could not reach) once joined
 
 

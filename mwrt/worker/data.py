@@ -11,14 +11,15 @@ the cluster's HMAC key (the worker's key file) can connect.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 
 import numpy as np
 
-from .. import arrays, channels, collectives, config, wire
+from .. import arrays, channels, collectives, wire
 from ..errors import ChannelError, ChannelTimeoutError
 from ..group import ProcessGroup
-from ..netaddr import advertise_address, split_host_port
+from ..netaddr import split_host_port
 from ..reduce_ops import ReduceOp
 from ..rendezvous import TCPStore
 
@@ -60,7 +61,7 @@ class SessionData:
 
     def _open(self) -> None:
         host, port = split_host_port(self.join.store, "Join: the master's store")
-        store = TCPStore(host, port, timeout=config.get("connect_timeout"))
+        store = TCPStore(host, port, timeout=self.join.timeout)
         keys = self.session.daemon.keys
         try:
             channel = channels.create(
@@ -77,11 +78,10 @@ class SessionData:
 
     def _unreachable(self, exc: Exception) -> ChannelError:
         """A Join that failed, named: where the store is, where we are, and the fix."""
-        host = split_host_port(self.join.store, "Join")[0]
-        try:
-            here = advertise_address(host)
-        except Exception:  # no route at all: the error below says so already
-            here = "this worker"
+        here = socket.gethostname()
+        listen = split_host_port(self.session.daemon.address, "listen")[0]
+        if listen not in ("0.0.0.0", "::", "*"):
+            here = f"{here} ({listen})"
         return ChannelError(
             f"node {self.session.node}: cannot reach the master's data channel store at "
             f"{self.join.store} from {here} ({type(exc).__name__}: {exc}); set MWRT_MASTER_ADDR "
@@ -89,7 +89,7 @@ class SessionData:
 
     def get_channel(self):
         """The channel, once joined; the join's error if it failed."""
-        if not self.ready.wait(config.get("connect_timeout") * 2):
+        if not self.ready.wait(self.join.timeout + 5.0):
             raise ChannelTimeoutError(f"node {self.session.node}: still joining the master's "
                                       f"data channel at {self.join.store}")
         if self.error is not None:
