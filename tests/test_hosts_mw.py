@@ -139,3 +139,14 @@ def test_sigterm_stops_a_daemon_within_a_second_while_it_joins(hosts2, tmp_path)
     worker.wait(5)
     assert time.monotonic() - started < 1.0
     master.kill()
+
+
+def test_an_unresolvable_worker_name_fails_at_once_naming_it(hosts2):
+    """On a simulated host, so the name lookup asks nothing outside it."""
+    started = time.monotonic()
+    res = hosts2[0].python(
+        "import mwrt\ntry:\n    mwrt.init_master_worker(['no-such-host.invalid:7070'])\n"
+        "except Exception as e:\n    print(type(e).__name__, e)\n", env={})
+    assert time.monotonic() - started < 10
+    assert res.stdout.startswith("ConfigError workers: no-such-host.invalid:7070: cannot "
+                                 "resolve host name 'no-such-host.invalid'"), res.stdout

@@ -121,3 +121,42 @@ def test_sigterm_stops_the_daemon_cleanly(worker):
     process, _ = worker
     process.send_signal(signal.SIGTERM)
     assert process.wait(10) == 0
+
+
+def test_sigterm_stops_a_daemon_within_a_second_mid_transfer(keyed_worker):
+    import threading
+
+    process, address, key = keyed_worker
+    mwrt.init_master_worker([address], key=key)
+    big, errors = np.ones(8 << 20), []
+
+    def transfers():
+        try:
+            while True:
+                mwrt.dist_send(big).numpy()
+        except mwrt.MwrtError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=transfers, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(10) == 0
+    assert time.monotonic() - started < 1.0
+    thread.join(10)
+    assert errors and "node 0" in str(errors[0])
+
+
+def test_a_port_in_use_is_named_with_the_flag_to_change_it(worker):
+    import subprocess
+    import sys
+
+    _, address = worker
+    port = address.rpartition(":")[2]
+    result = subprocess.run([sys.executable, "-m", "mwrt.worker", "--listen",
+                             f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "--listen HOST:PORT" in result.stderr and "Traceback" not in result.stderr
+
