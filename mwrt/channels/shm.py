@@ -100,6 +100,10 @@ class ShmChannel(CmaCollectives, SocketChannel):
                 "its logs", peer=peer) from None
         return sock
 
+    def _shown(self, record, sock):
+        return "this host's shared memory" if sock.family == socket.AF_UNIX else \
+            "%s:%d" % sock.getpeername()[:2]
+
     # -- sending -----------------------------------------------------------------------
 
     def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline):

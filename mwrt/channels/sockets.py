@@ -79,6 +79,10 @@ class SocketChannel(InboundChannel):
         """Open a connected socket to `peer` at `address`."""
         raise NotImplementedError
 
+    def _shown(self, record: str, sock: socket.socket) -> str:
+        """How errors name a peer's address: its published record (tcp: host:port)."""
+        return record
+
     def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline) -> None:
         """Send one segment of a message; shm overrides this for large ones."""
         head = HEADER.pack(MAGIC, DATA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
@@ -147,12 +151,14 @@ class SocketChannel(InboundChannel):
             send_parts(conn.sock, parts, deadline, self._before_blocking)
         except TimeoutError:
             conn.error = "a send timed out mid-frame"
-            raise ChannelTimeoutError(f"{self._what(peer)}: rank {peer} did not take the data "
-                                      "within the timeout; is it stalled?") from None
+            raise ChannelTimeoutError(f"{self._what(peer)}: rank {peer} at {conn.address} did "
+                                      "not take the data within the timeout; is it stalled, or "
+                                      "the link to it down?") from None
         except OSError as exc:
             conn.error = conn.error or f"{type(exc).__name__}: {exc}"  # fail_peer's why first
-            raise ChannelClosedError(f"{self._what(peer)}: connection to rank {peer} lost "
-                                     f"({conn.error}); check the logs of rank {peer}",
+            raise ChannelClosedError(f"{self._what(peer)}: connection to rank {peer} at "
+                                     f"{conn.address} lost ({conn.error}); check the logs of "
+                                     f"rank {peer}",
                                      peer=peer) from None
         finally:
             conn.lock.release()
@@ -178,8 +184,9 @@ class SocketChannel(InboundChannel):
                 raise ChannelTimeoutError(
                     f"{what}: rank {peer} did not publish its address ({key!r}) within "
                     f"{timeout} s; is it running with the same store and prefix?") from None
-            address = address.decode()
-            sock = self._connect(address, peer, max(deadline - time.monotonic(), 1e-3))
+            record = address.decode()
+            sock = self._connect(record, peer, max(deadline - time.monotonic(), 1e-3))
+            address = self._shown(record, sock)
             try:
                 client_handshake(sock, self.key, max(deadline - time.monotonic(), 1e-3),
                                  self._claim(self.rank),
