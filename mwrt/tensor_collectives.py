@@ -38,13 +38,16 @@ def _check(tensors, what: str) -> list:
     return tensors
 
 
-def _group_id(ranks: tuple) -> int:
-    """One process group per set of nodes, numbered by the master for every worker alike."""
+def _group_id(placements) -> int:
+    """One process group per set of (node, stream) pairs, numbered by the master for every
+    worker alike: a group's collectives then run in one order on every node (its streams'),
+    and collectives on other streams, running beside them, never share its sequence."""
+    key = tuple((node, context.stream_for(node, device)) for node, device in placements)
     groups = current().__dict__.setdefault("collective_groups", {})
-    return groups.setdefault(ranks, len(groups) + 1)
+    return groups.setdefault(key, len(groups) + 1)
 
 
-def _issue(kind: str, tensor, node, device, ranks, args, out_spec=None):
+def _issue(kind: str, tensor, node, device, ranks, group, args, out_spec=None):
     """Queue the collective on one node; returns the new tensor it makes, if any."""
     from .tensor import DistributedTensor
 
@@ -52,7 +55,7 @@ def _issue(kind: str, tensor, node, device, ranks, args, out_spec=None):
     out = None
     if out_spec is not None:
         out = DistributedTensor(node, device, next(node.ids), out_spec, stream)
-    node.issue((_COLLECTIVE, next(node.ids), stream, kind, _group_id(ranks), ranks,
+    node.issue((_COLLECTIVE, next(node.ids), stream, kind, group, ranks,
                 -1 if tensor is None else tensor._id, args, -1 if out is None else out._id,
                 () if out_spec is None else out_spec.shape))
     return out
@@ -62,9 +65,9 @@ def all_reduce(tensors, op=ReduceOp.SUM) -> list:
     """Combine the tensors with `op`, in place: every node ends with the same result."""
     tensors = _check(tensors, "all_reduce")
     op = reduce_op(op, tensors[0].dtype, "all_reduce")
-    ranks = tuple(t.get_node() for t in tensors)
+    ranks, group = _placed(tensors)
     for t in tensors:
-        _issue("all_reduce", t, t._node, t._device, ranks, {"op": op.name})
+        _issue("all_reduce", t, t._node, t._device, ranks, group, {"op": op.name})
     return tensors
 
 
@@ -72,9 +75,9 @@ def broadcast(tensors, src: int = 0) -> list:
     """Copy tensors[src] into every other tensor, in place."""
     tensors = _check(tensors, "broadcast")
     _check_index(src, tensors, "broadcast", "src")
-    ranks = tuple(t.get_node() for t in tensors)
+    ranks, group = _placed(tensors)
     for t in tensors:
-        _issue("broadcast", t, t._node, t._device, ranks, {"root": src})
+        _issue("broadcast", t, t._node, t._device, ranks, group, {"root": src})
     return tensors
 
 
@@ -83,30 +86,30 @@ def reduce(tensors, dst: int = 0, op=ReduceOp.SUM):
     tensors = _check(tensors, "reduce")
     _check_index(dst, tensors, "reduce", "dst")
     op = reduce_op(op, tensors[0].dtype, "reduce")
-    ranks = tuple(t.get_node() for t in tensors)
+    ranks, group = _placed(tensors)
     for t in tensors:
-        _issue("reduce", t, t._node, t._device, ranks, {"root": dst, "op": op.name})
+        _issue("reduce", t, t._node, t._device, ranks, group, {"root": dst, "op": op.name})
     return tensors[dst]
 
 
 def all_gather(tensors) -> list:
     """On every node, a new tensor stacking all the tensors: shape (len(tensors), *shape)."""
     tensors = _check(tensors, "all_gather")
-    ranks = tuple(t.get_node() for t in tensors)
+    ranks, group = _placed(tensors)
     spec = Spec((len(tensors), *tensors[0].shape), tensors[0].dtype)
-    return [_issue("all_gather", t, t._node, t._device, ranks, {"dtype": spec.dtype.str}, spec)
-            for t in tensors]
+    return [_issue("all_gather", t, t._node, t._device, ranks, group,
+                   {"dtype": spec.dtype.str}, spec) for t in tensors]
 
 
 def gather(tensors, dst: int = 0):
     """A new tensor on tensors[dst]'s node stacking all the tensors."""
     tensors = _check(tensors, "gather")
     _check_index(dst, tensors, "gather", "dst")
-    ranks = tuple(t.get_node() for t in tensors)
+    ranks, group = _placed(tensors)
     spec = Spec((len(tensors), *tensors[0].shape), tensors[0].dtype)
     result = None
     for i, t in enumerate(tensors):
-        made = _issue("gather", t, t._node, t._device, ranks,
+        made = _issue("gather", t, t._node, t._device, ranks, group,
                       {"root": dst, "dtype": spec.dtype.str}, spec if i == dst else None)
         result = made if i == dst else result
     return result
@@ -128,8 +131,16 @@ def scatter(tensor, nodes) -> list:
                          f"shape {tensor.shape}, expected ({len(nodes)}, ...))")
     root = ranks.index(tensor.get_node())
     spec = Spec(tensor.shape[1:], tensor.dtype)
+    group = _group_id([(n, tensor._device) for n in ranks])
     return [_issue("scatter", tensor if node is tensor._node else None, node, tensor._device,
-                   ranks, {"root": root, "dtype": spec.dtype.str}, spec) for node in nodes]
+                   ranks, group, {"root": root, "dtype": spec.dtype.str}, spec)
+            for node in nodes]
+
+
+def _placed(tensors) -> tuple[tuple, int]:
+    """The tensors' nodes, and the process group of their nodes and streams."""
+    return (tuple(t.get_node() for t in tensors),
+            _group_id([(t.get_node(), t._device) for t in tensors]))
 
 
 def _check_index(index, tensors, what: str, name: str) -> None:

@@ -376,3 +376,22 @@ def test_example_runs_under_the_launcher(example):
                          text=True, env=env, timeout=50, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "[rank 0]" in res.stdout
+
+
+def _async_then_objects(rank, backend):
+    dist.init_process_group(backend, timeout=20)
+    big = np.full(1 << 20, rank + 1.0)
+    work = dist.all_reduce(big, async_op=True)
+    objects = [None] * dist.get_world_size()
+    dist.all_gather_object(objects, {"rank": rank})  # before the wait: runs after it, in order
+    box = [rank]
+    dist.broadcast_object_list(box, src=1)
+    work.wait()
+    assert objects == [{"rank": r} for r in range(dist.get_world_size())] and box == [1]
+    assert (big == 3.0).all()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
+def test_an_object_collective_waits_for_a_pending_async_one(backend):
+    dist.spawn(_async_then_objects, args=(backend,), nprocs=2, timeout=60)

@@ -132,3 +132,24 @@ def test_a_node_that_cannot_join_a_collective_fails_it_everywhere_at_once(three)
     ok = [mwrt.ones(2, node=n) for n in range(3)]
     mwrt.all_reduce(ok)  # the nodes' group still works afterwards
     np.testing.assert_array_equal(ok[1].numpy(), [3, 3])
+
+
+def test_collectives_on_two_streams_of_every_node_run_side_by_side(three):
+    """Each stream pair is its own process group: their collectives interleave freely on
+    the workers' threads and none takes another's sequence number."""
+    pairs = [(mwrt.Stream(node=0), mwrt.Stream(node=1)) for _ in range(2)]
+    sets = []
+    for k, pair in enumerate(pairs):
+        with mwrt.stream(pair[0]), mwrt.stream(pair[1]):  # made on the streams that use them
+            sets.append([mwrt.full(50000, float(k + 1), dtype=np.float64, node=n)
+                         for n in (0, 1)])
+    for _ in range(20):
+        for pair, tensors in zip(pairs, sets):
+            with mwrt.stream(pair[0]), mwrt.stream(pair[1]):
+                mwrt.all_reduce(tensors, op=mwrt.ReduceOp.MAX)
+                mwrt.all_reduce(tensors)
+                tensors[0] /= 2  # back to where it started, on that stream
+                tensors[1] /= 2
+    for k, (pair, tensors) in enumerate(zip(pairs, sets)):
+        for t in tensors:
+            np.testing.assert_array_equal(t.numpy(), np.full(50000, k + 1.0))

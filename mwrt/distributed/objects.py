@@ -26,11 +26,20 @@ def _padded(parts: list, width: int) -> np.ndarray:
     return rows
 
 
+def _in_order(group, body, *args) -> None:
+    """Run body(g, *args) after the group's pending async collectives, as every collective
+    runs (their sequence numbers and checks must not interleave), unless not a member."""
+    g = _group(group)
+    if g is not None:
+        g.call(body, g, *args)
+
+
 def all_gather_object(object_list: list, obj, group=None) -> None:
     """Fill object_list[i] with rank i's `obj`."""
-    g = _group(group)
-    if g is None:
-        return
+    _in_order(group, _all_gather_object, object_list, obj)
+
+
+def _all_gather_object(g, object_list, obj) -> None:
     data = _pickled(obj)
     sizes = np.zeros(g.size, np.int64)
     C.all_gather(g, sizes, np.array([data.size], np.int64))
@@ -42,9 +51,10 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
 
 def gather_object(obj, object_gather_list=None, dst: int = 0, group=None) -> None:
     """Fill object_gather_list[i] on global rank `dst` with rank i's `obj`."""
-    g = _group(group)
-    if g is None:
-        return
+    _in_order(group, _gather_object, obj, object_gather_list, dst)
+
+
+def _gather_object(g, obj, object_gather_list, dst) -> None:
     root = _group_rank(g, dst, "gather_object")
     if g.rank == root and (object_gather_list is None or len(object_gather_list) < g.size):
         raise ValueError(f"gather_object: dst needs object_gather_list with {g.size} slots")
@@ -62,9 +72,11 @@ def gather_object(obj, object_gather_list=None, dst: int = 0, group=None) -> Non
 def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list=None,
                         src: int = 0, group=None) -> None:
     """Set scatter_object_output_list[0] on group rank i to item i of the list on `src`."""
-    g = _group(group)
-    if g is None:
-        return
+    _in_order(group, _scatter_object_list, scatter_object_output_list,
+              scatter_object_input_list, src)
+
+
+def _scatter_object_list(g, scatter_object_output_list, scatter_object_input_list, src):
     root = _group_rank(g, src, "scatter_object_list")
     sizes, rows = np.zeros(g.size, np.int64), None
     if g.rank == root:
@@ -82,9 +94,10 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
 
 def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
     """Replace object_list's items everywhere with those on global rank `src`."""
-    g = _group(group)
-    if g is None:
-        return
+    _in_order(group, _broadcast_object_list, object_list, src)
+
+
+def _broadcast_object_list(g, object_list, src) -> None:
     root = _group_rank(g, src, "broadcast_object_list")
     data = _pickled(list(object_list)) if g.rank == root else None
     size = np.array([0 if data is None else data.size], np.int64)
