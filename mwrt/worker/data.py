@@ -27,7 +27,7 @@ log = logging.getLogger("mwrt.worker")
 
 
 class SessionData:
-    """A session's channel, store and process groups, opened by join() and closed with it."""
+    """A session's channel, store and process groups, opened by start() and closed with it."""
 
     def __init__(self, session, join: wire.Join):
         self.session, self.join = session, join
@@ -48,7 +48,8 @@ class SessionData:
             self._open()
             answer = wire.Done(self.join.token, None)
         except Exception as exc:
-            self.error = exc if isinstance(exc, ChannelError) else self._unreachable(exc)
+            self.error = exc if isinstance(exc, ChannelError) else ChannelError(
+                f"node {self.session.node}: cannot open its data channel ({exc})")
             log.warning("session %s: %s", self.session.id, self.error)
             answer = wire.Failed(self.join.token, {"kind": "channel", "message": str(self.error)})
         finally:
@@ -61,7 +62,10 @@ class SessionData:
 
     def _open(self) -> None:
         host, port = split_host_port(self.join.store, "Join: the master's store")
-        store = TCPStore(host, port, timeout=self.join.timeout)
+        try:
+            store = TCPStore(host, port, timeout=self.join.timeout)
+        except Exception as exc:
+            raise self._unreachable(exc) from None
         keys = self.session.daemon.keys
         try:
             channel = channels.create(
