@@ -57,12 +57,12 @@ def test_wait_event_orders_streams_within_a_node(cluster):
     a, b = mwrt.Stream(), mwrt.Stream()
     with mwrt.stream(a):
         x = mwrt.zeros(4)
-        mwrt.remote(lambda t: (time.sleep(0.3), t.fill(5)), outputs=0)(x)
+        mwrt.remote(lambda t: (time.sleep(1.0), t.fill(5)), outputs=0)(x)
         done = a.record_event()
     b.wait_event(done)
     with mwrt.stream(b):
         y = x + 1  # runs only after stream a filled x
-    assert not done.query() or True  # may or may not be done yet; must not block
+    assert done.query() is False  # answers at once, while stream a still sleeps
     np.testing.assert_array_equal(y.numpy(), np.full(4, 6.0, np.float32))
     assert done.query()
 
