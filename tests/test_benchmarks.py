@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hosts import unavailable  # noqa: E402
+
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
@@ -16,8 +19,11 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("bench_streams.py", []),
     ("bench_channels.py", []),
     ("bench_collectives.py", ["--quick", "--sizes", "4K", "--world", "2"]),
+    ("bench_hosts.py", ["--quick"]),
 ])
 def test_benchmark_runs_and_prints_its_table(script, args):
+    if script == "bench_hosts.py" and unavailable():
+        pytest.skip(unavailable())
     res = subprocess.run([sys.executable, os.path.join(BENCH, script), *args],
                          capture_output=True, text=True, timeout=240, check=False)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,0 +1,383 @@
+"""mwrt across simulated hosts, beside raw sockets over the same link, measured in the same run.
+
+The hosts are tests/hosts.py's: network namespaces hosta, hostb, hostc, each with one veth
+into a bridge in a namespace of their own, so every byte crosses a veth pair and the bridge,
+as between machines, and nothing leaves the namespaces made here (it needs root). Every
+timed program runs on a host, as this file run with `--role` (a sender, a receiver, the
+master, an SPMD rank); each prints its figures as JSON and this process prints the table.
+
+Every raw socket gets the tcp channel's own settings (`mwrt.channels.tcp.tune`: no Nagle,
+4 MiB kernel buffers), so the baseline is the best plain sockets do, not a default socket.
+
+- Transfers (master on hosta, keyed workers on hostb = node 0 and hostc = node 1, set up as
+  the README's recipe): `mwrt.dist_send(a, node=0)` then a tiny sync (`float(t[:1].sum())`),
+  A -> B; `t.numpy()`, B -> A; `t.to(node=1)` then the same tiny sync, B -> C. Baseline: one
+  plain TCP connection between the same two hosts, sendall / recv_into of the same bytes
+  into a reused buffer, then a 1-byte ack, timed by the sender; run once before and once
+  after the mwrt program, the repetitions pooled, so both see the same machine.
+- all_reduce SUM of float32, rank 0 on hosta and rank 1 on hostb,
+  `init_process_group("tcp", init_method="tcp://hosta:PORT")`, then the same with the
+  `auto` backend (init_process_group(None, ...)), which should pick tcp between hosts. Beside it, in the same processes and taking turns every iteration, the
+  raw-socket swap floor: both ranks send the whole buffer at once over plain sockets (one
+  per direction, a sending thread and recv_into), the bytes a two-rank all_reduce must move.
+  Per iteration (after a barrier) the slower rank's time, then the median; bus bandwidth is
+  2(n-1)/n * bytes / time for both (n = 2).
+
+Medians of several repetitions after one warm-up. On a 2-core machine every host shares
+the same two cores, so the veth link's ceiling is the kernel's copy and TCP cost, not a wire.
+
+    python benchmarks/bench_hosts.py [--quick]    # as root; --quick: 16 MiB, 2 reps, < 60 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from mwrt.channels.tcp import tune  # noqa: E402  (the baselines' sockets get the channel's settings)
+
+MIB = 1 << 20
+PIECE_BYTES = 4 * MIB  # the tcp channel's segment size (MWRT_SEGMENT_BYTES)
+WORKER_PORT = 7070
+RENDEZVOUS_PORT = 29500
+RAW_PORT = 29600  # each namespace is fresh, so fixed ports are free
+TRANSFER_TARGET, ALL_REDUCE_TARGET = 0.9, 0.85
+START_TIMEOUT = 60.0
+RUN_TIMEOUT = 300.0
+
+
+# -- programs run on a simulated host (this file with --role) -------------------------------
+
+
+def connect_retrying(addr: tuple[str, int], timeout: float = 30.0) -> socket.socket:
+    """A plain TCP connection, retried while the peer's listener is not up yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock = socket.create_connection(addr)
+            tune(sock)
+            return sock
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    """Fill `view` from `sock`."""
+    got = 0
+    while got < view.nbytes:
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise ConnectionError("peer closed mid-message")
+        got += n
+
+
+def send_in_pieces(sock: socket.socket, buf: np.ndarray) -> None:
+    """sendall in pieces of the channel's segment size: one huge send holds the socket's lock
+    through the whole copy, so the kernel cannot process the peer's ACKs meanwhile (measured
+    here: 2.0 GB/s in one call, faster in pieces)."""
+    view = memoryview(buf).cast("B")
+    for start in range(0, view.nbytes, PIECE_BYTES):
+        sock.sendall(view[start:start + PIECE_BYTES])
+
+
+def role_raw_recv(addr: str, port: int, nbytes: int, reps: int) -> dict:
+    """Baseline receiver: accept one connection, receive and ack reps + 1 messages."""
+    with socket.create_server((addr, port)) as server:
+        conn, _ = server.accept()
+    tune(conn)
+    buf = np.zeros(nbytes, np.uint8)  # prefaulted and reused, as a ceiling should be
+    with conn:
+        for _ in range(reps + 1):
+            recv_exactly(conn, memoryview(buf))
+            conn.sendall(b"k")
+    return {}
+
+
+def role_raw_send(addr: str, port: int, nbytes: int, reps: int) -> dict:
+    """Baseline sender: time sendall of `nbytes` plus the 1-byte ack, reps + 1 times."""
+    # Connect first, then allocate: allocating 64 MiB before connecting made this same loop
+    # run at 2.0 GB/s instead of 3.0 over the veth link, reproducibly (the placement of the
+    # buffer's pages, not the socket, differs); the floor should be the better of the two.
+    with connect_retrying((addr, port)) as sock:
+        src, ack, times = np.ones(nbytes, np.uint8), bytearray(1), []
+        for i in range(reps + 1):
+            start = time.perf_counter()
+            send_in_pieces(sock, src)
+            recv_exactly(sock, memoryview(ack))
+            if i:  # the first warms the connection's window and the receiver's pages
+                times.append(time.perf_counter() - start)
+    return {"times": times}
+
+
+def timed(fn) -> float:
+    """Seconds one call of fn takes."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def role_master(nbytes: int, reps: int) -> dict:
+    """On hosta: dist_send to node 0, .numpy() from it, .to(node=1), each warmed up once."""
+    import mwrt
+
+    mwrt.init_master_worker()  # MWRT_WORKERS and MWRT_KEY_FILE come from the environment
+    try:
+        array = np.ones(nbytes // 4, np.float32)
+        nodes = [float(mwrt.ones(1, node=i).sum()) for i in (0, 1)]  # both sessions are up
+
+        def send():
+            t = mwrt.dist_send(array, node=0)
+            float(t[:1].sum())  # a tiny sync: the worker has all the bytes
+
+        def move():
+            u = held.to(node=1)
+            float(u[:1].sum())
+
+        held = mwrt.dist_send(array, node=0)
+        out = {}
+        for name, fn in (("dist_send", send), ("numpy", held.numpy), ("to", move)):
+            fn()  # warm-up: connects the channel pair, faults in the buffers
+            out[name] = [timed(fn) for _ in range(reps)]
+        if float(held.to(node=1).sum()) != array.size or held.numpy().sum() != array.size:
+            raise SystemExit("bench_hosts: a transfer delivered wrong bytes")
+        out["nodes"] = nodes
+        return out
+    finally:
+        mwrt.shutdown()
+
+
+class RawPair:
+    """Two plain TCP sockets between ranks 0 and 1, one per direction (as the channel has:
+    one socket for both directions would serialize them on its lock)."""
+
+    def __init__(self, rank: int, addr0: str, port: int):
+        if rank == 0:
+            with socket.create_server((addr0, port)) as server:
+                self.inbound, self.outbound = server.accept()[0], server.accept()[0]
+        else:  # connect returns after the handshake, so rank 0 accepts them in this order
+            self.outbound = connect_retrying((addr0, port))
+            self.inbound = connect_retrying((addr0, port))
+        for sock in (self.inbound, self.outbound):
+            tune(sock)
+        self.spare: dict[int, np.ndarray] = {}
+
+    def swap(self, buf: np.ndarray) -> None:
+        """Send all of `buf` on a thread while receiving the peer's into a spare buffer."""
+        into = self.spare.setdefault(buf.nbytes, np.zeros_like(buf))
+        sender = threading.Thread(target=send_in_pieces, args=(self.outbound, buf))
+        sender.start()
+        recv_exactly(self.inbound, memoryview(into).cast("B"))
+        sender.join()
+
+    def close(self) -> None:
+        self.inbound.close()
+        self.outbound.close()
+
+
+def role_rank(rank: int, backend: str, addr0: str, port: int, raw_port: int, sizes: list,
+              reps: dict) -> dict:
+    """One SPMD rank: all_reduce and the raw swap in turns, per-iteration seconds of each."""
+    import mwrt.distributed as dist
+
+    dist.init_process_group(backend or None, init_method=f"tcp://{addr0}:{port}", rank=rank,
+                            world_size=2, timeout=60)
+    pair = RawPair(rank, addr0, raw_port)
+    try:
+        impls = {"mwrt": dist.all_reduce, "raw": pair.swap}
+        out = {name: {} for name in impls}
+        for nbytes in sizes:
+            buf = np.zeros(nbytes // 4, np.float32)  # zeros: the sums stay exact
+            for fn in impls.values():
+                fn(buf)  # warm-up
+            times = {name: [] for name in impls}
+            for _ in range(reps[str(nbytes)]):
+                for name, fn in impls.items():
+                    dist.barrier()  # both ranks start together: the slower one's time counts
+                    times[name].append(timed(lambda: fn(buf)))
+            for name in impls:
+                out[name][str(nbytes)] = times[name]
+        channel = dist.api._state.channel  # which path auto took: tcp, between hosts
+        paths = getattr(channel, "_remote", {})
+        out["path"] = "shm" if paths and not all(paths.values()) else "tcp"
+        return out
+    finally:
+        pair.close()
+        dist.destroy_process_group()
+
+
+ROLES = {"raw-recv": role_raw_recv, "raw-send": role_raw_send, "master": role_master,
+         "rank": role_rank}
+
+
+# -- the parent: hosts, processes, table ----------------------------------------------------
+
+
+def launch(host, role: str, args: dict, env: dict | None = None, log: str | None = None):
+    """This file with `--role role` on `host`; stdout is a pipe, or a log file for daemons."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--role", role, "--args", json.dumps(args)]
+    out = open(log, "w") if log else subprocess.PIPE
+    try:
+        return host.popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if log else
+                          subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    finally:
+        if log:
+            out.close()  # the child has its own descriptor
+
+
+def result(proc, what: str) -> dict:
+    """The JSON a role printed last; an error with its stderr if it failed."""
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise SystemExit(f"bench_hosts: {what} timed out:\n{err[-2000:]}") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_hosts: {what} exited {proc.returncode}:\n{err[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def raw_times(src, dst, nbytes: int, reps: int, port: int) -> list[float]:
+    """Seconds per message of the raw-socket baseline src -> dst."""
+    receiver = launch(dst, "raw-recv", {"addr": dst.addr, "port": port, "nbytes": nbytes,
+                                        "reps": reps})
+    sender = launch(src, "raw-send", {"addr": dst.addr, "port": port, "nbytes": nbytes,
+                                      "reps": reps})
+    times = result(sender, f"raw socket {src.name} -> {dst.name}")["times"]
+    result(receiver, f"raw receiver on {dst.name}")
+    return times
+
+
+def start_workers(hosts, keys: str, logs: str) -> None:
+    """Keys as the README makes them, a keyed daemon on hostb and hostc; waits until both
+    listen."""
+    hosts[0].run([sys.executable, "-m", "mwrt.worker", "keygen", keys], check=True)
+    started = []
+    for host in hosts[1:]:
+        log = os.path.join(logs, f"worker-{host.name}.log")
+        cmd = [sys.executable, "-m", "mwrt.worker", "--listen", f"{host.addr}:{WORKER_PORT}",
+               "--key-file", os.path.join(keys, "worker.key")]
+        with open(log, "w") as out:
+            started.append((host.popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL), log))
+    deadline = time.monotonic() + START_TIMEOUT
+    for proc, log in started:  # they start in parallel; wait for each 'listening on'
+        while "listening on" not in open(log).read():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"bench_hosts: worker did not start: {open(log).read()[-2000:]}")
+            time.sleep(0.05)
+
+
+def transfer_rows(hosts, home: str, nbytes: int, reps: int) -> list[tuple]:
+    """dist_send A->B, .numpy() B->A, .to B->C: mwrt's seconds and the raw socket's."""
+    a, b, c = hosts
+    pairs = {"dist_send": (a, b), "numpy": (b, a), "to": (b, c)}
+    raw = {name: raw_times(src, dst, nbytes, reps, RAW_PORT + i)
+           for i, (name, (src, dst)) in enumerate(pairs.items())}
+    start_workers(hosts, os.path.join(home, "keys"), home)
+    env = {"MWRT_WORKERS": ",".join(f"{h.addr}:{WORKER_PORT}" for h in (b, c)),
+           "MWRT_KEY_FILE": os.path.join(home, "keys", "master.key")}
+    ours = result(launch(a, "master", {"nbytes": nbytes, "reps": reps}, env=env), "the master")
+    for i, (name, (src, dst)) in enumerate(pairs.items()):  # again after: the same load pooled
+        raw[name] += raw_times(src, dst, nbytes, reps, RAW_PORT + 10 + i)
+    size = f"{nbytes // MIB} MiB"
+    labels = {"dist_send": f"dist_send {size}, {a.name} -> {b.name}",
+              "numpy": f".numpy() {size}, {b.name} -> {a.name}",
+              "to": f".to(node=1) {size}, {b.name} -> {c.name}"}
+    rows = []
+    for name, (src, dst) in pairs.items():
+        rows.append((labels[name], nbytes / statistics.median(ours[name]) / 1e9,
+                     f"raw socket {src.name} -> {dst.name}",
+                     nbytes / statistics.median(raw[name]) / 1e9, TRANSFER_TARGET))
+    return rows
+
+
+def all_reduce_rows(hosts, backend: str, sizes: list, reps: dict, port: int) -> list[tuple]:
+    """Two ranks (hosta, hostb): all_reduce bus bandwidth beside the raw swap floor's."""
+    env = {"MWRT_JOB_SECRET": secrets.token_hex(16)}  # the same secret on both ranks
+    args = {"backend": backend, "addr0": hosts[0].addr, "port": port, "raw_port": port + 1,
+            "sizes": sizes, "reps": {str(n): reps[n] for n in sizes}}
+    procs = [launch(host, "rank", dict(args, rank=r), env=env) for r, host in
+             enumerate(hosts[:2])]
+    res = [result(p, f"all_reduce rank {r}") for r, p in enumerate(procs)]
+    name = backend or f"auto (went {res[0]['path']})"
+    rows = []
+    for nbytes in sizes:
+        seconds = {name: float(np.median(np.max([r[name][str(nbytes)] for r in res], axis=0)))
+                   for name in ("mwrt", "raw")}
+        busbw = {name: 2 * (2 - 1) / 2 * nbytes / t / 1e9 for name, t in seconds.items()}
+        rows.append((f"all_reduce {name} {nbytes // MIB} MiB, busbw",
+                     busbw["mwrt"], "raw-socket swap floor", busbw["raw"],
+                     ALL_REDUCE_TARGET if nbytes >= 16 * MIB else None))
+    return rows
+
+
+def print_table(rows: list[tuple], reps: int) -> None:
+    """One markdown table: what, mwrt, baseline, ratio, target."""
+    print(f"# targets: transfers >= {TRANSFER_TARGET}x the raw socket; all_reduce busbw >= "
+          f"{ALL_REDUCE_TARGET}x the raw-socket swap floor from 16 MiB up")
+    print(f"# medians of {reps} repetitions (raw transfer baselines: {2 * reps}, before and "
+          "after mwrt); GB/s = 1e9 bytes/s")
+    print("| what | mwrt GB/s | baseline (same run) | GB/s | ratio | target |")
+    print("|---|---|---|---|---|---|")
+    for what, ours, base_name, base, target in rows:
+        ratio = ours / base
+        flag = "" if target is None else f">= {target}x" + (" BELOW" if ratio < target else "")
+        print(f"| {what} | {ours:.2f} | {base_name} | {base:.2f} | {ratio:.2f}x | {flag} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="16 MiB only, 2 repetitions")
+    ap.add_argument("--no-auto", action="store_true", help="skip the auto backend's all_reduce")
+    ap.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    ap.add_argument("--args", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role:  # a program on a simulated host
+        print(json.dumps(ROLES[args.role](**json.loads(args.args))), flush=True)
+        return
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from hosts import make_hosts, unavailable
+
+    reason = unavailable()
+    if reason:
+        raise SystemExit(f"bench_hosts: {reason}")
+    if args.quick:
+        size, sizes, reps = 16 * MIB, [16 * MIB], {16 * MIB: 2}
+    else:
+        size, sizes, reps = 64 * MIB, [MIB, 16 * MIB, 64 * MIB], {MIB: 30, 16 * MIB: 10,
+                                                                  64 * MIB: 5}
+    backends = ["tcp"] if args.no_auto or args.quick else ["tcp", ""]
+    started = time.monotonic()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mwrt-bench-hosts-") as home, \
+            make_hosts(3) as hosts:
+        stage = time.monotonic()
+        rows += transfer_rows(hosts, home, size, reps[size])
+        print(f"# transfers: {time.monotonic() - stage:.1f} s", file=sys.stderr)
+        for i, backend in enumerate(backends):
+            stage = time.monotonic()
+            rows += all_reduce_rows(hosts, backend, sizes, reps, RENDEZVOUS_PORT + 10 * i)
+            print(f"# all_reduce {backend or 'auto'}: {time.monotonic() - stage:.1f} s",
+                  file=sys.stderr)
+    print_table(rows, reps[size])
+    print(f"# {time.monotonic() - started:.1f} s in all", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
