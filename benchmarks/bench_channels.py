@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from mwrt import channels  # noqa: E402
-from mwrt.stores import FileStore  # noqa: E402
+from mwrt.store.stores import FileStore  # noqa: E402
 
 SIZES = [1 << 20, 64 << 20, 256 << 20]
 REPS = {1 << 20: 30, 64 << 20: 7, 256 << 20: 5}

@@ -6,9 +6,7 @@ daemons. Every op returns at once; copies to the master are the sync points.
 
 from . import channels
 from .arrays import HOST
-from .cluster import init_master_worker, is_initialized, shutdown
-from .context import current_device, current_node, device, node
-from .creation import TYPED_CONSTRUCTORS, arange, empty, full, manual_seed, ones, rand, randn, zeros
+from .collective.reduce_ops import ReduceOp
 from .errors import (
                        ChannelClosedError,
                        ChannelError,
@@ -18,14 +16,26 @@ from .errors import (
                        WireError,
                        WorkerLostError,
 )
-from .profile import profile
-from .reduce_ops import ReduceOp
-from .remote import remote
-from .streams import Event, Stream, current_stream, stream
-from .tensor import DistributedTensor
-from .tensor_collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
-from .transfer import put as dist_send
-from .worker_api import device_count, memory_stats, num_nodes, synchronize
+from .master.cluster import init_master_worker, is_initialized, shutdown
+from .master.collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
+from .master.context import current_device, current_node, device, node
+from .master.creation import (
+                       TYPED_CONSTRUCTORS,
+                       arange,
+                       empty,
+                       full,
+                       manual_seed,
+                       ones,
+                       rand,
+                       randn,
+                       zeros,
+)
+from .master.profile import profile
+from .master.queries import device_count, memory_stats, num_nodes, synchronize
+from .master.remote import remote
+from .master.streams import Event, Stream, current_stream, stream
+from .master.tensor import DistributedTensor
+from .master.transfer import put as dist_send
 
 globals().update(TYPED_CONSTRUCTORS)
 

@@ -38,7 +38,7 @@ def start_worker(*extra, env=None):
 @pytest.fixture
 def keyed_worker(tmp_path):
     """A worker daemon with a key: (process, address, path of the master's key file)."""
-    from mwrt.auth import keygen
+    from mwrt.protocol.auth import keygen
 
     worker_key, master_key = keygen(str(tmp_path / "keys"))
     mwrt.shutdown()

@@ -9,8 +9,8 @@ import threading
 import traceback
 
 from mwrt import channels
-from mwrt.group import ProcessGroup
-from mwrt.rendezvous import FileStore, HashStore, rendezvous
+from mwrt.collective.group import ProcessGroup
+from mwrt.store import FileStore, HashStore, rendezvous
 
 
 def available(name: str) -> bool:

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from mwrt import channels
-from mwrt.auth import generate_hmac_key
 from mwrt.errors import AuthError, ChannelClosedError, ChannelError, ChannelTimeoutError
-from mwrt.rendezvous import HashStore
+from mwrt.protocol.auth import generate_hmac_key
+from mwrt.store import HashStore
 
 NAMES = ["inproc", "tcp", "shm", "auto"]
 SOCKET_NAMES = ["tcp", "shm", "auto"]

@@ -10,9 +10,9 @@ import pytest
 from ranks import available, run_ranks
 
 import mwrt.distributed as dist
-from mwrt import collectives as C
 from mwrt.channels.cma import CmaGroup
-from mwrt.reduce_ops import ReduceOp
+from mwrt.collective import api as C
+from mwrt.collective.reduce_ops import ReduceOp
 
 pytestmark = [pytest.mark.timeout(90),
               pytest.mark.skipif(not available("shm"), reason="the shm channel needs Linux")]

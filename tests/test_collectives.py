@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from ranks import available, run_ranks
 
-from mwrt import collectives as C
-from mwrt.buffers import narrow_to_bfloat16, widen_bfloat16
+from mwrt.collective import api as C
+from mwrt.collective.buffers import narrow_to_bfloat16, widen_bfloat16
+from mwrt.collective.reduce_ops import ReduceOp
 from mwrt.errors import CollectiveMismatchError
-from mwrt.reduce_ops import ReduceOp
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -26,8 +26,8 @@ from faultkit import (
 )
 
 import mwrt
-from mwrt.auth import keygen
-from mwrt.cluster import current
+from mwrt.master.cluster import current
+from mwrt.protocol.auth import keygen
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -92,7 +92,7 @@ def test_mixed_commands_under_load_lose_nothing_and_run_nothing_twice(two_worker
     elapsed = time.monotonic() - start
     for n in (0, 1):
         np.testing.assert_array_equal(load.counters[n].numpy(), load.expected[n])
-    ops, rows = load.ops, sum(next(node.ids) for node in mwrt.cluster.current().nodes)
+    ops, rows = load.ops, sum(next(node.ids) for node in mwrt.master.cluster.current().nodes)
     del load
     for n in (0, 1):  # every handle is gone, so every tensor was freed on its worker
         stats = mwrt.memory_stats(n)

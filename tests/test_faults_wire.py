@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mwrt
-from mwrt import auth, channels, wire
+from mwrt import channels
 from mwrt.channels import sockets
 from mwrt.errors import WireError
-from mwrt.rendezvous import HashStore
+from mwrt.protocol import auth, wire
+from mwrt.store import HashStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -449,7 +450,7 @@ def test_live_data_channel_port_refuses_strangers_and_keeps_serving(monkeypatch)
     mwrt.shutdown()
     mwrt.init_master_worker(local_workers=1, timeout=30)
     try:
-        from mwrt.cluster import current
+        from mwrt.master.cluster import current
 
         cluster = current()
         data = np.random.default_rng(1).standard_normal(300_000)

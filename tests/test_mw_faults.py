@@ -16,7 +16,7 @@ def three(monkeypatch):
     mwrt.shutdown()
     monkeypatch.setenv("MWRT_HEARTBEAT_TIMEOUT", "3")
     mwrt.init_master_worker(local_workers=3, timeout=30)
-    yield mwrt.cluster.current()
+    yield mwrt.master.cluster.current()
     mwrt.shutdown()
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mwrt.errors import RendezvousError, RendezvousTimeoutError
-from mwrt.rendezvous import (
+from mwrt.store import (
     FileStore,
     HashStore,
     PrefixStore,

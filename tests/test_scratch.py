@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mwrt.scratch import KEEP, scratch
+from mwrt.collective.scratch import KEEP, scratch
 
 
 def _address(a: np.ndarray) -> int:

@@ -15,9 +15,9 @@ import zmq
 from conftest import start_worker, stop_worker
 
 import mwrt
-from mwrt import wire
-from mwrt.auth import keygen
 from mwrt.errors import AuthError
+from mwrt.protocol import wire
+from mwrt.protocol.auth import keygen
 
 
 def works(key) -> None:
@@ -62,7 +62,7 @@ def test_master_without_a_key_is_refused(keyed):
 
 @pytest.mark.parametrize("which", ["other cluster", "unlisted master"])
 def test_wrong_or_stale_key_is_refused_and_logged(keyed, tmp_path, which):
-    from mwrt.auth import KeyFile, load_key_file
+    from mwrt.protocol.auth import KeyFile, load_key_file
 
     if which == "other cluster":  # a key file made for other workers (or before a re-keygen)
         _, other_master = keygen(str(tmp_path / "other"))

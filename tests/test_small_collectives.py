@@ -1,4 +1,4 @@
-"""Small all_reduce and barrier, whose messages carry the agreement check (mwrt.agreement):
+"""Small all_reduce and barrier, whose messages carry the agreement check (mwrt.collective.agreement):
 results, every kind of disagreement between ranks, and ranks that die mid-collective."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from ranks import available, run_ranks, spawn_and_collect
 from test_collectives import data, expected_reduce, ops_for
 
 import mwrt.distributed as dist
-from mwrt import collectives as C
 from mwrt.channels.inproc import InprocChannel
+from mwrt.collective import api as C
+from mwrt.collective.group import ProcessGroup
+from mwrt.collective.reduce_ops import ReduceOp
 from mwrt.errors import CollectiveMismatchError
-from mwrt.group import ProcessGroup
-from mwrt.reduce_ops import ReduceOp
-from mwrt.rendezvous import HashStore
+from mwrt.store import HashStore
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ import zmq
 from conftest import start_worker, stop_worker
 
 import mwrt
-from mwrt import wire
+from mwrt.protocol import wire
 
 
 @pytest.fixture

@@ -91,7 +91,7 @@ class DataChannel:
     name = "base"
     # True when a send completes whether or not the peer has posted a receive (the socket
     # channels' receiver threads always drain): collectives may then send before their
-    # agreement check settles (mwrt.agreement).
+    # agreement check settles (mwrt.collective.agreement).
     buffered_sends = False
     # True when recv_message() works: collectives then carry their agreement check inside
     # their own messages, whose sizes may differ between ranks that disagree.

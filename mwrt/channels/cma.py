@@ -36,14 +36,14 @@ import time
 import numpy as np
 
 from .. import config
+from ..collective.reduce_ops import combine
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, CollectiveMismatchError
-from ..reduce_ops import combine
 from .segments import Segment, new_name
 
 log = logging.getLogger("mwrt.channels")
 
 _STAGE, _A, _NA, _B, _NB = 0, 1, 2, 3, 4
-_DESC_AT = 40  # byte offset of the call's descriptor (mwrt.agreement, 76 bytes)
+_DESC_AT = 40  # byte offset of the call's descriptor (mwrt.collective.agreement, 76 bytes)
 _SEEN = 15  # the last stage this rank saw every peer reach (after the descriptor)
 _LEAVE_SECONDS = 5.0
 _BLOCK_WORDS = 16

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reduce_ops import ReduceOp, combine
+from ..collective.reduce_ops import ReduceOp, combine
 from . import cma
 from .cma import _A, _B
 

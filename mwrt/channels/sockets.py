@@ -24,8 +24,8 @@ import threading
 import time
 
 from .. import config
-from ..auth import client_handshake, server_handshake
 from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
+from ..protocol.auth import client_handshake, server_handshake
 from .framing import DATA, HEADER, MAGIC, send_parts
 from .inbound import InboundChannel
 

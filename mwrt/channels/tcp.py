@@ -14,8 +14,7 @@ import socket
 
 from .. import config
 from ..errors import ChannelClosedError, ConfigError
-from ..netaddr import advertise_address, bind_listener, is_loopback, join_host_port, \
-    split_host_port
+from ..netaddr import advertise_address, bind_listener, is_loopback, join_host_port, split_host_port
 from .sockets import SocketChannel
 
 log = logging.getLogger("mwrt.channels")

@@ -5,8 +5,8 @@
     dist.all_reduce(arr, op=dist.ReduceOp.SUM)
 """
 
-from ..reduce_ops import ReduceOp
-from ..rendezvous import FileStore, HashStore, PrefixStore, Store, TCPStore
+from ..collective.reduce_ops import ReduceOp
+from ..store import FileStore, HashStore, PrefixStore, Store, TCPStore
 from .api import (
                   GroupMember,
                   P2POp,

@@ -15,13 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import auth, channels, config
-from .. import collectives as C
-from ..buffers import as_flat, host_view
+from .. import channels, config
+from ..collective import api as C
+from ..collective.buffers import as_flat, host_view
+from ..collective.group import ProcessGroup
 from ..errors import ChannelClosedError, ChannelTimeoutError, MwrtError
-from ..group import ProcessGroup
-from ..rendezvous import rendezvous, store_from_url
-from ..stores import _seconds
+from ..protocol import auth
+from ..store import rendezvous, store_from_url
+from ..store.stores import _seconds
 
 
 class GroupMember:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import collectives as C
-from ..buffers import as_flat, is_bfloat16, widen_bfloat16
-from ..reduce_ops import ReduceOp
-from ..stores import _seconds
+from ..collective import api as C
+from ..collective.buffers import as_flat, is_bfloat16, widen_bfloat16
+from ..collective.reduce_ops import ReduceOp
+from ..store.stores import _seconds
 from .api import _group, _group_rank, _run
 
 

@@ -10,7 +10,7 @@ import pickle
 
 import numpy as np
 
-from .. import collectives as C
+from ..collective import api as C
 from .api import _group, _group_rank, recv, send
 
 

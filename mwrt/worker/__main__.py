@@ -48,8 +48,8 @@ def read_env_file(path: str) -> dict[str, str]:
 
 def keygen_main(argv) -> int:
     """`mwrt-worker keygen DIR`: write worker.key and master.key that trust each other."""
-    from ..auth import keygen
     from ..errors import AuthError
+    from ..protocol.auth import keygen
 
     if len(argv) != 1:
         print("usage: mwrt-worker keygen DIR", file=sys.stderr)
@@ -81,8 +81,8 @@ def main(argv=None) -> int:
         os.environ["MWRT_ADVERTISE_ADDR"] = args.advertise  # read by this daemon's channels
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s mwrt-worker[%(process)d] %(levelname)s %(message)s")
-    from ..auth import load_key_file
     from ..errors import AuthError, ConfigError
+    from ..protocol.auth import load_key_file
     from .daemon import Daemon
 
     try:

@@ -18,11 +18,12 @@ import uuid
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .. import auth, config, wire
+from .. import config
 from ..channels.shm import reap_orphan_segments
 from ..errors import ConfigError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
+from ..protocol import auth, wire
 from .session import Session
 
 log = logging.getLogger("mwrt.worker")

@@ -16,12 +16,14 @@ import threading
 
 import numpy as np
 
-from .. import arrays, channels, collectives, wire
+from .. import arrays, channels
+from ..collective import api as collectives
+from ..collective.group import ProcessGroup
+from ..collective.reduce_ops import ReduceOp
 from ..errors import ChannelError, ChannelTimeoutError
-from ..group import ProcessGroup
 from ..netaddr import split_host_port
-from ..reduce_ops import ReduceOp
-from ..rendezvous import TCPStore
+from ..protocol import wire
+from ..store import TCPStore
 
 log = logging.getLogger("mwrt.worker")
 

@@ -13,7 +13,8 @@ import threading
 import time
 import traceback
 
-from .. import arrays, wire
+from .. import arrays
+from ..protocol import wire
 from . import handlers
 
 log = logging.getLogger("mwrt.worker")

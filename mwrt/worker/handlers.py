@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 
-from .. import arrays, config, ops, wire
+from .. import arrays, config, ops
+from ..protocol import wire
 
 
 class Poisoned:

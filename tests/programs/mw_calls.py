@@ -15,7 +15,7 @@ import mwrt
 
 def main() -> None:
     mwrt.init_master_worker()
-    cluster = mwrt.cluster.current()
+    cluster = mwrt.master.cluster.current()
     big = np.random.default_rng(0).standard_normal(8 << 20)  # 64 MiB of float64
     t = mwrt.dist_send(big, node=0)
     assert np.array_equal(t.numpy(), big), "64 MiB round trip to node 0"

@@ -6,7 +6,7 @@ import enum
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 class ReduceOp(enum.Enum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from .arrays import HOST
+from ..arrays import HOST
 
 _state = threading.local()
 

@@ -95,7 +95,7 @@ def all_reduce_rd(g, arr: np.ndarray, op: ReduceOp, tag: int) -> None:
 def all_reduce_rd_carried(c, arr: np.ndarray | None, op: ReduceOp | None) -> None:
     """Recursive doubling whose messages also carry the agreement check; arr None: a barrier.
 
-    The steps of all_reduce_rd, but through a Carrier `c` (mwrt.agreement): each message is
+    The steps of all_reduce_rd, but through a Carrier `c` (mwrt.collective.agreement): each message is
     [every call descriptor its sender knows][its data], so the exchanges reduce the data
     and all-gather the descriptors at once, and a barrier is the all-gather alone. Once a
     received descriptor differs from ours, c.recv returns None and nothing is combined;

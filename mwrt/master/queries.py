@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import wire
+from ..protocol import wire
 from .cluster import current
 
 _SYNC, _STATS = wire.code(wire.Sync), wire.code(wire.Stats)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from . import wire
+from ..protocol import wire
 from .cluster import current
-from .worker_api import synchronize
+from .queries import synchronize
 
 _PROFILE = wire.code(wire.Profile)
 

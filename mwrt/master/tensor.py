@@ -11,10 +11,12 @@ import math
 
 import numpy as np
 
-from . import context, ops, wire
-from .arrays import HOST, as_dtype
-from .ops import UNKNOWN, Spec
-from .ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
+from .. import ops
+from ..arrays import HOST, as_dtype
+from ..ops import UNKNOWN, Spec
+from ..ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
+from ..protocol import wire
+from . import context
 
 _CALL, _GET, _META = wire.code(wire.Call), wire.code(wire.Get), wire.code(wire.Meta)
 # ufunc.reduce -> the reduction with the same meaning

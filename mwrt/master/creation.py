@@ -6,10 +6,11 @@ import math
 
 import numpy as np
 
-from . import context, wire
-from .arrays import TYPED, as_dtype, as_shape
+from ..arrays import TYPED, as_dtype, as_shape
+from ..ops import Spec
+from ..protocol import wire
+from . import context
 from .cluster import current
-from .ops import Spec
 
 _CREATE = wire.code(wire.Create)
 

@@ -18,8 +18,8 @@ import secrets
 import socket
 import struct
 
-from .errors import AuthError
-from .netio import recv_exact
+from ..errors import AuthError
+from ..netio import recv_exact
 
 PUBLIC_KEY = b"mwrt-public-key: no secret configured"
 _MAGIC = b"MWRTAUTH1"
@@ -189,7 +189,7 @@ def keygen(directory: str) -> tuple[str, str]:
 
 def as_key_file(key) -> KeyFile | None:
     """Accept a KeyFile, a path, or None (then MWRT_KEY_FILE, if set)."""
-    from . import config
+    from .. import config
 
     if isinstance(key, KeyFile):
         return key
@@ -200,7 +200,7 @@ def as_key_file(key) -> KeyFile | None:
 
 def job_secret() -> bytes | None:
     """An SPMD job's HMAC key: MWRT_JOB_SECRET, else MWRT_KEY_FILE's cluster key, else None."""
-    from . import config
+    from .. import config
 
     secret = config.get("job_secret")
     if secret:

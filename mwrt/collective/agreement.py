@@ -32,14 +32,14 @@ import zlib
 
 import numpy as np
 
-from . import algorithms as alg
-from .errors import (
+from ..errors import (
     ChannelClosedError,
     ChannelError,
     ChannelTimeoutError,
     CollectiveMismatchError,
     WireError,
 )
+from . import algorithms as alg
 from .reduce_ops import ReduceOp
 
 DIRECT_MAX = 8

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from .errors import WireError
+from ..errors import WireError
 from .messages import *  # noqa: F403  (the message classes, reached as wire.Call etc.)
 from .messages import MESSAGES
 

@@ -14,9 +14,9 @@ import time
 
 import msgpack
 
-from . import config
-from .errors import RendezvousError, RendezvousTimeoutError, WireError
-from .netio import recv_exact
+from .. import config
+from ..errors import RendezvousError, RendezvousTimeoutError, WireError
+from ..netio import recv_exact
 from .stores import HashStore, Store, _seconds, as_bytes
 
 # -- TCPStore ----------------------------------------------------------------------------

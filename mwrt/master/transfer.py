@@ -12,11 +12,13 @@ import itertools
 
 import numpy as np
 
-from . import config, context, wire
-from .arrays import as_dtype
+from .. import config
+from ..arrays import as_dtype
+from ..errors import ChannelError, WorkerLostError
+from ..ops import Spec
+from ..protocol import wire
+from . import context
 from .cluster import current
-from .errors import ChannelError, WorkerLostError
-from .ops import Spec
 
 _PUT, _GET, _CALL = wire.code(wire.Put), wire.code(wire.Get), wire.code(wire.Call)
 _SEND, _RECV = wire.code(wire.SendTo), wire.code(wire.RecvFrom)

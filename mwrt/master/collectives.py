@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import context, wire
+from ..collective.reduce_ops import ReduceOp, reduce_op
+from ..ops import Spec
+from ..protocol import wire
+from . import context
 from .cluster import current
-from .ops import Spec
-from .reduce_ops import ReduceOp, reduce_op
 
 _COLLECTIVE = wire.code(wire.Collective)
 

@@ -4,7 +4,7 @@ Every algorithm here sees a ProcessGroup (mwrt.group): its rank, size, and send/
 other group ranks; none sees a socket. Each public function validates its arguments,
 turns the buffer into a flat NumPy view of the same memory, handles world size 1 first,
 and opens `group.collective(...)`, which checks that every rank called the
-same collective with the same op, dtype, shape and root (mwrt.agreement: the check rides
+same collective with the same op, dtype, shape and root (mwrt.collective.agreement: the check rides
 inside the messages of small all_reduce and barrier, and beside the first data messages of
 the others; a mismatch raises CollectiveMismatchError on every rank, naming each rank's
 values, before any received data is used). Data messages carry a tag derived from (group,
@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
+from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError
 from . import algorithms as alg
 from .agreement import check
 from .buffers import host_view
-from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError
 from .reduce_ops import ReduceOp, reduce_op
 
 # -- the collectives -----------------------------------------------------------------------

@@ -1,9 +1,5 @@
 """Init methods (env://, tcp://host:port, file:///path) and the rank rendezvous that names
-missing and duplicate ranks.
-
-The stores themselves live in mwrt.stores and mwrt.tcp_store; they are re-exported here,
-where callers have always imported them from.
-"""
+missing and duplicate ranks."""
 
 from __future__ import annotations
 
@@ -12,18 +8,9 @@ import socket
 import time
 from urllib.parse import parse_qs, urlparse
 
-from .errors import RendezvousError, RendezvousTimeoutError
-from .stores import (  # re-exported: stores are reached as mwrt.rendezvous.FileStore etc.
-    FileStore,
-    HashStore,
-    PrefixStore,
-    Store,
-    as_bytes,
-)
-from .tcp_store import TCPStore
-
-__all__ = ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore", "as_bytes", "rendezvous",
-           "store_from_url"]
+from ..errors import RendezvousError, RendezvousTimeoutError
+from .stores import FileStore, Store
+from .tcp import TCPStore
 
 # -- init methods ------------------------------------------------------------------------
 

@@ -7,10 +7,11 @@ import sys
 
 import cloudpickle
 
-from . import context, wire
-from .arrays import as_dtype
+from ..arrays import as_dtype
+from ..ops import Spec
+from ..protocol import wire
+from . import context
 from .cluster import current
-from .ops import Spec
 
 _REMOTE = wire.code(wire.Remote)
 

@@ -13,12 +13,13 @@ import uuid
 import numpy as np
 import zmq
 
-from . import auth, channels, config, wire
+from .. import channels, config
+from ..errors import ConfigError, MwrtError
+from ..netaddr import advertise_address, join_host_port, resolve, split_host_port
+from ..protocol import auth, wire
+from ..store import TCPStore
 from .client import Node
-from .errors import ConfigError, MwrtError
 from .local import LocalWorker
-from .netaddr import advertise_address, join_host_port, resolve, split_host_port
-from .rendezvous import TCPStore
 
 log = logging.getLogger("mwrt")
 

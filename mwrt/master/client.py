@@ -19,8 +19,9 @@ from collections import deque
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from . import auth, config, wire
-from .errors import AuthError, ChannelError, MwrtError, RemoteError, WireError, WorkerLostError
+from .. import config
+from ..errors import AuthError, ChannelError, MwrtError, RemoteError, WireError, WorkerLostError
+from ..protocol import auth, wire
 
 log = logging.getLogger("mwrt")
 

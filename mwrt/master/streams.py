@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 
-from . import context, wire
+from ..protocol import wire
+from . import context
 from .cluster import current
 
 _STREAM_IDS = itertools.count(1 << 20)  # ids below are the default streams (id == device)

@@ -17,7 +17,8 @@ import weakref
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from . import config, wire
+from .. import config
+from ..protocol import wire
 from .client import dealer
 
 log = logging.getLogger("mwrt")

@@ -13,7 +13,7 @@ it cannot do); anything else means done. Ranks have already agreed on the call, 
 function says `checks_calls = True`: then it carries the check itself, calling
 `take_call_check()` (after any decision to decline) and comparing the descriptors.
 
-Every collective checks that ranks agree on it (mwrt.agreement). The check is lazy: the
+Every collective checks that ranks agree on it (mwrt.collective.agreement). The check is lazy: the
 first send or receive through the checked calls below sends this rank's descriptor, and
 the first wait for data (recv, a receive's wait, a native collective) or the end of the
 collective settles it. An algorithm that carries the check in its own messages takes it
@@ -26,10 +26,10 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from . import config
+from .. import config
+from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
+from ..procs import process_alive
 from .agreement import Agreement, Carrier, check, describe_call
-from .errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
-from .procs import process_alive
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
 _CHANNEL_ERRORS = (ChannelError, TimeoutError, ConnectionError)
