@@ -346,7 +346,8 @@ def test_launcher_reports_a_failing_rank(tmp_path):
 
 
 def test_launcher_reads_slurm_variables():
-    from mwrt.distributed.launch import _parse, first_host, plan
+    from mwrt.distributed.launch import _parse, plan
+    from mwrt.store.launchers import first_host
 
     env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
            "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_NODELIST": "gpu[03-04]", "SLURM_JOB_ID": "77"}

@@ -14,15 +14,15 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import secrets
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from .spawn import free_port, rank_env
+from ..store.launchers import free_port, rank_env, slurm_env
 
 _TAIL = 20
 
@@ -40,25 +40,12 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def first_host(nodelist: str) -> str:
-    """The first host of a SLURM node list: 'gpu[03-05,07],cpu1' -> 'gpu03'."""
-    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not m:
-        raise ValueError(f"SLURM_NODELIST: cannot parse {nodelist!r}")
-    prefix, ranges = m.group(1), m.group(2)
-    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
-
-
 def plan(opts, env=os.environ) -> list[dict[str, str]]:
     """The environment of each local rank, from the options or SLURM's variables."""
     if opts.nproc_per_node is None and "SLURM_PROCID" in env:  # srun: one rank per task
-        port = opts.master_port or int(env.get("MASTER_PORT") or
-                                       29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000)
-        addr = opts.master_addr or env.get("MASTER_ADDR") or first_host(
-            env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST", "127.0.0.1"))
-        local_size = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
-        return [rank_env(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
-                         int(env.get("SLURM_LOCALID", "0")), local_size, addr, port)]
+        env = dict(env, **{k: str(v) for k, v in (("MASTER_ADDR", opts.master_addr),
+                                                   ("MASTER_PORT", opts.master_port)) if v})
+        return [slurm_env(env)]
     n = 1 if opts.nproc_per_node is None else opts.nproc_per_node
     if n < 1 or opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
         raise SystemExit(f"mwrt-launch: need --nproc-per-node >= 1 and 0 <= --node-rank < "
@@ -112,12 +99,30 @@ def _stop(procs, grace=3.0):
             p.wait()
 
 
+def _exit_waiter(procs):
+    """A wait(timeout) that returns as soon as another of `procs` exits, so the first rank to
+    fail is seen before the ranks its death makes fail (pidfds; polling where there are none)."""
+    try:
+        fds = {os.pidfd_open(p.pid): p for p in procs}
+    except (AttributeError, OSError):
+        return lambda timeout: time.sleep(min(timeout, 0.05))
+
+    def wait(timeout: float) -> None:
+        for fd in [fd for fd, p in fds.items() if p.poll() is not None]:
+            del fds[fd]  # an exited process's pidfd stays readable: stop watching it
+            os.close(fd)
+        select.select(list(fds), [], [], timeout)
+    return wait
+
+
 def run(opts) -> int:
     """Start the local ranks and wait; return 0 or the first failing rank's exit code."""
     cmd = [sys.executable, "-u"] + (["-m", opts.script] if opts.module else [opts.script])
     ranks = [(env["RANK"], *_start(cmd + opts.args, env)) for env in plan(opts)]
+    exits = _exit_waiter([proc for _, proc, _, _ in ranks])
     try:
         while True:
+            exits(0.5)
             running = False
             for rank, proc, tail, pumps in ranks:
                 code = proc.poll()
@@ -131,7 +136,6 @@ def run(opts) -> int:
                     return code if code > 0 else 128 - code
             if not running:
                 return 0
-            time.sleep(0.05)
     except KeyboardInterrupt:
         _stop([p for _, p, _, _ in ranks])
         return 130

@@ -12,11 +12,11 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
-import socket
 import time
 import traceback
 
 from ..errors import MwrtError
+from ..store.launchers import free_port, rank_env
 from . import api
 
 
@@ -26,21 +26,6 @@ class RankFailedError(MwrtError):
     def __init__(self, message, *, rank=None, exitcode=None):
         self.rank, self.exitcode = rank, exitcode
         super().__init__(message)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """An ephemeral port that was free a moment ago (rank 0's store binds it next)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def rank_env(rank: int, world_size: int, local_rank: int, local_world_size: int,
-             master_addr: str, master_port: int) -> dict[str, str]:
-    """The variables init_process_group(init_method='env://') reads, torchrun's names."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(local_world_size), "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port)}
 
 
 def _entry(fn, rank, args, env, errors):

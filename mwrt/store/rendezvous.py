@@ -9,6 +9,7 @@ import time
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import RendezvousError, RendezvousTimeoutError
+from .launchers import launcher_env
 from .stores import FileStore, Store
 from .tcp import TCPStore
 
@@ -22,8 +23,8 @@ def _env_int(name: str, given: int | None, instead: str) -> int:
         return given
     raw = os.environ.get(name)
     if raw is None or raw == "":
-        raise RendezvousError(f"env://: {name} is not set; {instead}, or run under mwrt-launch "
-                              "(or dist.spawn), which sets it")
+        raise RendezvousError(f"env://: {name} is not set; {instead}, or run under mwrt-launch, "
+                              "dist.spawn, srun or mpirun, which set it")
     try:
         return int(raw)
     except ValueError:
@@ -40,6 +41,9 @@ def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1
     if world_size is None or world_size < 0:
         world_size = int(query["world_size"][0]) if "world_size" in query else world_size
     if url.scheme == "env":
+        if rank is None or rank < 0:  # srun or mpirun started us: their variables, as torch's
+            for name, value in launcher_env().items():
+                os.environ.setdefault(name, value)
         rank = _env_int("RANK", rank, "pass rank=")
         world_size = _env_int("WORLD_SIZE", world_size, "pass world_size=")
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
