@@ -13,6 +13,7 @@ _REGISTRY: dict[str, object] = {
     "tcp": "mwrt.channels.tcp:TcpChannel",
     "shm": "mwrt.channels.shm:ShmChannel",
     "auto": "mwrt.channels.auto:AutoChannel",
+    "mpi": "mwrt.channels.mpi:MpiChannel",
 }
 _entry_points_loaded = False
 
