@@ -21,6 +21,10 @@ class Setting:
 SETTINGS = {
     "workers": Setting("MWRT_WORKERS", "", str, "comma-separated host:port of worker daemons"),
     "local_workers": Setting("MWRT_LOCAL_WORKERS", 2, int, "daemons started when none are named"),
+    "registry": Setting("MWRT_REGISTRY", "", str,
+                        "directory where `mwrt-worker --register` daemons announce themselves"),
+    "num_workers": Setting("MWRT_NUM_WORKERS", 0, int,
+                           "registered workers a master waits for (with MWRT_REGISTRY)"),
     "connect_timeout": Setting("MWRT_CONNECT_TIMEOUT", 10.0, float, "seconds to reach a worker"),
     "sync_timeout": Setting("MWRT_SYNC_TIMEOUT", 600.0, float, "seconds a sync point waits"),
     "heartbeat_interval": Setting("MWRT_HEARTBEAT_INTERVAL", 0.5, float, "seconds between pings"),
