@@ -1,7 +1,8 @@
 """dist.spawn(fn, args, nprocs): run fn(rank, *args) in N processes, like mp.spawn.
 
 Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT, so `init_process_group()` (env://) works inside fn. The first rank to fail
+MASTER_PORT, so `init_process_group()` (env://) works inside fn, and the job's secret
+(MWRT_JOB_SECRET, made here unless one is set), which its store and channels ask for. The first rank to fail
 stops the others (by pid), and the parent raises RankFailedError naming the rank, with
 its traceback.
 """
@@ -16,7 +17,7 @@ import time
 import traceback
 
 from ..errors import MwrtError
-from ..store.launchers import free_port, rank_env
+from ..store.launchers import free_port, job_secret_env, rank_env
 from . import api
 
 
@@ -54,9 +55,9 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
     ctx = mp.get_context(start_method)
     errors = ctx.SimpleQueue()
     addr, port = "127.0.0.1", free_port()
-    procs = []
+    procs, secret = [], job_secret_env()
     for rank in range(nprocs):
-        env = rank_env(rank, nprocs, rank, nprocs, addr, port)
+        env = dict(rank_env(rank, nprocs, rank, nprocs, addr, port), **secret)
         p = ctx.Process(target=_entry, args=(fn, rank, args, env, errors), daemon=daemon)
         p.start()
         procs.append(p)
