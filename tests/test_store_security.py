@@ -92,7 +92,7 @@ def _closed_by_server(sock: socket.socket) -> bool:
         return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
@@ -258,6 +258,9 @@ def test_oversized_frames_stalls_and_silence_are_cut_off(keyed, monkeypatch):
         assert _closed_by_server(mute)
     with _authed(keyed.port) as idle:  # an admitted client may idle between frames
         assert _ask(idle, ["check", ["k"], None, None]) == ["ok", False]
+        # and a get may wait longer than a frame may take: its timeout rules
+        threading.Timer(1.5, keyed.set, ("late", "v")).start()
+        assert _ask(idle, ["get", "late", 10.0, None]) == ["ok", b"v"]
 
 
 def test_connections_beyond_the_cap_are_refused(monkeypatch):
@@ -346,7 +349,8 @@ def test_store_fuzzer_never_kills_the_server(served):
         if time.monotonic() > deadline:
             break
         try:
-            sock = _authed(port, claim=f"fuzz:{i}:00".encode()) if rng.random() < 0.8 else _raw(port)
+            member = rng.random() < 0.8
+            sock = _authed(port, claim=f"fuzz:{i}:00".encode()) if member else _raw(port)
         except (AuthError, OSError):
             continue
         with sock:

@@ -2,9 +2,9 @@
 
 Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT, so `init_process_group()` (env://) works inside fn, and the job's secret
-(MWRT_JOB_SECRET, made here unless one is set), which its store and channels ask for. The first rank to fail
-stops the others (by pid), and the parent raises RankFailedError naming the rank, with
-its traceback.
+(MWRT_JOB_SECRET, made here unless one is set), which its store and channels ask for.
+The first rank to fail stops the others (by pid), and the parent raises RankFailedError
+naming the rank, with its traceback.
 """
 
 from __future__ import annotations

@@ -143,9 +143,10 @@ class BoundStore(HashStore):
     def _refuse(self, key: str, op: str, client: str):
         owner = self.owners.get(key)
         if owner and owner != client:  # "": a counter made by add, anyone's
-            return ["err", "bound", f"TCPStore: {op} {key!r} refused: the key belongs to "
-                    f"{who(owner)}, which wrote it, not to {who(client)}; a value is bound to "
-                    "its writer: use keys of your own, or add() for a shared counter"]
+            why = (f"TCPStore: {op} {key!r} refused: the key belongs to {who(owner)}, which "
+                   f"wrote it, not to {who(client)}; a value is bound to its writer: use keys "
+                   "of your own, or add() for a shared counter")
+            return ["err", "bound", why]
         return None
 
     def set_by(self, client: str, key: str, value: bytes):
@@ -183,13 +184,13 @@ class BoundStore(HashStore):
 
 def _arg(value, kind: type, what: str):
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"TCPStore: {what} must be {kind.__name__} (got {type(value).__name__})")
+        raise TypeError(f"TCPStore: {what} must be {kind.__name__} (got {type(value).__name__})")
     return value
 
 
 def _keys(value) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
-        raise ValueError("TCPStore: keys must be a list of str")
+        raise TypeError("TCPStore: keys must be a list of str")
     return value
 
 
@@ -234,8 +235,8 @@ def handle(store: BoundStore, generation, client: str, req) -> list:
         return ["err", "timeout", str(e)]
     except (TypeError, ValueError, KeyError) as e:  # KeyError: deleted between wait and read
         return ["err", "value", str(e)]
-    return ["err", "wire", f"TCPStore: unknown request {op!r} (known: set get add cas wait "
-                           "check del num)"]
+    known = "set get add cas wait check del num"
+    return ["err", "wire", f"TCPStore: unknown request {op!r} (known: {known})"]
 
 
 class StoreServer:
@@ -308,10 +309,11 @@ class StoreServer:
             while not self.closed:
                 req = recv_frame(conn, self.limit, lambda: self._deadline(
                     conn, "stalled in the middle of a frame"))
+                self._deadline(conn, None)  # a get may wait as long as its timeout says
+                reply = handle(self.store, self.generation, client, req)
                 self._deadline(conn, "did not read its reply")
-                send_frame(conn, handle(self.store, self.generation, client, req))
-                with self.cond:
-                    self.deadlines.pop(conn, None)
+                send_frame(conn, reply)
+                self._deadline(conn, None)
         except (AuthError, WireError) as exc:
             self.refused(self.where, peer, self.expired.get(conn) or str(exc))
         except OSError as exc:  # ConnectionError too: a client that left, or one cut off
@@ -319,14 +321,19 @@ class StoreServer:
                 self.refused(self.where, peer, self.expired[conn])
             elif client is None:
                 self.refused(self.where, peer, f"broke the challenge ({exc})")
-        except Exception:  # noqa: BLE001 - a bug of ours must not kill the server thread
+        except Exception:  # a bug of ours must not kill the server thread
             log.exception("TCPStore %s: internal error serving %s; dropped it", self.where, peer)
         finally:
             self._forget(conn)
 
-    def _deadline(self, conn: socket.socket, why: str) -> None:
+    def _deadline(self, conn: socket.socket, why: str | None) -> None:
+        """Cut `conn` off in FRAME_SECONDS, saying `why`; None: no deadline now."""
         with self.cond:
-            self.deadlines[conn] = (time.monotonic() + FRAME_SECONDS, f"{why} for {FRAME_SECONDS} s")
+            if why is None:
+                self.deadlines.pop(conn, None)
+                return
+            when = time.monotonic() + FRAME_SECONDS
+            self.deadlines[conn] = (when, f"{why} for {FRAME_SECONDS} s")
             self.cond.notify()
 
     def _forget(self, conn: socket.socket) -> None:

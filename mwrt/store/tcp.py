@@ -15,8 +15,14 @@ import time
 from .. import config
 from ..errors import AuthError, RendezvousError, RendezvousTimeoutError, WireError
 from ..protocol.auth import client_handshake
-from .server import HANDSHAKE_SECONDS, StoreServer, check_secure, frame_limit, recv_frame, \
-    send_frame
+from .server import (
+    HANDSHAKE_SECONDS,
+    StoreServer,
+    check_secure,
+    frame_limit,
+    recv_frame,
+    send_frame,
+)
 from .stores import Store, _seconds, as_bytes
 
 # -- TCPStore ----------------------------------------------------------------------------
@@ -72,7 +78,8 @@ class TCPStore(Store):
             except AuthError as exc:
                 sock.close()
                 raise AuthError(f"{exc}; this job's store is at {self.host}:{self.port} (is "
-                                "MWRT_JOB_SECRET or MWRT_KEY_FILE the same on every rank?)") from None
+                                "MWRT_JOB_SECRET or MWRT_KEY_FILE the same on every rank?)"
+                                ) from None
             except (OSError, WireError) as exc:
                 e = exc
             if sock is not None:
