@@ -315,9 +315,12 @@ class StoreServer:
                 send_frame(conn, reply)
                 self._deadline(conn, None)
         except (AuthError, WireError) as exc:
-            self.refused(self.where, peer, self.expired.get(conn) or str(exc))
+            if not self.closed:  # closing breaks every connection: no peer's fault
+                self.refused(self.where, peer, self.expired.get(conn) or str(exc))
         except OSError as exc:  # ConnectionError too: a client that left, or one cut off
-            if conn in self.expired:
+            if self.closed:
+                pass
+            elif conn in self.expired:
                 self.refused(self.where, peer, self.expired[conn])
             elif client is None:
                 self.refused(self.where, peer, f"broke the challenge ({exc})")
