@@ -286,6 +286,19 @@ def test_connections_beyond_the_cap_are_refused(monkeypatch):
         store.close()
 
 
+def test_silent_strangers_cannot_crowd_out_a_rank(keyed, monkeypatch):
+    monkeypatch.setattr(server, "HANDSHAKE_SECONDS", 0.5)
+    mute = [_raw(keyed.port) for _ in range(server._MAX_PENDING + 8)]  # past the cap
+    try:
+        rank = TCPStore("127.0.0.1", keyed.port, timeout=20, key=KEY)  # let in once reaped
+        rank.set("k", "v")
+        rank.close()
+        assert sum(_closed_by_server(sock) for sock in mute) == len(mute)
+    finally:
+        for sock in mute:
+            sock.close()
+
+
 def test_announced_size_floods_leave_the_servers_rss_flat(served):
     proc, port = served
     client = TCPStore("127.0.0.1", port, timeout=10, key=KEY)
