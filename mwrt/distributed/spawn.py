@@ -93,21 +93,28 @@ def _join(procs, errors, timeout) -> None:
             if not ready:
                 raise RankFailedError(f"spawn: ranks {sorted(r for r, _ in alive.values())} "
                                       f"still running after {timeout} s; stopped them")
+            failed = {}
             for s in ready:
                 rank, p = alive.pop(s)
                 p.join()
                 if p.exitcode != 0:
-                    raise _failed(rank, p.exitcode, errors)
+                    failed[rank] = p.exitcode
+            if failed:
+                raise _failed(failed, errors)
     finally:
         _stop(p for _, p in alive.values())
 
 
-def _failed(rank, exitcode, errors) -> RankFailedError:
+def _failed(failed: dict[int, int], errors) -> RankFailedError:
+    """The error naming the first of the `failed` ranks (rank -> exit code) to fail."""
     reports = {}
     while not errors.empty():
         r, tb = errors.get()
-        reports[r] = tb
-    tb = reports.get(rank)
+        reports.setdefault(r, tb)
+    # Ranks that died together (one, then those that saw it go) are told apart by the
+    # order of their reports: the first failure is reported before the others notice it.
+    rank = next((r for r in reports if r in failed), min(failed))
+    exitcode, tb = failed[rank], reports.get(rank)
     if exitcode is not None and exitcode < 0:
         how = f"was killed by signal {signal.Signals(-exitcode).name}"
     else:
