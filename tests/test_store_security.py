@@ -286,6 +286,20 @@ def test_connections_beyond_the_cap_are_refused(monkeypatch):
         store.close()
 
 
+def test_refusals_are_logged_naming_the_peer_and_rate_limited(keyed, caplog):
+    with caplog.at_level(logging.WARNING, logger="mwrt.store"):
+        for _ in range(20):
+            with _raw(keyed.port) as sock:
+                sock.sendall(b"\xff" * 80)  # a claim of 65535 bytes: refused at once
+                assert _closed_by_server(sock)
+        deadline = time.monotonic() + 10
+        while keyed._server.refused.total < 20 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the last refusal is logged just after its socket closes
+    lines = [r.getMessage() for r in caplog.records if "refused 127.0.0.1:" in r.getMessage()]
+    assert keyed._server.refused.total == 20
+    assert 1 <= len(lines) <= 5 and all("claim too long" in line for line in lines), lines
+
+
 def test_silent_strangers_cannot_crowd_out_a_rank(keyed, monkeypatch):
     monkeypatch.setattr(server, "HANDSHAKE_SECONDS", 0.5)
     mute = [_raw(keyed.port) for _ in range(server._MAX_PENDING + 8)]  # past the cap
