@@ -104,7 +104,8 @@ def _rss_kib(pid: int) -> int:
 # -- admission -----------------------------------------------------------------------------
 
 
-def test_a_stranger_without_the_secret_is_refused_before_any_request(keyed):
+def test_a_stranger_without_the_secret_is_refused_before_any_request(keyed, monkeypatch):
+    monkeypatch.setattr(server, "HANDSHAKE_SECONDS", 0.5)  # for the raw request below
     with pytest.raises(AuthError, match="refused the HMAC handshake.*MWRT_JOB_SECRET"):
         TCPStore("127.0.0.1", keyed.port, timeout=5, key=OTHER)
     with pytest.raises(AuthError):
@@ -154,6 +155,7 @@ def test_a_strangers_attempts_leave_the_real_job_running(tmp_path):
                 refused += 1
             except RendezvousError:
                 pass  # not listening yet, or gone already
+            time.sleep(0.01)  # knock, not flood: the flood tests are below
         out, err = job.communicate(timeout=60)
     finally:
         if job.poll() is None:
