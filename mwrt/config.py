@@ -61,6 +61,11 @@ SETTINGS = {
                                "seconds a data-channel send/recv waits"),
     "rendezvous_timeout": Setting("MWRT_RENDEZVOUS_TIMEOUT", 300.0, float,
                                   "seconds ranks wait for each other at init_process_group"),
+    "store_max_value_bytes": Setting("MWRT_STORE_MAX_VALUE_BYTES", 16 << 20, int,
+                                     "largest value (and request) a TCPStore server accepts; "
+                                     "a peer announcing more is disconnected"),
+    "store_max_connections": Setting("MWRT_STORE_MAX_CONNECTIONS", 1024, int,
+                                     "connections a TCPStore server serves at once"),
     "small_collective_bytes": Setting("MWRT_SMALL_COLLECTIVE_BYTES", 65536, int,
                                       "collectives up to this size use latency-bound algorithms "
                                       "(recursive doubling, trees); larger ones use rings"),

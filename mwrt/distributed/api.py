@@ -111,10 +111,11 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         backend = "auto" if backend == "gloo" else backend
         channels.get(backend)  # an unknown name fails now, before the other ranks wait on us
         prefix, own_store = "mwrt/pg", store is None
+        key = auth.job_secret()  # the store and the channel admit only ranks that prove it
         if own_store:
             _inits[0] += 1  # SPMD: every rank counts its inits alike
             store, rank, world_size = store_from_url(init_method, rank, world_size, timeout,
-                                                     generation=_inits[0])
+                                                     generation=_inits[0], key=key)
         else:
             if rank < 0 or world_size < 1:
                 raise ValueError(f"init_process_group: with store=, pass rank and world_size "
@@ -125,7 +126,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         try:
             peers = rendezvous(store, rank, world_size, prefix=prefix, timeout=timeout)
             channel = channels.create(backend, rank, world_size, store=store, prefix=prefix,
-                                      timeout=timeout, key=auth.job_secret())
+                                      timeout=timeout, key=key)
             group = ProcessGroup(channel, store=store, prefix=prefix, peers=peers,
                                  timeout=timeout)
             # Connect every pair now, while rank 0 (which serves the store) is sure to be up.

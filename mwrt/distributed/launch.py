@@ -4,7 +4,9 @@
     mwrt-launch --nnodes 2 --node-rank 0 --master-addr head --master-port 29500 --nproc-per-node 4 train.py
     srun -N 2 --ntasks-per-node 4 mwrt-launch train.py      # one rank per SLURM task
 
-Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+and for a one-node job a fresh MWRT_JOB_SECRET; a job across nodes needs the same
+MWRT_JOB_SECRET or MWRT_KEY_FILE on every node (or MWRT_INSECURE=1 on a private network).
 Output lines are prefixed by "[rank r] ". When a rank fails, the others are stopped, and
 the launcher reports its exit code and last lines, and exits with that code.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import secrets
 import select
 import signal
 import subprocess
@@ -22,7 +23,8 @@ import sys
 import threading
 import time
 
-from ..store.launchers import free_port, rank_env, slurm_env
+from ..netaddr import is_loopback
+from ..store.launchers import free_port, job_secret_env, rank_env, slurm_env
 
 _TAIL = 20
 
@@ -59,10 +61,24 @@ def plan(opts, env=os.environ) -> list[dict[str, str]]:
         port = free_port()  # one node: any free port, so parallel jobs do not collide
     # One node: the launcher makes the job's secret; across nodes every launcher must be
     # given the same one (MWRT_JOB_SECRET or MWRT_KEY_FILE), which the ranks inherit.
-    secret = {} if opts.nnodes > 1 or env.get("MWRT_JOB_SECRET") else {
-        "MWRT_JOB_SECRET": secrets.token_hex(16)}
+    secret = {} if opts.nnodes > 1 else job_secret_env(env)
     return [dict(rank_env(opts.node_rank * n + i, opts.nnodes * n, i, n, addr, port), **secret)
             for i in range(n)]
+
+
+def _need_secret(rank: dict[str, str], env=os.environ) -> None:
+    """Refuse a job across hosts without a secret now, rather than at every rank's store
+    (with SLURM each task has its own launcher: none can make a secret for all)."""
+    addr, across = rank["MASTER_ADDR"], rank["WORLD_SIZE"] != rank["LOCAL_WORLD_SIZE"]
+    if not across or rank.get("MWRT_JOB_SECRET") or env.get("MWRT_JOB_SECRET") or \
+            env.get("MWRT_KEY_FILE") or env.get("MWRT_INSECURE", "0") not in ("", "0") or \
+            is_loopback(addr):
+        return
+    raise SystemExit(
+        f"mwrt-launch: a job across hosts (its store at {addr}) needs a secret, or anyone "
+        "who reaches the store could join it; set MWRT_JOB_SECRET to the same value on every "
+        "node (or MWRT_KEY_FILE to a key file from `mwrt-worker keygen`), or MWRT_INSECURE=1 "
+        "on a private network")
 
 
 def _pump(stream, out, prefix, tail):
@@ -128,6 +144,7 @@ def run(opts) -> int:
     """Start the local ranks and wait; return 0 or the first failing rank's exit code."""
     cmd = [sys.executable, "-u"] + (["-m", opts.script] if opts.module else [opts.script])
     envs = plan(opts)
+    _need_secret(envs[0])
     threads = _threads_per_rank(envs)
     ranks = [(env["RANK"], *_start(cmd + opts.args, dict(env, **threads))) for env in envs]
     exits = _exit_waiter([proc for _, proc, _, _ in ranks])

@@ -63,7 +63,8 @@ class Cluster:
         given = config.get("master_addr")
         toward = [given or advertise_address(split_host_port(n.address)[0]) for n in self.nodes]
         bind = toward[0] if len(set(toward)) == 1 else "0.0.0.0"
-        self.store = TCPStore(toward[0], 0, is_master=True, bind=bind)
+        self.store = TCPStore(toward[0], 0, is_master=True, bind=bind,
+                              key=self.keys.hmac_key if self.keys else None)
         tokens = []
         for node, host in zip(self.nodes, toward):
             tokens.append(next(node.tokens))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 
 from ..errors import RendezvousError
@@ -27,6 +28,13 @@ def rank_env(rank: int, world_size: int, local_rank: int, local_world_size: int,
     return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_world_size), "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port)}
+
+
+def job_secret_env(env=os.environ) -> dict[str, str]:
+    """A fresh MWRT_JOB_SECRET for the ranks of one host, unless the job has a secret."""
+    if env.get("MWRT_JOB_SECRET") or env.get("MWRT_KEY_FILE"):
+        return {}
+    return {"MWRT_JOB_SECRET": secrets.token_hex(16)}
 
 
 def free_port(host: str = LOOPBACK) -> int:

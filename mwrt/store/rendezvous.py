@@ -32,8 +32,12 @@ def _env_int(name: str, given: int | None, instead: str) -> int:
 
 
 def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1,
-                   timeout=None, generation: int | None = None) -> tuple[Store, int, int]:
-    """Parse `env://`, `tcp://host:port` or `file:///path` into (store, rank, world_size)."""
+                   timeout=None, generation: int | None = None,
+                   key: bytes | None = None) -> tuple[Store, int, int]:
+    """Parse `env://`, `tcp://host:port` or `file:///path` into (store, rank, world_size).
+
+    `key`, the job's secret, admits a rank to a TCPStore; a FileStore has its file's
+    permissions (0600) instead."""
     url = urlparse(init_method or "env://")
     query = parse_qs(url.query)
     if rank is None or rank < 0:
@@ -66,7 +70,7 @@ def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1
     if url.scheme == "file":
         return FileStore(url.path, world_size, timeout=timeout), rank, world_size
     store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
-                     generation=generation)
+                     generation=generation, key=key)
     return store, rank, world_size
 
 
@@ -81,7 +85,7 @@ def rendezvous(store: Store, rank: int, world_size: int, *, prefix: str = "mwrt"
     if got != me:
         msg = (f"rendezvous: rank {rank} was claimed twice (by {_who(got)} and by {_who(me)}); "
                "give each process its own RANK")
-        store.set(err_key, msg)
+        store.compare_set(err_key, b"", msg)  # the first error stays: keys bind to writers
         raise RendezvousError(msg)
     keys = [f"{prefix}/rdzv/{r}" for r in range(world_size)]
     deadline = time.monotonic() + timeout

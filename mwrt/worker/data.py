@@ -64,11 +64,12 @@ class SessionData:
 
     def _open(self) -> None:
         host, port = split_host_port(self.join.store, "Join: the master's store")
+        keys = self.session.daemon.keys  # the cluster's HMAC key admits us to the store too
         try:
-            store = TCPStore(host, port, timeout=self.join.timeout)
+            store = TCPStore(host, port, timeout=self.join.timeout,
+                             key=keys.hmac_key if keys else None)
         except Exception as exc:
             raise self._unreachable(exc) from None
-        keys = self.session.daemon.keys
         try:
             channel = channels.create(
                 self.join.channel, self.session.node, self.join.world, store=store,
