@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -95,3 +96,17 @@ def get(name: str):
         raise ConfigError(
             f"{setting.env}: not a valid {setting.kind.__name__} (got {raw!r}); {setting.doc}"
         ) from None
+
+
+def seconds(timeout, default) -> float:
+    """A timeout argument in seconds: a number, a datetime.timedelta (torch passes those), or
+    None for `default`."""
+    if timeout is None:
+        return float(default)
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    try:
+        return float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout: expected seconds or a datetime.timedelta (got "
+                        f"{timeout!r})") from None
