@@ -42,6 +42,7 @@ def byte_view(buf, *, writable: bool, what: str) -> memoryview:
 
 
 _DESCRIPTIONS: dict = {}
+_UNMADE = object()  # an attachment whose make() has not returned yet
 
 
 def describe(buf) -> str:
@@ -209,15 +210,19 @@ class DataChannel(abc.ABC):
         first use (None is kept too: "tried, not possible"). A made object must have
         `leave()` and `close()`, which run when the channel leaves and closes."""
         with self._pools_lock:
-            if key in self._attached:
-                return self._attached[key]
-        made = make()  # outside the lock: it may talk to peers
-        with self._pools_lock:
-            return self._attached.setdefault(key, made)
+            slot = self._attached.get(key)
+            if slot is None:
+                slot = self._attached[key] = [threading.Lock(), _UNMADE]
+        if slot[1] is _UNMADE:
+            with slot[0]:  # per key, and outside the channel's lock: make() may talk to peers
+                if slot[1] is _UNMADE:
+                    slot[1] = make()
+        return slot[1]
 
     def _attachments(self) -> list:
         with self._pools_lock:
-            return [a for a in self._attached.values() if a is not None]
+            return [made for _, made in self._attached.values()
+                    if made is not None and made is not _UNMADE]
 
     def arrived(self, peer: int, tag: int = 0) -> bool:
         """True if a message from `peer` on `tag` came (or is coming) that no receive awaits:

@@ -159,6 +159,7 @@ class CmaCollectives(NativeCollectives):
 
     kinds = frozenset(_OPS)
     checks_calls = True  # through the control blocks, before any data moves
+    in_order = True  # one control block per rank and group: one call at a time, by seq
 
     def __init__(self, channel, group):
         super().__init__(channel, group)

@@ -16,13 +16,14 @@ algorithm that carries the check in its own messages takes it over with
 `call.carry_check()`, and no message of the check's own is sent. A channel's native
 collectives (mwrt.collective.native) are offered the call first.
 
-Threads: sequence numbers are drawn atomically, so two threads may run collectives on
-one group without corrupting it, but ranks match collectives by sequence number: two
-threads that race on one group may pair different calls across ranks (a mismatch error,
-as in torch, where the order of collectives is the program's). Safe: one group per
-thread; async collectives and object collectives of one group from any threads (they run
-in order on the group's thread, `call()`); point-to-point beside collectives (its tags
-are apart).
+Threads: sequence numbers are drawn atomically and every call keeps its own state, so
+two threads may run collectives on one group without corrupting it; native collectives
+that need it (`in_order`) run in sequence order. But ranks match collectives by sequence
+number: two threads that race on one group may pair different calls across ranks (a
+mismatch error, as in torch, where the order of collectives is the program's; identical
+calls pair any way). Safe: one group per thread; async and object collectives of one
+group from any thread (they run in order on the group's thread, `call()`);
+point-to-point beside collectives (its tags are apart).
 """
 
 from __future__ import annotations
@@ -65,6 +66,27 @@ class GroupWork:
         return self._work.is_completed()
 
 
+class _Turns:
+    """Which of a group's calls have ended on this rank, for native collectives that must
+    run in sequence order (CMA's control block holds one call at a time)."""
+
+    def __init__(self):
+        self.cond, self.low, self.ended = threading.Condition(), 0, set()
+
+    def end(self, seq: int) -> None:
+        with self.cond:
+            self.ended.add(seq)
+            while self.low in self.ended:
+                self.ended.remove(self.low)
+                self.low += 1
+            self.cond.notify_all()
+
+    def wait(self, seq: int, timeout: float) -> bool:
+        """True once every call before `seq` has ended; False after `timeout` s."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.low >= seq, timeout)
+
+
 class _Collective:
     """One collective on a group: its sequence number, tag, agreement check, and the
     point-to-point the algorithms use (with the check's hooks), and its failure report."""
@@ -98,6 +120,9 @@ class _Collective:
             self.agreement.settle_after_error()  # a mismatch explains the failure best
         except _CHANNEL_ERRORS as e:
             exc = e
+        finally:
+            if self.group.turns is not None:
+                self.group.turns.end(self.seq)
         raise self.group._failure(f"{self.kind} #{self.seq}", exc) from exc
 
     # -- point-to-point among group ranks, checked -------------------------------------------
@@ -140,6 +165,11 @@ class _Collective:
         natives = self.group.natives
         if natives is None or kind not in natives.kinds:
             return False
+        g = self.group
+        if g.turns is not None and not g.turns.wait(self.seq, g.timeout):
+            raise ChannelTimeoutError(f"{kind} #{self.seq} on {g.name}, rank {g.channel.rank}: "
+                                      f"an earlier collective of this group, entered from "
+                                      f"another thread, is still running after {g.timeout} s")
         if not natives.checks_calls:
             self.agreement.settle()  # a native collective cannot be checked halfway
         return natives.run(kind, self, *args)
@@ -191,6 +221,7 @@ class ProcessGroup:
         self.device_buffers = bool(channel.device_buffers)
         self.name = f"group {group_id} (ranks {ranks})" if group_id else "the default group"
         self.natives = native.for_group(channel, self)
+        self.turns = _Turns() if self.natives is not None and self.natives.in_order else None
         self._seqs = itertools.count()
         self.broken = False  # set once a collective failed midway: peers may be gone
         self._pool: ThreadPoolExecutor | None = None

@@ -28,6 +28,9 @@ class NativeCollectives:
 
     kinds: frozenset = frozenset()  # the collectives it may run: all_reduce, barrier, …
     checks_calls = False  # True: run() carries the agreement check itself
+    # True: calls must reach run() in sequence order even when threads race on one group
+    # (state shared by every call of the group); each then waits for the ones before it.
+    in_order = False
 
     def __init__(self, channel, group):
         self.channel, self.group = channel, group
