@@ -94,28 +94,32 @@ def _wait(pending) -> None:
     pending.clear()
 
 
+def _in_threads(rank, bodies, join: float = 180) -> None:
+    """Run every body() on a thread of its own; raise naming each thread that failed."""
+    errors = []
+
+    def run(thread, body):
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001 - reported below, with the thread
+            errors.append(f"rank {rank} thread {thread}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(t, body)) for t, body in enumerate(bodies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join)
+    assert not any(t.is_alive() for t in threads), f"rank {rank}: a thread is still running"
+    assert not errors, "; ".join(errors)
+
+
 def _rank(rank, backend, seed):
     dist.init_process_group(backend, timeout=60)
     n = dist.get_world_size()
     groups = [dist.new_group(), dist.new_group()]  # one per thread; every rank makes both
-    errors = []
-
-    def run(thread):
-        try:
-            if thread == 2:
-                _p2p_only(rank, n, seed)
-            else:
-                _thread(rank, n, groups[thread], thread, seed)
-        except BaseException as exc:  # noqa: BLE001 - reported below, with the thread
-            errors.append(f"rank {rank} thread {thread}: {type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=run, args=(t,), name=f"plan-{t}") for t in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    assert not any(t.is_alive() for t in threads), f"rank {rank}: a thread is still running"
-    assert not errors, "; ".join(errors)
+    _in_threads(rank, [lambda: _thread(rank, n, groups[0], 0, seed),
+                       lambda: _thread(rank, n, groups[1], 1, seed),
+                       lambda: _p2p_only(rank, n, seed)])
     dist.destroy_process_group()
 
 
@@ -136,24 +140,14 @@ def _race_on_one_group(rank, backend, count):
     each must complete with the right value (a shared per-group slot once crashed here)."""
     dist.init_process_group(backend, timeout=60)
     n = dist.get_world_size()
-    errors = []
 
-    def run(thread):
-        try:
-            for i in range(RACES):
-                a = np.ones(count, np.float32)
-                dist.all_reduce(a)
-                assert (a == n).all(), f"race {i}: got {a[:3]}"
-        except BaseException as exc:  # noqa: BLE001 - reported below, with the thread
-            errors.append(f"rank {rank} thread {thread}: {type(exc).__name__}: {exc}")
+    def race():
+        for i in range(RACES):
+            a = np.ones(count, np.float32)
+            dist.all_reduce(a)
+            assert (a == n).all(), f"race {i}: got {a[:3]}"
 
-    threads = [threading.Thread(target=run, args=(t,)) for t in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), f"rank {rank}: a thread is still running"
-    assert not errors, "; ".join(errors)
+    _in_threads(rank, [race, race], join=120)
     dist.destroy_process_group()
 
 
