@@ -71,20 +71,32 @@ class _Turns:
     run in sequence order (CMA's control block holds one call at a time)."""
 
     def __init__(self):
-        self.cond, self.low, self.ended = threading.Condition(), 0, set()
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.low, self.ended, self.waiters = 0, set(), 0  # every call below `low` ended
 
     def end(self, seq: int) -> None:
-        with self.cond:
-            self.ended.add(seq)
-            while self.low in self.ended:
-                self.ended.remove(self.low)
-                self.low += 1
-            self.cond.notify_all()
+        with self.lock:
+            if seq == self.low and not self.ended:
+                self.low = seq + 1  # the common case: calls end in order
+            else:
+                self.ended.add(seq)
+                while self.low in self.ended:
+                    self.ended.remove(self.low)
+                    self.low += 1
+            if self.waiters:
+                self.cond.notify_all()
 
     def wait(self, seq: int, timeout: float) -> bool:
         """True once every call before `seq` has ended; False after `timeout` s."""
-        with self.cond:
-            return self.cond.wait_for(lambda: self.low >= seq, timeout)
+        if self.low >= seq:
+            return True  # the common case, without the lock: one thread uses the group
+        with self.lock:
+            self.waiters += 1
+            try:
+                return self.cond.wait_for(lambda: self.low >= seq, timeout)
+            finally:
+                self.waiters -= 1
 
 
 class _Collective:
