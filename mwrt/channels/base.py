@@ -5,7 +5,8 @@ public methods validate their arguments and convert them to flat byte views; a c
 implements the `_private` methods (`_send` and `_recv` at least). Messages between two
 ranks are matched by (peer, tag) and delivered in send order per (peer, tag). A receive
 names the buffer to fill; a message of another size is an error naming both sizes, never
-a silent truncation.
+a silent truncation. A channel that can tell whether a message has come without taking it
+overrides `arrived`, which receives from any source need.
 
 What a channel can do beyond that it declares as class attributes (documented on
 `DataChannel`, each with a default a channel that says nothing gets); the layers above
