@@ -12,9 +12,9 @@ import os
 import struct
 import threading
 import time
+from datetime import timedelta
 
 from .. import config
-from ..config import seconds as _seconds  # the one timeout parser (mwrt.config)
 from ..errors import RendezvousError, RendezvousTimeoutError
 
 
@@ -150,6 +150,19 @@ class HashStore(Store):
     def num_keys(self) -> int:
         with self._cond:
             return len(self._data)
+
+
+def _seconds(timeout, default) -> float:
+    """Accept seconds or a timedelta (torch passes timedeltas)."""
+    if timeout is None:
+        return float(default)
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    try:
+        return float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout: expected seconds or a datetime.timedelta (got "
+                        f"{timeout!r})") from None
 
 
 # -- FileStore ---------------------------------------------------------------------------
