@@ -82,7 +82,9 @@ class Work:
         return cls(what, None, partial(_wait_future, future, what), future.done, future.cancel)
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until done (at most `timeout` s; default: the operation's) and raise its error."""
+        """Block until done (at most `timeout` s; default: the operation's) and raise its
+        error. A posted receive whose wait times out ends there (a later message goes to
+        the next receive); an operation on a helper thread keeps running."""
         self._wait(self.timeout if timeout is None else timeout)
 
     def is_completed(self) -> bool:
