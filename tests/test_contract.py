@@ -161,3 +161,30 @@ def test_attachments_are_made_once_and_leave_and_close_with_the_channel():
     assert log == ["leave"]
     ch.close()
     assert log == ["leave", "leave", "close"]  # a closing channel leaves first
+
+
+class _InOrder(native.NativeCollectives):
+    """A native barrier that must run in sequence order (as CMA's collectives)."""
+
+    kinds, checks_calls, in_order = frozenset({"barrier"}), True, True
+
+    def run(self, kind, call, *args):
+        call.take_check()
+        return True
+
+
+class _InOrderChannel(InprocChannel):
+    native_collectives = _InOrder
+
+
+def test_a_call_that_fails_to_start_does_not_hold_up_the_next():
+    ch = _InOrderChannel(0, 2, store=HashStore(timeout=2), timeout=2)
+    try:
+        g = ProcessGroup(ch)
+        with pytest.raises(ValueError):
+            with g.collective("no-such-kind"):
+                pass
+        C.barrier(g)  # call #1 waits for #0 to end: it did, though it never started
+        assert g.turns.low == 2
+    finally:
+        ch.close()

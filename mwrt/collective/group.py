@@ -117,8 +117,13 @@ class _Collective:
     def __enter__(self) -> "_Collective":
         g = self.group
         self.seq = seq = next(g._seqs)  # atomic: two threads never draw the same number
-        self.agreement = Agreement(g, g._tag(_CONTROL, seq), self.kind,
-                                   describe_call(seq, self.kind, **self.desc))
+        try:
+            self.agreement = Agreement(g, g._tag(_CONTROL, seq), self.kind,
+                                       describe_call(seq, self.kind, **self.desc))
+        except BaseException:
+            if g.turns is not None:
+                g.turns.end(seq)  # no __exit__ will: later calls must not wait for this one
+            raise
         self.tag = g._tag(_DATA, seq)
         return self
 

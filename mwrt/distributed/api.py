@@ -2,7 +2,13 @@
 
 Names, arguments and semantics follow torch.distributed: `src`/`dst` are global ranks,
 collectives work in place, `async_op=True` returns a Work, non-members of a group get
-None. The algorithms live in mwrt.collectives; this module holds the process-wide state.
+None. The algorithms live in mwrt.collective; this module holds the process-wide state.
+
+Threads: give each thread its own group (`new_group`, called alike on every rank) for
+collectives; async and object collectives may be mixed on one group (they run in
+program order through `run_collective`), and point-to-point may run beside them. Two
+threads racing collectives on one group do not corrupt it, but may pair different calls
+across ranks (mwrt.collective.group says more).
 """
 
 from __future__ import annotations
