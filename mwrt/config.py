@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 from .errors import ConfigError
 
@@ -104,3 +106,23 @@ def get(name: str):
         raise ConfigError(
             f"{setting.env}: not a valid {setting.kind.__name__} (got {raw!r}); {setting.doc}"
         ) from None
+
+
+def seconds(timeout, default, what: str = "timeout") -> float:
+    """A timeout argument in seconds: a number, a datetime.timedelta (torch passes those), or
+    None for `default`; finite and >= 0."""
+    if timeout is None:
+        timeout = default
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: expected seconds or a datetime.timedelta (got "
+                        f"{timeout!r})") from None
+    # inf overflows a condition wait, NaN never compares past a deadline: either would park
+    # the caller forever.
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what}: must be a finite number of seconds >= 0 (got {timeout!r}); "
+                         "pass e.g. 30.0 or timedelta(minutes=5)")
+    return value

@@ -423,3 +423,45 @@ def test_killed_sender_fails_waiting_recv(name, tmp_path):
         child.join()
         child.close()
         ch.close()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_work_polls_times_out_reports_and_cancels(name):
+    """The channel layer's one Work. A receive posted to a receiver thread ends when its
+    wait times out or it is cancelled (a later message goes to the next receive); one run
+    by a helper thread keeps running and completes."""
+    cancelled, sent = threading.Event(), threading.Event()
+
+    def body(ch):
+        if ch.rank == 1:
+            assert cancelled.wait(JOIN)
+            ch.isend(np.full(4, 5.0), 0, tag=5).wait()
+            ch.send(np.full(4, 6.0), 0, tag=6)
+            sent.set()
+            return
+        first, late = np.zeros(4), np.zeros(4)
+        try:
+            withdrawn, waiting = ch.irecv(first, 1, tag=5), ch.irecv(late, 1, tag=6)
+            assert not withdrawn.is_completed() and not waiting.is_completed()
+            with pytest.raises(ChannelTimeoutError, match=r"0\.1 s"):
+                waiting.wait(0.1)
+            if ch.posted_receives:
+                withdrawn.cancel()
+                assert isinstance(withdrawn.exception(), ChannelError)
+                assert isinstance(waiting.exception(), ChannelTimeoutError)
+        finally:
+            cancelled.set()  # rank 1 must not wait out JOIN when this rank failed
+        assert sent.wait(JOIN)
+        if ch.posted_receives:
+            again = np.zeros((2, 4))
+            ch.recv(again[0], 1, tag=5)
+            ch.recv(again[1], 1, tag=6)
+            assert (again == [[5.0], [6.0]]).all()
+            assert (first == 0).all() and (late == 0).all()  # ended receives wrote nothing
+        else:
+            for work in (withdrawn, waiting):
+                work.wait()
+                assert work.is_completed() and work.exception() is None
+            assert (first == 5.0).all() and (late == 6.0).all()
+
+    run_ranks(name, 2, body)
