@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import math
 import os
 import struct
 import threading
 import time
-from datetime import timedelta
 
 from .. import config
 from ..errors import RendezvousError, RendezvousTimeoutError
@@ -99,7 +97,8 @@ class HashStore(Store):
     """An in-process store for ranks that are threads of one process."""
 
     def __init__(self, timeout: float | None = None):
-        self.timeout = _seconds(timeout, config.get("channel_timeout"), "HashStore: timeout")
+        self.timeout = config.seconds(timeout, config.get("channel_timeout"),
+                                      "HashStore: timeout")
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
 
@@ -129,7 +128,7 @@ class HashStore(Store):
             return self._data.get(key, as_bytes(expected))
 
     def wait(self, keys, timeout=None):
-        timeout = _seconds(timeout, self.timeout, "HashStore.wait: timeout")
+        timeout = config.seconds(timeout, self.timeout, "HashStore.wait: timeout")
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -156,25 +155,6 @@ class HashStore(Store):
             return len(self._data)
 
 
-def _seconds(timeout, default, what: str = "timeout") -> float:
-    """Seconds from seconds or a timedelta (torch passes timedeltas); finite and >= 0."""
-    if timeout is None:
-        timeout = default
-    if isinstance(timeout, timedelta):
-        timeout = timeout.total_seconds()
-    try:
-        seconds = float(timeout)
-    except (TypeError, ValueError):
-        raise TypeError(f"{what}: expected seconds or a datetime.timedelta (got "
-                        f"{timeout!r})") from None
-    # inf overflows a condition wait, NaN never compares past a deadline: both would park
-    # the caller (or a store server's thread) forever.
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{what}: must be a finite number of seconds >= 0 (got {timeout!r}); "
-                         "pass e.g. 30.0 or timedelta(minutes=5)")
-    return seconds
-
-
 # -- FileStore ---------------------------------------------------------------------------
 #
 # An append-only log of records (key, value) in one file, locked with flock for each
@@ -193,7 +173,7 @@ class FileStore(Store):
 
     def __init__(self, path: str, world_size: int = -1, timeout: float | None = None):
         self.path, self.world_size = os.fspath(path), world_size
-        self.timeout = _seconds(timeout, config.get("rendezvous_timeout"))
+        self.timeout = config.seconds(timeout, config.get("rendezvous_timeout"))
         self._data: dict[str, bytes] = {}
         self._offset = 0
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -266,7 +246,7 @@ class FileStore(Store):
         return self._locked(op)
 
     def wait(self, keys, timeout=None):
-        timeout = _seconds(timeout, self.timeout, "FileStore.wait: timeout")
+        timeout = config.seconds(timeout, self.timeout, "FileStore.wait: timeout")
         deadline, pause = time.monotonic() + timeout, 0.001
         while True:
             missing = self._locked(lambda: [k for k in keys if k not in self._data])

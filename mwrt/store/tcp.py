@@ -23,7 +23,7 @@ from .server import (
     recv_frame,
     send_frame,
 )
-from .stores import Store, _seconds, as_bytes
+from .stores import Store, as_bytes
 
 # -- TCPStore ----------------------------------------------------------------------------
 #
@@ -44,7 +44,8 @@ class TCPStore(Store):
         # the master's server listens, when not at `host` (every interface: "0.0.0.0").
         # key: the job's secret (auth.job_secret()); None: loopback only, or MWRT_INSECURE=1.
         self.host, self.world_size, self.generation = host, world_size, generation
-        self.timeout = _seconds(timeout, config.get("rendezvous_timeout"), "TCPStore: timeout")
+        self.timeout = config.seconds(timeout, config.get("rendezvous_timeout"),
+                                      "TCPStore: timeout")
         self._key = key
         # Who this client is to the server, which binds the keys it writes to this claim.
         self._claim = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(8).hex()}".encode()
@@ -121,7 +122,7 @@ class TCPStore(Store):
         raise RendezvousError(reply[2])
 
     def _wait(self, timeout, what: str) -> float:
-        return _seconds(timeout, self.timeout, f"TCPStore.{what}: timeout")
+        return config.seconds(timeout, self.timeout, f"TCPStore.{what}: timeout")
 
     def set(self, key, value):
         self._call("set", key, as_bytes(value))
