@@ -42,6 +42,13 @@ def test_the_channel_contract_holds_over_mpi(n):
 
 
 @needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_are_mpis_own_and_still_checked(n):
+    out = mpiexec(n, os.path.join(PROGRAMS, "mpi_collectives.py"))
+    assert out.count("mpi collectives ok") == n, out
+
+
+@needs_mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_spmd_call_over_mpi_under_mpirun(n):
     """init_process_group("mpi") with no MASTER_ADDR: rank 0 tells the others over MPI."""

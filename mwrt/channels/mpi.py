@@ -32,7 +32,7 @@ except ImportError as exc:
                       "(MPICH from PyPI), or mpi4py built against your cluster's MPI "
                       f"({exc})") from exc
 
-_SPIN_SECONDS = 50e-6  # a waiting rank polls flat out this long (peers usually answer in µs)
+_SPIN_SECONDS = 1.0  # a waiting rank tests flat out this long, as MPI_Wait would
 _MAX_SLEEP = 1e-3
 
 
@@ -40,6 +40,7 @@ class MpiChannel(DataChannel):
     """Point-to-point bytes between the ranks of MPI_COMM_WORLD."""
 
     name = "mpi"
+    native_collectives = "mpi"  # MPI's own collectives (mwrt.collective.mpi_ops)
     any_size_recv = True  # a probe tells the size before the receive
     eager_bytes = 0  # MPI_Send may wait for the matching receive: never send-then-receive
 
@@ -55,7 +56,7 @@ class MpiChannel(DataChannel):
             raise ConfigError("mpi channel: the MPI library was initialized without "
                               "MPI_THREAD_MULTIPLE (asynchronous sends and receives run on "
                               "threads); leave mpi4py.rc.thread_level at 'multiple'")
-        self._comm = world.Dup()
+        self.comm = world.Dup()
         bits = int(world.Get_attr(MPI.TAG_UB)).bit_length()
         self._low_bits = bits - 2 - min(8, bits - 14)
         self._group_bits = bits - 2 - self._low_bits
@@ -70,7 +71,7 @@ class MpiChannel(DataChannel):
     # -- the contract ----------------------------------------------------------------
 
     def _send(self, view, peer, tag, timeout, desc):
-        request = self._comm.Isend([view, MPI.BYTE], dest=peer, tag=self.mpi_tag(tag))
+        request = self.comm.Isend([view, MPI.BYTE], dest=peer, tag=self.mpi_tag(tag))
         self._wait_sent(request, peer, tag, timeout, desc)
 
     def _recv(self, view, peer, tag, timeout, desc):
@@ -89,18 +90,18 @@ class MpiChannel(DataChannel):
     def _exchange_message(self, view, peer, tag, timeout, desc):
         # Start the send before receiving: MPI may hold it until the peer receives, and the
         # peer is sending to us first too.
-        request = self._comm.Isend([view, MPI.BYTE], dest=peer, tag=self.mpi_tag(tag))
+        request = self.comm.Isend([view, MPI.BYTE], dest=peer, tag=self.mpi_tag(tag))
         got = self._recv_message(peer, tag, timeout)
         self._wait_sent(request, peer, tag, timeout, desc)
         return got
 
     def arrived(self, peer: int, tag: int = 0) -> bool:
         self._check(peer, tag)
-        return bool(self._comm.Iprobe(source=peer, tag=self.mpi_tag(tag)))
+        return bool(self.comm.Iprobe(source=peer, tag=self.mpi_tag(tag)))
 
     def _close(self) -> None:
         if not MPI.Is_finalized():
-            self._comm.Free()
+            self.comm.Free()
 
     # -- waiting ---------------------------------------------------------------------
 
@@ -113,7 +114,7 @@ class MpiChannel(DataChannel):
         status, found = MPI.Status(), []
 
         def matched() -> bool:
-            message = self._comm.Improbe(source=peer, tag=self.mpi_tag(tag), status=status)
+            message = self.comm.Improbe(source=peer, tag=self.mpi_tag(tag), status=status)
             if message is not None:
                 found.append(message)
             return message is not None
@@ -123,15 +124,23 @@ class MpiChannel(DataChannel):
         return found[0], status.Get_count(MPI.BYTE)
 
     def _poll(self, done, deadline: float, what: str, timeout: float, peer: int) -> None:
-        """Call `done()` until it is true: spin briefly, then sleep with a growing backoff."""
-        spin_until, sleep = time.monotonic() + _SPIN_SECONDS, 1e-5
-        while not done():
-            if self.closed:
-                raise ChannelClosedError(f"{what}: the channel was closed", peer=peer)
-            now = time.monotonic()
-            if now > deadline:
-                raise ChannelTimeoutError(f"{what}: nothing after {timeout} s; is rank {peer} "
-                                          "alive and in the same call?")
-            if now > spin_until:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, _MAX_SLEEP)
+        poll(done, deadline, what, timeout, lambda: self.closed,
+             f"is rank {peer} alive and in the same call?", peer)
+
+
+def poll(done, deadline: float, what: str, timeout: float, closed=lambda: False,
+         hint: str = "", peer: int | None = None) -> None:
+    """Call `done()` until it is true, a named error at the deadline (MPI itself never times
+    out). Spin, as MPI's blocking calls do: MPI moves a nonblocking operation's bytes only
+    inside its calls, so sleeping between tests would stall the transfer itself. A wait
+    that outlasts the spin is a late peer: then sleep, with a growing backoff."""
+    spin_until, sleep = time.monotonic() + _SPIN_SECONDS, 1e-5
+    while not done():
+        if closed():
+            raise ChannelClosedError(f"{what}: the channel was closed", peer=peer)
+        now = time.monotonic()
+        if now > deadline:
+            raise ChannelTimeoutError(f"{what}: not done after {timeout} s; {hint}")
+        if now > spin_until:
+            time.sleep(sleep)
+            sleep = min(sleep * 2, _MAX_SLEEP)

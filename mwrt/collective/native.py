@@ -20,7 +20,8 @@ import importlib
 
 from ..errors import ConfigError
 
-_REGISTRY: dict[str, object] = {"cma": "mwrt.collective.cma_ops:CmaCollectives"}
+_REGISTRY: dict[str, object] = {"cma": "mwrt.collective.cma_ops:CmaCollectives",
+                                 "mpi": "mwrt.collective.mpi_ops:MpiCollectives"}
 
 
 class NativeCollectives:
