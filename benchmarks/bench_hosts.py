@@ -17,9 +17,12 @@ Every raw socket gets the tcp channel's own settings (`mwrt.channels.tcp.tune`: 
   after the mwrt program, the repetitions pooled, so both see the same machine.
 - all_reduce SUM of float32, rank 0 on hosta and rank 1 on hostb,
   `init_process_group("tcp", init_method="tcp://hosta:PORT")`, then the same with the
-  `auto` backend (init_process_group(None, ...)), which should pick tcp between hosts. Beside it, in the same processes and taking turns every iteration, the
-  raw-socket swap floor: both ranks send the whole buffer at once over plain sockets (one
-  per direction, a sending thread and recv_into), the bytes a two-rank all_reduce must move.
+  `auto` backend (init_process_group(None, ...)), which should pick tcp between hosts.
+  Beside it, in the same processes and taking turns every iteration, the raw-socket swap
+  floor: both ranks send the whole buffer at once over plain sockets (one per direction, a
+  sending thread and recv_into), the bytes a two-rank all_reduce must move.
+- all_reduce on 2 hosts x 2 ranks (auto): the two-level path beside the flat ring, two groups
+  of the same four processes taking turns (target: two-level faster from 1 MiB up).
   Per iteration (after a barrier) the slower rank's time, then the median; bus bandwidth is
   2(n-1)/n * bytes / time for both (n = 2).
 
@@ -54,7 +57,7 @@ PIECE_BYTES = 4 * MIB  # the tcp channel's segment size (MWRT_SEGMENT_BYTES)
 WORKER_PORT = 7070
 RENDEZVOUS_PORT = 29500
 RAW_PORT = 29600  # each namespace is fresh, so fixed ports are free
-TRANSFER_TARGET, ALL_REDUCE_TARGET = 0.9, 0.85
+TRANSFER_TARGET, ALL_REDUCE_TARGET, TWO_LEVEL_TARGET = 0.9, 0.85, 1.0
 START_TIMEOUT = 60.0
 RUN_TIMEOUT = 300.0
 
@@ -219,8 +222,43 @@ def role_rank(rank: int, backend: str, addr0: str, port: int, raw_port: int, siz
         dist.destroy_process_group()
 
 
+def role_rank_of_four(rank: int, addr0: str, port: int, sizes: list, reps: dict) -> dict:
+    """One of 2 hosts x 2 ranks: two-level all_reduce and the flat one, taking turns."""
+    import mwrt.distributed as dist
+    from mwrt.collective import hierarchy
+
+    dist.init_process_group(None, init_method=f"tcp://{addr0}:{port}", rank=rank,
+                            world_size=4, timeout=60)
+    try:
+        two_level = dist.new_group(list(range(4)))
+        os.environ["MWRT_TWO_LEVEL"] = "0"  # read once per group, at its first collective
+        flat = dist.new_group(list(range(4)))
+        dist.all_reduce(np.zeros(1, np.float32), group=flat)
+        os.environ["MWRT_TWO_LEVEL"] = "1"
+        dist.all_reduce(np.zeros(1, np.float32), group=two_level)
+        if hierarchy.levels(two_level) is None or hierarchy.levels(flat) is not None:
+            raise SystemExit("bench_hosts: the 2x2 groups did not take the paths asked for")
+        impls = {"two-level": lambda b: dist.all_reduce(b, group=two_level),
+                 "flat": lambda b: dist.all_reduce(b, group=flat)}
+        out = {name: {} for name in impls}
+        for nbytes in sizes:
+            buf = np.zeros(nbytes // 4, np.float32)
+            for fn in impls.values():
+                fn(buf)
+            times = {name: [] for name in impls}
+            for _ in range(reps[str(nbytes)]):
+                for name, fn in impls.items():
+                    dist.barrier()
+                    times[name].append(timed(lambda: fn(buf)))
+            for name in impls:
+                out[name][str(nbytes)] = times[name]
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
 ROLES = {"raw-recv": role_raw_recv, "raw-send": role_raw_send, "master": role_master,
-         "rank": role_rank}
+         "rank": role_rank, "rank-of-four": role_rank_of_four}
 
 
 # -- the parent: hosts, processes, table ----------------------------------------------------
@@ -326,6 +364,24 @@ def all_reduce_rows(hosts, backend: str, sizes: list, reps: dict, port: int) -> 
     return rows
 
 
+def two_level_rows(hosts, sizes: list, reps: dict, port: int) -> list[tuple]:
+    """2 hosts x 2 ranks: the two-level all_reduce's bus bandwidth beside the flat one's."""
+    env = {"MWRT_JOB_SECRET": secrets.token_hex(16)}
+    args = {"addr0": hosts[0].addr, "port": port, "sizes": sizes,
+            "reps": {str(n): reps[n] for n in sizes}}
+    procs = [launch(hosts[r // 2], "rank-of-four", dict(args, rank=r), env=env)
+             for r in range(4)]
+    res = [result(p, f"2x2 rank {r}") for r, p in enumerate(procs)]
+    rows = []
+    for nbytes in sizes:
+        busbw = {name: 2 * 3 / 4 * nbytes / float(np.median(np.max(
+            [r[name][str(nbytes)] for r in res], axis=0))) / 1e9 for name in ("two-level", "flat")}
+        rows.append((f"all_reduce 2 hosts x 2 ranks, two-level, {nbytes // MIB} MiB, busbw",
+                     busbw["two-level"], "flat ring, in turns", busbw["flat"],
+                     TWO_LEVEL_TARGET if nbytes >= MIB else None))
+    return rows
+
+
 def print_table(rows: list[tuple], reps: int) -> None:
     """One markdown table: what, mwrt, baseline, ratio, target."""
     print(f"# targets: transfers >= {TRANSFER_TARGET}x the raw socket; all_reduce busbw >= "
@@ -374,6 +430,9 @@ def main() -> None:
             rows += all_reduce_rows(hosts, backend, sizes, reps, RENDEZVOUS_PORT + 10 * i)
             print(f"# all_reduce {backend or 'auto'}: {time.monotonic() - stage:.1f} s",
                   file=sys.stderr)
+        stage = time.monotonic()
+        rows += two_level_rows(hosts, sizes, reps, RENDEZVOUS_PORT + 50)
+        print(f"# all_reduce 2x2: {time.monotonic() - stage:.1f} s", file=sys.stderr)
     print_table(rows, reps[size])
     print(f"# {time.monotonic() - started:.1f} s in all", file=sys.stderr)
 

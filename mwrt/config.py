@@ -68,6 +68,9 @@ SETTINGS = {
                                      "a peer announcing more is disconnected"),
     "store_max_connections": Setting("MWRT_STORE_MAX_CONNECTIONS", 1024, int,
                                      "connections a TCPStore server serves at once"),
+    "two_level": Setting("MWRT_TWO_LEVEL", 1, int,
+                         "1: groups spanning hosts with several ranks on one run all_reduce "
+                         "and broadcast inside each host first, then across; 0: flat"),
     "small_collective_bytes": Setting("MWRT_SMALL_COLLECTIVE_BYTES", 65536, int,
                                       "collectives up to this size use latency-bound algorithms "
                                       "(recursive doubling, trees); larger ones use rings"),

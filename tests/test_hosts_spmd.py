@@ -58,8 +58,10 @@ def test_two_ranks_per_host_under_mwrt_launch(hosts2):
     text = "".join(outs)
     for rank in range(4):
         assert f"rank {rank} of 4: ok" in text, text
-    assert "[rank 0] rank 0 of 4: ok (auto, hosts hosta,hostb, paths 1:shm,2:tcp,3:tcp)" in text
-    assert "paths 0:tcp,1:tcp,2:shm)" in text  # rank 3, on the second host
+    # Collectives go two-level: inside each host over shm, across over tcp.
+    assert "[rank 0] rank 0 of 4: ok (auto, hosts hosta,hostb, paths 1:shm,2:tcp,3:tcp, " \
+           "two-level)" in text
+    assert "paths 0:tcp,1:tcp,2:shm, two-level)" in text  # rank 3, on the second host
 
 
 def test_one_rank_per_host_by_a_shared_file_store(hosts2, tmp_path):
@@ -104,3 +106,33 @@ def test_the_tutorials_run_across_hosts(hosts2, example):
 
     outs = run_ranks(hosts2, argv, lambda i: SECRET)  # every rank exited 0
     assert "[rank 0]" in outs[0], outs
+
+
+def test_a_mismatch_across_hosts_is_named_on_every_rank_under_two_level(hosts2):
+    """Rank 3 (second host) disagrees: the check on the whole group, before the two levels
+    move anything, tells all four ranks, naming rank 3's shape."""
+    program = os.path.join(ROOT, "tests", "programs", "spmd_mismatch.py")
+
+    def argv(i):
+        return [sys.executable, "-m", "mwrt.distributed.launch", "--nnodes", "2", "--node-rank",
+                str(i), "--nproc-per-node", "2", "--master-addr", hosts2[0].addr,
+                "--master-port", str(PORT + 4), program]
+
+    text = "".join(run_ranks(hosts2, argv, lambda i: SECRET))
+    for rank in range(4):
+        line = next(ln for ln in text.splitlines() if f"] rank {rank}: " in ln)
+        assert "CollectiveMismatchError" in line and "rank 3: " in line and "1001" in line, line
+
+
+def test_ranks_interleaved_across_hosts_run_two_level_correctly(hosts2):
+    """Ranks 0 and 2 on one host, 1 and 3 on the other: leaders and roots are mapped, not
+    assumed contiguous."""
+    import subprocess
+
+    procs = [hosts2[r % 2].popen([sys.executable, PROGRAM, f"tcp://{hosts2[0].addr}:{PORT + 5}"],
+                                 env=dict(SECRET, RANK=str(r), WORLD_SIZE="4", ITERATIONS="40"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(4)]
+    outs = finish(procs)
+    for rank, out in enumerate(outs):
+        assert f"rank {rank} of 4: ok" in out and "two-level" in out, out

@@ -32,6 +32,7 @@ class AutoChannel(ShmChannel):
         self.host, self._tcp_allowed = listen_host(store, key, host)
         self.identity = host_identity()
         self._remote: dict[int, bool] = {}  # peer -> True when it is on another host
+        self._hosts: dict[int, str] = {}  # rank -> its host identity
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
 
     def _listen(self):
@@ -67,11 +68,15 @@ class AutoChannel(ShmChannel):
                             "host, its segments cannot be ours)")
         return super()._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
 
+    def host_of(self, rank: int) -> str:
+        """`rank`'s host identity, from its published address."""
+        if rank == self.rank:
+            return self.identity
+        if rank not in self._hosts:
+            address = self.store.get(self._address_key(rank), timeout=self.timeout).decode()
+            self._hosts[rank] = address.split("|")[0]
+        return self._hosts[rank]
+
     def shares_host(self, rank: int) -> bool:
         """True if `rank` is this process or on this host (from its published address)."""
-        if rank == self.rank:
-            return True
-        if rank not in self._remote:
-            address = self.store.get(self._address_key(rank), timeout=self.timeout).decode()
-            self._remote[rank] = address.split("|")[0] != self.identity
-        return not self._remote[rank]
+        return self.host_of(rank) == self.identity

@@ -245,6 +245,12 @@ class DataChannel(abc.ABC):
         while it may be (and for a channel that cannot tell)."""
         return None
 
+    def host_of(self, rank: int) -> str | None:
+        """What names `rank`'s host, equal for ranks that share one (memory, /dev/shm) and the
+        same answer on every rank; None where the channel cannot tell, and then collectives
+        treat the ranks as one flat set."""
+        return None
+
     def shares_host(self, peer: int) -> bool:
         """True if `peer` runs on this host (same memory, same /dev/shm), so same-host
         means (shared memory, cross-memory attach) can reach it."""

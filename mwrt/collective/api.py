@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError
 from . import algorithms as alg
+from . import hierarchy
 from .agreement import check
 from .buffers import host_view
 from .reduce_ops import ReduceOp, reduce_op
@@ -62,8 +63,12 @@ def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
         op = reduce_op(op, arr.dtype, "all_reduce")
         if group.size == 1:
             return
+        two = hierarchy.levels(group)
         with group.collective("all_reduce", op=op, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as call:
+            if two is not None:  # several hosts, several ranks on one: inside hosts first
+                call.settle()  # every rank, before the subgroups move anything
+                return hierarchy.all_reduce(two, arr, op, group.size)
             if call.run_native("all_reduce", arr, op) or arr.size == 0:
                 return
             small = arr.nbytes <= group.small_bytes or arr.size < group.size
@@ -88,8 +93,12 @@ def broadcast(group, buf, root: int = 0) -> None:
     with host_view(buf, group, "broadcast") as arr:
         if group.size == 1:
             return
+        two = hierarchy.levels(group)
         with group.collective("broadcast", root=root, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as call:
+            if two is not None:
+                call.settle()
+                return hierarchy.broadcast(two, arr, root, group.rank)
             if call.run_native("broadcast", arr, root) or arr.size == 0:
                 return
             if arr.nbytes <= group.small_bytes:

@@ -177,6 +177,11 @@ class _Collective:
 
     # -- the check, for native collectives and algorithms that carry it ---------------------
 
+    def settle(self) -> None:
+        """Check now that every rank agrees on the call: before work that does not go
+        through this call's own messages (two-level collectives run on subgroups)."""
+        self.agreement.settle()
+
     def run_native(self, kind: str, *args) -> bool:
         """Run the channel's native `kind` if it has one; False means use the generic one."""
         natives = self.group.natives
@@ -241,6 +246,7 @@ class ProcessGroup:
         self.turns = _Turns() if self.natives is not None and self.natives.in_order else None
         self._seqs = itertools.count()
         self.broken = False  # set once a collective failed midway: peers may be gone
+        self.subgroups: dict = {}  # groups made from this one (mwrt.collective.hierarchy)
         self._pool: ThreadPoolExecutor | None = None
         self._last = None
         self._lock = threading.Lock()
@@ -314,10 +320,15 @@ class ProcessGroup:
         return fn(*args)
 
     def close(self) -> None:
-        """Stop the group's async thread; the channel belongs to its creator."""
+        """Stop the group's async thread, and its subgroups'; the channel belongs to its
+        creator."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        for made in self.subgroups.values():
+            for sub in (made.host, made.leaders) if made is not None else ():
+                if sub is not None:
+                    sub.close()
 
     # -- failures ------------------------------------------------------------------------
 

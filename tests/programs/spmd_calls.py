@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from test_random_collectives import SIZES, _step, data  # noqa: E402  (the tests' own checks)
 
 import mwrt.distributed as dist  # noqa: E402
+from mwrt.collective import hierarchy  # noqa: E402
 
 
 def rooted_and_p2p(rank: int, size: int) -> None:
@@ -68,8 +69,9 @@ def main() -> None:
     channel = dist.api._state.channel  # which path the channel takes to each peer
     via = ",".join(f"{p}:{'shm' if channel.shares_host(p) else 'tcp'}"
                    for p in range(size) if p != rank) if channel.name == "auto" else ""
+    two_level = hierarchy.levels(dist.api._state.group) is not None
     print(f"rank {rank} of {size}: ok ({dist.get_backend()}, hosts {','.join(hosts)}, "
-          f"paths {via})", flush=True)
+          f"paths {via}{', two-level' if two_level else ''})", flush=True)
     dist.destroy_process_group()
 
 
