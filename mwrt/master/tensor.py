@@ -17,6 +17,7 @@ from ..ops import UNKNOWN, Spec
 from ..ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
 from ..protocol import wire
 from . import context
+from .limits import check_result
 
 _CALL, _GET, _META = wire.code(wire.Call), wire.code(wire.Get), wire.code(wire.Meta)
 # ufunc.reduce -> the reduction with the same meaning
@@ -335,6 +336,7 @@ def call(name: str, *args, **kwargs):
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
     node, device = place[0]._node, place[0]._device
     result = _meta(op, spec_args, spec_kwargs)
+    check_result(name, result)
     stream = context.stream_for(node.index, device)
     for tensor in place:
         if stream not in tensor._streams:
