@@ -102,6 +102,14 @@ def test_a_stuck_join_leaves_other_masters_served(daemon):
         reply = stuck.recv(timeout=10)
         assert isinstance(reply, wire.Data), reply  # its streams run too: only the Join waits
         assert stuck.recv(timeout=0.5) is None  # and the Join is not answered yet
+        # A Join to a dead address fails that master alone, naming the address.
+        dead = RawMaster(address, "dead")
+        dead.batch(1, [wire.Join(1, store.replace(str(silent.getsockname()[1]), "1"), "dead",
+                                 2, "tcp", 2.0, 9)])
+        reply = dead.recv(timeout=30)
+        dead.close()
+        assert isinstance(reply, wire.Failed) and "127.0.0.1:1" in reply.info["message"], reply
+        served(address)
     finally:
         stuck.close()
         silent.close()
@@ -133,7 +141,8 @@ def test_two_thousand_streams_get_a_named_error_while_another_master_works(daemo
     assert process.poll() is None
 
 
-@pytest.mark.parametrize("daemon", [{"MWRT_SESSION_BYTES": str(8 * MiB), "MWRT_SESSION_TENSORS": "100"}], indirect=True)
+@pytest.mark.parametrize("daemon", [{"MWRT_SESSION_BYTES": str(8 * MiB),
+                                     "MWRT_SESSION_TENSORS": "100"}], indirect=True)
 def test_tensor_and_byte_quotas_are_named_errors_for_that_master_alone(daemon):
     _, address = daemon
     greedy = master_process(address, """
