@@ -131,6 +131,8 @@ class SessionData:
     def close(self) -> None:
         with self.lock:
             closeables, self.channel, self.store = (self.channel, self.store), None, None
+            self.groups.clear()  # they hold the channel, and received arrays wait in posted
+            self.posted.clear()
         for closeable in closeables:
             if closeable is not None:
                 try:
