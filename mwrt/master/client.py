@@ -23,7 +23,7 @@ from .. import config
 from ..errors import (AuthError, ChannelError, MwrtError, QuotaError, RemoteError, WireError,
                       WorkerLostError)
 from ..protocol import auth, wire
-from .limits import Backlog
+from .limits import Limits
 
 log = logging.getLogger("mwrt")
 
@@ -85,7 +85,7 @@ class Node:
         self.rejected: str | None = None  # why the worker refused a batch, until reported
         self.info: wire.Welcome | None = None
         self.closed = False
-        self.backlog = Backlog(self)
+        self.limits = Limits(self)
 
     def __repr__(self):
         return f"node {self.index} ({self.address})"
@@ -152,7 +152,7 @@ class Node:
         self.sites[row[1] & (_SITES - 1)] = issue_site()
         if row[0] in _STREAM_CODES:
             self.streams.add(row[2])
-            self.backlog.streams.add(row[2])
+            self.limits.streams.add(row[2])
         with self.tx_lock:
             now = time.monotonic()
             if not self.rows:
@@ -167,8 +167,8 @@ class Node:
             if (len(self.rows) >= self.batch_size or now - self.last_flush > 1e-3
                     or frame is not None):
                 self._flush_locked(now)
-        if self.backlog.due():  # the worker is far behind: wait for it (never under the lock)
-            self.backlog.checkpoint()
+        if self.limits.due():  # the worker is far behind: wait for it (never under the lock)
+            self.limits.checkpoint()
 
     def release(self, tensor_id: int, streams: tuple) -> None:
         """A handle was dropped: free its worker array with the next batch (thread-safe)."""
@@ -197,7 +197,7 @@ class Node:
         # are sent is cheap, and frees the caller to reuse its array at once.
         body = wire.encode_raw(self.rows)
         self.tx.send_multipart([wire.encode_header(self.seq), body, *self.frames])
-        self.backlog.count(len(body) + sum(len(frame) for frame in self.frames))
+        self.limits.count(len(body) + sum(len(frame) for frame in self.frames))
         self.rows, self.frames = [], []
 
     def _append_frees(self) -> None:

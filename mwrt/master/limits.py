@@ -1,7 +1,7 @@
 """What a master holds itself to: result sizes, and how far a worker may fall behind it.
 
 Ops return at once, so a fast master can queue far more commands than a busy worker
-runs. The Backlog bounds that: every half of MWRT_MAX_BACKLOG_BYTES of commands sent to
+runs. Limits bound that: every half of MWRT_MAX_BACKLOG_BYTES of commands sent to
 a node, it records a checkpoint event on each stream written since the last one, and
 waits (up to MWRT_SYNC_TIMEOUT) until the worker has passed the checkpoint before that.
 So a worker is at most MWRT_MAX_BACKLOG_BYTES behind, and the master waits on events
@@ -22,29 +22,30 @@ _RECORD, _EVENT_QUERY = wire.code(wire.Record), wire.code(wire.EventQuery)
 _CHECKPOINTS = itertools.count(-1, -1)  # negative: never one of the user's event ids
 
 
-def check_result(name: str, result) -> None:
-    """Refuse, at issue time, an op whose meta rule gives a result over the tensor limit."""
-    limit = config.get("max_tensor_bytes")
-    for spec in result if type(result) is tuple else (result,):
-        if isinstance(spec, Spec):
-            nbytes = math.prod(spec.shape) * spec.dtype.itemsize
-            if nbytes > limit:
-                raise MemoryError(f"{name}: its result would take {nbytes} bytes "
-                                  f"({spec.dtype}{list(spec.shape)}), over the limit of {limit} "
-                                  "(MWRT_MAX_TENSOR_BYTES); work on smaller pieces")
-
-
-class Backlog:
-    """Bytes of commands sent to one node since its last checkpoint; waits past the limit."""
+class Limits:
+    """One node's limits on the master: result sizes, and bytes of commands sent since the
+    last checkpoint (waiting past MWRT_MAX_BACKLOG_BYTES)."""
 
     def __init__(self, node):
         self.node = node
+        self.max_tensor = config.get("max_tensor_bytes")  # read once: checked on every op
         self.limit = config.get("max_backlog_bytes")
         self.sent = 0
         self.streams: set[int] = set()  # streams written since the last checkpoint
         self.previous: tuple = ()  # that checkpoint's events
         self.checkpoints = 0  # how many times this master waited on the worker (statistics)
         self._lock = threading.Lock()
+
+    def check_result(self, name: str, result) -> None:
+        """Refuse, at issue time, an op whose meta rule gives a result over the tensor limit."""
+        for spec in result if type(result) is tuple else (result,):
+            if isinstance(spec, Spec):
+                nbytes = math.prod(spec.shape) * spec.dtype.itemsize
+                if nbytes > self.max_tensor:
+                    raise MemoryError(
+                        f"{name}: its result would take {nbytes} bytes ({spec.dtype}"
+                        f"{list(spec.shape)}), over the limit of {self.max_tensor} "
+                        "(MWRT_MAX_TENSOR_BYTES); work on smaller pieces")
 
     def count(self, nbytes: int) -> None:
         """Add a sent batch's bytes (called under the node's send lock)."""

@@ -104,7 +104,7 @@ def call(ex, cmd, frames):
     op = ops.get(cmd.op)
     args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
     if not op.inplace:  # sized by the meta rule: an oversized result is refused, not made
-        quotas.check_result(op, cmd.args, cmd.kwargs, ex.session.tensors)
+        quotas.check_result(op, cmd.args, cmd.kwargs, args, ex.session.tensors)
     result = op.impl(ex.xp, *args, **kwargs)
     if op.inplace:
         return

@@ -15,7 +15,7 @@ import math
 import threading
 import weakref
 
-from .. import config
+from .. import config, ops
 from ..errors import QuotaError
 from ..ops import Spec
 from ..protocol import wire
@@ -30,20 +30,25 @@ class TensorTable(dict):
         self.nbytes = 0
         self.max_tensors = config.get("session_tensors")
         self.max_bytes = config.get("session_bytes")
+        self.max_tensor = config.get("max_tensor_bytes")
         self._lock = threading.Lock()  # stream threads store concurrently
 
     def __setitem__(self, tid, value) -> None:
         size = getattr(value, "nbytes", 0)
         with self._lock:
-            old = getattr(self.get(tid), "nbytes", 0)
-            if tid not in self and len(self) >= self.max_tensors:
-                raise QuotaError(f"tensor {tid}: this master already holds {len(self)} tensors "
-                                 f"on node {self.node} (MWRT_SESSION_TENSORS = "
-                                 f"{self.max_tensors}); free tensors it no longer needs")
-            if size > old and self.nbytes + size - old > self.max_bytes:
+            old = dict.get(self, tid)
+            if old is None:
+                if len(self) >= self.max_tensors:
+                    raise QuotaError(
+                        f"tensor {tid}: this master already holds {len(self)} tensors on node "
+                        f"{self.node} (MWRT_SESSION_TENSORS = {self.max_tensors}); free "
+                        "tensors it no longer needs")
+            else:
+                size -= getattr(old, "nbytes", 0)
+            if size > 0 and self.nbytes + size > self.max_bytes:
                 raise QuotaError(self._over(size))
-            self.nbytes += size - old
-            super().__setitem__(tid, value)
+            self.nbytes += size
+            dict.__setitem__(self, tid, value)
 
     def pop(self, tid, *default):
         with self._lock:
@@ -74,7 +79,7 @@ class TensorTable(dict):
 def check_tensor(shape, dtype, what: str, table: TensorTable | None = None) -> None:
     """Refuse a tensor over MWRT_MAX_TENSOR_BYTES, or over the session's quota, unmade."""
     nbytes = math.prod(shape) * dtype.itemsize
-    limit = config.get("max_tensor_bytes")
+    limit = config.get("max_tensor_bytes") if table is None else table.max_tensor
     if nbytes > limit:
         raise MemoryError(f"{what}: tensor of {nbytes} bytes ({dtype}{list(shape)}) exceeds the "
                           f"limit of {limit} bytes (MWRT_MAX_TENSOR_BYTES)")
@@ -82,22 +87,39 @@ def check_tensor(shape, dtype, what: str, table: TensorTable | None = None) -> N
         table.check_room(nbytes)
 
 
+_PLAIN = (int, float, bool, str, type(None))
+
+
 def _spec(table, value):
     """A command's arguments as its meta rule takes them: tensor Refs become Specs."""
-    if isinstance(value, wire.Ref):
+    kind = type(value)
+    if kind is wire.Ref:
         found = table[value.id]
-        return Spec(tuple(found.shape), found.dtype)
-    if isinstance(value, tuple):
+        return Spec(found.shape, found.dtype)
+    if kind in _PLAIN:
+        return value
+    if kind is tuple:
         return tuple(_spec(table, v) for v in value)
     if isinstance(value, dict):
         return {k: _spec(table, v) for k, v in value.items()}
     return value
 
 
-def check_result(op, args: tuple, kwargs: dict, table: TensorTable) -> None:
-    """Size an op's results by its meta rule (on the command's Refs, already resolved once)
+def check_result(op, args: tuple, kwargs: dict, resolved: tuple, table: TensorTable) -> None:
+    """Size an op's results by its meta rule (on the command's Refs, already `resolved`)
     and refuse them before the op runs."""
-    result = op.meta(*_spec(table, args), **_spec(table, kwargs))
+    if op.by_type and not kwargs:
+        # A ufunc's results have at most the product of its operands' sizes as elements,
+        # each at most 32 bytes (clongdouble) or its operands' widths added (bytes + bytes):
+        # under that bound, the meta rule need not run (it costs more than the op itself).
+        elements, width = 1, 32
+        for value in resolved:
+            if hasattr(value, "itemsize"):
+                elements *= value.size or 1
+                width += value.itemsize
+        if elements * width <= min(table.max_tensor, table.max_bytes - table.nbytes):
+            return
+    result = ops.infer(op, _spec(table, args), _spec(table, kwargs))
     for spec in result if type(result) is tuple else (result,):
         if isinstance(spec, Spec):
             check_tensor(spec.shape, spec.dtype, op.name, table)
