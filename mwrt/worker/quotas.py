@@ -35,10 +35,15 @@ class TensorTable(dict):
 
     def __setitem__(self, tid, value) -> None:
         size = getattr(value, "nbytes", 0)
+        if size > self.max_tensor:  # a user function's result: sized only once made
+            raise MemoryError(f"tensor {tid}: {size} bytes exceed the limit of "
+                              f"{self.max_tensor} bytes (MWRT_MAX_TENSOR_BYTES)")
         with self._lock:
             old = dict.get(self, tid)
             if old is None:
-                if len(self) >= self.max_tensors:
+                # Room is kept for the markers of failed ops, so the failure is still reported.
+                if len(self) >= (self.max_tensors if hasattr(value, "nbytes")
+                                 else 2 * self.max_tensors):
                     raise QuotaError(
                         f"tensor {tid}: this master already holds {len(self)} tensors on node "
                         f"{self.node} (MWRT_SESSION_TENSORS = {self.max_tensors}); free "
