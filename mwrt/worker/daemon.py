@@ -25,7 +25,7 @@ from ..errors import ConfigError, QuotaError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
-from . import quotas
+from . import lifecycle, quotas
 from .session import Session
 
 log = logging.getLogger("mwrt.worker")
@@ -233,28 +233,13 @@ class Daemon:
             return
         session.last_seq, session.last_seen = seq, time.monotonic()
         try:
-            data = self._admit(session, commands, data, len(body))
+            data = quotas.admit(session, commands, data, len(body))
         except (QuotaError, WireError) as exc:
             self._log_rejection("refused a batch of session %s: %s", session.id, exc)
             kind = "quota" if isinstance(exc, QuotaError) else "wire"
             self.send(session.identity, wire.Failed(-1, {"kind": kind, "message": str(exc)}))
             return
         self._dispatch(session, commands, data)
-
-    def _admit(self, session, commands, data, body_bytes: int) -> list:
-        """Count a batch against its session's queue quota; refuse frames no Put reads."""
-        if data:
-            used = {c.frame for c in commands if isinstance(c, wire.Put)}
-            unread = len(set(range(len(data))) - used)
-            if unread:
-                raise WireError(f"wire: a batch carries {len(data)} data frames, {unread} of "
-                                "which no Put reads (expected one Put per frame); it did not run")
-        nbytes = body_bytes + sum(len(frame) for frame in data)
-        session.inflight.admit(nbytes)
-        # The streams share one list: when the last of them drops it, the bytes are freed.
-        held = quotas.Frames(data)
-        session.inflight.track(held, nbytes)
-        return held
 
     def _dispatch(self, session, commands, data) -> None:
         groups: dict[int, list] = {}
@@ -332,7 +317,7 @@ class Daemon:
             from .data import SessionData
 
             if session.data is not None:  # closing a channel may wait on its peers: not here
-                _off_thread(session.data.close, f"mwrt-rejoin-{session.node}")
+                lifecycle.off_thread(session.data.close, f"mwrt-rejoin-{session.node}")
             # Publish this node's channel address now: a peer must never wait on the store
             # for a node that died before its first transfer, only fail to connect to it.
             session.data = SessionData(session, command)
@@ -343,7 +328,7 @@ class Daemon:
 
     def _hello(self, sid, command) -> Session | None:
         identity = sid + b"/" + RX
-        refusal = self._refuse_hello(sid, command)
+        refusal = lifecycle.refuse_hello(self.sessions, sid, command)
         if refusal:
             self._log_rejection("refused a Hello from %r: %s", identity[:40], refusal)
             self.send(identity, wire.Failed(command.id, {"kind": "session", "message": refusal}))
@@ -358,36 +343,10 @@ class Daemon:
                                          os.getpid(), arrays.device_count(), ""))
         return session
 
-    def _refuse_hello(self, sid, command) -> str:
-        """Why a Hello may not open a session: a session belongs to the connection that
-        opened it, so no other connection may take, replace or end it by naming its id."""
-        if not isinstance(command.session, str) or command.session.encode() != sid:
-            return (f"session: the Hello names session {command.session!r:.40} but comes from "
-                    f"the connection of session {sid[:40]!r} (expected the same id); a master "
-                    "opens only its own session")
-        if sid in self.sessions:
-            return (f"session: {command.session} is already open on this worker (got a second "
-                    "Hello for it, expected one per master); a new master picks a new id")
-        return ""
-
     def end_session(self, session, answer=None) -> None:
-        """Forget `session` now and free what it holds off the socket thread (a channel's
-        close may wait on its peers; giving memory back takes a collection), then answer."""
-        if self.sessions.get(session.sid) is session:
-            del self.sessions[session.sid]
-
-        def end():
-            session.close()
-            quotas.give_back_memory()
-            if answer is not None:
-                sock = self.reply_socket()
-                try:
-                    wire.send(sock, session.identity, answer)
-                finally:
-                    sock.close(linger=1000)
-
+        """Forget `session` and free it off the socket thread (lifecycle.end)."""
         self._ending = [t for t in self._ending if t.is_alive()]
-        self._ending.append(_off_thread(end, f"mwrt-end-{session.id[:8]}"))
+        self._ending.append(lifecycle.end(self, session, answer))
 
     # -- events ---------------------------------------------------------------------------
 
@@ -456,9 +415,3 @@ class Daemon:
             log.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stopping = True
 
-
-def _off_thread(fn, name: str) -> threading.Thread:
-    """Run `fn` on a thread of its own: the socket thread must never wait."""
-    thread = threading.Thread(target=fn, daemon=True, name=name)
-    thread.start()
-    return thread

@@ -16,7 +16,7 @@ import threading
 import weakref
 
 from .. import config, ops
-from ..errors import QuotaError
+from ..errors import QuotaError, WireError
 from ..ops import Spec
 from ..protocol import wire
 
@@ -157,6 +157,22 @@ class Inflight:
     def _release(self, nbytes: int) -> None:
         with self._lock:
             self.nbytes -= nbytes
+
+
+def admit(session, commands, data, body_bytes: int) -> list:
+    """Count a batch against its session's queue quota; refuse frames no Put reads."""
+    if data:
+        used = {c.frame for c in commands if isinstance(c, wire.Put)}
+        unread = len(set(range(len(data))) - used)
+        if unread:
+            raise WireError(f"wire: a batch carries {len(data)} data frames, {unread} of which "
+                            "no Put reads (expected one Put per frame); it did not run")
+    nbytes = body_bytes + sum(len(frame) for frame in data)
+    session.inflight.admit(nbytes)
+    # The streams share one list: when the last of them drops it, the bytes are freed.
+    held = Frames(data)
+    session.inflight.track(held, nbytes)
+    return held
 
 
 class Frames(list):
