@@ -130,9 +130,12 @@ def test_two_thousand_streams_get_a_named_error_while_another_master_works(daemo
     process, address = daemon
     served(address)
     mine = [mwrt.Stream() for _ in range(4)]
+    before = status(process.pid, "VmRSS")
     greedy = master_process(address, GREEDY_STREAMS)
     out = finish(greedy)
     assert "QUOTA" in out and "MWRT_SESSION_STREAMS" in out, out[-3000:]
+    figure("2,000 streams asked for", before=before, peak=status(process.pid, "VmHWM"),
+           after=status(process.pid, "VmRSS"))
     for s in mine:  # streams made before and after the greedy master are served
         with mwrt.stream(s):
             served(address)
@@ -144,7 +147,8 @@ def test_two_thousand_streams_get_a_named_error_while_another_master_works(daemo
 @pytest.mark.parametrize("daemon", [{"MWRT_SESSION_BYTES": str(8 * MiB),
                                      "MWRT_SESSION_TENSORS": "100"}], indirect=True)
 def test_tensor_and_byte_quotas_are_named_errors_for_that_master_alone(daemon):
-    _, address = daemon
+    process, address = daemon
+    before = status(process.pid, "VmRSS")
     greedy = master_process(address, """
 for make in (lambda: [mwrt.zeros(MiB, dtype=np.float32) for _ in range(3)],
              lambda: [mwrt.zeros(1) for _ in range(200)]):
@@ -159,11 +163,14 @@ for make in (lambda: [mwrt.zeros(MiB, dtype=np.float32) for _ in range(3)],
     out = finish(greedy)
     assert "MWRT_SESSION_BYTES" in out and "MWRT_SESSION_TENSORS" in out, out[-3000:]
     served(address)
+    figure("8 MiB session quota, 12 MiB asked for", before=before,
+           after=status(process.pid, "VmRSS"))
 
 
 @pytest.mark.parametrize("daemon", [{"MWRT_SESSION_INFLIGHT_BYTES": str(2 * MiB)}], indirect=True)
 def test_queued_commands_past_the_inflight_quota_and_unread_frames_are_refused(daemon):
-    _, address = daemon
+    process, address = daemon
+    before = status(process.pid, "VmRSS")
     raw = RawMaster(address, "flood")
     try:
         # The stream waits on an event nobody records: every Put queues behind it.
@@ -178,6 +185,8 @@ def test_queued_commands_past_the_inflight_quota_and_unread_frames_are_refused(d
         assert any("no Put reads" in r.info.get("message", "") for r in replies(raw)
                    if isinstance(r, wire.Failed))
         served(address)
+        figure("2 MiB queue quota, 3 MiB queued", before=before,
+               after=status(process.pid, "VmRSS"))
         raw.batch(10, [wire.Bye(10)])
     finally:
         raw.close()
