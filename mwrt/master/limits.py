@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 
 from .. import config
@@ -28,7 +29,10 @@ class Limits:
 
     def __init__(self, node):
         self.node = node
-        self.max_tensor = config.get("max_tensor_bytes")  # read once: checked on every op
+        # Only a limit set on the master is checked here (read once: it is checked on every
+        # op); the default is the worker's host's, which the worker checks itself.
+        given = os.environ.get(config.SETTINGS["max_tensor_bytes"].env)
+        self.max_tensor = config.get("max_tensor_bytes") if given else None
         self.limit = config.get("max_backlog_bytes")
         self.sent = 0
         self.streams: set[int] = set()  # streams written since the last checkpoint
@@ -38,6 +42,8 @@ class Limits:
 
     def check_result(self, name: str, result) -> None:
         """Refuse, at issue time, an op whose meta rule gives a result over the tensor limit."""
+        if self.max_tensor is None:
+            return
         for spec in result if type(result) is tuple else (result,):
             if isinstance(spec, Spec):
                 nbytes = math.prod(spec.shape) * spec.dtype.itemsize
