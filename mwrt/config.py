@@ -54,9 +54,9 @@ SETTINGS = {
                             "arrays up to this size ride inside commands"),
     "max_frame_bytes": Setting("MWRT_MAX_FRAME_BYTES", 1 << 20, int,
                                "largest command frame a daemon accepts"),
-    "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", _host_ram() // 4, int,
+    "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", _host_ram() // 2, int,
                                 "largest tensor one command (or op result) may create "
-                                "(default: a quarter of the host's RAM)"),
+                                "(default: half of the host's RAM)"),
     "session_bytes": Setting("MWRT_SESSION_BYTES", _host_ram() // 2, int,
                              "bytes of tensors one master may hold on a worker (default: half "
                              "of the host's RAM)"),
