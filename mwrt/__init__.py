@@ -12,6 +12,7 @@ from .errors import (
                        ChannelError,
                        CollectiveMismatchError,
                        MwrtError,
+                       QuotaError,
                        RemoteError,
                        WireError,
                        WorkerLostError,
@@ -47,5 +48,6 @@ __all__ = [
     "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce", "all_gather", "gather",
     "scatter", "Stream", "Event", "stream", "current_stream", "profile",
     "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
-    "ChannelClosedError", "CollectiveMismatchError", "WireError", *TYPED_CONSTRUCTORS,
+    "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
+    *TYPED_CONSTRUCTORS,
 ]

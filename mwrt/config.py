@@ -20,6 +20,27 @@ class Setting:
     doc: str
 
 
+def _host_ram() -> int:
+    """Physical memory of this host in bytes (64 GiB where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 36
+
+
+def stream_capacity() -> int:
+    """Streams a worker can run at once: each holds a ZeroMQ socket (1,023 per context by
+    default) and a file descriptor; a quarter of the fds stay for connections and files."""
+    try:
+        import resource
+
+        fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        fds = 1024
+    fds = 1 << 16 if fds == -1 else fds
+    return max(min(1023 - 64, fds * 3 // 4 - 64), 32)
+
+
 SETTINGS = {
     "workers": Setting("MWRT_WORKERS", "", str, "comma-separated host:port of worker daemons"),
     "local_workers": Setting("MWRT_LOCAL_WORKERS", 2, int, "daemons started when none are named"),
@@ -39,8 +60,23 @@ SETTINGS = {
                             "arrays up to this size ride inside commands"),
     "max_frame_bytes": Setting("MWRT_MAX_FRAME_BYTES", 1 << 20, int,
                                "largest command frame a daemon accepts"),
-    "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", 1 << 36, int,
-                                "largest tensor one command may create"),
+    "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", _host_ram() // 2, int,
+                                "largest tensor one command (or op result) may create "
+                                "(default: half of the host's RAM)"),
+    "session_bytes": Setting("MWRT_SESSION_BYTES", _host_ram() // 2, int,
+                             "bytes of tensors one master may hold on a worker (default: half "
+                             "of the host's RAM)"),
+    "session_tensors": Setting("MWRT_SESSION_TENSORS", 1 << 20, int,
+                               "tensors one master may hold on a worker"),
+    "session_streams": Setting("MWRT_SESSION_STREAMS", stream_capacity() // 4, int,
+                               "streams (a thread and a socket each) one master may open on a "
+                               "worker (default: a quarter of what its fd limit allows)"),
+    "session_inflight_bytes": Setting("MWRT_SESSION_INFLIGHT_BYTES", 1 << 30, int,
+                                      "bytes of received commands a worker queues for one "
+                                      "master before it refuses more"),
+    "max_backlog_bytes": Setting("MWRT_MAX_BACKLOG_BYTES", 64 << 20, int,
+                                 "the master waits (up to MWRT_SYNC_TIMEOUT) when a worker is "
+                                 "this many bytes of commands behind; 0: never waits"),
     "channel": Setting("MWRT_CHANNEL", "auto", str,
                        "data channel of master-worker mode: auto (shm when every node is on "
                        "the master's host, else tcp), or a registered channel name"),

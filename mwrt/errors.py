@@ -15,6 +15,10 @@ class WireError(MwrtError):
     """A frame could not be decoded, or is too large, or of an unknown version."""
 
 
+class QuotaError(MwrtError):
+    """A master asked a worker for more than its share (streams, tensors, bytes, backlog)."""
+
+
 class AuthError(MwrtError):
     """A peer failed authentication."""
 

@@ -20,8 +20,10 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
-from ..errors import AuthError, ChannelError, MwrtError, RemoteError, WireError, WorkerLostError
+from ..errors import (AuthError, ChannelError, MwrtError, QuotaError, RemoteError, WireError,
+                      WorkerLostError)
 from ..protocol import auth, wire
+from .limits import Limits
 
 log = logging.getLogger("mwrt")
 
@@ -83,6 +85,7 @@ class Node:
         self.rejected: str | None = None  # why the worker refused a batch, until reported
         self.info: wire.Welcome | None = None
         self.closed = False
+        self.limits = Limits(self)
 
     def __repr__(self):
         return f"node {self.index} ({self.address})"
@@ -149,6 +152,7 @@ class Node:
         self.sites[row[1] & (_SITES - 1)] = issue_site()
         if row[0] in _STREAM_CODES:
             self.streams.add(row[2])
+            self.limits.streams.add(row[2])
         with self.tx_lock:
             now = time.monotonic()
             if not self.rows:
@@ -163,6 +167,8 @@ class Node:
             if (len(self.rows) >= self.batch_size or now - self.last_flush > 1e-3
                     or frame is not None):
                 self._flush_locked(now)
+        if self.limits.due():  # the worker is far behind: wait for it (never under the lock)
+            self.limits.checkpoint()
 
     def release(self, tensor_id: int, streams: tuple) -> None:
         """A handle was dropped: free its worker array with the next batch (thread-safe)."""
@@ -189,8 +195,9 @@ class Node:
         self.seq += 1
         # Data frames here are inline arrays (at most MWRT_INLINE_BYTES): copying them as they
         # are sent is cheap, and frees the caller to reuse its array at once.
-        self.tx.send_multipart([wire.encode_header(self.seq), wire.encode_raw(self.rows),
-                                *self.frames])
+        body = wire.encode_raw(self.rows)
+        self.tx.send_multipart([wire.encode_header(self.seq), body, *self.frames])
+        self.limits.count(len(body) + sum(len(frame) for frame in self.frames))
         self.rows, self.frames = [], []
 
     def _append_frees(self) -> None:
@@ -249,6 +256,8 @@ class Node:
             else:  # a whole batch was refused: its commands never ran; say so at the next wait
                 log.error("%s: %s", self, reply.info.get("message"))
                 self.rejected = reply.info.get("message", "a batch was refused")
+                if reply.info.get("kind") == "quota":  # over this master's share: by name
+                    self.rejected = QuotaError(f"{self}: {self.rejected}")
             return
         self.replies[reply.token] = (reply, frames[2:])
 
@@ -263,6 +272,8 @@ class Node:
     def _raise_rejected(self) -> None:
         if self.rejected is not None:
             message, self.rejected = self.rejected, None
+            if isinstance(message, QuotaError):
+                raise message
             raise WireError(f"{self}: the worker refused a batch of commands, which did not run: "
                             f"{message}")
 

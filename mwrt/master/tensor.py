@@ -321,7 +321,6 @@ DistributedTensor.div_ = DistributedTensor.__itruediv__
 
 # -- issuing an op ------------------------------------------------------------------------
 
-_META_MEMO: dict = {}
 _SCALARS = (int, float, bool, complex)
 
 
@@ -334,7 +333,8 @@ def call(name: str, *args, **kwargs):
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
     node, device = place[0]._node, place[0]._device
-    result = _meta(op, spec_args, spec_kwargs)
+    result = ops.infer(op, spec_args, spec_kwargs)
+    node.limits.check_result(name, result)
     stream = context.stream_for(node.index, device)
     for tensor in place:
         if stream not in tensor._streams:
@@ -345,21 +345,6 @@ def call(name: str, *args, **kwargs):
     if op.inplace:
         return None
     return outs[0] if type(result) is not tuple else tuple(outs)
-
-
-def _meta(op, spec_args, spec_kwargs):
-    """The op's meta rule, remembered for ops whose result depends only on argument types."""
-    if not op.by_type or spec_kwargs:
-        return op.meta(*spec_args, **spec_kwargs)
-    key = (op.name, *(a if type(a) is Spec else type(a) for a in spec_args))
-    result = _META_MEMO.get(key)
-    if result is None:
-        if not all(type(a) is Spec or type(a) in _SCALARS for a in spec_args):
-            return op.meta(*spec_args)
-        result = _META_MEMO[key] = op.meta(*spec_args) or False
-        if len(_META_MEMO) > 100_000:
-            _META_MEMO.clear()
-    return result or None
 
 
 def _outputs(node, device, stream, result) -> list:

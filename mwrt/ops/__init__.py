@@ -59,6 +59,26 @@ def get(name: str) -> Op:
             from None
 
 
+_MEMO: dict = {}
+_SCALARS = (int, float, bool, complex)
+
+
+def infer(op: Op, args: tuple, kwargs: dict):
+    """`op`'s meta rule on Specs, remembered for ops whose result depends only on argument
+    types (the master runs it for every op it issues, the worker to size each result)."""
+    if not op.by_type or kwargs:
+        return op.meta(*args, **kwargs)
+    key = (op.name, *(a if type(a) is Spec else type(a) for a in args))
+    result = _MEMO.get(key)
+    if result is None:
+        if not all(type(a) is Spec or type(a) in _SCALARS for a in args):
+            return op.meta(*args)
+        result = _MEMO[key] = op.meta(*args) or False
+        if len(_MEMO) > 100_000:
+            _MEMO.clear()
+    return result or None
+
+
 def has(name: str) -> bool:
     """True if op `name` is registered."""
     return name in _OPS

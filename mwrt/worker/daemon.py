@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 
@@ -20,10 +21,11 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
 from ..channels.shm import reap_orphan_segments
-from ..errors import ConfigError, WireError
+from ..errors import ConfigError, QuotaError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
+from . import lifecycle, quotas
 from .session import Session
 
 log = logging.getLogger("mwrt.worker")
@@ -58,7 +60,9 @@ class Daemon:
         self.router = self.context.socket(zmq.ROUTER)
         if keys is not None:
             auth.serve_curve(self.router, keys)
-        self.router.setsockopt(zmq.MAXMSGSIZE, config.get("max_tensor_bytes") + 4096)
+        # No frame larger than one tensor, nor than what a session may queue, is read in.
+        self.router.setsockopt(zmq.MAXMSGSIZE, min(config.get("max_tensor_bytes"),
+                                                   config.get("session_inflight_bytes")) + 4096)
         self.router.setsockopt(zmq.LINGER, 0)
         try:
             self.router.bind(f"tcp://{join_host_port(host, port or '*')}")
@@ -75,12 +79,14 @@ class Daemon:
         self.replies = self.context.socket(zmq.PULL)
         self.replies.bind(self._reply_address)
         self.sessions: dict[bytes, Session] = {}
+        self.streams = quotas.StreamPool()
         self.lease_timeout = config.get("lease_timeout")
         self.max_frame = config.get("max_frame_bytes")
         self.parent_pid = parent_pid
         self.stopping = False
         self._functions: dict[bytes, object] = {}
         self._rejections = [0.0, 0, 0]  # window start, rejections in it, not logged
+        self._ending: list[threading.Thread] = []  # sessions being freed off the socket thread
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -132,6 +138,8 @@ class Daemon:
 
     def close(self, grace: float = 2.0) -> None:
         """Close every session and socket; streams get `grace` seconds to finish their op."""
+        for thread in self._ending:  # sessions being freed: their segments must go too
+            thread.join(grace)
         threads = [ex.thread for session in self.sessions.values()
                    for ex in session.streams.values()]
         for session in list(self.sessions.values()):
@@ -193,7 +201,7 @@ class Daemon:
         elif role == RX and len(commands) == 1 and isinstance(commands[0], wire.Hello):
             self._hello(sid, commands[0])
         elif role == TX:
-            self._on_batch(sid, seq, commands, frames[3:])
+            self._on_batch(sid, seq, commands, frames[2], frames[3:])
         else:
             self._log_rejection("rejected a message from %r: unknown role or command",
                                 identity[:40])
@@ -212,7 +220,7 @@ class Daemon:
             elif isinstance(command, wire.PeerLost) and session is not None:
                 session.peer_lost(command.rank, command.reason)
 
-    def _on_batch(self, sid, seq, commands, data) -> None:
+    def _on_batch(self, sid, seq, commands, body, data) -> None:
         session = self.sessions.get(sid)
         if session is None:
             self.send(sid + b"/" + RX, wire.Failed(-1, {
@@ -224,6 +232,13 @@ class Daemon:
             log.info("dropped a resent batch %d from %s", seq, session.master)
             return
         session.last_seq, session.last_seen = seq, time.monotonic()
+        try:
+            data = quotas.admit(session, commands, data, len(body))
+        except (QuotaError, WireError) as exc:
+            self._log_rejection("refused a batch of session %s: %s", session.id, exc)
+            kind = "quota" if isinstance(exc, QuotaError) else "wire"
+            self.send(session.identity, wire.Failed(-1, {"kind": kind, "message": str(exc)}))
+            return
         self._dispatch(session, commands, data)
 
     def _dispatch(self, session, commands, data) -> None:
@@ -269,8 +284,8 @@ class Daemon:
             try:
                 executor = session.stream(stream_id)
             except Exception as exc:
-                self.send(session.identity, wire.Failed(-1, {"kind": "remote",
-                                                             "message": str(exc)}))
+                kind = "quota" if isinstance(exc, QuotaError) else "remote"
+                self.send(session.identity, wire.Failed(-1, {"kind": kind, "message": str(exc)}))
                 continue
             executor.submit(commands, data)
 
@@ -279,13 +294,14 @@ class Daemon:
         identity = session.identity
         if isinstance(command, (wire.Hello, wire.Ping)):
             return session
-        if isinstance(command, wire.Bye):
-            self.sessions.pop(session.sid, None)
-            session.close()
-            self.send(identity, wire.Done(command.id, None))
+        if isinstance(command, wire.Bye):  # answered once all is freed: the master may exit
+            self.end_session(session, wire.Done(command.id, None))
             return None
         if isinstance(command, wire.NewStream):
-            session.stream(command.stream, command.device)
+            try:
+                session.stream(command.stream, command.device)
+            except QuotaError as exc:
+                self.send(identity, wire.Failed(-1, {"kind": "quota", "message": str(exc)}))
         elif isinstance(command, wire.Query):
             executor = session.streams.get(command.stream)
             self.send(identity, wire.Done(command.token, executor is None or executor.idle()))
@@ -300,8 +316,8 @@ class Daemon:
         elif isinstance(command, wire.Join):
             from .data import SessionData
 
-            if session.data is not None:
-                session.data.close()
+            if session.data is not None:  # closing a channel may wait on its peers: not here
+                lifecycle.off_thread(session.data.close, f"mwrt-rejoin-{session.node}")
             # Publish this node's channel address now: a peer must never wait on the store
             # for a node that died before its first transfer, only fail to connect to it.
             session.data = SessionData(session, command)
@@ -310,11 +326,13 @@ class Daemon:
             self.send(identity, wire.Done(command.token, session.stats()))
         return session
 
-    def _hello(self, sid, command) -> Session:
-        old = self.sessions.pop(sid, None)
-        if old is not None:
-            old.close()
+    def _hello(self, sid, command) -> Session | None:
         identity = sid + b"/" + RX
+        refusal = lifecycle.refuse_hello(self.sessions, sid, command)
+        if refusal:
+            self._log_rejection("refused a Hello from %r: %s", identity[:40], refusal)
+            self.send(identity, wire.Failed(command.id, {"kind": "session", "message": refusal}))
+            return None
         session = Session(self, identity, command.session, command.master, command.node)
         self.sessions[sid] = session
         log.info("session %s opened by %s as node %d", command.session, command.master,
@@ -324,6 +342,11 @@ class Daemon:
         self.send(identity, wire.Welcome(command.id, self.incarnation, socket.gethostname(),
                                          os.getpid(), arrays.device_count(), ""))
         return session
+
+    def end_session(self, session, answer=None) -> None:
+        """Forget `session` and free it off the socket thread (lifecycle.end)."""
+        self._ending = [t for t in self._ending if t.is_alive()]
+        self._ending.append(lifecycle.end(self, session, answer))
 
     # -- events ---------------------------------------------------------------------------
 
@@ -386,9 +409,9 @@ class Daemon:
             if now - session.last_seen > self.lease_timeout:
                 log.warning("session %s of %s: no word for %.1f s, freeing it", session.id,
                             session.master, now - session.last_seen)
-                self.sessions.pop(sid, None)
-                session.close()
+                self.end_session(session)
         reap_orphan_segments()
         if self.parent_pid is not None and not process_alive(self.parent_pid):
             log.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stopping = True
+

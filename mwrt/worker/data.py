@@ -135,6 +135,8 @@ class SessionData:
     def close(self) -> None:
         with self.lock:
             closeables, self.channel, self.store = (self.channel, self.store), None, None
+            self.groups.clear()  # they hold the channel, and received arrays wait in posted
+            self.posted.clear()
         for closeable in closeables:
             if closeable is not None:
                 try:
@@ -190,7 +192,7 @@ def recv_from(ex, cmd, frames):
             work.wait(data.get_channel().timeout)
         else:
             dtype = np.dtype(cmd.dtype)
-            check_size(cmd.shape, dtype)
+            check_size(cmd.shape, dtype, "recv", ex.session.tensors)
             host = np.empty(cmd.shape, dtype)
             data.get_channel().recv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
     except ChannelError as exc:
@@ -207,13 +209,16 @@ _IN_PLACE = {"all_reduce": collectives.all_reduce, "broadcast": collectives.broa
 
 
 def collective(ex, cmd, frames):
-    from .handlers import PoisonedInput, resolve, store
+    from .handlers import PoisonedInput, check_size, resolve, store
 
     group = _data(ex).group(cmd.group, cmd.ranks)
     try:
         if ex.error is not None:
             raise PoisonedInput(ex.error)
         array = resolve(ex, wire.Ref(cmd.ref)) if cmd.ref >= 0 else None
+        if cmd.out >= 0:  # an oversized result fails here, and its peers at once
+            check_size(cmd.out_shape, np.dtype(cmd.args.get("dtype")), cmd.kind,
+                       ex.session.tensors)
     except Exception:
         _abort(group)
         raise

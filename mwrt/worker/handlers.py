@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import arrays, config, ops
 from ..protocol import wire
+from . import quotas
 
 
 class Poisoned:
@@ -57,18 +58,17 @@ def store(ex, out: int, value) -> None:
     ex.session.tensors[out] = value
 
 
-def check_size(shape, dtype) -> None:
-    nbytes = math.prod(shape) * dtype.itemsize
-    limit = config.get("max_tensor_bytes")
-    if nbytes > limit:
-        raise MemoryError(f"create: tensor of {nbytes} bytes exceeds the limit of {limit} "
-                          "bytes (MWRT_MAX_TENSOR_BYTES)")
+def check_size(shape, dtype, what: str = "create", table=None) -> None:
+    """Refuse an oversized tensor before it is made (MWRT_MAX_TENSOR_BYTES, session quota)."""
+    quotas.check_tensor(shape, dtype, what, table)
 
 
 def create(ex, cmd, frames):
     xp, dtype, shape = ex.xp, np.dtype(cmd.dtype), tuple(cmd.shape)
-    check_size(shape, dtype)
+    check_size(shape, dtype, "create", ex.session.tensors)
     kind, args = cmd.kind, cmd.args
+    if kind == "empty":  # freed memory may hold another session's bytes: never hand it out
+        kind = "zeros"
     if kind in ("empty", "zeros", "ones"):
         value = getattr(xp, kind)(shape, dtype)
     elif kind == "full":
@@ -90,7 +90,7 @@ def create(ex, cmd, frames):
 
 def put(ex, cmd, frames):
     dtype, shape = np.dtype(cmd.dtype), tuple(cmd.shape)
-    check_size(shape, dtype)
+    check_size(shape, dtype, "put", ex.session.tensors)
     data = frames[cmd.frame]
     expected = math.prod(shape) * dtype.itemsize
     if len(data) != expected:
@@ -102,7 +102,10 @@ def put(ex, cmd, frames):
 
 def call(ex, cmd, frames):
     op = ops.get(cmd.op)
-    result = op.impl(ex.xp, *resolve(ex, cmd.args), **resolve(ex, cmd.kwargs))
+    args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
+    if not op.inplace:  # sized by the meta rule: an oversized result is refused, not made
+        quotas.check_result(op, cmd.args, cmd.kwargs, args, ex.session.tensors)
+    result = op.impl(ex.xp, *args, **kwargs)
     if op.inplace:
         return
     if len(cmd.outs) == 1:

@@ -6,8 +6,7 @@ import threading
 import time
 
 from .executor import DEFAULT_STREAM_LIMIT, StreamExecutor
-
-MAX_STREAMS = 1024  # each stream is a thread: a master must not be able to start unboundedly many
+from .quotas import Inflight, TensorTable
 
 
 class EventState:
@@ -28,7 +27,8 @@ class Session:
         self.daemon, self.identity, self.id = daemon, identity, session_id
         self.sid = session_id.encode()
         self.master, self.node = master, node
-        self.tensors: dict[int, object] = {}
+        self.tensors: dict[int, object] = TensorTable(node)
+        self.inflight = Inflight(node)
         self.streams: dict[int, StreamExecutor] = {}
         self.events: dict[int, EventState] = {}
         self.pending_frees: dict[int, int] = {}
@@ -49,10 +49,12 @@ class Session:
                     raise KeyError(f"stream {stream_id}: unknown on node {self.node}; "
                                    "create it with mwrt.Stream() first")
                 device = stream_id
-            if len(self.streams) >= MAX_STREAMS:
-                raise RuntimeError(f"stream {stream_id}: this session already has {MAX_STREAMS} "
-                                   f"streams on node {self.node} (the limit); reuse streams")
-            executor = StreamExecutor(self, stream_id, device)
+            self.daemon.streams.take(self, stream_id)  # QuotaError past this master's share
+            try:
+                executor = StreamExecutor(self, stream_id, device)
+            except BaseException:
+                self.daemon.streams.give(1)
+                raise
             self.streams[stream_id] = executor
         return executor
 
@@ -89,17 +91,25 @@ class Session:
         """Live tensors and their bytes."""
         arrays = [t for t in list(self.tensors.values()) if hasattr(t, "nbytes")]
         return {"tensors": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)),
-                "streams": len(self.streams), "events": len(self.events)}
+                "streams": len(self.streams), "events": len(self.events),
+                "queued_bytes": self.inflight.nbytes}
 
     def close(self) -> None:
-        """Stop the executors and drop every tensor."""
+        """Stop the executors and drop every tensor, channel and event at once."""
+        if self.closed:
+            return
         self.closed = True
         for executor in list(self.streams.values()):
             executor.stop()
-        if self.data is not None:
-            self.data.close()
+        self.daemon.streams.give(len(self.streams))
+        data, self.data = self.data, None
+        if data is not None:
+            data.close()
         for state in list(self.events.values()):
             state.fired.set()  # release any stream waiting on an event of this session
         self.tensors.clear()
         self.streams.clear()
         self.events.clear()
+        self.event_waiters.clear()
+        self.pending_frees.clear()
+        self.trace = None

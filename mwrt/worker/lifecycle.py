@@ -1,0 +1,52 @@
+"""How a session begins and ends on a daemon: only its own connection opens it, and its end
+frees everything off the socket thread.
+
+A session is named by its master's connection (ZeroMQ identity SESSION/role): a Hello
+must name that same session, once, so no other connection can take over, replace or end
+a session by naming its id. Ending one (Bye, lease, daemon stop) may wait on data-channel
+peers and a collection, so it runs on a thread of its own; the Bye is answered after.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..protocol import wire
+from . import quotas
+
+
+def refuse_hello(sessions: dict, sid: bytes, command) -> str:
+    """Why a Hello on the connection of session `sid` may not open it ('' when it may)."""
+    if not isinstance(command.session, str) or command.session.encode() != sid:
+        return (f"session: the Hello names session {command.session!r:.40} but comes from the "
+                f"connection of session {sid[:40]!r} (expected the same id); a master opens "
+                "only its own session")
+    if sid in sessions:
+        return (f"session: {command.session} is already open on this worker (got a second "
+                "Hello for it, expected one per master); a new master picks a new id")
+    return ""
+
+
+def end(daemon, session, answer=None) -> threading.Thread:
+    """Forget `session` now; free what it holds on a thread of its own, then send `answer`."""
+    if daemon.sessions.get(session.sid) is session:
+        del daemon.sessions[session.sid]
+
+    def free():
+        session.close()
+        quotas.give_back_memory()
+        if answer is not None:
+            sock = daemon.reply_socket()
+            try:
+                wire.send(sock, session.identity, answer)
+            finally:
+                sock.close(linger=1000)
+
+    return off_thread(free, f"mwrt-end-{session.id[:8]}")
+
+
+def off_thread(fn, name: str) -> threading.Thread:
+    """Run `fn` on a thread of its own: the socket thread must never wait."""
+    thread = threading.Thread(target=fn, daemon=True, name=name)
+    thread.start()
+    return thread

@@ -1,0 +1,228 @@
+"""Per-session quotas on a worker: tensors, bytes, streams, queued commands; and giving back.
+
+One master must not be able to starve the others of memory, threads or sockets, so each
+session's share is bounded (settings in mwrt.config, defaults derived from the host) and
+exceeding a bound is a QuotaError for that master alone. Op results are sized from the
+op's meta rule before they run, so an oversized result is refused without being made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import math
+import threading
+import weakref
+
+from .. import config, ops
+from ..errors import QuotaError, WireError
+from ..ops import Spec
+from ..protocol import wire
+
+
+class TensorTable(dict):
+    """A session's tensors by id, counting their bytes and refusing what exceeds its quota."""
+
+    def __init__(self, node: int):
+        super().__init__()
+        self.node = node
+        self.nbytes = 0
+        self.max_tensors = config.get("session_tensors")
+        self.max_bytes = config.get("session_bytes")
+        self.max_tensor = config.get("max_tensor_bytes")
+        self._lock = threading.Lock()  # stream threads store concurrently
+
+    def __setitem__(self, tid, value) -> None:
+        size = getattr(value, "nbytes", 0)
+        if size > self.max_tensor:  # a user function's result: sized only once made
+            raise MemoryError(f"tensor {tid}: {size} bytes exceed the limit of "
+                              f"{self.max_tensor} bytes (MWRT_MAX_TENSOR_BYTES)")
+        with self._lock:
+            old = dict.get(self, tid)
+            if old is None:
+                # Room is kept for the markers of failed ops, so the failure is still reported.
+                if len(self) >= (self.max_tensors if hasattr(value, "nbytes")
+                                 else 2 * self.max_tensors):
+                    raise QuotaError(
+                        f"tensor {tid}: this master already holds {len(self)} tensors on node "
+                        f"{self.node} (MWRT_SESSION_TENSORS = {self.max_tensors}); free "
+                        "tensors it no longer needs")
+            else:
+                size -= getattr(old, "nbytes", 0)
+            if size > 0 and self.nbytes + size > self.max_bytes:
+                raise QuotaError(self._over(size))
+            self.nbytes += size
+            dict.__setitem__(self, tid, value)
+
+    def pop(self, tid, *default):
+        with self._lock:
+            value = super().pop(tid, *default)
+            self.nbytes -= getattr(value, "nbytes", 0)
+            return value
+
+    def __delitem__(self, tid) -> None:
+        self.pop(tid)
+
+    def clear(self) -> None:
+        with self._lock:
+            super().clear()
+            self.nbytes = 0
+
+    def check_room(self, nbytes: int) -> None:
+        """Refuse, before allocating, a new tensor of `nbytes` that would exceed the quota."""
+        if self.nbytes + nbytes > self.max_bytes:
+            raise QuotaError(self._over(nbytes))
+
+    def _over(self, nbytes: int) -> str:
+        return (f"session: a new tensor of {nbytes} bytes would take this master's tensors on "
+                f"node {self.node} to {self.nbytes + nbytes} bytes (got {self.nbytes} held, "
+                f"expected at most MWRT_SESSION_BYTES = {self.max_bytes} in all); free tensors "
+                "or raise the worker's MWRT_SESSION_BYTES")
+
+
+def check_tensor(shape, dtype, what: str, table: TensorTable | None = None) -> None:
+    """Refuse a tensor over MWRT_MAX_TENSOR_BYTES, or over the session's quota, unmade."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    limit = config.get("max_tensor_bytes") if table is None else table.max_tensor
+    if nbytes > limit:
+        raise MemoryError(f"{what}: tensor of {nbytes} bytes ({dtype}{list(shape)}) exceeds the "
+                          f"limit of {limit} bytes (MWRT_MAX_TENSOR_BYTES)")
+    if table is not None:
+        table.check_room(nbytes)
+
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _spec(table, value):
+    """A command's arguments as its meta rule takes them: tensor Refs become Specs."""
+    kind = type(value)
+    if kind is wire.Ref:
+        found = table[value.id]
+        return Spec(found.shape, found.dtype)
+    if kind in _PLAIN:
+        return value
+    if kind is tuple:
+        return tuple(_spec(table, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _spec(table, v) for k, v in value.items()}
+    return value
+
+
+def check_result(op, args: tuple, kwargs: dict, resolved: tuple, table: TensorTable) -> None:
+    """Size an op's results by its meta rule (on the command's Refs, already `resolved`)
+    and refuse them before the op runs."""
+    if op.by_type and not kwargs:
+        # A ufunc's results have at most the product of its operands' sizes as elements,
+        # each at most 32 bytes (clongdouble) or its operands' widths added (bytes + bytes):
+        # under that bound, the meta rule need not run (it costs more than the op itself).
+        elements, width = 1, 32
+        for value in resolved:
+            if hasattr(value, "itemsize"):
+                elements *= value.size or 1
+                width += value.itemsize
+        if elements * width <= min(table.max_tensor, table.max_bytes - table.nbytes):
+            return
+    result = ops.infer(op, _spec(table, args), _spec(table, kwargs))
+    for spec in result if type(result) is tuple else (result,):
+        if isinstance(spec, Spec):
+            check_tensor(spec.shape, spec.dtype, op.name, table)
+
+
+class Inflight:
+    """Bytes of commands a session has queued on its streams and not yet run."""
+
+    def __init__(self, node: int):
+        self.node = node
+        self.nbytes = 0
+        self.limit = config.get("session_inflight_bytes")
+        self._lock = threading.Lock()
+
+    def admit(self, nbytes: int) -> None:
+        """Count a received batch of `nbytes`; QuotaError if the session is too far behind."""
+        with self._lock:
+            if self.nbytes + nbytes > self.limit:
+                raise QuotaError(
+                    f"session: node {self.node} already queues {self.nbytes} bytes of this "
+                    f"master's commands (got a batch of {nbytes} more, expected at most "
+                    f"MWRT_SESSION_INFLIGHT_BYTES = {self.limit}); the batch did not run. "
+                    "Keep the master's MWRT_MAX_BACKLOG_BYTES below it")
+            self.nbytes += nbytes
+
+    def track(self, holder, nbytes: int) -> None:
+        """Give `nbytes` back once every stream has dropped `holder` (the batch's frames)."""
+        weakref.finalize(holder, self._release, nbytes)
+
+    def _release(self, nbytes: int) -> None:
+        with self._lock:
+            self.nbytes -= nbytes
+
+
+def admit(session, commands, data, body_bytes: int) -> list:
+    """Count a batch against its session's queue quota; refuse frames no Put reads."""
+    if data:
+        used = {c.frame for c in commands if isinstance(c, wire.Put)}
+        unread = len(set(range(len(data))) - used)
+        if unread:
+            raise WireError(f"wire: a batch carries {len(data)} data frames, {unread} of which "
+                            "no Put reads (expected one Put per frame); it did not run")
+    nbytes = body_bytes + sum(len(frame) for frame in data)
+    session.inflight.admit(nbytes)
+    # The streams share one list: when the last of them drops it, the bytes are freed.
+    held = Frames(data)
+    session.inflight.track(held, nbytes)
+    return held
+
+
+class Frames(list):
+    """A batch's data frames, as one object the streams share (so it can be weakly tracked)."""
+
+    __slots__ = ("__weakref__",)
+
+
+class StreamPool:
+    """The daemon's streams across sessions: each holds a thread and a ZeroMQ socket."""
+
+    def __init__(self):
+        self.capacity = config.stream_capacity()
+        self.per_session = min(config.get("session_streams"), self.capacity)
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, session, stream_id: int) -> None:
+        """Reserve one stream for `session`, or QuotaError naming the bound it hit."""
+        with self._lock:
+            if len(session.streams) >= self.per_session:
+                raise QuotaError(
+                    f"stream {stream_id}: this master already has {len(session.streams)} "
+                    f"streams on node {session.node} (MWRT_SESSION_STREAMS = "
+                    f"{self.per_session}); reuse streams instead of making new ones")
+            if self.used >= self.capacity:
+                raise QuotaError(
+                    f"stream {stream_id}: node {session.node} already runs {self.used} streams "
+                    f"for all its masters (its capacity); reuse streams, or retry later")
+            self.used += 1
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self.used -= count
+
+
+def _malloc_trim():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def give_back_memory() -> None:
+    """Free what a closed session left: break reference cycles, and hand the C heap's free
+    pages to the OS (glibc keeps freed arrays below its mmap threshold in the heap)."""
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM(0)
