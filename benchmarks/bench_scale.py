@@ -318,7 +318,7 @@ def mw_table(sizes: list, reps: int, ops: int, window: float) -> None:
           "master fds / TCP / threads added | "
           "worker RSS MiB median, max | worker threads, fds | heartbeats/s computed | "
           "pings, pongs/s counted |")
-    print("|" + "---|" * 13)
+    print("|" + "---|" * 14)
     for n, r in rows:
         print(f"| {n} | {r['init']:.2f} ({r['daemons']:.2f} + {r['sessions']:.2f} + "
               f"{r['join']:.2f}) | {r['bare']:.2f} | {r['sync'] * 1e3:.2f} | "
