@@ -46,18 +46,12 @@ sys.path.insert(0, ROOT)
 import mwrt  # noqa: E402
 from mwrt import config  # noqa: E402
 from mwrt.channels.tcp import tune  # noqa: E402  (raw sockets get the channel's settings)
+from bench_hosts import connect_retrying, recv_exactly, send_in_pieces, timed  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 STORE_PORT, RAW_PORT = 29500, 29700  # each namespace is fresh; each k gets its own offset
 RUN_TIMEOUT = 240.0
 TCP_STATES = {"01": "established", "0A": "listen"}
-
-
-def timed(fn) -> float:
-    """Seconds one call of fn takes."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 # -- /proc: sockets, threads, memory ------------------------------------------------------
@@ -333,34 +327,6 @@ def mw_table(sizes: list, reps: int, ops: int, window: float) -> None:
 # -- table 2: SPMD ranks on simulated hosts (programs run as `--role rank`) ----------------
 
 
-def send_in_pieces(sock, buf) -> None:
-    """sendall in 4 MiB pieces (the channel's segment size), as bench_hosts does."""
-    view = memoryview(buf).cast("B")
-    for start in range(0, view.nbytes, 4 * MIB):
-        sock.sendall(view[start:start + 4 * MIB])
-
-
-def recv_exactly(sock, view) -> None:
-    got = 0
-    while got < view.nbytes:
-        n = sock.recv_into(view[got:])
-        if not n:
-            raise SystemExit("bench_scale: a raw peer closed its socket early")
-        got += n
-
-
-def connect_retrying(address, timeout: float = 30.0) -> socket.socket:
-    """A connected socket to `address`, retried while the peer is not listening yet."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return socket.create_connection(address, timeout=timeout)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
 class RawRing:
     """Plain sockets from each rank to the next one: the bytes-only floor of a ring."""
 
@@ -399,11 +365,12 @@ class RawRing:
 def count_store_requests(serve: bool) -> dict:
     """Count TCPStore requests in this process from now on: the client's by op, new
     connections, and (on rank 0, which serves the store) every request served."""
+    from mwrt.store import server as store_server
     from mwrt.store import tcp as store_tcp
 
     counts: dict = {"served": 0, "connects": 0}
     call, connect, handle = (store_tcp.TCPStore._call, store_tcp.TCPStore._connect,
-                             store_tcp._StoreServer._handle)
+                             store_server.handle)
 
     def counting_call(self, op, *args, **kwargs):
         counts[op] = counts.get(op, 0) + 1
@@ -413,13 +380,13 @@ def count_store_requests(serve: bool) -> dict:
         counts["connects"] += 1
         return connect(self)
 
-    def counting_handle(self, req):
+    def counting_handle(*args):
         counts["served"] += 1  # one thread per client: a lost increment is within the noise
-        return handle(self, req)
+        return handle(*args)
 
     store_tcp.TCPStore._call, store_tcp.TCPStore._connect = counting_call, counting_connect
     if serve:
-        store_tcp._StoreServer._handle = counting_handle
+        store_server.handle = counting_handle  # StoreServer._serve looks it up on each call
     return counts
 
 
