@@ -4,11 +4,13 @@
    local_workers=N)`: time to init, split into starting the daemons (baseline: N plain
    `python -c "import numpy, zmq"` started one after another, as init starts daemons), the
    sessions and the data-channel join; the fan-out round, one tiny op on every node then
-   `mwrt.synchronize()` (baseline: one 16-byte pyzmq DEALER/ROUTER echo to each of N echo
-   processes, all sent then all received) and `float(t.sum())` node after node; ops issued/s
-   across the N nodes (`x += 1.0` round robin); the master's fds, TCP sockets and threads;
-   each daemon's RSS; heartbeats per second, computed (N / MWRT_HEARTBEAT_INTERVAL pings, as
-   many pongs) and counted on the master's heartbeat thread over an idle second.
+   `mwrt.synchronize()`, and the same with every node's batch sent before the first wait
+   (baseline: one 16-byte pyzmq DEALER/ROUTER echo to each of N echo processes, all sent
+   then all received), and `float(t.sum())` node after node; ops issued/s across the N
+   nodes (`x += 1.0` round robin) and the master's CPU per op; what the master gained in
+   fds, TCP sockets and threads; each daemon's RSS, threads and fds; heartbeats per second,
+   computed (N / MWRT_HEARTBEAT_INTERVAL pings, as many pongs) and counted on the master's
+   heartbeat thread over idle seconds.
 2. SPMD over simulated hosts (tests/hosts.py, root only), k = 2, 4, 8, 16, one rank each:
    `init_process_group("tcp", init_method="tcp://<host0>:PORT")` with a job secret, timed
    from a common start (every rank imported mwrt and waits on a go file); a 4 KiB all_reduce
@@ -17,7 +19,7 @@
    a plain-socket ring moving the same 2(k-1)/k bytes, nothing reduced); each rank's TCP
    sockets after init and after each size (from /proc/self/fd and /proc/self/net/tcp); the
    store requests of init, counted by wrapping TCPStore's client call and rank 0's server
-   handler in the rank's process (the store keeps no count itself).
+   handler in the rank's process (the store keeps no count itself); threads per rank.
 
 Everything runs on this machine's cores: absolute times are the CPU's, not a network's.
 
