@@ -5,9 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from .executor import DEFAULT_STREAM_LIMIT, StreamExecutor
-
-MAX_STREAMS = 1024  # each stream is a thread: a master must not be able to start unboundedly many
+from ..protocol.wire import DEFAULT_STREAM_LIMIT, MAX_STREAMS
+from .executor import StreamExecutor
 
 
 class EventState:
