@@ -20,7 +20,6 @@ from . import handlers
 log = logging.getLogger("mwrt.worker")
 
 
-
 class StreamExecutor:
     """Runs one stream's commands on its own thread, in issue order."""
 

@@ -175,7 +175,6 @@ def wait_event(ex, cmd, frames):
 from . import data  # noqa: E402  (its handlers use the helpers above)
 
 
-
 def _handlers() -> dict:
     """Every stream command's handler, found by its name here or in data.py."""
     found = {}
