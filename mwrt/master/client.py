@@ -1,9 +1,10 @@
 """The master's side of the wire: one Node per worker, and the Cluster that holds them.
 
-A Node batches commands (the message classes of mwrt.protocol) and sends them on its `tx` socket; replies arrive on its
-`rx` socket, read only by a thread waiting at a sync point. A background heartbeat
-thread (heartbeat.py) pings every worker, relays events between nodes, and sends a
-batch that has waited too long, so work starts even when the master issues no more.
+A Node batches commands (the message classes of mwrt.protocol, never bare tuples) and sends
+them on its `tx` socket; replies arrive on its `rx` socket, read only by a thread waiting at a
+sync point. A background heartbeat thread (heartbeat.py) pings every worker, relays events
+between nodes, and sends a batch that has waited too long, so work starts even when the master
+issues no more.
 """
 
 from __future__ import annotations

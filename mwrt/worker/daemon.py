@@ -46,14 +46,14 @@ def _check_socket(role: bytes, commands: list) -> None:
     if expected is None:
         raise WireError(f"wire: unknown socket role {role[:20]!r} (expected SESSION/tx, rx or hb)")
     for command in commands:
-        name = type(command).__name__
         if command.socket != expected:
             where = (f"a command for SESSION/{command.socket}" if command.socket
                      else "a reply, not a command")
-            raise WireError(f"wire: unknown command {name} on SESSION/{expected} (it is {where}); "
-                            "the batch did not run")
+            raise WireError(f"wire: unknown command {type(command).__name__} on SESSION/"
+                            f"{expected} (it is {where}); the batch did not run")
         if type(getattr(command, "stream", 0)) is not int:  # a thread per junk id, else
-            raise WireError(f"wire: {name}.stream must be an int (got {command.stream!r:.40})")
+            raise WireError(f"wire: {type(command).__name__}.stream must be an int (got "
+                            f"{command.stream!r:.40})")
 
 
 class Daemon:
