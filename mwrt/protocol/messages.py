@@ -248,7 +248,7 @@ class Record(StreamCommand, tag=13):
 
 
 class WaitEvent(StreamCommand, tag=14):
-    """Hold `stream` until event `event` is done; `remote` events are relayed by the master."""
+    """Hold `stream` until event `event` is done (the master relays events of other nodes)."""
 
     event: int
 
