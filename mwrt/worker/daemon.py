@@ -384,7 +384,7 @@ class Daemon:
 
     def load_function(self, session, blob: bytes):
         """Unpickle a user function (cloudpickle), cached by content: keyed daemons only."""
-        if self.keys is None:  # the executor refuses needs_key commands first; never reached
+        if self.keys is None:  # handlers.py refuses needs_key commands first: defence in depth
             raise PermissionError("remote: this worker has no key, so it runs no shipped code")
         digest = hashlib.sha256(blob).digest()
         fn = self._functions.get(digest)

@@ -112,11 +112,6 @@ class StreamExecutor:
         trace = self.session.trace
         start = time.time() if trace is not None else 0.0
         try:
-            if command.needs_key and self.session.daemon.keys is None:
-                raise PermissionError(
-                    f"{handlers.op_name(command)}: this worker has no key, so it does not run "
-                    "shipped code (any local user could send it); start it with --key-file "
-                    "(see `mwrt-worker keygen`)")
             handlers.HANDLERS[type(command)](self, command, frames)
         except handlers.PoisonedInput as exc:
             self._fail(command, exc.info)

@@ -3,6 +3,7 @@ they run on stream executors."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -175,6 +176,20 @@ def wait_event(ex, cmd, frames):
 from . import data  # noqa: E402  (its handlers use the helpers above)
 
 
+def _keyed(handler):
+    """`handler` of a needs_key command: refused by a daemon without a key (any local user
+    could send it code), before anything is unpickled."""
+
+    @functools.wraps(handler)
+    def run(ex, cmd, frames):
+        if ex.session.daemon.keys is None:
+            raise PermissionError(
+                f"{cmd.handler}: this worker has no key, so it does not run shipped code (any "
+                "local user could send it); start it with --key-file (see `mwrt-worker keygen`)")
+        return handler(ex, cmd, frames)
+    return run
+
+
 def _handlers() -> dict:
     """Every stream command's handler, found by its name here or in data.py."""
     found = {}
@@ -184,7 +199,7 @@ def _handlers() -> dict:
             if handler is None:
                 raise ImportError(f"worker: no handler {cls.handler}() for {cls.__name__} (add "
                                   "one to mwrt/worker/handlers.py)")
-            found[cls] = handler
+            found[cls] = _keyed(handler) if cls.needs_key else handler
     return found
 
 
