@@ -19,7 +19,7 @@ import numpy as np
 from .. import config
 from ..errors import WireError
 from .messages import *  # noqa: F403  (the message classes and constants, as wire.Call etc.)
-from .messages import MESSAGES, code
+from .messages import MESSAGES
 
 _ARRAY_DTYPE = re.compile(r"[<>|=][biufcSUmM]\d{1,3}(\[\w+\])?\Z")
 
@@ -149,7 +149,7 @@ def encode_body(messages: list) -> bytes:
 
 
 def decode_body(frame, max_bytes: int | None = None) -> list:
-    """Unpack a body frame into message dataclasses; any malformation is a WireError."""
+    """Unpack a body frame into messages; any malformation is a WireError."""
     if max_bytes is not None and len(frame) > max_bytes:
         raise WireError(f"wire: command frame too large (got {len(frame)} bytes, "
                         f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
@@ -167,14 +167,14 @@ def decode_body(frame, max_bytes: int | None = None) -> list:
 def _build(row):
     if not isinstance(row, tuple) or not row or not isinstance(row[0], int):
         raise WireError(f"wire: a message must be [code, *fields] (got {row!r:.80})")
-    code = row[0]
-    if not 0 <= code < len(MESSAGES):
-        raise WireError(f"wire: unknown message code {code} (known: 0..{len(MESSAGES) - 1})")
-    cls, names = MESSAGES[code], _FIELDS[code]
+    number = row[0]
+    if not 0 <= number < len(MESSAGES):
+        raise WireError(f"wire: unknown message code {number} (known: 0..{len(MESSAGES) - 1})")
+    cls, names = MESSAGES[number], _FIELDS[number]
     if len(row) - 1 != len(names):
         raise WireError(f"wire: {cls.__name__} takes {len(names)} fields "
                         f"(got {len(row) - 1})")
-    for value, kind, name in zip(row[1:], _FIELD_TYPES[code], names):
+    for value, kind, name in zip(row[1:], _FIELD_TYPES[number], names):
         if not isinstance(value, kind):
             raise WireError(f"wire: {cls.__name__}.{name} has the wrong type (got "
                             f"{type(value).__name__}, expected {getattr(kind, '__name__', kind)})")
