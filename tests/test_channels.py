@@ -126,15 +126,18 @@ def contract_body(ch):
             ch.recv(got, left, tag=7)
             work.wait(10)
             np.testing.assert_array_equal(got, payload(dtype, n, left))
-    big = 5 * SEGMENT + 3  # blocking sends to everyone first: receivers must stash
-    for peer in range(world):
-        if peer != rank:
-            ch.send(payload(np.uint8, big, rank, peer), peer, tag=11)
+    big = 5 * SEGMENT + 3  # sends to everyone first: buffering receivers must stash
+    # A channel whose sends are not buffered (MPI's may wait for the receive) starts them.
+    send = ch.send if ch.buffered_sends else ch.isend
+    sends = [send(payload(np.uint8, big, rank, peer), peer, tag=11)
+             for peer in range(world) if peer != rank]
     for peer in range(world):
         if peer != rank:
             got = np.empty(big, np.uint8)
             ch.recv(got, peer, tag=11)
             np.testing.assert_array_equal(got, payload(np.uint8, big, peer, rank))
+    for work in sends if not ch.buffered_sends else ():
+        work.wait(10)
     if rank == 0:  # recv_message: any size, stashed first or awaited, several segments
         for size in SIZES:
             ch.send(payload(np.uint8, size, rank), 1, tag=21)
@@ -333,7 +336,7 @@ def test_tcp_refuses_open_bind_without_key():
 
 
 def test_unknown_channel_lists_known():
-    with pytest.raises(ValueError, match="known: auto, inproc, shm, tcp"):
+    with pytest.raises(ValueError, match="known: auto, inproc, mpi, shm, tcp"):
         channels.get("carrier-pigeon")
 
 
@@ -420,3 +423,45 @@ def test_killed_sender_fails_waiting_recv(name, tmp_path):
         child.join()
         child.close()
         ch.close()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_work_polls_times_out_reports_and_cancels(name):
+    """The channel layer's one Work. A receive posted to a receiver thread ends when its
+    wait times out or it is cancelled (a later message goes to the next receive); one run
+    by a helper thread keeps running and completes."""
+    cancelled, sent = threading.Event(), threading.Event()
+
+    def body(ch):
+        if ch.rank == 1:
+            assert cancelled.wait(JOIN)
+            ch.isend(np.full(4, 5.0), 0, tag=5).wait()
+            ch.send(np.full(4, 6.0), 0, tag=6)
+            sent.set()
+            return
+        first, late = np.zeros(4), np.zeros(4)
+        try:
+            withdrawn, waiting = ch.irecv(first, 1, tag=5), ch.irecv(late, 1, tag=6)
+            assert not withdrawn.is_completed() and not waiting.is_completed()
+            with pytest.raises(ChannelTimeoutError, match=r"0\.1 s"):
+                waiting.wait(0.1)
+            if ch.posted_receives:
+                withdrawn.cancel()
+                assert isinstance(withdrawn.exception(), ChannelError)
+                assert isinstance(waiting.exception(), ChannelTimeoutError)
+        finally:
+            cancelled.set()  # rank 1 must not wait out JOIN when this rank failed
+        assert sent.wait(JOIN)
+        if ch.posted_receives:
+            again = np.zeros((2, 4))
+            ch.recv(again[0], 1, tag=5)
+            ch.recv(again[1], 1, tag=6)
+            assert (again == [[5.0], [6.0]]).all()
+            assert (first == 0).all() and (late == 0).all()  # ended receives wrote nothing
+        else:
+            for work in (withdrawn, waiting):
+                work.wait()
+                assert work.is_completed() and work.exception() is None
+            assert (first == 5.0).all() and (late == 6.0).all()
+
+    run_ranks(name, 2, body)

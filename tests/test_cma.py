@@ -10,7 +10,7 @@ import pytest
 from ranks import available, run_ranks
 
 import mwrt.distributed as dist
-from mwrt.channels.cma import CmaGroup
+from mwrt.collective.cma import CmaGroup
 from mwrt.collective import api as C
 from mwrt.collective.reduce_ops import ReduceOp
 
@@ -29,8 +29,7 @@ def _large(g, r):
     C.all_gather(g, out, a)
     rs = np.empty(COUNT // g.size, np.float64)
     C.reduce_scatter(g, rs, np.ones(rs.size * g.size) * (r + 1), ReduceOp.AVG)
-    states = list(g.channel._cma_groups.values())
-    return a, m, out, rs, [isinstance(s, CmaGroup) for s in states]
+    return a, m, out, rs, [isinstance(g.natives.state, CmaGroup)]
 
 
 @pytest.mark.parametrize("stage_bytes", ["0", str(16 << 20)], ids=["in-place", "staged"])
@@ -54,7 +53,7 @@ def _one_rank_refuses(g, r):
         os.environ["MWRT_SHM_CMA"] = "0"  # this process only (forked ranks)
     a = np.full(1000, r + 1.0)
     C.all_reduce(g, a)
-    return a, list(g.channel._cma_groups.values())
+    return a, [g.natives.state]
 
 
 def test_a_rank_that_refuses_turns_it_off_for_all():
@@ -122,7 +121,7 @@ def _stage_sizes_differ(g, r, sizes):
         a = np.full(count, r + 1.0, np.float32)
         C.all_reduce(g, a)
         out.append(a)
-    c = g.channel._cma_groups[(g.group_id, tuple(g.ranks))]
+    c = g.natives.state
     return out, c.stage_bytes
 
 

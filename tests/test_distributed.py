@@ -332,6 +332,18 @@ def _launch(tmp_path, *args):
                           timeout=50)
 
 
+@pytest.mark.parametrize("given", [None, "3"])
+def test_launcher_gives_each_rank_one_math_thread_unless_told(tmp_path, given):
+    script = tmp_path / "threads.py"
+    script.write_text("import os; print('threads', os.environ.get('OMP_NUM_THREADS'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update({"OMP_NUM_THREADS": given} if given else {})
+    res = subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
+                          "2", str(script)], capture_output=True, text=True, env=env, timeout=50)
+    assert res.stdout.count(f"threads {given or 1}") == 2, res.stdout + res.stderr
+    assert ("OMP_NUM_THREADS=1 for each rank" in res.stderr) == (given is None)
+
+
 def test_launcher_runs_ranks_with_prefixed_output(tmp_path):
     res = _launch(tmp_path)
     assert res.returncode == 0, res.stderr
@@ -346,7 +358,8 @@ def test_launcher_reports_a_failing_rank(tmp_path):
 
 
 def test_launcher_reads_slurm_variables():
-    from mwrt.distributed.launch import _parse, first_host, plan
+    from mwrt.distributed.launch import _parse, plan
+    from mwrt.store.launchers import first_host
 
     env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
            "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_NODELIST": "gpu[03-04]", "SLURM_JOB_ID": "77"}

@@ -239,7 +239,7 @@ RANK = textwrap.dedent("""
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_rank_killed_mid_collective(sig):
-    from mwrt.distributed.spawn import free_port
+    from mwrt.store.launchers import free_port
 
     world, victim, port = 3, 2, free_port()
     ranks = [python(RANK, str(r), str(world), str(port), stdin=subprocess.PIPE)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from test_streams import _rendezvous_signal, _rendezvous_wait
+
 import mwrt
 from mwrt import arrays
 
@@ -33,7 +35,17 @@ def test_tensor_on_a_gpu_and_back(gpu_cluster):
     np.testing.assert_array_equal(z.numpy(), np.full((20, 20), 5, np.float32))
 
 
-def test_gpu_streams_overlap_and_events_order_them(gpu_cluster):
+def test_gpu_streams_overlap(gpu_cluster):
+    """Checked by ordering, not time: stream A's op waits for stream B's to signal."""
+    x = mwrt.ones(3, device=0)
+    with mwrt.stream(mwrt.Stream(device=0)):
+        waiting = mwrt.remote(_rendezvous_wait)(x)
+    with mwrt.stream(mwrt.Stream(device=0)):
+        mwrt.remote(_rendezvous_signal)(x)
+    assert bool(waiting.numpy()), "GPU stream B's op did not run while stream A's was running"
+
+
+def test_gpu_events_order_streams(gpu_cluster):
     a, b = mwrt.Stream(device=0), mwrt.Stream(device=0)
     with mwrt.stream(a):
         x = mwrt.rand(2048, 2048, device=0)

@@ -1,6 +1,8 @@
 """The internal layering holds, package by package: lower layers never import higher ones,
 and nothing below the master imports the master side (so a daemon or an SPMD rank cannot
-depend on master-only state).
+depend on master-only state). Nor do modules reach around it by duck typing: a channel
+never calls into a process group, the collective layer reads a channel's declared
+capabilities instead of probing for them, and `_private` names stay in their module.
 
     foundation  errors, config, arrays, netaddr, netio, procs
     protocol    messages, their codec, keys and handshakes        ops  the op registry
@@ -37,9 +39,8 @@ ALLOWED = {
     "worker": None,
     "master": None,
 }
-# Known reaches across the rules, each to be removed: the shm channel's single-copy
-# collectives still live in channels/ and use the collective layer's reductions.
-EXCEPTIONS = {("channels.cma", "collective"), ("channels.cma_collectives", "collective")}
+# Python's own underscored API, which any module may use.
+STDLIB_PRIVATE = {"_exit", "_getframe"}
 
 
 def _modules():
@@ -88,8 +89,7 @@ def test_lower_layers_never_import_higher_ones():
         for imported in set(_imports(module, path, is_package)) - {top} - FOUNDATION:
             allowed = ALLOWED.get(top)
             too_high = LAYERS.get(imported, 9) >= LAYERS[top] if top != "__init__" else False
-            if (too_high or (allowed is not None and imported not in allowed)) and \
-                    (module, imported) not in EXCEPTIONS:
+            if too_high or (allowed is not None and imported not in allowed):
                 wrong.append(f"{module} imports {imported}")
     assert not wrong, "layering broken:\n" + "\n".join(sorted(wrong))
 
@@ -105,3 +105,114 @@ def test_the_root_holds_only_the_foundation_and_the_api():
     stray = sorted(name for name in os.listdir(ROOT) if name.endswith(".py")
                    and name[:-3] not in FOUNDATION | {"__init__"})
     assert not stray, f"put these modules in the package of their layer: {stray}"
+
+
+# -- duck-typed reaches ----------------------------------------------------------------------
+
+
+def _tree(module_path: str) -> ast.AST:
+    return ast.parse(open(module_path).read())
+
+
+def _package_modules(top: str):
+    return [(m, p) for m, p, _ in _modules() if _top(m) == top]
+
+
+def _methods(top: str, classes=None) -> set[str]:
+    """Names of the functions and methods defined in package `top` (or in its `classes`)."""
+    names = set()
+    for _, path in _package_modules(top):
+        for node in ast.walk(_tree(path)):
+            scopes = [node] if classes is None else [
+                n for n in ([node] if isinstance(node, ast.ClassDef) else [])
+                if n.name in classes]
+            for scope in scopes:
+                names |= {f.name for f in ast.walk(scope)
+                          if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return names
+
+
+def test_channels_never_call_the_collective_layer():
+    """A channel moves bytes; it never calls a group's or a collective call's methods (the
+    agreement check, sequence numbers, native dispatch): those take what they need from
+    the layer above as arguments."""
+    # A process group's and a collective call's own methods, and the names they once had.
+    theirs = (_methods("collective", {"ProcessGroup", "_Collective"}) - _methods("channels")) | {
+        "take_call_check", "check_calls", "current_seq", "natives"}
+    wrong = [f"{module}:{node.lineno} uses .{node.attr} (a collective-layer method)"
+             for module, path in _package_modules("channels")
+             for node in ast.walk(_tree(path))
+             if isinstance(node, ast.Attribute) and node.attr in theirs]
+    assert not wrong, "channels reach into the collective layer:\n" + "\n".join(wrong)
+
+
+def test_the_collective_layer_reads_declared_capabilities():
+    """No getattr/hasattr on a channel: what it can do is declared on DataChannel."""
+    wrong = []
+    for module, path in _package_modules("collective"):
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id in ("getattr", "hasattr") and node.args and \
+                    "channel" in ast.unparse(node.args[0]):
+                wrong.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+    assert not wrong, "probing a channel; declare the capability on DataChannel:\n" + \
+        "\n".join(wrong)
+
+
+def test_no_private_name_is_imported_across_packages():
+    wrong = []
+    for module, path, is_package in _modules():
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        for node in ast.walk(_tree(path)):
+            if not isinstance(node, ast.ImportFrom) or (node.module or "") == "__future__":
+                continue
+            if node.level:
+                source = package[:len(package) - node.level + 1] + (
+                    node.module.split(".") if node.module else [])
+            elif (node.module or "").startswith("mwrt."):
+                source = node.module.split(".")[1:]
+            else:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and source and source[0] != _top(module):
+                    wrong.append(f"{module} imports {alias.name} from {'.'.join(source)}")
+    assert not wrong, "private names crossing packages; make them public:\n" + "\n".join(wrong)
+
+
+def _defined_here(tree: ast.AST) -> set[str]:
+    """`_names` a module owns: its functions, classes, module names, attributes it sets on
+    self/cls, and __slots__ entries."""
+    owned = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            owned.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            owned.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            owned.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            owned.add(node.value)  # __slots__
+    return owned
+
+
+def test_no_module_reaches_into_another_modules_private_attributes():
+    """Below the master, `obj._name` only where this module owns `_name` (or self/super()).
+    The master's handles still share their state across master/ (left to its owners)."""
+    wrong = []
+    for module, path, _ in _modules():
+        if LAYERS[_top(module)] >= LAYERS["master"]:
+            continue
+        tree = _tree(path)
+        owned = _defined_here(tree) | STDLIB_PRIVATE
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")) or \
+                    node.attr.startswith("__") or node.attr in owned:
+                continue
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                continue
+            if isinstance(base, ast.Call) and ast.unparse(base.func) == "super":
+                continue
+            wrong.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+    assert not wrong, "reaching into another module's private state:\n" + "\n".join(wrong)

@@ -204,3 +204,29 @@ def test_unreachable_worker_is_a_connection_error_naming_it():
     assert time.monotonic() - start < 10
     with pytest.raises(ValueError, match="host:port"):
         mwrt.init_master_worker(["nonsense"])
+
+
+def test_registered_workers_are_found_and_missing_ones_named(tmp_path, monkeypatch):
+    from conftest import start_worker
+
+    mwrt.shutdown()
+    registry = tmp_path / "workers"
+    monkeypatch.setenv("MWRT_RENDEZVOUS_TIMEOUT", "0.5")
+    with pytest.raises(mwrt.MwrtError, match=r"registry .*: 0 of 1 workers registered within"):
+        mwrt.init_master_worker(registry=str(registry), num_workers=1)
+    proc, address = start_worker("--register", str(registry))
+    try:
+        mwrt.init_master_worker(registry=str(registry), num_workers=1, backend="tcp")
+        assert float(mwrt.ones(4).sum()) == 4.0
+        assert mwrt.master.cluster.current().channel_name == "tcp"
+        mwrt.shutdown()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert not list(registry.iterdir())  # a stopped daemon takes its entry back
+
+
+def test_the_mpi_channel_is_refused_for_a_session_by_name():
+    mwrt.shutdown()
+    with pytest.raises(mwrt.MwrtError, match="mpi channel's ranks are the processes of one MPI"):
+        mwrt.init_master_worker(local_workers=1, backend="mpi")

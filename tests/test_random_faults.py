@@ -41,7 +41,7 @@ def test_a_rank_killed_mid_sequence_is_named_by_every_survivor(backend, size, vi
                                                                  seed):
     if not available(backend):
         pytest.skip(f"channel {backend!r} is not available")
-    from mwrt.distributed.spawn import free_port, rank_env
+    from mwrt.store.launchers import free_port, rank_env
 
     ctx = mp.get_context("spawn")
     reports, port, procs = ctx.SimpleQueue(), free_port(), []

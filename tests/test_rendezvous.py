@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mwrt.errors import RendezvousError, RendezvousTimeoutError
+from mwrt.errors import AuthError, ConfigError, RendezvousError, RendezvousTimeoutError
 from mwrt.store import (
     FileStore,
     HashStore,
@@ -165,3 +165,49 @@ def test_rendezvous_returns_hosts_and_pids():
     [t.start() for t in threads]
     [t.join(5) for t in threads]
     assert out[0] == out[1] == {r: (socket.gethostname(), os.getpid()) for r in range(2)}
+
+
+def test_rendezvous_over_a_keyed_store_admits_only_the_job():
+    key = b"s" * 32
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=5, key=key)
+    other = TCPStore("127.0.0.1", master.port, timeout=5, key=key)
+    try:
+        with pytest.raises(AuthError, match="refused the HMAC handshake"):
+            TCPStore("127.0.0.1", master.port, timeout=5, key=b"x" * 32)
+        out = {}
+        threads = [threading.Thread(target=_rank, args=(s, r, 2, out, 5.0))
+                   for r, s in enumerate((master, other))]
+        [t.start() for t in threads]
+        [t.join(10) for t in threads]
+        assert out[0] == out[1] and set(out[0]) == {0, 1}
+    finally:
+        other.close()
+        master.close()
+
+
+def test_a_rendezvous_beyond_loopback_needs_a_secret(monkeypatch):
+    monkeypatch.delenv("MWRT_INSECURE", raising=False)
+    with pytest.raises(ConfigError, match="no secret.*MWRT_JOB_SECRET.*MWRT_INSECURE=1"):
+        store_from_url("tcp://192.0.2.1:29500", 1, 2, timeout=1)
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(ConfigError, match="will not use 192.0.2.1"):
+        store_from_url("env://", 1, 2, timeout=1)
+
+
+def test_spawn_and_the_launcher_give_a_job_its_secret():
+    from mwrt.distributed.launch import _need_secret, _parse, plan
+    from mwrt.distributed.spawn import job_secret_env
+
+    assert len(job_secret_env({})["MWRT_JOB_SECRET"]) == 32
+    assert job_secret_env({"MWRT_KEY_FILE": "k"}) == job_secret_env({"MWRT_JOB_SECRET": "s"}) == {}
+    envs = plan(_parse(["--nproc-per-node", "2", "x.py"]), {})
+    assert envs[0]["MWRT_JOB_SECRET"] == envs[1]["MWRT_JOB_SECRET"]  # one job, one secret
+    across = plan(_parse(["--nnodes", "2", "--master-addr", "192.0.2.1", "--master-port", "29500",
+                          "x.py"]), {})
+    assert "MWRT_JOB_SECRET" not in across[0]  # each node's launcher would make another
+    with pytest.raises(SystemExit, match="needs a secret.*MWRT_JOB_SECRET.*MWRT_INSECURE=1"):
+        _need_secret(across[0], {})
+    _need_secret(across[0], {"MWRT_JOB_SECRET": "given"})
+    _need_secret(across[0], {"MWRT_INSECURE": "1"})
+    _need_secret(envs[0], {})

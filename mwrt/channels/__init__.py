@@ -13,6 +13,7 @@ _REGISTRY: dict[str, object] = {
     "tcp": "mwrt.channels.tcp:TcpChannel",
     "shm": "mwrt.channels.shm:ShmChannel",
     "auto": "mwrt.channels.auto:AutoChannel",
+    "mpi": "mwrt.channels.mpi:MpiChannel",
 }
 _entry_points_loaded = False
 
@@ -21,9 +22,31 @@ def register(name: str, cls) -> None:
     """Make channel class `cls` (a DataChannel subclass) available as `name`."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"channel name: expected a non-empty str (got {name!r})")
-    if isinstance(cls, type) and not issubclass(cls, DataChannel):
-        raise TypeError(f"channel {name!r}: {cls.__name__} is not a DataChannel subclass")
-    _REGISTRY[name] = cls
+    _REGISTRY[name] = _checked(name, cls)
+
+
+# What the contract offers; a class that is not a DataChannel is told which it lacks.
+_CONTRACT = ("send", "recv", "isend", "irecv", "recv_message", "close", "leave", "gone",
+             "shares_host", "buffered_sends", "any_size_recv", "posted_receives",
+             "eager_bytes", "device_buffers", "native_collectives")
+
+
+def _checked(name: str, cls):
+    """`cls` if it is a concrete DataChannel subclass, else a TypeError naming what it lacks."""
+    if not isinstance(cls, type):
+        raise TypeError(f"channel {name!r}: expected a DataChannel subclass (got "
+                        f"{type(cls).__name__} {cls!r}); register the class, not an instance")
+    if not issubclass(cls, DataChannel):
+        lacks = [m for m in _CONTRACT if m not in dir(cls)]
+        raise TypeError(f"channel {name!r}: {cls.__name__} is not a DataChannel subclass (it "
+                        f"lacks {', '.join(lacks) or 'the base class'}); derive it from "
+                        "mwrt.channels.DataChannel, which declares every capability's default, "
+                        "and implement _send and _recv")
+    missing = sorted(cls.__abstractmethods__)
+    if missing:
+        raise TypeError(f"channel {name!r}: {cls.__name__} does not implement "
+                        f"{', '.join(missing)} (got an abstract class); define them")
+    return cls
 
 
 def known() -> list[str]:
@@ -44,7 +67,7 @@ def get(name: str) -> type[DataChannel]:
         ) from None
     if isinstance(entry, str):
         module, _, attr = entry.partition(":")
-        entry = getattr(importlib.import_module(module), attr)
+        entry = _checked(name, getattr(importlib.import_module(module), attr))
         _REGISTRY[name] = entry
     return entry
 

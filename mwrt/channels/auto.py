@@ -67,13 +67,7 @@ class AutoChannel(ShmChannel):
                             "host, its segments cannot be ours)")
         return super()._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
 
-    def _cma_for(self, group):
-        key = (group.group_id, tuple(group.ranks))
-        if key not in self._cma_groups and not all(map(self._shares_host, group.ranks)):
-            self._cma_groups[key] = None  # single-copy reads need every rank on this host
-        return super()._cma_for(group)
-
-    def _shares_host(self, rank: int) -> bool:
+    def shares_host(self, rank: int) -> bool:
         """True if `rank` is this process or on this host (from its published address)."""
         if rank == self.rank:
             return True

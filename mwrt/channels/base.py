@@ -1,20 +1,26 @@
 """The data-channel contract: point-to-point buffers between ranks, validated up front.
 
-A channel moves raw bytes between the ranks of one group. Public methods validate
-their arguments and convert them to flat byte views; subclasses implement the
-`_private` methods only. Messages between two ranks are matched by (peer, tag) and
-delivered in send order per (peer, tag). A receive names the buffer to fill; a
-message of another size is an error naming both sizes, never a silent truncation.
-A channel whose transport learns a message's size before its bytes also offers
-`recv_message`, which takes the next message whatever its size (`any_size_recv`), and
-one that can tell whether a message has come without taking it offers `arrived`, which
-receives from any source need.
+A channel moves raw bytes between the ranks of one group. `DataChannel` is abstract:
+public methods validate their arguments and convert them to flat byte views; a channel
+implements the `_private` methods (`_send` and `_recv` at least). Messages between two
+ranks are matched by (peer, tag) and delivered in send order per (peer, tag). A receive
+names the buffer to fill; a message of another size is an error naming both sizes, never
+a silent truncation. A channel that can tell whether a message has come without taking it
+overrides `arrived`, which receives from any source need.
+
+What a channel can do beyond that it declares as class attributes (documented on
+`DataChannel`, each with a default a channel that says nothing gets); the layers above
+read them, they never probe for methods. Objects a higher layer keeps per channel (the
+shared-memory state of single-copy collectives) are attached with `attachment()`, and
+leave and close with the channel.
 """
 
 from __future__ import annotations
 
+import abc
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 from .. import config
 from ..errors import ChannelError, ChannelTimeoutError, ConfigError
@@ -37,6 +43,7 @@ def byte_view(buf, *, writable: bool, what: str) -> memoryview:
 
 
 _DESCRIPTIONS: dict = {}
+_UNMADE = object()  # an attachment whose make() has not returned yet
 
 
 def describe(buf) -> str:
@@ -56,46 +63,86 @@ def describe(buf) -> str:
 
 
 class Work:
-    """A pending isend/irecv: wait(timeout) raises its error, is_completed() polls."""
+    """A pending isend/irecv: wait(timeout) raises its error, is_completed() polls.
 
-    def __init__(self, future: Future, what: str):
-        self._future, self._what = future, what
+    The one Work of the channel layer. A channel builds it from the functions that wait
+    for, poll and withdraw its operation (a receive posted to a receiver thread), or from
+    the Future of the helper thread that runs it (`Work.of_future`).
+    """
+
+    __slots__ = ("_cancel", "_done", "_wait", "timeout", "what")
+
+    def __init__(self, what: str, timeout: float | None, wait, done, cancel):
+        self.what, self.timeout = what, timeout
+        self._wait, self._done, self._cancel = wait, done, cancel
+
+    @classmethod
+    def of_future(cls, future: Future, what: str) -> "Work":
+        """The Work of an operation a helper thread runs (it carries its own timeout)."""
+        return cls(what, None, partial(_wait_future, future, what), future.done, future.cancel)
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until done (or `timeout` seconds pass) and raise the operation's error."""
-        try:
-            self._future.result(timeout=timeout)
-        except TimeoutError:
-            if not self._future.done():
-                raise ChannelTimeoutError(
-                    f"{self._what}: not complete after {timeout} s"
-                ) from None
-            raise
+        """Block until done (at most `timeout` s; default: the operation's) and raise its
+        error. A posted receive whose wait times out ends there (a later message goes to
+        the next receive); an operation on a helper thread keeps running."""
+        self._wait(self.timeout if timeout is None else timeout)
 
     def is_completed(self) -> bool:
         """True once the operation finished, successfully or not."""
-        return self._future.done()
+        return self._done()
 
     def cancel(self) -> None:
-        """Withdraw a receive that will never be matched (best effort; a no-op here)."""
-        self._future.cancel()
+        """Withdraw a receive that will never be matched: its buffer is no longer written
+        (best effort: one already running completes)."""
+        self._cancel()
 
     def exception(self):
         """The operation's error, or None; waits for it to finish."""
-        return self._future.exception()
+        try:
+            self.wait()
+        except BaseException as exc:  # noqa: BLE001 - returned, as Future.exception does
+            return exc
+        return None
 
 
-class DataChannel:
-    """Point-to-point byte transport among `world_size` ranks; rendezvous through a store."""
+def _wait_future(future: Future, what: str, timeout: float | None) -> None:
+    try:
+        future.result(timeout=timeout)
+    except TimeoutError:
+        if not future.done():
+            raise ChannelTimeoutError(f"{what}: not complete after {timeout} s") from None
+        raise
+
+
+class DataChannel(abc.ABC):
+    """Point-to-point byte transport among `world_size` ranks; rendezvous through a store.
+
+    Capabilities, declared by each channel class (a channel that omits one gets the
+    default here; the collective layer reads them as they are, never probing):
+    """
 
     name = "base"
-    # True when a send completes whether or not the peer has posted a receive (the socket
-    # channels' receiver threads always drain): collectives may then send before their
-    # agreement check settles (mwrt.collective.agreement).
-    buffered_sends = False
-    # True when recv_message() works: collectives then carry their agreement check inside
-    # their own messages, whose sizes may differ between ranks that disagree.
-    any_size_recv = False
+    # A send completes whether or not the peer has posted a receive (the socket channels'
+    # receiver threads always drain): collectives may then send before their agreement
+    # check settles (mwrt.collective.agreement).
+    buffered_sends: bool = False
+    # recv_message() works: collectives then carry their agreement check inside their own
+    # messages, whose sizes may differ between ranks that disagree.
+    any_size_recv: bool = False
+    # irecv() posts the buffer and returns without a helper thread, so any number of
+    # receives may be pending at once (a ring posts the next chunk's early).
+    posted_receives: bool = False
+    # Sends up to this many bytes return before the peer receives (socket buffers, shm
+    # slots), so small exchanges may send then receive on one thread; None: the default
+    # MWRT_EAGER_BYTES; 0: every send needs the matching receive posted first.
+    eager_bytes: int | None = None
+    # send/recv take GPU (CuPy) arrays themselves; otherwise collectives stage them
+    # through host memory.
+    device_buffers: bool = False
+    # The name of this channel's native collectives, registered with
+    # mwrt.collective.native.register (or that class itself, for a channel outside
+    # mwrt); None: the generic algorithms over send/recv run every collective.
+    native_collectives = None
 
     def __init__(self, rank: int, world_size: int, *, store, prefix: str = "mwrt",
                  key: bytes | None = None, timeout: float | None = None):
@@ -108,6 +155,7 @@ class DataChannel:
         self.timeout = config.get("channel_timeout") if timeout is None else float(timeout)
         self._pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
         self._pools_lock = threading.Lock()
+        self._attached: dict = {}
         self.closed = False
 
     # -- public, validating ------------------------------------------------------------
@@ -155,7 +203,29 @@ class DataChannel:
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.shutdown(wait=False, cancel_futures=True)
+        self.leave()  # before the transport goes: peers take a closed one as a death
+        for attached in self._attachments():
+            attached.close()
         self._close()
+
+    def attachment(self, key, make):
+        """The object a higher layer keeps on this channel under `key`, made by make() on
+        first use (None is kept too: "tried, not possible"). A made object must have
+        `leave()` and `close()`, which run when the channel leaves and closes."""
+        with self._pools_lock:
+            slot = self._attached.get(key)
+            if slot is None:
+                slot = self._attached[key] = [threading.Lock(), _UNMADE]
+        if slot[1] is _UNMADE:
+            with slot[0]:  # per key, and outside the channel's lock: make() may talk to peers
+                if slot[1] is _UNMADE:
+                    slot[1] = make()
+        return slot[1]
+
+    def _attachments(self) -> list:
+        with self._pools_lock:
+            return [made for _, made in self._attached.values()
+                    if made is not None and made is not _UNMADE]
 
     def arrived(self, peer: int, tag: int = 0) -> bool:
         """True if a message from `peer` on `tag` came (or is coming) that no receive awaits:
@@ -165,8 +235,20 @@ class DataChannel:
                                   "it cannot receive from any source; name the sender")
 
     def leave(self) -> None:
-        """Before this process exits: wait (briefly) until no peer still reads our memory.
-        A channel whose peers never do has nothing to wait for."""
+        """Before this process exits: wait (briefly) until no peer still reads our memory
+        (what the attachments hold); a channel whose peers never do has nothing to wait for."""
+        for attached in self._attachments():
+            attached.leave()
+
+    def gone(self, peer: int) -> str | None:
+        """Why `peer` can no longer be reached (it closed, died, was declared gone), or None
+        while it may be (and for a channel that cannot tell)."""
+        return None
+
+    def shares_host(self, peer: int) -> bool:
+        """True if `peer` runs on this host (same memory, same /dev/shm), so same-host
+        means (shared memory, cross-memory attach) can reach it."""
+        return peer == self.rank
 
     def fail_peer(self, peer: int, why: str) -> None:
         """Someone who knows (a master's heartbeat) says `peer` is gone: fail its receives now
@@ -183,11 +265,13 @@ class DataChannel:
 
     # -- for subclasses ----------------------------------------------------------------
 
+    @abc.abstractmethod
     def _send(self, view: memoryview, peer: int, tag: int, timeout: float, desc: str) -> None:
-        raise NotImplementedError
+        """Send `view` (flat bytes) to `peer`; return when it may be reused."""
 
+    @abc.abstractmethod
     def _recv(self, view: memoryview, peer: int, tag: int, timeout: float, desc: str) -> None:
-        raise NotImplementedError
+        """Fill `view` with the next message from `peer` on `tag`, of exactly its size."""
 
     def _recv_message(self, peer: int, tag: int, timeout: float) -> memoryview:
         raise NotImplementedError(f"{self.name} channel: recv_message needs a transport that "
@@ -225,7 +309,7 @@ class DataChannel:
                 pool = ThreadPoolExecutor(1, thread_name_prefix=f"mwrt-{direction}-{peer}")
                 self._pools[(direction, peer)] = pool
         what = f"{self.name} {direction} rank {self.rank}{'->' if direction == 'send' else '<-'}{peer}"
-        return Work(pool.submit(fn, *args), what)
+        return Work.of_future(pool.submit(fn, *args), what)
 
 
 def size_mismatch(channel: DataChannel, peer: int, tag: int, got: str, expected: str):

@@ -30,12 +30,16 @@ class InprocChannel(DataChannel):
     name = "inproc"
     buffered_sends = True  # messages queue until received
     any_size_recv = True
+    posted_receives = False  # irecv runs a blocking recv on a helper thread
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None):
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
         with _GROUPS_LOCK:
             per_store = _GROUPS.setdefault(store, {})
             self._boxes = per_store.setdefault(prefix, _Mailboxes())
+
+    def shares_host(self, peer: int) -> bool:
+        return True  # every rank is a thread of this process
 
     def _send(self, view, peer, tag, timeout, desc):
         boxes = self._boxes

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from functools import partial
 
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, WireError
@@ -77,6 +78,9 @@ class MatchingChannel(DataChannel):
         self._boxes: dict[tuple[int, int], _Box] = {}
         self._gone: dict[int, str] = {}
 
+    def gone(self, peer: int) -> str | None:
+        return self._gone.get(peer)
+
     def _on_peer_gone(self, peer: int) -> None:
         """Release per-peer receive resources (shm mappings)."""
 
@@ -104,7 +108,9 @@ class MatchingChannel(DataChannel):
             post = _Post(view, desc, peer, tag)
             post.finished = True
             post.release()
-        return _PostWork(self, post, peer, self._timeout(timeout))
+        return Work(f"{self.name} irecv rank {self.rank}<-{peer}", self._timeout(timeout),
+                    partial(self._wait_post, post), partial(_completed, post),
+                    partial(self._cancel_post, post))
 
     def _post(self, view, peer, tag, desc):
         """The arrived message for (peer, tag) in `view` (or the stash itself), or a _Post."""
@@ -330,40 +336,22 @@ class MatchingChannel(DataChannel):
         for post in posts:
             post.release(self._closed_error(post.peer, post.tag))
 
+    def _cancel_post(self, post: _Post) -> None:
+        """Withdraw a posted receive (nothing will come): its buffer is no longer written."""
+        with self._lock:
+            mine = not post.finished
+            if mine:
+                post.finished = True
+                self._unpost(post)
+        if mine:
+            post.release(ChannelError(f"{self.name} irecv rank {self.rank}<-{post.peer}: "
+                                      "cancelled"))
+
     def fail_peer(self, peer: int, why: str) -> None:
         """Fail every receive from `peer` now, saying `why`."""
         if 0 <= peer < self.world_size and peer != self.rank:
             self._peer_gone(peer, why)
 
 
-class _PostWork(Work):
-    """An irecv posted to the receiver thread; wait() defaults to the irecv's timeout."""
-
-    def __init__(self, channel, post, peer, timeout):
-        self._channel, self._post, self._peer, self._default = channel, post, peer, timeout
-        self._what = f"{channel.name} irecv rank {channel.rank}<-{peer}"
-
-    def wait(self, timeout=None):
-        """Block until the buffer is filled, or raise ChannelTimeoutError after `timeout` s."""
-        self._channel._wait_post(self._post, self._default if timeout is None else timeout)
-
-    def is_completed(self) -> bool:
-        return self._post.error is not _PENDING
-
-    def cancel(self) -> None:
-        """Withdraw the receive (nothing will come): its buffer is no longer written."""
-        post, channel = self._post, self._channel
-        with channel._lock:
-            mine = not post.finished
-            if mine:
-                post.finished = True
-                channel._unpost(post)
-        if mine:
-            post.release(ChannelError(f"{self._what}: cancelled"))
-
-    def exception(self):
-        try:
-            self.wait(None)
-        except BaseException as exc:  # noqa: BLE001 - returned, as Future.exception does
-            return exc
-        return None
+def _completed(post: _Post) -> bool:
+    return post.error is not _PENDING

@@ -33,7 +33,6 @@ from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
 from ..netaddr import host_identity
 from ..procs import process_alive
-from .cma_collectives import CmaCollectives
 from .segments import DIR, Segment, new_name
 from .sockets import HEADER, MAGIC, SocketChannel
 
@@ -50,10 +49,11 @@ class _OutSlots:
         self.segment, self.free, self.lock = segment, deque(range(nslots)), threading.Lock()
 
 
-class ShmChannel(CmaCollectives, SocketChannel):
+class ShmChannel(SocketChannel):
     """Point-to-point buffers between processes of one host through shared memory."""
 
     name = "shm"
+    native_collectives = "cma"  # single-copy collectives (mwrt.collective.cma_ops)
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None,
                  inline_bytes: int | None = None):
@@ -67,7 +67,6 @@ class ShmChannel(CmaCollectives, SocketChannel):
         self._in_segments: dict[int, Segment] = {}
         self._out_slots: dict[int, _OutSlots] = {}
         self._slots_lock = threading.Lock()
-        self._cma_groups = {}
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
         # Slots that fit in L2 let the receiver read what the sender just wrote from cache.
         self.segment_bytes = min(self.segment_bytes, slot_bytes)
@@ -99,6 +98,9 @@ class ShmChannel(CmaCollectives, SocketChannel):
                 f"({type(exc).__name__}: {exc}); rank {peer} closed its channel or died, check "
                 "its logs", peer=peer) from None
         return sock
+
+    def shares_host(self, peer: int) -> bool:
+        return True  # _connect refuses a peer on another host
 
     def _shown(self, record, sock):
         return "this host's shared memory" if sock.family == socket.AF_UNIX else \
@@ -188,7 +190,6 @@ class ShmChannel(CmaCollectives, SocketChannel):
             segment.close()
 
     def _close(self):
-        self._close_cma()  # before the sockets go: peers take a closed one as a death
         super()._close()
         with self._slots_lock:
             outs, self._out_slots = list(self._out_slots.values()), {}

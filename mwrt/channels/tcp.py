@@ -94,6 +94,7 @@ class TcpChannel(SocketChannel):
     """Point-to-point buffers over TCP, on the address `listen_host` picks."""
 
     name = "tcp"
+    eager_bytes: int | None = None  # each channel's own, from what the kernel grants (_listen)
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None,
                  host: str | None = None):

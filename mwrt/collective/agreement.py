@@ -194,7 +194,7 @@ class Agreement:
     def take(self) -> bytes:
         """Hand the check to the caller, who carries it: nothing of ours will be sent."""
         if self.started:
-            raise RuntimeError(f"take_call_check on {self.group.name}: the check of this "
+            raise RuntimeError(f"take_check on {self.group.name}: the check of this "
                                f"{self.kind} already started (sent, or taken before); take it "
                                "once, before the collective's first send or receive")
         self.started = self.settled = True

@@ -1,7 +1,8 @@
 """The point-to-point patterns collectives are built from: rings, trees, recursive doubling.
 
-Each function takes a group `g` (rank, size, segment_bytes, send/recv/isend/irecv to
-group ranks) and flat NumPy arrays, and moves data under one tag; FIFO order per
+Each function takes one collective call `g` of a process group (mwrt.collective.group:
+rank, size, segment_bytes, eager_bytes, posted_receives, send/recv/isend/irecv to group
+ranks) and flat NumPy arrays, and moves data under one tag; FIFO order per
 (peer, tag) matches sends to receives. They assume the caller already handled world
 size 1 and count 0 and checked that ranks agree (mwrt.collectives does both).
 """
@@ -204,7 +205,7 @@ def ring_all_reduce(g, arr, op, bounds, tag) -> None:
     gather_tag = tag | _GATHER_PHASE
     # A channel whose irecv runs on a thread would block the reduce-scatter's receives
     # behind these: post them early only where receives are truly posted.
-    early = getattr(g.channel, "posted_receives", False)
+    early = g.posted_receives
     recvs = _post_all_gather(g, arr, bounds, gather_tag) if early else None
     right, sends = (g.rank + 1) % g.size, []
 

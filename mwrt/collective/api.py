@@ -63,21 +63,21 @@ def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
         if group.size == 1:
             return
         with group.collective("all_reduce", op=op, dtype=arr.dtype, shape=np.shape(buf),
-                              count=arr.size) as tag:
-            if group.run_native("all_reduce", arr, op) or arr.size == 0:
+                              count=arr.size) as call:
+            if call.run_native("all_reduce", arr, op) or arr.size == 0:
                 return
             small = arr.nbytes <= group.small_bytes or arr.size < group.size
             if small and group.carries_checks:  # the check rides in the data: no extra message
-                carrier = group.carry_check()
+                carrier = call.carry_check()
                 alg.all_reduce_rd_carried(carrier, arr, op)
                 carrier.finish()
             # Two ranks move the same bytes either way, so up to one segment the single
             # exchange of recursive doubling beats the ring's four messages in two phases.
             elif small or (group.size == 2 and arr.nbytes <= group.segment_bytes):
-                alg.all_reduce_rd(group, arr, op, tag)
+                alg.all_reduce_rd(call, arr, op, call.tag)
             else:
                 bounds = alg.chunk_bounds(arr.size, group.size)
-                alg.ring_all_reduce(group, arr, op, bounds, tag)
+                alg.ring_all_reduce(call, arr, op, bounds, call.tag)
             if op is ReduceOp.AVG:
                 np.divide(arr, group.size, out=arr)
 
@@ -89,13 +89,13 @@ def broadcast(group, buf, root: int = 0) -> None:
         if group.size == 1:
             return
         with group.collective("broadcast", root=root, dtype=arr.dtype, shape=np.shape(buf),
-                              count=arr.size) as tag:
-            if group.run_native("broadcast", arr, root) or arr.size == 0:
+                              count=arr.size) as call:
+            if call.run_native("broadcast", arr, root) or arr.size == 0:
                 return
             if arr.nbytes <= group.small_bytes:
-                alg.tree_broadcast(group, arr, root, tag)
+                alg.tree_broadcast(call, arr, root, call.tag)
             else:
-                alg.chain_broadcast(group, arr, root, tag)
+                alg.chain_broadcast(call, arr, root, call.tag)
 
 
 def reduce(group, buf, root: int = 0, op=ReduceOp.SUM) -> None:
@@ -106,26 +106,26 @@ def reduce(group, buf, root: int = 0, op=ReduceOp.SUM) -> None:
         if group.size == 1:
             return
         with group.collective("reduce", op=op, root=root, dtype=arr.dtype, shape=np.shape(buf),
-                              count=arr.size) as tag:
-            if group.run_native("reduce", arr, op, root) or arr.size == 0:
+                              count=arr.size) as call:
+            if call.run_native("reduce", arr, op, root) or arr.size == 0:
                 return
             if arr.nbytes <= group.small_bytes or arr.size < group.size:
-                alg.tree_reduce(group, arr, op, root, tag)
+                alg.tree_reduce(call, arr, op, root, call.tag)
             else:  # ring reduce-scatter, then each rank's reduced chunk goes to the root
                 bounds = alg.chunk_bounds(arr.size, group.size)
-                alg.ring_reduce_scatter(group, arr, op, bounds, tag)
-                _gather_chunks(group, arr, bounds, root, tag)
+                alg.ring_reduce_scatter(call, arr, op, bounds, call.tag)
+                _gather_chunks(call, arr, bounds, root, call.tag)
             if op is ReduceOp.AVG and group.rank == root:
                 np.divide(arr, group.size, out=arr)
 
 
-def _gather_chunks(group, arr, bounds, root, tag) -> None:
-    r = group.rank
+def _gather_chunks(call, arr, bounds, root, tag) -> None:
+    r = call.rank
     if r != root:
-        group.send(arr[bounds[r]:bounds[r + 1]], root, tag)
+        call.send(arr[bounds[r]:bounds[r + 1]], root, tag)
         return
-    alg.wait_all([group.irecv(arr[bounds[p]:bounds[p + 1]], p, tag)
-                  for p in range(group.size) if p != root and bounds[p + 1] > bounds[p]])
+    alg.wait_all([call.irecv(arr[bounds[p]:bounds[p + 1]], p, tag)
+                  for p in range(call.size) if p != root and bounds[p + 1] > bounds[p]])
 
 
 def gather(group, buf, out=None, root: int = 0) -> None:
@@ -139,9 +139,9 @@ def gather(group, buf, out=None, root: int = 0) -> None:
             dst[:] = arr
             return
         with group.collective("gather", root=root, dtype=arr.dtype, shape=np.shape(buf),
-                              count=arr.size) as tag:
-            if not group.run_native("gather", arr, dst, root) and arr.size:
-                alg.gather_direct(group, arr, dst, root, tag)
+                              count=arr.size) as call:
+            if not call.run_native("gather", arr, dst, root) and arr.size:
+                alg.gather_direct(call, arr, dst, root, call.tag)
 
 
 def scatter(group, buf, src=None, root: int = 0) -> None:
@@ -156,9 +156,9 @@ def scatter(group, buf, src=None, root: int = 0) -> None:
             arr[:] = source
             return
         with group.collective("scatter", root=root, dtype=arr.dtype, shape=np.shape(buf),
-                              count=arr.size) as tag:
-            if not group.run_native("scatter", arr, source, root) and arr.size:
-                alg.scatter_direct(group, arr, source, root, tag)
+                              count=arr.size) as call:
+            if not call.run_native("scatter", arr, source, root) and arr.size:
+                alg.scatter_direct(call, arr, source, root, call.tag)
 
 
 def all_gather(group, out, buf) -> None:
@@ -170,15 +170,15 @@ def all_gather(group, out, buf) -> None:
             dst[:] = arr
             return
         with group.collective("all_gather", dtype=arr.dtype, shape=np.shape(buf),
-                              count=arr.size) as tag:
-            if group.run_native("all_gather", dst, arr) or arr.size == 0:
+                              count=arr.size) as call:
+            if call.run_native("all_gather", dst, arr) or arr.size == 0:
                 return
             if dst.nbytes <= group.small_bytes:
-                alg.all_gather_bruck(group, arr, dst, tag)
+                alg.all_gather_bruck(call, arr, dst, call.tag)
             else:
                 c, r = arr.size, group.rank
                 dst[r * c:(r + 1) * c] = arr
-                alg.ring_all_gather(group, dst, [c * i for i in range(group.size + 1)], tag)
+                alg.ring_all_gather(call, dst, [c * i for i in range(group.size + 1)], call.tag)
 
 
 def all_gather_v(group, out, buf, counts) -> None:
@@ -194,9 +194,9 @@ def all_gather_v(group, out, buf, counts) -> None:
         if group.size == 1:
             return
         with group.collective("all_gather", dtype=arr.dtype, shape=(dst.size,), count=dst.size,
-                              split=tuple(counts)) as tag:
+                              split=tuple(counts)) as call:
             if dst.size:  # the ring takes chunks of any size; Bruck's blocks are equal
-                alg.ring_all_gather(group, dst, bounds, tag)
+                alg.ring_all_gather(call, dst, bounds, call.tag)
 
 
 def reduce_scatter(group, out, src, op=ReduceOp.SUM) -> None:
@@ -210,11 +210,12 @@ def reduce_scatter(group, out, src, op=ReduceOp.SUM) -> None:
             dst[:] = source
             return
         with group.collective("reduce_scatter", op=op, dtype=dst.dtype, shape=np.shape(out),
-                              count=c) as tag:
-            if group.run_native("reduce_scatter", dst, source, op) or c == 0:
+                              count=c) as call:
+            if call.run_native("reduce_scatter", dst, source, op) or c == 0:
                 return
             work = source.copy()  # the ring reduces in place; the caller's input stays intact
-            alg.ring_reduce_scatter(group, work, op, [c * i for i in range(group.size + 1)], tag)
+            bounds = [c * i for i in range(group.size + 1)]
+            alg.ring_reduce_scatter(call, work, op, bounds, call.tag)
             dst[:] = work[r * c:(r + 1) * c]
             if op is ReduceOp.AVG:
                 np.divide(dst, group.size, out=dst)
@@ -231,9 +232,9 @@ def all_to_all(group, out, src) -> None:
             dst[:] = source
             return
         with group.collective("all_to_all", dtype=dst.dtype, shape=np.shape(out),
-                              count=dst.size) as tag:
-            if not group.run_native("all_to_all", dst, source) and dst.size:
-                alg.all_to_all_pairwise(group, dst, source, tag)
+                              count=dst.size) as call:
+            if not call.run_native("all_to_all", dst, source) and dst.size:
+                alg.all_to_all_pairwise(call, dst, source, call.tag)
 
 
 def all_to_all_v(group, out, src, send_counts, recv_counts) -> None:
@@ -256,26 +257,26 @@ def all_to_all_v(group, out, src, send_counts, recv_counts) -> None:
             return
         # Ranks agree on the kind and dtype; a count that differs between a sender and its
         # receiver fails that receive, naming both sizes.
-        with group.collective("all_to_all", dtype=dst.dtype, split=(-1,)) as tag:
-            alg.all_to_all_pairwise_v(group, recvs, sends, tag)
+        with group.collective("all_to_all", dtype=dst.dtype, split=(-1,)) as call:
+            alg.all_to_all_pairwise_v(call, recvs, sends, call.tag)
 
 
 def barrier(group) -> None:
     """Return once every rank of the group has entered the barrier."""
     if group.size == 1:
         return
-    with group.collective("barrier") as tag:
-        if group.run_native("barrier"):
+    with group.collective("barrier") as call:
+        if call.run_native("barrier"):
             return
         if group.carries_checks:
             # The descriptors' all-gather is the barrier. It follows recursive doubling like
             # a small all_reduce, not dissemination, so that a barrier facing a mismatched
             # all_reduce meets it message for message and both raise instead of waiting.
-            carrier = group.carry_check()
+            carrier = call.carry_check()
             alg.all_reduce_rd_carried(carrier, None, None)
             carrier.finish()
         else:
-            alg.barrier_dissemination(group, tag)
+            alg.barrier_dissemination(call, call.tag)
 
 
 _ARRIVED, _LATE, _GONE, _UNASKED = 0, 1, 2, 3  # a rank's status in a monitored barrier
@@ -286,16 +287,16 @@ def monitored_barrier(group, timeout: float, wait_all_ranks: bool = False) -> No
     tells each rank who did not come (the first one; every one with `wait_all_ranks`)."""
     if group.size == 1:
         return
-    with group.collective("barrier") as tag:
-        mine = np.frombuffer(group.take_call_check(), np.uint8)  # the arrival is the check
+    with group.collective("barrier") as call:
+        mine = np.frombuffer(call.take_check(), np.uint8)  # the arrival is the check
         n, width = group.size, mine.size
         verdict = np.zeros(n + n * width, np.uint8)  # a status per rank, then descriptors
         if group.rank == 0:
-            _collect_arrivals(group, tag, timeout, wait_all_ranks, mine, verdict)
+            _collect_arrivals(group, call.tag, timeout, wait_all_ranks, mine, verdict)
         else:
-            group.raw_send(mine, 0, tag)
+            group.raw_send(mine, 0, call.tag)
             try:  # rank 0 may come up to `timeout` after us, then wait as long for others
-                group.raw_recv(verdict, 0, tag, timeout=2 * timeout)
+                group.raw_recv(verdict, 0, call.tag, timeout=2 * timeout)
             except ChannelError as exc:
                 verdict[:n] = _UNASKED
                 verdict[0] = _GONE if isinstance(exc, ChannelClosedError) else _LATE

@@ -48,7 +48,7 @@ class host_view:
     """`with host_view(buf, group, what) as arr`: a flat host array for `buf`; `reduces`:
     the collective computes on it (a bfloat16 tensor is then staged as float32)."""
 
-    # The hook for GPU buffers: a channel that moves device memory itself sets
+    # The hook for GPU buffers: a channel that moves device memory itself declares
     # `device_buffers = True` and brings native collectives; otherwise a CuPy array is
     # copied to the host, the collective runs there, and the result is copied back. A
     # class, not a generator: small collectives pay for every microsecond of it.
@@ -59,8 +59,7 @@ class host_view:
         self.buf, self.writable, self.staged, self.bits = buf, writable, False, None
         if buf is None:
             self.arr = None
-        elif hasattr(buf, "__cuda_array_interface__") and not getattr(group.channel,
-                                                                     "device_buffers", False):
+        elif hasattr(buf, "__cuda_array_interface__") and not group.device_buffers:
             if not hasattr(buf, "get"):
                 raise TypeError(f"{what}: a GPU array other than CuPy's ({type(buf).__name__}); "
                                 "pass a CuPy array, or a CPU copy and copy the result back")

@@ -3,25 +3,32 @@
 A group numbers its members 0..size-1 (group ranks) and maps them to channel ranks, so a
 subgroup runs the same algorithms over the same channel. Tags are 64-bit:
 (space << 56) | (group id << 32) | (sequence number or user tag), so collectives of two
-groups, their control messages and user point-to-point never match each other.
+groups, their control messages and user point-to-point never match each other. What the
+channel can do it declares (mwrt.channels.DataChannel); the group reads it once.
 
-A channel may bring native collectives: a method `native_<kind>(group, *args)` (kinds:
-all_reduce, broadcast, reduce, gather, scatter, all_gather, reduce_scatter, all_to_all,
-barrier) taking the same arguments as the generic algorithm in mwrt.collectives, e.g.
-`native_all_reduce(group, arr, op)`. It returns NotImplemented to decline (an op or dtype
-it cannot do); anything else means done. Ranks have already agreed on the call, unless the
-function says `checks_calls = True`: then it carries the check itself, calling
-`take_call_check()` (after any decision to decline) and comparing the descriptors.
+Each collective is one `_Collective`, made by `group.collective(kind, ...)`: it holds the
+call's sequence number, tag and agreement check, and the algorithms send and receive
+through it, so nothing of a running call lives on the group. Every collective checks that
+ranks agree on it (mwrt.collective.agreement). The check is lazy: the first send or
+receive through the call sends this rank's descriptor, and the first wait for data (a
+recv, a receive's wait, a native collective) or the end of the collective settles it. An
+algorithm that carries the check in its own messages takes it over with
+`call.carry_check()`, and no message of the check's own is sent. A channel's native
+collectives (mwrt.collective.native) are offered the call first.
 
-Every collective checks that ranks agree on it (mwrt.collective.agreement). The check is lazy: the
-first send or receive through the checked calls below sends this rank's descriptor, and
-the first wait for data (recv, a receive's wait, a native collective) or the end of the
-collective settles it. An algorithm that carries the check in its own messages takes it
-over with `carry_check()`, and no message of the check's own is sent.
+Threads: sequence numbers are drawn atomically and every call keeps its own state, so
+two threads may run collectives on one group without corrupting it; native collectives
+that need it (`in_order`) run in sequence order. But ranks match collectives by sequence
+number: two threads that race on one group may pair different calls across ranks (a
+mismatch error, as in torch, where the order of collectives is the program's; identical
+calls pair any way). Safe: one group per thread; async and object collectives of one
+group from any thread (they run in order on the group's thread, `call()`);
+point-to-point beside collectives (its tags are apart).
 """
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -29,24 +36,29 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
 from ..procs import process_alive
+from . import native
 from .agreement import Agreement, Carrier, check, describe_call
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
 _CHANNEL_ERRORS = (ChannelError, TimeoutError, ConnectionError)
 
 
-class _PeerWork:
-    """A channel Work that names the group peer when it fails."""
+class GroupWork:
+    """A pending send or receive of a group: wait() checks the call first and names the
+    group peer when it fails (the collective layer's one Work)."""
 
-    def __init__(self, work, peer: int, timeout: float, group=None):
-        self._work, self._peer, self._timeout, self._group = work, peer, timeout, group
+    __slots__ = ("_agreement", "_peer", "_timeout", "_work")
+
+    def __init__(self, work, peer: int, timeout: float, agreement: Agreement | None = None):
+        self._work, self._peer, self._timeout, self._agreement = work, peer, timeout, agreement
 
     def wait(self, timeout: float | None = None) -> None:
-        if self._group is not None and self._group._agreement is not None:
-            self._group._agreement.settle()  # a receive: check the call before using data
+        """Block until done (default: the group's timeout) and raise its error."""
+        if self._agreement is not None:
+            self._agreement.settle()  # a receive: check the call before using data
         try:
             self._work.wait(self._timeout if timeout is None else timeout)
-        except (ChannelError, TimeoutError, ConnectionError) as e:
+        except _CHANNEL_ERRORS as e:
             e.group_peer = self._peer
             raise
 
@@ -54,38 +66,145 @@ class _PeerWork:
         return self._work.is_completed()
 
 
+class _Turns:
+    """Which of a group's calls have ended on this rank, for native collectives that must
+    run in sequence order (CMA's control block holds one call at a time)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.low, self.ended, self.waiters = 0, set(), 0  # every call below `low` ended
+
+    def end(self, seq: int) -> None:
+        with self.lock:
+            if seq == self.low and not self.ended:
+                self.low = seq + 1  # the common case: calls end in order
+            else:
+                self.ended.add(seq)
+                while self.low in self.ended:
+                    self.ended.remove(self.low)
+                    self.low += 1
+            if self.waiters:
+                self.cond.notify_all()
+
+    def wait(self, seq: int, timeout: float) -> bool:
+        """True once every call before `seq` has ended; False after `timeout` s."""
+        if self.low >= seq:
+            return True  # the common case, without the lock: one thread uses the group
+        with self.lock:
+            self.waiters += 1
+            try:
+                return self.cond.wait_for(lambda: self.low >= seq, timeout)
+            finally:
+                self.waiters -= 1
+
+
 class _Collective:
-    """One collective on a group: its sequence number, agreement check and failure report."""
+    """One collective on a group: its sequence number, tag, agreement check, and the
+    point-to-point the algorithms use (with the check's hooks), and its failure report."""
 
     # A class rather than a generator-based context manager: small collectives pay for every
     # microsecond of it.
 
-    __slots__ = ("desc", "group", "kind", "seq")
+    __slots__ = ("agreement", "desc", "eager_bytes", "group", "kind", "posted_receives", "rank",
+                 "segment_bytes", "seq", "size", "tag")
 
     def __init__(self, group, kind: str, desc: dict):
         self.group, self.kind, self.desc = group, kind, desc
+        self.rank, self.size, self.eager_bytes = group.rank, group.size, group.eager_bytes
+        self.segment_bytes, self.posted_receives = group.segment_bytes, group.posted_receives
 
-    def __enter__(self) -> int:
+    def __enter__(self) -> "_Collective":
         g = self.group
-        self.seq, g._seq = g._seq, g._seq + 1
-        g._agreement = Agreement(g, g._tag(_CONTROL, self.seq), self.kind,
-                                 describe_call(self.seq, self.kind, **self.desc))
-        return g._tag(_DATA, self.seq)
+        self.seq = seq = next(g._seqs)  # atomic: two threads never draw the same number
+        try:
+            self.agreement = Agreement(g, g._tag(_CONTROL, seq), self.kind,
+                                       describe_call(seq, self.kind, **self.desc))
+        except BaseException:
+            if g.turns is not None:
+                g.turns.end(seq)  # no __exit__ will: later calls must not wait for this one
+            raise
+        self.tag = g._tag(_DATA, seq)
+        return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        g = self.group
         try:
             if exc_type is None:
-                g._agreement.settle()  # a rank that only sent, or never talked, checks here
+                self.agreement.settle()  # a rank that only sent, or never talked, checks here
                 return
             if not issubclass(exc_type, _CHANNEL_ERRORS):
                 return  # a mismatch, a bad argument: raised as it is
-            g._agreement.settle_after_error()  # a mismatch explains the failure best
+            self.agreement.settle_after_error()  # a mismatch explains the failure best
         except _CHANNEL_ERRORS as e:
             exc = e
         finally:
-            g._agreement = None
-        raise g._failure(f"{self.kind} #{self.seq}", exc) from exc
+            if self.group.turns is not None:
+                self.group.turns.end(self.seq)
+        raise self.group._failure(f"{self.kind} #{self.seq}", exc) from exc
+
+    # -- point-to-point among group ranks, checked -------------------------------------------
+
+    def send(self, buf, peer: int, tag: int) -> None:
+        self._before_send()
+        self.group.raw_send(buf, peer, tag)
+
+    def recv(self, buf, peer: int, tag: int) -> None:
+        self.agreement.settle()  # the call must agree before we wait for its data
+        self.group.raw_recv(buf, peer, tag)
+
+    def isend(self, buf, peer: int, tag: int) -> GroupWork:
+        self._before_send()
+        return self.group.raw_isend(buf, peer, tag)
+
+    def irecv(self, buf, peer: int, tag: int) -> GroupWork:
+        # Posting is safe before the check settles: a receive's wait() settles it first.
+        self.agreement.start()
+        g = self.group
+        try:
+            work = g.channel.irecv(buf, g.ranks[peer], tag, g.timeout)
+        except _CHANNEL_ERRORS as e:
+            e.group_peer = peer
+            raise
+        return GroupWork(work, peer, g.timeout, self.agreement)
+
+    def _before_send(self) -> None:
+        agreement = self.agreement
+        if not agreement.settled:
+            if self.group.speculates:
+                agreement.start()
+            else:
+                agreement.settle()
+
+    # -- the check, for native collectives and algorithms that carry it ---------------------
+
+    def run_native(self, kind: str, *args) -> bool:
+        """Run the channel's native `kind` if it has one; False means use the generic one."""
+        natives = self.group.natives
+        if natives is None or kind not in natives.kinds:
+            return False
+        g = self.group
+        if g.turns is not None and not g.turns.wait(self.seq, g.timeout):
+            raise ChannelTimeoutError(f"{kind} #{self.seq} on {g.name}, rank {g.channel.rank}: "
+                                      f"an earlier collective of this group, entered from "
+                                      f"another thread, is still running after {g.timeout} s")
+        if not natives.checks_calls:
+            self.agreement.settle()  # a native collective cannot be checked halfway
+        return natives.run(kind, self, *args)
+
+    def take_check(self) -> bytes:
+        """The caller carries the agreement check: this rank's call descriptor; we send none."""
+        # For algorithms whose messages carry descriptors, and native collectives that
+        # check calls; call it before the collective's first message.
+        return self.agreement.take()
+
+    def carry_check(self) -> Carrier:
+        """Take the check over for an algorithm whose messages carry it (agreement.Carrier)."""
+        mine = self.take_check()
+        return Carrier(self.group, self.agreement.tag, self.kind, mine)
+
+    def check(self, every) -> None:
+        """Raise CollectiveMismatchError unless every rank's descriptor (by rank) is equal."""
+        check(self.group, self.kind, every)
 
 
 class ProcessGroup:
@@ -108,17 +227,19 @@ class ProcessGroup:
         self.segment_bytes = int(segment_bytes or config.get("segment_bytes"))
         self.small_bytes = int(config.get("small_collective_bytes") if small_bytes is None
                                else small_bytes)
-        # Sends up to eager_bytes return before the peer receives (socket buffers, shm
-        # slots), so small exchanges may send then receive on one thread; a channel that
-        # needs a matching receive first sets eager_bytes = 0.
-        self.eager_bytes = int(getattr(channel, "eager_bytes", config.get("eager_bytes")))
+        # What the channel declares (mwrt.channels.DataChannel), read once.
+        self.eager_bytes = int(config.get("eager_bytes") if channel.eager_bytes is None
+                               else channel.eager_bytes)
         # Where sends complete without a receive, data may leave before the check settles;
         # where a receive takes a message of any size, the check may ride inside the data.
-        self.speculates = bool(getattr(channel, "buffered_sends", False))
-        self.carries_checks = self.speculates and bool(getattr(channel, "any_size_recv", False))
+        self.speculates = bool(channel.buffered_sends)
+        self.carries_checks = self.speculates and bool(channel.any_size_recv)
+        self.posted_receives = bool(channel.posted_receives)
+        self.device_buffers = bool(channel.device_buffers)
         self.name = f"group {group_id} (ranks {ranks})" if group_id else "the default group"
-        self._seq = 0
-        self._agreement: Agreement | None = None
+        self.natives = native.for_group(channel, self)
+        self.turns = _Turns() if self.natives is not None and self.natives.in_order else None
+        self._seqs = itertools.count()
         self.broken = False  # set once a collective failed midway: peers may be gone
         self._pool: ThreadPoolExecutor | None = None
         self._last = None
@@ -133,39 +254,7 @@ class ProcessGroup:
             raise ValueError(f"tag: must be in [0, 2**32) (got {tag})")
         return self._tag(_P2P, tag)
 
-    # -- point-to-point among group ranks ------------------------------------------------
-
-    def send(self, buf, peer: int, tag: int) -> None:
-        self._before_send()
-        self.raw_send(buf, peer, tag)
-
-    def recv(self, buf, peer: int, tag: int) -> None:
-        if self._agreement is not None:
-            self._agreement.settle()  # the call must agree before we wait for its data
-        self.raw_recv(buf, peer, tag)
-
-    def isend(self, buf, peer: int, tag: int) -> _PeerWork:
-        self._before_send()
-        return self.raw_isend(buf, peer, tag)
-
-    def irecv(self, buf, peer: int, tag: int) -> _PeerWork:
-        # Posting is safe before the check settles: a receive's wait() settles it first.
-        if self._agreement is not None:
-            self._agreement.start()
-        try:
-            work = self.channel.irecv(buf, self.ranks[peer], tag, self.timeout)
-        except (ChannelError, TimeoutError, ConnectionError) as e:
-            e.group_peer = peer
-            raise
-        return _PeerWork(work, peer, self.timeout, self)
-
-    def _before_send(self) -> None:
-        agreement = self._agreement
-        if agreement is not None and not agreement.settled:
-            if self.speculates:
-                agreement.start()
-            else:
-                agreement.settle()
+    # -- point-to-point among group ranks, unchecked (the check's own messages) ----------
 
     # The raw calls skip the agreement hooks: the check's own messages use them.
 
@@ -173,7 +262,7 @@ class ProcessGroup:
         try:
             self.channel.send(buf, self.ranks[peer], tag,
                               self.timeout if timeout is None else timeout)
-        except (ChannelError, TimeoutError, ConnectionError) as e:
+        except _CHANNEL_ERRORS as e:
             e.group_peer = peer
             raise
 
@@ -181,7 +270,7 @@ class ProcessGroup:
         try:
             self.channel.recv(buf, self.ranks[peer], tag,
                               self.timeout if timeout is None else timeout)
-        except (ChannelError, TimeoutError, ConnectionError) as e:
+        except _CHANNEL_ERRORS as e:
             e.group_peer = peer
             raise
 
@@ -189,56 +278,26 @@ class ProcessGroup:
         try:
             return self.channel.recv_message(self.ranks[peer], tag,
                                              self.timeout if timeout is None else timeout)
-        except (ChannelError, TimeoutError, ConnectionError) as e:
+        except _CHANNEL_ERRORS as e:
             e.group_peer = peer
             raise
 
     def raw_exchange_message(self, buf, peer: int, tag: int) -> memoryview:
         try:
             return self.channel.exchange_message(buf, self.ranks[peer], tag, self.timeout)
-        except (ChannelError, TimeoutError, ConnectionError) as e:
+        except _CHANNEL_ERRORS as e:
             e.group_peer = peer
             raise
 
-    def raw_isend(self, buf, peer: int, tag: int) -> _PeerWork:
-        return _PeerWork(self.channel.isend(buf, self.ranks[peer], tag, self.timeout), peer,
+    def raw_isend(self, buf, peer: int, tag: int) -> GroupWork:
+        return GroupWork(self.channel.isend(buf, self.ranks[peer], tag, self.timeout), peer,
                          self.timeout)
 
     # -- running collectives -------------------------------------------------------------
 
-    def run_native(self, kind: str, *args) -> bool:
-        """Run the channel's native `kind` if it has one; False means use the generic one."""
-        native = getattr(self.channel, f"native_{kind}", None)
-        if native is None:
-            return False
-        if self._agreement is not None and not getattr(native, "checks_calls", False):
-            self._agreement.settle()  # a native collective cannot be checked halfway
-        return native(self, *args) is not NotImplemented
-
-    def take_call_check(self) -> bytes:
-        """The caller carries the agreement check: this rank's call descriptor; we send none."""
-        # For algorithms whose messages carry descriptors, and native collectives marked
-        # checks_calls; call it before the collective's first message.
-        if self._agreement is None:
-            raise RuntimeError(f"take_call_check on {self.name}: no collective is running; "
-                               "call it inside group.collective()")
-        return self._agreement.take()
-
-    def carry_check(self) -> Carrier:
-        """Take the check over for an algorithm whose messages carry it (agreement.Carrier)."""
-        mine = self.take_call_check()
-        return Carrier(self, self._agreement.tag, self._agreement.kind, mine)
-
-    def check_calls(self, kind: str, every: list[bytes]) -> None:
-        """Raise CollectiveMismatchError unless every rank's descriptor (by rank) is equal."""
-        check(self, kind, every)
-
-    def current_seq(self) -> int:
-        """The sequence number of the collective now running (the same on every rank)."""
-        return self._seq - 1
-
     def collective(self, kind: str, **desc) -> _Collective:
-        """`with group.collective(kind, op=, dtype=, shape=, count=) as tag`: the next one."""
+        """`with group.collective(kind, op=, dtype=, shape=, count=) as call`: the next one;
+        the algorithms send and receive through `call`, on `call.tag`."""
         return _Collective(self, kind, desc)
 
     def call(self, fn, *args, async_op: bool = False):
@@ -309,4 +368,4 @@ class ProcessGroup:
             return ["(the store is unreachable: rank 0, which serves it, may be gone)"]
 
 
-__all__ = ["ProcessGroup"]
+__all__ = ["GroupWork", "ProcessGroup"]

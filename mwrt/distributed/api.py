@@ -2,7 +2,13 @@
 
 Names, arguments and semantics follow torch.distributed: `src`/`dst` are global ranks,
 collectives work in place, `async_op=True` returns a Work, non-members of a group get
-None. The algorithms live in mwrt.collectives; this module holds the process-wide state.
+None. The algorithms live in mwrt.collective; this module holds the process-wide state.
+
+Threads: give each thread its own group (`new_group`, called alike on every rank) for
+collectives; async and object collectives may be mixed on one group (they run in
+program order through `run_collective`), and point-to-point may run beside them. Two
+threads racing collectives on one group do not corrupt it, but may pair different calls
+across ranks (mwrt.collective.group says more).
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from ..collective.group import ProcessGroup
 from ..errors import ChannelClosedError, ChannelTimeoutError, MwrtError
 from ..protocol import auth
 from ..store import rendezvous, store_from_url
-from ..store.stores import _seconds
 
 
 class GroupMember:
@@ -104,17 +109,18 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         if _state.group is not None:
             raise RuntimeError("init_process_group: already initialized; call "
                                "destroy_process_group() first")
-        timeout = _seconds(timeout, config.get("rendezvous_timeout"))
+        timeout = config.seconds(timeout, config.get("rendezvous_timeout"))
         asked = backend = backend or config.get("channel")
         # gloo is torch's CPU backend: its tutorials run unchanged on the auto channel, shm
         # between the ranks of a host and tcp between hosts.
         backend = "auto" if backend == "gloo" else backend
         channels.get(backend)  # an unknown name fails now, before the other ranks wait on us
         prefix, own_store = "mwrt/pg", store is None
+        key = auth.job_secret()  # the store and the channel admit only ranks that prove it
         if own_store:
             _inits[0] += 1  # SPMD: every rank counts its inits alike
             store, rank, world_size = store_from_url(init_method, rank, world_size, timeout,
-                                                     generation=_inits[0])
+                                                     generation=_inits[0], key=key)
         else:
             if rank < 0 or world_size < 1:
                 raise ValueError(f"init_process_group: with store=, pass rank and world_size "
@@ -125,7 +131,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         try:
             peers = rendezvous(store, rank, world_size, prefix=prefix, timeout=timeout)
             channel = channels.create(backend, rank, world_size, store=store, prefix=prefix,
-                                      timeout=timeout, key=auth.job_secret())
+                                      timeout=timeout, key=key)
             group = ProcessGroup(channel, store=store, prefix=prefix, peers=peers,
                                  timeout=timeout)
             # Connect every pair now, while rank 0 (which serves the store) is sure to be up.
@@ -182,7 +188,7 @@ def _default() -> ProcessGroup:
     return _state.group
 
 
-def _group(group) -> ProcessGroup | None:
+def resolve_group(group) -> ProcessGroup | None:
     if group is None or group is GroupMember.WORLD:
         return _default()
     return None if group is GroupMember.NON_GROUP_MEMBER else group
@@ -190,12 +196,12 @@ def _group(group) -> ProcessGroup | None:
 
 def get_rank(group=None) -> int:
     """This process's rank in `group` (default: the global rank); -1 for non-members."""
-    g = _group(group)
+    g = resolve_group(group)
     return -1 if g is None else g.rank
 
 
 def get_world_size(group=None) -> int:
-    g = _group(group)
+    g = resolve_group(group)
     return -1 if g is None else g.size
 
 
@@ -205,17 +211,17 @@ def get_backend(group=None) -> str:
 
 
 def get_process_group_ranks(group) -> list[int]:
-    return list(_group(group).ranks)
+    return list(resolve_group(group).ranks)
 
 
 def get_group_rank(group, global_rank: int) -> int:
     """`global_rank`'s rank within `group`."""
-    return _group_rank(_group(group), global_rank, "get_group_rank")
+    return group_rank_of(resolve_group(group), global_rank, "get_group_rank")
 
 
 def get_global_rank(group, group_rank: int) -> int:
     """The global rank of `group_rank` within `group`."""
-    g = _group(group)
+    g = resolve_group(group)
     if not 0 <= group_rank < g.size:
         raise ValueError(f"get_global_rank: group rank must be in [0, {g.size}) (got "
                          f"{group_rank})")
@@ -247,7 +253,7 @@ def new_group(ranks=None, timeout=None, backend=None):
         return GroupMember.NON_GROUP_MEMBER
     g = ProcessGroup(parent.channel, ranks, group_id=gid, store=parent.store,
                      prefix=parent.prefix, peers=parent.peers,
-                     timeout=parent.timeout if timeout is None else _seconds(timeout, 0))
+                     timeout=parent.timeout if timeout is None else config.seconds(timeout, 0))
     _state.groups.append(g)
     return g
 
@@ -281,18 +287,22 @@ def new_subgroups(group_size: int | None = None, group=None, timeout=None, backe
                                         timeout, backend)
 
 
-def _run(group, async_op, fn, *args):
-    """Run a collective on `group` now or (async_op) in order on its thread."""
-    g = _group(group)
+def run_collective(group, async_op, fn, *args, after=None):
+    """Run fn(g, *args) on `group` now, or (async_op) in order on its thread, returning a
+    Work; then after() (a copy out of a staging buffer), or when the Work is waited. Every
+    collective of the facade, object collectives included, enters here."""
+    g = resolve_group(group)
     if g is None:
         return None
     if async_op:
-        return Work(future=g.call(fn, g, *args, async_op=True))
+        return Work(future=g.call(fn, g, *args, async_op=True), after=after)
     g.call(fn, g, *args)
+    if after is not None:
+        after()
     return None
 
 
-def _group_rank(g: ProcessGroup, rank: int, what: str) -> int:
+def group_rank_of(g: ProcessGroup, rank: int, what: str) -> int:
     try:
         return g.ranks.index(rank)
     except ValueError:
@@ -303,7 +313,7 @@ def _group_rank(g: ProcessGroup, rank: int, what: str) -> int:
 
 
 def _p2p_args(peer, tag, what, group):
-    g = _group(group)
+    g = resolve_group(group)
     if peer is None:
         raise ValueError(f"{what}: a destination rank is required (got None)")
     if g is None or peer not in g.ranks:
@@ -331,7 +341,7 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
 def _first_sender(group, tag: int) -> int:
     """The global rank whose message on `tag` came first; polls, as nothing can be posted
     for an unknown sender (a receive posted to each peer would take one from each)."""
-    g = _group(group)
+    g = resolve_group(group)
     if g is None:
         raise ValueError("recv: this rank is not in the group")
     ch, t = g.channel, g.p2p_tag(int(tag))

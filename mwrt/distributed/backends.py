@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from .. import channels
 from ..errors import ConfigError
 
@@ -36,5 +38,6 @@ def is_nccl_available() -> bool:
 
 
 def is_mpi_available() -> bool:
-    """Whether an "mpi" channel is registered."""
-    return _registered(Backend.MPI)
+    """Whether the "mpi" channel can run here: registered, and mpi4py installed (looked up
+    without importing it, which would initialize MPI)."""
+    return _registered(Backend.MPI) and importlib.util.find_spec("mpi4py") is not None

@@ -9,28 +9,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import config
 from ..collective import api as C
 from ..collective.buffers import as_flat, is_bfloat16, widen_bfloat16
 from ..collective.reduce_ops import ReduceOp
-from ..store.stores import _seconds
-from .api import _group, _group_rank, _run
+from .api import group_rank_of, resolve_group, run_collective
 
 
 def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
     """Copy `tensor` from global rank `src` to every rank of the group, in place."""
-    g = _group(group)
-    return _run(group, async_op, C.broadcast, tensor, g and _group_rank(g, src, "broadcast"))
+    g = resolve_group(group)
+    root = g and group_rank_of(g, src, "broadcast")
+    return run_collective(group, async_op, C.broadcast, tensor, root)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce `tensor` across the group in place; bitwise identical on every rank."""
-    return _run(group, async_op, C.all_reduce, tensor, op)
+    return run_collective(group, async_op, C.all_reduce, tensor, op)
 
 
 def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce `tensor` into `tensor` on global rank `dst`."""
-    g = _group(group)
-    return _run(group, async_op, C.reduce, tensor, g and _group_rank(g, dst, "reduce"), op)
+    g = resolve_group(group)
+    root = g and group_rank_of(g, dst, "reduce")
+    return run_collective(group, async_op, C.reduce, tensor, root, op)
 
 
 def _stack(arrays, like, what, fill: bool = False, reduces: bool = False):
@@ -60,57 +62,46 @@ def _unstack(buf, arrays):
         as_flat(a, "output list")[:] = part
 
 
-def _with_list(group, async_op, body, arrays, after_copy):
-    """Run body(g) (it fills a staging buffer); copy out now or when the Work is waited."""
-    work = _run(group, async_op, body)
-    if work is None:
-        if _group(group) is not None:
-            after_copy()
-        return None
-    work._after = after_copy
-    return work
-
-
 def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False):
     """Gather every rank's `tensor` into `gather_list` on global rank `dst`."""
-    g = _group(group)
+    g = resolve_group(group)
     if g is None:
         return None
-    root = _group_rank(g, dst, "gather")
+    root = group_rank_of(g, dst, "gather")
     is_root = g.rank == root
     if is_root and (gather_list is None or len(gather_list) != g.size):
         raise ValueError(f"gather: dst needs gather_list with {g.size} arrays (got "
                          f"{None if gather_list is None else len(gather_list)})")
     buf = _stack(gather_list, tensor, "gather") if is_root else None
-    return _with_list(group, async_op, lambda g: C.gather(g, tensor, buf, root), gather_list,
-                      lambda: is_root and _unstack(buf, gather_list))
+    return run_collective(group, async_op, lambda g: C.gather(g, tensor, buf, root),
+                          after=lambda: is_root and _unstack(buf, gather_list))
 
 
 def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False):
     """Send scatter_list[i] on global rank `src` into `tensor` on group rank i."""
-    g = _group(group)
+    g = resolve_group(group)
     if g is None:
         return None
-    root = _group_rank(g, src, "scatter")
+    root = group_rank_of(g, src, "scatter")
     buf = None
     if g.rank == root:
         if scatter_list is None or len(scatter_list) != g.size:
             raise ValueError(f"scatter: src needs scatter_list with {g.size} arrays")
         buf = _stack(scatter_list, tensor, "scatter", fill=True)
-    return _run(group, async_op, C.scatter, tensor, buf, root)
+    return run_collective(group, async_op, C.scatter, tensor, buf, root)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
     """Gather every rank's `tensor` into `tensor_list` on every rank."""
-    g = _group(group)
+    g = resolve_group(group)
     if g is None:
         return None
     if len(tensor_list) != g.size:
         raise ValueError(f"all_gather: tensor_list needs {g.size} arrays (got {len(tensor_list)})")
     if all(np.shape(a) == np.shape(tensor) for a in tensor_list):
         buf = _stack(tensor_list, tensor, "all_gather")
-        return _with_list(group, async_op, lambda g: C.all_gather(g, buf, tensor), tensor_list,
-                          lambda: _unstack(buf, tensor_list))
+        return run_collective(group, async_op, lambda g: C.all_gather(g, buf, tensor),
+                          after=lambda: _unstack(buf, tensor_list))
     # Uneven sizes, as torch allows: entry i is rank i's array, ours must match our input.
     if np.shape(tensor_list[g.rank]) != np.shape(tensor):
         raise ValueError(f"all_gather: tensor_list[{g.rank}] (this rank's entry) has shape "
@@ -118,35 +109,35 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
                          f"{np.shape(tensor)}")
     counts = _sizes(tensor_list)
     flat = np.empty(sum(counts), as_flat(tensor, "all_gather", writable=False).dtype)
-    return _with_list(group, async_op, lambda g: C.all_gather_v(g, flat, tensor, counts),
-                      tensor_list, lambda: _unstack(flat, tensor_list))
+    return run_collective(group, async_op, lambda g: C.all_gather_v(g, flat, tensor, counts),
+                          after=lambda: _unstack(flat, tensor_list))
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
     """all_gather into one array holding world-size copies of the input's size."""
-    return _run(group, async_op, C.all_gather, output_tensor, input_tensor)
+    return run_collective(group, async_op, C.all_gather, output_tensor, input_tensor)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce input_list[i] across ranks into `output` on group rank i."""
-    g = _group(group)
+    g = resolve_group(group)
     if g is None:
         return None
     if len(input_list) != g.size:
         raise ValueError(f"reduce_scatter: input_list needs {g.size} arrays (got "
                          f"{len(input_list)})")
     buf = _stack(input_list, output, "reduce_scatter", fill=True, reduces=True)
-    return _run(group, async_op, C.reduce_scatter, output, buf, op)
+    return run_collective(group, async_op, C.reduce_scatter, output, buf, op)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """reduce_scatter from one array holding world-size rows."""
-    return _run(group, async_op, C.reduce_scatter, output, input, op)
+    return run_collective(group, async_op, C.reduce_scatter, output, input, op)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
     """Rank r's input_tensor_list[p] lands in rank p's output_tensor_list[r] (any sizes)."""
-    g = _group(group)
+    g = resolve_group(group)
     if g is None:
         return None
     if len(output_tensor_list) != g.size or len(input_tensor_list) != g.size:
@@ -158,9 +149,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
                          ).astype(dtype, copy=False)
     send_counts, recv_counts = _sizes(input_tensor_list), _sizes(output_tensor_list)
     out = np.empty(sum(recv_counts), dtype)
-    return _with_list(group, async_op,
-                      lambda g: C.all_to_all_v(g, out, src, send_counts, recv_counts),
-                      output_tensor_list, lambda: _unstack(out, output_tensor_list))
+    return run_collective(group, async_op,
+                          lambda g: C.all_to_all_v(g, out, src, send_counts, recv_counts),
+                          after=lambda: _unstack(out, output_tensor_list))
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
@@ -168,8 +159,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     """all_to_all over one array: equal rows per rank, or the given split sizes (dim 0;
     every rank passes them, or none does)."""
     if output_split_sizes is None and input_split_sizes is None:
-        return _run(group, async_op, C.all_to_all, output, input)
-    g = _group(group)
+        return run_collective(group, async_op, C.all_to_all, output, input)
+    g = resolve_group(group)
     if g is None:
         return None
 
@@ -184,20 +175,21 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         return [int(k) * row for k in sizes]
     send = counts(input, input_split_sizes, "input")
     recv = counts(output, output_split_sizes, "output")
-    return _run(group, async_op, C.all_to_all_v, output, input, send, recv)
+    return run_collective(group, async_op, C.all_to_all_v, output, input, send, recv)
 
 
 def barrier(group=None, async_op: bool = False, device_ids=None):
     """Block until every rank of the group has called barrier (device_ids: accepted, unused)."""
-    return _run(group, async_op, C.barrier)
+    return run_collective(group, async_op, C.barrier)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False):
     """A barrier that names the ranks that did not reach it within `timeout` (torch's)."""
-    g = _group(group)
+    g = resolve_group(group)
     if g is None:
         return None
-    return _run(group, False, C.monitored_barrier, _seconds(timeout, g.timeout), wait_all_ranks)
+    return run_collective(group, False, C.monitored_barrier, config.seconds(timeout, g.timeout),
+                          wait_all_ranks)
 
 
 __all__ = ["broadcast", "all_reduce", "reduce", "gather", "scatter", "all_gather",

@@ -4,7 +4,9 @@
     mwrt-launch --nnodes 2 --node-rank 0 --master-addr head --master-port 29500 --nproc-per-node 4 train.py
     srun -N 2 --ntasks-per-node 4 mwrt-launch train.py      # one rank per SLURM task
 
-Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+and for a one-node job a fresh MWRT_JOB_SECRET; a job across nodes needs the same
+MWRT_JOB_SECRET or MWRT_KEY_FILE on every node (or MWRT_INSECURE=1 on a private network).
 Output lines are prefixed by "[rank r] ". When a rank fails, the others are stopped, and
 the launcher reports its exit code and last lines, and exits with that code.
 """
@@ -14,15 +16,15 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
-import secrets
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from .spawn import free_port, rank_env
+from ..netaddr import is_loopback
+from ..store.launchers import free_port, job_secret_env, rank_env, slurm_env
 
 _TAIL = 20
 
@@ -40,25 +42,12 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def first_host(nodelist: str) -> str:
-    """The first host of a SLURM node list: 'gpu[03-05,07],cpu1' -> 'gpu03'."""
-    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not m:
-        raise ValueError(f"SLURM_NODELIST: cannot parse {nodelist!r}")
-    prefix, ranges = m.group(1), m.group(2)
-    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
-
-
 def plan(opts, env=os.environ) -> list[dict[str, str]]:
     """The environment of each local rank, from the options or SLURM's variables."""
     if opts.nproc_per_node is None and "SLURM_PROCID" in env:  # srun: one rank per task
-        port = opts.master_port or int(env.get("MASTER_PORT") or
-                                       29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000)
-        addr = opts.master_addr or env.get("MASTER_ADDR") or first_host(
-            env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST", "127.0.0.1"))
-        local_size = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
-        return [rank_env(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
-                         int(env.get("SLURM_LOCALID", "0")), local_size, addr, port)]
+        env = dict(env, **{k: str(v) for k, v in (("MASTER_ADDR", opts.master_addr),
+                                                   ("MASTER_PORT", opts.master_port)) if v})
+        return [slurm_env(env)]
     n = 1 if opts.nproc_per_node is None else opts.nproc_per_node
     if n < 1 or opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
         raise SystemExit(f"mwrt-launch: need --nproc-per-node >= 1 and 0 <= --node-rank < "
@@ -72,10 +61,24 @@ def plan(opts, env=os.environ) -> list[dict[str, str]]:
         port = free_port()  # one node: any free port, so parallel jobs do not collide
     # One node: the launcher makes the job's secret; across nodes every launcher must be
     # given the same one (MWRT_JOB_SECRET or MWRT_KEY_FILE), which the ranks inherit.
-    secret = {} if opts.nnodes > 1 or env.get("MWRT_JOB_SECRET") else {
-        "MWRT_JOB_SECRET": secrets.token_hex(16)}
+    secret = {} if opts.nnodes > 1 else job_secret_env(env)
     return [dict(rank_env(opts.node_rank * n + i, opts.nnodes * n, i, n, addr, port), **secret)
             for i in range(n)]
+
+
+def _need_secret(rank: dict[str, str], env=os.environ) -> None:
+    """Refuse a job across hosts without a secret now, rather than at every rank's store
+    (with SLURM each task has its own launcher: none can make a secret for all)."""
+    addr, across = rank["MASTER_ADDR"], rank["WORLD_SIZE"] != rank["LOCAL_WORLD_SIZE"]
+    if not across or rank.get("MWRT_JOB_SECRET") or env.get("MWRT_JOB_SECRET") or \
+            env.get("MWRT_KEY_FILE") or env.get("MWRT_INSECURE", "0") not in ("", "0") or \
+            is_loopback(addr):
+        return
+    raise SystemExit(
+        f"mwrt-launch: a job across hosts (its store at {addr}) needs a secret, or anyone "
+        "who reaches the store could join it; set MWRT_JOB_SECRET to the same value on every "
+        "node (or MWRT_KEY_FILE to a key file from `mwrt-worker keygen`), or MWRT_INSECURE=1 "
+        "on a private network")
 
 
 def _pump(stream, out, prefix, tail):
@@ -112,12 +115,42 @@ def _stop(procs, grace=3.0):
             p.wait()
 
 
+def _exit_waiter(procs):
+    """A wait(timeout) that returns as soon as another of `procs` exits, so the first rank to
+    fail is seen before the ranks its death makes fail (pidfds; polling where there are none)."""
+    try:
+        fds = {os.pidfd_open(p.pid): p for p in procs}
+    except (AttributeError, OSError):
+        return lambda timeout: time.sleep(min(timeout, 0.05))
+
+    def wait(timeout: float) -> None:
+        for fd in [fd for fd, p in fds.items() if p.poll() is not None]:
+            del fds[fd]  # an exited process's pidfd stays readable: stop watching it
+            os.close(fd)
+        select.select(list(fds), [], [], timeout)
+    return wait
+
+
+def _threads_per_rank(envs: list[dict]) -> dict[str, str]:
+    """OMP_NUM_THREADS=1 for ranks sharing a node, unless set: each rank's math library
+    otherwise starts a thread per core, and they fight (torch's loop: 5 ms/step, 13-20 ms)."""
+    if "OMP_NUM_THREADS" in os.environ or len(envs) < 2:
+        return {}
+    sys.stderr.write("mwrt-launch: OMP_NUM_THREADS=1 for each rank (set it to change this)\n")
+    return {"OMP_NUM_THREADS": "1"}
+
+
 def run(opts) -> int:
     """Start the local ranks and wait; return 0 or the first failing rank's exit code."""
     cmd = [sys.executable, "-u"] + (["-m", opts.script] if opts.module else [opts.script])
-    ranks = [(env["RANK"], *_start(cmd + opts.args, env)) for env in plan(opts)]
+    envs = plan(opts)
+    _need_secret(envs[0])
+    threads = _threads_per_rank(envs)
+    ranks = [(env["RANK"], *_start(cmd + opts.args, dict(env, **threads))) for env in envs]
+    exits = _exit_waiter([proc for _, proc, _, _ in ranks])
     try:
         while True:
+            exits(0.5)
             running = False
             for rank, proc, tail, pumps in ranks:
                 code = proc.poll()
@@ -131,7 +164,6 @@ def run(opts) -> int:
                     return code if code > 0 else 128 - code
             if not running:
                 return 0
-            time.sleep(0.05)
     except KeyboardInterrupt:
         _stop([p for _, p, _, _ in ranks])
         return 130

@@ -1,7 +1,9 @@
 """Collectives and messages of any picklable object, as torch's *_object functions.
 
 Pickle is fine here: the ranks are one user's own processes (SPMD), unlike the daemon's
-wire, which never unpickles. Sizes travel first; the bytes follow in one array.
+wire, which never unpickles. Sizes travel first; the bytes follow in one array. Each runs
+through the same entry as every collective (`run_collective`): after the group's pending async
+collectives, whose sequence numbers and checks it must not interleave with.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import pickle
 import numpy as np
 
 from ..collective import api as C
-from .api import _group, _group_rank, recv, send
+from .api import group_rank_of, run_collective, recv, send
 
 
 def _pickled(obj) -> np.ndarray:
@@ -26,17 +28,9 @@ def _padded(parts: list, width: int) -> np.ndarray:
     return rows
 
 
-def _in_order(group, body, *args) -> None:
-    """Run body(g, *args) after the group's pending async collectives, as every collective
-    runs (their sequence numbers and checks must not interleave), unless not a member."""
-    g = _group(group)
-    if g is not None:
-        g.call(body, g, *args)
-
-
 def all_gather_object(object_list: list, obj, group=None) -> None:
     """Fill object_list[i] with rank i's `obj`."""
-    _in_order(group, _all_gather_object, object_list, obj)
+    run_collective(group, False, _all_gather_object, object_list, obj)
 
 
 def _all_gather_object(g, object_list, obj) -> None:
@@ -51,11 +45,11 @@ def _all_gather_object(g, object_list, obj) -> None:
 
 def gather_object(obj, object_gather_list=None, dst: int = 0, group=None) -> None:
     """Fill object_gather_list[i] on global rank `dst` with rank i's `obj`."""
-    _in_order(group, _gather_object, obj, object_gather_list, dst)
+    run_collective(group, False, _gather_object, obj, object_gather_list, dst)
 
 
 def _gather_object(g, obj, object_gather_list, dst) -> None:
-    root = _group_rank(g, dst, "gather_object")
+    root = group_rank_of(g, dst, "gather_object")
     if g.rank == root and (object_gather_list is None or len(object_gather_list) < g.size):
         raise ValueError(f"gather_object: dst needs object_gather_list with {g.size} slots")
     data = _pickled(obj)
@@ -72,12 +66,12 @@ def _gather_object(g, obj, object_gather_list, dst) -> None:
 def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list=None,
                         src: int = 0, group=None) -> None:
     """Set scatter_object_output_list[0] on group rank i to item i of the list on `src`."""
-    _in_order(group, _scatter_object_list, scatter_object_output_list,
+    run_collective(group, False, _scatter_object_list, scatter_object_output_list,
               scatter_object_input_list, src)
 
 
 def _scatter_object_list(g, scatter_object_output_list, scatter_object_input_list, src):
-    root = _group_rank(g, src, "scatter_object_list")
+    root = group_rank_of(g, src, "scatter_object_list")
     sizes, rows = np.zeros(g.size, np.int64), None
     if g.rank == root:
         if scatter_object_input_list is None or len(scatter_object_input_list) != g.size:
@@ -94,11 +88,11 @@ def _scatter_object_list(g, scatter_object_output_list, scatter_object_input_lis
 
 def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
     """Replace object_list's items everywhere with those on global rank `src`."""
-    _in_order(group, _broadcast_object_list, object_list, src)
+    run_collective(group, False, _broadcast_object_list, object_list, src)
 
 
 def _broadcast_object_list(g, object_list, src) -> None:
-    root = _group_rank(g, src, "broadcast_object_list")
+    root = group_rank_of(g, src, "broadcast_object_list")
     data = _pickled(list(object_list)) if g.rank == root else None
     size = np.array([0 if data is None else data.size], np.int64)
     C.broadcast(g, size, root)

@@ -1,9 +1,10 @@
 """dist.spawn(fn, args, nprocs): run fn(rank, *args) in N processes, like mp.spawn.
 
 Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT, so `init_process_group()` (env://) works inside fn. The first rank to fail
-stops the others (by pid), and the parent raises RankFailedError naming the rank, with
-its traceback.
+MASTER_PORT, so `init_process_group()` (env://) works inside fn, and the job's secret
+(MWRT_JOB_SECRET, made here unless one is set), which its store and channels ask for.
+The first rank to fail stops the others (by pid), and the parent raises RankFailedError
+naming the rank, with its traceback.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
-import socket
 import time
 import traceback
 
 from ..errors import MwrtError
+from ..store.launchers import free_port, job_secret_env, rank_env
 from . import api
 
 
@@ -26,21 +27,6 @@ class RankFailedError(MwrtError):
     def __init__(self, message, *, rank=None, exitcode=None):
         self.rank, self.exitcode = rank, exitcode
         super().__init__(message)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """An ephemeral port that was free a moment ago (rank 0's store binds it next)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def rank_env(rank: int, world_size: int, local_rank: int, local_world_size: int,
-             master_addr: str, master_port: int) -> dict[str, str]:
-    """The variables init_process_group(init_method='env://') reads, torchrun's names."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(local_world_size), "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port)}
 
 
 def _entry(fn, rank, args, env, errors):
@@ -69,9 +55,9 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
     ctx = mp.get_context(start_method)
     errors = ctx.SimpleQueue()
     addr, port = "127.0.0.1", free_port()
-    procs = []
+    procs, secret = [], job_secret_env()
     for rank in range(nprocs):
-        env = rank_env(rank, nprocs, rank, nprocs, addr, port)
+        env = dict(rank_env(rank, nprocs, rank, nprocs, addr, port), **secret)
         p = ctx.Process(target=_entry, args=(fn, rank, args, env, errors), daemon=daemon)
         p.start()
         procs.append(p)
@@ -107,21 +93,28 @@ def _join(procs, errors, timeout) -> None:
             if not ready:
                 raise RankFailedError(f"spawn: ranks {sorted(r for r, _ in alive.values())} "
                                       f"still running after {timeout} s; stopped them")
+            failed = {}
             for s in ready:
                 rank, p = alive.pop(s)
                 p.join()
                 if p.exitcode != 0:
-                    raise _failed(rank, p.exitcode, errors)
+                    failed[rank] = p.exitcode
+            if failed:
+                raise _failed(failed, errors)
     finally:
         _stop(p for _, p in alive.values())
 
 
-def _failed(rank, exitcode, errors) -> RankFailedError:
+def _failed(failed: dict[int, int], errors) -> RankFailedError:
+    """The error naming the first of the `failed` ranks (rank -> exit code) to fail."""
     reports = {}
     while not errors.empty():
         r, tb = errors.get()
-        reports[r] = tb
-    tb = reports.get(rank)
+        reports.setdefault(r, tb)
+    # Ranks that died together (one, then those that saw it go) are told apart by the
+    # order of their reports: the first failure is reported before the others notice it.
+    rank = next((r for r in reports if r in failed), min(failed))
+    exitcode, tb = failed[rank], reports.get(rank)
     if exitcode is not None and exitcode < 0:
         how = f"was killed by signal {signal.Signals(-exitcode).name}"
     else:

@@ -18,6 +18,7 @@ from ..errors import ConfigError, MwrtError
 from ..netaddr import advertise_address, join_host_port, resolve, split_host_port
 from ..protocol import auth, wire
 from ..store import TCPStore
+from ..store.registry import wait_for as wait_for_workers
 from .client import Node
 from .local import LocalWorker
 
@@ -31,7 +32,7 @@ class Cluster:
     """Everything one master holds: its nodes, local daemons, heartbeat and generator."""
 
     def __init__(self, addresses: list[str], local: list[LocalWorker], timeout: float,
-                 keys=None):
+                 keys=None, channel: str | None = None):
         self.keys = keys  # the master's KeyFile, or None for unkeyed loopback daemons
         self.session_id = uuid.uuid4().hex
         self.master_name = f"{socket.gethostname()}:{os.getpid()}"
@@ -44,7 +45,7 @@ class Cluster:
         try:
             for node in self.nodes:
                 node.connect(timeout)
-            self._join_data_channel(timeout)
+            self._join_data_channel(timeout, channel or config.get("channel"))
         except BaseException:
             self.close(goodbye=False)
             raise
@@ -53,17 +54,17 @@ class Cluster:
         self.heartbeat = Heartbeat(self)
         self.heartbeat.start()
 
-    def _join_data_channel(self, timeout: float) -> None:
+    def _join_data_channel(self, timeout: float, name: str) -> None:
         """Serve the rendezvous store and have every node join the data channel; a node that
         cannot reach the store fails here, naming itself and the address."""
-        name = config.get("channel")
         channels.get(name)  # an unknown name fails here, naming the known ones
         self.channel_name = name
         # Each node is told the master's address on the route to it; one store serves all.
         given = config.get("master_addr")
         toward = [given or advertise_address(split_host_port(n.address)[0]) for n in self.nodes]
         bind = toward[0] if len(set(toward)) == 1 else "0.0.0.0"
-        self.store = TCPStore(toward[0], 0, is_master=True, bind=bind)
+        self.store = TCPStore(toward[0], 0, is_master=True, bind=bind,
+                              key=self.keys.hmac_key if self.keys else None)
         tokens = []
         for node, host in zip(self.nodes, toward):
             tokens.append(next(node.tokens))
@@ -124,14 +125,24 @@ def worker_addresses(workers) -> list[str]:
 
 
 def init_master_worker(workers=None, *, local_workers: int | None = None,
-                       timeout: float | None = None, key=None) -> None:
+                       timeout: float | None = None, key=None, backend: str | None = None,
+                       channel: str | None = None, registry: str | None = None,
+                       num_workers: int | None = None) -> None:
     """Connect to worker daemons (or start `local_workers` on loopback) and open sessions.
 
     `key` is the master's key file (path or auth.KeyFile; default MWRT_KEY_FILE). Local
-    workers always get a fresh key pair, so only this master can reach them.
+    workers always get a fresh key pair, so only this master can reach them. `backend` (the
+    proposal's name) or `channel`: the data channel of the session (default MWRT_CHANNEL).
+    `registry`: a directory where `mwrt-worker --register DIR` daemons announce themselves;
+    the master waits for `num_workers` of them (default MWRT_REGISTRY, MWRT_NUM_WORKERS).
     """
     global _cluster
     timeout = config.get("connect_timeout") if timeout is None else float(timeout)
+    channel = _session_channel(backend, channel)
+    registry = registry or config.get("registry")
+    if workers is None and registry:
+        workers = wait_for_workers(registry, config.get("num_workers") if num_workers is None
+                                   else num_workers, config.get("rendezvous_timeout"))
     addresses = worker_addresses(workers)
     keys = auth.as_key_file(key)
     with _lock:
@@ -146,11 +157,24 @@ def init_master_worker(workers=None, *, local_workers: int | None = None,
             local, keys = start_local_workers(count, timeout)
             addresses = [w.address for w in local]
         try:
-            _cluster = Cluster(addresses, local, timeout, keys)
+            _cluster = Cluster(addresses, local, timeout, keys, channel)
         except BaseException:
             for worker in local:
                 worker.stop()
             raise
+
+
+def _session_channel(backend: str | None, channel: str | None) -> str | None:
+    """The session's channel from init_master_worker's `backend=` or `channel=`."""
+    if backend and channel and backend != channel:
+        raise ConfigError(f"init_master_worker: backend={backend!r} and channel={channel!r} "
+                          "name the same thing; pass one")
+    name = backend or channel
+    if name == "mpi":
+        raise ConfigError("init_master_worker: the mpi channel's ranks are the processes of one "
+                          "MPI job, and the master and its daemons are not one; use tcp or auto "
+                          "here (MPI carries process groups: init_process_group('mpi'))")
+    return "auto" if name == "gloo" else name
 
 
 def start_local_workers(count: int, timeout: float):

@@ -9,6 +9,7 @@ import time
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import RendezvousError, RendezvousTimeoutError
+from .launchers import launcher_env
 from .stores import FileStore, Store
 from .tcp import TCPStore
 
@@ -22,8 +23,8 @@ def _env_int(name: str, given: int | None, instead: str) -> int:
         return given
     raw = os.environ.get(name)
     if raw is None or raw == "":
-        raise RendezvousError(f"env://: {name} is not set; {instead}, or run under mwrt-launch "
-                              "(or dist.spawn), which sets it")
+        raise RendezvousError(f"env://: {name} is not set; {instead}, or run under mwrt-launch, "
+                              "dist.spawn, srun or mpirun, which set it")
     try:
         return int(raw)
     except ValueError:
@@ -31,8 +32,12 @@ def _env_int(name: str, given: int | None, instead: str) -> int:
 
 
 def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1,
-                   timeout=None, generation: int | None = None) -> tuple[Store, int, int]:
-    """Parse `env://`, `tcp://host:port` or `file:///path` into (store, rank, world_size)."""
+                   timeout=None, generation: int | None = None,
+                   key: bytes | None = None) -> tuple[Store, int, int]:
+    """Parse `env://`, `tcp://host:port` or `file:///path` into (store, rank, world_size).
+
+    `key`, the job's secret, admits a rank to a TCPStore; a FileStore has its file's
+    permissions (0600) instead."""
     url = urlparse(init_method or "env://")
     query = parse_qs(url.query)
     if rank is None or rank < 0:
@@ -40,6 +45,9 @@ def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1
     if world_size is None or world_size < 0:
         world_size = int(query["world_size"][0]) if "world_size" in query else world_size
     if url.scheme == "env":
+        if rank is None or rank < 0:  # srun or mpirun started us: their variables, as torch's
+            for name, value in launcher_env().items():
+                os.environ.setdefault(name, value)
         rank = _env_int("RANK", rank, "pass rank=")
         world_size = _env_int("WORLD_SIZE", world_size, "pass world_size=")
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
@@ -62,7 +70,7 @@ def store_from_url(init_method: str | None, rank: int = -1, world_size: int = -1
     if url.scheme == "file":
         return FileStore(url.path, world_size, timeout=timeout), rank, world_size
     store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
-                     generation=generation)
+                     generation=generation, key=key)
     return store, rank, world_size
 
 
@@ -77,7 +85,7 @@ def rendezvous(store: Store, rank: int, world_size: int, *, prefix: str = "mwrt"
     if got != me:
         msg = (f"rendezvous: rank {rank} was claimed twice (by {_who(got)} and by {_who(me)}); "
                "give each process its own RANK")
-        store.set(err_key, msg)
+        store.compare_set(err_key, b"", msg)  # the first error stays: keys bind to writers
         raise RendezvousError(msg)
     keys = [f"{prefix}/rdzv/{r}" for r in range(world_size)]
     deadline = time.monotonic() + timeout

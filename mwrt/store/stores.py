@@ -8,14 +8,16 @@ lives in mwrt.store.tcp; the init methods and the rank rendezvous in mwrt.store.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import struct
 import threading
 import time
-from datetime import timedelta
 
 from .. import config
 from ..errors import RendezvousError, RendezvousTimeoutError
+
+log = logging.getLogger("mwrt.store")
 
 
 def as_bytes(value) -> bytes:
@@ -95,7 +97,8 @@ class HashStore(Store):
     """An in-process store for ranks that are threads of one process."""
 
     def __init__(self, timeout: float | None = None):
-        self.timeout = config.get("channel_timeout") if timeout is None else float(timeout)
+        self.timeout = config.seconds(timeout, config.get("channel_timeout"),
+                                      "HashStore: timeout")
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
 
@@ -125,7 +128,7 @@ class HashStore(Store):
             return self._data.get(key, as_bytes(expected))
 
     def wait(self, keys, timeout=None):
-        timeout = self.timeout if timeout is None else float(timeout)
+        timeout = config.seconds(timeout, self.timeout, "HashStore.wait: timeout")
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -152,25 +155,14 @@ class HashStore(Store):
             return len(self._data)
 
 
-def _seconds(timeout, default) -> float:
-    """Accept seconds or a timedelta (torch passes timedeltas)."""
-    if timeout is None:
-        return float(default)
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    try:
-        return float(timeout)
-    except (TypeError, ValueError):
-        raise TypeError(f"timeout: expected seconds or a datetime.timedelta (got "
-                        f"{timeout!r})") from None
-
-
 # -- FileStore ---------------------------------------------------------------------------
 #
 # An append-only log of records (key, value) in one file, locked with flock for each
 # operation, so processes on one host (or a shared file system with working locks) agree.
 # Readers parse only what was appended since their last read. The last user to close it
-# deletes the file, so the next init on the same path starts empty.
+# deletes the file, so the next init on the same path starts empty. File permissions are
+# its only protection: it is created 0600 (its owner only), and a file others could
+# write is reported, as anyone who can write it can rewrite a rank's address.
 
 _REC = struct.Struct("<II")
 _DELETED = 0xFFFFFFFF
@@ -181,10 +173,13 @@ class FileStore(Store):
 
     def __init__(self, path: str, world_size: int = -1, timeout: float | None = None):
         self.path, self.world_size = os.fspath(path), world_size
-        self.timeout = _seconds(timeout, config.get("rendezvous_timeout"))
+        self.timeout = config.seconds(timeout, config.get("rendezvous_timeout"))
         self._data: dict[str, bytes] = {}
         self._offset = 0
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(self._fd).st_mode & 0o022:
+            log.warning("FileStore %s: others may write this file (so rewrite ranks' "
+                        "addresses); chmod 600 it, or use a private directory", self.path)
         self._lock = threading.Lock()
         self.add("__users__", 1)
 
@@ -251,7 +246,7 @@ class FileStore(Store):
         return self._locked(op)
 
     def wait(self, keys, timeout=None):
-        timeout = self.timeout if timeout is None else float(timeout)
+        timeout = config.seconds(timeout, self.timeout, "FileStore.wait: timeout")
         deadline, pause = time.monotonic() + timeout, 0.001
         while True:
             missing = self._locked(lambda: [k for k in keys if k not in self._data])

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 
 from .. import config
@@ -23,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--key-file", default=config.get("key_file") or None,
                         help="CURVE/HMAC key file (from `mwrt-worker keygen DIR`); required to "
                              "listen beyond loopback or to run shipped functions")
+    parser.add_argument("--register", default=config.get("registry") or None, metavar="DIR",
+                        help="announce this daemon in DIR, a directory the master sees, for "
+                             "init_master_worker(registry=DIR) (default MWRT_REGISTRY)")
     parser.add_argument("--env-file", default=None, metavar="PATH",
                         help="read MWRT_* settings from PATH (KEY=VALUE lines, as worker.env)")
     parser.add_argument("--log-level", default=config.get("log_level"))
@@ -98,9 +102,30 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print(f"mwrt-worker: listening on {daemon.address}", flush=True)
-    daemon.serve()
+    announced = _register(args, daemon.address) if args.register else None
+    try:
+        daemon.serve()
+    finally:
+        if announced:
+            os.unlink(announced)
     logging.getLogger("mwrt.worker").info("stopped")
     return 0
+
+
+def _register(args, endpoint: str) -> str:
+    """Announce the daemon in the registry directory under an address masters can reach:
+    --advertise, else the address it listens on, else (listening everywhere) its host name."""
+    from ..netaddr import join_host_port, split_host_port
+    from ..store.registry import register
+
+    host, port = split_host_port(endpoint.removeprefix("tcp://"), "--listen")
+    if args.advertise:
+        host = args.advertise
+    elif host in ("0.0.0.0", "::", "*"):
+        host = socket.gethostname()
+    path = register(args.register, join_host_port(host, port))
+    print(f"mwrt-worker: registered in {path}", flush=True)
+    return path
 
 
 if __name__ == "__main__":

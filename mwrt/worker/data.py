@@ -64,11 +64,12 @@ class SessionData:
 
     def _open(self) -> None:
         host, port = split_host_port(self.join.store, "Join: the master's store")
+        keys = self.session.daemon.keys  # the cluster's HMAC key admits us to the store too
         try:
-            store = TCPStore(host, port, timeout=self.join.timeout)
+            store = TCPStore(host, port, timeout=self.join.timeout,
+                             key=keys.hmac_key if keys else None)
         except Exception as exc:
             raise self._unreachable(exc) from None
-        keys = self.session.daemon.keys
         try:
             channel = channels.create(
                 self.join.channel, self.session.node, self.join.world, store=store,
@@ -119,7 +120,10 @@ class SessionData:
         self.posted[cmd.id] = (host, work)
 
     def group(self, group_id: int, ranks: tuple) -> ProcessGroup:
-        """The process group of `ranks` (node numbers), one per group id."""
+        """The process group of `ranks` (node numbers), one per group id. The master numbers
+        a group per set of (node, stream) pairs (mwrt.master.collectives), so one stream's
+        executor runs a group's collectives here, in its order; a group would also bear two
+        threads (its calls keep their own state), but not their order."""
         channel = self.get_channel()
         with self.lock:
             group = self.groups.get(group_id)
@@ -198,6 +202,10 @@ def recv_from(ex, cmd, frames):
     store(ex, cmd.out, host if ex.device == arrays.HOST else ex.xp.asarray(host))
 
 
+_IN_PLACE = {"all_reduce": collectives.all_reduce, "broadcast": collectives.broadcast,
+             "reduce": collectives.reduce}
+
+
 def collective(ex, cmd, frames):
     from .handlers import PoisonedInput, resolve, store
 
@@ -213,8 +221,9 @@ def collective(ex, cmd, frames):
     if "op" in args:
         args["op"] = ReduceOp[args["op"]]
     kind = cmd.kind
-    if kind in ("all_reduce", "broadcast", "reduce"):
-        getattr(collectives, kind)(group, array, **args)
+    in_place = _IN_PLACE.get(kind)
+    if in_place is not None:
+        in_place(group, array, **args)
         return
     dtype = args.pop("dtype")
     out = np.empty(cmd.out_shape, dtype) if cmd.out >= 0 else None

@@ -65,8 +65,9 @@ def main() -> None:
         kind, n = int(rng.integers(0, 8)), int(rng.choice(SIZES))
         _step(it, kind, n, rng, rank, size)
     dist.barrier()
-    paths = getattr(dist.api._state.channel, "_remote", {})  # the auto channel's choices
-    via = ",".join(f"{p}:{'tcp' if remote else 'shm'}" for p, remote in sorted(paths.items()))
+    channel = dist.api._state.channel  # which path the channel takes to each peer
+    via = ",".join(f"{p}:{'shm' if channel.shares_host(p) else 'tcp'}"
+                   for p in range(size) if p != rank) if channel.name == "auto" else ""
     print(f"rank {rank} of {size}: ok ({dist.get_backend()}, hosts {','.join(hosts)}, "
           f"paths {via})", flush=True)
     dist.destroy_process_group()

@@ -1,9 +1,10 @@
 """The shm channel's native collectives: each rank reads its peers' buffers in place (CMA).
 
-Every collective has the signature of the generic one in mwrt.collectives that it
-replaces (`native_<kind>(group, ...)`), returns NotImplemented where single-copy reads
-are not allowed (then the generic algorithm runs, the same on every rank), and checks
-the call's agreement itself through the control blocks (`checks_calls`). Reductions
+`CmaCollectives` is what the shm and auto channels declare as `native_collectives`. Every
+collective takes the generic one's arguments (mwrt.collective.api), after the group's CMA
+state and the call's sequence number, descriptor and check; the whole set declines where
+single-copy reads are not allowed (then the generic algorithms run, the same on every
+rank), and checks the call's agreement itself through the control blocks. Reductions
 split the buffer into one chunk per rank: rank r reduces chunk r reading every peer's
 chunk r, piece by piece, and writes each reduced piece straight into the peers' buffers
 while it is still in cache (only rank r ever touches chunk r of anyone's buffer, and it
@@ -20,28 +21,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..collective.reduce_ops import ReduceOp, combine
 from . import cma
-from .cma import _A, _B
+from .cma import BUF_A, BUF_B
+from .native import NativeCollectives
+from .reduce_ops import ReduceOp, combine
+
+_OPS = {}  # kind -> fn(c, group, seq, mine, check, *args)
 
 
 def _native(publish, kind: str | None = None):
-    """Make body(c, group, *args) a native collective that publishes `publish(*args)`."""
+    """Make body(c, group, *args) a collective that publishes `publish(*args)` first."""
     def wrap(body):
         kind_ = kind or body.__name__
 
-        def native(channel, group, *args):
-            c = channel._cma_for(group)
-            if c is None:
-                return NotImplemented
+        def native(c, group, seq, mine, check, *args):
             a, b = publish(*args)
-            base = c.begin(kind_, a=a, b=b)
+            base = c.begin(kind_, seq, mine, check, a=a, b=b)
             body(c, group, *args)
             c.finish(base, kind_)  # nobody touches our buffers once every rank is here
 
-        native.checks_calls = True  # ProcessGroup.run_native leaves the check to us
-        native.__name__ = native.__qualname__ = f"native_{kind_}"
+        native.__name__ = native.__qualname__ = kind_
         native.__doc__ = body.__doc__
+        if kind is None:
+            _OPS[kind_] = native
         return native
     return wrap
 
@@ -49,23 +51,20 @@ def _native(publish, kind: str | None = None):
 def _reduce_chunk(c, group, arr, op, targets) -> None:
     """Reduce this rank's chunk of `arr` from every peer, writing it into `targets`' buffers."""
     lo, hi = arr.size * group.rank // group.size, arr.size * (group.rank + 1) // group.size
-    c.reduce_from(c.others, _A, arr[lo:hi], lo, op, "reduce",
+    c.reduce_from(c.others, BUF_A, arr[lo:hi], lo, op, "reduce",
                   avg=group.size if op is ReduceOp.AVG else 0, write_to=targets)
 
 
-def all_reduce(channel, group, arr, op):
+def all_reduce(c, group, seq, mine, check, arr, op):
     """Up to the staging size through the shared staging areas, else by single-copy reads."""
-    c = channel._cma_for(group)
-    if c is None:
-        return NotImplemented
     if arr.nbytes > c.stage_bytes:
-        return _all_reduce_in_place(channel, group, arr, op)
+        return _all_reduce_in_place(c, group, seq, mine, check, arr, op)
     n, r, avg = group.size, group.rank, group.size if op is ReduceOp.AVG else 0
     chunks = [slice(arr.size * p // n, arr.size * (p + 1) // n) for p in range(n)]
-    mine = c.staged(r, arr.dtype, arr.size)
+    staged = c.staged(r, arr.dtype, arr.size)
     for p in c.others:
-        mine[chunks[p]] = arr[chunks[p]]  # what rank p reduces, where it can read it
-    base = c.begin("all_reduce", a=arr)
+        staged[chunks[p]] = arr[chunks[p]]  # what rank p reduces, where it can read it
+    base = c.begin("all_reduce", seq, mine, check, a=arr)
     own, theirs = arr[chunks[r]], [c.staged(p, arr.dtype, arr.size)[chunks[r]] for p in c.others]
     for part in theirs:  # the peers' chunk r, read where it lies, in rank order (as in place)
         combine(op, own, part, mine_is_lower=False)
@@ -75,10 +74,10 @@ def all_reduce(channel, group, arr, op):
         part[:] = own
     c.finish(base, "all_reduce")  # every reduced chunk is in our staging area now
     for p in c.others:
-        arr[chunks[p]] = mine[chunks[p]]
+        arr[chunks[p]] = staged[chunks[p]]
 
 
-all_reduce.checks_calls = True
+_OPS["all_reduce"] = all_reduce
 
 
 @_native(lambda arr, op: (arr, None), "all_reduce")
@@ -97,7 +96,7 @@ def reduce(c, group, arr, op, root):
 def broadcast(c, group, arr, root):
     """Every rank reads the root's buffer."""
     if group.rank != root:
-        c.read_part(root, _A, arr, 0, "broadcast")
+        c.read_part(root, BUF_A, arr, 0, "broadcast")
 
 
 @_native(lambda arr, out, root: (arr, None))
@@ -107,7 +106,7 @@ def gather(c, group, arr, out, root):
         rows = out.reshape(group.size, arr.size)
         rows[root] = arr
         for p in c.others:
-            c.read_part(p, _A, rows[p], 0, "gather")
+            c.read_part(p, BUF_A, rows[p], 0, "gather")
 
 
 @_native(lambda arr, src, root: (arr, src))
@@ -116,7 +115,7 @@ def scatter(c, group, arr, src, root):
     if group.rank == root:
         arr[:] = src.reshape(group.size, arr.size)[root]
     else:
-        c.read_part(root, _B, arr, group.rank * arr.nbytes, "scatter")
+        c.read_part(root, BUF_B, arr, group.rank * arr.nbytes, "scatter")
 
 
 @_native(lambda out, arr: (arr, None))
@@ -125,7 +124,7 @@ def all_gather(c, group, out, arr):
     rows = out.reshape(group.size, arr.size)
     rows[group.rank] = arr
     for p in c.others:
-        c.read_part(p, _A, rows[p], 0, "all_gather")
+        c.read_part(p, BUF_A, rows[p], 0, "all_gather")
 
 
 @_native(lambda out, src, op: (None, src))
@@ -133,7 +132,7 @@ def reduce_scatter(c, group, out, src, op):
     """Every rank reduces its row of the peers' sources into `out`."""
     start = group.rank * out.size
     out[:] = src[start:start + out.size]
-    c.reduce_from(c.others, _B, out, start, op, "reduce_scatter",
+    c.reduce_from(c.others, BUF_B, out, start, op, "reduce_scatter",
                   avg=group.size if op is ReduceOp.AVG else 0)
 
 
@@ -144,7 +143,7 @@ def all_to_all(c, group, out, src):
     rows, count = out.reshape(n, -1), out.size // n
     rows[group.rank] = src.reshape(n, -1)[group.rank]
     for p in c.others:
-        c.read_part(p, _B, rows[p], group.rank * count * out.itemsize, "all_to_all")
+        c.read_part(p, BUF_B, rows[p], group.rank * count * out.itemsize, "all_to_all")
 
 
 @_native(lambda: (None, None))
@@ -152,29 +151,39 @@ def barrier(c, group):
     """Publishing and the closing stage are the whole barrier."""
 
 
-class CmaCollectives:
-    """Mixin for a channel whose ranks share a host: native_<kind> by cross-memory access."""
+_UNSET = object()
 
-    _cma_groups: dict  # (group id, ranks) -> CmaGroup, or None where CMA is refused
 
-    def _cma_for(self, group):
-        key = (group.group_id, tuple(group.ranks))
-        if key not in self._cma_groups:
-            self._cma_groups[key] = cma.setup(self, group)
-        return self._cma_groups[key]
+class CmaCollectives(NativeCollectives):
+    """Every collective of a group whose ranks share this host, by cross-memory access."""
 
-    def leave(self) -> None:
-        for cma_group in self._cma_groups.values():
-            if cma_group is not None:
-                cma_group.leave()
+    kinds = frozenset(_OPS)
+    checks_calls = True  # through the control blocks, before any data moves
+    in_order = True  # one control block per rank and group: one call at a time, by seq
 
-    def _close_cma(self) -> None:
-        self.leave()
-        for cma_group in self._cma_groups.values():
-            if cma_group is not None:
-                cma_group.close()
+    def __init__(self, channel, group):
+        super().__init__(channel, group)
+        self._state = _UNSET
 
-    native_all_reduce, native_reduce, native_broadcast = all_reduce, reduce, broadcast
-    native_gather, native_scatter, native_all_gather = gather, scatter, all_gather
-    native_reduce_scatter, native_all_to_all = reduce_scatter, all_to_all
-    native_barrier = barrier
+    @property
+    def state(self) -> cma.CmaGroup | None:
+        """The group's CMA state, set up with every rank on first use; None where refused."""
+        if self._state is _UNSET:
+            key = ("cma", self.group.group_id, tuple(self.group.ranks))
+            self._state = self.channel.attachment(key, self._setup)
+        return self._state
+
+    def _setup(self) -> cma.CmaGroup | None:
+        if not all(map(self.channel.shares_host, self.group.ranks)):
+            return None  # single-copy reads need every rank on this host
+        return cma.setup(self.channel, self.group)
+
+    def run(self, kind: str, call, *args) -> bool:
+        c = self.state
+        if c is None:
+            return False
+        _OPS[kind](c, self.group, call.seq, call.take_check(), call.check, *args)
+        return True
+
+
+__all__ = ["CmaCollectives"]

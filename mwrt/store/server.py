@@ -1,0 +1,397 @@
+"""The TCPStore server: admits only the job, binds values to their writer, parses defensively.
+
+A connection first passes the HMAC challenge of `protocol.auth` with the job's secret (or
+the public key of an unkeyed loopback store): no request byte is read before. Its claim
+names the client (host, pid, a nonce), and a key created with set or compare_set belongs
+to that client: another one cannot overwrite, add to or delete it, so a rank's address,
+once published, is the rank's. Counters created by add stay shared.
+
+Every length is checked against MWRT_STORE_MAX_VALUE_BYTES before any byte is kept, and a
+body is read as it arrives, so announcing a large frame costs nothing. A peer that has not
+finished the challenge within a few seconds, or stalls in the middle of a frame, is cut off;
+the connections served at once are capped. A peer that breaks these rules is disconnected
+with one log line naming it (rate-limited); nothing it sends raises in a server thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import socket
+import struct
+import threading
+import time
+
+import msgpack
+
+from .. import config
+from ..errors import AuthError, ConfigError, RendezvousError, RendezvousTimeoutError, WireError
+from ..netaddr import is_loopback
+from ..netio import recv_exact
+from ..protocol.auth import server_handshake
+from .stores import HashStore
+
+log = logging.getLogger("mwrt.store")
+
+_FRAME = struct.Struct(">I")
+_CHUNK = 1 << 16
+_OVERHEAD = 1 << 16  # a request's op, key and arguments beside its value
+HANDSHAKE_SECONDS = 5.0  # to finish the challenge, from the accept
+FRAME_SECONDS = 30.0  # to finish a frame whose length has arrived
+_MAX_PENDING = 64  # connections still in the challenge: strangers cannot crowd out ranks
+_MAX_CLAIM = 256
+_warned_insecure = False
+
+
+def frame_limit() -> int:
+    """The largest frame either side accepts: a value at the limit plus its request."""
+    return int(config.get("store_max_value_bytes")) + _OVERHEAD
+
+
+def send_frame(sock: socket.socket, obj) -> None:
+    payload = msgpack.packb(obj, use_bin_type=True)
+    sock.sendall(_FRAME.pack(len(payload)) + payload)
+
+
+def recv_frame(sock: socket.socket, limit: int, started=None):
+    """One frame, its announced length checked first; the body is kept as it arrives.
+
+    `started()`, if given, is called once the length is in (the server starts the frame's
+    deadline there: a peer may idle between frames, not within one)."""
+    (n,) = _FRAME.unpack(recv_exact(sock, 4, "a store frame's length"))
+    if n > limit:
+        raise WireError(f"frame of {n} bytes announced, over the {limit}-byte limit "
+                        "(MWRT_STORE_MAX_VALUE_BYTES)")
+    if started is not None:
+        started()
+    parts, got = [], 0
+    while got < n:  # not one n-byte buffer: a peer that announces and stalls costs nothing
+        part = sock.recv(min(_CHUNK, n - got))
+        if not part:
+            raise ConnectionError(f"connection closed after {got} of {n} bytes of a frame")
+        parts.append(part)
+        got += len(part)
+    try:
+        return msgpack.unpackb(b"".join(parts), raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, bad UTF-8, garbage
+        raise WireError(f"frame is not msgpack ({type(exc).__name__}: {exc})") from None
+
+
+def check_secure(host: str, key: bytes | None, what: str) -> None:
+    """Refuse an unkeyed store beyond loopback (anyone reaching it could join the job),
+    unless MWRT_INSECURE=1 says the network is private."""
+    global _warned_insecure
+    if key is not None or is_loopback(host):
+        return
+    if config.get("insecure"):
+        if not _warned_insecure:
+            _warned_insecure = True
+            log.warning("MWRT_INSECURE=1: the job's store at %s has no secret; anyone who "
+                        "reaches it can join the job or rewrite its ranks' addresses", host)
+        return
+    raise ConfigError(
+        f"{what}: this job has no secret, so its store will not use {host} (beyond loopback, "
+        "where anyone who reaches the port could join the job); set MWRT_JOB_SECRET to the "
+        "same value on every rank (or MWRT_KEY_FILE to a key file from `mwrt-worker keygen`), "
+        "or MWRT_INSECURE=1 on a private network")
+
+
+def who(claim: str) -> str:
+    """'host H pid P' from a client's claim 'H:P:nonce'."""
+    host, pid, _ = claim.rsplit(":", 2)
+    return f"host {host} pid {pid}"
+
+
+def _check_claim(claim: bytes) -> None:
+    parts = claim.decode("utf-8", "replace").rsplit(":", 2)
+    if len(claim) > _MAX_CLAIM or len(parts) != 3 or not parts[1].isdigit():
+        raise AuthError(f"malformed claim {claim[:40]!r} (expected b'host:pid:nonce')")
+
+
+class _Refusals:
+    """Log lines for refused peers: a few per interval, then a count of the rest."""
+
+    def __init__(self, burst: int = 5, interval: float = 10.0):
+        self.burst, self.interval = burst, interval
+        self.start, self.logged, self.dropped, self.total = time.monotonic(), 0, 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, where: str, peer: str, why: str) -> None:
+        with self.lock:
+            self.total += 1
+            now = time.monotonic()
+            if now - self.start >= self.interval:
+                if self.dropped:
+                    log.warning("TCPStore %s: %d more refusals in the last %.0f s", where,
+                                self.dropped, now - self.start)
+                self.start, self.logged, self.dropped = now, 0, 0
+            if self.logged >= self.burst:
+                self.dropped += 1
+                return
+            self.logged += 1
+        log.warning("TCPStore %s: refused %s: %s", where, peer, why)
+
+
+class BoundStore(HashStore):
+    """The server's dict: keys written with set or compare_set belong to their writer."""
+
+    def __init__(self):
+        super().__init__(timeout=0.0)
+        self.owners: dict[str, str] = {}
+
+    def _refuse(self, key: str, op: str, client: str):
+        owner = self.owners.get(key)
+        if owner and owner != client:  # "": a counter made by add, anyone's
+            why = (f"TCPStore: {op} {key!r} refused: the key belongs to {who(owner)}, which "
+                   f"wrote it, not to {who(client)}; a value is bound to its writer: use keys "
+                   "of your own, or add() for a shared counter")
+            return ["err", "bound", why]
+        return None
+
+    def set_by(self, client: str, key: str, value: bytes):
+        with self._cond:
+            refusal = self._refuse(key, "set", client)
+            if refusal is None:
+                self.owners.setdefault(key, client)
+                self.set(key, value)
+            return refusal or ["ok", None]
+
+    def cas_by(self, client: str, key: str, expected: bytes, desired: bytes):
+        with self._cond:
+            current = self._data.get(key)
+            if current != expected and not (current is None and expected == b""):
+                return ["ok", current if current is not None else expected]  # no write
+            refusal = self._refuse(key, "compare_set", client)
+            if refusal is None:
+                self.owners.setdefault(key, client)
+            return refusal or ["ok", self.compare_set(key, expected, desired)]
+
+    def add_by(self, client: str, key: str, amount: int):
+        with self._cond:
+            refusal = self._refuse(key, "add", client)
+            if refusal is None:
+                self.owners.setdefault(key, "")
+            return refusal or ["ok", self.add(key, amount)]
+
+    def delete_by(self, client: str, key: str):
+        with self._cond:
+            refusal = self._refuse(key, "delete_key", client)
+            if refusal is None:
+                self.owners.pop(key, None)
+            return refusal or ["ok", self.delete_key(key)]
+
+
+def _arg(value, kind: type, what: str):
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"TCPStore: {what} must be {kind.__name__} (got {type(value).__name__})")
+    return value
+
+
+def _keys(value) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+        raise TypeError("TCPStore: keys must be a list of str")
+    return value
+
+
+def _wait_seconds(value) -> float:
+    """A wait the server will do: finite and >= 0 (inf overflows a wait, NaN never ends one)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            not math.isfinite(value) or value < 0:
+        raise ValueError(f"TCPStore: timeout must be a finite number of seconds >= 0 "
+                         f"(got {value!r})")
+    return min(float(value), threading.TIMEOUT_MAX)
+
+
+def handle(store: BoundStore, generation, client: str, req) -> list:
+    """The reply to one request from `client`; WireError if it is not a request at all."""
+    if not isinstance(req, list) or len(req) != 4 or not isinstance(req[0], str):
+        raise WireError(f"malformed request {str(req)[:80]!r} (expected [op, key, arg, arg])")
+    op, key, a, b = req
+    try:
+        if op == "hello":  # a client of another init (generation) on the same port: refuse it
+            stale = None not in (a, generation) and a != generation
+            return ["err", "stale", f"generation {generation}"] if stale else ["ok", None]
+        if op in ("check", "wait"):
+            keys = _keys(key)
+            if op == "check":
+                return ["ok", store.check(keys)]
+            store.wait(keys, timeout=_wait_seconds(a))
+            return ["ok", None]
+        if op == "num":
+            return ["ok", store.num_keys()]
+        key = _arg(key, str, "key")
+        if op == "set":
+            return store.set_by(client, key, _arg(a, bytes, "value"))
+        if op == "get":
+            return ["ok", store.get(key, timeout=_wait_seconds(a))]
+        if op == "add":
+            return store.add_by(client, key, _arg(a, int, "amount"))
+        if op == "cas":
+            return store.cas_by(client, key, _arg(a, bytes, "expected"), _arg(b, bytes, "desired"))
+        if op == "del":
+            return store.delete_by(client, key)
+    except RendezvousTimeoutError as e:
+        return ["err", "timeout", str(e)]
+    except (TypeError, ValueError, KeyError) as e:  # KeyError: deleted between wait and read
+        return ["err", "value", str(e)]
+    known = "set get add cas wait check del num"
+    return ["err", "wire", f"TCPStore: unknown request {op!r} (known: {known})"]
+
+
+class StoreServer:
+    """The master rank's side of a TCPStore: a listener, a thread per client, a reaper."""
+
+    def __init__(self, host: str, port: int, generation: int | None, key: bytes | None):
+        check_secure(host, key, "TCPStore")
+        self.store, self.generation, self.key = BoundStore(), generation, key
+        self.max_connections = int(config.get("store_max_connections"))
+        self.limit, self.refused = frame_limit(), _Refusals()
+        self.sock = _listen(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.where = f"{host}:{self.port}"
+        self.conns: dict[socket.socket, str] = {}
+        self.pending = 0
+        # conn -> (when, why): the reaper shuts a connection down that is still in a
+        # challenge or a frame then (a slow peer must not hold a thread and a slot).
+        self.deadlines: dict[socket.socket, tuple[float, str]] = {}
+        self.expired: dict[socket.socket, str] = {}
+        self.cond = threading.Condition()
+        self.closed = False
+        for target, name in ((self._accept, "accept"), (self._reap, "reaper")):
+            threading.Thread(target=target, name=f"mwrt-store-{name}", daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                conn, addr = self.sock.accept()
+            except OSError as exc:
+                if self.closed:
+                    return
+                self.refused(self.where, "a connection", f"accept failed ({exc})")  # EMFILE
+                time.sleep(0.1)
+                continue
+            self._admit(conn, f"{addr[0]}:{addr[1]}")
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        with self.cond:
+            n = len(self.conns)
+            full = n >= self.max_connections or self.pending >= _MAX_PENDING
+            if not full:
+                self.conns[conn], self.pending = peer, self.pending + 1
+                self.deadlines[conn] = (time.monotonic() + HANDSHAKE_SECONDS,
+                                        f"did not finish the challenge in {HANDSHAKE_SECONDS} s")
+                self.cond.notify()
+        if full:
+            conn.close()
+            self.refused(self.where, peer, f"{n} connections open, {self.pending} of them in "
+                         f"the challenge (at most {self.max_connections}, "
+                         f"MWRT_STORE_MAX_CONNECTIONS, and {_MAX_PENDING})")
+            return
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(conn, peer), name="mwrt-store-conn",
+                             daemon=True).start()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: no thread could start
+            self._forget(conn)
+            self.refused(self.where, peer, f"could not serve it ({exc})")
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        client = None
+        try:
+            try:
+                client = server_handshake(conn, self.key, HANDSHAKE_SECONDS,
+                                          _check_claim).decode()
+            finally:
+                with self.cond:
+                    self.pending -= 1
+                    self.deadlines.pop(conn, None)
+            while not self.closed:
+                req = recv_frame(conn, self.limit, lambda: self._deadline(
+                    conn, "stalled in the middle of a frame"))
+                self._deadline(conn, None)  # a get may wait as long as its timeout says
+                reply = handle(self.store, self.generation, client, req)
+                self._deadline(conn, "did not read its reply")
+                send_frame(conn, reply)
+                self._deadline(conn, None)
+        except (AuthError, WireError) as exc:
+            if not self.closed:  # closing breaks every connection: no peer's fault
+                self.refused(self.where, peer, self.expired.get(conn) or str(exc))
+        except OSError as exc:  # ConnectionError too: a client that left, or one cut off
+            if self.closed:
+                pass
+            elif conn in self.expired:
+                self.refused(self.where, peer, self.expired[conn])
+            elif client is None:
+                self.refused(self.where, peer, f"broke the challenge ({exc})")
+        except Exception:  # a bug of ours must not kill the server thread
+            log.exception("TCPStore %s: internal error serving %s; dropped it", self.where, peer)
+        finally:
+            self._forget(conn)
+
+    def _deadline(self, conn: socket.socket, why: str | None) -> None:
+        """Cut `conn` off in FRAME_SECONDS, saying `why`; None: no deadline now."""
+        with self.cond:
+            if why is None:
+                self.deadlines.pop(conn, None)
+                return
+            when = time.monotonic() + FRAME_SECONDS
+            self.deadlines[conn] = (when, f"{why} for {FRAME_SECONDS} s")
+            self.cond.notify()
+
+    def _forget(self, conn: socket.socket) -> None:
+        with self.cond:
+            self.conns.pop(conn, None)
+            self.deadlines.pop(conn, None)
+            self.expired.pop(conn, None)
+        conn.close()
+
+    def _reap(self) -> None:
+        with self.cond:
+            while not self.closed:
+                now = time.monotonic()
+                for conn, (when, why) in list(self.deadlines.items()):
+                    if when <= now:
+                        del self.deadlines[conn]
+                        self.expired[conn] = why
+                        _shutdown(conn)  # its thread's blocked read returns, and it leaves
+                nearest = min((when for when, _ in self.deadlines.values()), default=None)
+                self.cond.wait(None if nearest is None else max(nearest - now, 0.01))
+
+    def connections(self) -> int:
+        """How many connections are open (tests and statistics)."""
+        with self.cond:
+            return len(self.conns)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+            conns = list(self.conns)
+        _shutdown(self.sock)
+        self.sock.close()
+        for conn in conns:
+            _shutdown(conn)  # its thread closes it
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise RendezvousError(
+                f"TCPStore: port {port} on {host} is in use (another job or another rank 0 "
+                "holds it); pick a free MASTER_PORT, or port 0 for an ephemeral one") from None
+        raise RendezvousError(f"TCPStore: cannot listen on {host}:{port}: {e}") from None
+    sock.listen(128)
+    return sock
