@@ -246,10 +246,9 @@ def _confused_rows(rng: random.Random) -> bytes:
         cls = rng.choice(wire.MESSAGES)
         if cls in (wire.Join, wire.Bye, wire.Hello):
             cls = wire.Call  # a Bye would end the session the fuzzer uses; Join dials out
-        fields = [rng.randrange(1, 1 << 20)] + [_junk(rng) for _ in range(len(wire._FIELDS[
-            wire.code(cls)]) - 1)]
+        fields = [rng.randrange(1, 1 << 20)] + [_junk(rng) for _ in cls.__struct_fields__[1:]]
         rows.append([wire.code(cls), *fields])
-    return msgpack.packb(rows, use_bin_type=True, default=wire._default)
+    return wire.encode_body(rows)  # packs plain rows too
 
 
 def bad_message(rng: random.Random, seq: int) -> list:

@@ -129,7 +129,8 @@ def test_oversized_command_frame_is_refused_naming_the_limit(keyed):
     x = mwrt.ones(2)
     node = x._node
     huge = "x" * (2 << 20)  # a 2 MiB string inside a command: over the 1 MiB frame limit
-    node.issue((wire.code(wire.Call), next(node.ids), -1, (next(node.ids),), huge, (), {}))
+    node.issue(wire.Call(id=next(node.ids), stream=-1, outs=(next(node.ids),), op=huge, args=(),
+                         kwargs={}))
     with pytest.raises(mwrt.MwrtError, match="MWRT_MAX_FRAME_BYTES"):
         mwrt.synchronize()
     assert keyed[0].poll() is None

@@ -82,8 +82,8 @@ def test_unknown_op_is_a_remote_error_and_the_stream_recovers(worker):
     mwrt.init_master_worker([address])
     x = mwrt.ones(3)
     node = x._node
-    node.issue((wire.code(wire.Call), next(node.ids), -1, (next(node.ids),), "no_such_op",
-                (x._ref,), {}))
+    node.issue(wire.Call(id=next(node.ids), stream=-1, outs=(next(node.ids),), op="no_such_op",
+                         args=(x._ref,), kwargs={}))
     with pytest.raises(mwrt.RemoteError, match="no_such_op"):
         mwrt.synchronize()
     np.testing.assert_array_equal(x.numpy(), [1, 1, 1])

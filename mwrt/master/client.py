@@ -1,9 +1,10 @@
 """The master's side of the wire: one Node per worker, and the Cluster that holds them.
 
-A Node batches command rows and sends them on its `tx` socket; replies arrive on its
-`rx` socket, read only by a thread waiting at a sync point. A background heartbeat
-thread (heartbeat.py) pings every worker, relays events between nodes, and sends a
-batch that has waited too long, so work starts even when the master issues no more.
+A Node batches commands (the message classes of mwrt.protocol, never bare tuples) and sends
+them on its `tx` socket; replies arrive on its `rx` socket, read only by a thread waiting at a
+sync point. A background heartbeat thread (heartbeat.py) pings every worker, relays events
+between nodes, and sends a batch that has waited too long, so work starts even when the master
+issues no more.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections import deque
 
 import zmq
+from msgspec.structs import replace
 from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
@@ -29,11 +31,9 @@ log = logging.getLogger("mwrt")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SITES = 1 << 16  # issue sites remembered per node, for error reports
-_FREE = wire.code(wire.Free)
 _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_AUTH_FAILURES)
-_STREAM_CODES = wire.STREAM_CODES
 
 
 def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zmq.Socket:
@@ -69,7 +69,7 @@ class Node:
         self.tx = dealer(cluster.context, sid + b"/tx", self.address, cluster.keys)
         self.rx = dealer(cluster.context, sid + b"/rx", self.address, cluster.keys)
         self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
-        self.rows: list = []
+        self.batch: list = []  # commands queued for the next send
         self.frames: list = []
         self.frees: deque = deque()
         self.batch_started = self.last_flush = 0.0
@@ -95,7 +95,8 @@ class Node:
     def connect(self, timeout: float) -> None:
         """Say Hello on rx and wait for the Welcome; ConnectionError naming the address."""
         token = next(self.tokens)
-        hello = wire.Hello(token, self.cluster.session_id, self.cluster.master_name, self.index)
+        hello = wire.Hello(id=token, session=self.cluster.session_id,
+                           master=self.cluster.master_name, node=self.index)
         monitor = self.rx.get_monitor_socket(_HANDSHAKE_EVENTS)
         try:
             self.rx.send_multipart([wire.encode_header(0), wire.encode_body([hello])])
@@ -145,26 +146,32 @@ class Node:
 
     # -- issuing --------------------------------------------------------------------------
 
-    def issue(self, row: tuple, frame=None) -> None:
-        """Queue one command row; it goes out with its batch (now, if the node was quiet)."""
+    def issue(self, command, frame=None) -> None:
+        """Queue one command; it goes out with its batch (now, if the node was quiet).
+
+        A `frame` (bytes beside a command with a data_frame trait) rides in the batch; the
+        command's `frame` field is set to its index.
+        """
         if self.closed:
             self._raise_closed()
-        self.sites[row[1] & (_SITES - 1)] = issue_site()
-        if row[0] in _STREAM_CODES:
-            self.streams.add(row[2])
-            self.limits.streams.add(row[2])
+        self.sites[command.id & (_SITES - 1)] = issue_site()
+        if command.on_stream:
+            self.streams.add(command.stream)
+            self.limits.streams.add(command.stream)
+        elif isinstance(command, wire.NewStream):  # synchronize() waits on streams it made too
+            self.streams.add(command.stream)
         with self.tx_lock:
             now = time.monotonic()
-            if not self.rows:
+            if not self.batch:
                 self.batch_started = now
-            if self.frees:  # handles dropped before this row: their frees run before it
+            if self.frees:  # handles dropped before this command: their frees run before it
                 self._append_frees()
             if frame is not None:
-                row = row[:-1] + (len(self.frames),)
+                command = replace(command, frame=len(self.frames))
                 self.frames.append(frame)
-            self.rows.append(row)
+            self.batch.append(command)
             # Quiet: send at once (latency). Busy: batch (throughput); heartbeat sends stragglers.
-            if (len(self.rows) >= self.batch_size or now - self.last_flush > 1e-3
+            if (len(self.batch) >= self.batch_size or now - self.last_flush > 1e-3
                     or frame is not None):
                 self._flush_locked(now)
         if self.limits.due():  # the worker is far behind: wait for it (never under the lock)
@@ -181,8 +188,8 @@ class Node:
             self._flush_locked(time.monotonic())
 
     def flush_stale(self, now: float, age: float) -> None:
-        """Send the batch if its first row has waited more than `age` seconds."""
-        if (self.rows or self.frees) and now - self.batch_started > age:
+        """Send the batch if its first command has waited more than `age` seconds."""
+        if (self.batch or self.frees) and now - self.batch_started > age:
             with self.tx_lock:
                 self._flush_locked(now)
 
@@ -190,15 +197,15 @@ class Node:
         self.last_flush = now
         if self.frees:
             self._append_frees()
-        if not self.rows or self.closed or self.lost:
+        if not self.batch or self.closed or self.lost:
             return
         self.seq += 1
         # Data frames here are inline arrays (at most MWRT_INLINE_BYTES): copying them as they
         # are sent is cheap, and frees the caller to reuse its array at once.
-        body = wire.encode_raw(self.rows)
+        body = wire.encode_body(self.batch)
         self.tx.send_multipart([wire.encode_header(self.seq), body, *self.frames])
         self.limits.count(len(body) + sum(len(frame) for frame in self.frames))
-        self.rows, self.frames = [], []
+        self.batch, self.frames = [], []
 
     def _append_frees(self) -> None:
         by_streams: dict[tuple, list] = {}
@@ -210,17 +217,17 @@ class Node:
             by_streams.setdefault(streams, []).append(tensor_id)
         for streams, ids in by_streams.items():
             for stream in streams:
-                self.rows.append((_FREE, next(self.ids), stream, tuple(ids), len(streams)))
+                self.batch.append(wire.Free(id=next(self.ids), stream=stream, ids=tuple(ids),
+                                           uses=len(streams)))
 
     def known_streams(self) -> list[int]:
         """Streams used on this node so far."""
         return sorted(self.streams)
 
-    def request(self, row_without_token: tuple, what: str, timeout: float | None = None):
-        """Issue a row that ends with a reply token, and wait for its reply."""
-        token = next(self.tokens)
-        self.issue(row_without_token + (token,))
-        return self.wait(token, what, timeout)
+    def request(self, command, what: str, timeout: float | None = None):
+        """Issue a command with a reply token (from self.tokens), and wait for its reply."""
+        self.issue(command)
+        return self.wait(command.token, what, timeout)
 
     def wait(self, token: int, what: str, timeout: float | None = None):
         """Wait for the reply `token`; raise the worker's error, a loss, or a timeout."""
@@ -240,6 +247,7 @@ class Node:
                 if self.rx.poll(min(left, 0.05) * 1000):
                     self._route(self.rx.recv_multipart(copy=False))
             reply, frames = self.replies.pop(token)
+            self._raise_rejected()  # a refusal routed with the answer: it came first
         if isinstance(reply, wire.Failed):
             raise self.remote_error(reply.info)
         return reply, frames
@@ -319,8 +327,8 @@ class Node:
         self.rx.close(linger=0)
 
     def _bye(self) -> None:
-        token = next(self.ids)
+        bye = wire.Bye(id=next(self.ids))
         with self.tx_lock:
-            self.rows.append((wire.code(wire.Bye), token))
+            self.batch.append(bye)
             self._flush_locked(time.monotonic())
-        self.wait(token, "goodbye", timeout=2.0)
+        self.wait(bye.id, "goodbye", timeout=2.0)

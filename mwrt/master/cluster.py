@@ -68,8 +68,9 @@ class Cluster:
         tokens = []
         for node, host in zip(self.nodes, toward):
             tokens.append(next(node.tokens))
-            node.issue((wire.code(wire.Join), next(node.ids), join_host_port(host, self.store.port),
-                        self.session_id, len(self.nodes) + 1, name, timeout, tokens[-1]))
+            node.issue(wire.Join(id=next(node.ids), store=join_host_port(host, self.store.port),
+                                 prefix=self.session_id, world=len(self.nodes) + 1, channel=name,
+                                 timeout=timeout, token=tokens[-1]))
             node.flush()
         for node, token in zip(self.nodes, tokens):  # the worker answers within `timeout`
             node.wait(token, "joining the data channel", timeout + 5.0)

@@ -17,8 +17,6 @@ from ..protocol import wire
 from . import context
 from .cluster import current
 
-_COLLECTIVE = wire.code(wire.Collective)
-
 
 def _check(tensors, what: str) -> list:
     from .tensor import DistributedTensor
@@ -56,9 +54,10 @@ def _issue(kind: str, tensor, node, device, ranks, group, args, out_spec=None):
     out = None
     if out_spec is not None:
         out = DistributedTensor(node, device, next(node.ids), out_spec, stream)
-    node.issue((_COLLECTIVE, next(node.ids), stream, kind, group, ranks,
-                -1 if tensor is None else tensor._id, args, -1 if out is None else out._id,
-                () if out_spec is None else out_spec.shape))
+    node.issue(wire.Collective(id=next(node.ids), stream=stream, kind=kind, group=group,
+                               ranks=ranks, ref=-1 if tensor is None else tensor._id, args=args,
+                               out=-1 if out is None else out._id,
+                               out_shape=() if out_spec is None else out_spec.shape))
     return out
 
 

@@ -12,8 +12,6 @@ from ..protocol import wire
 from . import context
 from .cluster import current
 
-_CREATE = wire.code(wire.Create)
-
 
 def _create(kind: str, shape: tuple, dtype, node, device, args=()):
     from .tensor import DistributedTensor
@@ -23,8 +21,8 @@ def _create(kind: str, shape: tuple, dtype, node, device, args=()):
     device = target.check_device(context.current_device() if device is None else device)
     stream = context.stream_for(target.index, device)
     tensor = DistributedTensor(target, device, next(target.ids), Spec(shape, dtype), stream)
-    target.issue((_CREATE, next(target.ids), stream, tensor._id, kind, shape, dtype.str, device,
-                  tuple(args)))
+    target.issue(wire.Create(id=next(target.ids), stream=stream, out=tensor._id, kind=kind,
+                             shape=shape, dtype=dtype.str, device=device, args=tuple(args)))
     return tensor
 
 

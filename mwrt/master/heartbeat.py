@@ -102,7 +102,7 @@ class Heartbeat(threading.Thread):
                 node.mark_lost(f"no heartbeat for {silent:.1f} s (MWRT_HEARTBEAT_TIMEOUT="
                                f"{self.timeout})")
                 continue
-            self._send(index, wire.Ping(0))
+            self._send(index, wire.Ping(id=0))
 
     def _send(self, index: int, message) -> None:
         wire.send(self.sockets[index], None, message)
@@ -146,7 +146,7 @@ class Heartbeat(threading.Thread):
                     event._fired = True
                 _, waiting = self.relays.pop(message.event, (index, []))
             for to_node in waiting:
-                self._send(to_node, wire.EventDone(0, message.event, ""))
+                self._send(to_node, wire.EventDone(id=0, event=message.event, error=""))
 
     def _announce_lost_nodes(self) -> None:
         """Tell every surviving worker once that a node is gone, so whatever waits on it over
@@ -160,7 +160,7 @@ class Heartbeat(threading.Thread):
                 channel.fail_peer(index, f"node {index} is lost ({node.lost})")
             for other, peer in enumerate(self.cluster.nodes):
                 if peer.lost is None and not peer.closed:
-                    self._send(other, wire.PeerLost(0, index, node.lost))
+                    self._send(other, wire.PeerLost(id=0, rank=index, reason=node.lost))
 
     def _fail_relays_of_lost_nodes(self) -> None:
         """Waiters on events of a lost node get an error instead of waiting forever."""
@@ -175,4 +175,4 @@ class Heartbeat(threading.Thread):
             reason = f"node {from_node}, which records it, is lost"
             for to_node in waiting:
                 if self.cluster.nodes[to_node].lost is None:
-                    self._send(to_node, wire.EventDone(0, event, reason))
+                    self._send(to_node, wire.EventDone(id=0, event=event, error=reason))

@@ -19,7 +19,6 @@ from .. import config
 from ..ops import Spec
 from ..protocol import wire
 
-_RECORD, _EVENT_QUERY = wire.code(wire.Record), wire.code(wire.EventQuery)
 _CHECKPOINTS = itertools.count(-1, -1)  # negative: never one of the user's event ids
 
 
@@ -71,11 +70,11 @@ class Limits:
             streams, self.streams = self.streams, set()
             self.previous = tuple(next(_CHECKPOINTS) for _ in streams)
             for stream, event in zip(streams, self.previous):
-                node.issue((_RECORD, next(node.ids), stream, event, False))
+                node.issue(wire.Record(next(node.ids), stream, event, False))
             tokens = []
             for event in previous:
                 tokens.append(next(node.tokens))
-                node.issue((_EVENT_QUERY, next(node.ids), event, True, tokens[-1]))
+                node.issue(wire.EventQuery(next(node.ids), event, True, tokens[-1]))
             for token in tokens:
                 node.wait(token, f"the worker's catching up (this master was {self.limit} "
                           "bytes of commands ahead of it, MWRT_MAX_BACKLOG_BYTES)")

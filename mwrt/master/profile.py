@@ -9,8 +9,6 @@ from ..protocol import wire
 from .cluster import current
 from .queries import synchronize
 
-_PROFILE = wire.code(wire.Profile)
-
 
 class Profile:
     """Slices recorded by every worker while the block ran: (node, device, stream, op, times)."""
@@ -21,7 +19,7 @@ class Profile:
     def __enter__(self) -> "Profile":
         synchronize()  # only work issued inside the block is recorded
         for node in current().nodes:
-            node.issue((_PROFILE, next(node.ids), True, 0))
+            node.issue(wire.Profile(id=next(node.ids), on=True, token=0))
             node.flush()
         return self
 
@@ -32,9 +30,8 @@ class Profile:
         for node in cluster.nodes:
             if node.lost is not None:
                 continue
-            token = next(node.tokens)
-            node.issue((_PROFILE, next(node.ids), False, token))
-            reply, _ = node.wait(token, "the profile's timeline")
+            stop = wire.Profile(id=next(node.ids), on=False, token=next(node.tokens))
+            reply, _ = node.request(stop, "the profile's timeline")
             for device, stream, op, start, end, shapes in reply.value:
                 self.slices.append({"node": node.index, "device": device, "stream": stream,
                                     "op": op, "start": start, "end": end,

@@ -5,8 +5,6 @@ from __future__ import annotations
 from ..protocol import wire
 from .cluster import current
 
-_SYNC, _STATS = wire.code(wire.Sync), wire.code(wire.Stats)
-
 
 def num_nodes() -> int:
     """How many worker nodes this master drives."""
@@ -20,9 +18,9 @@ def synchronize(node: int | None = None) -> None:
     pending = []
     for target in targets:
         for stream in target.known_streams():
-            token = next(target.tokens)
-            target.issue((_SYNC, next(target.ids), stream, token))
-            pending.append((target, token, stream))
+            sync = wire.Sync(id=next(target.ids), stream=stream, token=next(target.tokens))
+            target.issue(sync)
+            pending.append((target, sync.token, stream))
     for target, token, stream in pending:
         target.wait(token, f"synchronize() of stream {stream}")
 
@@ -31,9 +29,8 @@ def memory_stats(node: int = 0) -> dict:
     """Live tensors and bytes that this master holds on `node`, once its streams are done."""
     target = current().node(node)
     synchronize(node)
-    token = next(target.tokens)
-    target.issue((_STATS, next(target.ids), token))
-    reply, _ = target.wait(token, "memory_stats()")
+    reply, _ = target.request(wire.Stats(id=next(target.ids), token=next(target.tokens)),
+                              "memory_stats()")
     return reply.value
 
 

@@ -13,8 +13,6 @@ from ..protocol import wire
 from . import context
 from .cluster import current
 
-_REMOTE = wire.code(wire.Remote)
-
 
 class RemoteFunction:
     """A function shipped (cloudpickle) to run where its tensor arguments live."""
@@ -46,8 +44,9 @@ class RemoteFunction:
         stream = context.stream_for(target.index, device)
         outs = [DistributedTensor(target, device, next(target.ids), spec, stream)
                 for spec in self.specs]
-        target.issue((_REMOTE, next(target.ids), stream, tuple(t._id for t in outs), self._blob,
-                      wire_args, wire_kwargs))
+        target.issue(wire.Remote(id=next(target.ids), stream=stream,
+                                 outs=tuple(t._id for t in outs), fn=self._blob, args=wire_args,
+                                 kwargs=wire_kwargs))
         if self.outputs == 0:
             return None
         return outs[0] if self.outputs == 1 else tuple(outs)

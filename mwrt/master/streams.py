@@ -16,11 +16,8 @@ from ..protocol import wire
 from . import context
 from .cluster import current
 
-_STREAM_IDS = itertools.count(1 << 20)  # ids below are the default streams (id == device)
+_STREAM_IDS = itertools.count(wire.DEFAULT_STREAM_LIMIT)  # below: default streams (id == device)
 _EVENT_IDS = itertools.count(1)
-_NEW_STREAM, _SYNC, _QUERY = (wire.code(c) for c in (wire.NewStream, wire.Sync, wire.Query))
-_RECORD, _WAIT, _EVENT_QUERY = (wire.code(c) for c in (wire.Record, wire.WaitEvent,
-                                                       wire.EventQuery))
 
 
 class Stream:
@@ -33,7 +30,8 @@ class Stream:
                                               else device)
         if _id is None:
             _id = next(_STREAM_IDS)
-            self._node.issue((_NEW_STREAM, next(self._node.ids), _id, self.device))
+            self._node.issue(wire.NewStream(id=next(self._node.ids), stream=_id,
+                                            device=self.device))
         self.id = _id
 
     @classmethod
@@ -49,20 +47,20 @@ class Stream:
         return hash((self.node, self.id))
 
     def __repr__(self):
-        kind = "default " if self.id < (1 << 20) else ""
+        kind = "default " if self.id < wire.DEFAULT_STREAM_LIMIT else ""
         return f"<{kind}Stream {self.id} on node {self.node} device {self.device}>"
 
     def synchronize(self) -> None:
         """Wait until everything issued to this stream has run; raises its sticky error."""
-        token = next(self._node.tokens)
-        self._node.issue((_SYNC, next(self._node.ids), self.id, token))
-        self._node.wait(token, f"synchronize() of {self!r}")
+        node = self._node
+        node.request(wire.Sync(id=next(node.ids), stream=self.id, token=next(node.tokens)),
+                     f"synchronize() of {self!r}")
 
     def query(self) -> bool:
         """True if everything issued to this stream has run (does not wait)."""
-        token = next(self._node.tokens)
-        self._node.issue((_QUERY, next(self._node.ids), self.id, token))
-        reply, _ = self._node.wait(token, f"query() of {self!r}")
+        node = self._node
+        reply, _ = node.request(wire.Query(id=next(node.ids), stream=self.id,
+                                           token=next(node.tokens)), f"query() of {self!r}")
         return bool(reply.value)
 
     def wait_event(self, event: "Event") -> None:
@@ -99,7 +97,8 @@ class Event:
         self._id, self._stream, self._fired = next(_EVENT_IDS), stream, False
         current().heartbeat.watch(self)
         node = stream._node
-        node.issue((_RECORD, next(node.ids), stream.id, self._id, self.enable_timing))
+        node.issue(wire.Record(id=next(node.ids), stream=stream.id, event=self._id,
+                               timing=self.enable_timing))
 
     def query(self) -> bool:
         """True if the recorded work is done (or nothing was recorded)."""
@@ -120,7 +119,7 @@ class Event:
             source.flush()  # the record must reach its worker for the relay to fire
             if not current().heartbeat.relay(self, source.index, target.index):
                 return  # already fired: nothing to wait for
-        target.issue((_WAIT, next(target.ids), stream.id, self._id))
+        target.issue(wire.WaitEvent(id=next(target.ids), stream=stream.id, event=self._id))
 
     def elapsed_time(self, end: "Event") -> float:
         """Milliseconds between this event and `end` (both synchronized first)."""
@@ -132,9 +131,9 @@ class Event:
 
     def _ask(self, wait: bool) -> dict:
         node = self._stream._node
-        token = next(node.tokens)
-        node.issue((_EVENT_QUERY, next(node.ids), self._id, wait, token))
-        reply, _ = node.wait(token, f"{'synchronize' if wait else 'query'}() of {self!r}")
+        query = wire.EventQuery(id=next(node.ids), event=self._id, wait=wait,
+                                token=next(node.tokens))
+        reply, _ = node.request(query, f"{'synchronize' if wait else 'query'}() of {self!r}")
         return reply.value
 
 

@@ -18,7 +18,6 @@ from ..ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
 from ..protocol import wire
 from . import context
 
-_CALL, _GET, _META = wire.code(wire.Call), wire.code(wire.Get), wire.code(wire.Meta)
 # ufunc.reduce -> the reduction with the same meaning
 _UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max",
                  "logical_and": "all", "logical_or": "any"}
@@ -58,8 +57,10 @@ class DistributedTensor:
     def spec(self) -> Spec:
         """Shape and dtype; asks the worker once if they depend on data (masks, remote())."""
         if self._spec is None:
-            reply, _ = self._node.request((_META, next(self._node.ids), self._streams[0],
-                                           self._id), f"shape of tensor {self._id}")
+            node = self._node
+            meta = wire.Meta(id=next(node.ids), stream=self._streams[0], ref=self._id,
+                             token=next(node.tokens))
+            reply, _ = node.request(meta, f"shape of tensor {self._id}")
             self._spec = Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
         return self._spec
 
@@ -340,8 +341,8 @@ def call(name: str, *args, **kwargs):
         if stream not in tensor._streams:
             tensor._streams = tensor._streams + (stream,)
     outs = _outputs(node, device, stream, result)
-    node.issue((_CALL, next(node.ids), stream, tuple(t._id for t in outs), name, wire_args,
-                wire_kwargs))
+    node.issue(wire.Call(id=next(node.ids), stream=stream, outs=tuple(t._id for t in outs),
+                         op=name, args=wire_args, kwargs=wire_kwargs))
     if op.inplace:
         return None
     return outs[0] if type(result) is not tuple else tuple(outs)

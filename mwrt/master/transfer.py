@@ -20,10 +20,7 @@ from ..protocol import wire
 from . import context
 from .cluster import current
 
-_PUT, _GET, _CALL = wire.code(wire.Put), wire.code(wire.Get), wire.code(wire.Call)
-_SEND, _RECV = wire.code(wire.SendTo), wire.code(wire.RecvFrom)
-_TRANSFER_SPACE = 3 << 56  # channel tags of transfers; collectives use spaces 0-2
-_TAGS = itertools.count(1)
+_TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.TRANSFER_TAGS
 
 
 def put(array, node: int | None = None, device: int | None = None):
@@ -42,13 +39,16 @@ def put(array, node: int | None = None, device: int | None = None):
     tensor = DistributedTensor(target, device, next(target.ids), Spec(array.shape, array.dtype),
                                stream)
     payload = array.reshape(-1).view(np.uint8) if array.size else b""
-    if array.nbytes <= config.get("inline_bytes"):
-        target.issue((_PUT, next(target.ids), stream, tensor._id, array.shape,
-                      array.dtype.str, device, -1), frame=payload)
+    if wire.rides_inline(array.nbytes):
+        target.issue(wire.Put(id=next(target.ids), stream=stream, out=tensor._id,
+                              shape=array.shape, dtype=array.dtype.str, device=device, frame=-1),
+                     frame=payload)
         return tensor
-    tag = _TRANSFER_SPACE | next(_TAGS)
-    target.request((_RECV, next(target.ids), stream, tensor._id, array.shape, array.dtype.str,
-                    device, cluster.master_rank, tag), "posting a receive for dist_send")
+    tag = wire.TRANSFER_TAGS | next(_TAGS)
+    target.request(wire.RecvFrom(id=next(target.ids), stream=stream, out=tensor._id,
+                                 shape=array.shape, dtype=array.dtype.str, device=device,
+                                 peer=cluster.master_rank, tag=tag, token=next(target.tokens)),
+                   "posting a receive for dist_send")
     with _naming_the_node(target):
         cluster.channel().send(payload, target.index, tag)  # returns when `array` is reusable
     return tensor
@@ -57,15 +57,16 @@ def put(array, node: int | None = None, device: int | None = None):
 def fetch(tensor) -> np.ndarray:
     """Copy a tensor's contents to the master; a sync point of the stream that made it."""
     node = tensor._node
-    if tensor._spec is None or tensor.nbytes <= config.get("inline_bytes"):
-        reply, frames = node.request((_GET, next(node.ids), tensor._streams[0], tensor._id),
-                                     f"numpy() of tensor {tensor._id}")
+    if tensor._spec is None or wire.rides_inline(tensor.nbytes):
+        get = wire.Get(id=next(node.ids), stream=tensor._streams[0], ref=tensor._id,
+                       token=next(node.tokens))
+        reply, frames = node.request(get, f"numpy() of tensor {tensor._id}")
         shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
         if tensor._spec is None:
             tensor._spec = Spec(shape, dtype)
         return np.frombuffer(frames[0], dtype=dtype).reshape(shape).copy()
     cluster = current()
-    tag = _TRANSFER_SPACE | next(_TAGS)
+    tag = wire.TRANSFER_TAGS | next(_TAGS)
     node.check_lost()
     with _naming_the_node(node):
         if tensor.nbytes > config.get("max_tensor_bytes"):  # never made: the worker says why
@@ -75,8 +76,9 @@ def fetch(tensor) -> np.ndarray:
             work = cluster.channel().irecv(out.reshape(-1).view(np.uint8), node.index, tag)
         try:
             # The worker answers before it sends: an error (a failed op) comes instead of bytes.
-            node.request((_SEND, next(node.ids), tensor._streams[0], tensor._id,
-                          cluster.master_rank, tag), f"numpy() of tensor {tensor._id}")
+            send = wire.SendTo(id=next(node.ids), stream=tensor._streams[0], ref=tensor._id,
+                               peer=cluster.master_rank, tag=tag, token=next(node.tokens))
+            node.request(send, f"numpy() of tensor {tensor._id}")
         except BaseException:
             if out is not None:
                 work.cancel()
@@ -113,17 +115,19 @@ def move(tensor, node_index: int, device: int):
         return _to_device(tensor, device)
     stream = context.stream_for(target.index, device)
     out = DistributedTensor(target, device, next(target.ids), tensor.spec, stream)
-    tag = _TRANSFER_SPACE | next(_TAGS)
+    tag = wire.TRANSFER_TAGS | next(_TAGS)
     # Worker to worker over the data channel: the master only sends the two commands. A large
     # receive is posted before the send is issued, so the bytes land in place, not a stash.
-    recv = (_RECV, next(target.ids), stream, out._id, tensor.shape, tensor.dtype.str, device,
-            source.index, tag)
-    if tensor.nbytes > config.get("inline_bytes"):
+    large = not wire.rides_inline(tensor.nbytes)
+    recv = wire.RecvFrom(id=next(target.ids), stream=stream, out=out._id, shape=tensor.shape,
+                         dtype=tensor.dtype.str, device=device, peer=source.index, tag=tag,
+                         token=next(target.tokens) if large else -1)
+    if large:
         target.request(recv, f"posting a receive for .to(node={node_index})")
     else:
-        target.issue(recv + (-1,))
-    source.issue((_SEND, next(source.ids), tensor._streams[0], tensor._id, target.index, tag,
-                  -1))
+        target.issue(recv)
+    source.issue(wire.SendTo(id=next(source.ids), stream=tensor._streams[0], ref=tensor._id,
+                             peer=target.index, tag=tag, token=-1))
     return out
 
 
@@ -134,6 +138,6 @@ def _to_device(tensor, device: int):
     node = tensor._node
     stream = context.stream_for(node.index, device)
     out = DistributedTensor(node, device, next(node.ids), tensor.spec, stream)
-    node.issue((_CALL, next(node.ids), stream, (out._id,), "to_device", (tensor._ref, device),
-                {}))
+    node.issue(wire.Call(id=next(node.ids), stream=stream, outs=(out._id,), op="to_device",
+                         args=(tensor._ref, device), kwargs={}))
     return out

@@ -1,204 +1,148 @@
-"""Every message between master and worker, one frozen dataclass each.
+"""Every message between master and worker, and the protocol's constants: defined once, here.
 
-Commands (master -> worker) come first, then replies; a worker handler has the
-command's name. The field order is the wire order; `id` is the command's number and
-`stream` (when present) the stream it runs on.
+The master builds these messages and the worker decodes them into the same classes. Each is
+a frozen msgspec Struct packed as the array `[code, *fields]` (its code is its struct tag):
+building one costs about what a tuple does, and msgpack needs no hook for it. The field
+order is the wire order; `id` is a command's number, `stream` (when present) the stream it
+runs on, `token` the number its answer carries.
+
+What the daemon does with a command is read from its traits (class attributes, below), not
+from lists of codes kept elsewhere; a worker handler has the command's name in snake case.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from typing import ClassVar
 
-# -- commands: master -> worker -------------------------------------------------------------
+import msgspec
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+# -- protocol constants ---------------------------------------------------------------------
+
+# Stream ids below this are the default streams (id == device); a master numbers the streams
+# it creates from here up.
+DEFAULT_STREAM_LIMIT = 1 << 20
+# Streams one session may have on a worker: each is a thread, and a master must not be able
+# to start unboundedly many.
+MAX_STREAMS = 1024
+# Data-channel tags are (space << 56) | ...: a collective's spaces are 0-2 (see
+# mwrt.collective.group), and transfers between master and workers take space 3.
+TAG_SPACE_SHIFT = 56
+TRANSFER_TAGS = 3 << TAG_SPACE_SHIFT
+
+
+class Message(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A message: packed as [code, *fields]; the traits below say how the daemon treats it."""
+
+    # The master's socket that carries it: tx (batched commands), rx (the Hello), hb
+    # (heartbeats and relays); "" for a reply.
+    socket: ClassVar[str] = ""
+    # Run in order by its stream's executor; otherwise the socket thread handles it at once.
+    on_stream: ClassVar[bool] = False
+    # Answered once its stream reaches it; on an idle host stream the socket thread may
+    # answer it at once, saving two thread hand-offs.
+    sync_point: ClassVar[bool] = False
+    # Its token (when >= 0) asks for its result: a failure is then the answer, not a sticky
+    # error of the stream.
+    answered: ClassVar[bool] = False
+    # Runs even after its stream failed: it reports the error, frees memory, fires an event,
+    # or tells peers that nothing is coming.
+    always_runs: ClassVar[bool] = False
+    # Its field `frame` indexes a data frame of its batch (the master fills it in).
+    data_frame: ClassVar[bool] = False
+    # Runs code the master shipped: only a keyed daemon (authenticated masters) accepts it.
+    needs_key: ClassVar[bool] = False
+    # Its receive is posted as it arrives, so bytes land in place before its stream gets to it.
+    posts_receive: ClassVar[bool] = False
+    # The worker handler's name: the class name in snake case (set below).
+    handler: ClassVar[str] = ""
+
+
+class Command(Message):
+    """Master -> worker, numbered by the master."""
+
+    socket = "tx"  # answered on the socket thread unless on_stream
+    id: int
+
+
+class StreamCommand(Command):
+    """A command that runs on stream `stream`, in issue order."""
+
+    on_stream = True
+    stream: int
+
+
+class Reply(Message):
+    """Worker -> master: the answer to the command that asked with `token`."""
+
+    token: int
+
+
+# -- commands answered on the daemon's socket thread ----------------------------------------
+
+class Hello(Command, tag=0):
     """Open a session: the worker answers with a Welcome."""
 
-    id: int
+    socket = "rx"
     session: str
     master: str
     node: int
 
 
-@dataclass(frozen=True, slots=True)
-class Bye:
+class Bye(Command, tag=1):
     """Close the session and free everything it holds."""
 
-    id: int
 
-
-@dataclass(frozen=True, slots=True)
-class Ping:
+class Ping(Command, tag=2):
     """Liveness probe; the worker answers Pong at once from its socket thread."""
 
-    id: int
+    socket = "hb"
 
 
-@dataclass(frozen=True, slots=True)
-class Create:
-    """Allocate tensor `out` on `device`: kind in empty/zeros/ones/full/arange/rand/randn."""
-
-    id: int
-    stream: int
-    out: int
-    kind: str
-    shape: tuple
-    dtype: str
-    device: int
-    args: tuple
-
-
-@dataclass(frozen=True, slots=True)
-class Put:
-    """Tensor `out` from bytes in data frame `frame` (or channel tag when frame < 0)."""
-
-    id: int
-    stream: int
-    out: int
-    shape: tuple
-    dtype: str
-    device: int
-    frame: int
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """Run registry op `op` on args (Refs resolved on the worker); results to ids `outs`."""
-
-    id: int
-    stream: int
-    outs: tuple
-    op: str
-    args: tuple
-    kwargs: dict
-
-
-@dataclass(frozen=True, slots=True)
-class Remote:
-    """Run a cloudpickled user function; array results become tensors `outs`."""
-
-    id: int
-    stream: int
-    outs: tuple
-    fn: bytes
-    args: tuple
-    kwargs: dict
-
-
-@dataclass(frozen=True, slots=True)
-class Free:
-    """Drop tensors `ids` once `uses` streams (each sent this Free) have reached it."""
-
-    id: int
-    stream: int
-    ids: tuple
-    uses: int
-
-
-@dataclass(frozen=True, slots=True)
-class Get:
-    """Send tensor `ref`'s bytes back once `stream` reaches this point."""
-
-    id: int
-    stream: int
-    ref: int
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class Meta:
-    """Report tensor `ref`'s shape and dtype once `stream` reaches this point."""
-
-    id: int
-    stream: int
-    ref: int
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class Sync:
-    """Answer once `stream` reaches this point (raising its sticky error, if any)."""
-
-    id: int
-    stream: int
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
+class Query(Command, tag=11):
     """Answer at once whether `stream` has finished everything issued before this."""
 
-    id: int
     stream: int
     token: int
 
 
-@dataclass(frozen=True, slots=True)
-class NewStream:
+class NewStream(Command, tag=12):
     """Create stream `stream` on `device`, with its own executor."""
 
-    id: int
     stream: int
     device: int
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """Mark event `event` done when `stream` reaches this point (timing if asked)."""
-
-    id: int
-    stream: int
-    event: int
-    timing: bool
-
-
-@dataclass(frozen=True, slots=True)
-class WaitEvent:
-    """Hold `stream` until event `event` is done; `remote` events are relayed by the master."""
-
-    id: int
-    stream: int
-    event: int
-
-
-@dataclass(frozen=True, slots=True)
-class EventQuery:
+class EventQuery(Command, tag=15):
     """Answer whether event `event` is done; with `wait`, answer once it is."""
 
-    id: int
     event: int
     wait: bool
     token: int
 
 
-@dataclass(frozen=True, slots=True)
-class EventDone:
+class EventDone(Command, tag=16):
     """Relay: event `event` (recorded on another node) is done, or will never be (`error`)."""
 
-    id: int
+    socket = "hb"
     event: int
     error: str
 
 
-@dataclass(frozen=True, slots=True)
-class Profile:
+class Profile(Command, tag=17):
     """Start (`on`) or stop recording a timeline of this session; stopping answers with it."""
 
-    id: int
     on: bool
     token: int
 
 
-@dataclass(frozen=True, slots=True)
-class Join:
+class Join(Command, tag=18):
     """The session's data channel: rendezvous store, key prefix, size, channel name.
 
     The master is the last rank (`world` - 1); node i is rank i. The worker joins off its
     socket thread, so a store it cannot reach never stalls its other masters.
     """
 
-    id: int
     store: str
     prefix: str
     world: int
@@ -207,28 +151,126 @@ class Join:
     token: int  # answered (Done, or Failed naming what it could not reach) once joined
 
 
-@dataclass(frozen=True, slots=True)
-class SendTo:
+class Stats(Command, tag=22):
+    """Report live tensors and bytes of this session."""
+
+    token: int
+
+
+class PeerLost(Command, tag=29):
+    """Node `rank` is gone (`reason`): fail every receive from it on the data channel now."""
+
+    socket = "hb"
+    rank: int
+    reason: str
+
+
+# -- commands run by a stream's executor ----------------------------------------------------
+
+class Create(StreamCommand, tag=3):
+    """Allocate tensor `out` on `device`: kind in empty/zeros/ones/full/arange/rand/randn."""
+
+    out: int
+    kind: str
+    shape: tuple
+    dtype: str
+    device: int
+    args: tuple
+
+
+class Put(StreamCommand, tag=4):
+    """Tensor `out` from bytes in data frame `frame` (or channel tag when frame < 0)."""
+
+    data_frame = True
+    out: int
+    shape: tuple
+    dtype: str
+    device: int
+    frame: int
+
+
+class Call(StreamCommand, tag=5):
+    """Run registry op `op` on args (Refs resolved on the worker); results to ids `outs`."""
+
+    outs: tuple
+    op: str
+    args: tuple
+    kwargs: dict
+
+
+class Remote(StreamCommand, tag=6):
+    """Run a cloudpickled user function; array results become tensors `outs`."""
+
+    needs_key = True
+    outs: tuple
+    fn: bytes
+    args: tuple
+    kwargs: dict
+
+
+class Free(StreamCommand, tag=7):
+    """Drop tensors `ids` once `uses` streams (each sent this Free) have reached it."""
+
+    always_runs = True
+    ids: tuple
+    uses: int
+
+
+class Get(StreamCommand, tag=8):
+    """Send tensor `ref`'s bytes back once `stream` reaches this point."""
+
+    sync_point = answered = always_runs = True
+    ref: int
+    token: int
+
+
+class Meta(StreamCommand, tag=9):
+    """Report tensor `ref`'s shape and dtype once `stream` reaches this point."""
+
+    sync_point = answered = always_runs = True
+    ref: int
+    token: int
+
+
+class Sync(StreamCommand, tag=10):
+    """Answer once `stream` reaches this point (raising its sticky error, if any)."""
+
+    sync_point = answered = always_runs = True
+    token: int
+
+
+class Record(StreamCommand, tag=13):
+    """Mark event `event` done when `stream` reaches this point (timing if asked)."""
+
+    always_runs = True
+    event: int
+    timing: bool
+
+
+class WaitEvent(StreamCommand, tag=14):
+    """Hold `stream` until event `event` is done (the master relays events of other nodes)."""
+
+    event: int
+
+
+class SendTo(StreamCommand, tag=19):
     """Send tensor `ref` to channel rank `peer` with `tag`; token >= 0: say Done first."""
 
-    id: int
-    stream: int
+    answered = always_runs = True
     ref: int
     peer: int
     tag: int
     token: int
 
 
-@dataclass(frozen=True, slots=True)
-class RecvFrom:
+class RecvFrom(StreamCommand, tag=20):
     """Receive tensor `out` (shape, dtype, device) from channel rank `peer` with `tag`.
 
     The receive is posted when the command arrives; token >= 0: say Done once posted, so
     the sender's bytes land in place instead of a stash.
     """
 
-    id: int
-    stream: int
+    posts_receive = True
     out: int
     shape: tuple
     dtype: str
@@ -238,16 +280,14 @@ class RecvFrom:
     token: int
 
 
-@dataclass(frozen=True, slots=True)
-class Collective:
+class Collective(StreamCommand, tag=21):
     """Run collective `kind` over the nodes `ranks` (group `group`) on tensor `ref`.
 
     `args` holds the collective's options (op, root); `out`, when not -1, names a new
     tensor of `out_shape` for collectives that make one (all_gather, gather, scatter).
     """
 
-    id: int
-    stream: int
+    always_runs = True
     kind: str
     group: int
     ranks: tuple
@@ -257,21 +297,11 @@ class Collective:
     out_shape: tuple
 
 
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """Report live tensors and bytes of this session."""
-
-    id: int
-    token: int
-
-
 # -- replies: worker -> master --------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class Welcome:
+class Welcome(Reply, tag=23):
     """Answer to Hello: who the worker is."""
 
-    token: int
     incarnation: str
     hostname: str
     pid: int
@@ -279,59 +309,63 @@ class Welcome:
     data_address: str
 
 
-@dataclass(frozen=True, slots=True)
-class Pong:
+class Pong(Reply, tag=24):
     """Answer to Ping."""
 
-    token: int
     incarnation: str
 
 
-@dataclass(frozen=True, slots=True)
-class Done:
+class Done(Reply, tag=25):
     """A sync point was reached; `value` is the answer (None, bool, dict)."""
 
-    token: int
     value: object
 
 
-@dataclass(frozen=True, slots=True)
-class Data:
+class Data(Reply, tag=26):
     """A tensor's bytes: in data frame 0."""
 
-    token: int
     shape: tuple
     dtype: str
 
 
-@dataclass(frozen=True, slots=True)
-class Failed:
+class Failed(Reply, tag=27):
     """An error: `info` holds kind, message, node, device, stream, op, shapes, traceback."""
 
-    token: int
     info: dict
 
 
-@dataclass(frozen=True, slots=True)
-class Fired:
+class Fired(Reply, tag=28):
     """Event `event` (one another node waits on) is done; the master relays it."""
 
-    token: int
     event: int
     time: float
 
 
-@dataclass(frozen=True, slots=True)
-class PeerLost:
-    """Node `rank` is gone (`reason`): fail every receive from it on the data channel now."""
+# -- the table ------------------------------------------------------------------------------
 
-    id: int
-    rank: int
-    reason: str
+def _concrete(cls) -> list:
+    found = [cls] if cls.__struct_config__.tag is not None else []
+    return found + [c for sub in cls.__subclasses__() for c in _concrete(sub)]
 
 
-# The wire code of a message is its index here: append, never reorder.
-MESSAGES = [Hello, Bye, Ping, Create, Put, Call, Remote, Free, Get, Meta, Sync, Query,
-            NewStream, Record, WaitEvent, EventQuery, EventDone, Profile, Join, SendTo, RecvFrom,
-            Collective, Stats,
-            Welcome, Pong, Done, Data, Failed, Fired, PeerLost]
+def code(cls) -> int:
+    """The wire code of message class `cls`."""
+    return cls.__struct_config__.tag
+
+
+# Message classes by wire code: a code, once given, keeps its meaning; new messages take new
+# codes (and old masters meet the version check in the header, not a misread message).
+MESSAGES = sorted(_concrete(Message), key=code)
+if [code(cls) for cls in MESSAGES] != list(range(len(MESSAGES))):
+    raise RuntimeError(f"messages: wire codes must be 0..{len(MESSAGES) - 1}, each once (got "
+                       f"{sorted(code(cls) for cls in MESSAGES)})")
+for _cls in MESSAGES:
+    _cls.handler = re.sub(r"(?<!^)(?=[A-Z])", "_", _cls.__name__).lower()
+
+TRAITS = ("socket", "on_stream", "sync_point", "answered", "always_runs", "data_frame",
+          "needs_key", "posts_receive", "handler")
+
+
+def traits(cls) -> dict:
+    """A message class's traits by name (for reports and tests)."""
+    return {name: getattr(cls, name) for name in TRAITS}

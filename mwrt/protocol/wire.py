@@ -1,36 +1,34 @@
-"""The command and reply format: one frozen dataclass per message, msgpack-encoded.
+"""The command and reply format: the messages of messages.py, msgpack-encoded.
 
 A message is a ZeroMQ multipart: [header, body, *data frames]. The header is
 (MAGIC, VERSION, batch sequence); the body a list of messages, each `[code, *fields]`.
 Array bytes ride in the data frames (or on a data channel), never inside the body.
-Decoding builds plain values and these dataclasses only; it never runs code.
-Lists arrive as tuples: a list index must be sent as an array.
+Encoding is msgspec's (a message Struct packs itself); decoding is msgpack's, into plain
+values and the message classes only, after checking every field's type: it never runs
+code. Lists arrive as tuples: a list index must be sent as an array.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import dataclass
 
 import msgpack
+import msgspec
 import numpy as np
 
+from .. import config
 from ..errors import WireError
-from .messages import *  # noqa: F403  (the message classes, reached as wire.Call etc.)
+from .messages import *  # noqa: F403  (the message classes and constants, as wire.Call etc.)
 from .messages import MESSAGES
 
 _ARRAY_DTYPE = re.compile(r"[<>|=][biufcSUmM]\d{1,3}(\[\w+\])?\Z")
 
-CODES = {cls: code for code, cls in enumerate(MESSAGES)}
-_FIELDS = [tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES]
-# Codes of the messages that run on a stream: their fields start (id, stream, ...).
-STREAM_CODES = frozenset(c for c, names in enumerate(_FIELDS) if names[1:2] == ("stream",))
-_TYPES = {"int": int, "str": str, "tuple": tuple, "dict": dict, "bool": bool, "bytes": bytes,
-          "float": (int, float), "object": object}
+_FIELDS = [cls.__struct_fields__ for cls in MESSAGES]
 # What each field must decode to: a command with a dict for a stream id is refused here,
 # not deep inside a handler.
-_FIELD_TYPES = [tuple(_TYPES[f.type] for f in dataclasses.fields(cls)) for cls in MESSAGES]
+_TYPES = {float: (int, float)}
+_FIELD_TYPES = [tuple(_TYPES.get(f.type, f.type) for f in msgspec.structs.fields(cls))
+                for cls in MESSAGES]
 
 MAGIC = b"mwrt"
 VERSION = 1
@@ -39,11 +37,26 @@ VERSION = 1
 EXT_REF, EXT_SLICE, EXT_ELLIPSIS, EXT_ARRAY, EXT_COMPLEX = 1, 2, 3, 4, 5
 
 
-@dataclass(frozen=True)
 class Ref:
-    """A tensor named by its session-wide id."""
+    """A tensor named by its session-wide id.
 
-    id: int
+    A plain class, not a dataclass: msgspec would pack a dataclass as a map by itself, and a
+    Ref must travel as its extension type.
+    """
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int):
+        self.id = id
+
+    def __eq__(self, other):
+        return type(other) is Ref and other.id == self.id
+
+    def __hash__(self):
+        return hash((Ref, self.id))
+
+    def __repr__(self):
+        return f"Ref(id={self.id})"
 
 
 
@@ -51,20 +64,20 @@ class Ref:
 
 def _default(value):
     if isinstance(value, Ref):
-        return msgpack.ExtType(EXT_REF, value.id.to_bytes(8, "little", signed=True))
+        return ref(value.id)
     if isinstance(value, slice):
-        return msgpack.ExtType(EXT_SLICE, _pack((value.start, value.stop, value.step)))
+        return _Ext(EXT_SLICE, _pack((value.start, value.stop, value.step)))
     if value is Ellipsis:
-        return msgpack.ExtType(EXT_ELLIPSIS, b"")
+        return _Ext(EXT_ELLIPSIS, b"")
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise WireError(f"wire: object arrays cannot be sent (got dtype {value.dtype})")
         arr = np.ascontiguousarray(value)
-        return msgpack.ExtType(EXT_ARRAY, _pack((arr.dtype.str, arr.shape, arr.tobytes())))
+        return _Ext(EXT_ARRAY, _pack((arr.dtype.str, arr.shape, arr.tobytes())))
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, complex):
-        return msgpack.ExtType(EXT_COMPLEX, _pack((value.real, value.imag)))
+        return _Ext(EXT_COMPLEX, _pack((value.real, value.imag)))
     if isinstance(value, np.dtype):
         return value.str
     if isinstance(value, type) and issubclass(value, np.generic):
@@ -92,8 +105,9 @@ def _ext_hook(code, data):
     raise WireError(f"wire: unknown extension type {code}")
 
 
-def _pack(value) -> bytes:
-    return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=False)
+_Ext = msgspec.msgpack.Ext
+# One encoder for every thread: each call keeps its state on its own stack.
+_pack = msgspec.msgpack.Encoder(enc_hook=_default).encode
 
 
 def _unpack(data):
@@ -101,9 +115,9 @@ def _unpack(data):
                            strict_map_key=False)
 
 
-def ref(tensor_id: int) -> msgpack.ExtType:
+def ref(tensor_id: int) -> msgspec.msgpack.Ext:
     """A tensor reference already in wire form (the master builds one per tensor)."""
-    return msgpack.ExtType(EXT_REF, tensor_id.to_bytes(8, "little", signed=True))
+    return _Ext(EXT_REF, tensor_id.to_bytes(8, "little", signed=True))
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -129,19 +143,13 @@ def decode_header(frame) -> int:
     return seq
 
 
-def encode_body(messages) -> bytes:
+def encode_body(messages: list) -> bytes:
     """Pack a list of messages into one frame."""
-    return _pack([(CODES[type(m)], *(getattr(m, f) for f in _FIELDS[CODES[type(m)]]))
-                  for m in messages])
-
-
-def encode_raw(rows) -> bytes:
-    """Pack rows already in `[code, *fields]` form (the master's fast path)."""
-    return _pack(rows)
+    return _pack(messages)
 
 
 def decode_body(frame, max_bytes: int | None = None) -> list:
-    """Unpack a body frame into message dataclasses; any malformation is a WireError."""
+    """Unpack a body frame into messages; any malformation is a WireError."""
     if max_bytes is not None and len(frame) > max_bytes:
         raise WireError(f"wire: command frame too large (got {len(frame)} bytes, "
                         f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
@@ -159,18 +167,23 @@ def decode_body(frame, max_bytes: int | None = None) -> list:
 def _build(row):
     if not isinstance(row, tuple) or not row or not isinstance(row[0], int):
         raise WireError(f"wire: a message must be [code, *fields] (got {row!r:.80})")
-    code = row[0]
-    if not 0 <= code < len(MESSAGES):
-        raise WireError(f"wire: unknown message code {code} (known: 0..{len(MESSAGES) - 1})")
-    cls, names = MESSAGES[code], _FIELDS[code]
+    number = row[0]
+    if not 0 <= number < len(MESSAGES):
+        raise WireError(f"wire: unknown message code {number} (known: 0..{len(MESSAGES) - 1})")
+    cls, names = MESSAGES[number], _FIELDS[number]
     if len(row) - 1 != len(names):
         raise WireError(f"wire: {cls.__name__} takes {len(names)} fields "
                         f"(got {len(row) - 1})")
-    for value, kind, name in zip(row[1:], _FIELD_TYPES[code], names):
+    for value, kind, name in zip(row[1:], _FIELD_TYPES[number], names):
         if not isinstance(value, kind):
             raise WireError(f"wire: {cls.__name__}.{name} has the wrong type (got "
                             f"{type(value).__name__}, expected {getattr(kind, '__name__', kind)})")
     return cls(*row[1:])
+
+
+def rides_inline(nbytes: int) -> bool:
+    """Whether an array of `nbytes` rides beside its command (else over the data channel)."""
+    return nbytes <= config.get("inline_bytes")
 
 
 def send(sock, identity, message, frames=()) -> None:
@@ -184,8 +197,3 @@ def send(sock, identity, message, frames=()) -> None:
 
 
 ZERO_COPY_BYTES = 1 << 16
-
-
-def code(cls) -> int:
-    """The wire code of message class `cls`."""
-    return CODES[cls]

@@ -1,9 +1,11 @@
 """The daemon's socket loop: receives batches, hands commands to stream executors, forwards replies.
 
-The socket thread never runs an op. It decodes each batch, answers session-level
-commands (Hello, Ping, Query, event relays) itself, and queues stream commands on
-their stream's executor. Executors reply through an inproc PUSH socket that this
-loop forwards to the master, because a ZeroMQ socket belongs to one thread.
+The socket thread never runs an op. It decodes each batch, checks that every command
+belongs on the socket it came by, answers session-level commands (Hello, Ping, Query,
+event relays) itself — each in a method named like it — and queues stream commands on
+their stream's executor. A command's traits (mwrt.protocol.messages) say which is which.
+Executors reply through an inproc PUSH socket that this loop forwards to the master,
+because a ZeroMQ socket belongs to one thread.
 """
 
 from __future__ import annotations
@@ -36,10 +38,24 @@ TX, RX, HB = b"tx", b"rx", b"hb"
 _REFUSALS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _REJECTION_WINDOW, _REJECTIONS_LOGGED = 10.0, 20  # seconds, log lines per window
-_FAST_SYNC = (wire.Get, wire.Meta, wire.Sync)
-_INLINE_LIMIT = 64 << 10  # bytes the socket thread may copy into a reply itself
-_SOCKET_COMMANDS = (wire.Hello, wire.Bye, wire.Ping, wire.NewStream, wire.Query,
-                    wire.EventQuery, wire.EventDone, wire.Profile, wire.Join, wire.Stats)
+_ROLES = {TX: "tx", RX: "rx", HB: "hb"}
+
+
+def _check_socket(role: bytes, commands: list) -> None:
+    """Every command must be one a master sends on this socket; a WireError names the first
+    that is not (a reply, or a command of another socket), so its batch does not run."""
+    expected = _ROLES.get(role)
+    if expected is None:
+        raise WireError(f"wire: unknown socket role {role[:20]!r} (expected SESSION/tx, rx or hb)")
+    for command in commands:
+        if command.socket != expected:
+            where = (f"a command for SESSION/{command.socket}" if command.socket
+                     else "a reply, not a command")
+            raise WireError(f"wire: unknown command {type(command).__name__} on SESSION/"
+                            f"{expected} (it is {where}); the batch did not run")
+        if type(getattr(command, "stream", 0)) is not int:  # a thread per junk id, else
+            raise WireError(f"wire: {type(command).__name__}.stream must be an int (got "
+                            f"{command.stream!r:.40})")
 
 
 class Daemon:
@@ -179,11 +195,13 @@ class Daemon:
                 raise WireError(f"wire: a message has at least 2 frames (got {len(frames) - 1})")
             seq = wire.decode_header(frames[1].bytes)
             commands = wire.decode_body(frames[2].bytes, self.max_frame)
+            _check_socket(role, commands)
         except WireError as exc:
             self._log_rejection("rejected a message from %r: %s", identity[:40], exc)
             # A master reads replies on its rx socket only.
             reply_to = sid + b"/" + RX if role == TX else identity
-            self.send(reply_to, wire.Failed(-1, {"kind": "wire", "message": str(exc)}))
+            self.send(reply_to, wire.Failed(token=-1, info={"kind": "wire",
+                                                            "message": str(exc)}))
             return
         try:
             self._route(identity, sid, role, seq, commands, frames)
@@ -191,39 +209,44 @@ class Daemon:
             self._log_rejection("rejected a message from %r: %s: %s", identity[:40],
                         type(exc).__name__, exc)
             reply_to = sid + b"/" + RX if role == TX else identity
-            self.send(reply_to, wire.Failed(-1, {
+            self.send(reply_to, wire.Failed(token=-1, info={
                 "kind": "wire", "message": f"wire: a command has a field of the wrong type "
                 f"({type(exc).__name__}: {exc}); it and the rest of its batch did not run"}))
 
     def _route(self, identity, sid, role, seq, commands, frames) -> None:
         if role == HB:
             self._on_heartbeat(identity, sid, commands)
-        elif role == RX and len(commands) == 1 and isinstance(commands[0], wire.Hello):
+        elif role == RX and len(commands) == 1:
             self._hello(sid, commands[0])
         elif role == TX:
             self._on_batch(sid, seq, commands, frames[2], frames[3:])
         else:
-            self._log_rejection("rejected a message from %r: unknown role or command",
+            self._log_rejection("rejected a message from %r: expected one Hello on rx",
                                 identity[:40])
-            self.send(identity, wire.Failed(-1, {"kind": "wire", "message": "wire: expected "
-                                                 "a Hello on SESSION/rx or commands on tx"}))
+            self.send(identity, wire.Failed(token=-1, info={
+                "kind": "wire", "message": "wire: expected one Hello on SESSION/rx (got "
+                f"{len(commands)} commands)"}))
 
     def _on_heartbeat(self, identity, sid, commands) -> None:
         session = self.sessions.get(sid)
         if session is not None:
             session.last_seen = time.monotonic()
         for command in commands:
-            if isinstance(command, wire.Ping):
-                self.send(identity, wire.Pong(command.id, self.incarnation))
-            elif isinstance(command, wire.EventDone) and session is not None:
-                self.fire_event(session, command.event, None, self.send, command.error)
-            elif isinstance(command, wire.PeerLost) and session is not None:
-                session.peer_lost(command.rank, command.reason)
+            if isinstance(command, wire.Ping):  # answered even to a master without a session
+                self.send(identity, wire.Pong(token=command.id, incarnation=self.incarnation))
+            elif session is not None:
+                getattr(self, "_" + command.handler)(session, command)
+
+    def _event_done(self, session, command) -> None:
+        self.fire_event(session, command.event, None, self.send, command.error)
+
+    def _peer_lost(self, session, command) -> None:
+        session.peer_lost(command.rank, command.reason)
 
     def _on_batch(self, sid, seq, commands, body, data) -> None:
         session = self.sessions.get(sid)
         if session is None:
-            self.send(sid + b"/" + RX, wire.Failed(-1, {
+            self.send(sid + b"/" + RX, wire.Failed(token=-1, info={
                 "kind": "unknown_session", "incarnation": self.incarnation,
                 "message": f"worker {self.address} has no session for this master (it "
                            "restarted, or freed the session after a silence)"}))
@@ -244,21 +267,18 @@ class Daemon:
     def _dispatch(self, session, commands, data) -> None:
         groups: dict[int, list] = {}
         for command in commands:
-            if type(getattr(command, "stream", -1)) is not int:  # a thread per junk id, else
-                raise TypeError(f"{type(command).__name__}: stream must be an int (got "
-                                f"{command.stream!r:.40})")
-            if isinstance(command, _SOCKET_COMMANDS):
+            if not command.on_stream:  # answered here, in order with the streams' work
                 self._submit(session, groups, data)
                 groups = {}
-                session = self._socket_command(session, command)
-                if session is None:
+                getattr(self, "_" + command.handler)(session, command)
+                if self.sessions.get(session.sid) is not session:  # it ended (Bye)
                     return
-            elif not (isinstance(command, _FAST_SYNC) and command.stream not in groups
+            elif not (command.sync_point and command.stream not in groups
                       and self._answer_now(session, command)):
-                if isinstance(command, wire.RecvFrom) and session.data is not None:
+                if command.posts_receive and session.data is not None:
                     session.data.post(command)
                     if command.token >= 0:
-                        self.send(session.identity, wire.Done(command.token, None))
+                        self.send(session.identity, wire.Done(token=command.token, value=None))
                 groups.setdefault(command.stream, []).append(command)
         self._submit(session, groups, data)
 
@@ -272,9 +292,9 @@ class Daemon:
         # GPU streams run asynchronously on the device: only their own thread may answer.
         if executor is None or executor.device != -1 or not executor.idle():
             return False
-        if isinstance(command, wire.Get):
+        if isinstance(command, wire.Get):  # the only sync point that copies bytes
             found = session.tensors.get(command.ref)
-            if getattr(found, "nbytes", _INLINE_LIMIT + 1) > _INLINE_LIMIT:
+            if not hasattr(found, "nbytes") or not wire.rides_inline(found.nbytes):
                 return False
         executor.execute(command, ())
         return True
@@ -285,46 +305,46 @@ class Daemon:
                 executor = session.stream(stream_id)
             except Exception as exc:
                 kind = "quota" if isinstance(exc, QuotaError) else "remote"
-                self.send(session.identity, wire.Failed(-1, {"kind": kind, "message": str(exc)}))
+                self.send(session.identity, wire.Failed(token=-1, info={
+                    "kind": kind, "message": str(exc)}))
                 continue
             executor.submit(commands, data)
 
-    def _socket_command(self, session, command):
-        """Handle a session-level command on the socket thread; None once the session ends."""
-        identity = session.identity
-        if isinstance(command, (wire.Hello, wire.Ping)):
-            return session
-        if isinstance(command, wire.Bye):  # answered once all is freed: the master may exit
-            self.end_session(session, wire.Done(command.id, None))
-            return None
-        if isinstance(command, wire.NewStream):
-            try:
-                session.stream(command.stream, command.device)
-            except QuotaError as exc:
-                self.send(identity, wire.Failed(-1, {"kind": "quota", "message": str(exc)}))
-        elif isinstance(command, wire.Query):
-            executor = session.streams.get(command.stream)
-            self.send(identity, wire.Done(command.token, executor is None or executor.idle()))
-        elif isinstance(command, wire.EventQuery):
-            self._event_query(session, command)
-        elif isinstance(command, wire.EventDone):
-            self.fire_event(session, command.event, None, self.send, command.error)
-        elif isinstance(command, wire.Profile):
-            trace, session.trace = session.trace, ([] if command.on else None)
-            if not command.on:
-                self.send(identity, wire.Done(command.token, trace or []))
-        elif isinstance(command, wire.Join):
-            from .data import SessionData
+    # -- session commands, answered on the socket thread ----------------------------------
 
-            if session.data is not None:  # closing a channel may wait on its peers: not here
-                lifecycle.off_thread(session.data.close, f"mwrt-rejoin-{session.node}")
-            # Publish this node's channel address now: a peer must never wait on the store
-            # for a node that died before its first transfer, only fail to connect to it.
-            session.data = SessionData(session, command)
-            session.data.start()
-        elif isinstance(command, wire.Stats):
-            self.send(identity, wire.Done(command.token, session.stats()))
-        return session
+    def _bye(self, session, command) -> None:
+        # Answered once all is freed, off this thread: the master may exit at the answer.
+        self.end_session(session, wire.Done(token=command.id, value=None))
+
+    def _new_stream(self, session, command) -> None:
+        try:
+            session.stream(command.stream, command.device)
+        except QuotaError as exc:
+            self.send(session.identity, wire.Failed(token=-1, info={
+                "kind": "quota", "message": str(exc)}))
+
+    def _query(self, session, command) -> None:
+        executor = session.streams.get(command.stream)
+        self.send(session.identity, wire.Done(token=command.token,
+                                              value=executor is None or executor.idle()))
+
+    def _profile(self, session, command) -> None:
+        trace, session.trace = session.trace, ([] if command.on else None)
+        if not command.on:
+            self.send(session.identity, wire.Done(token=command.token, value=trace or []))
+
+    def _join(self, session, command) -> None:
+        from .data import SessionData
+
+        if session.data is not None:  # closing a channel may wait on its peers: not here
+            lifecycle.off_thread(session.data.close, f"mwrt-rejoin-{session.node}")
+        # Publish this node's channel address now: a peer must never wait on the store for a
+        # node that died before its first transfer, only fail to connect to it.
+        session.data = SessionData(session, command)
+        session.data.start()
+
+    def _stats(self, session, command) -> None:
+        self.send(session.identity, wire.Done(token=command.token, value=session.stats()))
 
     def _hello(self, sid, command) -> Session | None:
         identity = sid + b"/" + RX
@@ -339,8 +359,9 @@ class Daemon:
                  command.node)
         from .. import arrays
 
-        self.send(identity, wire.Welcome(command.id, self.incarnation, socket.gethostname(),
-                                         os.getpid(), arrays.device_count(), ""))
+        self.send(identity, wire.Welcome(token=command.id, incarnation=self.incarnation,
+                                         hostname=socket.gethostname(), pid=os.getpid(),
+                                         devices=arrays.device_count(), data_address=""))
         return session
 
     def end_session(self, session, answer=None) -> None:
@@ -357,7 +378,7 @@ class Daemon:
                 state_waiters = session.event_waiters.setdefault(command.event, [])
                 state_waiters.append(command.token)
                 return
-        self.send(session.identity, wire.Done(command.token, {
+        self.send(session.identity, wire.Done(token=command.token, value={
             "done": state.fired.is_set(), "time": state.time}))
 
     def fire_event(self, session, event_id, when, send, error: str = "") -> None:
@@ -370,9 +391,10 @@ class Daemon:
             state.fired.set()
             waiters = session.event_waiters.pop(event_id, [])
         for token in waiters:
-            send(session.identity, wire.Done(token, {"done": True, "time": state.time}))
+            send(session.identity, wire.Done(token=token, value={"done": True,
+                                                                 "time": state.time}))
         if when is not None:
-            send(session.sid + b"/" + HB, wire.Fired(-1, event_id, state.time))
+            send(session.sid + b"/" + HB, wire.Fired(token=-1, event=event_id, time=state.time))
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -388,10 +410,8 @@ class Daemon:
 
     def load_function(self, session, blob: bytes):
         """Unpickle a user function (cloudpickle), cached by content: keyed daemons only."""
-        if self.keys is None:
-            raise PermissionError(
-                "remote: this worker has no key, so it does not run shipped code (any local "
-                "user could send it); start it with --key-file (see `mwrt-worker keygen`)")
+        if self.keys is None:  # handlers.py refuses needs_key commands first: defence in depth
+            raise PermissionError("remote: this worker has no key, so it runs no shipped code")
         digest = hashlib.sha256(blob).digest()
         fn = self._functions.get(digest)
         if fn is None:

@@ -19,14 +19,6 @@ from . import handlers
 
 log = logging.getLogger("mwrt.worker")
 
-DEFAULT_STREAM_LIMIT = 1 << 20  # ids below are default streams (id == device)
-_SYNC_POINTS = (wire.Get, wire.Meta, wire.Sync)
-# Run even after an error: sync points report it, frees and records must not be lost, and
-# a send or a collective tells its peers that nothing is coming.
-# Commands whose token asks for their result (a RecvFrom's token only acknowledges posting).
-_ANSWERED = (*_SYNC_POINTS, wire.SendTo)
-_ALWAYS_RUN = (*_SYNC_POINTS, wire.Free, wire.Record, wire.SendTo, wire.Collective)
-
 
 class StreamExecutor:
     """Runs one stream's commands on its own thread, in issue order."""
@@ -114,7 +106,7 @@ class StreamExecutor:
         """Run one command, turning its failure into this stream's sticky error."""
         if self.stopped:  # the session ended: its queued work has no one to answer to
             return
-        if self.error is not None and not isinstance(command, _ALWAYS_RUN):
+        if self.error is not None and not command.always_runs:
             handlers.poison(self, command, self.error)
             return
         trace = self.session.trace
@@ -130,9 +122,9 @@ class StreamExecutor:
                           handlers.arg_shapes(self, command)))
 
     def _fail(self, command, info: dict) -> None:
-        token = getattr(command, "token", -1) if isinstance(command, _ANSWERED) else -1
+        token = command.token if command.answered else -1
         if token >= 0:  # the master waits on this command's result: the error is its answer
-            self.reply(wire.Failed(token, info))
+            self.reply(wire.Failed(token=token, info=info))
             return
         self.error = info
         handlers.poison(self, command, info)
@@ -151,6 +143,6 @@ class StreamExecutor:
         if self.error is None:
             return False
         info, self.error = self.error, None
-        self.reply(wire.Failed(token, info))
+        self.reply(wire.Failed(token=token, info=info))
         return True
 

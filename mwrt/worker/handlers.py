@@ -1,7 +1,9 @@
-"""One handler per stream command, named like the command; they run on stream executors."""
+"""One handler per stream command, named like the command (Call: call, WaitEvent: wait_event);
+they run on stream executors."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -136,20 +138,21 @@ def get(ex, cmd, frames):
     if ex.raise_sticky(cmd.token):
         return
     host = np.asarray(arrays.to_host(resolve(ex, wire.Ref(cmd.ref))), order="C")
-    ex.reply(wire.Data(cmd.token, host.shape, host.dtype.str), [host.reshape(-1).view(np.uint8)])
+    ex.reply(wire.Data(token=cmd.token, shape=host.shape, dtype=host.dtype.str),
+             [host.reshape(-1).view(np.uint8)])
 
 
 def meta(ex, cmd, frames):
     if ex.raise_sticky(cmd.token):
         return
     value = resolve(ex, wire.Ref(cmd.ref))
-    ex.reply(wire.Done(cmd.token, {"shape": value.shape, "dtype": value.dtype.str}))
+    ex.reply(wire.Done(token=cmd.token, value={"shape": value.shape, "dtype": value.dtype.str}))
 
 
 def sync(ex, cmd, frames):
     ex.synchronize_device()
     if not ex.raise_sticky(cmd.token):
-        ex.reply(wire.Done(cmd.token, None))
+        ex.reply(wire.Done(token=cmd.token, value=None))
 
 
 def record(ex, cmd, frames):
@@ -175,10 +178,35 @@ def wait_event(ex, cmd, frames):
 
 from . import data  # noqa: E402  (its handlers use the helpers above)
 
-HANDLERS = {wire.Create: create, wire.Put: put, wire.Call: call, wire.Remote: remote,
-            wire.Free: free, wire.Get: get, wire.Meta: meta, wire.Sync: sync,
-            wire.Record: record, wire.WaitEvent: wait_event, wire.SendTo: data.send_to,
-            wire.RecvFrom: data.recv_from, wire.Collective: data.collective}
+
+def _keyed(handler):
+    """`handler` of a needs_key command: refused by a daemon without a key (any local user
+    could send it code), before anything is unpickled."""
+
+    @functools.wraps(handler)
+    def run(ex, cmd, frames):
+        if ex.session.daemon.keys is None:
+            raise PermissionError(
+                f"{cmd.handler}: this worker has no key, so it does not run shipped code (any "
+                "local user could send it); start it with --key-file (see `mwrt-worker keygen`)")
+        return handler(ex, cmd, frames)
+    return run
+
+
+def _handlers() -> dict:
+    """Every stream command's handler, found by its name here or in data.py."""
+    found = {}
+    for cls in wire.MESSAGES:
+        if cls.on_stream:
+            handler = globals().get(cls.handler) or getattr(data, cls.handler, None)
+            if handler is None:
+                raise ImportError(f"worker: no handler {cls.handler}() for {cls.__name__} (add "
+                                  "one to mwrt/worker/handlers.py)")
+            found[cls] = _keyed(handler) if cls.needs_key else handler
+    return found
+
+
+HANDLERS = _handlers()
 
 
 def op_name(command) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from .executor import DEFAULT_STREAM_LIMIT, StreamExecutor
+from ..protocol.wire import DEFAULT_STREAM_LIMIT
+from .executor import StreamExecutor
 from .quotas import Inflight, TensorTable
 
 

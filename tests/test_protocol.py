@@ -1,0 +1,162 @@
+"""One schema for every message (issue 14): each message class round-trips through the codec
+with its traits, the traits agree with the fields and with the worker's handlers, a command
+that does not belong on its socket is refused by name, and no module outside mwrt/protocol
+knows a wire code or builds a message as a bare tuple."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import msgpack
+import msgspec
+import pytest
+from conftest import stop_worker
+from test_faults_wire import RawMaster
+
+import mwrt
+from mwrt.protocol import wire
+from mwrt.worker import daemon, handlers
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.abspath(mwrt.__file__))
+_SAMPLES = {int: -7, str: "s", tuple: (1, (2, "x")), dict: {"k": (1,), "n": None}, bool: True,
+            bytes: b"\x00\xff", float: 2.5, object: {"shape": (2, 3), "dtype": "<f4"}}
+COMMANDS = [cls for cls in wire.MESSAGES if cls.socket]
+REPLIES = [cls for cls in wire.MESSAGES if not cls.socket]
+
+
+def _sample(cls):
+    """A message of `cls` with a value of each field's type."""
+    return cls(*(_SAMPLES[f.type] for f in msgspec.structs.fields(cls)))
+
+
+@pytest.mark.parametrize("cls", wire.MESSAGES, ids=lambda cls: cls.__name__)
+def test_every_message_round_trips_with_its_traits(cls):
+    message = _sample(cls)
+    body = wire.encode_body([message])
+    (back,) = wire.decode_body(body)
+    assert type(back) is cls and back == message
+    assert wire.traits(type(back)) == wire.traits(cls)
+    (row,) = msgpack.unpackb(body)  # the wire row: [code, *fields], as before the schema
+    assert row[0] == wire.code(cls) and len(row) == 1 + len(cls.__struct_fields__)
+
+
+def test_codes_are_dense_and_every_class_is_frozen():
+    assert [wire.code(cls) for cls in wire.MESSAGES] == list(range(len(wire.MESSAGES)))
+    message = _sample(wire.Sync)
+    with pytest.raises(AttributeError):
+        message.token = 1
+
+
+def test_traits_agree_with_the_fields():
+    for cls in COMMANDS:
+        fields = cls.__struct_fields__
+        assert fields[0] == "id", cls
+        assert cls.socket in ("tx", "rx", "hb"), cls
+        if cls.on_stream:
+            assert fields[1] == "stream" and cls.socket == "tx", cls
+        if cls.sync_point:
+            assert cls.on_stream and cls.answered and cls.always_runs, cls
+        if cls.answered or cls.posts_receive:
+            assert "token" in fields, cls
+        if cls.data_frame:
+            assert "frame" in fields, cls
+    for cls in REPLIES:
+        assert cls.__struct_fields__[0] == "token", cls
+        assert not any(getattr(cls, t) for t in wire.TRAITS if t not in ("socket", "handler"))
+
+
+def test_every_command_has_a_handler_named_like_it():
+    stream = {cls for cls in COMMANDS if cls.on_stream}
+    assert set(handlers.HANDLERS) == stream
+    for cls, handler in handlers.HANDLERS.items():
+        assert handler.__name__ == cls.handler, cls
+    for cls in COMMANDS:
+        if not cls.on_stream and cls is not wire.Ping:  # a Ping is answered inline, by Pong
+            assert callable(getattr(daemon.Daemon, "_" + cls.handler, None)), cls
+    assert wire.WaitEvent.handler == "wait_event" and wire.SendTo.handler == "send_to"
+
+
+def test_a_command_on_the_wrong_socket_is_refused_naming_it():
+    mwrt.shutdown()
+    from conftest import start_worker
+
+    process, address = start_worker()
+    master = RawMaster(address, "protocol")
+    try:
+        for seq, stray in enumerate([_sample(wire.Welcome), wire.PeerLost(id=1, rank=0,
+                                                                           reason="x"),
+                                     wire.Ping(id=1)], start=1):
+            master.batch(seq, [wire.Sync(id=seq, stream=-1, token=100 + seq), stray])
+            reply = master.recv()
+            assert isinstance(reply, wire.Failed) and reply.token == -1, reply
+            assert f"unknown command {type(stray).__name__} on SESSION/tx" in reply.info[
+                "message"]
+            assert master.recv(timeout=0.3) is None  # the Sync before it did not run either
+        master.batch(10, [wire.Sync(id=10, stream=-1, token=7)])
+        assert master.recv() == wire.Done(token=7, value=None)  # the session serves on
+    finally:
+        master.close()
+        stop_worker(process)
+
+
+# -- nothing outside mwrt/protocol knows a code or builds a bare tuple ----------------------
+
+# Calls that take a message: the attribute called, and which argument is the message.
+_TAKES_MESSAGE = {"issue": 0, "request": 0, "reply": 0, "send": 1, "append": 0}
+_NOT_MESSAGES = (ast.Tuple, ast.List, ast.BinOp)
+
+
+def _dotted(node) -> str:
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def wire_violations(source: str, where: str) -> list[str]:
+    """Places in `source` that use a wire code or pass a bare tuple where a message goes."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("code", "CODES", "encode_raw",
+                                                             "STREAM_CODES"):
+            if _dotted(node.value).split(".")[-1] in ("wire", "messages"):
+                found.append(f"{where}:{node.lineno}: {_dotted(node)}")
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        name, target = node.func.attr, _dotted(node.func.value)
+        index = _TAKES_MESSAGE.get(name)
+        if name == "append" and not target.endswith("batch"):
+            continue  # only a node's batch holds messages
+        if name == "send" and not target.endswith("wire"):
+            index = 1 if target.endswith("daemon") or target == "self" else None
+        if index is not None and len(node.args) > index and isinstance(node.args[index],
+                                                                       _NOT_MESSAGES):
+            found.append(f"{where}:{node.lineno}: {target}.{name}() given a bare "
+                         f"{type(node.args[index]).__name__.lower()}, not a message")
+    return found
+
+
+def test_the_checker_sees_codes_and_bare_tuples():
+    bad = ("node.issue((_CALL, next(node.ids), 0))\nx = wire.code(wire.Call)\n"
+           "self.batch.append((7, 1))\nnode.request((1, 2) + (3,), 'what')\n"
+           "self.send(identity, (1, 2))\n")
+    assert len(wire_violations(bad, "example")) == 5
+    good = ("node.issue(wire.Call(id=1, stream=0, outs=(), op='x', args=(1,), kwargs={}))\n"
+            "self.send(identity, wire.Done(token=1, value=(1, 2)))\n")
+    assert wire_violations(good, "example") == []
+
+
+def test_no_module_outside_protocol_knows_a_wire_code_or_builds_a_bare_tuple():
+    found = []
+    for folder, _, files in os.walk(ROOT):
+        if os.path.relpath(folder, ROOT).split(os.sep)[0] == "protocol":
+            continue
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    found += wire_violations(f.read(), os.path.relpath(path, ROOT))
+    assert not found, "build messages as wire.Name(field=...), never tuples or codes:\n" + \
+        "\n".join(found)
