@@ -230,3 +230,21 @@ def test_the_mpi_channel_is_refused_for_a_session_by_name():
     mwrt.shutdown()
     with pytest.raises(mwrt.MwrtError, match="mpi channel's ranks are the processes of one MPI"):
         mwrt.init_master_worker(local_workers=1, backend="mpi")
+
+
+def test_a_master_makes_room_for_its_nodes(tmp_path):
+    """A soft limit of 128 open files (ten per node would not fit) and a store capped at 4
+    connections: the master raises the one and the store sizes the other from the nodes."""
+    import subprocess
+    import sys
+
+    code = ("import resource, mwrt\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit("
+            "resource.RLIMIT_NOFILE)[1]))\n"
+            "mwrt.init_master_worker(local_workers=12)\n"
+            "print(sum(float(mwrt.ones(2, node=i).sum()) for i in range(12)))\n"
+            "mwrt.shutdown()\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ,
+                                           "MWRT_STORE_MAX_CONNECTIONS": "4"})
+    assert res.stdout.strip() == "24.0", res.stderr[-3000:]

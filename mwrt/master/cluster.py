@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import resource
 import socket
 import tempfile
 import threading
@@ -36,7 +37,7 @@ class Cluster:
         self.keys = keys  # the master's KeyFile, or None for unkeyed loopback daemons
         self.session_id = uuid.uuid4().hex
         self.master_name = f"{socket.gethostname()}:{os.getpid()}"
-        self.context = zmq.Context()
+        self.context = _context_for(len(addresses))
         self.local = local
         self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
@@ -63,7 +64,7 @@ class Cluster:
         given = config.get("master_addr")
         toward = [given or advertise_address(split_host_port(n.address)[0]) for n in self.nodes]
         bind = toward[0] if len(set(toward)) == 1 else "0.0.0.0"
-        self.store = TCPStore(toward[0], 0, is_master=True, bind=bind,
+        self.store = TCPStore(toward[0], 0, len(self.nodes) + 1, is_master=True, bind=bind,
                               key=self.keys.hmac_key if self.keys else None)
         tokens = []
         for node, host in zip(self.nodes, toward):
@@ -162,6 +163,29 @@ def init_master_worker(workers=None, *, local_workers: int | None = None,
             for worker in local:
                 worker.stop()
             raise
+
+
+# What one node costs the master: ZeroMQ sockets (tx, rx, hb, monitors) and descriptors
+# (those sockets' and the data channel's), measured in docs/scaling.md, with room to spare.
+_SOCKETS_PER_NODE, _FDS_PER_NODE, _FDS_SPARE = 8, 16, 256
+
+
+def _context_for(count: int) -> zmq.Context:
+    """A ZeroMQ context with room for `count` nodes, and the open-file limit to match: the
+    defaults (1,023 sockets, often 1,024 fds) stopped a master near 100-200 nodes with a
+    bare 'Too many open files'."""
+    need = _FDS_PER_NODE * count + _FDS_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < need:
+            log.warning("init_master_worker: %d nodes want about %d open files, but this "
+                        "process may open %d (ulimit -Hn); raise the hard limit if some fail",
+                        count, need, raised)
+    context = zmq.Context()
+    context.max_sockets = max(context.max_sockets, _SOCKETS_PER_NODE * count + 64)
+    return context
 
 
 def _session_channel(backend: str | None, channel: str | None) -> str | None:

@@ -242,10 +242,14 @@ def handle(store: BoundStore, generation, client: str, req) -> list:
 class StoreServer:
     """The master rank's side of a TCPStore: a listener, a thread per client, a reaper."""
 
-    def __init__(self, host: str, port: int, generation: int | None, key: bytes | None):
+    def __init__(self, host: str, port: int, generation: int | None, key: bytes | None,
+                 world_size: int | None = None):
         check_secure(host, key, "TCPStore")
         self.store, self.generation, self.key = BoundStore(), generation, key
-        self.max_connections = int(config.get("store_max_connections"))
+        # Every member may hold a connection for the whole job: a cap below that would turn
+        # the last ranks away, however large the cap looked.
+        self.max_connections = max(int(config.get("store_max_connections")),
+                                   (world_size or 0) + 64)
         self.limit, self.refused = frame_limit(), _Refusals()
         self.sock = _listen(host, port)
         self.port = self.sock.getsockname()[1]

@@ -52,7 +52,7 @@ class TCPStore(Store):
         self._server = None
         check_secure(host, key, "TCPStore")
         if is_master:
-            self._server = StoreServer(bind or host, port, generation, key)
+            self._server = StoreServer(bind or host, port, generation, key, world_size)
         self.port = self._server.port if self._server else int(port)
         self._lock = threading.Lock()
         self._free: list[socket.socket] = []
