@@ -125,10 +125,13 @@ def test_a_stranger_without_the_secret_is_refused_before_any_request(keyed, monk
 
 
 JOB = """
-import sys
+import os, sys, time
 import numpy as np
 import mwrt.distributed as dist
 dist.init_process_group("tcp", timeout=30)
+deadline = time.monotonic() + 20  # the store stays up until a stranger was turned away
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.01)
 x = np.ones(4, np.float32)
 dist.all_reduce(x)
 print("sum", x[0], flush=True)
@@ -142,9 +145,10 @@ def test_a_strangers_attempts_leave_the_real_job_running(tmp_path):
     script, port = tmp_path / "job.py", free_port()
     script.write_text(JOB)
     env = dict(os.environ, PYTHONPATH=ROOT, MWRT_JOB_SECRET="the-real-one")
+    refused_once = tmp_path / "refused"
     job = subprocess.Popen([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
-                            "2", "--master-port", str(port), str(script)], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            "2", "--master-port", str(port), str(script), str(refused_once)],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     refused = 0
     try:
         while job.poll() is None:  # knock while the job lives: refused, and no harm done
@@ -153,6 +157,7 @@ def test_a_strangers_attempts_leave_the_real_job_running(tmp_path):
                 raise AssertionError("a stranger's store client was admitted")
             except AuthError:
                 refused += 1
+                refused_once.touch()  # the job may finish now
             except RendezvousError:
                 pass  # not listening yet, or gone already
             time.sleep(0.01)  # knock, not flood: the flood tests are below
