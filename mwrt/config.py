@@ -63,6 +63,9 @@ SETTINGS = {
     "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", _host_ram() // 2, int,
                                 "largest tensor one command (or op result) may create "
                                 "(default: half of the host's RAM)"),
+    "max_unclaimed_bytes": Setting("MWRT_MAX_UNCLAIMED_BYTES", max(1 << 30, _host_ram() // 8),
+                                   int, "bytes of messages one peer may have waiting on a "
+                                   "data channel that no receive has claimed yet"),
     "session_bytes": Setting("MWRT_SESSION_BYTES", _host_ram() // 2, int,
                              "bytes of tensors one master may hold on a worker (default: half "
                              "of the host's RAM)"),

@@ -21,6 +21,8 @@ import time
 from collections import deque
 from functools import partial
 
+import numpy as np
+
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, WireError
 from .base import DataChannel, Work, byte_view, describe, size_mismatch
@@ -77,6 +79,10 @@ class MatchingChannel(DataChannel):
         self._cond = threading.Condition(self._lock)  # for subclasses that wait on the state
         self._boxes: dict[tuple[int, int], _Box] = {}
         self._gone: dict[int, str] = {}
+        # Bytes each peer sent that no receive claimed yet: a peer may not pile up more than
+        # MWRT_MAX_UNCLAIMED_BYTES (a stranger with the public key of an unkeyed daemon could).
+        self._unclaimed: dict[int, int] = {}
+        self._unclaimed_limit = int(config.get("max_unclaimed_bytes"))
 
     def gone(self, peer: int) -> str | None:
         return self._gone.get(peer)
@@ -118,6 +124,7 @@ class MatchingChannel(DataChannel):
             box = self._boxes.get((peer, tag))
             if box is not None and box.arrived:
                 msg = box.arrived.popleft()
+                self._claimed(peer, msg.total)
                 self._gc(peer, tag, box)
                 if view is not None and msg.total != view.nbytes:
                     raise size_mismatch(self, peer, tag, msg.desc, desc)
@@ -179,6 +186,7 @@ class MatchingChannel(DataChannel):
             if box is None or box.posted or not box.arrived or not box.arrived[0].done:
                 return None
             msg = box.arrived.popleft()
+            self._claimed(peer, msg.total)
             self._gc(peer, tag, box)
             return msg.buf
 
@@ -218,6 +226,7 @@ class MatchingChannel(DataChannel):
             if post is None and keep:
                 return memoryview(bytearray(data))
             if post is None:
+                self._unclaimed_more(peer, data.nbytes)
                 msg = _Msg(data.nbytes, desc)
                 msg.buf, msg.got, msg.done = memoryview(bytearray(data)), data.nbytes, True
                 if box is None:
@@ -268,6 +277,7 @@ class MatchingChannel(DataChannel):
         post = self._next_post(box)
         if post is None:
             msg.buf = self._stash(peer, total)
+            self._unclaimed_more(peer, total)
             box.arrived.append(msg)
         elif post.view is not None and post.view.nbytes != total:
             post.finished = True
@@ -283,7 +293,20 @@ class MatchingChannel(DataChannel):
         if total > limit:  # a peer's header must not make us allocate without bound
             raise WireError(f"rank {peer} announced a {total}-byte message, over the limit of "
                             f"{limit} bytes (MWRT_MAX_TENSOR_BYTES)")
-        return memoryview(bytearray(total))
+        # Uninitialized: its pages cost memory only as the bytes arrive, so a header that
+        # announces much and sends nothing costs nothing.
+        return memoryview(np.empty(total, np.uint8))
+
+    def _unclaimed_more(self, peer: int, nbytes: int) -> None:
+        """Count a stashed message against `peer`'s allowance (under the lock)."""
+        held = self._unclaimed.get(peer, 0) + nbytes
+        if held > self._unclaimed_limit:
+            raise WireError(f"rank {peer} has sent {held} bytes that no receive claimed, over "
+                            f"the limit of {self._unclaimed_limit} (MWRT_MAX_UNCLAIMED_BYTES)")
+        self._unclaimed[peer] = held
+
+    def _claimed(self, peer: int, nbytes: int) -> None:
+        self._unclaimed[peer] = self._unclaimed.get(peer, 0) - nbytes
 
     def _segment_done(self, peer, tag, seglen) -> None:
         with self._lock:
@@ -316,6 +339,7 @@ class MatchingChannel(DataChannel):
                         failed.append((msg.post, msg.got, msg.total))
                     if msg in box.arrived:
                         box.arrived.remove(msg)
+                        self._claimed(peer, msg.total)  # half a message: never received
                     box.current = None
                 self._gc(peer, tag, box)
             for post, _, _ in failed:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import socket
+import stat
+import struct
 
 import numpy as np
 
@@ -22,12 +25,15 @@ def new_name() -> str:
 class Segment:
     """A mapped /dev/shm segment; `slots` is an (n, slot_bytes) uint8 view of it."""
 
-    def __init__(self, name: str, nslots: int, slot_bytes: int, create: bool):
+    def __init__(self, name: str, nslots: int, slot_bytes: int, create: bool,
+                 owner: tuple[int, int] | None = None):
         self.path = os.path.join(DIR, name)
         fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
         try:
             if create:  # reserve the pages now: a full /dev/shm fails here, not as SIGBUS later
                 os.posix_fallocate(fd, 0, nslots * slot_bytes)
+            else:
+                _check_mappable(name, fd, nslots * slot_bytes, owner)
             self.mm = mmap.mmap(fd, nslots * slot_bytes, flags=mmap.MAP_SHARED | _POPULATE)
         except OSError:
             if create:
@@ -36,6 +42,14 @@ class Segment:
         finally:
             os.close(fd)
         self.slots = np.frombuffer(self.mm, np.uint8).reshape(nslots, slot_bytes)
+
+    @classmethod
+    def of_peer(cls, name: str, nslots: int, slot_bytes: int, sock) -> "Segment":
+        """Map the segment a peer on the other end of unix socket `sock` named: only one
+        that process made (its pid in the name, its uid owning the file), of the size said."""
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+        return cls(name, nslots, slot_bytes, create=False, owner=(pid, uid))
 
     def unlink(self) -> None:
         try:
@@ -49,3 +63,16 @@ class Segment:
             self.mm.close()
         except BufferError:
             pass  # a copy in flight still holds a view; the mapping goes with it
+
+
+def _check_mappable(name: str, fd: int, nbytes: int, owner: tuple[int, int] | None) -> None:
+    """ValueError unless the file is a regular file of at least `nbytes`, made by `owner`
+    (pid, uid): a peer may not make us map, and unlink, someone else's segment."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size < nbytes:
+        raise ValueError(f"segment {name}: {info.st_size} bytes, not the {nbytes} announced")
+    if owner is not None:
+        pid, uid = owner
+        if not name.startswith(f"mwrt-{pid}-") or info.st_uid != uid:
+            raise ValueError(f"segment {name} is not one the peer (pid {pid}, uid {uid}) made "
+                             f"(owned by uid {info.st_uid})")

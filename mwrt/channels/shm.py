@@ -39,6 +39,7 @@ from .sockets import HEADER, MAGIC, SocketChannel
 log = logging.getLogger("mwrt.channels")
 
 SHM, MAP = 2, 3
+_MAX_SLOTS, _MAX_SLOT_BYTES = 1024, 1 << 30  # what a peer's MAP frame may announce
 _ACK = struct.Struct("<I")
 
 
@@ -165,9 +166,14 @@ class ShmChannel(SocketChannel):
 
     def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc):
         if kind == MAP:
-            if not desc.startswith("mwrt-") or "/" in desc or aux < 1:
-                raise WireError(f"rank {peer} named a bad segment {desc!r} ({aux} slots)")
-            segment = Segment(desc, aux, total, create=False)
+            if not desc.startswith("mwrt-") or "/" in desc or not 1 <= aux <= _MAX_SLOTS or \
+                    not 1 <= total <= _MAX_SLOT_BYTES:
+                raise WireError(f"rank {peer} named a bad segment {desc!r} ({aux} slots of "
+                                f"{total} bytes)")
+            try:
+                segment = Segment.of_peer(desc, aux, total, sock.sock)
+            except (OSError, ValueError) as exc:
+                raise WireError(f"rank {peer} named a segment it cannot share: {exc}") from None
             segment.unlink()  # both sides hold it mapped now; the name is no longer needed
             old = self._in_segments.pop(peer, None)
             self._in_segments[peer] = segment
