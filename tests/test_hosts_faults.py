@@ -88,3 +88,16 @@ def test_a_worker_host_cut_mid_op_is_named_and_a_restored_link_serves_anew(hosts
         env=env, timeout=90)
     expected = float(sum(range(1 << 20)))
     assert res.stdout.split() == [str(expected)] * 2, res.stderr[-2000:]
+
+
+def test_a_full_dev_shm_costs_speed_not_the_session(hosts2):
+    """On a host whose /dev/shm is full (its own tmpfs), transfers and an shm all_reduce go
+    through sockets, warned once per peer, instead of failing or timing out."""
+    import os
+
+    program = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs",
+                           "full_shm.py")
+    res = hosts2[0].run([sys.executable, program], timeout=150,
+                        env={"MWRT_SYNC_TIMEOUT": "30", "MWRT_CHANNEL_TIMEOUT": "30"})
+    assert res.returncode == 0 and "ok: a full /dev/shm" in res.stdout, res.stderr[-3000:]
+    assert "no shared memory for rank" in res.stderr, res.stderr[-3000:]

@@ -331,7 +331,8 @@ class MatchingChannel(DataChannel):
             for (p, tag), box in list(self._boxes.items()):
                 if p != peer:
                     continue
-                failed += [(post, None, None) for post in box.posted]
+                # A closed channel already failed (and released) the posts it left here.
+                failed += [(post, None, None) for post in box.posted if not post.finished]
                 box.posted.clear()
                 msg = box.current
                 if msg is not None:

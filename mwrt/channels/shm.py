@@ -68,6 +68,7 @@ class ShmChannel(SocketChannel):
         self._in_segments: dict[int, Segment] = {}
         self._out_slots: dict[int, _OutSlots] = {}
         self._slots_lock = threading.Lock()
+        self._warned_no_shm: set[int] = set()
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
         # Slots that fit in L2 let the receiver read what the sender just wrote from cache.
         self.segment_bytes = min(self.segment_bytes, slot_bytes)
@@ -110,25 +111,37 @@ class ShmChannel(SocketChannel):
     # -- sending -----------------------------------------------------------------------
 
     def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline):
-        if total <= self.inline_bytes:
+        out = None if total <= self.inline_bytes else self._out(conn, peer, deadline)
+        if out is None:  # small, or no shared memory to be had: through the socket
             return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
-        out = self._out(conn, peer, deadline)
         slot = self._acquire_slot(out, conn, peer, deadline)
         np.copyto(out.segment.slots[slot, : seg.nbytes], np.frombuffer(seg, np.uint8))
         head = HEADER.pack(MAGIC, SHM, 0, len(desc), slot, tag, total, offset, seg.nbytes)
         self._write(conn, peer, [head + desc], deadline)
 
-    def _out(self, conn, peer, deadline) -> _OutSlots:
+    def _out(self, conn, peer, deadline) -> _OutSlots | None:
+        """Our slots toward `peer`, made on first use; None while /dev/shm has no room."""
         with self._slots_lock:
             out = self._out_slots.get(peer)
             if out is None:
                 name = new_name()
-                segment = Segment(name, self.nslots, self.segment_bytes, create=True)
+                try:
+                    segment = Segment(name, self.nslots, self.segment_bytes, create=True)
+                except OSError as exc:  # ENOSPC: a full (or capped) /dev/shm
+                    self._warn_no_shm(peer, exc)
+                    return None
                 out = self._out_slots[peer] = _OutSlots(segment, self.nslots)
                 head = HEADER.pack(MAGIC, MAP, 0, len(name), self.nslots, 0,
                                    self.segment_bytes, 0, 0)
                 self._write(conn, peer, [head + name.encode()], deadline)
             return out
+
+    def _warn_no_shm(self, peer: int, exc: OSError) -> None:
+        if peer not in self._warned_no_shm:  # once per peer: it is tried again each message
+            self._warned_no_shm.add(peer)
+            log.warning("%s channel rank %d: no shared memory for rank %d (%s: %s); large "
+                        "messages to it go through the socket until %s has room", self.name,
+                        self.rank, peer, type(exc).__name__, exc.strerror or exc, DIR)
 
     def _acquire_slot(self, out: _OutSlots, conn, peer, deadline) -> int:
         what = f"shm send rank {self.rank}->{peer}"
