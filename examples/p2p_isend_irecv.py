@@ -3,8 +3,6 @@
     mwrt-launch --nproc-per-node 2 examples/p2p_isend_irecv.py      # or: python examples/p2p_isend_irecv.py
 """
 
-import os
-
 import numpy as np
 
 import mwrt.distributed as dist
@@ -22,13 +20,5 @@ def main():
     dist.destroy_process_group()
 
 
-def spawned_main(rank):
-    """spawn's entry point (it must be importable): the rank comes from the environment."""
-    main()
-
-
 if __name__ == "__main__":
-    if "RANK" in os.environ:  # started by mwrt-launch
-        main()
-    else:  # plain python: start the ranks ourselves
-        dist.spawn(spawned_main, nprocs=int(os.environ.get("NPROC", "2")))
+    dist.run(main)  # this rank under mwrt-launch (or srun, mpirun); plain python: 2 ranks here

@@ -1,8 +1,11 @@
-"""Whether a local process still runs: used to name dead ranks and reap what they left."""
+"""Local processes: whether one still runs (to name dead ranks and reap what they left), and
+stopping the ones we started."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 
 
 def process_alive(pid: int) -> bool:
@@ -18,3 +21,32 @@ def process_alive(pid: int) -> bool:
             return stat.read().rpartition(b")")[2].split()[0] != b"Z"
     except (OSError, IndexError):
         return True  # no /proc: assume alive rather than accuse
+
+
+def stop_processes(procs, grace: float = 3.0) -> None:
+    """SIGTERM every process we started that still runs (subprocess.Popen or
+    multiprocessing.Process), then SIGKILL those not gone within `grace` seconds."""
+    running = [p for p in procs if _running(p)]
+    for p in running:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in running:
+        if not _wait(p, max(0.0, deadline - time.monotonic())):
+            p.kill()
+            _wait(p, grace)
+
+
+def _running(p) -> bool:
+    return p.poll() is None if isinstance(p, subprocess.Popen) else p.is_alive()
+
+
+def _wait(p, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for `p` to exit; True if it did."""
+    if isinstance(p, subprocess.Popen):
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    p.join(timeout)
+    return not p.is_alive()

@@ -56,7 +56,7 @@ from .objects import (
                   scatter_object_list,
                   send_object_list,
 )
-from .spawn import RankFailedError, spawn
+from .spawn import RankFailedError, run, spawn
 
 __all__ = [
     "ReduceOp", "Store", "HashStore", "TCPStore", "FileStore", "PrefixStore", "GroupMember", "Work",
@@ -70,5 +70,5 @@ __all__ = [
     "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
     "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
     "all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list",
-    "send_object_list", "recv_object_list", "spawn", "RankFailedError",
+    "send_object_list", "recv_object_list", "spawn", "run", "RankFailedError",
 ]

@@ -24,6 +24,7 @@ import threading
 import time
 
 from ..netaddr import is_loopback
+from ..procs import stop_processes
 from ..store.launchers import free_port, job_secret_env, rank_env, slurm_env
 
 _TAIL = 20
@@ -102,19 +103,6 @@ def _start(cmd, env):
     return proc, tail, pumps
 
 
-def _stop(procs, grace=3.0):
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def _exit_waiter(procs):
     """A wait(timeout) that returns as soon as another of `procs` exits, so the first rank to
     fail is seen before the ranks its death makes fail (pidfds; polling where there are none)."""
@@ -157,7 +145,7 @@ def run(opts) -> int:
                 if code is None:
                     running = True
                 elif code != 0:
-                    _stop([p for _, p, _, _ in ranks])
+                    stop_processes([p for _, p, _, _ in ranks])
                     for t in pumps:
                         t.join(2)
                     _report(rank, proc.pid, code, tail)
@@ -165,7 +153,7 @@ def run(opts) -> int:
             if not running:
                 return 0
     except KeyboardInterrupt:
-        _stop([p for _, p, _, _ in ranks])
+        stop_processes([p for _, p, _, _ in ranks])
         return 130
     finally:
         for _, _, _, pumps in ranks:

@@ -13,7 +13,7 @@ import pickle
 import numpy as np
 
 from ..collective import api as C
-from .api import group_rank_of, run_collective, recv, send
+from .api import group_rank_of, recv, run_collective, send
 
 
 def _pickled(obj) -> np.ndarray:

@@ -17,7 +17,8 @@ import time
 import traceback
 
 from ..errors import MwrtError
-from ..store.launchers import free_port, job_secret_env, rank_env
+from ..procs import stop_processes
+from ..store.launchers import free_port, job_secret_env, launched, rank_env
 from . import api
 
 
@@ -102,7 +103,7 @@ def _join(procs, errors, timeout) -> None:
             if failed:
                 raise _failed(failed, errors)
     finally:
-        _stop(p for _, p in alive.values())
+        stop_processes([p for _, p in alive.values()])
 
 
 def _failed(failed: dict[int, int], errors) -> RankFailedError:
@@ -124,13 +125,16 @@ def _failed(failed: dict[int, int], errors) -> RankFailedError:
     return RankFailedError(text, rank=rank, exitcode=exitcode)
 
 
-def _stop(procs, grace: float = 3.0) -> None:
-    """Terminate the processes we started (by pid), then kill those that linger."""
-    procs = [p for p in procs if p.is_alive()]
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        p.join(grace)
-        if p.is_alive():
-            p.kill()
-            p.join(grace)
+def _call_main(rank: int, main) -> None:
+    main()
+
+
+def run(main, nprocs: int | None = None) -> None:
+    """Run a script's main() as a rank: right here when a launcher started this process
+    (mwrt-launch, torchrun, srun, mpirun), else in `nprocs` ranks started here (default
+    $NPROC, else 2), each calling main() with the rank in its environment."""
+    if launched():
+        main()
+        return
+    count = nprocs if nprocs is not None else int(os.environ.get("NPROC", "2"))
+    spawn(_call_main, args=(main,), nprocs=count)

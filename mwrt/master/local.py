@@ -10,6 +10,8 @@ import time
 
 import mwrt
 
+from ..procs import stop_processes
+
 
 class LocalWorker:
     """A daemon process on this machine, listening on a loopback port it picked."""
@@ -44,13 +46,7 @@ class LocalWorker:
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_processes([self.process], timeout)
         if self.process.stdout is not None:
             self.process.stdout.close()
 

@@ -89,6 +89,13 @@ def mpi_env(env=os.environ) -> dict[str, str] | None:
     return None
 
 
+def launched(env=os.environ) -> bool:
+    """True when a launcher started this process as a rank: torchrun, mwrt-launch,
+    dist.spawn (RANK), srun or mpirun (their rank variables)."""
+    names = ["RANK", "SLURM_PROCID"] + [rank for rank, _, _, _ in _MPI_VARIABLES]
+    return any(name in env for name in names)
+
+
 def launcher_env(env=os.environ) -> dict[str, str]:
     """What env:// needs that the launcher did not set as torchrun does: {} when RANK is set
     (torchrun, mwrt-launch, dist.spawn), else SLURM's or MPI's, else {}."""
