@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import config
+from .group import ProcessGroup
 from .reduce_ops import ReduceOp
 
 _DERIVED = 0x800000  # group ids of subgroups: this bit, the parent's id, a subgroup number
@@ -68,8 +69,6 @@ def _make(group) -> Levels | None:
 
 
 def _subgroup(group, members: list[int], number: int, what: str):
-    from .group import ProcessGroup
-
     sub = ProcessGroup(group.channel, [group.ranks[r] for r in members],
                        group_id=_DERIVED | ((group.group_id & 0x7FFF) << 8) | number,
                        store=group.store, prefix=group.prefix, peers=group.peers,
