@@ -178,8 +178,12 @@ def all_gather(group, out, buf) -> None:
         if group.size == 1:
             dst[:] = arr
             return
+        two = hierarchy.levels(group)
         with group.collective("all_gather", dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as call:
+            if two is not None:
+                call.settle()
+                return hierarchy.all_gather(two, dst, arr, group.rank)
             if call.run_native("all_gather", dst, arr) or arr.size == 0:
                 return
             if dst.nbytes <= group.small_bytes:

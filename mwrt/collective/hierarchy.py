@@ -6,7 +6,9 @@ group rank), talks across the network: the proposal's hierarchy, as NCCL and tun
 do it. An all_reduce is a reduce to each leader, an all_reduce among the leaders and a
 broadcast from each leader, so the network carries each host's data once instead of
 once per rank. A broadcast goes out on the root's host, across the leaders, then out on
-every other host.
+every other host. An all_gather gathers each host's blocks to its leader, gathers the
+hosts' blocks among the leaders, and broadcasts the whole on each host (then puts the
+blocks in rank order, where the hosts' ranks interleave).
 
 The layout comes from the channel (`host_of`, the same answer on every rank), so every
 rank takes the same path; it applies to groups spanning several hosts with several ranks
@@ -40,6 +42,7 @@ class Levels:
     host_of_rank: list  # group rank -> host index
     leader_of_host: list  # host index -> the leader's group rank
     ranks: list  # group rank -> channel rank, as the parent group has them
+    members: list  # host index -> its group ranks, ascending
 
 
 def levels(group) -> Levels | None:
@@ -65,7 +68,7 @@ def _make(group) -> Levels | None:
     host = _subgroup(group, members[mine], 1 + mine, f"host {mine}'s ranks")
     leaders = _subgroup(group, leader_of_host, 0, "host leaders") \
         if group.rank == leader_of_host[mine] else None
-    return Levels(host, leaders, host_of_rank, leader_of_host, list(group.ranks))
+    return Levels(host, leaders, host_of_rank, leader_of_host, list(group.ranks), members)
 
 
 def _subgroup(group, members: list[int], number: int, what: str):
@@ -103,3 +106,20 @@ def broadcast(lv: Levels, arr: np.ndarray, root: int, rank: int) -> None:
     if lv.host_of_rank[rank] != root_host:
         api.broadcast(lv.host, arr, root=0)
 
+
+def all_gather(lv: Levels, dst: np.ndarray, arr: np.ndarray, rank: int) -> None:
+    """Gather on each host, all_gather the hosts' blocks among the leaders, broadcast."""
+    from . import api
+
+    c, order = arr.size, [r for members in lv.members for r in members]
+    staged = dst if order == sorted(order) else np.empty_like(dst)  # host-major order
+    mine = lv.host_of_rank[rank]
+    start = sum(len(m) for m in lv.members[:mine]) * c
+    block = staged[start:start + len(lv.members[mine]) * c]
+    api.gather(lv.host, arr, block if lv.leaders is not None else None, root=0)
+    if lv.leaders is not None:
+        api.all_gather_v(lv.leaders, staged, block, [len(m) * c for m in lv.members])
+    api.broadcast(lv.host, staged, root=0)
+    if staged is not dst:
+        for i, r in enumerate(order):
+            dst[r * c:(r + 1) * c] = staged[i * c:(i + 1) * c]

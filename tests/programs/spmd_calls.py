@@ -45,6 +45,10 @@ def rooted_and_p2p(rank: int, size: int) -> None:
     dist.recv(box, left)  # blocking, while our own send is in flight
     sending.wait()
     assert np.array_equal(box, data(left, 5, 3))
+    for n in (5, 40000):  # an even all_gather, small and large (two-level across hosts)
+        even = [np.zeros(n) for _ in range(size)]
+        dist.all_gather(even, np.full(n, float(rank)))
+        assert all((e == r).all() for r, e in enumerate(even)), "all_gather"
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "host": socket.gethostname()})
     assert [o["rank"] for o in objects] == list(range(size))
