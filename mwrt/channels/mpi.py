@@ -20,6 +20,7 @@ their send order; collectives of one group never are.
 
 from __future__ import annotations
 
+import os
 import time
 
 from ..errors import ChannelClosedError, ChannelTimeoutError, ConfigError
@@ -32,7 +33,8 @@ except ImportError as exc:
                       "(MPICH from PyPI), or mpi4py built against your cluster's MPI "
                       f"({exc})") from exc
 
-_SPIN_SECONDS = 1.0  # a waiting rank tests flat out this long, as MPI_Wait would
+_SPIN_SECONDS = 20e-6  # a waiting rank tests flat out this long (peers answer in µs), then
+_YIELD_SECONDS = 1.0  # tests, yielding the CPU between tests, this long, as MPI_Wait would
 _MAX_SLEEP = 1e-3
 
 
@@ -131,16 +133,21 @@ class MpiChannel(DataChannel):
 def poll(done, deadline: float, what: str, timeout: float, closed=lambda: False,
          hint: str = "", peer: int | None = None) -> None:
     """Call `done()` until it is true, a named error at the deadline (MPI itself never times
-    out). Spin, as MPI's blocking calls do: MPI moves a nonblocking operation's bytes only
-    inside its calls, so sleeping between tests would stall the transfer itself. A wait
-    that outlasts the spin is a late peer: then sleep, with a growing backoff."""
-    spin_until, sleep = time.monotonic() + _SPIN_SECONDS, 1e-5
+    out). Test without sleeping, as MPI's blocking calls do: MPI moves a nonblocking
+    operation's bytes only inside its calls, so sleeping between tests would stall the
+    transfer itself; but yield the CPU between tests after a few microseconds, or ranks
+    that outnumber the cores starve the ones they wait for. A wait that outlasts a second
+    is a late peer: then sleep, with a growing backoff."""
+    start = time.monotonic()
+    spin_until, yield_until, sleep = start + _SPIN_SECONDS, start + _YIELD_SECONDS, 1e-5
     while not done():
         if closed():
             raise ChannelClosedError(f"{what}: the channel was closed", peer=peer)
         now = time.monotonic()
         if now > deadline:
             raise ChannelTimeoutError(f"{what}: not done after {timeout} s; {hint}")
-        if now > spin_until:
+        if now > yield_until:
             time.sleep(sleep)
             sleep = min(sleep * 2, _MAX_SLEEP)
+        elif now > spin_until:
+            os.sched_yield()
