@@ -141,7 +141,9 @@ def load_key_file(path: str) -> KeyFile:
     import json
     import os
 
-    path = os.path.expanduser(path)  # "~/mwrt-keys/master.key" as the README writes it
+    from .. import config
+
+    path = config.expand_path(path)  # "~/mwrt-keys/master.key" as the README writes it
     try:
         with open(path) as f:
             data = json.load(f)
@@ -177,6 +179,9 @@ def keygen(directory: str) -> tuple[str, str]:
     """Write worker.key and master.key into `directory`; returns their paths."""
     import os
 
+    from .. import config
+
+    directory = config.expand_path(directory)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     worker, master = generate_cluster_keys()
     paths = os.path.join(directory, "worker.key"), os.path.join(directory, "master.key")
@@ -226,11 +231,14 @@ def connect_curve(socket, keys: KeyFile) -> None:
 
 
 class MasterAdmission:
-    """ZAP callback: admit exactly the masters listed in the worker's key file; log refusals."""
+    """ZAP callback: admit exactly the masters listed in the worker's key file; log refusals
+    (the only log line of such a refusal: the daemon's monitor leaves these to it)."""
 
     def __init__(self, keys: KeyFile):
         self.allowed = set(keys.trusted)
         self.refused = 0
+        self.peer = "?"  # address of the connection being judged, set by the authenticator
+        self.logged: set[tuple[str, bytes]] = set()
 
     def callback(self, domain: str, key: bytes) -> bool:
         import zmq.utils.z85
@@ -239,8 +247,12 @@ class MasterAdmission:
         if encoded in self.allowed:
             return True
         self.refused += 1
-        log.warning("refused a master whose CURVE key is not in the key file (key %s...)",
-                    encoded[:8].decode(errors="replace"))
+        # A master knocks on two sockets (and retries): one line per peer and key is enough.
+        if (self.peer, encoded) not in self.logged and len(self.logged) < 1024:
+            self.logged.add((self.peer, encoded))
+            log.warning("refused a master at %s whose CURVE key is not in the key file "
+                        "(key %s...); add its master.key's public key or give it this "
+                        "worker's master.key", self.peer, encoded[:8].decode(errors="replace"))
         return False
 
 
@@ -248,7 +260,104 @@ def start_authenticator(context, keys: KeyFile):
     """Start the ZAP handler thread that checks masters' keys for `context`'s sockets."""
     from zmq.auth.thread import ThreadAuthenticator
 
-    authenticator = ThreadAuthenticator(context, log=logging.getLogger("mwrt.auth"))
+    admission = MasterAdmission(keys)
+
+    class Authenticator(ThreadAuthenticator):
+        async def handle_zap_message(self, msg):
+            # The ZAP request's 4th frame is the peer's IP: the callback only gets the key.
+            admission.peer = msg[3].decode(errors="replace") if len(msg) > 3 else "?"
+            await super().handle_zap_message(msg)
+
+    authenticator = Authenticator(context, log=logging.getLogger("mwrt.auth"))
     authenticator.start()
-    authenticator.configure_curve_callback("*", MasterAdmission(keys))
+    authenticator.configure_curve_callback("*", admission)
     return authenticator
+
+
+# -- why a CURVE handshake failed, from a socket monitor's event --------------------------
+
+
+def _mismatch(event: int, value: int) -> bool:
+    """One side speaks CURVE, the other plain ZMTP (NULL): one of them has no key."""
+    import zmq
+
+    return (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+
+
+def speaks_curve(context, address: str, timeout: float = 2.0) -> bool:
+    """Whether the daemon at `address` requires CURVE: a plain (keyless) probe connection's
+    handshake fails there. Only asked after a refusal, whose event alone can be ambiguous."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    probe = context.socket(zmq.DEALER)
+    probe.setsockopt(zmq.LINGER, 0)
+    monitor = probe.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                       | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                       | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+    try:
+        probe.connect(address)
+        if not monitor.poll(timeout * 1000):
+            return True  # no verdict: say what the refusal itself suggests
+        return recv_monitor_message(monitor)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+    finally:
+        probe.disable_monitor()
+        monitor.close(linger=0)
+        probe.close(linger=0)
+
+
+def master_refusal(event: int, value: int, keys, worker: str, context, address: str) -> str:
+    """The master's error for a failed handshake: which side lacks a key, or that they differ
+    (a keyed master hung up on learns which by a keyless probe)."""
+    import zmq
+
+    if keys is None:  # a keyless master's handshake fails only against a CURVE worker
+        return (f"{worker}: requires a key and this master has none; pass key= (the "
+                "master.key made with the worker's key by `mwrt-worker keygen`) or set "
+                "MWRT_KEY_FILE")
+    hung_up = event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    if _mismatch(event, value) or (hung_up and not speaks_curve(context, address)):
+        return (f"{worker}: has no key, but this master offers one (CURVE); start the worker "
+                "with --key-file worker.key from the same `mwrt-worker keygen`, or connect "
+                "without key= and MWRT_KEY_FILE")
+    return (f"{worker}: refused this master's key (the keys do not match: a master.key made "
+            "for other workers, or before a re-keygen); use the master.key made with the "
+            "worker's key (mwrt-worker keygen) via key= or MWRT_KEY_FILE")
+
+
+def worker_refusal(event: int, value: int, worker_keyed: bool) -> str:
+    """Why a worker refused a connection, for its log."""
+    import zmq
+
+    if _mismatch(event, value) and worker_keyed:
+        return "it offered no key (a master without a key file, or not a master at all)"
+    if _mismatch(event, value):
+        return "it offered a CURVE key but this worker has none (start it with --key-file)"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
+            value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return ("its CURVE handshake did not decrypt (a master.key made for other workers, or "
+                "before a re-keygen)")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and not worker_keyed:
+        # A keyed master sees the mismatch first and hangs up: the worker sees only that.
+        return ("it hung up during the handshake (a master with a key file? this worker has "
+                "none: start it with --key-file)")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return ("it hung up during the handshake (a master whose key does not fit this "
+                "worker's, or not a master at all)")
+    return zmq.Event(event).name.lower().replace("_", " ")
+
+
+UNNAMED = "an unnamed peer (gone before its address could be read)"
+
+
+def peer_of_fd(fd: int) -> str:
+    """'host:port' of the TCP connection on `fd` (a monitor's ACCEPTED event), else UNNAMED."""
+    import socket
+
+    try:
+        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as sock:  # a dup: ours
+            address = sock.getpeername()
+    except OSError:  # closed already: a refusal is often faster than any monitor
+        return UNNAMED
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
