@@ -156,9 +156,14 @@ def unknown_variables(environ=None) -> list[tuple[str, str | None]]:
             for name in sorted(environ) if name.startswith("MWRT_") and name not in known]
 
 
-def check_environment(environ=None) -> None:
-    """Warn about each MWRT_* variable that no setting reads: a typo is otherwise silent."""
-    for name, closest in unknown_variables(environ):
+def check_environment() -> None:
+    """Warn (once per process) about each MWRT_* variable no setting reads: a typo is
+    otherwise silent. The first setting read calls it; so do the command lines."""
+    global _checked
+    if _checked:
+        return
+    _checked = True
+    for name, closest in unknown_variables():
         hint = f"did you mean {closest}?" if closest else "`mwrt config` lists the known ones"
         log.warning("%s: not an mwrt setting, ignored; %s", name, hint)
 
@@ -170,10 +175,7 @@ def source(name: str) -> str:
 
 def get(name: str):
     """Return the setting `name`, from its MWRT_* variable if set, else its default."""
-    global _checked
-    if not _checked:  # once per process, at the first setting read
-        _checked = True
-        check_environment()
+    check_environment()
     try:
         setting = SETTINGS[name]
     except KeyError:

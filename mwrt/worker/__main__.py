@@ -94,6 +94,7 @@ def keygen_main(argv) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    config.check_environment()
     if argv[:1] == ["keygen"]:
         return keygen_main(argv[1:])
     # The env file comes first: its settings are the other options' defaults.
