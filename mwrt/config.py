@@ -139,6 +139,13 @@ SETTINGS = {
 }
 
 
+# MWRT_* variables that are not settings of this package but of its scripts and tests: never
+# warned about as typos.
+OTHER_VARIABLES = {
+    "MWRT_RUN_DIR": "worker/slurm_workers.sh", "MWRT_PORT": "worker/slurm_workers.sh",
+    "MWRT_TEST_SEED": "tests", "MWRT_FUZZ_FRAMES": "tests", "MWRT_FUZZ_SEED": "tests",
+    "MWRT_LOAD_SECONDS": "tests", "MWRT_LOAD_RATE": "tests", "MWRT_LOAD_SEED": "tests",
+}
 log = logging.getLogger("mwrt.config")
 _checked = False
 
@@ -153,7 +160,8 @@ def unknown_variables(environ=None) -> list[tuple[str, str | None]]:
     environ = os.environ if environ is None else environ
     known = [setting.env for setting in SETTINGS.values()]
     return [(name, next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.6)), None))
-            for name in sorted(environ) if name.startswith("MWRT_") and name not in known]
+            for name in sorted(environ) if name.startswith("MWRT_") and name not in known
+            and name not in OTHER_VARIABLES]
 
 
 def check_environment() -> None:

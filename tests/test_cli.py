@@ -111,7 +111,8 @@ def test_config_reports_a_malformed_value():
 
 
 def test_mistyped_variable_is_named_with_the_closest_setting():
-    env = {"MWRT_SYNC_TIMOUT": "3", "MWRT_ZZZ": "1"}
+    env = {"MWRT_SYNC_TIMOUT": "3", "MWRT_ZZZ": "1", "MWRT_RUN_DIR": "/tmp"}  # the last: a
+    # variable of worker/slurm_workers.sh, not a typo
     result = run("mwrt", "config", env=env)
     assert result.returncode == 1
     lines = [line for line in result.stdout.splitlines() if line.startswith("unknown variable")]

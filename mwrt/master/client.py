@@ -25,6 +25,7 @@ from .. import config
 from ..errors import (AuthError, ChannelError, MwrtError, QuotaError, RemoteError, WireError,
                       WorkerLostError)
 from ..protocol import auth, wire
+from ..protocol.refusals import master_refusal
 from .limits import Limits
 
 log = logging.getLogger("mwrt")
@@ -124,7 +125,7 @@ class Node:
             if monitor in ready:
                 event = recv_monitor_message(monitor)
                 if event["event"] in _AUTH_FAILURES:
-                    raise AuthError(auth.master_refusal(
+                    raise AuthError(master_refusal(
                         event["event"], event["value"], self.cluster.keys,
                         f"worker {self.address} (node {self.index})", self.cluster.context,
                         self.address))

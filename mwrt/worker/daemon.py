@@ -27,6 +27,7 @@ from ..errors import ConfigError, QuotaError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
+from ..protocol.refusals import RefusalLog
 from . import lifecycle, quotas
 from .session import Session
 
@@ -35,8 +36,6 @@ log = logging.getLogger("mwrt.worker")
 # A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
 # it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
 TX, RX, HB = b"tx", b"rx", b"hb"
-_REFUSALS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_ACCEPTED)
 _REJECTION_WINDOW, _REJECTIONS_LOGGED = 10.0, 20  # seconds, log lines per window
 _ROLES = {TX: "tx", RX: "rx", HB: "hb"}
 
@@ -102,9 +101,7 @@ class Daemon:
         self.stopping = False
         self._functions: dict[bytes, object] = {}
         self._rejections = [0.0, 0, 0]  # window start, rejections in it, not logged
-        self._peer = auth.UNNAMED  # the last accepted connection's peer, until a refusal
-        self._refusals_pending: dict = {}  # host -> (peer, why), logged at the next tick
-        self._refusals_seen: dict = {}  # host -> when last logged
+        self.refusals = RefusalLog(keys is not None, self._log_rejection, _REJECTION_WINDOW)
         self._ending: list[threading.Thread] = []  # sessions being freed off the socket thread
 
     # -- the loop -------------------------------------------------------------------------
@@ -114,7 +111,7 @@ class Daemon:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.replies, zmq.POLLIN)
-        monitor = self.router.get_monitor_socket(_REFUSALS)
+        monitor = self.router.get_monitor_socket(RefusalLog.EVENTS)
         poller.register(monitor, zmq.POLLIN)
         next_reap = time.monotonic() + 1.0
         while not self.stopping:
@@ -124,14 +121,13 @@ class Daemon:
             if self.router in ready:
                 self._drain(self.router, self._on_message)
             if monitor in ready:
-                self._log_refusal(recv_monitor_message(monitor))
+                self.refusals.note(recv_monitor_message(monitor))
             if time.monotonic() >= next_reap:
                 self._reap()
-                self._flush_refusals()
+                self.refusals.flush()
                 next_reap = time.monotonic() + 1.0
-        while monitor.poll(0):  # refusals seen just before the stop are logged too
-            self._log_refusal(recv_monitor_message(monitor))
-        self._flush_refusals()
+        self.refusals.drain(monitor)
+        self.refusals.flush()
         self.router.disable_monitor()
         monitor.close(linger=0)
         self.close()
@@ -149,38 +145,6 @@ class Daemon:
             log.warning(message, *args)
         else:
             self._rejections[2] += 1
-
-    def _log_refusal(self, event: dict) -> None:
-        """Note a refused connection; _flush_refusals logs it, once per peer host and window
-        (a master knocks on three sockets and retries). The ACCEPTED event before a refusal
-        names the peer, when its connection is not gone before we ask."""
-        kind, value = event["event"], event["value"]
-        if kind == zmq.EVENT_ACCEPTED:
-            self._peer = auth.peer_of_fd(value)
-            return
-        if self._peer == auth.UNNAMED and self._refusals_pending:
-            return  # most likely another socket of a peer already noted
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self.keys is not None:
-            return  # the ZAP handler (auth.MasterAdmission) logged it, with the master's key
-        host = self._peer.rsplit(":", 1)[0] if self._peer != auth.UNNAMED else self._peer
-        if host not in self._refusals_pending and len(self._refusals_pending) < 1024:
-            self._refusals_pending[host] = (self._peer, auth.worker_refusal(
-                kind, value, self.keys is not None))
-        self._peer = auth.UNNAMED
-
-    def _flush_refusals(self) -> None:
-        """Log the refusals noted since the last call: an unnamed one only if none is named."""
-        pending, self._refusals_pending = self._refusals_pending, {}
-        if len(pending) > 1:
-            pending.pop(auth.UNNAMED, None)
-        now = time.monotonic()
-        if len(self._refusals_seen) >= 1024:  # many strangers: forget; _log_rejection caps
-            self._refusals_seen.clear()
-        for host, (peer, reason) in pending.items():
-            last = self._refusals_seen.get(host)
-            if last is None or now - last >= _REJECTION_WINDOW:
-                self._refusals_seen[host] = now
-                self._log_rejection("refused a connection from %s: %s", peer, reason)
 
     def stop(self) -> None:
         self.stopping = True
