@@ -171,9 +171,14 @@ def check_environment() -> None:
     if _checked:
         return
     _checked = True
-    for name, closest in unknown_variables():
+    warn_unknown(os.environ)
+
+
+def warn_unknown(environ, where: str = "") -> None:
+    """Warn about each MWRT_* variable of `environ` that no setting reads (`where`: its file)."""
+    for name, closest in unknown_variables(environ):
         hint = f"did you mean {closest}?" if closest else "`mwrt config` lists the known ones"
-        log.warning("%s: not an mwrt setting, ignored; %s", name, hint)
+        log.warning("%s%s: not an mwrt setting, ignored; %s", where, name, hint)
 
 
 def source(name: str) -> str:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import stop_worker
+from conftest import start_worker, stop_worker
 
 import mwrt
 from mwrt import config
@@ -126,6 +126,17 @@ def test_any_mwrt_process_warns_once_about_a_mistyped_variable(tmp_path):
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "MWRT_KEYFILE" in line]
     assert len(warnings) == 1 and "did you mean MWRT_KEY_FILE?" in warnings[0], result.stderr
+
+
+def test_worker_env_file_typo_is_warned_about(tmp_path):
+    env_file = tmp_path / "worker.env"
+    env_file.write_text("MWRT_LOG_LEVEL=INFO\nMWRT_SESION_BYTES=1000000\n")
+    process, _ = start_worker("--env-file", str(env_file))
+    process.terminate()
+    _, log = process.communicate(timeout=10)
+    warnings = [line for line in log.splitlines() if "SESION" in line]
+    assert warnings == [f"{env_file}: MWRT_SESION_BYTES: not an mwrt setting, ignored; did you "
+                        "mean MWRT_SESSION_BYTES?"], log
 
 
 def test_readme_recipe_with_tilde_in_the_key_file(tmp_path):

@@ -101,7 +101,9 @@ def main(argv=None) -> int:
     env_file = build_parser().parse_known_args(argv)[0].env_file
     if env_file:
         try:
-            os.environ.update(read_env_file(env_file))
+            settings = read_env_file(env_file)
+            os.environ.update(settings)
+            config.warn_unknown(settings, where=f"{env_file}: ")
         except (OSError, ValueError) as exc:
             print(f"mwrt-worker: --env-file: {exc}", file=sys.stderr)
             return 2
