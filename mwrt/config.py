@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ class Setting:
     default: object
     kind: type
     doc: str
+    path: bool = False  # a file or folder: `~` and $VARIABLES are expanded
 
 
 def _host_ram() -> int:
@@ -45,7 +48,10 @@ SETTINGS = {
     "workers": Setting("MWRT_WORKERS", "", str, "comma-separated host:port of worker daemons"),
     "local_workers": Setting("MWRT_LOCAL_WORKERS", 2, int, "daemons started when none are named"),
     "registry": Setting("MWRT_REGISTRY", "", str,
-                        "directory where `mwrt-worker --register` daemons announce themselves"),
+                        "directory where `mwrt-worker --register` daemons announce themselves",
+                        path=True),
+    "listen": Setting("MWRT_LISTEN", "127.0.0.1:7070", str,
+                      "HOST:PORT an mwrt-worker serves masters on (port 0 picks a free one)"),
     "num_workers": Setting("MWRT_NUM_WORKERS", 0, int,
                            "registered workers a master waits for (with MWRT_REGISTRY)"),
     "connect_timeout": Setting("MWRT_CONNECT_TIMEOUT", 10.0, float, "seconds to reach a worker"),
@@ -128,26 +134,104 @@ SETTINGS = {
     "shm_stage_bytes": Setting("MWRT_SHM_STAGE_BYTES", 4 << 20, int,
                                "shm all_reduce up to this size goes through shared staging "
                                "areas (in-cache copies beat single-copy reads); 0: off"),
-    "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC"),
+    "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC", path=True),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }
 
 
+# MWRT_* variables that are not settings of this package but of its scripts and tests: never
+# warned about as typos.
+OTHER_VARIABLES = {
+    "MWRT_RUN_DIR": "worker/slurm_workers.sh", "MWRT_PORT": "worker/slurm_workers.sh",
+    "MWRT_TEST_SEED": "tests", "MWRT_FUZZ_FRAMES": "tests", "MWRT_FUZZ_SEED": "tests",
+    "MWRT_LOAD_SECONDS": "tests", "MWRT_LOAD_RATE": "tests", "MWRT_LOAD_SEED": "tests",
+}
+log = logging.getLogger("mwrt.config")
+_checked = False
+
+
+def expand_path(path: str) -> str:
+    """`~` and $VARIABLES of a path setting expanded, as a shell would ("~/keys/master.key")."""
+    return os.path.expanduser(os.path.expandvars(path))
+
+
+def unknown_variables(environ=None) -> list[tuple[str, str | None]]:
+    """(variable, closest known name or None) for each MWRT_* variable no setting reads."""
+    environ = os.environ if environ is None else environ
+    known = [setting.env for setting in SETTINGS.values()]
+    return [(name, next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.6)), None))
+            for name in sorted(environ) if name.startswith("MWRT_") and name not in known
+            and name not in OTHER_VARIABLES]
+
+
+def check_environment() -> None:
+    """Warn (once per process) about each MWRT_* variable no setting reads: a typo is
+    otherwise silent. The first setting read calls it; so do the command lines."""
+    global _checked
+    if _checked:
+        return
+    _checked = True
+    warn_unknown(os.environ)
+
+
+def warn_unknown(environ, where: str = "") -> None:
+    """Warn about each MWRT_* variable of `environ` that no setting reads (`where`: its file)."""
+    for name, closest in unknown_variables(environ):
+        hint = f"did you mean {closest}?" if closest else "`mwrt config` lists the known ones"
+        log.warning("%s%s: not an mwrt setting, ignored; %s", where, name, hint)
+
+
+def source(name: str) -> str:
+    """Where the setting `name` comes from: 'environment' (its variable is set) or 'default'."""
+    return "environment" if os.environ.get(SETTINGS[name].env, "") != "" else "default"
+
+
 def get(name: str):
     """Return the setting `name`, from its MWRT_* variable if set, else its default."""
+    check_environment()
     try:
         setting = SETTINGS[name]
     except KeyError:
         raise ConfigError(f"config: unknown setting {name!r} (known: {', '.join(SETTINGS)})")
+    return _read(setting)
+
+
+def describe() -> list[dict]:
+    """Every setting: name, variable, value (or the error reading it), source and meaning."""
+    rows = []
+    for name, setting in SETTINGS.items():
+        row = {"name": name, "variable": setting.env, "source": source(name),
+               "doc": setting.doc, "error": None}
+        try:
+            row["value"] = _read(setting)
+        except ConfigError as exc:
+            row["value"], row["error"] = os.environ.get(setting.env), str(exc)
+        rows.append(row)
+    return rows
+
+
+def _read(setting: Setting):
+    """`setting`'s value from its variable if set (a ConfigError if malformed), else default."""
     raw = os.environ.get(setting.env)
     if raw is None or raw == "":
         return setting.default
     try:
-        return setting.kind(raw)
+        return expand_path(raw) if setting.path else setting.kind(raw)
     except ValueError:
         raise ConfigError(
             f"{setting.env}: not a valid {setting.kind.__name__} (got {raw!r}); {setting.doc}"
         ) from None
+
+
+def version() -> str:
+    """The installed mwrt's version ("unknown" when it runs from a tree not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("mwrt")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def seconds(timeout, default, what: str = "timeout") -> float:

@@ -27,7 +27,7 @@ LAYERS = {**dict.fromkeys(FOUNDATION, 0),
           "store": 2, "channels": 2,
           "collective": 3,
           "distributed": 4, "worker": 4,
-          "master": 5, "__init__": 5}
+          "master": 5, "__init__": 5, "cli": 5}
 # What each package may import besides the foundation and itself (None: anything lower).
 ALLOWED = {
     "protocol": set(),
@@ -38,6 +38,7 @@ ALLOWED = {
     "distributed": None,
     "worker": None,
     "master": None,
+    "cli": None,
 }
 # Python's own underscored API, which any module may use.
 STDLIB_PRIVATE = {"_exit", "_getframe"}

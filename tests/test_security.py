@@ -53,11 +53,35 @@ def test_right_key_gets_in(keyed):
     works(keyed[2])
 
 
+def refusals(process) -> list[str]:
+    """The worker's log lines about refused masters, once it has stopped."""
+    process.terminate()
+    _, log = process.communicate(timeout=10)
+    return [line for line in log.splitlines() if "refused" in line]
+
+
 def test_master_without_a_key_is_refused(keyed):
-    with pytest.raises(AuthError, match="refused this master's key"):
+    with pytest.raises(AuthError, match="requires a key and this master has none"):
         mwrt.init_master_worker([keyed[1]], timeout=5)
     assert keyed[0].poll() is None
     works(keyed[2])
+    # Three sockets knocked, and retried: one line at most (none when the master hung up
+    # before the worker read its greeting), naming the master where its address was readable.
+    lines = refusals(keyed[0])
+    assert len(lines) <= 1 and all("offered no key" in line or "hung up" in line
+                                   for line in lines), lines
+
+
+def test_keyed_master_and_keyless_worker_say_which_lacks_the_key(keyed_worker):
+    mwrt.shutdown()
+    process, address = start_worker()
+    try:
+        with pytest.raises(AuthError, match="has no key, but this master offers one"):
+            mwrt.init_master_worker([address], key=keyed_worker[2], timeout=5)
+    finally:
+        lines = refusals(process)
+    # The master may hang up before the worker reads its greeting: then there is no refusal.
+    assert len(lines) <= 1 and all("this worker has none" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("which", ["other cluster", "unlisted master"])
@@ -66,18 +90,17 @@ def test_wrong_or_stale_key_is_refused_and_logged(keyed, tmp_path, which):
 
     if which == "other cluster":  # a key file made for other workers (or before a re-keygen)
         _, other_master = keygen(str(tmp_path / "other"))
-        expected_log = "refused a connection from"
+        expected_log = "did not decrypt"
     else:  # knows the worker's public key, but its own key is not listed on the worker
         worker_public = load_key_file(keyed[2]).trusted
         public, secret = zmq.curve_keypair()
         other_master = KeyFile(public, secret, worker_public, b"k" * 32)
-        expected_log = "refused a master whose CURVE key is not in the key file"
-    with pytest.raises(AuthError, match="refused"):
+        expected_log = "refused a master at 127.0.0.1 whose CURVE key is not in the key file"
+    with pytest.raises(AuthError, match="refused this master's key .the keys do not match"):
         mwrt.init_master_worker([keyed[1]], key=other_master, timeout=5)
     works(keyed[2])
-    keyed[0].terminate()
-    _, log = keyed[0].communicate(timeout=10)
-    assert expected_log in log
+    lines = refusals(keyed[0])
+    assert len(lines) == 1 and expected_log in lines[0], lines
 
 
 def test_plain_zmq_client_gets_nothing_and_daemon_serves_on(keyed):

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+from .. import config
 from ..netaddr import is_loopback
 from ..procs import stop_processes
 from ..store.launchers import free_port, job_secret_env, rank_env, slurm_env
@@ -32,6 +33,7 @@ _TAIL = 20
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="mwrt-launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s (mwrt {config.version()})")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None)
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", "--node_rank", type=int, default=0)

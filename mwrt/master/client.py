@@ -25,6 +25,7 @@ from .. import config
 from ..errors import (AuthError, ChannelError, MwrtError, QuotaError, RemoteError, WireError,
                       WorkerLostError)
 from ..protocol import auth, wire
+from ..protocol.refusals import master_refusal
 from .limits import Limits
 
 log = logging.getLogger("mwrt")
@@ -122,12 +123,12 @@ class Node:
             if self.rx in ready:
                 return
             if monitor in ready:
-                event = recv_monitor_message(monitor)["event"]
-                if event in _AUTH_FAILURES:
-                    raise AuthError(
-                        f"worker {self.address} (node {self.index}): refused this master's key "
-                        "(CURVE handshake failed); use the master.key made with the worker's "
-                        "key (mwrt-worker keygen) via key= or MWRT_KEY_FILE")
+                event = recv_monitor_message(monitor)
+                if event["event"] in _AUTH_FAILURES:
+                    raise AuthError(master_refusal(
+                        event["event"], event["value"], self.cluster.keys,
+                        f"worker {self.address} (node {self.index})", self.cluster.context,
+                        self.address))
         raise ConnectionError(f"worker {self.address} (node {self.index}): no answer within "
                               f"{timeout} s; is mwrt-worker running and listening there, with "
                               "a key if this master has one?")

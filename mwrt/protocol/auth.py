@@ -141,7 +141,9 @@ def load_key_file(path: str) -> KeyFile:
     import json
     import os
 
-    path = os.path.expanduser(path)  # "~/mwrt-keys/master.key" as the README writes it
+    from .. import config
+
+    path = config.expand_path(path)  # "~/mwrt-keys/master.key" as the README writes it
     try:
         with open(path) as f:
             data = json.load(f)
@@ -177,6 +179,9 @@ def keygen(directory: str) -> tuple[str, str]:
     """Write worker.key and master.key into `directory`; returns their paths."""
     import os
 
+    from .. import config
+
+    directory = config.expand_path(directory)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     worker, master = generate_cluster_keys()
     paths = os.path.join(directory, "worker.key"), os.path.join(directory, "master.key")
@@ -226,11 +231,14 @@ def connect_curve(socket, keys: KeyFile) -> None:
 
 
 class MasterAdmission:
-    """ZAP callback: admit exactly the masters listed in the worker's key file; log refusals."""
+    """ZAP callback: admit exactly the masters listed in the worker's key file; log refusals
+    (the only log line of such a refusal: the daemon's monitor leaves these to it)."""
 
     def __init__(self, keys: KeyFile):
         self.allowed = set(keys.trusted)
         self.refused = 0
+        self.peer = "?"  # address of the connection being judged, set by the authenticator
+        self.logged: set[tuple[str, bytes]] = set()
 
     def callback(self, domain: str, key: bytes) -> bool:
         import zmq.utils.z85
@@ -239,8 +247,12 @@ class MasterAdmission:
         if encoded in self.allowed:
             return True
         self.refused += 1
-        log.warning("refused a master whose CURVE key is not in the key file (key %s...)",
-                    encoded[:8].decode(errors="replace"))
+        # A master knocks on two sockets (and retries): one line per peer and key is enough.
+        if (self.peer, encoded) not in self.logged and len(self.logged) < 1024:
+            self.logged.add((self.peer, encoded))
+            log.warning("refused a master at %s whose CURVE key is not in the key file "
+                        "(key %s...); add its master.key's public key or give it this "
+                        "worker's master.key", self.peer, encoded[:8].decode(errors="replace"))
         return False
 
 
@@ -248,7 +260,16 @@ def start_authenticator(context, keys: KeyFile):
     """Start the ZAP handler thread that checks masters' keys for `context`'s sockets."""
     from zmq.auth.thread import ThreadAuthenticator
 
-    authenticator = ThreadAuthenticator(context, log=logging.getLogger("mwrt.auth"))
+    admission = MasterAdmission(keys)
+
+    class Authenticator(ThreadAuthenticator):
+        async def handle_zap_message(self, msg):
+            # The ZAP request's 4th frame is the peer's IP: the callback only gets the key.
+            admission.peer = msg[3].decode(errors="replace") if len(msg) > 3 else "?"
+            await super().handle_zap_message(msg)
+
+    authenticator = Authenticator(context, log=logging.getLogger("mwrt.auth"))
     authenticator.start()
-    authenticator.configure_curve_callback("*", MasterAdmission(keys))
+    authenticator.configure_curve_callback("*", admission)
     return authenticator
+

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 
+from .. import config
 from ..errors import ConfigError, RendezvousTimeoutError
 
 SUFFIX = ".worker"
@@ -22,7 +23,7 @@ SUFFIX = ".worker"
 
 def register(directory: str, address: str, order: int | None = None) -> str:
     """Announce a daemon listening on `address`; returns the file to remove at exit."""
-    directory = os.path.expanduser(directory)
+    directory = config.expand_path(directory)
     os.makedirs(directory, exist_ok=True)
     if order is None and os.environ.get("SLURM_PROCID", "").isdigit():
         order = int(os.environ["SLURM_PROCID"])
@@ -41,7 +42,7 @@ def wait_for(directory: str, count: int, timeout: float) -> list[str]:
     if not isinstance(count, int) or count < 1:
         raise ConfigError(f"num_workers: must be an int >= 1 to wait for registered workers "
                           f"(got {count!r}); set it or MWRT_NUM_WORKERS")
-    directory = os.path.expanduser(directory)
+    directory = config.expand_path(directory)
     deadline, found = time.monotonic() + timeout, []
     while True:
         found = _registered(directory)

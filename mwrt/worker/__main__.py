@@ -11,10 +11,17 @@ import sys
 
 from .. import config
 
+_SUBCOMMANDS = """subcommands:
+  mwrt-worker keygen DIR   write worker.key and master.key that trust each other into DIR
+                           (see `mwrt-worker keygen --help`)
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mwrt-worker", description=__doc__)
-    parser.add_argument("--listen", default=os.environ.get("MWRT_LISTEN") or "127.0.0.1:7070",
+    parser = argparse.ArgumentParser(prog="mwrt-worker", description=__doc__, epilog=_SUBCOMMANDS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version(parser)
+    parser.add_argument("--listen", default=config.get("listen"),
                         help="HOST:PORT to serve masters on (default MWRT_LISTEN, else "
                              "127.0.0.1:7070; port 0 picks a free one)")
     parser.add_argument("--advertise", default=None, metavar="HOST",
@@ -29,16 +36,35 @@ def build_parser() -> argparse.ArgumentParser:
                              "init_master_worker(registry=DIR) (default MWRT_REGISTRY)")
     parser.add_argument("--env-file", default=None, metavar="PATH",
                         help="read MWRT_* settings from PATH (KEY=VALUE lines, as worker.env)")
-    parser.add_argument("--log-level", default=config.get("log_level"))
+    parser.add_argument("--log-level", default=config.get("log_level"),
+                        help="DEBUG, INFO, WARNING (default MWRT_LOG_LEVEL, else WARNING) or ERROR")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process is gone (used for local workers)")
+    return parser
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """`--version`: the installed mwrt's version."""
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s (mwrt {config.version()})")
+
+
+def build_keygen_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mwrt-worker keygen",
+        description="Write worker.key (for workers: --key-file) and master.key (for the master: "
+                    "key= or MWRT_KEY_FILE) into DIR, created if missing (mode 0700; the files "
+                    "0600). Both trust each other; existing key files are never overwritten.")
+    add_version(parser)
+    parser.add_argument("dir", metavar="DIR", help="folder for the two key files (~ and "
+                                                   "$VARIABLES are expanded)")
     return parser
 
 
 def read_env_file(path: str) -> dict[str, str]:
     """KEY=VALUE lines of a systemd-style environment file; '#' starts a comment."""
     settings = {}
-    with open(os.path.expanduser(path)) as f:
+    with open(config.expand_path(path)) as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
             if not line or line.startswith("#"):
@@ -55,11 +81,9 @@ def keygen_main(argv) -> int:
     from ..errors import AuthError
     from ..protocol.auth import keygen
 
-    if len(argv) != 1:
-        print("usage: mwrt-worker keygen DIR", file=sys.stderr)
-        return 2
+    args = build_keygen_parser().parse_args(argv)  # exits on --help, --version, bad usage
     try:
-        worker, master = keygen(os.path.expanduser(argv[0]))
+        worker, master = keygen(args.dir)
     except AuthError as exc:
         print(f"mwrt-worker: {exc}", file=sys.stderr)
         return 2
@@ -70,13 +94,16 @@ def keygen_main(argv) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    config.check_environment()
     if argv[:1] == ["keygen"]:
         return keygen_main(argv[1:])
     # The env file comes first: its settings are the other options' defaults.
     env_file = build_parser().parse_known_args(argv)[0].env_file
     if env_file:
         try:
-            os.environ.update(read_env_file(env_file))
+            settings = read_env_file(env_file)
+            os.environ.update(settings)
+            config.warn_unknown(settings, where=f"{env_file}: ")
         except (OSError, ValueError) as exc:
             print(f"mwrt-worker: --env-file: {exc}", file=sys.stderr)
             return 2

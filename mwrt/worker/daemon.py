@@ -27,6 +27,7 @@ from ..errors import ConfigError, QuotaError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
+from ..protocol.refusals import RefusalLog
 from . import lifecycle, quotas
 from .session import Session
 
@@ -35,8 +36,6 @@ log = logging.getLogger("mwrt.worker")
 # A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
 # it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
 TX, RX, HB = b"tx", b"rx", b"hb"
-_REFUSALS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _REJECTION_WINDOW, _REJECTIONS_LOGGED = 10.0, 20  # seconds, log lines per window
 _ROLES = {TX: "tx", RX: "rx", HB: "hb"}
 
@@ -102,6 +101,7 @@ class Daemon:
         self.stopping = False
         self._functions: dict[bytes, object] = {}
         self._rejections = [0.0, 0, 0]  # window start, rejections in it, not logged
+        self.refusals = RefusalLog(keys is not None, self._log_rejection, _REJECTION_WINDOW)
         self._ending: list[threading.Thread] = []  # sessions being freed off the socket thread
 
     # -- the loop -------------------------------------------------------------------------
@@ -111,7 +111,7 @@ class Daemon:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.replies, zmq.POLLIN)
-        monitor = self.router.get_monitor_socket(_REFUSALS)
+        monitor = self.router.get_monitor_socket(RefusalLog.EVENTS)
         poller.register(monitor, zmq.POLLIN)
         next_reap = time.monotonic() + 1.0
         while not self.stopping:
@@ -121,10 +121,13 @@ class Daemon:
             if self.router in ready:
                 self._drain(self.router, self._on_message)
             if monitor in ready:
-                self._log_refusal(recv_monitor_message(monitor))
+                self.refusals.note(recv_monitor_message(monitor))
             if time.monotonic() >= next_reap:
                 self._reap()
+                self.refusals.flush()
                 next_reap = time.monotonic() + 1.0
+        self.refusals.drain(monitor)
+        self.refusals.flush()
         self.router.disable_monitor()
         monitor.close(linger=0)
         self.close()
@@ -142,12 +145,6 @@ class Daemon:
             log.warning(message, *args)
         else:
             self._rejections[2] += 1
-
-    def _log_refusal(self, event: dict) -> None:
-        self._log_rejection(
-            "refused a connection from %s: %s (a master without this worker's key, or not a "
-            "master at all)", event.get("endpoint", b"?").decode(errors="replace"),
-            zmq.Event(event["event"]).name.lower().replace("_", " "))
 
     def stop(self) -> None:
         self.stopping = True

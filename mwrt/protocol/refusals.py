@@ -1,0 +1,135 @@
+"""Why a CURVE handshake on the command socket failed, from a socket monitor's events: the
+master's error (which side lacks a key, or that the keys differ) and the worker's log line
+(once per peer, naming it where its address can still be read)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+UNNAMED = "an unnamed peer (gone before its address could be read)"
+
+
+def _mismatch(event: int, value: int) -> bool:
+    """One side speaks CURVE, the other plain ZMTP (NULL): one of them has no key."""
+    return (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+
+
+def speaks_curve(context, address: str, timeout: float = 2.0) -> bool:
+    """Whether the daemon at `address` requires CURVE: a plain (keyless) probe connection's
+    handshake fails there. Only asked after a refusal, whose event alone can be ambiguous."""
+    probe = context.socket(zmq.DEALER)
+    probe.setsockopt(zmq.LINGER, 0)
+    monitor = probe.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                       | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                       | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+    try:
+        probe.connect(address)
+        if not monitor.poll(timeout * 1000):
+            return True  # no verdict: say what the refusal itself suggests
+        return recv_monitor_message(monitor)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+    finally:
+        probe.disable_monitor()
+        monitor.close(linger=0)
+        probe.close(linger=0)
+
+
+def master_refusal(event: int, value: int, keys, worker: str, context, address: str) -> str:
+    """The master's error for a failed handshake: which side lacks a key, or that they differ
+    (a keyed master hung up on learns which by a keyless probe)."""
+    if keys is None:  # a keyless master's handshake fails only against a CURVE worker
+        return (f"{worker}: requires a key and this master has none; pass key= (the "
+                "master.key made with the worker's key by `mwrt-worker keygen`) or set "
+                "MWRT_KEY_FILE")
+    hung_up = event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    if _mismatch(event, value) or (hung_up and not speaks_curve(context, address)):
+        return (f"{worker}: has no key, but this master offers one (CURVE); start the worker "
+                "with --key-file worker.key from the same `mwrt-worker keygen`, or connect "
+                "without key= and MWRT_KEY_FILE")
+    return (f"{worker}: refused this master's key (the keys do not match: a master.key made "
+            "for other workers, or before a re-keygen); use the master.key made with the "
+            "worker's key (mwrt-worker keygen) via key= or MWRT_KEY_FILE")
+
+
+def worker_refusal(event: int, value: int, worker_keyed: bool) -> str:
+    """Why a worker refused a connection, for its log."""
+    if _mismatch(event, value) and worker_keyed:
+        return "it offered no key (a master without a key file, or not a master at all)"
+    if _mismatch(event, value):
+        return "it offered a CURVE key but this worker has none (start it with --key-file)"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
+            value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return ("its CURVE handshake did not decrypt (a master.key made for other workers, or "
+                "before a re-keygen)")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and not worker_keyed:
+        # A keyed master sees the mismatch first and hangs up: the worker sees only that.
+        return ("it hung up during the handshake (a master with a key file? this worker has "
+                "none: start it with --key-file)")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return ("it hung up during the handshake (a master whose key does not fit this "
+                "worker's, or not a master at all)")
+    return zmq.Event(event).name.lower().replace("_", " ")
+
+
+def peer_of_fd(fd: int) -> str:
+    """'host:port' of the TCP connection on `fd` (a monitor's ACCEPTED event), else UNNAMED."""
+    try:
+        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as sock:  # a dup: ours
+            address = sock.getpeername()
+    except OSError:  # closed already: a refusal is often faster than any monitor
+        return UNNAMED
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
+
+class RefusalLog:
+    """A daemon's refused connections, from its command socket's monitor, logged once per
+    peer host and window (a master knocks on three sockets and retries). The ACCEPTED event
+    before a refusal names the peer, when its connection is not gone before we ask."""
+
+    EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_ACCEPTED)
+    _MAX_PEERS = 1024  # many strangers: forget them (the daemon's log limit caps the lines)
+
+    def __init__(self, keyed: bool, log_line, window: float):
+        self.keyed, self.log_line, self.window = keyed, log_line, window
+        self.peer = UNNAMED  # the last accepted connection's peer, until a refusal uses it
+        self.pending: dict[str, tuple[str, str]] = {}  # host -> (peer, why), for flush()
+        self.logged: dict[str, float] = {}  # host -> when last logged
+
+    def note(self, event: dict) -> None:
+        """Take one monitor event; a refusal is logged at the next flush()."""
+        kind, value = event["event"], event["value"]
+        if kind == zmq.EVENT_ACCEPTED:
+            self.peer = peer_of_fd(value)
+            return
+        if self.peer == UNNAMED and self.pending:
+            return  # most likely another socket of a peer already noted
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self.keyed:
+            return  # the ZAP handler (auth.MasterAdmission) logged it, with the master's key
+        host = self.peer.rsplit(":", 1)[0] if self.peer != UNNAMED else UNNAMED
+        if host not in self.pending and len(self.pending) < self._MAX_PEERS:
+            self.pending[host] = (self.peer, worker_refusal(kind, value, self.keyed))
+        self.peer = UNNAMED
+
+    def drain(self, monitor) -> None:
+        """Take every event waiting on `monitor` (before a stop, so none goes unlogged)."""
+        while monitor.poll(0):
+            self.note(recv_monitor_message(monitor))
+
+    def flush(self) -> None:
+        """Log the refusals noted since the last flush: an unnamed one only if none is named."""
+        pending, self.pending = self.pending, {}
+        if len(pending) > 1:
+            pending.pop(UNNAMED, None)
+        now = time.monotonic()
+        if len(self.logged) >= self._MAX_PEERS:
+            self.logged.clear()
+        for host, (peer, reason) in pending.items():
+            last = self.logged.get(host)
+            if last is None or now - last >= self.window:
+                self.logged[host] = now
+                self.log_line("refused a connection from %s: %s", peer, reason)
