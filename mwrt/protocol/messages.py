@@ -297,6 +297,35 @@ class Collective(StreamCommand, tag=21):
     out_shape: tuple
 
 
+class Expect(StreamCommand, tag=30):
+    """Manual stream order: fail naming stream `made_on` unless tensor `ref` exists by now."""
+
+    ref: int
+    made_on: int
+
+
+class DefineGraph(Command, tag=31):
+    """Keep graph `graph`: the stream commands packed in `body`, replayed as one; `inputs`
+    are the tensor ids a Replay may rebind."""
+
+    graph: int
+    body: bytes
+    inputs: tuple
+
+
+class Replay(Command, tag=32):
+    """Run graph `graph` on its recorded streams; `bindings` pairs captured and new ids."""
+
+    graph: int
+    bindings: tuple
+
+
+class DropGraph(Command, tag=33):
+    """Forget graph `graph`."""
+
+    graph: int
+
+
 # -- replies: worker -> master --------------------------------------------------------------
 
 class Welcome(Reply, tag=23):
