@@ -345,9 +345,13 @@ def call(name: str, *args, **kwargs):
     written = args[0] if op.inplace else None
     outs = _outputs(node, device, stream, result)
     now = next(node.ids)
-    for tensor in place:  # one comparison each, unless another stream is involved
-        if tensor._writer != stream or tensor is written or ordering.capture:
+    capturing = ordering.capture
+    for tensor in place:  # a few comparisons each, unless another stream used the tensor
+        if tensor._writer != stream or capturing or (
+                tensor is written and len(tensor._streams) > 1):
             ordering.use(tensor, stream, now, tensor is written)
+        elif tensor is written:
+            tensor._wtime = tensor._ltime = now
         else:
             tensor._ltime = now
     node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),

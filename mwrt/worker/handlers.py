@@ -33,21 +33,26 @@ class PoisonedInput(Exception):
 
 def resolve(ex, value):
     """Replace tensor Refs (also inside tuples and dicts) by the session's arrays."""
-    if isinstance(value, wire.Ref):
+    kind = type(value)
+    if kind is wire.Ref:
         try:
             found = ex.session.tensors[value.id]
         except KeyError:
             raise KeyError(f"tensor {value.id}: not on node {ex.session.node} (freed, never "
                            "created on this node, or made on another stream not ordered "
                            "before this one)") from None
-        if isinstance(found, Poisoned):
+        if type(found) is Poisoned:
             raise PoisonedInput(found.info)
         return found
-    if isinstance(value, tuple):
-        return tuple(resolve(ex, v) for v in value)
-    if isinstance(value, dict):
-        return {k: resolve(ex, v) for k, v in value.items()}
+    if kind is tuple:  # the args of nearly every op: scalars and Refs, looked at once each
+        return tuple([resolve(ex, v) if type(v) in _NESTED else v for v in value])
+    if kind is dict:
+        return {k: resolve(ex, v) if type(v) in _NESTED else v for k, v in value.items()} \
+            if value else value
     return value
+
+
+_NESTED = frozenset((wire.Ref, tuple, dict))  # what resolve() looks inside
 
 
 def store(ex, out: int, value) -> None:
