@@ -112,11 +112,16 @@ def test_an_error_in_a_replay_names_the_captured_op_and_line(cluster):
     assert "captured by mwrt.graph" in info.value.issued_at
 
 
-def test_a_sync_point_cannot_be_captured(cluster):
+@pytest.mark.parametrize("what, match", [
+    (lambda x: (x + 1).numpy(), "graph: Get waits for the worker"),
+    (lambda x: x.to(node=1), r"graph: moves between nodes \(.to\(node=\)"),
+    (lambda x: mwrt.dist_send(np.ones(2)), "graph: copying an array from the master"),
+])
+def test_what_cannot_be_captured_is_refused_by_name(cluster, what, match):
     x = mwrt.ones(2)
-    with pytest.raises(mwrt.MwrtError, match="graph: Get waits for the worker"):
+    with pytest.raises(mwrt.MwrtError, match=match):
         with mwrt.graph():
-            (x + 1).numpy()
+            what(x)
     np.testing.assert_array_equal((x + 1).numpy(), [2, 2])  # issuing is back to normal
 
 

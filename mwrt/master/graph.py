@@ -111,7 +111,11 @@ class Graph:
                 raise MwrtError("graph: copying an array from the master (dist_send, tensor()) "
                                 "cannot be captured; make the tensor before the graph and "
                                 "pass it in (mwrt.graph(x=x)), or update it in place")
-            if not command.on_stream or command.sync_point or command.posts_receive:
+            if command.posts_receive:
+                raise MwrtError("graph: moves between nodes (.to(node=), dist_send(node=)) "
+                                "cannot be captured; move the tensor before the graph, or use "
+                                "a collective (broadcast, all_gather), which can")
+            if not command.on_stream or command.sync_point:
                 raise MwrtError(f"graph: {name} waits for the worker or talks to the master, "
                                 "which a captured graph cannot; read values (numpy(), shape "
                                 "of remote() results, synchronize) after g.replay()")
