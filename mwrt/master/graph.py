@@ -6,7 +6,8 @@ node receives its part once (DefineGraph). `g.replay()` then sends one Replay pe
 which the worker expands into the recorded commands on their recorded streams. As with
 CUDA graphs, the block itself runs nothing: the tensors made inside hold values after a
 replay. Inputs are rebound with `g.replay(x=other)` (same node, device, shape and dtype),
-or updated in place between replays.
+or updated in place between replays. Like CUDA's global capture mode, the block records
+what every thread of the master issues meanwhile.
 
 Safe streams hold: waits between streams inside the graph are recorded with it, and at
 each replay the tensors made before the graph are ordered against their uses since.
