@@ -22,7 +22,7 @@ import weakref
 from .. import config
 from ..protocol import wire
 
-_IMPLICIT = itertools.count(1)  # implicit events take negative ids: never the user's
+_IMPLICIT = itertools.count(wire.IMPLICIT_EVENTS, -1)  # never the user's nor checkpoints
 _ORDERED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # node -> {(S, W): id}
 MANUAL: set = set()  # ids of streams made with order="manual"
 capture: list = []  # the graph being captured, if any (see graph.py)
@@ -82,7 +82,7 @@ def _after(tensor, target: int, source: int, upto: int) -> None:
         node.issue(wire.Expect(id=next(node.ids), stream=target, ref=tensor._id,
                                made_on=source))
         return
-    event = -next(_IMPLICIT)
+    event = next(_IMPLICIT)
     record = wire.Record(id=next(node.ids), stream=source, event=event, timing=False)
     node.issue(record)
     node.issue(wire.WaitEvent(id=next(node.ids), stream=target, event=event))

@@ -29,6 +29,10 @@ MAX_STREAMS = 1024
 # mwrt.collective.group), and transfers between master and workers take space 3.
 TAG_SPACE_SHIFT = 56
 TRANSFER_TAGS = 3 << TAG_SPACE_SHIFT
+# Event ids at or below this are implicit (safe streams, graphs): recorded and waited on one
+# worker, counted rather than latched, never reported to the master. Above it, negative ids
+# are the master's own (backpressure checkpoints) and positive ones the user's.
+IMPLICIT_EVENTS = -(1 << 48)
 
 
 class Message(msgspec.Struct, array_like=True, frozen=True, gc=False):

@@ -165,14 +165,14 @@ def record(ex, cmd, frames):
     # Kernels launch asynchronously: the event fires once the GPU has run them, so a waiter
     # on any node (or the master) sees their results.
     ex.synchronize_device()
-    if cmd.event < 0:  # implicit (safe streams, graphs): one waiter, on this node
+    if cmd.event <= wire.IMPLICIT_EVENTS:  # safe streams, graphs: one waiter, this node
         ex.session.implicit.record(cmd.event)
         return
     ex.session.daemon.fire_event(ex.session, cmd.event, time.time(), ex.send)
 
 
 def wait_event(ex, cmd, frames):
-    if cmd.event < 0:
+    if cmd.event <= wire.IMPLICIT_EVENTS:
         ex.session.implicit.wait(cmd.event, config.get("sync_timeout"))
         return
     state = ex.session.event(cmd.event)
