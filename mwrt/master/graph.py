@@ -142,11 +142,13 @@ class Graph:
         if self._capturing:
             raise MwrtError("graph: replay() inside its own capture block; call it after")
         bound = self._bind(bindings)
-        for node, gid in self._defined.items():
+        for node in self._defined:  # all checks first: a replay runs on every node or none
             node.check_lost()
+        tensors = self._tensors(bindings)
+        for node, gid in self._defined.items():
             pairs = bound.get(node, ())
             now = next(node.ids)
-            touched = self._order(node, bound, now)
+            touched = self._order(node, tensors, now)
             rid = next(node.ids)
             node.issue(wire.Replay(id=rid, graph=gid, bindings=pairs))
             mask = len(node.sites) - 1  # errors in the replay name the captured lines
@@ -168,26 +170,32 @@ class Graph:
                                 f"{', '.join(self._inputs) or 'none'}; name them with "
                                 "mwrt.graph(name=tensor))")
             _check_like(name, ext, tensor)
-        self._bound = {name: bindings[name] for name in bindings}
         pairs: dict = {}
         for name, tensor in bindings.items():
             ext = self._inputs[name]
             pairs[ext.node] = pairs.get(ext.node, ()) + (ext.id, tensor._id)
         return pairs
 
-    def _order(self, node, bound: dict, now: int) -> list:
-        """Order the graph's uses of tensors made before it after their uses since."""
-        touched = []
+    def _tensors(self, bindings: dict) -> dict:
+        """The tensor each captured outside tensor stands for now; it must still exist."""
+        found = {}
         for ext in self._externals.values():
-            if ext.node is not node:
-                continue
-            tensor = self._bound.get(ext.name) if ext.name in self._bound else ext.ref()
+            tensor = bindings[ext.name] if ext.name in bindings else ext.ref()
             if tensor is None:
                 what = f"input {ext.name!r}" if ext.name else "a tensor made before the graph"
                 raise MwrtError(
-                    f"graph.replay: {what} (tensor {ext.id}, captured on node {node.index}) "
-                    "was freed; keep a handle to it while the graph lives, or pass it as an "
-                    "input (mwrt.graph(x=x)) and rebind it (g.replay(x=other))")
+                    f"graph.replay: {what} (tensor {ext.id}, captured on node "
+                    f"{ext.node.index}) was freed; keep a handle to it while the graph lives, "
+                    "or pass it as an input (mwrt.graph(x=x)) and rebind it (g.replay(x=y))")
+            found[ext] = tensor
+        return found
+
+    def _order(self, node, tensors: dict, now: int) -> list:
+        """Order the graph's uses of tensors made before it after their uses since."""
+        touched = []
+        for ext, tensor in tensors.items():
+            if ext.node is not node:
+                continue
             for stream, write in ext.uses:
                 ordering.use(tensor, stream, now, write)
             touched.append(tensor)

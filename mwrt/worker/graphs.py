@@ -2,8 +2,8 @@
 
 Implicit events (ids at or below wire.IMPLICIT_EVENTS) are the master's way to order a use
 of a tensor on one stream after its uses on another: a Record on the first, a WaitEvent on
-the second, on the same worker. They count rather than latch, so a graph replayed many times can record and
-wait on the same ids, and each wait consumes the record it matched.
+the second, on the same worker. They count rather than latch, so a graph replayed many
+times can record and wait on the same ids, and each wait consumes the record it matched.
 
 A graph is a list of stream commands recorded once on the master (DefineGraph). A Replay
 hands them, grouped by stream, to the streams' executors as if they had arrived in one
