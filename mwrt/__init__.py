@@ -31,6 +31,7 @@ from .master.creation import (
                        randn,
                        zeros,
 )
+from .master.graph import Graph, graph
 from .master.profile import profile
 from .master.queries import device_count, memory_stats, num_nodes, synchronize
 from .master.remote import remote
@@ -46,7 +47,7 @@ __all__ = [
     "current_node", "current_device", "DistributedTensor", "dist_send", "empty", "zeros", "ones",
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
     "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce", "all_gather", "gather",
-    "scatter", "Stream", "Event", "stream", "current_stream", "profile",
+    "scatter", "Stream", "Event", "stream", "current_stream", "profile", "graph", "Graph",
     "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
     *TYPED_CONSTRUCTORS,

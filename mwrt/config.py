@@ -134,6 +134,9 @@ SETTINGS = {
     "shm_stage_bytes": Setting("MWRT_SHM_STAGE_BYTES", 4 << 20, int,
                                "shm all_reduce up to this size goes through shared staging "
                                "areas (in-cache copies beat single-copy reads); 0: off"),
+    "stream_order": Setting("MWRT_STREAM_ORDER", "safe", str,
+                            "safe: a tensor used on another stream than the one that wrote or "
+                            "read it is ordered automatically; manual: CUDA's rule (events)"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC", path=True),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }

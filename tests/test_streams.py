@@ -152,3 +152,89 @@ def test_profile_writes_a_trace_with_one_track_per_stream(cluster, tmp_path):
     names = {e["name"] for e in events if e["ph"] == "X"}
     assert {"ones", "multiply", "sum", "add"} <= names
     assert "multiply" in prof.table()
+
+
+# -- safe streams: uses on another stream are ordered by the master ---------------------------
+
+def _slow(value):
+    """A remote() that takes a while to produce `value`: later streams would overtake it."""
+    return mwrt.remote(lambda: (time.sleep(0.3), np.asarray(value, np.float32))[1],
+                       spec=(np.shape(value), np.float32))
+
+
+def test_read_on_another_stream_waits_for_the_writer(cluster):
+    x = _slow([1.0, 2.0, 3.0])()  # made on the default stream, slowly
+    with mwrt.stream(mwrt.Stream()):
+        y = x * 10  # used to fail: "tensor N: not on node 0 (freed, or never created...)"
+    np.testing.assert_array_equal(y.numpy(), [10, 20, 30])
+
+
+def test_write_waits_for_reads_on_other_streams(cluster):
+    a = mwrt.ones(4)
+    with mwrt.stream(mwrt.Stream()):
+        seen = mwrt.remote(lambda t: (time.sleep(0.3), t.copy())[1], spec=((4,), np.float32))(a)
+    a.fill_(7)  # default stream: must not overwrite a before the slow read took its copy
+    a += 1
+    np.testing.assert_array_equal(seen.numpy(), np.ones(4))
+    np.testing.assert_array_equal(a.numpy(), np.full(4, 8.0))
+
+
+def test_free_while_another_stream_reads(cluster):
+    import gc
+
+    a = _slow(np.arange(6))()
+    with mwrt.stream(mwrt.Stream()):
+        total = a.sum()
+    del a
+    gc.collect()
+    assert float(total) == 15.0
+
+
+def test_writes_on_two_streams_then_a_move_to_another_node(cluster):
+    with mwrt.node(1):
+        x = mwrt.zeros(3)
+        s = mwrt.Stream()
+        with mwrt.stream(s):
+            x += _slow([1.0, 1.0, 1.0])(node=1)
+            x *= 4
+    moved = x.to(node=0)  # sent from the stream that last wrote x
+    np.testing.assert_array_equal(moved.numpy(), [4, 4, 4])
+    parts = [mwrt.ones(2, node=n) for n in (0, 1)]
+    with mwrt.stream(mwrt.Stream(node=1)):
+        parts[1] *= 3
+    mwrt.all_reduce(parts)  # the collective waits for the write on node 1's other stream
+    np.testing.assert_array_equal(parts[0].numpy(), [4, 4])
+
+
+def test_an_explicit_wait_is_not_ordered_again(cluster):
+    node = mwrt.master.cluster.current().node(0)
+    x = mwrt.ones(2)
+    s = mwrt.Stream()
+    s.wait_stream(mwrt.current_stream())
+    before = next(node.ids)
+    with mwrt.stream(s):
+        y = x + 1
+    assert next(node.ids) - before == 3  # the result's id and the Call's: no implicit event
+    np.testing.assert_array_equal(y.numpy(), [2, 2])
+
+
+@pytest.mark.parametrize("how", ["env", "stream"])
+def test_manual_order_names_a_tensor_used_before_it_is_made(cluster, monkeypatch, how):
+    if how == "env":
+        monkeypatch.setenv("MWRT_STREAM_ORDER", "manual")
+    s = mwrt.Stream(order="manual" if how == "stream" else "safe")
+    x = _slow([1.0, 2.0])()
+    with mwrt.stream(s):
+        y = x + 1
+    with pytest.raises(mwrt.RemoteError, match=r"tensor \d+ was made on stream -1 and is not "
+                                               r"finished; order the streams with an event"):
+        s.synchronize()
+    s.wait_stream(mwrt.current_stream())  # the manual fix works
+    with mwrt.stream(s):
+        y = x + 1
+    np.testing.assert_array_equal(y.numpy(), [2, 3])
+
+
+def test_stream_order_must_be_safe_or_manual(cluster):
+    with pytest.raises(ValueError, match="order must be 'safe' or 'manual'"):
+        mwrt.Stream(order="loose")

@@ -14,7 +14,7 @@ import numpy as np
 from ..collective.reduce_ops import ReduceOp, reduce_op
 from ..ops import Spec
 from ..protocol import wire
-from . import context
+from . import context, ordering
 from .cluster import current
 
 
@@ -54,7 +54,10 @@ def _issue(kind: str, tensor, node, device, ranks, group, args, out_spec=None):
     out = None
     if out_spec is not None:
         out = DistributedTensor(node, device, next(node.ids), out_spec, stream)
-    node.issue(wire.Collective(id=next(node.ids), stream=stream, kind=kind, group=group,
+    now = next(node.ids)
+    if tensor is not None:  # collectives write their tensor in place: after all its uses
+        ordering.use(tensor, stream, now, write=True)
+    node.issue(wire.Collective(id=now, stream=stream, kind=kind, group=group,
                                ranks=ranks, ref=-1 if tensor is None else tensor._id, args=args,
                                out=-1 if out is None else out._id,
                                out_shape=() if out_spec is None else out_spec.shape))

@@ -10,7 +10,7 @@ import cloudpickle
 from ..arrays import as_dtype
 from ..ops import Spec
 from ..protocol import wire
-from . import context
+from . import context, ordering
 from .cluster import current
 
 
@@ -44,7 +44,10 @@ class RemoteFunction:
         stream = context.stream_for(target.index, device)
         outs = [DistributedTensor(target, device, next(target.ids), spec, stream)
                 for spec in self.specs]
-        target.issue(wire.Remote(id=next(target.ids), stream=stream,
+        now = next(target.ids)
+        for tensor in place:  # read: in-place side effects are the function's own business
+            ordering.use(tensor, stream, now)
+        target.issue(wire.Remote(id=now, stream=stream,
                                  outs=tuple(t._id for t in outs), fn=self._blob, args=wire_args,
                                  kwargs=wire_kwargs))
         if self.outputs == 0:

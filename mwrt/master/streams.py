@@ -2,9 +2,10 @@
 
 A stream is an ordered queue of commands on one (node, device), run by its own executor
 on the worker, so streams overlap. An event marks a point in a stream; another stream —
-on the same node or another — can wait for it without the master blocking. Tensors
-used on a stream other than the one that made them follow CUDA's rule: order the streams
-with events, and call `tensor.record_stream(s)` so its memory outlives the use.
+on the same node or another — can wait for it without the master blocking. A tensor used
+on a stream other than the one that wrote or read it is ordered automatically (ordering.py);
+events order work that shares no tensor. Stream(order="manual") or MWRT_STREAM_ORDER=manual
+keep CUDA's rule instead: order the streams with events yourself.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 
+from ..errors import MwrtError
 from ..protocol import wire
-from . import context
+from . import context, ordering
 from .cluster import current
 
 _STREAM_IDS = itertools.count(wire.DEFAULT_STREAM_LIMIT)  # below: default streams (id == device)
@@ -23,7 +25,8 @@ _EVENT_IDS = itertools.count(1)
 class Stream:
     """An ordered queue of commands on (node, device); streams of one worker run concurrently."""
 
-    def __init__(self, node: int | None = None, device: int | None = None, *, _id=None):
+    def __init__(self, node: int | None = None, device: int | None = None, *,
+                 order: str = "safe", _id=None):
         self.node = context.current_node() if node is None else node
         self._node = current().node(self.node)
         self.device = self._node.check_device(context.current_device() if device is None
@@ -32,6 +35,10 @@ class Stream:
             _id = next(_STREAM_IDS)
             self._node.issue(wire.NewStream(id=next(self._node.ids), stream=_id,
                                             device=self.device))
+        if order not in ("safe", "manual"):
+            raise ValueError(f"Stream: order must be 'safe' or 'manual' (got {order!r})")
+        if order == "manual":
+            ordering.MANUAL.add(_id)
         self.id = _id
 
     @classmethod
@@ -84,6 +91,7 @@ class Event:
     def __init__(self, enable_timing: bool = False):
         self.enable_timing = enable_timing
         self._id: int | None = None
+        self._time = 0  # the id of the Record command: what a wait on it covers
         self._stream: Stream | None = None
         self._fired = False  # set by the master's heartbeat thread when the worker says so
 
@@ -97,7 +105,8 @@ class Event:
         self._id, self._stream, self._fired = next(_EVENT_IDS), stream, False
         current().heartbeat.watch(self)
         node = stream._node
-        node.issue(wire.Record(id=next(node.ids), stream=stream.id, event=self._id,
+        self._time = next(node.ids)
+        node.issue(wire.Record(id=self._time, stream=stream.id, event=self._id,
                                timing=self.enable_timing))
 
     def query(self) -> bool:
@@ -115,10 +124,15 @@ class Event:
         if self._stream is None:
             return
         target, source = stream._node, self._stream._node
+        if target is not source and ordering.capture:
+            raise MwrtError("graph: a wait on an event of another node cannot be captured (the "
+                            "master relays it); record and wait on the same node inside graphs")
         if target is not source:
             source.flush()  # the record must reach its worker for the relay to fire
             if not current().heartbeat.relay(self, source.index, target.index):
                 return  # already fired: nothing to wait for
+        else:  # safe streams need not order again what this wait orders
+            ordering.note(target, stream.id, self._stream.id, self._time)
         target.issue(wire.WaitEvent(id=next(target.ids), stream=stream.id, event=self._id))
 
     def elapsed_time(self, end: "Event") -> float:

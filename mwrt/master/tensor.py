@@ -16,7 +16,7 @@ from ..arrays import HOST, as_dtype
 from ..ops import UNKNOWN, Spec
 from ..ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
 from ..protocol import wire
-from . import context
+from . import context, ordering
 
 # ufunc.reduce -> the reduction with the same meaning
 _UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max",
@@ -26,13 +26,20 @@ _UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": 
 class DistributedTensor:
     """A handle to an array on (node, device); dropping the last handle frees it."""
 
-    __slots__ = ("_node", "_device", "_id", "_spec", "_streams", "_ref", "__weakref__")
+    # _writer: the stream that last wrote it, at command id _wtime; _streams: every stream that
+    # used it (its free waits for them all); _ltime: its last use (see ordering.py).
+    __slots__ = ("_node", "_device", "_id", "_spec", "_streams", "_writer", "_wtime", "_ltime",
+                 "_ref", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, node, device: int, tensor_id: int, spec, stream: int):
         self._node, self._device, self._id = node, device, tensor_id
         self._spec, self._streams = spec, (stream,)
+        self._writer, self._wtime = stream, tensor_id
+        self._ltime = tensor_id  # below its command's id, above every earlier command's
         self._ref = wire.ref(tensor_id)  # pre-encoded, so messages carry it at no cost
+        if ordering.capture:
+            ordering.capture[-1].made(self)
 
     def __reduce__(self):
         raise TypeError("DistributedTensor: a handle cannot be pickled, nor captured by a "
@@ -58,7 +65,7 @@ class DistributedTensor:
         """Shape and dtype; asks the worker once if they depend on data (masks, remote())."""
         if self._spec is None:
             node = self._node
-            meta = wire.Meta(id=next(node.ids), stream=self._streams[0], ref=self._id,
+            meta = wire.Meta(id=next(node.ids), stream=self._writer, ref=self._id,
                              token=next(node.tokens))
             reply, _ = node.request(meta, f"shape of tensor {self._id}")
             self._spec = Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
@@ -89,11 +96,7 @@ class DistributedTensor:
     # -- copies to the master (sync points) -----------------------------------------------
 
     def numpy(self) -> np.ndarray:
-        """Copy to the master as a NumPy array; waits for the stream that made the tensor.
-
-        Changes made on other streams are ordered as in CUDA: synchronize them (or make the
-        tensor's stream wait on their events) first.
-        """
+        """Copy to the master as a NumPy array; waits for the stream that last wrote it."""
         from .transfer import fetch
 
         return fetch(self)
@@ -153,7 +156,9 @@ class DistributedTensor:
         return self.to(device=device)
 
     def record_stream(self, stream) -> None:
-        """Keep the memory until `stream` has run what was issued so far (CUDA's rule)."""
+        """Keep the memory until `stream` has run what was issued so far (CUDA's rule; safe
+        streams do this for every stream that used the tensor, so it is needed only for
+        uses the master cannot see, such as a remote() function's side effects)."""
         if stream.id not in self._streams:
             self._streams = self._streams + (stream.id,)
 
@@ -337,11 +342,19 @@ def call(name: str, *args, **kwargs):
     result = ops.infer(op, spec_args, spec_kwargs)
     node.limits.check_result(name, result)
     stream = context.stream_for(node.index, device)
-    for tensor in place:
-        if stream not in tensor._streams:
-            tensor._streams = tensor._streams + (stream,)
+    written = args[0] if op.inplace else None
     outs = _outputs(node, device, stream, result)
-    node.issue(wire.Call(id=next(node.ids), stream=stream, outs=tuple(t._id for t in outs),
+    now = next(node.ids)
+    capturing = ordering.capture
+    for tensor in place:  # a few comparisons each, unless another stream used the tensor
+        if tensor._writer != stream or capturing or (
+                tensor is written and len(tensor._streams) > 1):
+            ordering.use(tensor, stream, now, tensor is written)
+        elif tensor is written:
+            tensor._wtime = tensor._ltime = now
+        else:
+            tensor._ltime = now
+    node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),
                          op=name, args=wire_args, kwargs=wire_kwargs))
     if op.inplace:
         return None

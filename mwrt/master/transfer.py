@@ -17,7 +17,7 @@ from ..arrays import as_dtype
 from ..errors import ChannelError, WorkerLostError
 from ..ops import Spec
 from ..protocol import wire
-from . import context
+from . import context, ordering
 from .cluster import current
 
 _TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.TRANSFER_TAGS
@@ -58,7 +58,7 @@ def fetch(tensor) -> np.ndarray:
     """Copy a tensor's contents to the master; a sync point of the stream that made it."""
     node = tensor._node
     if tensor._spec is None or wire.rides_inline(tensor.nbytes):
-        get = wire.Get(id=next(node.ids), stream=tensor._streams[0], ref=tensor._id,
+        get = wire.Get(id=next(node.ids), stream=tensor._writer, ref=tensor._id,
                        token=next(node.tokens))
         reply, frames = node.request(get, f"numpy() of tensor {tensor._id}")
         shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
@@ -76,7 +76,7 @@ def fetch(tensor) -> np.ndarray:
             work = cluster.channel().irecv(out.reshape(-1).view(np.uint8), node.index, tag)
         try:
             # The worker answers before it sends: an error (a failed op) comes instead of bytes.
-            send = wire.SendTo(id=next(node.ids), stream=tensor._streams[0], ref=tensor._id,
+            send = wire.SendTo(id=next(node.ids), stream=tensor._writer, ref=tensor._id,
                                peer=cluster.master_rank, tag=tag, token=next(node.tokens))
             node.request(send, f"numpy() of tensor {tensor._id}")
         except BaseException:
@@ -126,7 +126,9 @@ def move(tensor, node_index: int, device: int):
         target.request(recv, f"posting a receive for .to(node={node_index})")
     else:
         target.issue(recv)
-    source.issue(wire.SendTo(id=next(source.ids), stream=tensor._streams[0], ref=tensor._id,
+    now = next(source.ids)
+    ordering.use(tensor, tensor._writer, now)
+    source.issue(wire.SendTo(id=now, stream=tensor._writer, ref=tensor._id,
                              peer=target.index, tag=tag, token=-1))
     return out
 
@@ -138,6 +140,8 @@ def _to_device(tensor, device: int):
     node = tensor._node
     stream = context.stream_for(node.index, device)
     out = DistributedTensor(node, device, next(node.ids), tensor.spec, stream)
-    node.issue(wire.Call(id=next(node.ids), stream=stream, outs=(out._id,), op="to_device",
+    now = next(node.ids)
+    ordering.use(tensor, stream, now)
+    node.issue(wire.Call(id=now, stream=stream, outs=(out._id,), op="to_device",
                          args=(tensor._ref, device), kwargs={}))
     return out

@@ -29,6 +29,10 @@ MAX_STREAMS = 1024
 # mwrt.collective.group), and transfers between master and workers take space 3.
 TAG_SPACE_SHIFT = 56
 TRANSFER_TAGS = 3 << TAG_SPACE_SHIFT
+# Event ids at or below this are implicit (safe streams, graphs): recorded and waited on one
+# worker, counted rather than latched, never reported to the master. Above it, negative ids
+# are the master's own (backpressure checkpoints) and positive ones the user's.
+IMPLICIT_EVENTS = -(1 << 48)
 
 
 class Message(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -295,6 +299,35 @@ class Collective(StreamCommand, tag=21):
     args: dict
     out: int
     out_shape: tuple
+
+
+class Expect(StreamCommand, tag=30):
+    """Manual stream order: fail naming stream `made_on` unless tensor `ref` exists by now."""
+
+    ref: int
+    made_on: int
+
+
+class DefineGraph(Command, tag=31):
+    """Keep graph `graph`: the stream commands packed in `body`, replayed as one; `inputs`
+    are the tensor ids a Replay may rebind."""
+
+    graph: int
+    body: bytes
+    inputs: tuple
+
+
+class Replay(Command, tag=32):
+    """Run graph `graph` on its recorded streams; `bindings` pairs captured and new ids."""
+
+    graph: int
+    bindings: tuple
+
+
+class DropGraph(Command, tag=33):
+    """Forget graph `graph`."""
+
+    graph: int
 
 
 # -- replies: worker -> master --------------------------------------------------------------

@@ -320,6 +320,21 @@ class Daemon:
             self.send(session.identity, wire.Failed(token=-1, info={
                 "kind": "quota", "message": str(exc)}))
 
+    def _define_graph(self, session, command) -> None:
+        session.graphs.define(command, self.max_frame)
+
+    def _replay(self, session, command) -> None:
+        try:
+            groups = session.graphs.replay(command)
+        except KeyError as exc:  # reported at the master's next wait on this node
+            self.send(session.identity, wire.Failed(token=-1, info={
+                "kind": "graph", "message": exc.args[0]}))
+            return
+        self._submit(session, groups, ())
+
+    def _drop_graph(self, session, command) -> None:
+        session.graphs.drop(command.graph)
+
     def _query(self, session, command) -> None:
         executor = session.streams.get(command.stream)
         self.send(session.identity, wire.Done(token=command.token,

@@ -33,20 +33,26 @@ class PoisonedInput(Exception):
 
 def resolve(ex, value):
     """Replace tensor Refs (also inside tuples and dicts) by the session's arrays."""
-    if isinstance(value, wire.Ref):
+    kind = type(value)
+    if kind is wire.Ref:
         try:
             found = ex.session.tensors[value.id]
         except KeyError:
-            raise KeyError(f"tensor {value.id}: not on node {ex.session.node} (freed, or never "
-                           "created on this node)") from None
-        if isinstance(found, Poisoned):
+            raise KeyError(f"tensor {value.id}: not on node {ex.session.node} (freed, never "
+                           "created on this node, or made on another stream not ordered "
+                           "before this one)") from None
+        if type(found) is Poisoned:
             raise PoisonedInput(found.info)
         return found
-    if isinstance(value, tuple):
-        return tuple(resolve(ex, v) for v in value)
-    if isinstance(value, dict):
-        return {k: resolve(ex, v) for k, v in value.items()}
+    if kind is tuple:  # the args of nearly every op: scalars and Refs, looked at once each
+        return tuple([resolve(ex, v) if type(v) in _NESTED else v for v in value])
+    if kind is dict:
+        return {k: resolve(ex, v) if type(v) in _NESTED else v for k, v in value.items()} \
+            if value else value
     return value
+
+
+_NESTED = frozenset((wire.Ref, tuple, dict))  # what resolve() looks inside
 
 
 def store(ex, out: int, value) -> None:
@@ -159,10 +165,16 @@ def record(ex, cmd, frames):
     # Kernels launch asynchronously: the event fires once the GPU has run them, so a waiter
     # on any node (or the master) sees their results.
     ex.synchronize_device()
+    if cmd.event <= wire.IMPLICIT_EVENTS:  # safe streams, graphs: one waiter, this node
+        ex.session.implicit.record(cmd.event)
+        return
     ex.session.daemon.fire_event(ex.session, cmd.event, time.time(), ex.send)
 
 
 def wait_event(ex, cmd, frames):
+    if cmd.event <= wire.IMPLICIT_EVENTS:
+        ex.session.implicit.wait(cmd.event, config.get("sync_timeout"))
+        return
     state = ex.session.event(cmd.event)
     timeout = config.get("sync_timeout")
     deadline = time.monotonic() + timeout
@@ -174,6 +186,14 @@ def wait_event(ex, cmd, frames):
                                f"{timeout} s (MWRT_SYNC_TIMEOUT); did its stream fail?")
     if state.error:
         raise RuntimeError(f"wait_event: event {cmd.event} will never fire: {state.error}")
+
+
+def expect(ex, cmd, frames):
+    if cmd.ref not in ex.session.tensors:
+        raise RuntimeError(
+            f"tensor {cmd.ref} was made on stream {cmd.made_on} and is not finished; order the "
+            f"streams with an event (stream.wait_stream(), event.wait()), or leave "
+            "MWRT_STREAM_ORDER unset (and Stream(order='safe')) to order them automatically")
 
 
 from . import data  # noqa: E402  (its handlers use the helpers above)

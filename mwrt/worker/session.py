@@ -7,6 +7,7 @@ import time
 
 from ..protocol.wire import DEFAULT_STREAM_LIMIT
 from .executor import StreamExecutor
+from .graphs import GraphStore, ImplicitEvents
 from .quotas import Inflight, TensorTable
 
 
@@ -34,6 +35,8 @@ class Session:
         self.events: dict[int, EventState] = {}
         self.pending_frees: dict[int, int] = {}
         self.event_waiters: dict[int, list] = {}
+        self.implicit = ImplicitEvents(self)
+        self.graphs = GraphStore(self)
         self.lock = threading.Lock()
         self.last_seen = time.monotonic()
         self.last_seq = -1
@@ -113,4 +116,5 @@ class Session:
         self.events.clear()
         self.event_waiters.clear()
         self.pending_frees.clear()
+        self.graphs.graphs.clear()
         self.trace = None

@@ -1,0 +1,226 @@
+"""Captured graphs: record ops once, then replay them with one small command per node.
+
+`with mwrt.graph(x=x) as g:` records the commands the ops inside would issue (on any nodes
+and streams, meta rules run once) instead of sending them; at the end of the block each
+node receives its part once (DefineGraph). `g.replay()` then sends one Replay per node,
+which the worker expands into the recorded commands on their recorded streams. As with
+CUDA graphs, the block itself runs nothing: the tensors made inside hold values after a
+replay. Inputs are rebound with `g.replay(x=other)` (same node, device, shape and dtype),
+or updated in place between replays. Like CUDA's global capture mode, the block records
+what every thread of the master issues meanwhile.
+
+Safe streams hold: waits between streams inside the graph are recorded with it, and at
+each replay the tensors made before the graph are ordered against their uses since.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+from ..errors import MwrtError
+from ..protocol import wire
+from . import ordering
+from .client import issue_site
+from .cluster import current
+
+_GRAPH_IDS = itertools.count(1)
+
+
+class _External:
+    """A tensor made before the capture and used in it: how it was found, and its uses."""
+
+    __slots__ = ("ref", "node", "id", "state", "uses", "name")
+
+    def __init__(self, tensor):
+        self.ref, self.node, self.id = weakref.ref(tensor), tensor._node, tensor._id
+        self.state = (tensor._writer, tensor._wtime, tensor._ltime, tensor._streams)
+        self.uses: list = []
+        self.name = ""
+
+
+class Graph:
+    """A recording of ops, replayed with `replay()`; made by `mwrt.graph()`."""
+
+    def __init__(self, inputs: dict):
+        from .tensor import DistributedTensor
+
+        for name, tensor in inputs.items():
+            if not isinstance(tensor, DistributedTensor):
+                raise TypeError(f"graph: input {name!r} must be a DistributedTensor (got "
+                                f"{type(tensor).__name__})")
+        self._inputs = {name: _External(t) for name, t in inputs.items()}
+        for name, ext in self._inputs.items():
+            ext.name = name
+        self._externals = {ext.id: ext for ext in self._inputs.values()}
+        self._made: dict = {}  # node -> tensors made inside: kept alive, replays rewrite them
+        self._made_ids: set = set()
+        self._commands: dict = {}  # node -> recorded commands
+        self._sites: dict = {}  # node -> [(command id, where it was recorded)]
+        self._defined: dict = {}  # node -> graph id on that node
+        self._saved: dict = {}
+        self._capturing = False
+
+    # -- capture --------------------------------------------------------------------------
+
+    def __enter__(self) -> "Graph":
+        if ordering.capture:
+            raise MwrtError("graph: already capturing a graph; captures do not nest")
+        for node in current().nodes:
+            self._saved[node] = ordering.snapshot(node)
+            node.issue = self._recorder(node)  # this node's commands go to the recording
+        ordering.capture.append(self)
+        self._capturing = True
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        ordering.capture.pop()
+        self._capturing = False
+        for node in current().nodes:
+            del node.issue
+            ordering.restore(node, self._saved.pop(node))
+        for ext in self._externals.values():  # nothing ran: as they were before the block
+            tensor = ext.ref()
+            if tensor is not None:
+                tensor._writer, tensor._wtime, tensor._ltime, tensor._streams = ext.state
+        if kind is None:
+            self._define()
+
+    def made(self, tensor) -> None:
+        """Called for each tensor made during the capture."""
+        self._made.setdefault(tensor._node, []).append(tensor)
+        self._made_ids.add(tensor._id)
+
+    def used(self, tensor, stream: int, write: bool) -> None:
+        """Called for each use of a tensor during the capture, before its ordering."""
+        if tensor._id in self._made_ids:
+            return
+        ext = self._externals.get(tensor._id)
+        if ext is None:
+            ext = self._externals[tensor._id] = _External(tensor)
+        ext.uses.append((stream, write))
+
+    def _recorder(self, node):
+        commands, sites = self._commands.setdefault(node, []), self._sites.setdefault(node, [])
+        issue = type(node).issue
+
+        def record(command, frame=None) -> None:
+            name = type(command).__name__
+            if isinstance(command, wire.NewStream):  # streams are made now, not replayed
+                return issue(node, command)
+            if frame is not None or command.data_frame:
+                raise MwrtError("graph: copying an array from the master (dist_send, tensor()) "
+                                "cannot be captured; make the tensor before the graph and "
+                                "pass it in (mwrt.graph(x=x)), or update it in place")
+            if command.posts_receive:
+                raise MwrtError("graph: moves between nodes (.to(node=), dist_send(node=)) "
+                                "cannot be captured; move the tensor before the graph, or use "
+                                "a collective (broadcast, all_gather), which can")
+            if not command.on_stream or command.sync_point:
+                raise MwrtError(f"graph: {name} waits for the worker or talks to the master, "
+                                "which a captured graph cannot; read values (numpy(), shape "
+                                "of remote() results, synchronize) after g.replay()")
+            commands.append(command)
+            sites.append((command.id, f"{issue_site()} (captured by mwrt.graph)"))
+        return record
+
+    def _define(self) -> None:
+        for node, commands in self._commands.items():
+            if not commands:
+                continue
+            gid = next(_GRAPH_IDS)
+            inputs = tuple(ext.id for ext in self._inputs.values() if ext.node is node)
+            node.issue(wire.DefineGraph(id=next(node.ids), graph=gid,
+                                        body=wire.encode_body(commands), inputs=inputs))
+            self._defined[node] = gid
+        self._commands.clear()
+
+    # -- replay ---------------------------------------------------------------------------
+
+    def replay(self, **bindings) -> None:
+        """Run the recorded ops again; `name=tensor` rebinds the input given as `name`."""
+        if self._capturing:
+            raise MwrtError("graph: replay() inside its own capture block; call it after")
+        bound = self._bind(bindings)
+        for node in self._defined:  # all checks first: a replay runs on every node or none
+            node.check_lost()
+        tensors = self._tensors(bindings)
+        for node, gid in self._defined.items():
+            pairs = bound.get(node, ())
+            now = next(node.ids)
+            touched = self._order(node, tensors, now)
+            rid = next(node.ids)
+            node.issue(wire.Replay(id=rid, graph=gid, bindings=pairs))
+            mask = len(node.sites) - 1  # errors in the replay name the captured lines
+            for cid, site in self._sites[node]:
+                node.sites[cid & mask] = site
+            for tensor in touched:  # their uses are this replay's, issued after its waits
+                tensor._ltime = rid
+                if tensor._wtime == now:
+                    tensor._wtime = rid
+            for tensor in self._made.get(node, ()):
+                tensor._wtime = tensor._ltime = rid
+
+    def _bind(self, bindings: dict) -> dict:
+        """Check `bindings` against the inputs; node -> (captured id, new id, ...)."""
+        for name, tensor in bindings.items():
+            ext = self._inputs.get(name)
+            if ext is None:
+                raise TypeError(f"graph.replay: no input named {name!r} (inputs: "
+                                f"{', '.join(self._inputs) or 'none'}; name them with "
+                                "mwrt.graph(name=tensor))")
+            _check_like(name, ext, tensor)
+        pairs: dict = {}
+        for name, tensor in bindings.items():
+            ext = self._inputs[name]
+            pairs[ext.node] = pairs.get(ext.node, ()) + (ext.id, tensor._id)
+        return pairs
+
+    def _tensors(self, bindings: dict) -> dict:
+        """The tensor each captured outside tensor stands for now; it must still exist."""
+        found = {}
+        for ext in self._externals.values():
+            tensor = bindings[ext.name] if ext.name in bindings else ext.ref()
+            if tensor is None:
+                what = f"input {ext.name!r}" if ext.name else "a tensor made before the graph"
+                raise MwrtError(
+                    f"graph.replay: {what} (tensor {ext.id}, captured on node "
+                    f"{ext.node.index}) was freed; keep a handle to it while the graph lives, "
+                    "or pass it as an input (mwrt.graph(x=x)) and rebind it (g.replay(x=y))")
+            found[ext] = tensor
+        return found
+
+    def _order(self, node, tensors: dict, now: int) -> list:
+        """Order the graph's uses of tensors made before it after their uses since."""
+        touched = []
+        for ext, tensor in tensors.items():
+            if ext.node is not node:
+                continue
+            for stream, write in ext.uses:
+                ordering.use(tensor, stream, now, write)
+            touched.append(tensor)
+        return touched
+
+    def __del__(self):
+        for node, gid in self._defined.items():
+            try:
+                type(node).issue(node, wire.DropGraph(id=next(node.ids), graph=gid))
+            except Exception:  # the session ended: its graphs went with it
+                pass
+
+
+def _check_like(name: str, ext: _External, tensor) -> None:
+    """A rebinding must have the captured input's place, shape and dtype."""
+    captured = ext.ref()
+    if tensor._node is not ext.node or (captured is not None and (
+            tensor._device != captured._device or tensor.spec != captured.spec)):
+        was = ("node {}, device {}, {}".format(ext.node.index, captured._device, captured.spec)
+               if captured is not None else f"node {ext.node.index}")
+        raise ValueError(f"graph.replay: {name} must be like the captured input (got node "
+                         f"{tensor._node.index}, device {tensor._device}, {tensor.spec}; "
+                         f"expected {was}); make it there with that shape and dtype")
+
+
+def graph(**inputs) -> Graph:
+    """Capture the ops of a `with` block as a Graph; `inputs` name tensors replay() rebinds."""
+    return Graph(inputs)

@@ -1,0 +1,153 @@
+"""Implicit events and captured graphs: a session's worker-side state for safe streams.
+
+Implicit events (ids at or below wire.IMPLICIT_EVENTS) are the master's way to order a use
+of a tensor on one stream after its uses on another: a Record on the first, a WaitEvent on
+the second, on the same worker. They count rather than latch, so a graph replayed many
+times can record and wait on the same ids, and each wait consumes the record it matched.
+
+A graph is a list of stream commands recorded once on the master (DefineGraph). A Replay
+hands them, grouped by stream, to the streams' executors as if they had arrived in one
+batch, with the captured input ids mapped to the ids the Replay binds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from msgspec.structs import replace
+
+from ..errors import WireError
+from ..protocol import wire
+
+_TENSOR_FIELDS = ("ref", "out")  # int fields naming a tensor (besides Refs in args)
+
+
+class ImplicitEvents:
+    """Counting events, one waiter per record, local to the session."""
+
+    def __init__(self, session):
+        self.session = session
+        self.counts: dict[int, int] = {}
+        self.cond = threading.Condition()
+
+    def record(self, event: int) -> None:
+        with self.cond:
+            self.counts[event] = self.counts.get(event, 0) + 1
+            self.cond.notify_all()
+
+    def wait(self, event: int, timeout: float) -> None:
+        """Consume one record of `event`; TimeoutError naming it past `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.counts.get(event):
+                left = deadline - time.monotonic()
+                if self.session.closed:
+                    return
+                if left <= 0:
+                    raise TimeoutError(
+                        f"wait_event: the stream this one waits for (implicit event {event}) "
+                        f"did not get there after {timeout} s (MWRT_SYNC_TIMEOUT); is it stuck "
+                        "in a long op or waiting on this stream?")
+                self.cond.wait(min(left, 0.2))
+            left = self.counts[event] - 1
+            if left:
+                self.counts[event] = left
+            else:
+                del self.counts[event]
+
+
+class Graph:
+    """One recorded graph: its commands grouped by stream, and where its inputs appear."""
+
+    __slots__ = ("groups", "inputs", "bound")
+
+    def __init__(self, commands: list, inputs: tuple):
+        self.groups: dict[int, list] = {}
+        for command in commands:
+            if not command.on_stream or command.sync_point or command.posts_receive:
+                raise WireError(f"graph: {type(command).__name__} cannot be replayed (only "
+                                "stream commands that need no answer can)")
+            self.groups.setdefault(command.stream, []).append(command)
+        self.inputs = frozenset(inputs)
+        # (stream, index) of each command that names an input: the only ones a Replay rebuilds
+        self.bound = [(stream, i) for stream, group in self.groups.items()
+                      for i, command in enumerate(group) if _names(command, self.inputs)]
+
+    def bind(self, bindings: tuple) -> dict:
+        """The groups to submit, with captured input ids replaced as `bindings` pairs them."""
+        mapping = dict(zip(bindings[::2], bindings[1::2]))
+        if not mapping:
+            return self.groups
+        unknown = set(mapping) - self.inputs
+        if unknown:
+            raise KeyError(f"graph: tensors {sorted(unknown)} are not inputs of this graph")
+        groups = {stream: list(group) for stream, group in self.groups.items()}
+        for stream, i in self.bound:
+            groups[stream][i] = _rebind(groups[stream][i], mapping)
+        return groups
+
+
+class GraphStore:
+    """The graphs one master defined on this worker, by id."""
+
+    def __init__(self, session):
+        self.session = session
+        self.graphs: dict[int, Graph | str] = {}
+
+    def define(self, command, max_bytes: int) -> None:
+        """Keep a graph; a malformed one is kept as its error, raised at its replays."""
+        try:
+            body = wire.decode_body(command.body, max_bytes)
+            self.graphs[command.graph] = Graph(list(body), tuple(command.inputs))
+        except (WireError, TypeError, ValueError) as exc:
+            self.graphs[command.graph] = str(exc)
+
+    def replay(self, command) -> dict:
+        """The stream groups of one replay; KeyError naming the graph if it cannot run."""
+        graph = self.graphs.get(command.graph)
+        if graph is None:
+            raise KeyError(f"graph {command.graph}: not defined on node {self.session.node} "
+                           "(dropped, or its definition never arrived)")
+        if isinstance(graph, str):
+            raise KeyError(f"graph {command.graph}: its definition was refused: {graph}")
+        return graph.bind(tuple(command.bindings))
+
+    def drop(self, graph_id: int) -> None:
+        self.graphs.pop(graph_id, None)
+
+
+def _names(command, ids) -> bool:
+    """True if `command` mentions a tensor id in `ids`."""
+    if any(getattr(command, field, None) in ids for field in _TENSOR_FIELDS):
+        return True
+    return _refs(getattr(command, "args", ()), ids) or _refs(getattr(command, "kwargs", {}), ids)
+
+
+def _refs(value, ids) -> bool:
+    if isinstance(value, wire.Ref):
+        return value.id in ids
+    if isinstance(value, tuple):
+        return any(_refs(v, ids) for v in value)
+    if isinstance(value, dict):
+        return any(_refs(v, ids) for v in value.values())
+    return False
+
+
+def _rebind(command, mapping: dict):
+    changes = {field: mapping[getattr(command, field)] for field in _TENSOR_FIELDS
+               if getattr(command, field, None) in mapping}
+    for field in ("args", "kwargs"):
+        if hasattr(command, field):
+            changes[field] = _swap(getattr(command, field), mapping)
+    return replace(command, **changes)
+
+
+def _swap(value, mapping: dict):
+    if isinstance(value, wire.Ref):
+        return wire.Ref(mapping[value.id]) if value.id in mapping else value
+    if isinstance(value, tuple):
+        return tuple(_swap(v, mapping) for v in value)
+    if isinstance(value, dict):
+        return {k: _swap(v, mapping) for k, v in value.items()}
+    return value
