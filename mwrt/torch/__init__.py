@@ -1,0 +1,253 @@
+"""mwrt as a torch.distributed backend: `import mwrt.torch`, then init_process_group("mwrt").
+
+Importing this package registers the backend "mwrt" with torch.distributed. Its process
+group is a Python `torch.distributed.ProcessGroup` (the pattern of torch's own Python
+process-group tests) whose collectives hand CPU tensors, as zero-copy DLPack views, to
+mwrt.collective over one of mwrt's channels (MWRT_CHANNEL, "auto" by default: shared memory
+on a host, tcp between hosts). Ranks find each other through the store torch made for the
+group, so `init_method="env://"` under torchrun or mwrt-launch, `tcp://` and `file://` all
+work; torch's DDP, new_group and the usual collectives then run unchanged, with mwrt's
+agreement checks and error text. torch is an optional dependency: `pip install mwrt[torch]`.
+"""
+
+from __future__ import annotations
+
+import atexit
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from .. import channels, config
+from ..collective import api as C
+from ..collective.group import ProcessGroup as MwrtGroup
+from ..collective.reduce_ops import ReduceOp
+from ..errors import RendezvousTimeoutError
+from ..protocol import auth
+from ..store import rendezvous
+from ..store.stores import Store
+
+BACKEND = "mwrt"
+
+_REDUCE_OPS = {dist.ReduceOp.RedOpType.SUM: ReduceOp.SUM,
+               dist.ReduceOp.RedOpType.PRODUCT: ReduceOp.PRODUCT,
+               dist.ReduceOp.RedOpType.MIN: ReduceOp.MIN,
+               dist.ReduceOp.RedOpType.MAX: ReduceOp.MAX,
+               dist.ReduceOp.RedOpType.AVG: ReduceOp.AVG,
+               dist.ReduceOp.RedOpType.BAND: ReduceOp.BAND,
+               dist.ReduceOp.RedOpType.BOR: ReduceOp.BOR,
+               dist.ReduceOp.RedOpType.BXOR: ReduceOp.BXOR}
+
+
+class TorchStore(Store):
+    """mwrt's Store contract over a torch.distributed store (the one torch made for a group)."""
+
+    def __init__(self, store, timeout: float):
+        self.store, self.timeout = store, timeout
+
+    def set(self, key, value):
+        self.store.set(key, value)
+
+    def get(self, key, timeout=None):
+        self.wait([key], timeout)
+        return self.store.get(key)
+
+    def add(self, key, amount):
+        return self.store.add(key, int(amount))
+
+    def compare_set(self, key, expected, desired):
+        return self.store.compare_set(key, expected, desired)
+
+    def wait(self, keys, timeout=None):
+        seconds = self.timeout if timeout is None else float(timeout)
+        try:  # torch reads a zero timeout as "none": wait at least a millisecond
+            self.store.wait(list(keys), timedelta(seconds=max(seconds, 1e-3)))
+        except dist.DistStoreError as exc:
+            missing = [k for k in keys if not self.store.check([k])]
+            if not missing:
+                return
+            raise RendezvousTimeoutError(f"store: keys not set after {seconds} s (missing: "
+                                         f"{missing}): {exc}") from None
+
+    def delete_key(self, key):
+        return self.store.delete_key(key)
+
+    def check(self, keys):
+        return self.store.check(list(keys))
+
+
+def _reduce_op(opts, what: str) -> ReduceOp:
+    op = _REDUCE_OPS.get(opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp)
+    if op is None:
+        raise ValueError(f"{what}: the mwrt backend has no reduce op {opts.reduceOp} (known: "
+                         f"{', '.join(o.name for o in _REDUCE_OPS)})")
+    return op
+
+
+def _cpu(tensors, what: str):
+    """The tensors of a call, checked: mwrt's torch backend moves CPU tensors."""
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise ValueError(f"{what}: the mwrt backend takes CPU tensors (got one on "
+                             f"{t.device}); pass t.cpu() and copy the result back, or use "
+                             "mwrt.distributed with CuPy arrays")
+    return tensors
+
+
+def _work(future, result):
+    """A torch Work whose future completes with `result` (or the error) when `future` does."""
+    done = torch.futures.Future()
+
+    def finish(f):
+        exc = f.exception()
+        if exc is None:
+            done.set_result(result)
+        else:
+            done.set_exception(exc)
+    future.add_done_callback(finish)
+    return _create_work_from_future(done)
+
+
+class MwrtProcessGroup(dist.ProcessGroup):
+    """A torch ProcessGroup running its collectives on an mwrt process group."""
+
+    def __init__(self, group: MwrtGroup, channel, rank: int, size: int):
+        super().__init__(rank, size)
+        self.group, self.channel = group, channel
+        self._p2p = ThreadPoolExecutor(4, thread_name_prefix="mwrt-torch-p2p")
+        _live.append(self)
+
+    def getBackendName(self):
+        return BACKEND
+
+    def _run(self, fn, *args, result=None):
+        """Run fn(group, *args) in order on the group's thread; a Work completing with
+        `result`."""
+        return _work(self.group.call(fn, self.group, *args, async_op=True), result)
+
+    # -- collectives -------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        op = _reduce_op(opts or dist.AllreduceOptions(), "all_reduce")
+        return self._run(_each, C.all_reduce, _cpu(tensors, "all_reduce"), op, result=tensors)
+
+    def broadcast(self, tensors, opts=None):
+        root = (opts or dist.BroadcastOptions()).rootRank
+        return self._run(_each, C.broadcast, _cpu(tensors, "broadcast"), root, result=tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        op = _reduce_op(opts, "reduce")
+        return self._run(lambda g: C.reduce(g, _cpu(tensors, "reduce")[0], opts.rootRank, op),
+                         result=tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inp, outs = _cpu(input_tensors, "all_gather")[0], _cpu(output_tensors[0], "all_gather")
+        if any(o.shape != inp.shape for o in outs) or len(outs) != self.size():
+            raise ValueError(f"all_gather: tensor_list needs {self.size()} tensors shaped like "
+                             f"the input {tuple(inp.shape)} (got "
+                             f"{[tuple(o.shape) for o in outs]})")
+        buf = torch.empty((len(outs), *inp.shape), dtype=inp.dtype)
+
+        def run(g):
+            C.all_gather(g, buf, inp)
+            for o, part in zip(outs, buf):
+                o.copy_(part)
+        return self._run(run, result=output_tensors)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._run(C.all_gather, *_cpu([output, input], "all_gather_into_tensor"),
+                         result=[output])
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        out, ins = _cpu(output_tensors, "reduce_scatter")[0], input_tensors[0]
+        op = _reduce_op(opts or dist.ReduceScatterOptions(), "reduce_scatter")
+        src = torch.stack(_cpu(ins, "reduce_scatter"))
+        return self._run(C.reduce_scatter, out, src, op, result=output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        op = _reduce_op(opts or dist.ReduceScatterOptions(), "reduce_scatter_tensor")
+        return self._run(C.reduce_scatter, *_cpu([output, input], "reduce_scatter_tensor"), op,
+                         result=[output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        _cpu([output, input], "all_to_all_single")
+        if not output_split_sizes and not input_split_sizes:
+            return self._run(C.all_to_all, output, input, result=[output])
+        row = int(np.prod(input.shape[1:]))
+        send = [int(k) * row for k in input_split_sizes]
+        recv = [int(k) * int(np.prod(output.shape[1:])) for k in output_split_sizes]
+        return self._run(C.all_to_all_v, output, input, send, recv, result=[output])
+
+    def barrier(self, opts=None):
+        return self._run(C.barrier, result=[])
+
+    # -- point-to-point ----------------------------------------------------------------
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        arr = _cpu(tensors, "send")[0]
+        work = self.channel.isend(arr, dst, self.group.p2p_tag(int(tag)), self.group.timeout)
+        return _work(self._p2p.submit(work.wait, self.group.timeout), tensors)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        arr = _cpu(tensors, "recv")[0]
+        work = self.channel.irecv(arr, src, self.group.p2p_tag(int(tag)), self.group.timeout)
+        return _work(self._p2p.submit(work.wait, self.group.timeout), tensors)
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def shutdown(self):
+        """Close the group and its channel (destroy_process_group calls this)."""
+        if self in _live:
+            _live.remove(self)
+            self._p2p.shutdown(wait=False, cancel_futures=True)
+            self.group.close()
+            self.channel.close()
+
+    abort = shutdown
+
+
+def _each(group, fn, tensors, *args):
+    for t in tensors:
+        fn(group, t, *args)
+
+
+_live: list[MwrtProcessGroup] = []
+
+
+@atexit.register
+def _leave_at_exit() -> None:
+    """A script that ends without destroy_process_group still leaves its peers cleanly."""
+    for pg in list(_live):
+        pg.channel.leave()
+
+
+def create_process_group(store, rank: int, size: int, timeout) -> MwrtProcessGroup:
+    """torch's backend creator: rendezvous through torch's store, connect an mwrt channel."""
+    seconds = timeout.total_seconds() if timeout is not None else config.get("rendezvous_timeout")
+    backend = config.get("channel")
+    mstore, prefix = TorchStore(store, seconds), "mwrt"
+    peers = rendezvous(mstore, rank, size, prefix=prefix, timeout=seconds)
+    channel = channels.create(backend, rank, size, store=mstore, prefix=prefix,
+                              timeout=seconds, key=auth.job_secret())
+    try:
+        group = MwrtGroup(channel, store=mstore, prefix=prefix, peers=peers, timeout=seconds)
+        # Connect every pair now, while rank 0 (which serves torch's store) is sure to be up.
+        probe = np.zeros(size, np.uint8)
+        C.all_to_all(group, probe.copy(), probe)
+    except BaseException:
+        channel.close()
+        raise
+    return MwrtProcessGroup(group, channel, rank, size)
+
+
+dist.Backend.register_backend(BACKEND, create_process_group, devices=["cpu"])
+
+__all__ = ["BACKEND", "MwrtProcessGroup", "TorchStore", "create_process_group"]
