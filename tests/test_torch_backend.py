@@ -66,4 +66,16 @@ def test_collectives_through_torch_distributed(tmp_path):
 
 def test_an_mwrt_error_surfaces_with_its_text(tmp_path):
     errors = [got["error"] for got in run_ranks("mismatch", "mwrt", tmp_path)]
-    assert all("all_reduce" in e and "shape" in e for e in errors), errors
+    assert all(e.startswith("CollectiveMismatchError: all_reduce") and "float32[3]" in e
+               and "float32[4]" in e for e in errors), errors
+
+
+def test_the_ddp_example_runs_as_a_user_runs_it():
+    example = os.path.join(ROOT, "examples", "torch_ddp.py")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, example], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 ranks on mwrt: weight error" in done.stdout, done.stdout

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import atexit
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import channels, config
 from ..collective import api as C
+from ..collective.buffers import as_flat
 from ..collective.group import ProcessGroup as MwrtGroup
 from ..collective.reduce_ops import ReduceOp
 from ..errors import RendezvousTimeoutError
@@ -97,18 +98,42 @@ def _cpu(tensors, what: str):
     return tensors
 
 
-def _work(future, result):
-    """A torch Work whose future completes with `result` (or the error) when `future` does."""
-    done = torch.futures.Future()
+class MwrtWork(dist.Work):
+    """A torch Work over a running mwrt call: wait() raises mwrt's error; get_future() is
+    the torch Future that DDP's comm hooks chain on, completed with `result`."""
 
-    def finish(f):
-        exc = f.exception()
+    def __init__(self, future, result, timeout: float):
+        super().__init__()
+        self.future, self.timeout = future, timeout
+        self.torch_future, self.result = torch.futures.Future(), result
+        future.add_done_callback(self._finish)  # at once if it is done already
+
+    def _finish(self, future) -> None:
+        exc = future.exception()
         if exc is None:
-            done.set_result(result)
+            self.torch_future.set_result(self.result)
         else:
-            done.set_exception(exc)
-    future.add_done_callback(finish)
-    return _create_work_from_future(done)
+            self.torch_future.set_exception(exc)
+
+    def wait(self, timeout=None) -> bool:
+        """Block until done (torch's timeout, else the group's) and raise the call's error."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        seconds = seconds or self.timeout  # torch passes 0 for "no timeout given"
+        try:
+            self.future.result(timeout=seconds)
+        except FutureTimeout:
+            raise TimeoutError(f"mwrt work: not done after {seconds} s; a peer may be slow "
+                               "or gone") from None
+        return True
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def is_success(self) -> bool:
+        return self.future.done() and self.future.exception() is None
+
+    def get_future(self):
+        return self.torch_future
 
 
 class MwrtProcessGroup(dist.ProcessGroup):
@@ -126,7 +151,8 @@ class MwrtProcessGroup(dist.ProcessGroup):
     def _run(self, fn, *args, result=None):
         """Run fn(group, *args) in order on the group's thread; a Work completing with
         `result`."""
-        return _work(self.group.call(fn, self.group, *args, async_op=True), result)
+        future = self.group.call(fn, self.group, *args, async_op=True)
+        return MwrtWork(future, result, self.group.timeout)
 
     # -- collectives -------------------------------------------------------------------
 
@@ -192,14 +218,18 @@ class MwrtProcessGroup(dist.ProcessGroup):
     # -- point-to-point ----------------------------------------------------------------
 
     def send(self, tensors, dst: int, tag: int = 0):
-        arr = _cpu(tensors, "send")[0]
-        work = self.channel.isend(arr, dst, self.group.p2p_tag(int(tag)), self.group.timeout)
-        return _work(self._p2p.submit(work.wait, self.group.timeout), tensors)
+        arr = as_flat(_cpu(tensors, "send")[0], "send", writable=False)
+        return self._p2p_work(self.channel.isend, arr, dst, tag, tensors)
 
     def recv(self, tensors, src: int, tag: int = 0):
-        arr = _cpu(tensors, "recv")[0]
-        work = self.channel.irecv(arr, src, self.group.p2p_tag(int(tag)), self.group.timeout)
-        return _work(self._p2p.submit(work.wait, self.group.timeout), tensors)
+        arr = as_flat(_cpu(tensors, "recv")[0], "recv")
+        return self._p2p_work(self.channel.irecv, arr, src, tag, tensors)
+
+    def _p2p_work(self, start, arr, peer: int, tag: int, tensors):
+        """Post the message now (so messages keep their order); a thread waits for it."""
+        timeout = self.group.timeout
+        work = start(arr, self.group.ranks[peer], self.group.p2p_tag(int(tag)), timeout)
+        return MwrtWork(self._p2p.submit(work.wait, timeout), tensors, timeout)
 
     # -- lifetime ----------------------------------------------------------------------
 
