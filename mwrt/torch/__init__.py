@@ -26,7 +26,7 @@ from ..collective import api as C
 from ..collective.buffers import as_flat
 from ..collective.group import ProcessGroup as MwrtGroup
 from ..collective.reduce_ops import ReduceOp
-from ..errors import RendezvousTimeoutError
+from ..errors import MwrtError, RendezvousTimeoutError
 from ..protocol import auth
 from ..store import rendezvous
 from ..store.stores import Store
@@ -237,6 +237,12 @@ class MwrtProcessGroup(dist.ProcessGroup):
         """Close the group and its channel (destroy_process_group calls this)."""
         if self in _live:
             _live.remove(self)
+            if not self.group.broken:
+                try:  # rank 0 serves torch's store: keep it up until every rank is done
+                    self.group.timeout = min(self.group.timeout, 30.0)
+                    self.group.call(C.barrier, self.group)
+                except MwrtError:
+                    pass
             self._p2p.shutdown(wait=False, cancel_futures=True)
             self.group.close()
             self.channel.close()

@@ -51,7 +51,23 @@ def calls(rank: int) -> dict:
         got = torch.zeros(2)
         dist.recv(got, src=0)
     return {"all_reduce": x, "broadcast": b, "all_gather": torch.stack(parts), "max": m,
-            "into_tensor": out, "recv": got}
+            "into_tensor": out, "recv": got, **more_calls(rank, n)}
+
+
+def more_calls(rank: int, n: int) -> dict:
+    r = torch.tensor([1.0 + rank, 2.0])
+    dist.reduce(r, dst=1)
+    rs = torch.empty(2)
+    dist.reduce_scatter_tensor(rs, torch.arange(2.0 * n) * (rank + 1))
+    rl = torch.empty(1, dtype=torch.int32)
+    dist.reduce_scatter(rl, [torch.tensor([rank + 10 * p], dtype=torch.int32) for p in range(n)])
+    a2a = torch.empty(n)
+    dist.all_to_all_single(a2a, torch.arange(float(n)) + 10 * rank)
+    sub = dist.new_group([0, 1])
+    avg = torch.tensor([float(rank)])
+    dist.all_reduce(avg, op=dist.ReduceOp.AVG, group=sub)
+    return {"reduce": r, "reduce_scatter_tensor": rs, "reduce_scatter": rl, "all_to_all": a2a,
+            "subgroup_avg": avg}
 
 
 def mismatch(rank: int) -> dict:
