@@ -64,6 +64,9 @@ def test_collectives_through_torch_distributed(tmp_path):
         assert got["recv"].tolist() == ([0.0, 0.0] if rank == 0 else [7.0, 8.0])
         if rank == 1:
             assert got["reduce"].tolist() == [3.0, 4.0]
+        if rank == 0:
+            assert got["gather"].tolist() == [[0.0, 0.0], [1.0, -1.0]]
+        assert got["scatter"].tolist() == [5.0 + rank]
         assert got["reduce_scatter_tensor"].tolist() == [3.0 * (2 * rank), 3.0 * (2 * rank + 1)]
         assert got["reduce_scatter"].tolist() == [20 * rank + 1]
         assert got["all_to_all"].tolist() == [rank, 10.0 + rank]

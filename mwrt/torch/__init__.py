@@ -190,6 +190,22 @@ class MwrtProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root, inp = (opts or dist.GatherOptions()).rootRank, _cpu(input_tensors, "gather")[0]
+        outs = _cpu(output_tensors[0], "gather") if output_tensors else []
+        buf = torch.empty((self.size(), *inp.shape), dtype=inp.dtype) if outs else None
+
+        def run(g):
+            C.gather(g, inp, buf, root)
+            for o, part in zip(outs, buf if buf is not None else ()):
+                o.copy_(part)
+        return self._run(run, result=output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root, out = (opts or dist.ScatterOptions()).rootRank, _cpu(output_tensors, "scatter")[0]
+        src = torch.stack(_cpu(input_tensors[0], "scatter")) if input_tensors else None
+        return self._run(C.scatter, out, src, root, result=output_tensors)
+
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out, ins = _cpu(output_tensors, "reduce_scatter")[0], input_tensors[0]
         op = _reduce_op(opts or dist.ReduceScatterOptions(), "reduce_scatter")

@@ -66,7 +66,13 @@ def more_calls(rank: int, n: int) -> dict:
     sub = dist.new_group([0, 1])
     avg = torch.tensor([float(rank)])
     dist.all_reduce(avg, op=dist.ReduceOp.AVG, group=sub)
-    return {"reduce": r, "reduce_scatter_tensor": rs, "reduce_scatter": rl, "all_to_all": a2a,
+    gathered = [torch.empty(2) for _ in range(n)] if rank == 0 else None
+    dist.gather(torch.tensor([rank, -rank], dtype=torch.float32), gathered, dst=0)
+    scattered = torch.empty(1)
+    dist.scatter(scattered, [torch.tensor([5.0 + p]) for p in range(n)] if rank == 1 else None,
+                 src=1)
+    return {"gather": torch.stack(gathered) if rank == 0 else None, "scatter": scattered,
+            "reduce": r, "reduce_scatter_tensor": rs, "reduce_scatter": rl, "all_to_all": a2a,
             "subgroup_avg": avg}
 
 
