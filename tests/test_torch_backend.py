@@ -21,8 +21,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(mode: str, backend: str, tmp_path, n: int = 2, timeout: float = 90) -> list:
-    """Run torch_ranks.py MODE on n ranks under env://; each rank's saved result."""
+def run_ranks(mode: str, backend: str, tmp_path, n: int = 2, timeout: float = 90,
+              codes=None) -> list:
+    """Run torch_ranks.py MODE on n ranks under env://; each rank's saved result (None for
+    a rank expected to exit with a code other than 0)."""
+    codes = codes or [0] * n
     out = str(tmp_path / f"{mode}-{backend}")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "WORLD_SIZE": str(n), "MWRT_RENDEZVOUS_TIMEOUT": "60",
@@ -41,8 +44,9 @@ def run_ranks(mode: str, backend: str, tmp_path, n: int = 2, timeout: float = 90
                 p.kill()
                 p.wait(10)
     for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} of {mode} on {backend} exited {p.returncode}:\n{log}"
-    return [torch.load(f"{out}.{r}") for r in range(n)]
+        assert p.returncode == codes[r], (f"rank {r} of {mode} on {backend} exited "
+                                          f"{p.returncode}, expected {codes[r]}:\n{log}")
+    return [torch.load(f"{out}.{r}") if codes[r] == 0 else None for r in range(n)]
 
 
 def test_ddp_on_mwrt_matches_gloo(tmp_path):
@@ -77,6 +81,11 @@ def test_an_mwrt_error_surfaces_with_its_text(tmp_path):
     errors = [got["error"] for got in run_ranks("mismatch", "mwrt", tmp_path)]
     assert all(e.startswith("CollectiveMismatchError: all_reduce") and "float32[3]" in e
                and "float32[4]" in e for e in errors), errors
+
+
+def test_a_dead_peer_is_named(tmp_path):
+    error = run_ranks("peer_dies", "mwrt", tmp_path, codes=[0, 3])[0]["error"]
+    assert error.startswith("ChannelClosedError: all_reduce") and "rank 1" in error, error
 
 
 def test_the_ddp_example_runs_as_a_user_runs_it():

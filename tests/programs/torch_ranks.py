@@ -2,7 +2,8 @@
 
 MODE ddp trains a small model with torch's DDP and saves its weights to OUT; calls runs
 the usual collectives through torch.distributed and saves what they returned; mismatch
-all_reduces tensors of different shapes on the two ranks and saves the error text.
+all_reduces tensors of different shapes on the two ranks and saves the error text;
+peer_dies has rank 1 exit at once and saves rank 0's all_reduce error.
 """
 
 import os
@@ -84,14 +85,25 @@ def mismatch(rank: int) -> dict:
     return {"error": ""}
 
 
+def peer_dies(rank: int) -> dict:
+    if rank == 1:
+        os._exit(3)  # gone without a word, as a crashed rank is
+    try:
+        dist.all_reduce(torch.ones(1000))
+    except Exception as exc:  # noqa: BLE001 - the test reads its text
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"error": ""}
+
+
 def main() -> None:
     mode, backend, out = sys.argv[1:4]
     dist.init_process_group(backend, init_method="env://")
     rank = dist.get_rank()
-    result = {"ddp": ddp, "calls": calls, "mismatch": mismatch}[mode](rank)
+    result = {"ddp": ddp, "calls": calls, "mismatch": mismatch,
+              "peer_dies": peer_dies}[mode](rank)
     result["backend"] = dist.get_backend()
     torch.save(result, f"{out}.{rank}")
-    if mode != "mismatch":
+    if mode in ("ddp", "calls"):
         dist.barrier()  # gloo may abort a rank whose peer tears down first
         dist.destroy_process_group()
 
