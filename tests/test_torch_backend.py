@@ -46,6 +46,9 @@ def run_ranks(mode: str, backend: str, tmp_path, n: int = 2, timeout: float = 90
     for r, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == codes[r], (f"rank {r} of {mode} on {backend} exited "
                                           f"{p.returncode}, expected {codes[r]}:\n{log}")
+    left = [f for f in os.listdir("/dev/shm") for p in procs if f.startswith(f"mwrt-{p.pid}-")] \
+        if os.path.isdir("/dev/shm") else []
+    assert not left, f"{mode} on {backend} left shared memory behind: {left}"
     return [torch.load(f"{out}.{r}") if codes[r] == 0 else None for r in range(n)]
 
 
@@ -83,9 +86,13 @@ def test_an_mwrt_error_surfaces_with_its_text(tmp_path):
                and "float32[4]" in e for e in errors), errors
 
 
-def test_a_dead_peer_is_named(tmp_path):
-    error = run_ranks("peer_dies", "mwrt", tmp_path, codes=[0, 3])[0]["error"]
-    assert error.startswith("ChannelClosedError: all_reduce") and "rank 1" in error, error
+@pytest.mark.parametrize("dead", [1, 0])
+def test_a_dead_peer_is_named(tmp_path, monkeypatch, dead):
+    """A rank that dies is named on the survivor, even rank 0, which serves torch's store."""
+    monkeypatch.setenv("DEAD_RANK", str(dead))
+    codes = [3 if r == dead else 0 for r in range(2)]
+    error = run_ranks("peer_dies", "mwrt", tmp_path, codes=codes)[1 - dead]["error"]
+    assert error.startswith("ChannelClosedError: all_reduce") and f"rank {dead}" in error, error
 
 
 def test_the_ddp_example_runs_as_a_user_runs_it():

@@ -3,7 +3,7 @@
 MODE ddp trains a small model with torch's DDP and saves its weights to OUT; calls runs
 the usual collectives through torch.distributed and saves what they returned; mismatch
 all_reduces tensors of different shapes on the two ranks and saves the error text;
-peer_dies has rank 1 exit at once and saves rank 0's all_reduce error.
+peer_dies has rank DEAD_RANK exit at once and saves the other's all_reduce error.
 """
 
 import os
@@ -86,7 +86,7 @@ def mismatch(rank: int) -> dict:
 
 
 def peer_dies(rank: int) -> dict:
-    if rank == 1:
+    if rank == int(os.environ["DEAD_RANK"]):
         os._exit(3)  # gone without a word, as a crashed rank is
     try:
         dist.all_reduce(torch.ones(1000))
