@@ -82,7 +82,8 @@ def test_collectives_through_torch_distributed(tmp_path):
 
 def test_an_mwrt_error_surfaces_with_its_text(tmp_path):
     errors = [got["error"] for got in run_ranks("mismatch", "mwrt", tmp_path)]
-    assert all(e.startswith("CollectiveMismatchError: all_reduce") and "float32[3]" in e
+    assert all(e.startswith("CollectiveMismatchError: all_reduce on torch group 0 (global "
+                            "ranks [0, 1])") and "float32[3]" in e
                and "float32[4]" in e for e in errors), errors
 
 

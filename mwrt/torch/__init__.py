@@ -292,16 +292,21 @@ def _leave_at_exit() -> None:
         pg.channel.leave()
 
 
-def create_process_group(store, rank: int, size: int, timeout) -> MwrtProcessGroup:
-    """torch's backend creator: rendezvous through torch's store, connect an mwrt channel."""
-    seconds = timeout.total_seconds() if timeout is not None else config.get("rendezvous_timeout")
-    backend = config.get("channel")
-    mstore, prefix = TorchStore(store, seconds), "mwrt"
+def create_process_group(opts, backend_options=None) -> MwrtProcessGroup:
+    """torch's backend creator (its extended form, which tells the group's name and global
+    ranks): rendezvous through torch's store, then connect an mwrt channel."""
+    rank, size = opts.group_rank, opts.group_size
+    seconds = (opts.timeout.total_seconds() if opts.timeout is not None
+               else config.get("rendezvous_timeout"))
+    mstore, prefix = TorchStore(opts.store, seconds), "mwrt"
     peers = rendezvous(mstore, rank, size, prefix=prefix, timeout=seconds)
-    channel = channels.create(backend, rank, size, store=mstore, prefix=prefix,
+    channel = channels.create(config.get("channel"), rank, size, store=mstore, prefix=prefix,
                               timeout=seconds, key=auth.job_secret())
     try:
         group = MwrtGroup(channel, store=mstore, prefix=prefix, peers=peers, timeout=seconds)
+        # Errors name the group as torch knows it; their ranks are the group's.
+        group.name = (f"torch group {opts.group_id} (global ranks "
+                      f"{list(opts.global_ranks_in_group) or list(range(size))})")
         # Connect every pair now, while rank 0 (which serves torch's store) is sure to be up.
         probe = np.zeros(size, np.uint8)
         C.all_to_all(group, probe.copy(), probe)
@@ -311,6 +316,7 @@ def create_process_group(store, rank: int, size: int, timeout) -> MwrtProcessGro
     return MwrtProcessGroup(group, channel, rank, size)
 
 
-dist.Backend.register_backend(BACKEND, create_process_group, devices=["cpu"])
+dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True,
+                               devices=["cpu"])
 
 __all__ = ["BACKEND", "MwrtProcessGroup", "TorchStore", "create_process_group"]
