@@ -9,6 +9,7 @@ capabilities instead of probing for them, and `_private` names stay in their mod
     store       key-value stores and rendezvous                   channels  bytes between ranks
     collective  process groups and the algorithms over channels
     distributed the torch-shaped SPMD facade                      worker  the daemon
+    torch       the "mwrt" backend for torch.distributed itself
     master      the user's side: cluster, tensors, streams, transfers
 """
 
@@ -26,7 +27,7 @@ LAYERS = {**dict.fromkeys(FOUNDATION, 0),
           "protocol": 1, "ops": 1,
           "store": 2, "channels": 2,
           "collective": 3,
-          "distributed": 4, "worker": 4,
+          "distributed": 4, "worker": 4, "torch": 4,
           "master": 5, "__init__": 5, "cli": 5}
 # What each package may import besides the foundation and itself (None: anything lower).
 ALLOWED = {
@@ -37,6 +38,7 @@ ALLOWED = {
     "collective": {"channels", "store"},
     "distributed": None,
     "worker": None,
+    "torch": {"channels", "collective", "protocol", "store"},
     "master": None,
     "cli": None,
 }
