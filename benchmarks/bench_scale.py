@@ -216,13 +216,13 @@ def synchronize_flushed() -> None:
     would cost if synchronize() did that (today a node's Sync waits in its batch until the
     master waits on that node, or the heartbeat thread sends it after 2 ms)."""
     from mwrt.master.cluster import current
-    from mwrt.master.queries import _SYNC
+    from mwrt.protocol import wire
 
     pending = []
     for node in current().nodes:
         for stream in node.known_streams():
             token = next(node.tokens)
-            node.issue((_SYNC, next(node.ids), stream, token))
+            node.issue(wire.Sync(id=next(node.ids), stream=stream, token=token))
             pending.append((node, token))
     for node in current().nodes:
         node.flush()

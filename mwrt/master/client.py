@@ -166,9 +166,9 @@ class Node:
                 self.batch_started = now
             if self.frees:  # handles dropped before this command: their frees run before it
                 self._append_frees()
-            if frame is not None:
+            if frame is not None:  # as bytes: pyzmq sends other buffers zero-copy (slow)
                 command = replace(command, frame=len(self.frames))
-                self.frames.append(frame)
+                self.frames.append(frame if type(frame) is bytes else bytes(memoryview(frame)))
             self.batch.append(command)
             # Quiet: send at once (latency). Busy: batch (throughput); heartbeat sends stragglers.
             if (len(self.batch) >= self.batch_size or now - self.last_flush > 1e-3
@@ -200,8 +200,8 @@ class Node:
         if not self.batch or self.closed or self.lost:
             return
         self.seq += 1
-        # Data frames here are inline arrays (at most MWRT_INLINE_BYTES): copying them as they
-        # are sent is cheap, and frees the caller to reuse its array at once.
+        # Data frames here are inline arrays (at most MWRT_INLINE_BYTES), copied to bytes when
+        # issued: cheap, and it frees the caller to reuse its array at once.
         body = wire.encode_body(self.batch)
         self.tx.send_multipart([wire.encode_header(self.seq), body, *self.frames])
         self.limits.count(len(body) + sum(len(frame) for frame in self.frames))
