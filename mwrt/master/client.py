@@ -50,14 +50,20 @@ def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zm
     return sock
 
 
-def issue_site() -> str:
-    """'file:line in function' of the first caller outside mwrt."""
+def issue_site() -> tuple | None:
+    """(code, line) of the first caller outside mwrt: formatted by site_text() on error only."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
-    if frame is None:
+    return None if frame is None else (frame.f_code, frame.f_lineno)
+
+
+def site_text(site: tuple | None) -> str:
+    """'file:line in function' of an issue_site(), '' if none."""
+    if site is None:
         return ""
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    code, line = site
+    return f"{code.co_filename}:{line} in {code.co_name}"
 
 
 class Node:
@@ -80,7 +86,7 @@ class Node:
         self.ids = itertools.count(1)
         self.tokens = itertools.count(1)
         self.replies: dict[int, tuple] = {}
-        self.sites: list = [""] * _SITES
+        self.sites: list = [None] * _SITES
         self.streams: set[int] = set()  # every stream this master has used on the node
         self.lost: str | None = None
         self.rejected: str | None = None  # why the worker refused a batch, until reported
@@ -105,7 +111,7 @@ class Node:
         finally:
             self.rx.disable_monitor()
             monitor.close(linger=0)
-        self._route(self.rx.recv_multipart(copy=False))
+        self._route(self.rx.recv_multipart())
         reply, _ = self.replies.pop(token, (None, None))
         if not isinstance(reply, wire.Welcome):
             raise ConnectionError(f"worker {self.address} (node {self.index}): unexpected answer "
@@ -167,9 +173,9 @@ class Node:
                 self.batch_started = now
             if self.frees:  # handles dropped before this command: their frees run before it
                 self._append_frees()
-            if frame is not None:
+            if frame is not None:  # as bytes: pyzmq sends other buffers zero-copy (slow)
                 command = replace(command, frame=len(self.frames))
-                self.frames.append(frame)
+                self.frames.append(frame if type(frame) is bytes else bytes(memoryview(frame)))
             self.batch.append(command)
             # Quiet: send at once (latency). Busy: batch (throughput); heartbeat sends stragglers.
             if (len(self.batch) >= self.batch_size or now - self.last_flush > 1e-3
@@ -201,8 +207,8 @@ class Node:
         if not self.batch or self.closed or self.lost:
             return
         self.seq += 1
-        # Data frames here are inline arrays (at most MWRT_INLINE_BYTES): copying them as they
-        # are sent is cheap, and frees the caller to reuse its array at once.
+        # Data frames here are inline arrays (at most MWRT_INLINE_BYTES), copied to bytes when
+        # issued: cheap, and it frees the caller to reuse its array at once.
         body = wire.encode_body(self.batch)
         self.tx.send_multipart([wire.encode_header(self.seq), body, *self.frames])
         self.limits.count(len(body) + sum(len(frame) for frame in self.frames))
@@ -245,8 +251,8 @@ class Node:
                 if left <= 0:
                     raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
                                        "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
-                if self.rx.poll(min(left, 0.05) * 1000):
-                    self._route(self.rx.recv_multipart(copy=False))
+                if self.rx.poll(min(left, 0.05) * 1000):  # small replies: bytes beat Frames
+                    self._route(self.rx.recv_multipart())
             reply, frames = self.replies.pop(token)
             self._raise_rejected()  # a refusal routed with the answer: it came first
         if isinstance(reply, wire.Failed):
@@ -255,7 +261,7 @@ class Node:
 
     def _route(self, frames) -> None:
         try:
-            (reply,) = wire.decode_body(frames[1].bytes)
+            (reply,) = wire.decode_body(frames[1])
         except (wire.WireError, ValueError) as exc:
             log.error("%s: undecodable reply: %s", self, exc)
             return
@@ -306,7 +312,7 @@ class Node:
         if info.get("kind") != "remote":
             return MwrtError(f"{self}: {info.get('message')}")
         command = info.get("command")
-        site = self.sites[command & (_SITES - 1)] if isinstance(command, int) else ""
+        site = site_text(self.sites[command & (_SITES - 1)]) if isinstance(command, int) else ""
         message = (f"node {info.get('node')}, device {info.get('device')}, stream "
                    f"{info.get('stream')}: {info.get('op')} on shapes {info.get('shapes')} "
                    f"failed: {info.get('type')}: {info.get('message')}")

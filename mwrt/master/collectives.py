@@ -61,6 +61,8 @@ def _issue(kind: str, tensor, node, device, ranks, group, args, out_spec=None):
                                ranks=ranks, ref=-1 if tensor is None else tensor._id, args=args,
                                out=-1 if out is None else out._id,
                                out_shape=() if out_spec is None else out_spec.shape))
+    # Sent now, not with a later batch: its peers may already wait in it on other nodes.
+    node.flush()
     return out
 
 

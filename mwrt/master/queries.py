@@ -21,6 +21,8 @@ def synchronize(node: int | None = None) -> None:
             sync = wire.Sync(id=next(target.ids), stream=stream, token=next(target.tokens))
             target.issue(sync)
             pending.append((target, sync.token, stream))
+    for target in targets:  # every node starts on its Syncs before we wait on the first
+        target.flush()
     for target, token, stream in pending:
         target.wait(token, f"synchronize() of stream {stream}")
 

@@ -38,6 +38,7 @@ log = logging.getLogger("mwrt.worker")
 TX, RX, HB = b"tx", b"rx", b"hb"
 _REJECTION_WINDOW, _REJECTIONS_LOGGED = 10.0, 20  # seconds, log lines per window
 _ROLES = {TX: "tx", RX: "rx", HB: "hb"}
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
 
 
 def _check_socket(role: bytes, commands: list) -> None:
@@ -175,7 +176,7 @@ class Daemon:
     def _drain(self, sock, handle) -> None:
         # Bounded, so replies and requests take turns; EVENTS avoids a zmq.Again per wake-up.
         for _ in range(1000):
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
             handle(sock.recv_multipart(copy=False))
 
