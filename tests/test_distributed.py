@@ -383,6 +383,8 @@ EXAMPLES = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.end
 
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_runs_under_the_launcher(example):
+    if example.startswith("torch_"):
+        pytest.importorskip("torch", reason="torch is an optional extra (pip install mwrt[torch])")
     env = dict(os.environ, PYTHONPATH=ROOT)
     res = subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
                           "2", os.path.join(ROOT, "examples", example)], capture_output=True,
