@@ -99,7 +99,9 @@ SETTINGS = {
                         "1: let unkeyed channels listen beyond loopback (a private network "
                         "only: anyone reaching the port can read and feed tensors)"),
     "channel_timeout": Setting("MWRT_CHANNEL_TIMEOUT", 300.0, float,
-                               "seconds a data-channel send/recv waits"),
+                               "seconds a data-channel send/recv outside a process group waits "
+                               "(master-worker copies between workers); collectives and SPMD "
+                               "send/recv wait MWRT_COLLECTIVE_TIMEOUT"),
     "rendezvous_timeout": Setting("MWRT_RENDEZVOUS_TIMEOUT", 300.0, float,
                                   "seconds ranks wait for each other at init_process_group"),
     "store_max_value_bytes": Setting("MWRT_STORE_MAX_VALUE_BYTES", 16 << 20, int,
@@ -128,6 +130,17 @@ SETTINGS = {
     "shm_stage_bytes": Setting("MWRT_SHM_STAGE_BYTES", 4 << 20, int,
                                "shm all_reduce up to this size goes through shared staging "
                                "areas (in-cache copies beat single-copy reads); 0: off"),
+    # -- hang reports and the collective timeout (issue 17) --
+    "collective_timeout": Setting("MWRT_COLLECTIVE_TIMEOUT", 300.0, float,
+                                  "seconds a collective or a process group's send/recv waits for "
+                                  "a peer before it fails (per group: new_group(timeout=); for "
+                                  "the default group init_process_group(timeout=) wins)"),
+    "hang_warning": Setting("MWRT_HANG_WARNING", 30.0, float,
+                            "seconds a collective or send/recv may wait before its rank logs "
+                            "whom it waits for, and again each time as long; 0: never"),
+    "status_dir": Setting("MWRT_STATUS_DIR", "", str,
+                          "directory where each rank keeps a file of its current call (set by "
+                          "mwrt-launch, which prints them as a table on SIGUSR1 or a hang)"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC"),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }

@@ -36,10 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
 from ..procs import process_alive
-from . import native
+from . import native, watchdog
 from .agreement import Agreement, Carrier, check, describe_call
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
+_P2P_HEADER = 4  # 3 is master-worker transfers' (mwrt.protocol.messages.TRANSFER_TAGS)
 _CHANNEL_ERRORS = (ChannelError, TimeoutError, ConnectionError)
 
 
@@ -117,10 +118,12 @@ class _Collective:
     def __enter__(self) -> "_Collective":
         g = self.group
         self.seq = seq = next(g._seqs)  # atomic: two threads never draw the same number
+        g.current = self  # for the hang watchdog, which looks every few seconds
         try:
             self.agreement = Agreement(g, g._tag(_CONTROL, seq), self.kind,
                                        describe_call(seq, self.kind, **self.desc))
         except BaseException:
+            g.finished = seq
             if g.turns is not None:
                 g.turns.end(seq)  # no __exit__ will: later calls must not wait for this one
             raise
@@ -138,6 +141,7 @@ class _Collective:
         except _CHANNEL_ERRORS as e:
             exc = e
         finally:
+            self.group.finished = self.seq
             if self.group.turns is not None:
                 self.group.turns.end(self.seq)
         raise self.group._failure(f"{self.kind} #{self.seq}", exc) from exc
@@ -228,7 +232,8 @@ class ProcessGroup:
         self.channel, self.ranks, self.group_id = channel, ranks, int(group_id)
         self.rank, self.size = ranks.index(channel.rank), len(ranks)
         self.store, self.prefix, self.peers = store, prefix, peers or {}
-        self.timeout = channel.timeout if timeout is None else float(timeout)
+        self.timeout = config.seconds(timeout, config.get("collective_timeout"),
+                                      "ProcessGroup: timeout")
         self.segment_bytes = int(segment_bytes or config.get("segment_bytes"))
         self.small_bytes = int(config.get("small_collective_bytes") if small_bytes is None
                                else small_bytes)
@@ -250,6 +255,7 @@ class ProcessGroup:
         self._pool: ThreadPoolExecutor | None = None
         self._last = None
         self._lock = threading.Lock()
+        watchdog.watch(self)  # current, finished, p2p: what the hang reports look at
 
     def _tag(self, space: int, low: int) -> int:
         return (space << 56) | ((self.group_id & 0xFFFFFF) << 32) | (low & 0xFFFFFFFF)
@@ -259,6 +265,11 @@ class ProcessGroup:
         if not 0 <= tag < 1 << 32:  # more bits would alias another tag
             raise ValueError(f"tag: must be in [0, 2**32) (got {tag})")
         return self._tag(_P2P, tag)
+
+    def p2p_header_tag(self, tag: int) -> int:
+        """The channel tag of the header (dtype, shape) ahead of a user message on `tag`."""
+        self.p2p_tag(tag)  # the same range check
+        return self._tag(_P2P_HEADER, tag)
 
     # -- point-to-point among group ranks, unchecked (the check's own messages) ----------
 
@@ -340,7 +351,9 @@ class ProcessGroup:
         if isinstance(e, ChannelClosedError):
             text = f"{me}: {who} closed its connection or died ({e})"
         elif isinstance(e, TimeoutError):
-            text = f"{me}: timed out after {self.timeout} s waiting for {who} ({e})"
+            text = (f"{me}: timed out after {self.timeout} s waiting for {who} ({e}; the "
+                    f"group's timeout: init_process_group(timeout=), new_group(timeout=) or "
+                    f"MWRT_COLLECTIVE_TIMEOUT)")
         else:
             text = f"{me}: {e}"
         gone = self._gone_ranks()
