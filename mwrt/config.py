@@ -101,7 +101,8 @@ SETTINGS = {
     "channel_timeout": Setting("MWRT_CHANNEL_TIMEOUT", 300.0, float,
                                "seconds a data-channel send/recv outside a process group waits "
                                "(master-worker copies between workers); collectives and SPMD "
-                               "send/recv wait MWRT_COLLECTIVE_TIMEOUT"),
+                               "send/recv wait MWRT_COLLECTIVE_TIMEOUT, or this where that is "
+                               "unset"),
     "rendezvous_timeout": Setting("MWRT_RENDEZVOUS_TIMEOUT", 300.0, float,
                                   "seconds ranks wait for each other at init_process_group"),
     "store_max_value_bytes": Setting("MWRT_STORE_MAX_VALUE_BYTES", 16 << 20, int,
@@ -133,8 +134,9 @@ SETTINGS = {
     # -- hang reports and the collective timeout (issue 17) --
     "collective_timeout": Setting("MWRT_COLLECTIVE_TIMEOUT", 300.0, float,
                                   "seconds a collective or a process group's send/recv waits for "
-                                  "a peer before it fails (per group: new_group(timeout=); for "
-                                  "the default group init_process_group(timeout=) wins)"),
+                                  "a peer before it fails (unset: MWRT_CHANNEL_TIMEOUT, its "
+                                  "older name here; per group: new_group(timeout=); for the "
+                                  "default group init_process_group(timeout=) wins)"),
     "hang_warning": Setting("MWRT_HANG_WARNING", 30.0, float,
                             "seconds a collective or send/recv may wait before its rank logs "
                             "whom it waits for, and again each time as long; 0: never"),

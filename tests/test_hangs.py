@@ -57,6 +57,16 @@ def test_a_rank_that_never_calls_is_reported_then_times_out():
     assert "mwrt-launch: every rank's current call (rank 0 in all_reduce #1" in out, out
 
 
+def test_a_recv_from_a_silent_rank_is_reported():
+    res = _launch("hang.py", "recv", env=_env(MWRT_HANG_WARNING="1", MWRT_COLLECTIVE_TIMEOUT="6"))
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    line = next((ln for ln in out.splitlines() if "[rank 0] mwrt: rank 0 has waited" in ln), "")
+    assert "in recv from rank 1 (tag 0) on the default group [0, 1], waiting for ranks [1]" \
+        in line, out
+    assert "rank 1: idle after all_to_all #0" in line, line
+
+
 def _pump(stream, lines):
     for line in stream:
         lines.append(line)

@@ -29,6 +29,7 @@ point-to-point beside collectives (its tags are apart).
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -216,6 +217,15 @@ class _Collective:
         check(self.group, self.kind, every)
 
 
+def default_timeout() -> float:
+    """Seconds a group's waits last unless it was given its own: MWRT_COLLECTIVE_TIMEOUT, or
+    where unset MWRT_CHANNEL_TIMEOUT (which governed them before), else the default."""
+    for name in ("collective_timeout", "channel_timeout"):
+        if os.environ.get(config.SETTINGS[name].env):
+            return config.get(name)
+    return config.get("collective_timeout")
+
+
 class ProcessGroup:
     """Collectives' view of a channel: group ranks, tags, sequence numbers, error context."""
 
@@ -232,8 +242,7 @@ class ProcessGroup:
         self.channel, self.ranks, self.group_id = channel, ranks, int(group_id)
         self.rank, self.size = ranks.index(channel.rank), len(ranks)
         self.store, self.prefix, self.peers = store, prefix, peers or {}
-        self.timeout = config.seconds(timeout, config.get("collective_timeout"),
-                                      "ProcessGroup: timeout")
+        self.timeout = config.seconds(timeout, default_timeout(), "ProcessGroup: timeout")
         self.segment_bytes = int(segment_bytes or config.get("segment_bytes"))
         self.small_bytes = int(config.get("small_collective_bytes") if small_bytes is None
                                else small_bytes)
@@ -333,6 +342,7 @@ class ProcessGroup:
     def close(self) -> None:
         """Stop the group's async thread, and its subgroups'; the channel belongs to its
         creator."""
+        watchdog.forget(self)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -392,4 +402,4 @@ class ProcessGroup:
             return ["(the store is unreachable: rank 0, which serves it, may be gone)"]
 
 
-__all__ = ["GroupWork", "ProcessGroup"]
+__all__ = ["GroupWork", "ProcessGroup", "default_timeout"]

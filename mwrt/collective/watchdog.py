@@ -41,6 +41,12 @@ def watch(group) -> None:
             _thread[0].start()
 
 
+def forget(group) -> None:
+    """Stop watching `group` (closed)."""
+    with _lock:
+        _groups.discard(group)
+
+
 def group_label(g) -> str:
     """`the default group [0, 1]` or `group 3 [0, 2]`: how reports name a group."""
     return f"{'the default group' if not g.group_id else f'group {g.group_id}'} {g.ranks}"
@@ -118,14 +124,12 @@ def _publish(g, key, busy: bool, text: str, wall: float) -> bool:
     return True
 
 
-def others(g) -> dict:
-    """Each other member's last published record (None where it left none)."""
+def others(g, ranks) -> dict:
+    """Each of `ranks`' last published record on `g` (None where it left none)."""
     got = {}
-    for rank in g.ranks:
-        if rank == g.channel.rank:
-            continue
+    for rank in ranks:
         try:
-            if g.store is not None and g.store.check([_key(g, rank)]):
+            if g.store.check([_key(g, rank)]):
                 got[rank] = json.loads(g.store.get(_key(g, rank), timeout=1.0))
             else:
                 got[rank] = None
@@ -134,27 +138,31 @@ def others(g) -> dict:
     return got
 
 
+def _line(rank: int, rec) -> str:
+    if rec is None:
+        return f"rank {rank}: no report"
+    state = "in " if rec["busy"] else ""
+    return f"rank {rank}: {state}{rec['what']} (for {time.time() - rec['since']:.0f} s)"
+
+
 def report(g, key, text: str, waited: float) -> str:
     """The hang report of this rank's call `text` on `g`, waiting `waited` seconds."""
-    me = g.channel.rank
+    me, tail = g.channel.rank, f"fails after the group's timeout, {g.timeout:g} s"
     head = f"mwrt: rank {me} has waited {waited:.0f} s in {text}"
+    p2p = g.p2p if key[0] == "p2p" else None
+    peers = [p2p[2]] if p2p is not None and p2p[2] is not None else \
+        [r for r in g.ranks if r != me]
+    if g.store is None:
+        return f"{head}, waiting for ranks {peers} (no store to ask them; {tail})"
+    records = others(g, peers)
     if key[0] == "p2p":
-        return head + " (MWRT_HANG_WARNING; the call fails after the group's timeout, " \
-                      f"{g.timeout:g} s)"
-    records, behind, lines = others(g), [], []
-    for rank, rec in records.items():
-        if rec is None:
-            behind.append(rank)
-            lines.append(f"rank {rank}: no report")
-            continue
-        if rec["seq"] is None or rec["seq"] < key[1] or not rec["busy"]:
-            behind.append(rank)
-        ago = time.time() - rec["since"]
-        lines.append(f"rank {rank}: {'in' if rec['busy'] else ''} {rec['what']} "
-                     f"(for {ago:.0f} s)".replace(": in idle", ": idle").replace(":  ", ": "))
+        behind = peers
+    else:
+        behind = [r for r, rec in records.items() if rec is None or rec["seq"] is None
+                  or rec["seq"] < key[1] or not rec["busy"]]
     who = f"waiting for ranks {behind}" if behind else "every member has entered it"
-    return (f"{head}, {who}; the others last reported: {'; '.join(lines) or 'nothing'} "
-            f"(fails after the group's timeout, {g.timeout:g} s)")
+    lines = "; ".join(_line(r, rec) for r, rec in records.items())
+    return f"{head}, {who}; they last reported: {lines or 'nothing'} ({tail})"
 
 
 def _write_status(groups, seen: dict) -> None:
@@ -201,8 +209,8 @@ def table(records: dict, ranks) -> str:
         c = min(busy, key=lambda c: c["since"]) if busy else max(rec["calls"],
                                                                    key=lambda c: c["since"])
         state = "waiting" if c["busy"] else "idle"
-        lines.append(f"{rank:>4}  {state:<8} {now - c['since']:>6.1f}s  {c['what']}")
+        lines.append(f"{rank:>4}  {state:<8} {now - c['since']:>6.1f}s  {c['what'].removeprefix('idle ')}")
     return "\n".join(lines)
 
 
-__all__ = ["watch", "state_of", "report", "read_status", "table", "group_label"]
+__all__ = ["watch", "forget", "state_of", "report", "read_status", "table", "group_label"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import channels, config
 from ..collective import api as C
-from ..collective.group import ProcessGroup
+from ..collective.group import ProcessGroup, default_timeout
 from ..errors import MwrtError
 from ..protocol import auth
 from ..store import rendezvous, store_from_url
@@ -108,7 +108,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             raise RuntimeError("init_process_group: already initialized; call "
                                "destroy_process_group() first")
         # timeout= governs both, as torch's; unset, each has its own variable.
-        waits = config.seconds(timeout, config.get("collective_timeout"))
+        waits = config.seconds(timeout, default_timeout())
         timeout = config.seconds(timeout, config.get("rendezvous_timeout"))
         asked = backend = backend or config.get("channel")
         # gloo is torch's CPU backend: its tutorials run unchanged on the auto channel, shm

@@ -56,9 +56,9 @@ class _marked:
 
     __slots__ = ("g",)
 
-    def __init__(self, g, text: str):
+    def __init__(self, g, text: str, peer: int | None = None):
         self.g = g
-        g.p2p = (next(_calls), text)
+        g.p2p = (next(_calls), text, peer)
 
     def __enter__(self):
         return self
@@ -71,7 +71,7 @@ def send(tensor, dst: int, group=None, tag: int = 0) -> None:
     """Send `tensor` to global rank `dst` (blocking until it may be reused)."""
     g, t, h = _p2p_args(dst, tag, "send", group)
     with host_view(tensor, g, "send", writable=False) as arr, \
-            _marked(g, f"send to rank {dst} (tag {tag})"):
+            _marked(g, f"send to rank {dst} (tag {tag})", dst):
         g.channel.send(_header(arr, tensor), dst, h, g.timeout)
         g.channel.send(arr, dst, t, g.timeout)
 
@@ -85,7 +85,8 @@ def recv(tensor=None, src: int | None = None, group=None, tag: int = 0):
     if src is None:
         src = _first_sender(group, tag)
     g, t, h = _p2p_args(src, tag, "recv", group)
-    with host_view(tensor, g, "recv") as arr, _marked(g, f"recv from rank {src} (tag {tag})"):
+    with host_view(tensor, g, "recv") as arr, \
+            _marked(g, f"recv from rank {src} (tag {tag})", src):
         header = np.empty(_HEADER, np.uint8)
         g.channel.recv(header, src, h, g.timeout)
         dtype, shape = _parse(header)
@@ -102,7 +103,7 @@ def recv(tensor=None, src: int | None = None, group=None, tag: int = 0):
 def _recv_new(src: int, group, tag: int) -> np.ndarray:
     """recv(src): a new array shaped and typed as the sender's."""
     g, t, h = _p2p_args(src, tag, "recv", group)
-    with _marked(g, f"recv from rank {src} (tag {tag})"):
+    with _marked(g, f"recv from rank {src} (tag {tag})", src):
         header = np.empty(_HEADER, np.uint8)
         g.channel.recv(header, src, h, g.timeout)
         dtype, shape = _parse(header)
