@@ -217,13 +217,12 @@ class _Collective:
         check(self.group, self.kind, every)
 
 
-def default_timeout() -> float:
+def default_timeout(channel=None) -> float:
     """Seconds a group's waits last unless it was given its own: MWRT_COLLECTIVE_TIMEOUT, or
-    where unset MWRT_CHANNEL_TIMEOUT (which governed them before), else the default."""
-    for name in ("collective_timeout", "channel_timeout"):
-        if os.environ.get(config.SETTINGS[name].env):
-            return config.get(name)
-    return config.get("collective_timeout")
+    where unset the channel's timeout (its creator's, or MWRT_CHANNEL_TIMEOUT)."""
+    if os.environ.get(config.SETTINGS["collective_timeout"].env):
+        return config.get("collective_timeout")
+    return config.get("channel_timeout") if channel is None else channel.timeout
 
 
 class ProcessGroup:
@@ -242,7 +241,7 @@ class ProcessGroup:
         self.channel, self.ranks, self.group_id = channel, ranks, int(group_id)
         self.rank, self.size = ranks.index(channel.rank), len(ranks)
         self.store, self.prefix, self.peers = store, prefix, peers or {}
-        self.timeout = config.seconds(timeout, default_timeout(), "ProcessGroup: timeout")
+        self.timeout = config.seconds(timeout, default_timeout(channel), "ProcessGroup: timeout")
         self.segment_bytes = int(segment_bytes or config.get("segment_bytes"))
         self.small_bytes = int(config.get("small_collective_bytes") if small_bytes is None
                                else small_bytes)
