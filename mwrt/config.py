@@ -134,9 +134,9 @@ SETTINGS = {
     # -- hang reports and the collective timeout (issue 17) --
     "collective_timeout": Setting("MWRT_COLLECTIVE_TIMEOUT", 300.0, float,
                                   "seconds a collective or a process group's send/recv waits for "
-                                  "a peer before it fails (unset: the channel's, MWRT_CHANNEL_TIMEOUT;"
-                                  " per group: new_group(timeout=); for the default group "
-                                  "init_process_group(timeout=) wins)"),
+                                  "a peer before it fails (unset: the channel's, "
+                                  "MWRT_CHANNEL_TIMEOUT; per group: new_group(timeout=); for "
+                                  "the default group init_process_group(timeout=) wins)"),
     "hang_warning": Setting("MWRT_HANG_WARNING", 30.0, float,
                             "seconds a collective or send/recv may wait before its rank logs "
                             "whom it waits for, and again each time as long; 0: never"),

@@ -209,7 +209,8 @@ def table(records: dict, ranks) -> str:
         c = min(busy, key=lambda c: c["since"]) if busy else max(rec["calls"],
                                                                    key=lambda c: c["since"])
         state = "waiting" if c["busy"] else "idle"
-        lines.append(f"{rank:>4}  {state:<8} {now - c['since']:>6.1f}s  {c['what'].removeprefix('idle ')}")
+        what = c["what"].removeprefix("idle ")
+        lines.append(f"{rank:>4}  {state:<8} {now - c['since']:>6.1f}s  {what}")
     return "\n".join(lines)
 
 
