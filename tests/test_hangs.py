@@ -73,10 +73,10 @@ def _pump(stream, lines):
 
 
 def _table(lines, start) -> str:
-    """The last complete table (its header and two rank lines) after lines[start]."""
+    """The last complete table (its header line and two rank lines) after lines[start]."""
     got = lines[start:]
-    heads = [i for i, ln in enumerate(got) if "on SIGUSR1" in ln and i + 3 < len(got) + 1]
-    return "".join(got[heads[-1]:heads[-1] + 4]) if heads and len(got) >= heads[-1] + 4 else ""
+    heads = [i for i, ln in enumerate(got) if "on SIGUSR1" in ln and i + 4 <= len(got)]
+    return "".join(got[heads[-1]:heads[-1] + 4]) if heads else ""
 
 
 def test_sigusr1_to_the_launcher_prints_every_ranks_call(tmp_path):
