@@ -139,6 +139,10 @@ def _recv_forms(rank):
         dist.send(np.arange(6, dtype=np.float32).reshape(2, 3), 1)
         dist.send(np.arange(3, dtype=np.int64), 1, tag=5)
         dist.send(np.ones(4), 1)
+        dist.send(np.arange(100_000, dtype=np.float32), 1)  # data after its header
+        dist.send(np.zeros((0, 3), np.int16), 1)
+        dist.isend(np.arange(5.0), 1).wait()
+        dist.isend(np.arange(100_000.0), 1).wait()
     else:
         new = dist.recv(0)
         assert new.dtype == np.float32 and new.tolist() == [[0, 1, 2], [3, 4, 5]], new
@@ -147,6 +151,14 @@ def _recv_forms(rank):
         with pytest.raises(ValueError, match=r"rank 0 sent float64\[4\] \(32 bytes\), this "
                                              r"array holds 24 bytes"):
             dist.recv(np.zeros(3), 0)
+        big = dist.recv(0)
+        assert big.dtype == np.float32 and big[-1] == 99_999
+        empty = dist.recv(0)
+        assert empty.shape == (0, 3) and empty.dtype == np.int16
+        small, large = np.zeros(5), np.zeros(100_000)
+        dist.irecv(small, 0).wait()
+        dist.irecv(large, 0).wait()
+        assert small.tolist() == [0, 1, 2, 3, 4] and large[-1] == 99_999
     t = np.full(2, rank + 1.0)
     assert dist.all_reduce(t) is t and t.tolist() == [3.0, 3.0]
     assert dist.broadcast(t, 0) is t

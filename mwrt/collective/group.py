@@ -41,7 +41,6 @@ from . import native, watchdog
 from .agreement import Agreement, Carrier, check, describe_call
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
-_P2P_HEADER = 4  # 3 is master-worker transfers' (mwrt.protocol.messages.TRANSFER_TAGS)
 _CHANNEL_ERRORS = (ChannelError, TimeoutError, ConnectionError)
 
 
@@ -273,11 +272,6 @@ class ProcessGroup:
         if not 0 <= tag < 1 << 32:  # more bits would alias another tag
             raise ValueError(f"tag: must be in [0, 2**32) (got {tag})")
         return self._tag(_P2P, tag)
-
-    def p2p_header_tag(self, tag: int) -> int:
-        """The channel tag of the header (dtype, shape) ahead of a user message on `tag`."""
-        self.p2p_tag(tag)  # the same range check
-        return self._tag(_P2P_HEADER, tag)
 
     # -- point-to-point among group ranks, unchecked (the check's own messages) ----------
 

@@ -1,10 +1,12 @@
 """The facade's point-to-point: torch's send/recv/isend/irecv, and the 2017 proposal's
 `tensor = recv(src)`.
 
-Every send is preceded by a small header on a tag of its own (the array's dtype and
-shape), so a receive may make its array (`recv(src)`) or check the one it was given
-(`recv(tensor, src)`: a size mismatch names what was sent). The two forms are told apart
-by the first argument: a rank number or an array.
+Every message starts with a small header (the array's dtype and shape), so a receive may
+make its array (`recv(src)`) or check the one it was given (`recv(tensor, src)`: a size
+mismatch names what was sent). Up to _SMALL bytes, header and data travel as one message
+(a channel that takes messages of any size: all built-in ones), so a small send costs one
+message as before; larger data follows its header on the same tag. The two forms of recv
+are told apart by the first argument: a rank number or an array.
 """
 
 from __future__ import annotations
@@ -21,25 +23,46 @@ from ..errors import ChannelClosedError, ChannelTimeoutError
 from .api import Work, _init_lock, _state, resolve_group
 
 _HEADER = 128  # bytes: "<dtype> <dim> <dim>..." in ASCII, NUL-padded
+_SMALL = 1 << 16  # data up to this size rides in its header's message
 _calls = itertools.count(1)  # p2p calls of this process, so the watchdog tells them apart
 
 
-def _header(arr, tensor) -> np.ndarray:
-    """The header announcing `tensor` (flat host view `arr`): its dtype and shape."""
+def _header(arr, tensor, combine: bool) -> np.ndarray:
+    """The first message for `tensor` (flat host view `arr`): its dtype and shape, then the
+    data itself if `combine`."""
     dtype = arr.dtype.name if arr.dtype.kind == "V" else arr.dtype.str
     shape = tuple(getattr(tensor, "shape", arr.shape))
     text = " ".join([dtype, *map(str, shape)]).encode()
     if len(text) > _HEADER:
         raise ValueError(f"send: shape {shape} is too long to announce ({len(text)} bytes of "
                          f"header, at most {_HEADER}); reshape to fewer dimensions")
-    out = np.zeros(_HEADER, np.uint8)
+    out = np.zeros(_HEADER + (arr.nbytes if combine else 0), np.uint8)
     out[:len(text)] = np.frombuffer(text, np.uint8)
+    if combine:
+        out[_HEADER:] = arr.view(np.uint8)
     return out
 
 
-def _parse(header: np.ndarray) -> tuple[np.dtype, tuple]:
-    dtype, *shape = header.tobytes().rstrip(b"\0").decode().split(" ")
-    return np.dtype(dtype), tuple(int(d) for d in shape)
+def _combines(g, nbytes: int) -> bool:
+    return nbytes <= _SMALL and bool(g.channel.any_size_recv)
+
+
+def _parse(header) -> tuple[np.dtype, tuple, int]:
+    dtype, *shape = bytes(header[:_HEADER]).rstrip(b"\0").decode().split(" ")
+    dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return dtype, shape, n
+
+
+def _first(g, src: int, t: int) -> memoryview:
+    """The first message from `src` on `t`: the header, with the data if it was small."""
+    if g.channel.any_size_recv:
+        return g.channel.recv_message(src, t, g.timeout)
+    header = np.empty(_HEADER, np.uint8)
+    g.channel.recv(header, src, t, g.timeout)
+    return memoryview(header)
 
 
 def _p2p_args(peer, tag, what, group):
@@ -48,7 +71,7 @@ def _p2p_args(peer, tag, what, group):
         raise ValueError(f"{what}: a destination rank is required (got None)")
     if g is None or peer not in g.ranks:
         raise ValueError(f"{what}: rank {peer} is not in the group")
-    return g, g.p2p_tag(int(tag)), g.p2p_header_tag(int(tag))
+    return g, g.p2p_tag(int(tag))
 
 
 class _marked:
@@ -69,11 +92,13 @@ class _marked:
 
 def send(tensor, dst: int, group=None, tag: int = 0) -> None:
     """Send `tensor` to global rank `dst` (blocking until it may be reused)."""
-    g, t, h = _p2p_args(dst, tag, "send", group)
+    g, t = _p2p_args(dst, tag, "send", group)
     with host_view(tensor, g, "send", writable=False) as arr, \
             _marked(g, f"send to rank {dst} (tag {tag})", dst):
-        g.channel.send(_header(arr, tensor), dst, h, g.timeout)
-        g.channel.send(arr, dst, t, g.timeout)
+        combine = _combines(g, arr.nbytes)
+        g.channel.send(_header(arr, tensor, combine), dst, t, g.timeout)
+        if not combine and arr.nbytes:
+            g.channel.send(arr, dst, t, g.timeout)
 
 
 def recv(tensor=None, src: int | None = None, group=None, tag: int = 0):
@@ -84,31 +109,38 @@ def recv(tensor=None, src: int | None = None, group=None, tag: int = 0):
         return _recv_new(int(tensor), group, tag)
     if src is None:
         src = _first_sender(group, tag)
-    g, t, h = _p2p_args(src, tag, "recv", group)
+    g, t = _p2p_args(src, tag, "recv", group)
     with host_view(tensor, g, "recv") as arr, \
             _marked(g, f"recv from rank {src} (tag {tag})", src):
-        header = np.empty(_HEADER, np.uint8)
-        g.channel.recv(header, src, h, g.timeout)
-        dtype, shape = _parse(header)
-        sent = dtype.itemsize * int(np.prod(shape))
+        first = _first(g, src, t)
+        dtype, shape, sent = _parse(first)
         if sent != arr.nbytes:
             raise ValueError(f"recv on rank {g.channel.rank}: rank {src} sent {dtype}{list(shape)}"
                              f" ({sent} bytes), this array holds {arr.nbytes} bytes "
                              f"({arr.dtype}{list(np.shape(tensor))}); receive into a matching "
                              f"array, or call recv({src}) for a new one")
-        g.channel.recv(arr, src, t, g.timeout)
+        _data(g, first, arr, src, t)
     return src
+
+
+def _data(g, first, arr: np.ndarray, src: int, t: int) -> None:
+    """Fill `arr` from the first message, or from the message that follows it."""
+    if not arr.nbytes:
+        return  # nothing follows an empty array's header
+    if len(first) > _HEADER:
+        arr.view(np.uint8)[:] = np.frombuffer(first, np.uint8, offset=_HEADER)
+    else:
+        g.channel.recv(arr, src, t, g.timeout)
 
 
 def _recv_new(src: int, group, tag: int) -> np.ndarray:
     """recv(src): a new array shaped and typed as the sender's."""
-    g, t, h = _p2p_args(src, tag, "recv", group)
+    g, t = _p2p_args(src, tag, "recv", group)
     with _marked(g, f"recv from rank {src} (tag {tag})", src):
-        header = np.empty(_HEADER, np.uint8)
-        g.channel.recv(header, src, h, g.timeout)
-        dtype, shape = _parse(header)
+        first = _first(g, src, t)
+        dtype, shape, _ = _parse(first)
         out = np.empty(shape, dtype)
-        g.channel.recv(out.reshape(-1), src, t, g.timeout)
+        _data(g, first, out.reshape(-1), src, t)
     return out
 
 
@@ -118,7 +150,7 @@ def _first_sender(group, tag: int) -> int:
     g = resolve_group(group)
     if g is None:
         raise ValueError("recv: this rank is not in the group")
-    ch, t = g.channel, g.p2p_header_tag(int(tag))
+    ch, t = g.channel, g.p2p_tag(int(tag))
     peers, gone = [p for p in g.ranks if p != ch.rank], []
     if not peers:
         raise ValueError("recv: no other rank in the group to receive from")
@@ -145,16 +177,19 @@ def _first_sender(group, tag: int) -> int:
 
 
 class _Pair:
-    """The header's and the data's channel Works of one isend/irecv, as one."""
+    """The header's and the data's channel Works of one isend/irecv, as one; then after()."""
 
-    __slots__ = ("works",)
+    __slots__ = ("after", "keep", "works")
 
-    def __init__(self, *works):
-        self.works = works
+    def __init__(self, works, keep=None, after=None):
+        self.works, self.keep, self.after = works, keep, after  # keep: buffers in flight
 
     def wait(self, timeout: float | None = None) -> None:
         for w in self.works:
             w.wait(timeout)
+        if self.after is not None:
+            self.after()
+            self.after = None
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self.works)
@@ -162,10 +197,14 @@ class _Pair:
 
 def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
     """Start sending `tensor` to `dst`; do not modify it before Work.wait()."""
-    g, t, h = _p2p_args(dst, tag, "isend", group)
+    g, t = _p2p_args(dst, tag, "isend", group)
     arr = as_flat(tensor, "isend", writable=False)
-    return Work(work=_Pair(g.channel.isend(_header(arr, tensor), dst, h, g.timeout),
-                           g.channel.isend(arr, dst, t, g.timeout)))
+    combine = _combines(g, arr.nbytes)
+    first = _header(arr, tensor, combine)
+    works = [g.channel.isend(first, dst, t, g.timeout)]
+    if not combine and arr.nbytes:
+        works.append(g.channel.isend(arr, dst, t, g.timeout))
+    return Work(work=_Pair(works, keep=first))
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> Work:
@@ -177,11 +216,15 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> Work:
             if _state.any_source is None:
                 _state.any_source = ThreadPoolExecutor(1, thread_name_prefix="mwrt-any-source")
         return Work(future=_state.any_source.submit(recv, tensor, None, group, tag))
-    g, t, h = _p2p_args(src, tag, "irecv", group)
-    header = np.empty(_HEADER, np.uint8)  # posted and dropped: recv() checks sizes, irecv not
-    return Work(work=_Pair(g.channel.irecv(header, src, h, g.timeout),
-                           g.channel.irecv(as_flat(tensor, "irecv"), src, t, g.timeout)),
-                source=src)
+    g, t = _p2p_args(src, tag, "irecv", group)
+    arr = as_flat(tensor, "irecv")
+    if _combines(g, arr.nbytes):  # the sender, sending this size, sent one message
+        first = np.empty(_HEADER + arr.nbytes, np.uint8)
+        return Work(work=_Pair([g.channel.irecv(first, src, t, g.timeout)], first,
+                               lambda: _data(g, first, arr, src, t)), source=src)
+    header = np.empty(_HEADER, np.uint8)  # posted first: messages on a tag keep their order
+    return Work(work=_Pair([g.channel.irecv(header, src, t, g.timeout),
+                            g.channel.irecv(arr, src, t, g.timeout)], header), source=src)
 
 
 class P2POp:
