@@ -56,14 +56,8 @@ def _parse(header) -> tuple[np.dtype, tuple, int]:
     return dtype, shape, n
 
 
-def _first(g, src: int, t: int, expect: int | None = None):
-    """The first message from `src` on `t`: the header, with the data if it was small.
-    Expecting `expect` bytes of data, the receive is sized for them (the faster path); a
-    sender of another size then fails it with both sizes named."""
-    if expect is not None and _combines(g, expect):
-        first = np.empty(_HEADER + expect, np.uint8)
-        g.channel.recv(first, src, t, g.timeout)
-        return first
+def _first(g, src: int, t: int) -> memoryview:
+    """The first message from `src` on `t`: the header, with the data if it was small."""
     if g.channel.any_size_recv:
         return g.channel.recv_message(src, t, g.timeout)
     header = np.empty(_HEADER, np.uint8)
@@ -118,7 +112,7 @@ def recv(tensor=None, src: int | None = None, group=None, tag: int = 0):
     g, t = _p2p_args(src, tag, "recv", group)
     with host_view(tensor, g, "recv") as arr, \
             _marked(g, f"recv from rank {src} (tag {tag})", src):
-        first = _first(g, src, t, arr.nbytes)
+        first = _first(g, src, t)
         dtype, shape, sent = _parse(first)
         if sent != arr.nbytes:
             raise ValueError(f"recv on rank {g.channel.rank}: rank {src} sent {dtype}{list(shape)}"
