@@ -27,17 +27,26 @@ _SMALL = 1 << 16  # data up to this size rides in its header's message
 _calls = itertools.count(1)  # p2p calls of this process, so the watchdog tells them apart
 
 
+_HEADERS: dict = {}  # (dtype, shape) -> header bytes, and header bytes -> what they say
+
+
 def _header(arr, tensor, combine: bool) -> np.ndarray:
     """The first message for `tensor` (flat host view `arr`): its dtype and shape, then the
     data itself if `combine`."""
-    dtype = arr.dtype.name if arr.dtype.kind == "V" else arr.dtype.str
     shape = tuple(getattr(tensor, "shape", arr.shape))
-    text = " ".join([dtype, *map(str, shape)]).encode()
-    if len(text) > _HEADER:
-        raise ValueError(f"send: shape {shape} is too long to announce ({len(text)} bytes of "
-                         f"header, at most {_HEADER}); reshape to fewer dimensions")
-    out = np.zeros(_HEADER + (arr.nbytes if combine else 0), np.uint8)
-    out[:len(text)] = np.frombuffer(text, np.uint8)
+    key = (arr.dtype, shape)
+    head = _HEADERS.get(key)
+    if head is None:
+        dtype = arr.dtype.name if arr.dtype.kind == "V" else arr.dtype.str
+        text = " ".join([dtype, *map(str, shape)]).encode()
+        if len(text) > _HEADER:
+            raise ValueError(f"send: shape {shape} is too long to announce ({len(text)} bytes "
+                             f"of header, at most {_HEADER}); reshape to fewer dimensions")
+        if len(_HEADERS) > 4096:
+            _HEADERS.clear()
+        head = _HEADERS[key] = np.frombuffer(text.ljust(_HEADER, b"\0"), np.uint8)
+    out = np.empty(_HEADER + (arr.nbytes if combine else 0), np.uint8)
+    out[:_HEADER] = head
     if combine:
         out[_HEADER:] = arr.view(np.uint8)
     return out
@@ -48,12 +57,18 @@ def _combines(g, nbytes: int) -> bool:
 
 
 def _parse(header) -> tuple[np.dtype, tuple, int]:
-    dtype, *shape = bytes(header[:_HEADER]).rstrip(b"\0").decode().split(" ")
-    dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
-    n = dtype.itemsize
-    for d in shape:
-        n *= d
-    return dtype, shape, n
+    raw = bytes(header[:_HEADER])
+    got = _HEADERS.get(raw)
+    if got is None:
+        dtype, *shape = raw.rstrip(b"\0").decode().split(" ")
+        dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        n = dtype.itemsize
+        for d in shape:
+            n *= d
+        if len(_HEADERS) > 4096:
+            _HEADERS.clear()
+        got = _HEADERS[raw] = (dtype, shape, n)
+    return got
 
 
 def _first(g, src: int, t: int) -> memoryview:
