@@ -105,7 +105,10 @@ SETTINGS = {
                         "1: let unkeyed channels listen beyond loopback (a private network "
                         "only: anyone reaching the port can read and feed tensors)"),
     "channel_timeout": Setting("MWRT_CHANNEL_TIMEOUT", 300.0, float,
-                               "seconds a data-channel send/recv waits"),
+                               "seconds a data-channel send/recv outside a process group waits "
+                               "(master-worker copies between workers); collectives and SPMD "
+                               "send/recv wait MWRT_COLLECTIVE_TIMEOUT, or this where that is "
+                               "unset"),
     "rendezvous_timeout": Setting("MWRT_RENDEZVOUS_TIMEOUT", 300.0, float,
                                   "seconds ranks wait for each other at init_process_group"),
     "store_max_value_bytes": Setting("MWRT_STORE_MAX_VALUE_BYTES", 16 << 20, int,
@@ -137,6 +140,18 @@ SETTINGS = {
     "stream_order": Setting("MWRT_STREAM_ORDER", "safe", str,
                             "safe: a tensor used on another stream than the one that wrote or "
                             "read it is ordered automatically; manual: CUDA's rule (events)"),
+    # -- hang reports and the collective timeout (issue 17) --
+    "collective_timeout": Setting("MWRT_COLLECTIVE_TIMEOUT", 300.0, float,
+                                  "seconds a collective or a process group's send/recv waits for "
+                                  "a peer before it fails (unset: the channel's, "
+                                  "MWRT_CHANNEL_TIMEOUT; per group: new_group(timeout=); for "
+                                  "the default group init_process_group(timeout=) wins)"),
+    "hang_warning": Setting("MWRT_HANG_WARNING", 30.0, float,
+                            "seconds a collective or send/recv may wait before its rank logs "
+                            "whom it waits for, and again each time as long; 0: never"),
+    "status_dir": Setting("MWRT_STATUS_DIR", "", str,
+                          "directory where each rank keeps a file of its current call (set by "
+                          "mwrt-launch, which prints them as a table on SIGUSR1 or a hang)"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC", path=True),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
 }

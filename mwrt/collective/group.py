@@ -29,6 +29,7 @@ point-to-point beside collectives (its tags are apart).
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
 from ..procs import process_alive
-from . import native
+from . import native, watchdog
 from .agreement import Agreement, Carrier, check, describe_call
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
@@ -117,10 +118,12 @@ class _Collective:
     def __enter__(self) -> "_Collective":
         g = self.group
         self.seq = seq = next(g._seqs)  # atomic: two threads never draw the same number
+        g.current = self  # for the hang watchdog, which looks every few seconds
         try:
             self.agreement = Agreement(g, g._tag(_CONTROL, seq), self.kind,
                                        describe_call(seq, self.kind, **self.desc))
         except BaseException:
+            g.finished = seq
             if g.turns is not None:
                 g.turns.end(seq)  # no __exit__ will: later calls must not wait for this one
             raise
@@ -138,6 +141,7 @@ class _Collective:
         except _CHANNEL_ERRORS as e:
             exc = e
         finally:
+            self.group.finished = self.seq
             if self.group.turns is not None:
                 self.group.turns.end(self.seq)
         raise self.group._failure(f"{self.kind} #{self.seq}", exc) from exc
@@ -212,6 +216,14 @@ class _Collective:
         check(self.group, self.kind, every)
 
 
+def default_timeout(channel=None) -> float:
+    """Seconds a group's waits last unless it was given its own: MWRT_COLLECTIVE_TIMEOUT, or
+    where unset the channel's timeout (its creator's, or MWRT_CHANNEL_TIMEOUT)."""
+    if os.environ.get(config.SETTINGS["collective_timeout"].env):
+        return config.get("collective_timeout")
+    return config.get("channel_timeout") if channel is None else channel.timeout
+
+
 class ProcessGroup:
     """Collectives' view of a channel: group ranks, tags, sequence numbers, error context."""
 
@@ -228,7 +240,7 @@ class ProcessGroup:
         self.channel, self.ranks, self.group_id = channel, ranks, int(group_id)
         self.rank, self.size = ranks.index(channel.rank), len(ranks)
         self.store, self.prefix, self.peers = store, prefix, peers or {}
-        self.timeout = channel.timeout if timeout is None else float(timeout)
+        self.timeout = config.seconds(timeout, default_timeout(channel), "ProcessGroup: timeout")
         self.segment_bytes = int(segment_bytes or config.get("segment_bytes"))
         self.small_bytes = int(config.get("small_collective_bytes") if small_bytes is None
                                else small_bytes)
@@ -250,6 +262,7 @@ class ProcessGroup:
         self._pool: ThreadPoolExecutor | None = None
         self._last = None
         self._lock = threading.Lock()
+        watchdog.watch(self)  # current, finished, p2p: what the hang reports look at
 
     def _tag(self, space: int, low: int) -> int:
         return (space << 56) | ((self.group_id & 0xFFFFFF) << 32) | (low & 0xFFFFFFFF)
@@ -322,6 +335,7 @@ class ProcessGroup:
     def close(self) -> None:
         """Stop the group's async thread, and its subgroups'; the channel belongs to its
         creator."""
+        watchdog.forget(self)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -340,7 +354,9 @@ class ProcessGroup:
         if isinstance(e, ChannelClosedError):
             text = f"{me}: {who} closed its connection or died ({e})"
         elif isinstance(e, TimeoutError):
-            text = f"{me}: timed out after {self.timeout} s waiting for {who} ({e})"
+            text = (f"{me}: timed out after {self.timeout} s waiting for {who} ({e}; the "
+                    f"group's timeout: init_process_group(timeout=), new_group(timeout=) or "
+                    f"MWRT_COLLECTIVE_TIMEOUT)")
         else:
             text = f"{me}: {e}"
         gone = self._gone_ranks()
@@ -379,4 +395,4 @@ class ProcessGroup:
             return ["(the store is unreachable: rank 0, which serves it, may be gone)"]
 
 
-__all__ = ["GroupWork", "ProcessGroup"]
+__all__ = ["GroupWork", "ProcessGroup", "default_timeout"]

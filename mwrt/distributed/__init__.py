@@ -9,28 +9,23 @@ from ..collective.reduce_ops import ReduceOp
 from ..store import FileStore, HashStore, PrefixStore, Store, TCPStore
 from .api import (
                   GroupMember,
-                  P2POp,
                   Work,
-                  batch_isend_irecv,
                   destroy_process_group,
                   get_backend,
                   get_global_rank,
                   get_group_rank,
                   get_node_local_rank,
+                  get_num_processes,
                   get_process_group_ranks,
                   get_rank,
                   get_world_size,
                   group,
                   init_process_group,
-                  irecv,
                   is_available,
                   is_initialized,
-                  isend,
                   new_group,
                   new_subgroups,
                   new_subgroups_by_enumeration,
-                  recv,
-                  send,
 )
 from .backends import Backend, is_gloo_available, is_mpi_available, is_nccl_available
 from .collective import (
@@ -56,13 +51,15 @@ from .objects import (
                   scatter_object_list,
                   send_object_list,
 )
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .spawn import RankFailedError, run, spawn
 
 __all__ = [
     "ReduceOp", "Store", "HashStore", "TCPStore", "FileStore", "PrefixStore", "GroupMember", "Work",
     "Backend", "is_gloo_available", "is_nccl_available", "is_mpi_available", "group",
     "init_process_group", "destroy_process_group", "is_available", "is_initialized", "get_rank",
-    "get_world_size", "get_backend", "get_process_group_ranks", "get_group_rank",
+    "get_world_size", "get_num_processes",
+    "get_backend", "get_process_group_ranks", "get_group_rank",
     "get_global_rank", "get_node_local_rank", "new_group", "new_subgroups",
     "new_subgroups_by_enumeration",
     "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",

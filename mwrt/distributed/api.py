@@ -16,16 +16,14 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .. import channels, config
 from ..collective import api as C
-from ..collective.buffers import as_flat, host_view
-from ..collective.group import ProcessGroup
-from ..errors import ChannelClosedError, ChannelTimeoutError, MwrtError
+from ..collective.group import ProcessGroup, default_timeout
+from ..errors import MwrtError
 from ..protocol import auth
 from ..store import rendezvous, store_from_url
 
@@ -109,6 +107,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         if _state.group is not None:
             raise RuntimeError("init_process_group: already initialized; call "
                                "destroy_process_group() first")
+        # timeout= governs both, as torch's; unset, each has its own variable.
+        waits = config.seconds(timeout, default_timeout())
         timeout = config.seconds(timeout, config.get("rendezvous_timeout"))
         asked = backend = backend or config.get("channel")
         # gloo is torch's CPU backend: its tutorials run unchanged on the auto channel, shm
@@ -137,6 +137,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             # Connect every pair now, while rank 0 (which serves the store) is sure to be up.
             probe = np.zeros(world_size, np.uint8)
             C.all_to_all(group, probe.copy(), probe)
+            group.timeout = waits
         except BaseException:
             if channel is not None:
                 channel.close()
@@ -201,8 +202,14 @@ def get_rank(group=None) -> int:
 
 
 def get_world_size(group=None) -> int:
+    """The number of ranks in `group` (default: all); -1 for non-members."""
     g = resolve_group(group)
     return -1 if g is None else g.size
+
+
+def get_num_processes(group=None) -> int:
+    """get_world_size under the 2017 proposal's name."""
+    return get_world_size(group)
 
 
 def get_backend(group=None) -> str:
@@ -287,10 +294,11 @@ def new_subgroups(group_size: int | None = None, group=None, timeout=None, backe
                                         timeout, backend)
 
 
-def run_collective(group, async_op, fn, *args, after=None):
+def run_collective(group, async_op, fn, *args, after=None, result=None):
     """Run fn(g, *args) on `group` now, or (async_op) in order on its thread, returning a
     Work; then after() (a copy out of a staging buffer), or when the Work is waited. Every
-    collective of the facade, object collectives included, enters here."""
+    collective of the facade, object collectives included, enters here. Not async, it
+    returns `result` (the collective's output, as the 2017 proposal's spelling has it)."""
     g = resolve_group(group)
     if g is None:
         return None
@@ -299,7 +307,7 @@ def run_collective(group, async_op, fn, *args, after=None):
     g.call(fn, g, *args)
     if after is not None:
         after()
-    return None
+    return result
 
 
 def group_rank_of(g: ProcessGroup, rank: int, what: str) -> int:
@@ -307,97 +315,3 @@ def group_rank_of(g: ProcessGroup, rank: int, what: str) -> int:
         return g.ranks.index(rank)
     except ValueError:
         raise ValueError(f"{what}: rank {rank} is not in the group (ranks {g.ranks})") from None
-
-
-# -- point-to-point ----------------------------------------------------------------------
-
-
-def _p2p_args(peer, tag, what, group):
-    g = resolve_group(group)
-    if peer is None:
-        raise ValueError(f"{what}: a destination rank is required (got None)")
-    if g is None or peer not in g.ranks:
-        raise ValueError(f"{what}: rank {peer} is not in the group")
-    return g, g.p2p_tag(int(tag))
-
-
-def send(tensor, dst: int, group=None, tag: int = 0) -> None:
-    """Send `tensor` to global rank `dst` (blocking until it may be reused)."""
-    g, t = _p2p_args(dst, tag, "send", group)
-    with host_view(tensor, g, "send", writable=False) as arr:
-        g.channel.send(arr, dst, t, g.timeout)
-
-
-def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
-    """Receive into `tensor` from global rank `src` (None: whoever sends first); returns it."""
-    if src is None:
-        src = _first_sender(group, tag)
-    g, t = _p2p_args(src, tag, "recv", group)
-    with host_view(tensor, g, "recv") as arr:
-        g.channel.recv(arr, src, t, g.timeout)
-    return src
-
-
-def _first_sender(group, tag: int) -> int:
-    """The global rank whose message on `tag` came first; polls, as nothing can be posted
-    for an unknown sender (a receive posted to each peer would take one from each)."""
-    g = resolve_group(group)
-    if g is None:
-        raise ValueError("recv: this rank is not in the group")
-    ch, t = g.channel, g.p2p_tag(int(tag))
-    peers, gone = [p for p in g.ranks if p != ch.rank], []
-    if not peers:
-        raise ValueError("recv: no other rank in the group to receive from")
-    deadline, pause = time.monotonic() + g.timeout, 1e-5
-    while peers:
-        for peer in list(peers):
-            try:
-                if ch.arrived(peer, t):
-                    return peer
-            except ChannelClosedError as exc:  # it can send nothing more
-                peers.remove(peer)
-                gone.append((peer, exc))
-        if time.monotonic() >= deadline:
-            left = f"; ranks {[p for p, _ in gone]} are gone" if gone else ""
-            raise ChannelTimeoutError(f"recv on rank {ch.rank} from any source, tag {tag}: "
-                                      f"nothing from ranks {peers} within {g.timeout} s{left}")
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
-    raise ChannelClosedError(f"recv on rank {ch.rank} from any source, tag {tag}: every peer "
-                             f"is gone ({'; '.join(str(e) for _, e in gone)})",
-                             peer=gone[0][0] if gone else None)
-
-
-def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
-    """Start sending `tensor` to `dst`; do not modify it before Work.wait()."""
-    g, t = _p2p_args(dst, tag, "isend", group)
-    return Work(work=g.channel.isend(as_flat(tensor, "isend", writable=False), dst, t, g.timeout))
-
-
-def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> Work:
-    """Start receiving into `tensor` from `src` (None: the first sender); read it after
-    Work.wait(), and the sender from Work.source_rank()."""
-    if src is None:  # nothing can be posted for an unknown sender: a thread waits for it
-        as_flat(tensor, "irecv")
-        with _init_lock:
-            if _state.any_source is None:
-                _state.any_source = ThreadPoolExecutor(1, thread_name_prefix="mwrt-any-source")
-        return Work(future=_state.any_source.submit(recv, tensor, None, group, tag))
-    g, t = _p2p_args(src, tag, "irecv", group)
-    return Work(work=g.channel.irecv(as_flat(tensor, "irecv"), src, t, g.timeout), source=src)
-
-
-class P2POp:
-    """One isend or irecv for batch_isend_irecv: P2POp(dist.isend, tensor, peer)."""
-
-    def __init__(self, op, tensor, peer: int, group=None, tag: int = 0):
-        if op not in (isend, irecv):
-            raise ValueError(f"P2POp: op must be dist.isend or dist.irecv (got {op!r})")
-        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
-
-
-def batch_isend_irecv(p2p_op_list: list) -> list[Work]:
-    """Start every operation of the list; return their Works, in order."""
-    if not all(isinstance(p, P2POp) for p in p2p_op_list):
-        raise TypeError("batch_isend_irecv: expected a list of P2POp")
-    return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]

@@ -1,5 +1,8 @@
 """The facade's collectives: torch.distributed signatures over mwrt.collectives.
 
+Not async, each returns its output (the 2017 proposal's `result = all_reduce(t)`); torch
+returns None there, which no torch program reads.
+
 Lists of arrays (torch's gather_list, tensor_list…) are staged through one contiguous
 buffer, which the algorithms need; the `*_into_tensor` / `*_tensor` variants take that
 buffer directly and copy nothing.
@@ -20,19 +23,19 @@ def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
     """Copy `tensor` from global rank `src` to every rank of the group, in place."""
     g = resolve_group(group)
     root = g and group_rank_of(g, src, "broadcast")
-    return run_collective(group, async_op, C.broadcast, tensor, root)
+    return run_collective(group, async_op, C.broadcast, tensor, root, result=tensor)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce `tensor` across the group in place; bitwise identical on every rank."""
-    return run_collective(group, async_op, C.all_reduce, tensor, op)
+    return run_collective(group, async_op, C.all_reduce, tensor, op, result=tensor)
 
 
 def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce `tensor` into `tensor` on global rank `dst`."""
     g = resolve_group(group)
     root = g and group_rank_of(g, dst, "reduce")
-    return run_collective(group, async_op, C.reduce, tensor, root, op)
+    return run_collective(group, async_op, C.reduce, tensor, root, op, result=tensor)
 
 
 def _stack(arrays, like, what, fill: bool = False, reduces: bool = False):
@@ -74,7 +77,8 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
                          f"{None if gather_list is None else len(gather_list)})")
     buf = _stack(gather_list, tensor, "gather") if is_root else None
     return run_collective(group, async_op, lambda g: C.gather(g, tensor, buf, root),
-                          after=lambda: is_root and _unstack(buf, gather_list))
+                          after=lambda: is_root and _unstack(buf, gather_list),
+                          result=gather_list)
 
 
 def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False):
@@ -88,7 +92,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
         if scatter_list is None or len(scatter_list) != g.size:
             raise ValueError(f"scatter: src needs scatter_list with {g.size} arrays")
         buf = _stack(scatter_list, tensor, "scatter", fill=True)
-    return run_collective(group, async_op, C.scatter, tensor, buf, root)
+    return run_collective(group, async_op, C.scatter, tensor, buf, root, result=tensor)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
@@ -101,7 +105,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
     if all(np.shape(a) == np.shape(tensor) for a in tensor_list):
         buf = _stack(tensor_list, tensor, "all_gather")
         return run_collective(group, async_op, lambda g: C.all_gather(g, buf, tensor),
-                          after=lambda: _unstack(buf, tensor_list))
+                              after=lambda: _unstack(buf, tensor_list), result=tensor_list)
     # Uneven sizes, as torch allows: entry i is rank i's array, ours must match our input.
     if np.shape(tensor_list[g.rank]) != np.shape(tensor):
         raise ValueError(f"all_gather: tensor_list[{g.rank}] (this rank's entry) has shape "
@@ -110,12 +114,13 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
     counts = _sizes(tensor_list)
     flat = np.empty(sum(counts), as_flat(tensor, "all_gather", writable=False).dtype)
     return run_collective(group, async_op, lambda g: C.all_gather_v(g, flat, tensor, counts),
-                          after=lambda: _unstack(flat, tensor_list))
+                          after=lambda: _unstack(flat, tensor_list), result=tensor_list)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
     """all_gather into one array holding world-size copies of the input's size."""
-    return run_collective(group, async_op, C.all_gather, output_tensor, input_tensor)
+    return run_collective(group, async_op, C.all_gather, output_tensor, input_tensor,
+                          result=output_tensor)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -127,12 +132,12 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
         raise ValueError(f"reduce_scatter: input_list needs {g.size} arrays (got "
                          f"{len(input_list)})")
     buf = _stack(input_list, output, "reduce_scatter", fill=True, reduces=True)
-    return run_collective(group, async_op, C.reduce_scatter, output, buf, op)
+    return run_collective(group, async_op, C.reduce_scatter, output, buf, op, result=output)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """reduce_scatter from one array holding world-size rows."""
-    return run_collective(group, async_op, C.reduce_scatter, output, input, op)
+    return run_collective(group, async_op, C.reduce_scatter, output, input, op, result=output)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
@@ -151,7 +156,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     out = np.empty(sum(recv_counts), dtype)
     return run_collective(group, async_op,
                           lambda g: C.all_to_all_v(g, out, src, send_counts, recv_counts),
-                          after=lambda: _unstack(out, output_tensor_list))
+                          after=lambda: _unstack(out, output_tensor_list),
+                          result=output_tensor_list)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
@@ -159,7 +165,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     """all_to_all over one array: equal rows per rank, or the given split sizes (dim 0;
     every rank passes them, or none does)."""
     if output_split_sizes is None and input_split_sizes is None:
-        return run_collective(group, async_op, C.all_to_all, output, input)
+        return run_collective(group, async_op, C.all_to_all, output, input, result=output)
     g = resolve_group(group)
     if g is None:
         return None
@@ -175,7 +181,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         return [int(k) * row for k in sizes]
     send = counts(input, input_split_sizes, "input")
     recv = counts(output, output_split_sizes, "output")
-    return run_collective(group, async_op, C.all_to_all_v, output, input, send, recv)
+    return run_collective(group, async_op, C.all_to_all_v, output, input, send, recv,
+                          result=output)
 
 
 def barrier(group=None, async_op: bool = False, device_ids=None):

@@ -8,7 +8,9 @@ Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MAST
 and for a one-node job a fresh MWRT_JOB_SECRET; a job across nodes needs the same
 MWRT_JOB_SECRET or MWRT_KEY_FILE on every node (or MWRT_INSECURE=1 on a private network).
 Output lines are prefixed by "[rank r] ". When a rank fails, the others are stopped, and
-the launcher reports its exit code and last lines, and exits with that code.
+the launcher reports its exit code and last lines, and exits with that code. On SIGUSR1,
+and when a rank has waited MWRT_HANG_WARNING seconds in one collective or send/recv, it
+prints a table of every local rank's current call (`kill -USR1 <launcher pid>`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from .. import config
+from ..collective import watchdog
 from ..netaddr import is_loopback
 from ..procs import stop_processes
 from ..store.launchers import free_port, job_secret_env, rank_env, slurm_env
@@ -132,15 +136,57 @@ def _threads_per_rank(envs: list[dict]) -> dict[str, str]:
 
 def run(opts) -> int:
     """Start the local ranks and wait; return 0 or the first failing rank's exit code."""
+    with tempfile.TemporaryDirectory(prefix="mwrt-launch-") as status:
+        return _run(opts, status)
+
+
+class _Calls:
+    """The table of the ranks' current calls: printed on SIGUSR1, and once per hang."""
+
+    def __init__(self, status: str, ranks: list[int]):
+        self.status, self.ranks, self.asked, self.shown = status, ranks, False, set()
+        self.warning = config.get("hang_warning")
+        if hasattr(signal, "SIGUSR1"):
+            signal.signal(signal.SIGUSR1, self._ask)
+
+    def _ask(self, *_) -> None:
+        self.asked = True  # printed by the loop: a handler must not take the output's lock
+
+    def look(self) -> None:
+        records = watchdog.read_status(self.status)
+        if self.asked:
+            self.asked = False
+            self._print("on SIGUSR1", records)
+            return
+        now, stuck = time.time(), []
+        for rank, rec in records.items():
+            for c in rec["calls"]:
+                key = (rank, c["what"], c["since"])
+                if c["busy"] and self.warning > 0 and now - c["since"] >= self.warning \
+                        and key not in self.shown:
+                    self.shown.add(key)
+                    stuck.append(f"rank {rank} in {c['what']}")
+        if stuck:
+            self._print(f"{', '.join(stuck)} for {self.warning:g} s or more", records)
+
+    def _print(self, why: str, records: dict) -> None:
+        sys.stderr.write(f"mwrt-launch: every rank's current call ({why}):\n"
+                         f"{watchdog.table(records, self.ranks)}\n")
+        sys.stderr.flush()
+
+
+def _run(opts, status: str) -> int:
     cmd = [sys.executable, "-u"] + (["-m", opts.script] if opts.module else [opts.script])
     envs = plan(opts)
     _need_secret(envs[0])
-    threads = _threads_per_rank(envs)
-    ranks = [(env["RANK"], *_start(cmd + opts.args, dict(env, **threads))) for env in envs]
+    extra = dict(_threads_per_rank(envs), MWRT_STATUS_DIR=status)
+    calls = _Calls(status, [int(env["RANK"]) for env in envs])  # SIGUSR1 from now on
+    ranks = [(env["RANK"], *_start(cmd + opts.args, dict(env, **extra))) for env in envs]
     exits = _exit_waiter([proc for _, proc, _, _ in ranks])
     try:
         while True:
             exits(0.5)
+            calls.look()
             running = False
             for rank, proc, tail, pumps in ranks:
                 code = proc.poll()

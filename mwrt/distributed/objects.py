@@ -13,7 +13,8 @@ import pickle
 import numpy as np
 
 from ..collective import api as C
-from .api import group_rank_of, recv, run_collective, send
+from .api import group_rank_of, run_collective
+from .p2p import recv, send
 
 
 def _pickled(obj) -> np.ndarray:
