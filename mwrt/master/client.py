@@ -58,10 +58,10 @@ def issue_site() -> tuple | None:
     return None if frame is None else (frame.f_code, frame.f_lineno)
 
 
-def site_text(site: tuple | None) -> str:
-    """'file:line in function' of an issue_site(), '' if none."""
-    if site is None:
-        return ""
+def site_text(site: tuple | str | None) -> str:
+    """'file:line in function' of an issue_site() (a str is already that), '' if none."""
+    if site is None or isinstance(site, str):
+        return site or ""
     code, line = site
     return f"{code.co_filename}:{line} in {code.co_name}"
 

@@ -21,7 +21,7 @@ import weakref
 from ..errors import MwrtError
 from ..protocol import wire
 from . import ordering
-from .client import issue_site
+from .client import issue_site, site_text
 from .cluster import current
 
 _GRAPH_IDS = itertools.count(1)
@@ -121,7 +121,7 @@ class Graph:
                                 "which a captured graph cannot; read values (numpy(), shape "
                                 "of remote() results, synchronize) after g.replay()")
             commands.append(command)
-            sites.append((command.id, f"{issue_site()} (captured by mwrt.graph)"))
+            sites.append((command.id, f"{site_text(issue_site())} (captured by mwrt.graph)"))
         return record
 
     def _define(self) -> None:
