@@ -306,8 +306,8 @@ class Stream:
         return event
 
     def wait_event(self, event) -> None:
-        if not event.done:
-            raise RuntimeError("fake GPU: wait_event on an event that was never recorded")
+        """Later kernels wait for `event`: here every recorded one has happened (and CUDA
+        ignores a wait on an unrecorded event)."""
 
     def launch_host_func(self, callback, arg) -> None:
         callback(arg)

@@ -97,6 +97,44 @@ def test_ops_on_two_gpus_of_one_worker(gpu):
     np.testing.assert_array_equal((c.cuda(0) + a).numpy(), np.arange(6) * 3.0)
 
 
+# Each applies to a DistributedTensor on a GPU and to the same NumPy array alike.
+OPS = {
+    "arithmetic": lambda a: (a * 2 - 1) / 4, "matmul": lambda a: a @ a.T,
+    "ufunc": lambda a: np.exp(a / 10), "sum": lambda a: a.sum(axis=1),
+    "mean": lambda a: a.mean(), "argmax": lambda a: a.argmax(axis=0),
+    "reshape": lambda a: a.reshape(6, 4).T, "index": lambda a: a[1:3, ::2],
+    "compare": lambda a: a > 0, "where": lambda a: np.where(a > 0, a, 0),
+    "clip": lambda a: np.clip(a, -2, 2), "concatenate": lambda a: np.concatenate([a, a]),
+    "astype": lambda a: a.astype(np.int32),
+}
+
+
+def test_ops_on_a_gpu_match_numpy(gpu):
+    host = np.arange(24, dtype=np.float32).reshape(4, 6) - 10
+    t = mwrt.dist_send(host, device=0)
+    for name, op in OPS.items():
+        value = op(t)
+        assert value.get_device() == 0, name
+        np.testing.assert_allclose(value.numpy(), op(host), rtol=1e-6, err_msg=name)
+    u = t.clone()
+    u += 1
+    u[0] = 7
+    expected = host + 1
+    expected[0] = 7
+    np.testing.assert_array_equal(u.numpy(), expected)
+    assert float(t.sum()) == float(host.sum())
+
+
+def test_collectives_over_gpu_tensors_of_two_nodes(gpu):
+    tensors = [mwrt.full((1000,), float(i + 1), node=i, device=0) for i in range(2)]
+    mwrt.all_reduce(tensors)
+    for t in tensors:
+        assert t.get_device() == 0
+        np.testing.assert_array_equal(t.numpy(), np.full(1000, 3.0, np.float32))
+    gathered = mwrt.all_gather([mwrt.arange(4, node=i, device=0) + i for i in range(2)])
+    np.testing.assert_array_equal(gathered[1].numpy(), [np.arange(4), np.arange(4) + 1])
+
+
 def test_gpu_streams_overlap(gpu):
     """Checked by ordering, not time: stream A's op waits for stream B's to signal."""
     x = mwrt.ones(3, device=0)
