@@ -146,8 +146,8 @@ class Node:
                              f"{device!r})")
         count = self.info.devices if self.info is not None else device + 1
         if device >= count == 0:
-            raise ValueError(f"device: node {self.index} has no GPU (its worker found no CuPy "
-                             f"or no CUDA device; asked for GPU {device}); pip install "
+            raise ValueError(f"device: node {self.index} has no GPU {device} (it has no GPU: "
+                             "its worker found no CuPy or no CUDA device); pip install "
                              "mwrt[cuda12] on that worker and restart it, or use device=-1 "
                              "(host memory)")
         if device >= count:
