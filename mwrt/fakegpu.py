@@ -8,6 +8,10 @@ CuPy, its arrays are not NumPy's: they carry `.device` and `.get()`, refuse NumP
 and operands of another device, and a device has a memory limit (MWRT_FAKE_GPU_BYTES) past
 which allocation raises `cuda.memory.OutOfMemoryError`. Kernels run at once on the calling
 thread (a stream is always done), and each stream counts the ops launched on it.
+
+Where it cannot be CuPy: its arrays subclass NumPy's, so `np.asarray(a)` and the buffer
+protocol see their memory (CuPy refuses both), and only new buffers made by its functions
+and ufuncs count against the memory limit (not those of methods such as `astype`).
 """
 
 from __future__ import annotations
@@ -94,10 +98,6 @@ class ndarray(np.ndarray):
     def set(self, arr, stream=None) -> None:
         """Copy host array `arr` into this array (CuPy's host-to-device copy)."""
         self.view(np.ndarray)[...] = arr
-
-    def __array__(self, dtype=None, copy=None):
-        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use "
-                        "`.get()` to construct a NumPy array explicitly.")
 
     def __repr__(self):
         return f"array({self.get()!r:.2000}, device={self._device})"

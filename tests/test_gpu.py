@@ -262,3 +262,58 @@ def test_a_cpu_only_worker_says_it_has_no_gpu():
         mwrt.shutdown()
         if saved is not None:
             os.environ["MWRT_FAKE_GPUS"] = saved
+
+
+@pytest.fixture(params=["fake", "cupy"])
+def xp(request, monkeypatch):
+    """The GPU module itself, in this process: mwrt.fakegpu, or CuPy where CUDA exists."""
+    if request.param == "cupy":
+        monkeypatch.delenv("MWRT_FAKE_GPUS", raising=False)
+        if _real_gpus() == 0:
+            pytest.skip("no CUDA device with CuPy on this machine (the fake GPU runs these)")
+    else:
+        monkeypatch.setenv("MWRT_FAKE_GPUS", str(FAKE_GPUS))
+        monkeypatch.setenv("MWRT_FAKE_GPU_BYTES", str(FAKE_GPU_BYTES))
+    return arrays.gpu_module()
+
+
+def test_the_fake_gpu_fits_the_cupy_api_mwrt_uses(xp):
+    """What mwrt calls, with CuPy's behaviour: the fake must pass what CuPy passes."""
+    assert xp.cuda.runtime.getDeviceCount() == arrays.device_count() >= 1
+    with xp.cuda.Device(0) as device:
+        stream = xp.cuda.Stream(non_blocking=True)
+        with stream:
+            assert xp.cuda.get_current_stream().ptr == stream.ptr != 0
+            start = stream.record(xp.cuda.Event())
+            a = xp.asarray(np.arange(6, dtype=np.float32))
+            b = (a * 2).reshape(2, 3).sum(axis=0)
+            end = stream.record(xp.cuda.Event())
+            end.synchronize()
+            assert start.done and end.done and xp.cuda.get_elapsed_time(start, end) >= 0
+            assert isinstance(b, xp.ndarray) and b.device == device
+            np.testing.assert_array_equal(b.get(), [6, 10, 14])
+            np.testing.assert_array_equal(arrays.to_host(b), [6, 10, 14])
+            with pytest.raises(TypeError):
+                a + np.ones(6, np.float32)  # no implicit host-device mixing
+        stream.synchronize()
+    free, total = xp.cuda.runtime.memGetInfo()
+    assert 0 < free <= total
+    assert xp.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"] >= total // 2
+    pinned = xp.cuda.alloc_pinned_memory(64)
+    staged = np.frombuffer(pinned, np.float32, 16)
+    staged[:] = 1
+    np.testing.assert_array_equal(xp.asarray(staged).get(), np.ones(16))
+
+
+def test_the_fake_gpu_runs_out_of_memory_as_cupy_does(monkeypatch):
+    monkeypatch.setenv("MWRT_FAKE_GPUS", "1")
+    monkeypatch.setenv("MWRT_FAKE_GPU_BYTES", str(1 << 20))
+    from mwrt import fakegpu
+
+    held = fakegpu.zeros(200_000, np.float32)  # 800 KB of 1 MiB
+    with pytest.raises(fakegpu.cuda.memory.OutOfMemoryError, match="Out of memory allocating"):
+        held + 1
+    del held
+    assert fakegpu.cuda.runtime.memGetInfo()[0] == 1 << 20  # freed with the array
+    with pytest.raises(RuntimeError, match="invalid device ordinal 1"):
+        fakegpu.cuda.Device(1)
