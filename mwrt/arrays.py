@@ -63,17 +63,22 @@ def device_count() -> int:
 
 def devices() -> list[dict]:
     """This process's GPUs: index, name, total and free memory (bytes), compute capability."""
-    found = []
-    for index in range(device_count()):
-        xp = gpu_module()
+    return [_describe(gpu_module(), index) for index in range(device_count())]
+
+
+def _describe(xp, index: int) -> dict:
+    """One GPU's description; a GPU that cannot be asked (a broken driver) says why."""
+    try:
         with xp.cuda.Device(index):
             free, total = xp.cuda.runtime.memGetInfo()
         props = xp.cuda.runtime.getDeviceProperties(index)
-        name = props["name"]
-        found.append({"index": index, "name": name.decode() if isinstance(name, bytes) else name,
-                      "total_memory": int(total), "free_memory": int(free),
-                      "compute_capability": f"{props['major']}.{props['minor']}"})
-    return found
+    except Exception as exc:  # the worker still starts; this GPU's use will name the error
+        return {"index": index, "name": "", "total_memory": 0, "free_memory": 0,
+                "compute_capability": "", "error": f"{type(exc).__name__}: {exc}"}
+    name = props["name"]
+    return {"index": index, "name": name.decode() if isinstance(name, bytes) else name,
+            "total_memory": int(total), "free_memory": int(free),
+            "compute_capability": f"{props['major']}.{props['minor']}"}
 
 
 def as_dtype(dtype) -> np.dtype:
