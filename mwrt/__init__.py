@@ -48,8 +48,7 @@ __all__ = [
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
     "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce", "all_gather", "gather",
     "scatter", "Stream", "Event", "stream", "current_stream", "profile", "graph", "Graph",
-    "devices",
-    "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
+    "devices", "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
     *TYPED_CONSTRUCTORS,
 ]
