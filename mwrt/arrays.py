@@ -14,18 +14,34 @@ TYPED = {
 }
 
 
+CUDA_FIX = "pip install mwrt[cuda12] there (CuPy for CUDA 12)"
+
+
+def gpu_module():
+    """The module that makes GPU arrays here: mwrt.fakegpu under MWRT_FAKE_GPUS (tests), else
+    cupy, or None when CuPy is not installed."""
+    from . import config
+
+    if config.get("fake_gpus") > 0:
+        from . import fakegpu
+
+        return fakegpu
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
 def namespace(device: int):
     """Return the module that makes arrays on `device`: numpy for -1, cupy for a GPU."""
     if device == HOST:
         return np
-    try:
-        import cupy
-    except ImportError:
-        raise RuntimeError(
-            f"device {device}: CuPy is not installed on this worker; "
-            "install mwrt[cuda12] or use device=-1 (host memory)"
-        ) from None
-    return cupy
+    module = gpu_module()
+    if module is None:
+        raise RuntimeError(f"device {device}: this worker has no GPU (CuPy is not installed); "
+                           f"{CUDA_FIX}, or use device=-1 (host memory)")
+    return module
 
 
 def use_device(device: int):
@@ -40,11 +56,29 @@ def use_device(device: int):
 def device_count() -> int:
     """Number of GPUs this process sees (0 without CuPy or CUDA)."""
     try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:
+        return gpu_module().cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy (None), no driver, no device: all mean no GPU here
         return 0
+
+
+def devices() -> list[dict]:
+    """This process's GPUs: index, name, total and free memory (bytes), compute capability."""
+    return [_describe(gpu_module(), index) for index in range(device_count())]
+
+
+def _describe(xp, index: int) -> dict:
+    """One GPU's description; a GPU that cannot be asked (a broken driver) says why."""
+    try:
+        with xp.cuda.Device(index):
+            free, total = xp.cuda.runtime.memGetInfo()
+        props = xp.cuda.runtime.getDeviceProperties(index)
+    except Exception as exc:  # the worker still starts; this GPU's use will name the error
+        return {"index": index, "name": "", "total_memory": 0, "free_memory": 0,
+                "compute_capability": "", "error": f"{type(exc).__name__}: {exc}"}
+    name = props["name"]
+    return {"index": index, "name": name.decode() if isinstance(name, bytes) else name,
+            "total_memory": int(total), "free_memory": int(free),
+            "compute_capability": f"{props['major']}.{props['minor']}"}
 
 
 def as_dtype(dtype) -> np.dtype:
@@ -75,7 +109,7 @@ def as_shape(shape) -> tuple:
 
 def to_host(array) -> np.ndarray:
     """A NumPy array with the contents of `array` (copies from a GPU)."""
-    if isinstance(array, np.ndarray):
+    if type(array) is np.ndarray:  # exactly: mwrt.fakegpu's device arrays subclass it
         return array
     get = getattr(array, "get", None)
     return get() if get is not None else np.asarray(array)

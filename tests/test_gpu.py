@@ -1,11 +1,12 @@
-"""GPU paths (CuPy): tensors on a device, moves between host and GPU, streams on a GPU.
-
-They run where CUDA and CuPy are present and are skipped with the reason elsewhere; the
-logic they exercise (namespaces per device, executors, transfers) is shared with the host
-path, which the rest of the suite covers.
+"""GPU paths: tensors on devices, moves in every direction, streams and events on a GPU,
+out-of-memory. Every test body runs twice: on workers posing as GPU hosts (mwrt.fakegpu,
+MWRT_FAKE_GPUS: always) and on CuPy with CUDA (where this machine has it, else skipped with
+the reason). The same worker code runs both: the fake fits CuPy's API.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -15,29 +16,129 @@ from test_streams import _rendezvous_signal, _rendezvous_wait
 import mwrt
 from mwrt import arrays
 
-pytestmark = pytest.mark.skipif(arrays.device_count() == 0,
-                                reason="no CUDA device with CuPy on this machine")
+FAKE_GPUS = 2
+FAKE_GPU_BYTES = 128 << 20  # small enough that the out-of-memory test is cheap
 
 
-@pytest.fixture(scope="module")
-def gpu_cluster(cluster):
+def _real_gpus() -> int:
+    saved = os.environ.pop("MWRT_FAKE_GPUS", None)
+    try:
+        return arrays.device_count()
+    finally:
+        if saved is not None:
+            os.environ["MWRT_FAKE_GPUS"] = saved
+
+
+@pytest.fixture(scope="module", params=["fake", "cupy"])
+def gpu(request):
+    """Two workers with GPUs: fake ones (host memory posing as 2 GPUs each) or CuPy's."""
+    env = {"MWRT_FAKE_GPUS": str(FAKE_GPUS), "MWRT_FAKE_GPU_BYTES": str(FAKE_GPU_BYTES)}
+    if request.param == "cupy":
+        if _real_gpus() == 0:
+            pytest.skip("no CUDA device with CuPy on this machine (the fake GPU runs these)")
+        env = {"MWRT_FAKE_GPUS": "0"}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)  # the local workers inherit it
+    mwrt.shutdown()
+    try:
+        mwrt.init_master_worker(local_workers=2, timeout=30)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.update({name: value})
     if mwrt.device_count(0) == 0:
         pytest.skip("the local worker sees no GPU")
-    return cluster
+    yield request.param
+    mwrt.shutdown()
 
 
-def test_tensor_on_a_gpu_and_back(gpu_cluster):
-    x = mwrt.FloatTensor(20, 20, device=0).fill_(4)
-    assert x.get_device() == 0 and x.is_cuda
-    y = mwrt.dist_send(np.ones((20, 20), np.float32)).cuda()
-    z = (x + y).cpu()
-    assert z.get_device() == -1
-    np.testing.assert_array_equal(z.numpy(), np.full((20, 20), 5, np.float32))
+def _two_gpus():
+    if mwrt.device_count(0) < 2:
+        pytest.skip("node 0 has one GPU; this test needs two")
 
 
-def test_gpu_streams_overlap(gpu_cluster):
+def test_devices_are_reported(gpu):
+    found = mwrt.devices(0)
+    assert len(found) == mwrt.device_count(0) >= 1
+    for index, info in enumerate(found):
+        assert info["index"] == index and info["name"]
+        assert 0 <= info["free_memory"] <= info["total_memory"]
+        assert info["compute_capability"].count(".") == 1
+    if gpu == "fake":
+        assert [d["name"] for d in found] == ["mwrt fake GPU 0", "mwrt fake GPU 1"]
+
+
+def test_the_proposals_cuda_example(gpu):
+    x = mwrt.FloatTensor(20, 20).fill_(4)
+    y = mwrt.dist_send(np.ones((20, 20), np.float32))
+    z = x + y
+    assert (z.get_node(), z.get_device()) == (0, -1)
+    cuda_x = x.cuda()
+    assert (cuda_x.get_node(), cuda_x.get_device()) == (0, 0) and cuda_x.is_cuda
+    with mwrt.node(1):
+        a = mwrt.FloatTensor(10, device=mwrt.device_count(1) - 1)
+        cuda_y = y.cuda()
+        q = cuda_x + cuda_y
+    assert a.get_node() == 1 and a.is_cuda
+    assert (cuda_y.get_node(), q.get_node(), q.get_device()) == (0, 0, 0)
+    np.testing.assert_array_equal(q.cpu().numpy(), np.full((20, 20), 5, np.float32))
+    np.testing.assert_array_equal(z.numpy(), q.numpy())
+
+
+def test_ops_on_two_gpus_of_one_worker(gpu):
+    _two_gpus()
+    a = mwrt.arange(6, dtype=np.float32, device=0)
+    b = mwrt.ones(6, device=1) * 2
+    assert (a.get_device(), b.get_device()) == (0, 1)
+    with pytest.raises(ValueError, match="device 0.*device 1"):
+        a + b
+    c = a.to(device=1) * b  # a device-to-device copy, then an op on GPU 1
+    assert c.get_device() == 1
+    np.testing.assert_array_equal(c.numpy(), np.arange(6) * 2.0)
+    np.testing.assert_array_equal((c.cuda(0) + a).numpy(), np.arange(6) * 3.0)
+
+
+# Each applies to a DistributedTensor on a GPU and to the same NumPy array alike.
+OPS = {
+    "arithmetic": lambda a: (a * 2 - 1) / 4, "matmul": lambda a: a @ a.T,
+    "ufunc": lambda a: np.exp(a / 10), "sum": lambda a: a.sum(axis=1),
+    "mean": lambda a: a.mean(), "argmax": lambda a: a.argmax(axis=0),
+    "reshape": lambda a: a.reshape(6, 4).T, "index": lambda a: a[1:3, ::2],
+    "compare": lambda a: a > 0, "where": lambda a: np.where(a > 0, a, 0),
+    "clip": lambda a: np.clip(a, -2, 2), "concatenate": lambda a: np.concatenate([a, a]),
+    "astype": lambda a: a.astype(np.int32),
+}
+
+
+def test_ops_on_a_gpu_match_numpy(gpu):
+    host = np.arange(24, dtype=np.float32).reshape(4, 6) - 10
+    t = mwrt.dist_send(host, device=0)
+    for name, op in OPS.items():
+        value = op(t)
+        assert value.get_device() == 0, name
+        np.testing.assert_allclose(value.numpy(), op(host), rtol=1e-6, err_msg=name)
+    u = t.clone()
+    u += 1
+    u[0] = 7
+    expected = host + 1
+    expected[0] = 7
+    np.testing.assert_array_equal(u.numpy(), expected)
+    assert float(t.sum()) == float(host.sum())
+
+
+def test_collectives_over_gpu_tensors_of_two_nodes(gpu):
+    tensors = [mwrt.full((1000,), float(i + 1), node=i, device=0) for i in range(2)]
+    mwrt.all_reduce(tensors)
+    for t in tensors:
+        assert t.get_device() == 0
+        np.testing.assert_array_equal(t.numpy(), np.full(1000, 3.0, np.float32))
+    gathered = mwrt.all_gather([mwrt.arange(4, node=i, device=0) + i for i in range(2)])
+    np.testing.assert_array_equal(gathered[1].numpy(), [np.arange(4), np.arange(4) + 1])
+
+
+def test_gpu_streams_overlap(gpu):
     """Checked by ordering, not time: stream A's op waits for stream B's to signal."""
     x = mwrt.ones(3, device=0)
+    mwrt.synchronize()  # x exists before the other streams use it
     with mwrt.stream(mwrt.Stream(device=0)):
         waiting = mwrt.remote(_rendezvous_wait)(x)
     with mwrt.stream(mwrt.Stream(device=0)):
@@ -45,10 +146,30 @@ def test_gpu_streams_overlap(gpu_cluster):
     assert bool(waiting.numpy()), "GPU stream B's op did not run while stream A's was running"
 
 
-def test_gpu_events_order_streams(gpu_cluster):
+def _cuda_stream_of(a):
+    """The CUDA stream (and device) this op's kernels go to, in the worker."""
+    from mwrt import arrays
+
+    xp = arrays.gpu_module()
+    return np.array([xp.cuda.get_current_stream().ptr, a.device.id], np.int64)
+
+
+def test_each_gpu_stream_is_a_cuda_stream_of_its_own(gpu):
+    x = mwrt.ones(3, device=0)
+    mwrt.synchronize()  # x exists before the other streams use it
+    a, b = mwrt.Stream(device=0), mwrt.Stream(device=0)
+    seen = []
+    for s in (a, b, a):
+        with mwrt.stream(s):
+            seen.append(tuple(mwrt.remote(_cuda_stream_of)(x).numpy()))
+    assert seen[0] == seen[2] != seen[1]
+    assert all(ptr != 0 and device == 0 for ptr, device in seen)  # never the null stream
+
+
+def test_gpu_events_order_streams(gpu):
     a, b = mwrt.Stream(device=0), mwrt.Stream(device=0)
     with mwrt.stream(a):
-        x = mwrt.rand(2048, 2048, device=0)
+        x = mwrt.rand(1024, 1024, device=0)
         y = x @ x
     b.wait_event(a.record_event())
     with mwrt.stream(b):
@@ -56,7 +177,143 @@ def test_gpu_events_order_streams(gpu_cluster):
     np.testing.assert_allclose(z.numpy(), y.numpy() + 1, rtol=1e-5)
 
 
-def test_large_gpu_transfer_between_nodes(gpu_cluster):
-    x = mwrt.rand(1 << 20, device=0)
-    moved = x.to(node=1, device=-1)
-    np.testing.assert_array_equal(moved.numpy(), x.numpy())
+def test_events_between_a_gpu_stream_and_a_host_stream(gpu):
+    gpu_stream, host_stream = mwrt.Stream(device=0), mwrt.Stream(device=-1)
+    with mwrt.stream(gpu_stream):
+        x = mwrt.full((64, 64), 3.0, device=0) * 2
+        done = gpu_stream.record_event()
+    host_stream.wait_event(done)
+    with mwrt.stream(host_stream):
+        y = x.cpu() + 1  # made on the host stream, after the GPU's kernels ran
+    back = host_stream.record_event()
+    gpu_stream.wait_event(back)
+    with mwrt.stream(gpu_stream):
+        z = y.cuda(0) - x
+    np.testing.assert_array_equal(z.numpy(), np.ones((64, 64), np.float32))
+    assert done.query() and back.query()
+
+
+def test_events_between_gpu_streams_of_two_nodes(gpu):
+    first, second = mwrt.Stream(node=0, device=0), mwrt.Stream(node=1, device=0)
+    with mwrt.stream(first):
+        x = mwrt.arange(1000, dtype=np.float32, device=0) + 1
+        ready = first.record_event(mwrt.Event(enable_timing=True))
+    second.wait_event(ready)
+    with mwrt.stream(second):
+        y = x.to(node=1, device=0) * 2
+    ready_there = second.record_event(mwrt.Event(enable_timing=True))
+    ready_there.synchronize()
+    np.testing.assert_array_equal(y.numpy(), (np.arange(1000) + 1) * 2.0)
+    assert ready.elapsed_time(ready_there) >= 0  # one host's clock: node 1 ran after
+
+
+# Size classes: inline beside a command, one data-channel message, several segments.
+SIZES = {"inline": 16, "message": 100_000, "segmented": (9 << 20) // 4}
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_transfers_in_every_direction(gpu, size):
+    n = SIZES[size]
+    host = np.random.default_rng(n).random(n, dtype=np.float32)
+    on_gpu = mwrt.dist_send(host, device=0)  # master -> GPU
+    assert on_gpu.get_device() == 0
+    np.testing.assert_array_equal(on_gpu.numpy(), host)  # GPU -> master
+    moves = [(0, -1), (1, 0), (1, -1), (0, 0)]  # GPU->host, ->remote GPU, ->remote host, back
+    if mwrt.device_count(0) > 1:
+        moves.insert(1, (0, 1))  # GPU -> GPU on one worker
+    here = on_gpu
+    for node, device in moves:
+        there = here.to(node=node, device=device)
+        assert (there.get_node(), there.get_device()) == (node, device)
+        here = there if device == -1 else there + 0  # a kernel runs on every GPU it reaches
+        np.testing.assert_array_equal(here.numpy(), host, err_msg=f"to node {node} dev {device}")
+    remote_host = mwrt.dist_send(host, node=1)
+    np.testing.assert_array_equal(remote_host.to(node=0, device=0).numpy(), host)
+
+
+def test_gpu_out_of_memory_is_named_and_the_session_goes_on(gpu):
+    free = mwrt.devices(0)[0]["free_memory"]
+    count = int(free * 0.45) // 4
+    held = [mwrt.empty(count, device=0) for _ in range(3)]  # the third cannot fit
+    with pytest.raises(mwrt.RemoteError, match="OutOfMemoryError") as caught:
+        held[2].numpy()
+    assert caught.value.device == 0 and caught.value.node == 0
+    del held
+    x = mwrt.ones(count, device=0)  # the memory came back, the stream runs again
+    assert float(x.sum().numpy()) == count
+    np.testing.assert_array_equal((mwrt.ones(4, device=0) * 3).numpy(), np.full(4, 3.0))
+
+
+def test_a_cpu_only_worker_says_it_has_no_gpu():
+    saved = os.environ.pop("MWRT_FAKE_GPUS", None)
+    mwrt.shutdown()
+    try:
+        mwrt.init_master_worker(local_workers=1, timeout=30)
+        if mwrt.device_count(0) > 0:
+            pytest.skip("this machine's worker has a GPU")
+        assert mwrt.devices(0) == []
+        fix = r"node 0 has no GPU 0 \(it has no GPU: .*pip install mwrt\[cuda12\]"
+        with pytest.raises(ValueError, match=fix):
+            mwrt.ones(3, device=0)
+        with pytest.raises(ValueError, match="node 0 has no GPU") as caught:
+            mwrt.dist_send(np.ones(3)).cuda()
+        assert "below" not in str(caught.value)
+    finally:
+        mwrt.shutdown()
+        if saved is not None:
+            os.environ["MWRT_FAKE_GPUS"] = saved
+
+
+@pytest.fixture(params=["fake", "cupy"])
+def xp(request, monkeypatch):
+    """The GPU module itself, in this process: mwrt.fakegpu, or CuPy where CUDA exists."""
+    if request.param == "cupy":
+        monkeypatch.delenv("MWRT_FAKE_GPUS", raising=False)
+        if _real_gpus() == 0:
+            pytest.skip("no CUDA device with CuPy on this machine (the fake GPU runs these)")
+    else:
+        monkeypatch.setenv("MWRT_FAKE_GPUS", str(FAKE_GPUS))
+        monkeypatch.setenv("MWRT_FAKE_GPU_BYTES", str(FAKE_GPU_BYTES))
+    return arrays.gpu_module()
+
+
+def test_the_fake_gpu_fits_the_cupy_api_mwrt_uses(xp):
+    """What mwrt calls, with CuPy's behaviour: the fake must pass what CuPy passes."""
+    assert xp.cuda.runtime.getDeviceCount() == arrays.device_count() >= 1
+    with xp.cuda.Device(0) as device:
+        stream = xp.cuda.Stream(non_blocking=True)
+        with stream:
+            assert xp.cuda.get_current_stream().ptr == stream.ptr != 0
+            start = stream.record(xp.cuda.Event())
+            a = xp.asarray(np.arange(6, dtype=np.float32))
+            b = (a * 2).reshape(2, 3).sum(axis=0)
+            end = stream.record(xp.cuda.Event())
+            end.synchronize()
+            assert start.done and end.done and xp.cuda.get_elapsed_time(start, end) >= 0
+            assert isinstance(b, xp.ndarray) and b.device == device
+            np.testing.assert_array_equal(b.get(), [6, 10, 14])
+            np.testing.assert_array_equal(arrays.to_host(b), [6, 10, 14])
+            with pytest.raises(TypeError):
+                a + np.ones(6, np.float32)  # no implicit host-device mixing
+        stream.synchronize()
+    free, total = xp.cuda.runtime.memGetInfo()
+    assert 0 < free <= total
+    assert xp.cuda.runtime.getDeviceProperties(0)["totalGlobalMem"] >= total // 2
+    pinned = xp.cuda.alloc_pinned_memory(64)
+    staged = np.frombuffer(pinned, np.float32, 16)
+    staged[:] = 1
+    np.testing.assert_array_equal(xp.asarray(staged).get(), np.ones(16))
+
+
+def test_the_fake_gpu_runs_out_of_memory_as_cupy_does(monkeypatch):
+    monkeypatch.setenv("MWRT_FAKE_GPUS", "1")
+    monkeypatch.setenv("MWRT_FAKE_GPU_BYTES", str(1 << 20))
+    from mwrt import fakegpu
+
+    held = fakegpu.zeros(200_000, np.float32)  # 800 KB of 1 MiB
+    with pytest.raises(fakegpu.cuda.memory.OutOfMemoryError, match="Out of memory allocating"):
+        held + 1
+    del held
+    assert fakegpu.cuda.runtime.memGetInfo()[0] == 1 << 20  # freed with the array
+    with pytest.raises(RuntimeError, match="invalid device ordinal 1"):
+        fakegpu.cuda.Device(1)

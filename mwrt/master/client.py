@@ -145,10 +145,14 @@ class Node:
             raise ValueError(f"device: must be -1 (host memory) or a GPU index >= 0 (got "
                              f"{device!r})")
         count = self.info.devices if self.info is not None else device + 1
+        if device >= count == 0:
+            raise ValueError(f"device: node {self.index} has no GPU {device} (it has no GPU: "
+                             "its worker found no CuPy or no CUDA device); pip install "
+                             "mwrt[cuda12] on that worker and restart it, or use device=-1 "
+                             "(host memory)")
         if device >= count:
-            why = ": no CuPy or no CUDA device there" if count == 0 else ""
-            raise ValueError(f"device: node {self.index} has no GPU {device} (it has {count}"
-                             f"{why}); use device=-1 (host memory) or a GPU index below {count}")
+            raise ValueError(f"device: node {self.index} has no GPU {device} (it has {count}); "
+                             f"use a GPU index below {count}, or device=-1 (host memory)")
         return device
 
     # -- issuing --------------------------------------------------------------------------

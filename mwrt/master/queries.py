@@ -1,4 +1,5 @@
-"""Questions and waits addressed to whole nodes: num_nodes, synchronize, memory_stats."""
+"""Questions and waits addressed to whole nodes: num_nodes, synchronize, memory_stats,
+devices."""
 
 from __future__ import annotations
 
@@ -39,3 +40,9 @@ def memory_stats(node: int = 0) -> dict:
 def device_count(node: int = 0) -> int:
     """How many GPUs the worker of `node` has (0: host memory only)."""
     return current().node(node).info.devices
+
+
+def devices(node: int = 0) -> list[dict]:
+    """The GPUs of `node`'s worker, as it found them when this master connected: a dict each
+    with index, name, total_memory and free_memory (bytes), compute_capability ("8.0")."""
+    return [dict(gpu) for gpu in current().node(node).info.gpus]

@@ -340,6 +340,7 @@ class Welcome(Reply, tag=23):
     pid: int
     devices: int
     data_address: str
+    gpus: tuple = ()  # a dict per GPU (arrays.devices()): index, name, memory, capability
 
 
 class Pong(Reply, tag=24):

@@ -372,9 +372,10 @@ class Daemon:
                  command.node)
         from .. import arrays
 
+        gpus = arrays.devices()
         self.send(identity, wire.Welcome(token=command.id, incarnation=self.incarnation,
                                          hostname=socket.gethostname(), pid=os.getpid(),
-                                         devices=arrays.device_count(), data_address=""))
+                                         devices=len(gpus), data_address="", gpus=tuple(gpus)))
         return session
 
     def end_session(self, session, answer=None) -> None:
