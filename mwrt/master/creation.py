@@ -40,9 +40,14 @@ def ones(*shape, dtype=np.float32, node=None, device=None):
 
 
 def full(shape, fill_value, dtype=None, node=None, device=None):
-    """A tensor of `shape` filled with `fill_value` (dtype inferred from it if not given)."""
+    """A tensor of `shape` filled with `fill_value`; dtype from it if not given, float32 for a
+    float fill (as ones/zeros/rand make), so full(4, 3.0) and ones(4) can meet in a
+    collective."""
     shape = as_shape(shape if isinstance(shape, tuple) else (shape,))
-    dtype = np.asarray(fill_value).dtype if dtype is None else dtype
+    if dtype is None:
+        dtype = np.asarray(fill_value).dtype
+        dtype = np.float32 if dtype == np.float64 else np.complex64 if dtype == np.complex128 \
+            else dtype
     return _create("full", shape, dtype, node, device, (fill_value,))
 
 

@@ -240,6 +240,10 @@ class DistributedTensor:
     def __rmatmul__(self, other):
         return call("matmul", other, self)
 
+    def matmul(self, other):
+        """Matrix product with `other` (self @ other), as torch's and NumPy's."""
+        return call("matmul", self, other)
+
     # -- NumPy protocols ------------------------------------------------------------------
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):

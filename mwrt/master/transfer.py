@@ -28,8 +28,7 @@ def put(array, node: int | None = None, device: int | None = None):
     from .tensor import DistributedTensor
 
     if not isinstance(array, (np.ndarray, np.generic)):
-        raise TypeError(f"dist_send: expected a NumPy array (got {type(array).__name__}); "
-                        "wrap data with np.asarray first")
+        array = _host_array(array)
     array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
     as_dtype(array.dtype)
     cluster = current()
@@ -145,3 +144,17 @@ def _to_device(tensor, device: int):
     node.issue(wire.Call(id=now, stream=stream, outs=(out._id,), op="to_device",
                          args=(tensor._ref, device), kwargs={}))
     return out
+
+
+def _host_array(array) -> np.ndarray:
+    """A NumPy view of a host tensor of another library (torch's CPU tensors, through
+    DLPack, with no copy); a TypeError naming what to pass otherwise."""
+    if hasattr(array, "__dlpack__") and not hasattr(array, "__cuda_array_interface__"):
+        try:
+            return np.from_dlpack(array.detach() if hasattr(array, "detach") else array)
+        except (TypeError, BufferError, RuntimeError) as exc:
+            raise TypeError(f"dist_send: cannot view this {type(array).__name__} as a NumPy "
+                            f"array ({exc}); pass it through np.asarray first") from None
+    raise TypeError(f"dist_send: expected a NumPy array or a CPU tensor (got "
+                    f"{type(array).__name__}); wrap data with np.asarray first, and move GPU "
+                    "tensors to the host (.cpu())")
