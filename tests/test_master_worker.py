@@ -250,9 +250,11 @@ def test_a_master_makes_room_for_its_nodes(tmp_path):
     assert res.stdout.strip() == "24.0", res.stderr[-3000:]
 
 
-def test_the_proposals_spellings_on_the_master(cluster):
+def test_the_proposals_spellings_on_the_master():
     """full() of a float is float32 like ones(), so they meet in a collective; t.matmul;
     dist_send of a torch CPU tensor (where torch is installed) views it through DLPack."""
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=2, timeout=30)
     assert mwrt.full(4, 3.0).dtype == np.float32 and mwrt.full(4, 3).dtype == np.int64
     parts = [mwrt.ones(4, node=0), mwrt.full(4, 3.0, node=1)]
     mwrt.all_reduce(parts)
