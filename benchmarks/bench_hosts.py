@@ -276,16 +276,16 @@ def launch(host, role: str, args: dict, env: dict | None = None, log: str | None
             out.close()  # the child has its own descriptor
 
 
-def result(proc, what: str) -> dict:
-    """The JSON a role printed last; an error with its stderr if it failed."""
+def result(proc, what: str, program: str = "bench_hosts") -> dict:
+    """The JSON a role printed last; an error naming `program` with its stderr if it failed."""
     try:
         out, err = proc.communicate(timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise SystemExit(f"bench_hosts: {what} timed out:\n{err[-2000:]}") from None
+        raise SystemExit(f"{program}: {what} timed out:\n{err[-2000:]}") from None
     if proc.returncode != 0:
-        raise SystemExit(f"bench_hosts: {what} exited {proc.returncode}:\n{err[-3000:]}")
+        raise SystemExit(f"{program}: {what} exited {proc.returncode}:\n{err[-3000:]}")
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -49,6 +49,7 @@ import mwrt  # noqa: E402
 from mwrt import config  # noqa: E402
 from mwrt.channels.tcp import tune  # noqa: E402  (raw sockets get the channel's settings)
 from bench_hosts import connect_retrying, recv_exactly, send_in_pieces, timed  # noqa: E402
+from bench_hosts import result as hosts_result  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 STORE_PORT, RAW_PORT = 29500, 29700  # each namespace is fresh; each k gets its own offset
@@ -488,16 +489,8 @@ def await_ready(proc, what: str) -> None:
 
 
 def result(proc, what: str) -> dict:
-    """The JSON a role printed last; an error with its stderr if it failed."""
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise SystemExit(f"bench_scale: {what} timed out:\n{err[-2000:]}") from None
-    if proc.returncode != 0:
-        raise SystemExit(f"bench_scale: {what} exited {proc.returncode}:\n{err[-3000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+    """The JSON a role printed last (bench_hosts's reader, naming this benchmark)."""
+    return hosts_result(proc, what, "bench_scale")
 
 
 def spmd_row(hosts, k: int, port: int, reps: dict, home: str) -> dict:
