@@ -20,6 +20,28 @@ import mwrt.distributed as dist  # noqa: E402
 from mwrt.collective import hierarchy  # noqa: E402
 
 
+OPS = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+       "AVG": np.add, "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
+
+
+def every_op_and_dtype(rank: int, size: int) -> None:
+    """all_reduce of every ReduceOp on every dtype it takes, small and large (two-level on
+    hosts with several ranks, MPI's own over mpi), checked exactly against NumPy."""
+    for dtype in (np.float32, np.float64, np.int32, np.int64, np.uint8):
+        for name, ufunc in OPS.items():
+            integral = np.issubdtype(dtype, np.integer)
+            if (name == "AVG" and integral) or (name.startswith("B") and not integral):
+                continue
+            for n in (7, 30000):
+                mine = [((np.arange(n) * (r + 3) + 1) % 5 + 1).astype(dtype) for r in range(size)]
+                want = ufunc.reduce(np.stack(mine), axis=0).astype(dtype)
+                if name == "AVG":
+                    want = (want / size).astype(dtype)
+                got = mine[rank].copy()
+                dist.all_reduce(got, op=getattr(dist.ReduceOp, name))
+                assert np.array_equal(got, want), (name, dtype, n)
+
+
 def rooted_and_p2p(rank: int, size: int) -> None:
     """The calls the random sequence does not make: rooted ones, async p2p, objects."""
     got = np.zeros(3)
@@ -45,6 +67,7 @@ def rooted_and_p2p(rank: int, size: int) -> None:
     dist.recv(box, left)  # blocking, while our own send is in flight
     sending.wait()
     assert np.array_equal(box, data(left, 5, 3))
+    every_op_and_dtype(rank, size)
     for n in (5, 40000):  # an even all_gather, small and large (two-level across hosts)
         even = [np.zeros(n) for _ in range(size)]
         dist.all_gather(even, np.full(n, float(rank)))
