@@ -33,7 +33,7 @@ from .master.creation import (
 )
 from .master.graph import Graph, graph
 from .master.profile import profile
-from .master.queries import device_count, devices, memory_stats, num_nodes, synchronize
+from .master.queries import device_count, devices, memory_stats, num_nodes, status, synchronize
 from .master.remote import remote
 from .master.streams import Event, Stream, current_stream, stream
 from .master.tensor import DistributedTensor
@@ -48,7 +48,7 @@ __all__ = [
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
     "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce", "all_gather", "gather",
     "scatter", "Stream", "Event", "stream", "current_stream", "profile", "graph", "Graph",
-    "devices", "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
+    "devices", "status", "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
     *TYPED_CONSTRUCTORS,
 ]

@@ -160,3 +160,29 @@ def test_readme_recipe_with_tilde_in_the_key_file(tmp_path):
         assert master.returncode == 0 and master.stdout.strip() == "3.0", master.stderr
     finally:
         stop_worker(worker)
+
+
+def test_status_shows_each_worker_as_a_table_and_as_json():
+    """`mwrt status --workers A,B`: one row per daemon (its pid, memory, GPUs); --json too."""
+    workers = [start_worker(env={"MWRT_FAKE_GPUS": str(i)}) for i in (0, 1)]
+    try:
+        listed = ",".join(address.removeprefix("tcp://") for _, address in workers)
+        res = run("mwrt", "status", "--workers", listed)
+        assert res.returncode == 0, res.stderr[-2000:]
+        lines = res.stdout.splitlines()
+        assert lines[0].split()[:4] == ["NODE", "ADDRESS", "HOST", "PID"]
+        for (proc, _), line in zip(workers, lines[1:]):
+            assert str(proc.pid) in line.split() and "MiB" in line, line
+        assert "free" in lines[2] and lines[1].rstrip().endswith("-")  # node 1 has a GPU
+        rows = json.loads(run("mwrt", "status", "--workers", listed, "--json").stdout)
+        assert [row["worker"]["pid"] for row in rows] == [proc.pid for proc, _ in workers]
+        assert rows[0]["worker"]["rss"] > 0 and len(rows[1]["worker"]["gpus"]) == 1
+        assert rows[0]["session"]["tensors"] == 0 and rows[0]["lost"] is None
+    finally:
+        for proc, _ in workers:
+            stop_worker(proc)
+
+
+def test_status_of_a_worker_nobody_runs_says_so():
+    res = run("mwrt", "status", "--workers", "127.0.0.1:9", env={"MWRT_CONNECT_TIMEOUT": "1"})
+    assert res.returncode == 1 and "mwrt status:" in res.stderr and "127.0.0.1:9" in res.stderr

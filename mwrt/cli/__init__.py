@@ -1,4 +1,4 @@
-"""`mwrt`: look at an mwrt installation from a shell (`mwrt config`; more subcommands to come)."""
+"""`mwrt`: look at an mwrt installation from a shell (`mwrt config`, `mwrt status`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,67 @@ def build_parser() -> argparse.ArgumentParser:
                     "MWRT_* variable that no setting reads (a typo: mwrt ignores it).")
     show.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     show.set_defaults(run=config_main)
+    look = commands.add_parser(
+        "status", help="the workers: address, health, memory, sessions, GPUs",
+        description="Connect to worker daemons as a master and show each one: its address, "
+                    "process, uptime, last heartbeat, sessions and busy streams, its RSS and "
+                    "the host's free memory, its GPUs. Workers from --workers, else "
+                    "MWRT_WORKERS, else MWRT_REGISTRY; the key from --key, else MWRT_KEY_FILE.")
+    look.add_argument("--workers", help="comma-separated HOST:PORT of the daemons")
+    look.add_argument("--key", help="the master's key file (from mwrt-worker keygen)")
+    look.add_argument("--json", action="store_true", help="one JSON list, for scripts")
+    look.add_argument("--watch", type=float, metavar="SECONDS",
+                      help="refresh every SECONDS until Ctrl-C")
+    look.set_defaults(run=status_main)
     return parser
+
+
+def status_main(args) -> int:
+    """`mwrt status`: one row per worker, once or every --watch seconds."""
+    import time
+
+    import mwrt
+
+    try:
+        mwrt.init_master_worker(args.workers or None, key=args.key)
+    except (mwrt.MwrtError, ConnectionError, TimeoutError) as exc:
+        print(f"mwrt status: {exc}", file=sys.stderr)
+        return 1
+    try:
+        while True:
+            rows = mwrt.status()
+            print(json.dumps(rows, indent=2, default=str) if args.json else _status_table(rows),
+                  flush=True)
+            if not args.watch:
+                return 0 if all(row["lost"] is None for row in rows) else 1
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        mwrt.shutdown()
+
+
+def _status_table(rows: list[dict]) -> str:
+    """NODE ADDRESS HOST PID UP HEARTBEAT SESSIONS BUSY RSS HOST-FREE GPUS, aligned."""
+    head = ("NODE", "ADDRESS", "HOST", "PID", "UP", "HEARTBEAT", "SESSIONS", "BUSY", "RSS",
+            "HOST FREE", "GPUS")
+    cells = [head]
+    for row in rows:
+        w = row.get("worker", {})
+        gpus = ", ".join(f"{g.get('name', '?')} {_mib(g.get('free_memory'))} free"
+                         for g in w.get("gpus", [])) or "-"
+        cells.append((str(row["node"]), row["address"].removeprefix("tcp://"),
+                      w.get("hostname", "LOST" if row["lost"] else "?"), str(w.get("pid", "")),
+                      f"{w.get('uptime', 0):.0f} s", f"{row['heartbeat_age']:.1f} s ago",
+                      str(w.get("sessions", "")), str(w.get("streams_busy", "")),
+                      _mib(w.get("rss")), _mib(w.get("host_free")), gpus))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+                     for row in cells)
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / (1 << 20):.0f} MiB"
 
 
 def config_main(args) -> int:

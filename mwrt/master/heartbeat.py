@@ -50,6 +50,10 @@ class Heartbeat(threading.Thread):
         self.announced: set[int] = set()  # lost nodes the others were told about
         self.last_pong = [time.monotonic()] * len(self.sockets)
 
+    def age(self, index: int) -> float:
+        """Seconds since node `index` last answered a ping."""
+        return time.monotonic() - self.last_pong[index]
+
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=2.0)

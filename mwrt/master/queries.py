@@ -34,7 +34,7 @@ def memory_stats(node: int = 0) -> dict:
     synchronize(node)
     reply, _ = target.request(wire.Stats(id=next(target.ids), token=next(target.tokens)),
                               "memory_stats()")
-    return reply.value
+    return {k: v for k, v in reply.value.items() if k != "worker"}  # this master's share
 
 
 def device_count(node: int = 0) -> int:
@@ -46,3 +46,19 @@ def devices(node: int = 0) -> list[dict]:
     """The GPUs of `node`'s worker, as it found them when this master connected: a dict each
     with index, name, total_memory and free_memory (bytes), compute_capability ("8.0")."""
     return [dict(gpu) for gpu in current().node(node).info.gpus]
+
+
+def status() -> list[dict]:
+    """Every node of this session as `mwrt status` shows it, without waiting for streams:
+    its address, the worker's process, host memory and GPUs, and this master's share."""
+    cluster, out = current(), []
+    for node in cluster.nodes:
+        row = {"node": node.index, "address": node.address, "lost": node.lost,
+               "heartbeat_age": cluster.heartbeat.age(node.index)}
+        if node.lost is None:
+            reply, _ = node.request(wire.Stats(id=next(node.ids), token=next(node.tokens)),
+                                    "status()")
+            row["worker"] = reply.value.pop("worker", {})
+            row["session"] = reply.value
+        out.append(row)
+    return out

@@ -71,6 +71,7 @@ class Daemon:
                               "with `mwrt-worker keygen DIR`), or listen on 127.0.0.1")
         self.keys = keys
         self.incarnation = uuid.uuid4().hex
+        self.started = time.monotonic()
         self.context = zmq.Context()
         self.authenticator = auth.start_authenticator(self.context, keys) if keys else None
         self.router = self.context.socket(zmq.ROUTER)
@@ -357,7 +358,21 @@ class Daemon:
         session.data.start()
 
     def _stats(self, session, command) -> None:
-        self.send(session.identity, wire.Done(token=command.token, value=session.stats()))
+        value = dict(session.stats(), worker=self.report())
+        self.send(session.identity, wire.Done(token=command.token, value=value))
+
+    def report(self) -> dict:
+        """The daemon as `mwrt status` shows it: process, host memory, sessions, GPUs."""
+        from .. import arrays
+
+        busy = sum(not ex.idle() for s in list(self.sessions.values())
+                   for ex in list(s.streams.values()))
+        return {"pid": os.getpid(), "hostname": socket.gethostname(),
+                "incarnation": self.incarnation, "uptime": time.monotonic() - self.started,
+                "rss": _status_bytes("/proc/self/status", "VmRSS"),
+                "host_free": _status_bytes("/proc/meminfo", "MemAvailable"),
+                "host_total": _status_bytes("/proc/meminfo", "MemTotal"),
+                "sessions": len(self.sessions), "streams_busy": busy, "gpus": arrays.devices()}
 
     def _hello(self, sid, command) -> Session | None:
         identity = sid + b"/" + RX
@@ -449,3 +464,14 @@ class Daemon:
             log.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stopping = True
 
+
+def _status_bytes(path: str, field: str) -> int | None:
+    """A "Field: N kB" line of a /proc file, in bytes (None where there is none)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
