@@ -87,7 +87,7 @@ class ndarray(np.ndarray):
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
                 "data": (self.ctypes.data, False), "strides": None}
 
-    def get(self, stream=None, order="C", out=None) -> np.ndarray:
+    def get(self, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
         """A NumPy copy in host memory (CuPy's device-to-host copy)."""
         host = np.array(self.view(np.ndarray), order=order)
         if out is not None:
@@ -367,6 +367,24 @@ class PinnedMemory(bytearray):
         return len(self)
 
 
+_peer_access: set = set()  # (device, peer) pairs turned on, as the CUDA context keeps them
+
+
+def _can_access_peer(device: int, peer: int) -> int:
+    Device(device), Device(peer)  # CUDA's error for a device that does not exist
+    return int(device != peer)  # host memory posing as two GPUs: every pair can
+
+
+def _enable_peer_access(peer: int) -> None:
+    """Turn on the current device's access to `peer`'s memory (CUDA's error when on)."""
+    pair = (_current_device(), int(peer))
+    with _lock:
+        if pair in _peer_access:
+            raise RuntimeError("cudaErrorPeerAccessAlreadyEnabled: peer access is already "
+                               "enabled")
+        _peer_access.add(pair)
+
+
 def _device_count() -> int:
     return _count()
 
@@ -383,7 +401,9 @@ def _device_properties(device: int) -> dict:
 
 Stream.null = Stream(null=True)
 runtime = types.SimpleNamespace(getDeviceCount=_device_count, memGetInfo=_mem_get_info,
-                                getDeviceProperties=_device_properties)
+                                getDeviceProperties=_device_properties,
+                                deviceCanAccessPeer=_can_access_peer,
+                                deviceEnablePeerAccess=_enable_peer_access)
 memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
 cuda = types.SimpleNamespace(
     Device=Device, Stream=Stream, Event=Event, get_elapsed_time=get_elapsed_time,
