@@ -177,6 +177,22 @@ def test_gpu_events_order_streams(gpu):
     np.testing.assert_allclose(z.numpy(), y.numpy() + 1, rtol=1e-5)
 
 
+def test_gpu_streams_are_ordered_automatically(gpu):
+    """No event named: a tensor made on GPU stream a and used on GPU stream b (and freed
+    after) is ordered by the master, read after write and write after read."""
+    a, b = mwrt.Stream(device=0), mwrt.Stream(device=0)
+    with mwrt.stream(a):
+        x = mwrt.rand(256, 256, device=0)
+        y = x @ x
+    with mwrt.stream(b):
+        z = y * 2
+        y.fill_(0)  # after b's own read of y above
+    with mwrt.stream(a):
+        w = z + 1
+    np.testing.assert_allclose(w.numpy(), (x.numpy() @ x.numpy()) * 2 + 1, rtol=1e-4)
+    np.testing.assert_array_equal(y.numpy(), np.zeros((256, 256), np.float32))
+
+
 def test_events_between_a_gpu_stream_and_a_host_stream(gpu):
     gpu_stream, host_stream = mwrt.Stream(device=0), mwrt.Stream(device=-1)
     with mwrt.stream(gpu_stream):
