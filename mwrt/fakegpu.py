@@ -266,6 +266,8 @@ class Stream:
         self.ptr = 0 if null else next(_ptrs)
         self.non_blocking = non_blocking
         self.launched = 0  # kernels run on this stream
+        self.synchronized = 0  # host waits for it (tests: the executor never makes one)
+        self.waited: list = []  # the events it was told to wait for (stream.wait_event)
         self.last_ops: collections.deque = collections.deque(maxlen=64)
         self._saved: list = []
 
@@ -298,7 +300,8 @@ class Stream:
         return True
 
     def synchronize(self) -> None:
-        """Everything launched on the fake stream has run already."""
+        """Everything launched on the fake stream has run already (the wait is counted)."""
+        self.synchronized += 1
 
     def record(self, event=None) -> "Event":
         event = Event() if event is None else event
@@ -307,7 +310,8 @@ class Stream:
 
     def wait_event(self, event) -> None:
         """Later kernels wait for `event`: here every recorded one has happened (and CUDA
-        ignores a wait on an unrecorded event)."""
+        ignores a wait on an unrecorded event); the wait is noted."""
+        self.waited.append(event)
 
     def launch_host_func(self, callback, arg) -> None:
         callback(arg)

@@ -193,6 +193,42 @@ def test_gpu_streams_are_ordered_automatically(gpu):
     np.testing.assert_array_equal(y.numpy(), np.zeros((256, 256), np.float32))
 
 
+def _stream_waits(a):
+    """What the fake CUDA stream of this op's mwrt stream saw: host waits, GPU-side waits."""
+    from mwrt import arrays
+
+    stream = arrays.gpu_module().cuda.get_current_stream()
+    return np.array([getattr(stream, "synchronized", -1), len(getattr(stream, "waited", ()))])
+
+
+def test_gpu_events_are_cuda_events(gpu):
+    """A record on a GPU stream does not wait for the GPU, and a GPU stream of the same worker
+    waits on it with stream.wait_event, for an explicit event and an automatic order alike;
+    the master's query and synchronize still see it fire once the GPU passed it."""
+    a, b = mwrt.Stream(device=0), mwrt.Stream(device=0)
+    with mwrt.stream(a):
+        x = mwrt.rand(256, 256, device=0)
+        y = x @ x
+        before = mwrt.remote(_stream_waits)(x)
+    done = a.record_event(mwrt.Event(enable_timing=True))
+    with mwrt.stream(a):
+        after = mwrt.remote(_stream_waits)(x)
+    with mwrt.stream(b):
+        seen = mwrt.remote(_stream_waits)(x)
+    b.wait_event(done)
+    with mwrt.stream(b):
+        z = y + 1  # also ordered after a's write of y, automatically
+        waited = mwrt.remote(_stream_waits)(x)
+    done.synchronize()
+    assert done.query()
+    np.testing.assert_allclose(z.numpy(), y.numpy() + 1, rtol=1e-5)
+    if gpu == "fake":  # CuPy's streams do not count these
+        assert after.numpy()[0] == before.numpy()[0], "the record made the executor wait"
+        assert waited.numpy()[1] >= seen.numpy()[1] + 1, "b did not wait on the GPU"
+    end = a.record_event(mwrt.Event(enable_timing=True))
+    assert done.elapsed_time(end) >= 0
+
+
 def test_events_between_a_gpu_stream_and_a_host_stream(gpu):
     gpu_stream, host_stream = mwrt.Stream(device=0), mwrt.Stream(device=-1)
     with mwrt.stream(gpu_stream):

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import arrays, config, ops
 from ..protocol import wire
-from . import quotas, staging
+from . import cuda_events, quotas, staging
 
 
 class Poisoned:
@@ -170,9 +170,9 @@ def sync(ex, cmd, frames):
 
 
 def record(ex, cmd, frames):
-    # Kernels launch asynchronously: the event fires once the GPU has run them, so a waiter
-    # on any node (or the master) sees their results.
-    ex.synchronize_device()
+    if ex.device != arrays.HOST:  # a CUDA event; it fires once the GPU passed it
+        cuda_events.record(ex, cmd)
+        return
     if cmd.event <= wire.IMPLICIT_EVENTS:  # safe streams, graphs: one waiter, this node
         ex.session.implicit.record(cmd.event)
         return
@@ -182,18 +182,31 @@ def record(ex, cmd, frames):
 def wait_event(ex, cmd, frames):
     if cmd.event <= wire.IMPLICIT_EVENTS:
         ex.session.implicit.wait(cmd.event, config.get("sync_timeout"))
+        cuda_events.wait_implicit(ex, cmd.event)
         return
     state = ex.session.event(cmd.event)
-    timeout = config.get("sync_timeout")
-    deadline = time.monotonic() + timeout
-    while not state.fired.wait(0.2):
-        if ex.session.closed:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"wait_event: event {cmd.event} was not recorded after "
-                               f"{timeout} s (MWRT_SYNC_TIMEOUT); did its stream fail?")
+    # A GPU stream needs the record issued (by a GPU stream of this worker: then it waits on
+    # the GPU, stream.wait_event; otherwise recorded means fired); a host stream, the firing.
+    gpu = ex.device != arrays.HOST
+    if not _await(ex, state.recorded if gpu else state.fired, cmd.event):
+        return
     if state.error:
         raise RuntimeError(f"wait_event: event {cmd.event} will never fire: {state.error}")
+    if gpu:
+        cuda_events.wait_local(ex, state)
+
+
+def _await(ex, flag, event: int) -> bool:
+    """Wait for `flag` (MWRT_SYNC_TIMEOUT); False if the session closed meanwhile."""
+    timeout = config.get("sync_timeout")
+    deadline = time.monotonic() + timeout
+    while not flag.wait(0.2):
+        if ex.session.closed:
+            return False
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"wait_event: event {event} was not recorded after "
+                               f"{timeout} s (MWRT_SYNC_TIMEOUT); did its stream fail?")
+    return True
 
 
 def expect(ex, cmd, frames):
