@@ -94,12 +94,13 @@ class PinnedPool:
                 self._in_use -= 1
             raise
 
-    def give(self, buf: np.ndarray) -> None:
-        """Return `buf`; the pool keeps a few of each size and lets the rest go."""
+    def give(self, buf: np.ndarray, keep: bool = True) -> None:
+        """Return `buf`; the pool keeps a few of each size and lets the rest go (and any that
+        a failed transfer may still be writing: keep=False)."""
         with self._lock:
             self._in_use -= 1
             kept = self._free.setdefault(buf.nbytes, [])
-            if len(kept) < _KEEP_PER_SIZE:
+            if keep and len(kept) < _KEEP_PER_SIZE:
                 kept.append(buf)
 
     def statistics(self) -> dict:
@@ -138,6 +139,7 @@ class HostSlots:
         """The slice is the data already."""
 
     def ready(self, k: int, a: int, b: int):
+        """The slice, as it is."""
         return self.flat[a:b]
 
     def land(self, k: int, a: int, b: int) -> None:
@@ -172,6 +174,7 @@ class PinnedSlots:
         self.events[k % len(self.bufs)] = self.stream.record()
 
     def ready(self, k: int, a: int, b: int) -> np.ndarray:
+        """Slot k, once its copy from the device has run."""
         self.events[k % len(self.bufs)].synchronize()
         return self.slot(k, a, b)
 
@@ -186,13 +189,12 @@ class PinnedSlots:
         self.events[k % len(self.bufs)].synchronize()
 
     def close(self, ok: bool) -> None:
-        """Give the buffers back once their copies are done; after a failure, a receive may
-        still write into them, so they are dropped instead."""
-        if not ok:
-            return
-        self.stream.synchronize()
+        """Give the buffers back once their copies are done; after a failure, a receive or
+        a copy may still write into them, so the pool lets them go instead."""
+        if ok:
+            self.stream.synchronize()
         for buf in self.bufs:
-            pool().give(buf)
+            pool().give(buf, keep=ok)
 
 
 def _download(src, out: np.ndarray, stream) -> None:
