@@ -459,6 +459,34 @@ def test_the_fake_gpu_fits_the_cupy_api_mwrt_uses(xp):
     np.testing.assert_array_equal(xp.asarray(staged).get(), np.ones(16))
 
 
+def test_the_fake_gpu_fits_the_cupy_api_staging_and_events_use(xp):
+    """What staging.py and cuda_events.py call, with CuPy's behaviour."""
+    with xp.cuda.Device(0):
+        stream = xp.cuda.Stream(non_blocking=True)
+        pinned = np.frombuffer(xp.cuda.alloc_pinned_memory(4096), np.uint8, 4096)
+        device = xp.asarray(np.arange(100, dtype=np.uint8))
+        flat = xp.ascontiguousarray(device).reshape(-1).view(xp.uint8)
+        flat[10:20].get(stream=stream, out=pinned[:10], blocking=False)
+        copied = stream.record()
+        copied.synchronize()
+        np.testing.assert_array_equal(pinned[:10], np.arange(10, 20))
+        pinned[:5] = 200
+        flat[:5].set(pinned[:5], stream=stream)
+        other = xp.cuda.Stream(non_blocking=True)
+        other.wait_event(stream.record())  # the GPU orders it; the host goes on
+        stream.synchronize()
+        np.testing.assert_array_equal(device.get()[:6], [200] * 5 + [5])
+        reference = xp.cuda.Event()
+        reference.record(xp.cuda.Stream.null)
+        reference.synchronize()
+        later = other.record(xp.cuda.Event())
+        later.synchronize()
+        assert xp.cuda.get_elapsed_time(reference, later) >= 0
+    runtime = xp.cuda.runtime
+    if runtime.getDeviceCount() > 1:
+        assert runtime.deviceCanAccessPeer(1, 0) in (0, 1)
+
+
 def test_the_fake_gpu_runs_out_of_memory_as_cupy_does(monkeypatch):
     monkeypatch.setenv("MWRT_FAKE_GPUS", "1")
     monkeypatch.setenv("MWRT_FAKE_GPU_BYTES", str(1 << 20))
