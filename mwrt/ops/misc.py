@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import arrays
+
 from . import Spec, register
 from ._meta import result_dtype, shape_of, standin
 
@@ -91,6 +93,8 @@ def _to_device_impl(xp, a, device):
     if device == -1:
         get = getattr(a, "get", None)
         return get() if get is not None else a.copy()
+    if type(a) is not np.ndarray:
+        return arrays.copy_to_device(xp, a, device)  # GPU to GPU: the GPUs copy it
     with xp.cuda.Device(device):
         return xp.asarray(a)
 

@@ -420,6 +420,7 @@ class Daemon:
             if when is not None:
                 state.time = when
             state.fired.set()
+            state.recorded.set()
             waiters = session.event_waiters.pop(event_id, [])
         for token in waiters:
             send(session.identity, wire.Done(token=token, value={"done": True,

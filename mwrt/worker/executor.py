@@ -136,8 +136,9 @@ class StreamExecutor:
 
     def describe(self, command, exc: BaseException) -> dict:
         """The error report: what failed, where, on which arguments, and the traceback."""
+        kind, message = handlers.explain(self, exc)
         return {
-            "kind": "remote", "type": type(exc).__name__, "message": str(exc),
+            "kind": "remote", "type": kind, "message": message,
             "node": self.session.node, "device": self.device, "stream": self.id,
             "op": handlers.op_name(command), "shapes": handlers.arg_shapes(self, command),
             "command": command.id, "traceback": traceback.format_exc(),
