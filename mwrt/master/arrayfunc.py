@@ -1,0 +1,147 @@
+"""NumPy functions called on DistributedTensors (__array_function__): np.linalg.inv(t),
+np.fft.fft(t), np.concatenate([a, b]), np.einsum(...) run on the worker that holds every
+tensor argument, and return DistributedTensors (a tuple of them for eigh, svd, qr...).
+
+Where the function is a registry op (np.sum, np.reshape, np.concatenate) it is issued as
+that op; otherwise as the `numpy` op by module path, which the worker looks up in its
+array namespace (numpy.linalg.inv -> cupy.linalg.inv on a GPU). A meta rule gives the
+result's shape at once where mwrt has one (mwrt.ops.npfunc.RULES); else it is asked of the
+worker when first needed. A few functions belong on the master: shape queries answer from
+the shape the master knows, file writers and printers copy the values here first.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..ops import npfunc
+
+# Asked of shape and dtype only: answered on the master from broadcast one-element stand-ins.
+_SPEC_ONLY = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type",
+              "iscomplexobj", "isrealobj", "may_share_memory", "shares_memory"}
+# Write files or text on the master: run there on copies of the values.
+_ON_MASTER = {"save", "savez", "savez_compressed", "savetxt", "array_repr", "array_str",
+              "array2string"}
+# Change an argument in place: run on the worker's array itself (mwrt.remote, no result).
+_IN_PLACE = {"copyto", "fill_diagonal", "put", "place", "putmask", "put_along_axis"}
+# Registry ops that are not NumPy functions of the same meaning.
+_NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy", "copy", "astype"}
+
+_PATHS: dict = {}
+_KWARGS: dict[str, bool] = {}
+
+
+def path_of(func: Callable) -> str | None:
+    """The path of a NumPy function under `numpy` ("linalg.inv"), or None if it has none."""
+    if not _PATHS:
+        for prefix, module in (("", np), ("linalg.", np.linalg), ("fft.", np.fft)):
+            for name in dir(module):
+                obj = getattr(module, name, None)
+                if name.startswith("_") or not callable(obj) or isinstance(obj, type):
+                    continue
+                known = _PATHS.get(obj)  # of aliases (concat, concatenate), the true name
+                if known is None or (known.rsplit(".", 1)[-1] != obj.__name__ == name):
+                    _PATHS[obj] = prefix + name
+    path = _PATHS.get(func)
+    if path is None:
+        module, name = getattr(func, "__module__", "") or "", getattr(func, "__name__", "")
+        path = ".".join([*module.split(".")[1:], name])
+        if module.split(".")[0] != "numpy" or _lookup(path) is not func:
+            path = None
+    return path
+
+
+def _lookup(path: str):
+    obj = np
+    for part in path.split("."):
+        if part.startswith("_"):
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Run NumPy function `func` for tensors among `args`/`kwargs` (see the module's doc)."""
+    from .remote import RemoteFunction
+    from .tensor import call
+
+    path = path_of(func)
+    label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
+    _one_place(label, (args, kwargs))
+    name = path.rsplit(".", 1)[-1] if path else ""
+    if name in _SPEC_ONLY:
+        return func(*_standins((args, kwargs))[0], **_standins((args, kwargs))[1])
+    if name in _ON_MASTER:
+        return func(*_values(args), **_values(kwargs))
+    if name in _IN_PLACE:
+        RemoteFunction(func, outputs=0)(*args, **kwargs)
+        return None
+    if path is None:  # not found under numpy: ship the function itself
+        return RemoteFunction(func)(*args, **kwargs)
+    if path == name and _is_registry_function(name, args, kwargs):
+        return call(name, *args, **kwargs)
+    count = 0
+    if path in npfunc.RULES or path in npfunc.OUTPUTS:  # else: one array, shape unknown
+        count = npfunc.outputs(path, _specs(args), _specs(kwargs))
+    return call("numpy", path, count, *args, **kwargs)
+
+
+def _is_registry_function(name: str, args: tuple, kwargs: dict) -> bool:
+    """True if registry op `name` is NumPy's function `name` and takes these arguments."""
+    if not ops.has(name) or name in _NOT_FUNCTIONS or ops.get(name).inplace:
+        return False
+    if name == "where" and len(args) != 3:
+        return False
+    if kwargs:
+        takes = _KWARGS.get(name)
+        if takes is None:
+            params = inspect.signature(ops.get(name).impl).parameters.values()
+            takes = _KWARGS[name] = any(p.kind is p.VAR_KEYWORD for p in params)
+        return takes
+    return True
+
+
+def _walk(value, leaf):
+    """`value` with every DistributedTensor in it (in tuples, lists, dicts) replaced by
+    leaf(tensor)."""
+    from .tensor import DistributedTensor
+
+    if isinstance(value, DistributedTensor):
+        return leaf(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_walk(v, leaf) for v in value)
+    if isinstance(value, dict):
+        return {k: _walk(v, leaf) for k, v in value.items()}
+    return value
+
+
+def _one_place(label: str, value) -> list:
+    """The tensors in `value`; a ValueError naming both places if they are not all in one."""
+    found: list = []
+    _walk(value, found.append)
+    for tensor in found[1:]:
+        first = found[0]
+        if tensor._node is not first._node or tensor._device != first._device:
+            raise ValueError(
+                f"{label}: arguments live in different places (node {first._node.index} "
+                f"device {first._device} and node {tensor._node.index} device "
+                f"{tensor._device}); move them to one place with .to(node=, device=) first")
+    return found
+
+
+def _specs(value):
+    return _walk(value, lambda t: t.spec)
+
+
+def _values(value):
+    return _walk(value, lambda t: t.numpy())
+
+
+def _standins(value):
+    """Tensors as read-only arrays of their shape and dtype that take one element of memory."""
+    return _walk(value, lambda t: np.broadcast_to(np.zeros((), t.dtype), t.shape))
