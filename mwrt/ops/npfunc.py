@@ -2,7 +2,7 @@
 
 One op, `numpy`, runs `xp.<path>(*args, **kwargs)` on the worker: numpy.linalg.inv becomes
 cupy.linalg.inv on a GPU. Its meta rule is the function's entry in RULES when it has one (a
-shape rule here, the dtype found by running NumPy on probes of one element per axis), so the
+shape rule here, the dtype found by running NumPy on probes of two elements per axis), so the
 result's shape is known at once; any other public NumPy function runs with its shape left to
 the worker (UNKNOWN), asked for when first needed. The master passes the number of results
 (`outputs`), so a function returning a tuple gets one tensor per array.
@@ -42,7 +42,20 @@ def resolve(xp, path: str):
     return fn
 
 
+def _on_device(xp, value):
+    """NumPy arrays sent from the master, as arrays of `xp` (a GPU function refuses them)."""
+    if type(value) is np.ndarray:
+        return xp.asarray(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_on_device(xp, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_device(xp, v) for k, v in value.items()}
+    return value
+
+
 def _impl(xp, path: str, outputs: int, *args, **kwargs):
+    if xp is not np:
+        args, kwargs = _on_device(xp, args), _on_device(xp, kwargs)
     result = resolve(xp, path)(*args, **kwargs)
     if outputs == 0:  # one array
         if isinstance(result, (tuple, list)):
@@ -78,8 +91,13 @@ register("numpy", _impl, _meta, doc="A NumPy function by module path, on the ten
 # -- rules: shapes by hand, dtypes by NumPy on one-element probes ---------------------------
 
 def _probe(value):
+    """A small well-behaved stand-in of a Spec's dtype and ndim: identity matrices (invertible,
+    positive definite), two elements on each axis (an inverse real FFT needs two)."""
     if isinstance(value, Spec):
-        return np.ones((1,) * len(value.shape), dtype=value.dtype)
+        ndim = len(value.shape)
+        if ndim < 2:
+            return np.ones((2,) * ndim, dtype=value.dtype)
+        return np.broadcast_to(np.eye(2, dtype=value.dtype), (2,) * ndim).copy()
     if isinstance(value, (tuple, list)):
         return type(value)(_probe(v) for v in value)
     return value
