@@ -256,3 +256,15 @@ def test_a_function_outside_numpys_namespaces_still_runs(two_nodes):
     windows = np.lib.stride_tricks.sliding_window_view(_put(a, -1), 3)
     np.testing.assert_array_equal(windows.numpy(),
                                   np.lib.stride_tricks.sliding_window_view(a, 3))
+
+
+def test_only_numpys_public_functions_run_by_name_on_a_worker():
+    assert npfunc.allowed("linalg.inv") and npfunc.allowed("einsum")
+    assert npfunc.allowed("lib.stride_tricks.sliding_window_view")
+    for path in ("save", "load", "fromfile", "ctypeslib.load_library", "_core.multiarray.empty",
+                 "lib.npyio.DataSource", "testing.assert_equal"):
+        assert not npfunc.allowed(path), path
+        with pytest.raises(ValueError, match=rf"np\.{path}: not a NumPy function mwrt runs"):
+            npfunc.resolve(np, path)
+    with pytest.raises(TypeError, match=r"np\.ndarray: not a function"):
+        npfunc.resolve(np, "ndarray")

@@ -30,10 +30,10 @@ _ON_MASTER = {"save", "savez", "savez_compressed", "savetxt", "array_repr", "arr
 # Change an argument in place: run on the worker's array itself (mwrt.remote, no result).
 _IN_PLACE = {"copyto", "fill_diagonal", "put", "place", "putmask", "put_along_axis"}
 # Registry ops that are not NumPy functions of the same meaning.
-_NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy", "copy", "astype"}
+_NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy"}
 
 _PATHS: dict = {}
-_KWARGS: dict[str, bool] = {}
+_SIGNATURES: dict[str, inspect.Signature] = {}
 
 
 def path_of(func: Callable) -> str | None:
@@ -52,8 +52,8 @@ def path_of(func: Callable) -> str | None:
         module, name = getattr(func, "__module__", "") or "", getattr(func, "__name__", "")
         path = ".".join([*module.split(".")[1:], name])
         if module.split(".")[0] != "numpy" or _lookup(path) is not func:
-            path = None
-    return path
+            return None
+    return path if npfunc.allowed(path) else None
 
 
 def _lookup(path: str):
@@ -73,36 +73,38 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     path = path_of(func)
     label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
     _one_place(label, (args, kwargs))
-    name = path.rsplit(".", 1)[-1] if path else ""
-    if name in _SPEC_ONLY:
-        return func(*_standins((args, kwargs))[0], **_standins((args, kwargs))[1])
-    if name in _ON_MASTER:
+    name = getattr(func, "__name__", "")
+    if path is None and name in _ON_MASTER | _SPEC_ONLY | _IN_PLACE:
+        path = name if getattr(np, name, None) is func else None
+    if path in _SPEC_ONLY:
+        return func(*_standins(args), **_standins(kwargs))
+    if path in _ON_MASTER:
         return func(*_values(args), **_values(kwargs))
-    if name in _IN_PLACE:
+    if path in _IN_PLACE:
         RemoteFunction(func, outputs=0)(*args, **kwargs)
         return None
-    if path is None:  # not found under numpy: ship the function itself
+    if path is None:  # not a function mwrt runs by name: ship the function itself
         return RemoteFunction(func)(*args, **kwargs)
-    if path == name and _is_registry_function(name, args, kwargs):
-        return call(name, *args, **kwargs)
+    if _is_registry_function(path, args, kwargs):
+        return call(path, *args, **kwargs)
     count = 0
     if path in npfunc.RULES or path in npfunc.OUTPUTS:  # else: one array, shape unknown
         count = npfunc.outputs(path, _specs(args), _specs(kwargs))
     return call("numpy", path, count, *args, **kwargs)
 
 
-def _is_registry_function(name: str, args: tuple, kwargs: dict) -> bool:
-    """True if registry op `name` is NumPy's function `name` and takes these arguments."""
-    if not ops.has(name) or name in _NOT_FUNCTIONS or ops.get(name).inplace:
+def _is_registry_function(path: str, args: tuple, kwargs: dict) -> bool:
+    """True if registry op `path` is NumPy's function of that name and its implementation
+    takes these arguments (np.where(c) and np.round(t, decimals=2) take the general path)."""
+    if not ops.has(path) or path in _NOT_FUNCTIONS or ops.get(path).inplace:
         return False
-    if name == "where" and len(args) != 3:
+    signature = _SIGNATURES.get(path)
+    if signature is None:
+        signature = _SIGNATURES[path] = inspect.signature(ops.get(path).impl)
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError:
         return False
-    if kwargs:
-        takes = _KWARGS.get(name)
-        if takes is None:
-            params = inspect.signature(ops.get(name).impl).parameters.values()
-            takes = _KWARGS[name] = any(p.kind is p.VAR_KEYWORD for p in params)
-        return takes
     return True
 
 

@@ -34,6 +34,20 @@ _WHERE = "on the tensor's worker; returns a new DistributedTensor"
 _HINTS = {"other": Any, "axis": int | tuple[int, ...] | None, "keepdims": bool, "kwargs": Any}
 
 
+class Size(int):
+    """A tensor's element count (NumPy's t.size) that, called, gives its shape (torch's
+    t.size()) or one dimension (t.size(dim))."""
+
+    def __new__(cls, count: int, shape: tuple) -> Size:
+        self = super().__new__(cls, count)
+        self.shape = shape
+        return self
+
+    def __call__(self, dim: int | None = None) -> Any:
+        """The shape, or dimension `dim` of it."""
+        return self.shape if dim is None else self.shape[dim]
+
+
 def _named(fn, name: str, doc: str):
     fn.__name__, fn.__qualname__, fn.__doc__ = name, f"DistributedTensor.{name}", doc
     return fn

@@ -98,7 +98,7 @@ class DistributedTensor:
     dtype = property(lambda self: self.spec.dtype, doc="The NumPy dtype of the elements.")
     ndim = property(lambda self: len(self.spec.shape), doc="The number of dimensions.")
     # exact, and 10x np.prod's speed
-    size = property(lambda self: Size(math.prod(self.spec.shape), self.spec.shape),
+    size = property(lambda self: methods.Size(math.prod(self.spec.shape), self.spec.shape),
                     doc="The number of elements (NumPy's); called, size() or size(dim) gives "
                         "the shape or one dimension (torch's).")
     nbytes = property(lambda self: self.size * self.spec.dtype.itemsize,
@@ -371,20 +371,6 @@ class DistributedTensor:
         from .arrayfunc import array_function
 
         return array_function(func, args, kwargs)
-
-
-class Size(int):
-    """A tensor's element count (NumPy's t.size) that, called, gives its shape (torch's
-    t.size()) or one dimension (t.size(dim))."""
-
-    def __new__(cls, count: int, shape: tuple) -> Size:
-        self = super().__new__(cls, count)
-        self.shape = shape
-        return self
-
-    def __call__(self, dim: int | None = None) -> Any:
-        """The shape, or dimension `dim` of it."""
-        return self.shape if dim is None else self.shape[dim]
 
 
 def _shape_arg(shape):

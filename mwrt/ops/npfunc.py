@@ -19,26 +19,37 @@ import numpy as np
 from . import UNKNOWN, Spec, register
 from ._meta import normalize_axes, shape_of, standin
 
-# File I/O and in-place functions: never run by name on a worker (the master handles them).
+# Where a path may lead: NumPy's own namespace and these of its submodules (not ctypeslib,
+# testing, lib.npyio…: nothing that loads libraries or opens files).
+NAMESPACES = ("linalg.", "fft.", "lib.stride_tricks.")
+# File I/O: never run by name on a worker (the master runs them on copies).
 REFUSED = {"save", "savez", "savez_compressed", "savetxt", "load", "loadtxt", "genfromtxt",
            "fromfile", "fromregex", "memmap", "tofile"}
 RULES: dict[str, Callable] = {}  # path -> shape rule: a shape, or a list of them (tuple result)
 OUTPUTS: dict[str, Callable] = {}  # path -> count of results, for functions without a rule
 
 
+def allowed(path: str) -> bool:
+    """True if np.<path> may run by name on a worker: a public function of NumPy's namespace
+    or of one of NAMESPACES, and no file I/O."""
+    name = path.rpartition(".")[2]
+    within = "." not in path or any(path == p + name for p in NAMESPACES)
+    return within and name.isidentifier() and not name.startswith("_") and name not in REFUSED
+
+
 def resolve(xp, path: str):
-    """The function at `path` ("linalg.inv") in namespace `xp`; refuses private or I/O names."""
-    parts = path.split(".")
-    if not all(p.isidentifier() and not p.startswith("_") for p in parts) or \
-            parts[-1] in REFUSED:
-        raise ValueError(f"np.{path}: not a public NumPy function mwrt runs on a worker; run "
+    """The function at `path` ("linalg.inv") in namespace `xp`; refuses what `allowed` does."""
+    if not allowed(path):
+        raise ValueError(f"np.{path}: not a NumPy function mwrt runs by name on a worker; run "
                          "it on the master on t.numpy(), or with mwrt.remote")
     fn = xp
-    for part in parts:
+    for part in path.split("."):
         fn = getattr(fn, part, None)
         if fn is None:
             raise AttributeError(f"np.{path}: {getattr(xp, '__name__', xp)} has no {path} on "
                                  "this worker; .cpu() the tensor, or use mwrt.remote")
+    if isinstance(fn, type) or not callable(fn):
+        raise TypeError(f"np.{path}: not a function (got {type(fn).__name__})")
     return fn
 
 
