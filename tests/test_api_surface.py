@@ -134,15 +134,7 @@ def test_mypy_checks_a_user_script(tmp_path):
 
 # -- the methods NumPy and torch users expect, against NumPy ------------------------------
 
-@pytest.fixture(scope="module")
-def mw():
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=1, timeout=30)
-    yield mwrt
-    mwrt.shutdown()
-
-
-def test_expected_methods_equal_numpy(mw):
+def test_expected_methods_equal_numpy(cluster):
     a = np.arange(1.0, 13.0, dtype=np.float32).reshape(3, 4)
     t = mwrt.dist_send(a)
     cases = {
@@ -178,7 +170,7 @@ def test_expected_methods_equal_numpy(mw):
     assert t.tolist() == a.tolist() and float(t[0, 0]) == 1.0
 
 
-def test_sizes_answer_as_numpy_and_torch_do(mw):
+def test_sizes_answer_as_numpy_and_torch_do(cluster):
     t = mwrt.zeros(3, 4)
     assert t.size == 12 and t.size() == (3, 4) and t.size(1) == 4 and t.numel() == 12
     assert t.ndim == t.dim() == 2 and t.shape == (3, 4) and t.dtype == np.float32

@@ -59,6 +59,14 @@ def _same(result, expected, known=True, rtol=1e-4, atol=1e-5):
     np.testing.assert_allclose(result.numpy(), expected, rtol=rtol, atol=atol)
 
 
+def _named_same(name, result, expected, known=True, rtol=1e-4, atol=1e-5):
+    """_same, its failure naming the function."""
+    try:
+        _same(result, expected, known, rtol, atol)
+    except AssertionError as exc:
+        raise AssertionError(f"{name}: {exc}") from None
+
+
 def _matrices(seed=0):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((4, 4)).astype(np.float32)
@@ -89,10 +97,7 @@ def test_linalg_equals_numpy_with_the_shape_known_at_once(device):
         ("cond", np.linalg.cond(S), np.linalg.cond(spd)),
         ("matrix_rank", np.linalg.matrix_rank(A), np.linalg.matrix_rank(a)),
     ]:
-        try:
-            _same(result, expected, rtol=1e-3, atol=1e-4)
-        except AssertionError as exc:
-            raise AssertionError(f"np.linalg.{name}: {exc}") from None
+        _named_same("np.linalg." + name, result, expected, rtol=1e-3, atol=1e-4)
 
 
 def test_linalg_decompositions_are_tuples_of_tensors(device):
@@ -138,10 +143,7 @@ def test_fft_equals_numpy_with_the_shape_known_at_once(device):
         ("irfft2 s", np.fft.irfft2(C, s=(4, 9)), np.fft.irfft2(c, s=(4, 9))),
         ("fftshift", np.fft.fftshift(X), np.fft.fftshift(x)),
     ]:
-        try:
-            _same(result, expected, rtol=1e-3, atol=1e-4)
-        except AssertionError as exc:
-            raise AssertionError(f"np.fft.{name}: {exc}") from None
+        _named_same("np.fft." + name, result, expected, rtol=1e-3, atol=1e-4)
 
 
 def test_joins_einsum_and_registry_functions(device):
@@ -164,10 +166,7 @@ def test_joins_einsum_and_registry_functions(device):
         ("tril", np.tril(A), np.tril(a)),
         ("clip", np.clip(A, -0.5, 0.5), np.clip(a, -0.5, 0.5)),
     ]:
-        try:
-            _same(result, expected)
-        except AssertionError as exc:
-            raise AssertionError(f"np.{name}: {exc}") from None
+        _named_same("np." + name, result, expected)
 
 
 def test_functions_without_a_rule_run_with_a_lazy_shape(device):
@@ -183,10 +182,7 @@ def test_functions_without_a_rule_run_with_a_lazy_shape(device):
          tuple(np.unique((a > 0).astype(np.int8), return_counts=True))),
         ("einsum ellipsis", np.einsum("...j->...", A), np.einsum("...j->...", a)),
     ]:
-        try:
-            _same(result, expected, known=False)
-        except AssertionError as exc:
-            raise AssertionError(f"np.{name}: {exc}") from None
+        _named_same("np." + name, result, expected, known=False)
     assert "percentile" not in npfunc.RULES  # the lazy path is what this test is about
 
 
