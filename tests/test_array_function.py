@@ -96,6 +96,13 @@ def test_linalg_equals_numpy_with_the_shape_known_at_once(device):
         ("svd values", np.linalg.svd(W, compute_uv=False), np.linalg.svd(wide, compute_uv=False)),
         ("cond", np.linalg.cond(S), np.linalg.cond(spd)),
         ("matrix_rank", np.linalg.matrix_rank(A), np.linalg.matrix_rank(a)),
+        ("svdvals", np.linalg.svdvals(W), np.linalg.svdvals(wide)),
+        ("vector_norm", np.linalg.vector_norm(W, axis=(0, 2)),
+         np.linalg.vector_norm(wide, axis=(0, 2))),
+        ("matrix_norm", np.linalg.matrix_norm(W, keepdims=True),
+         np.linalg.matrix_norm(wide, keepdims=True)),
+        ("matrix_transpose", np.linalg.matrix_transpose(W), np.linalg.matrix_transpose(wide)),
+        ("matmul", np.linalg.matmul(A, S), np.linalg.matmul(a, spd)),
     ]:
         _named_same("np.linalg." + name, result, expected, rtol=1e-3, atol=1e-4)
 
@@ -157,6 +164,7 @@ def test_joins_einsum_and_registry_functions(device):
         ("einsum", np.einsum("ij,kj->ik", A, B), np.einsum("ij,kj->ik", a, b)),
         ("einsum implicit", np.einsum("ij,ij", A, B), np.einsum("ij,ij", a, b)),
         ("outer", np.outer(A[0], B[1]), np.outer(a[0], b[1])),
+        ("inner", np.inner(A, B), np.inner(a, b)), ("vdot", np.vdot(A, B), np.vdot(a, b)),
         ("kron", np.kron(A, B), np.kron(a, b)),
         ("diag", np.diag(A[0], 1), np.diag(a[0], 1)),
         ("trace", np.trace(A), np.trace(a)),

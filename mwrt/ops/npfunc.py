@@ -18,6 +18,7 @@ import numpy as np
 
 from . import UNKNOWN, Spec, register
 from ._meta import normalize_axes, shape_of, standin
+from .misc import matmul_meta
 
 # Where a path may lead: NumPy's own namespace and these of its submodules (not ctypeslib,
 # testing, lib.npyio…: nothing that loads libraries or opens files).
@@ -241,6 +242,37 @@ def _qr(a, mode="reduced"):
     return UNKNOWN  # "raw": the shapes of (h, tau) are left to the worker
 
 
+@rule("linalg.svdvals")
+def _svdvals(x):
+    shape = _matrix("svdvals", x)
+    return shape[:-2] + (min(shape[-2:]),)
+
+
+@rule("linalg.matrix_norm")
+def _matrix_norm(x, keepdims=False, ord="fro"):
+    shape = _matrix("matrix_norm", x)
+    return shape[:-2] + ((1, 1) if keepdims else ())
+
+
+@rule("linalg.matrix_transpose")
+def _matrix_transpose(x):
+    shape = _matrix("matrix_transpose", x)
+    return shape[:-2] + (shape[-1], shape[-2])
+
+
+@rule("vdot")
+def _vdot(a, b):
+    return ()
+
+
+@rule("inner")
+def _inner(a, b):
+    sa, sb = shape_of(a), shape_of(b)
+    if sa and sb and sa[-1] != sb[-1]:
+        raise ValueError(f"np.inner: last dimensions differ (got shapes {sa} and {sb})")
+    return sa[:-1] + sb[:-1]
+
+
 @rule("linalg.solve")
 def _solve(a, b):
     sa, sb = _matrix("solve", a, square=True), shape_of(b)
@@ -254,7 +286,7 @@ def _solve(a, b):
     return np.broadcast_shapes(sa[:-2], sb[:-2]) + sb[-2:]
 
 
-@rule("linalg.norm")
+@rule("linalg.norm", "linalg.vector_norm")
 def _norm(x, ord=None, axis=None, keepdims=False):
     shape = shape_of(x)
     axes = normalize_axes(axis, len(shape), "np.linalg.norm")
@@ -322,6 +354,7 @@ rule("fft.rfft2")(_nd_rule("forward", (-2, -1)))
 rule("fft.irfftn")(_nd_rule("inverse", None))
 rule("fft.irfft2")(_nd_rule("inverse", (-2, -1)))
 rule("fft.fftshift", "fft.ifftshift")(lambda x, axes=None: shape_of(x))
+RULES["linalg.matmul"] = matmul_meta  # NumPy's matmul rule gives the Spec itself
 
 
 @rule("einsum")
