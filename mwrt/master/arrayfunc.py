@@ -20,6 +20,8 @@ import numpy as np
 
 from .. import ops
 from ..ops import npfunc
+from .remote import RemoteFunction
+from .tensor import DistributedTensor, call
 
 # Asked of shape and dtype only: answered on the master from broadcast one-element stand-ins.
 _SPEC_ONLY = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type",
@@ -33,7 +35,7 @@ _IN_PLACE = {"copyto", "fill_diagonal", "put", "place", "putmask", "put_along_ax
 _NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy"}
 
 _PATHS: dict = {}
-_SIGNATURES: dict[str, inspect.Signature] = {}
+_BINDS: dict[tuple, bool] = {}  # (op, how many args, kwargs' names) -> the impl takes them
 
 
 def path_of(func: Callable) -> str | None:
@@ -67,9 +69,6 @@ def _lookup(path: str):
 
 def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run NumPy function `func` for tensors among `args`/`kwargs` (see the module's doc)."""
-    from .remote import RemoteFunction
-    from .tensor import call
-
     path = path_of(func)
     label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
     _one_place(label, (args, kwargs))
@@ -87,8 +86,8 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
         return RemoteFunction(func)(*args, **kwargs)
     if _is_registry_function(path, args, kwargs):
         return call(path, *args, **kwargs)
-    count = 0
-    if path in npfunc.RULES or path in npfunc.OUTPUTS:  # else: one array, shape unknown
+    count = npfunc.RULED if path in npfunc.RULES else 0  # 0: one array, shape unknown
+    if path in npfunc.OUTPUTS:
         count = npfunc.outputs(path, _specs(args), _specs(kwargs))
     return call("numpy", path, count, *args, **kwargs)
 
@@ -98,21 +97,21 @@ def _is_registry_function(path: str, args: tuple, kwargs: dict) -> bool:
     takes these arguments (np.where(c) and np.round(t, decimals=2) take the general path)."""
     if not ops.has(path) or path in _NOT_FUNCTIONS or ops.get(path).inplace:
         return False
-    signature = _SIGNATURES.get(path)
-    if signature is None:
-        signature = _SIGNATURES[path] = inspect.signature(ops.get(path).impl)
-    try:
-        signature.bind(None, *args, **kwargs)
-    except TypeError:
-        return False
-    return True
+    key = (path, len(args), *kwargs)
+    binds = _BINDS.get(key)
+    if binds is None:
+        try:
+            inspect.signature(ops.get(path).impl).bind(None, *args, **kwargs)
+            binds = True
+        except TypeError:
+            binds = False
+        _BINDS[key] = binds
+    return binds
 
 
 def _walk(value, leaf):
     """`value` with every DistributedTensor in it (in tuples, lists, dicts) replaced by
     leaf(tensor)."""
-    from .tensor import DistributedTensor
-
     if isinstance(value, DistributedTensor):
         return leaf(value)
     if isinstance(value, (tuple, list)):

@@ -5,7 +5,7 @@ cupy.linalg.inv on a GPU. Its meta rule is the function's entry in RULES when it
 shape rule here, the dtype found by running NumPy on probes of two elements per axis), so the
 result's shape is known at once; any other public NumPy function runs with its shape left to
 the worker (UNKNOWN), asked for when first needed. The master passes the number of results
-(`outputs`), so a function returning a tuple gets one tensor per array.
+(`outputs`) of those, so a function returning a tuple gets one tensor per array.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ NAMESPACES = ("linalg.", "fft.", "lib.stride_tricks.")
 # File I/O: never run by name on a worker (the master runs them on copies).
 REFUSED = {"save", "savez", "savez_compressed", "savetxt", "load", "loadtxt", "genfromtxt",
            "fromfile", "fromregex", "memmap", "tofile"}
+RULED = -1  # `outputs` of a function with a meta rule: the rule's result says how many
 RULES: dict[str, Callable] = {}  # path -> shape rule: a shape, or a list of them (tuple result)
 OUTPUTS: dict[str, Callable] = {}  # path -> count of results, for functions without a rule
 
@@ -69,6 +70,8 @@ def _impl(xp, path: str, outputs: int, *args, **kwargs):
     if xp is not np:
         args, kwargs = _on_device(xp, args), _on_device(xp, kwargs)
     result = resolve(xp, path)(*args, **kwargs)
+    if outputs == RULED:  # the meta rule, run on the master, told it how many
+        return tuple(result) if isinstance(result, (tuple, list)) else result
     if outputs == 0:  # one array
         if isinstance(result, (tuple, list)):
             raise TypeError(f"np.{path}: returned {len(result)} arrays (expected one); mwrt "
@@ -88,11 +91,10 @@ def _meta(path: str, outputs: int, *args, **kwargs):
 
 
 def outputs(path: str, args: tuple, kwargs: dict) -> int:
-    """What np.<path> returns for these arguments (Specs for tensors): 0 for one array, n for
-    a tuple of n."""
+    """What np.<path> returns for these arguments (Specs for tensors): RULED where a meta rule
+    says, else 0 for one array or n for a tuple of n."""
     if path in RULES:
-        result = RULES[path](*args, **kwargs)
-        return len(result) if type(result) is tuple else 0
+        return RULED
     count = OUTPUTS.get(path)
     return 0 if count is None else count(*args, **kwargs)
 
