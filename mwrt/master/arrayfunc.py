@@ -1,6 +1,7 @@
-"""NumPy functions called on DistributedTensors (__array_function__): np.linalg.inv(t),
-np.fft.fft(t), np.concatenate([a, b]), np.einsum(...) run on the worker that holds every
-tensor argument, and return DistributedTensors (a tuple of them for eigh, svd, qr...).
+"""NumPy's protocols on DistributedTensors: ufuncs (__array_ufunc__) as registry ops, and
+other NumPy functions (__array_function__): np.linalg.inv(t), np.fft.fft(t),
+np.concatenate([a, b]), np.einsum(...) run on the worker that holds every tensor argument,
+and return DistributedTensors (a tuple of them for eigh, svd, qr...).
 
 Where the function is a registry op (np.sum, np.reshape, np.concatenate) it is issued as
 that op; otherwise as the `numpy` op by module path, which the worker looks up in its
@@ -34,8 +35,31 @@ _IN_PLACE = {"copyto", "fill_diagonal", "put", "place", "putmask", "put_along_ax
 # Registry ops that are not NumPy functions of the same meaning.
 _NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy"}
 
+# ufunc.reduce -> the reduction with the same meaning
+_UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max",
+                 "logical_and": "all", "logical_or": "any"}
+
 _PATHS: dict = {}
 _BINDS: dict[tuple, bool] = {}  # (op, how many args, kwargs' names) -> the impl takes them
+
+
+def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: dict) -> Any:
+    """A NumPy ufunc on tensors (np.exp(t), np.add(t, 1, out=t), np.add.reduce(t)) as the
+    registry op of the same name, on the worker."""
+    name = ufunc.__name__
+    if method == "reduce" and name in _UFUNC_REDUCE and out is None:
+        kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike sum()'s
+        return call(_UFUNC_REDUCE[name], *inputs, **kwargs)
+    if method != "__call__":
+        return NotImplemented
+    if out is None:
+        return call(name, *inputs, **kwargs)
+    target = out[0] if isinstance(out, tuple) else out
+    if len(inputs) and target is inputs[0] and ops.has(f"{name}_"):
+        call(f"{name}_", *inputs, **kwargs)
+    else:
+        target.copy_(call(name, *inputs, **kwargs))
+    return target
 
 
 def path_of(func: Callable) -> str | None:

@@ -21,10 +21,6 @@ from ..protocol import wire
 from . import context, methods, ordering
 from .streams import Stream
 
-# ufunc.reduce -> the reduction with the same meaning
-_UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max",
-                 "logical_and": "all", "logical_or": "any"}
-
 
 class DistributedTensor:
     """A handle to an array on (node, device); dropping the last handle frees it."""
@@ -349,27 +345,12 @@ class DistributedTensor:
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, out: Any = None,
                         **kwargs: Any) -> Any:
         """NumPy ufuncs on tensors (np.exp(t), np.add(t, 1, out=t)) run on the worker."""
-        name = ufunc.__name__
-        if method == "reduce" and name in _UFUNC_REDUCE and out is None:
-            kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike sum()'s
-            return call(_UFUNC_REDUCE[name], *inputs, **kwargs)
-        if method != "__call__":
-            return NotImplemented
-        if out is None:
-            return call(name, *inputs, **kwargs)
-        target = out[0] if isinstance(out, tuple) else out
-        if len(inputs) and target is inputs[0] and ops.has(f"{name}_"):
-            call(f"{name}_", *inputs, **kwargs)
-        else:
-            target.copy_(call(name, *inputs, **kwargs))
-        return target
+        return array_ufunc(ufunc, method, inputs, out, kwargs)
 
     def __array_function__(self, func: Callable, types: Collection[type], args: tuple,
                            kwargs: dict) -> Any:
         """Other NumPy functions (np.linalg.inv(t), np.fft.fft(t), np.concatenate) on the
         worker that holds every tensor argument (see mwrt.master.arrayfunc)."""
-        from .arrayfunc import array_function
-
         return array_function(func, args, kwargs)
 
 
@@ -474,3 +455,5 @@ def _convert(value, place: list, name: str):
 
 
 methods.install(DistributedTensor, call)
+# NumPy's protocols issue ops with call(), so they come last (arrayfunc imports this module).
+from .arrayfunc import array_function, array_ufunc  # noqa: E402
