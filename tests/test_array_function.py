@@ -227,6 +227,9 @@ def test_in_place_functions_change_the_worker_array(device):
     np.fill_diagonal(expected, -1.0)
     expected[0] = 7.0
     np.testing.assert_array_equal(A.numpy(), expected)
+    into = np.zeros((3, 3))
+    np.copyto(into, A)  # a master array changed in place: done here, on a copy of A
+    np.testing.assert_array_equal(into, expected)
 
 
 def test_tensors_in_two_places_are_a_named_error(two_nodes):
@@ -272,3 +275,15 @@ def test_only_numpys_public_functions_run_by_name_on_a_worker():
             npfunc.resolve(np, path)
     with pytest.raises(TypeError, match=r"np\.ndarray: not a function"):
         npfunc.resolve(np, "ndarray")
+
+
+def test_an_in_place_function_on_another_stream_is_ordered_as_a_write(device):
+    big = _put(np.zeros((512, 512)), device)
+    side = mwrt.Stream(node=0, device=device)
+    with mwrt.stream(side):
+        for _ in range(20):  # keep the side stream busy before the write
+            big = big @ big
+        np.fill_diagonal(big, 3.0)
+    # Read on the default stream: numpy() waits for the stream that wrote big last.
+    np.testing.assert_array_equal(np.diagonal(big.numpy()), np.full(512, 3.0))
+    assert np.count_nonzero(big.numpy()) == 512

@@ -30,10 +30,10 @@ _SPEC_ONLY = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_ty
 # Write files or text on the master: run there on copies of the values.
 _ON_MASTER = {"save", "savez", "savez_compressed", "savetxt", "array_repr", "array_str",
               "array2string"}
-# Change an argument in place: run on the worker's array itself (mwrt.remote, no result).
+# Change their first argument in place: the numpy_ op, which the master orders as a write.
 _IN_PLACE = {"copyto", "fill_diagonal", "put", "place", "putmask", "put_along_axis"}
 # Registry ops that are not NumPy functions of the same meaning.
-_NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy"}
+_NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy", "numpy_"}
 
 # ufunc.reduce -> the reduction with the same meaning
 _UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max",
@@ -104,7 +104,9 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if path in _ON_MASTER:
         return func(*_values(args), **_values(kwargs))
     if path in _IN_PLACE:
-        RemoteFunction(func, outputs=0)(*args, **kwargs)
+        if not isinstance(args[0] if args else None, DistributedTensor):  # a master array
+            return func(*_values(args), **_values(kwargs))
+        call("numpy_", args[0], path, *args[1:], **kwargs)
         return None
     if path is None:  # not a function mwrt runs by name: ship the function itself
         return RemoteFunction(func)(*args, **kwargs)

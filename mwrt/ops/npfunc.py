@@ -99,7 +99,16 @@ def outputs(path: str, args: tuple, kwargs: dict) -> int:
     return 0 if count is None else count(*args, **kwargs)
 
 
+def _inplace_impl(xp, target, path: str, *args, **kwargs):
+    if xp is not np:
+        args, kwargs = _on_device(xp, args), _on_device(xp, kwargs)
+    resolve(xp, path)(target, *args, **kwargs)
+
+
 register("numpy", _impl, _meta, doc="A NumPy function by module path, on the tensors' worker.")
+# np.copyto(dst, src), np.fill_diagonal(a, v)…: the function changes its first argument.
+register("numpy_", _inplace_impl, lambda target, path, *args, **kwargs: None, inplace=True,
+         doc="A NumPy function that changes its first argument, by module path, in place.")
 
 
 # -- rules: shapes by hand, dtypes by NumPy on one-element probes ---------------------------
