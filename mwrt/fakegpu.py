@@ -199,9 +199,25 @@ class _Generator:
 random = types.SimpleNamespace(default_rng=_Generator)
 
 
+class _Submodule:
+    """NumPy's `linalg`, `fft`…: their functions as kernels, as CuPy's submodules have them."""
+
+    def __init__(self, module: types.ModuleType):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        func = getattr(self._module, name)
+        if isinstance(func, type) or not callable(func):
+            return func
+        where = f"{self._module.__name__.removeprefix('numpy.')}.{name}"
+        return lambda *a, **k: _launch(func, a, k, where)
+
+
 def __getattr__(name: str):
     """Every other array function: NumPy's, as a kernel on the current device."""
     func = getattr(np, name)
+    if isinstance(func, types.ModuleType):
+        return _Submodule(func)
     if isinstance(func, type) or not callable(func):
         return func  # dtypes and constants are the same objects in CuPy
     return lambda *a, **k: _launch(func, a, k, name)
