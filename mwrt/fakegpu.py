@@ -31,6 +31,9 @@ _local = threading.local()  # per thread, as in CUDA: the current device and its
 _lock = threading.Lock()
 _used: dict[int, int] = collections.defaultdict(int)  # bytes allocated per device
 _ptrs = itertools.count(0x7F00_0000_1000, 0x100)
+# Data pointer -> the array whose __cuda_array_interface__ gave it out: how mwrt.fakenccl,
+# which is handed pointers as NCCL is, finds the memory and checks it is a device array's.
+_pointed: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _count() -> int:
@@ -84,8 +87,10 @@ class ndarray(np.ndarray):
     @property
     def __cuda_array_interface__(self) -> dict:
         # What a GPU array declares (buffers.py stages such arrays through host memory).
+        ptr = self.ctypes.data
+        _pointed[ptr] = self
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
-                "data": (self.ctypes.data, False), "strides": None}
+                "data": (ptr, False), "strides": None}
 
     def get(self, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
         """A NumPy copy in host memory (CuPy's device-to-host copy)."""
@@ -160,6 +165,11 @@ def _launch(func, args, kwargs, name: str):
     result = func(*_unwrap(args, device, name), **_unwrap(kwargs, device, name))
     get_current_stream()._launched(name)
     return _wrap(result, device)
+
+
+def device_array_at(ptr: int) -> "ndarray | None":
+    """The live device array whose __cuda_array_interface__ gave out pointer `ptr`, if any."""
+    return _pointed.get(ptr)
 
 
 def asarray(a, dtype=None, order=None, blocking=False) -> ndarray:
@@ -430,3 +440,7 @@ cuda = types.SimpleNamespace(
     get_current_stream=get_current_stream, runtime=runtime, memory=memory,
     alloc_pinned_memory=PinnedMemory, is_available=lambda: _count() > 0,
 )
+
+from . import fakenccl as _nccl  # noqa: E402 - it uses the names above
+
+cuda.nccl = _nccl  # where CuPy keeps its NCCL bindings

@@ -226,8 +226,8 @@ def test_init_errors():
         dist.init_process_group("nccl2", init_method="tcp://127.0.0.1:0", rank=0, world_size=2,
                                 timeout=300)
     assert not dist.is_initialized()
-    with pytest.raises(ConfigError, match=r"unknown backend 'nccl' \(known: gloo, auto, inproc"):
-        dist.Backend("nccl")  # no nccl channel registered here
+    with pytest.raises(ConfigError, match=r"unknown backend 'nccl2' \(known: gloo, auto, inproc"):
+        dist.Backend("nccl2")
 
 
 def _torch_tutorial(rank):

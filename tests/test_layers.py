@@ -22,7 +22,7 @@ import mwrt
 
 ROOT = os.path.dirname(os.path.abspath(mwrt.__file__))
 
-FOUNDATION = {"errors", "config", "arrays", "fakegpu", "netaddr", "netio", "procs"}
+FOUNDATION = {"errors", "config", "arrays", "fakegpu", "fakenccl", "netaddr", "netio", "procs"}
 LAYERS = {**dict.fromkeys(FOUNDATION, 0),
           "protocol": 1, "ops": 1,
           "store": 2, "channels": 2,

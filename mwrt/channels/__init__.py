@@ -14,6 +14,7 @@ _REGISTRY: dict[str, object] = {
     "shm": "mwrt.channels.shm:ShmChannel",
     "auto": "mwrt.channels.auto:AutoChannel",
     "mpi": "mwrt.channels.mpi:MpiChannel",
+    "nccl": "mwrt.channels.nccl:NcclChannel",
 }
 _entry_points_loaded = False
 

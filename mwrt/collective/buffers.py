@@ -59,7 +59,12 @@ class host_view:
         self.buf, self.writable, self.staged, self.bits = buf, writable, False, None
         if buf is None:
             self.arr = None
-        elif hasattr(buf, "__cuda_array_interface__") and not group.device_buffers:
+        elif hasattr(buf, "__cuda_array_interface__") and group.device_buffers:
+            if not buf.flags.c_contiguous:  # a reshape would copy: results would be lost
+                raise ValueError(f"{what}: array is not C-contiguous (shape {buf.shape}); pass "
+                                 "cupy.ascontiguousarray(arr) and copy the result back")
+            self.arr = buf.reshape(-1)  # the channel moves device memory: a flat view
+        elif hasattr(buf, "__cuda_array_interface__"):
             if not hasattr(buf, "get"):
                 raise TypeError(f"{what}: a GPU array other than CuPy's ({type(buf).__name__}); "
                                 "pass a CuPy array, or a CPU copy and copy the result back")

@@ -21,7 +21,8 @@ import importlib
 from ..errors import ConfigError
 
 _REGISTRY: dict[str, object] = {"cma": "mwrt.collective.cma_ops:CmaCollectives",
-                                 "mpi": "mwrt.collective.mpi_ops:MpiCollectives"}
+                                 "mpi": "mwrt.collective.mpi_ops:MpiCollectives",
+                                 "nccl": "mwrt.collective.nccl_ops:NcclCollectives"}
 
 
 class NativeCollectives:

@@ -143,8 +143,11 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             group = ProcessGroup(channel, store=store, prefix=prefix, peers=peers,
                                  timeout=timeout)
             # Connect every pair now, while rank 0 (which serves the store) is sure to be up.
-            probe = np.zeros(world_size, np.uint8)
-            C.all_to_all(group, probe.copy(), probe)
+            if channel.device_buffers:  # host memory is not its to move (nccl): a barrier
+                C.barrier(group)
+            else:
+                probe = np.zeros(world_size, np.uint8)
+                C.all_to_all(group, probe.copy(), probe)
             group.timeout = waits
         except BaseException:
             if channel is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from .. import channels
+from .. import arrays, channels
 from ..errors import ConfigError
 
 
@@ -33,8 +33,17 @@ def is_gloo_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """Whether an "nccl" channel is registered."""
-    return _registered(Backend.NCCL)
+    """Whether the "nccl" channel can run here: registered, CuPy's NCCL bindings load (or the
+    fake's, under MWRT_FAKE_GPUS), and this process sees a GPU."""
+    if not _registered(Backend.NCCL):
+        return False
+    from ..channels.nccl import nccl_module
+
+    try:
+        nccl_module()
+    except ImportError:
+        return False
+    return arrays.device_count() > 0
 
 
 def is_mpi_available() -> bool:

@@ -108,6 +108,8 @@ class _marked:
 def send(tensor, dst: int, group=None, tag: int = 0) -> None:
     """Send `tensor` to global rank `dst` (blocking until it may be reused)."""
     g, t = _p2p_args(dst, tag, "send", group)
+    if g.channel.device_buffers:  # nccl: the bytes alone, as torch's NCCL sends them
+        return g.channel.send(tensor, dst, t, g.timeout)
     with host_view(tensor, g, "send", writable=False) as arr, \
             _marked(g, f"send to rank {dst} (tag {tag})", dst):
         combine = _combines(g, arr.nbytes)
@@ -125,6 +127,9 @@ def recv(tensor=None, src: int | None = None, group=None, tag: int = 0):
     if src is None:
         src = _first_sender(group, tag)
     g, t = _p2p_args(src, tag, "recv", group)
+    if g.channel.device_buffers:  # no header (see send): the array must match what was sent
+        g.channel.recv(tensor, src, t, g.timeout)
+        return src
     with host_view(tensor, g, "recv") as arr, \
             _marked(g, f"recv from rank {src} (tag {tag})", src):
         first = _first(g, src, t)
@@ -151,6 +156,9 @@ def _data(g, first, arr: np.ndarray, src: int, t: int) -> None:
 def _recv_new(src: int, group, tag: int) -> np.ndarray:
     """recv(src): a new array shaped and typed as the sender's."""
     g, t = _p2p_args(src, tag, "recv", group)
+    if g.channel.device_buffers:
+        raise ValueError(f"recv({src}): the {g.channel.name} channel sends no header to make "
+                         "the array from; receive into one: recv(array, src)")
     with _marked(g, f"recv from rank {src} (tag {tag})", src):
         first = _first(g, src, t)
         dtype, shape, _ = _parse(first)
@@ -213,6 +221,8 @@ class _Pair:
 def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
     """Start sending `tensor` to `dst`; do not modify it before Work.wait()."""
     g, t = _p2p_args(dst, tag, "isend", group)
+    if g.channel.device_buffers:
+        return Work(work=g.channel.isend(tensor, dst, t, g.timeout))
     arr = as_flat(tensor, "isend", writable=False)
     combine = _combines(g, arr.nbytes)
     first = _header(arr, tensor, combine)
@@ -232,6 +242,8 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> Work:
                 _state.any_source = ThreadPoolExecutor(1, thread_name_prefix="mwrt-any-source")
         return Work(future=_state.any_source.submit(recv, tensor, None, group, tag))
     g, t = _p2p_args(src, tag, "irecv", group)
+    if g.channel.device_buffers:
+        return Work(work=g.channel.irecv(tensor, src, t, g.timeout), source=src)
     arr = as_flat(tensor, "irecv")
     if _combines(g, arr.nbytes):  # the sender, sending this size, sent one message
         first = np.empty(_HEADER + arr.nbytes, np.uint8)
