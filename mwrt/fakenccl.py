@@ -64,10 +64,17 @@ def get_version() -> int:
 # -- framing ------------------------------------------------------------------------------------
 
 def _send(sock: socket.socket, head: dict, payload=b"") -> None:
-    data = json.dumps(head).encode()
-    sock.sendall(_HEADER.pack(len(data), len(payload)) + data)
-    if len(payload):
+    data = _HEADER.pack(len(head := json.dumps(head).encode()), len(payload)) + head
+    if len(payload) <= 1 << 16:  # one segment: no wait for the peer's delayed ACK
+        sock.sendall(data + bytes(payload))
+    else:
+        sock.sendall(data)
         sock.sendall(payload)
+
+
+def _connected(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests are small, answered
+    return sock
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
@@ -111,7 +118,7 @@ class _Hub:
                 sock, _ = self.listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(_connected(sock),), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
         try:
@@ -208,6 +215,7 @@ class _Hub:
 
     def _lose(self, rank: int, why: str) -> None:
         self.gone[rank] = why
+        self.cond.notify_all()
         for seq in list(self.pending):
             self._abort(seq, why)
         for src, dst in list(self.wants):
@@ -295,12 +303,14 @@ class NcclCommunicator:
         if not 0 <= rank < ndev:
             raise NcclError(_ARGUMENT, f"rank {rank} is not in [0, {ndev})")
         found = json.loads(bytes(c & 0xFF for c in commId).rstrip(b"\0"))
+        self._hub = next((h for h in _hubs if h.secret == found["secret"]), None)
         self._rank, self._size, self._seq = rank, ndev, 0
         self._device = fakegpu.Device().id
         self._timeout = config.get("channel_timeout")
         self._lock = threading.Lock()
         try:
-            self._sock = socket.create_connection(("127.0.0.1", found["port"]), timeout=10)
+            self._sock = _connected(socket.create_connection(("127.0.0.1", found["port"]),
+                                                             timeout=10))
         except OSError as exc:
             raise NcclError(_SYSTEM, f"rank {rank}: cannot reach the communicator's root "
                                      f"(port {found['port']}: {exc}); is rank 0 alive?") from None
@@ -318,13 +328,17 @@ class NcclCommunicator:
         return self._device
 
     def destroy(self) -> None:
-        if self._sock is not None:
-            try:
-                _send(self._sock, {"op": "bye"})
-            except OSError:
-                pass
-            self._sock.close()
-            self._sock = None
+        if self._sock is None:
+            return
+        try:
+            _send(self._sock, {"op": "bye"})
+        except OSError:
+            pass
+        self._sock.close()
+        self._sock = None
+        if self._hub is not None:  # the root's process: answer the others before it exits
+            with self._hub.cond:
+                self._hub.cond.wait_for(lambda: len(self._hub.gone) == self._size, 5.0)
 
     abort = destroy
 

@@ -52,12 +52,13 @@ class NcclCollectives(NativeCollectives):
 
     @property
     def comm(self):
-        """The group's communicator: the channel's for the whole world, else made on the
-        group's first collective (every member is in that call)."""
+        """The group's communicator: the channel's for the default group, else made on the
+        group's first collective (every member is in that call), as torch makes one per
+        group: two groups' calls then never queue behind each other."""
         with self._lock:
             if self._comm is None:
                 g, ch = self.group, self.channel
-                if g.ranks == list(range(ch.world_size)):
+                if g.group_id == 0 and g.ranks == list(range(ch.world_size)):
                     self._comm = ch.comm
                 else:
                     store, prefix = (g.store, g.prefix) if g.store is not None else \

@@ -1,0 +1,281 @@
+"""The nccl channel: NCCL collectives and point-to-point over 2 GPU ranks, through
+mwrt.distributed. Every test body runs twice: on the fake GPU with the fake NCCL
+(mwrt.fakegpu, mwrt.fakenccl, MWRT_FAKE_GPUS: always) and on CuPy's NCCL (where this
+machine has two CUDA devices, else skipped with the reason). The ranks are real
+processes (dist.spawn); each drives GPU `rank` and reports what it saw, which the test
+compares with NumPy's answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+from ranks import spawn_and_collect
+
+import mwrt.distributed as dist
+from mwrt import arrays
+from mwrt.collective import api as C
+from mwrt.distributed.api import resolve_group
+from mwrt.errors import CollectiveMismatchError
+
+N = 2  # ranks, one GPU each
+DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
+SIZES = [5, 40_000]  # a small call, and one past NCCL's and the fake's small paths
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+
+
+def _real_gpus() -> int:
+    saved = os.environ.pop("MWRT_FAKE_GPUS", None)
+    try:
+        return arrays.device_count()
+    finally:
+        if saved is not None:
+            os.environ["MWRT_FAKE_GPUS"] = saved
+
+
+def _input(rank: int, dtype: str, n: int) -> np.ndarray:
+    """Rank `rank`'s values: small enough that no dtype overflows a product of two."""
+    values = (np.arange(n) * 7 + rank * 3) % 5 + 1
+    return values.astype(dtype) if dtype[0] != "f" else (values / 2).astype(dtype)
+
+
+def _run(program, reports: int = N, join: float = 90.0) -> dict:
+    exited, got = spawn_and_collect(program, N, reports, join)
+    assert exited, f"ranks still running after {join} s; reports: {got}"
+    for rank, out in got.items():
+        assert not isinstance(out, str), f"rank {rank} failed:\n{out}"
+    return got
+
+
+@pytest.fixture(scope="module", params=["fake", "cupy"])
+def gpus(request):
+    """The environment the ranks inherit: fake GPUs and NCCL, or CuPy's on real GPUs."""
+    env = {"MWRT_FAKE_GPUS": str(N), "MWRT_CHANNEL_TIMEOUT": "20"}
+    if request.param == "cupy":
+        if _real_gpus() < N:
+            pytest.skip(f"needs {N} CUDA devices with CuPy and NCCL (found {_real_gpus()}); "
+                        "the fake GPU and fake NCCL run these bodies")
+        env["MWRT_FAKE_GPUS"] = "0"
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    yield request.param
+    for name, value in saved.items():
+        os.environ.pop(name) if value is None else os.environ.update({name: value})
+
+
+def _start(rank: int):
+    xp = arrays.gpu_module()
+    xp.cuda.Device(rank).use()
+    dist.init_process_group("nccl", timeout=30)
+    return xp
+
+
+def _report(rank: int, queue, body) -> None:
+    """Run a rank's body; report its result, or the traceback, to the test."""
+    try:
+        queue.put((rank, body(rank)))
+    except BaseException:  # noqa: BLE001 - the test shows it
+        queue.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# -- every collective, every dtype class ---------------------------------------------------
+
+def _reduced(op: str, dtype: str, n: int) -> np.ndarray:
+    a, b = (_input(r, dtype, n) for r in range(N))
+    if op == "AVG":
+        return ((a + b) / N).astype(dtype)
+    ufunc = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum}[op]
+    return ufunc(a, b)
+
+
+def _compare(wrong: list, what: str, got, expected) -> None:
+    """Note `what` in `wrong` unless device array `got` holds `expected` (ranks report only
+    what went wrong: their queue to the test is small)."""
+    got = arrays.to_host(got)
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-3):
+        wrong.append(f"{what}: got {got[:8]}..., expected {expected[:8]}...")
+
+
+def _collectives(rank: int) -> list:
+    xp = _start(rank)
+    assert dist.is_nccl_available() and dist.get_backend() == "nccl"
+    wrong: list = []
+    for dtype in DTYPES:
+        for n in SIZES:
+            for op in OPS if dtype[0] == "f" else ["SUM", "PRODUCT", "MIN", "MAX"]:
+                a = xp.asarray(_input(rank, dtype, n))
+                dist.all_reduce(a, op=getattr(dist.ReduceOp, op))
+                _compare(wrong, f"all_reduce {dtype}[{n}] {op}", a, _reduced(op, dtype, n))
+        b = xp.asarray(_input(rank, dtype, 6))
+        dist.broadcast(b, src=1)
+        _compare(wrong, f"broadcast {dtype}", b, _input(1, dtype, 6))
+        r = xp.asarray(_input(rank, dtype, 6))
+        dist.reduce(r, dst=0)
+        if rank == 0:
+            _compare(wrong, f"reduce {dtype}", r, _reduced("SUM", dtype, 6))
+        g = xp.empty(N * 6, dtype)
+        dist.all_gather_into_tensor(g, xp.asarray(_input(rank, dtype, 6)))
+        _compare(wrong, f"all_gather {dtype}", g,
+                 np.concatenate([_input(p, dtype, 6) for p in range(N)]))
+        s = xp.empty(3, dtype)
+        dist.reduce_scatter_tensor(s, xp.asarray(_input(rank, dtype, N * 3)))
+        _compare(wrong, f"reduce_scatter {dtype}", s,
+                 _reduced("SUM", dtype, N * 3)[rank * 3:rank * 3 + 3])
+    flags = xp.asarray(np.array([rank == 1, True, False]))
+    dist.broadcast(flags, src=1)  # bool moves as bytes
+    _compare(wrong, "bool broadcast", flags, np.array([True, True, False]))
+    # The facade's list forms stage through host memory; the flat forms take device arrays.
+    group = resolve_group(None)
+    gathered = xp.zeros(N * 4, "float32") if rank == 0 else None
+    C.gather(group, xp.asarray(_input(rank, "float32", 4)), gathered, root=0)
+    if rank == 0:
+        _compare(wrong, "gather", gathered,
+                 np.concatenate([_input(p, "float32", 4) for p in range(N)]))
+    mine = xp.empty(4, "float32")
+    source = xp.asarray(np.arange(N * 4, dtype="float32")) if rank == 1 else None
+    C.scatter(group, mine, source, root=1)
+    _compare(wrong, "scatter", mine, np.arange(4, dtype="float32") + 4 * rank)
+    swapped = xp.empty(N * 2, "int64")
+    dist.all_to_all_single(swapped, xp.asarray(np.arange(N * 2) + 10 * rank))
+    _compare(wrong, "all_to_all", swapped,
+             np.array([2 * rank + i + 10 * p for p in range(N) for i in range(2)]))
+    dist.barrier()
+    return wrong
+
+
+def _collectives_program(rank, queue):
+    _report(rank, queue, _collectives)
+
+
+def test_collectives_match_numpy(gpus):
+    got = _run(_collectives_program)
+    assert got == {0: [], 1: []}
+
+
+# -- point-to-point, a subgroup, and the errors that leave the group usable ------------------
+
+def _p2p_and_errors(rank: int) -> dict:
+    xp = _start(rank)
+    out = {}
+    peer = 1 - rank
+    if rank == 0:
+        dist.send(xp.asarray(np.arange(5, dtype="float64")), 1)
+        got = xp.empty(1000, "int32")
+        dist.recv(got, 1)
+    else:
+        got = xp.empty(5, "float64")
+        dist.recv(got, 0)
+        dist.send(xp.asarray(np.arange(1000, dtype="int32") * 2), 0)
+    out["recv"] = xp.asnumpy(got)[:8].tolist()
+    mine, theirs = xp.asarray(np.full(3, rank, "int64")), xp.empty(3, "int64")
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer),
+                                    dist.P2POp(dist.irecv, theirs, peer)]) if rank == 0 else \
+        dist.batch_isend_irecv([dist.P2POp(dist.irecv, theirs, peer),
+                                dist.P2POp(dist.isend, mine, peer)])
+    for w in works:
+        w.wait()
+    out["exchange"] = xp.asnumpy(theirs).tolist()
+    sub = dist.new_group([0, 1])  # its own NCCL communicator, bootstrapped on first use
+    a = xp.asarray(_input(rank, "float32", 10))
+    dist.all_reduce(a, group=sub)
+    out["subgroup"] = bool(np.allclose(xp.asnumpy(a), _reduced("SUM", "float32", 10)))
+    for name, call in [("host", lambda: dist.all_reduce(np.zeros(4, np.float32))),
+                       ("host send", lambda: dist.send(np.zeros(4, np.float32), peer)),
+                       ("bool", lambda: dist.all_reduce(xp.asarray(np.ones(3, bool)))),
+                       ("bxor", lambda: dist.all_reduce(xp.asarray(np.ones(3, np.int32)),
+                                                        op=dist.ReduceOp.BXOR)),
+                       ("mismatch", lambda: dist.all_reduce(xp.ones(4 + rank, "float32")))]:
+        try:
+            call()
+            out[name] = "no error"
+        except (TypeError, ValueError, CollectiveMismatchError) as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    after = xp.asarray(np.ones(4, "float32"))
+    dist.all_reduce(after)  # the group still works
+    out["after"] = xp.asnumpy(after).tolist()
+    return out
+
+
+def _p2p_program(rank, queue):
+    _report(rank, queue, _p2p_and_errors)
+
+
+def test_p2p_subgroup_and_named_errors(gpus):
+    got = _run(_p2p_program)
+    for rank, out in got.items():
+        assert out["recv"] == ([0, 2, 4, 6, 8, 10, 12, 14] if rank == 0 else [0, 1, 2, 3, 4])
+        assert out["exchange"] == [1 - rank] * 3
+        assert out["subgroup"]
+        assert out["host"].startswith(
+            "TypeError: nccl channel: buffer is host memory (got numpy.ndarray float32[4]); "
+            "NCCL moves GPU memory: .cuda() it first, or use the tcp/shm channel")
+        assert "buffer is host memory (got numpy.ndarray float32[4])" in out["host send"]
+        assert "NCCL cannot reduce bool" in out["bool"]
+        assert "NCCL has no ReduceOp.BXOR" in out["bxor"]
+        assert out["mismatch"].startswith("CollectiveMismatchError") and "disagree" in \
+            out["mismatch"]
+        assert out["after"] == [N] * 4
+
+
+# -- a peer killed mid-collective (fake: real NCCL's own watchdog is torch's business) -------
+
+def _killed_peer(rank: int) -> dict:
+    xp = _start(rank)
+    a = xp.asarray(np.ones(8, "float32"))
+    dist.all_reduce(a)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # dies while rank 0 enters the next collective
+    try:
+        dist.all_reduce(a)
+        return {"error": None}
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _killed_program(rank, queue):
+    _report(rank, queue, _killed_peer)
+
+
+def test_killed_peer_is_named(gpus):
+    if gpus != "fake":
+        pytest.skip("killing a rank under real NCCL leaves its communicator to NCCL's abort; "
+                    "the fake NCCL checks the error text")
+    exited, got = spawn_and_collect(_killed_program, N, 1, 60)
+    assert exited and list(got) == [0], got
+    error = got[0]["error"]
+    assert error is not None and "rank 1" in error, error
+
+
+def _late_peer(rank: int) -> dict:
+    xp = _start(rank)
+    a = xp.asarray(np.ones(8, "float32"))
+    if rank == 1:
+        time.sleep(8)  # alive, but never in the collective: rank 0 must hear who is missing
+        return {"error": None}
+    try:
+        dist.all_reduce(a)
+        return {"error": None}
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _late_program(rank, queue):
+    _report(rank, queue, _late_peer)
+
+
+def test_late_peer_is_named_within_the_timeout(gpus, monkeypatch):
+    if gpus != "fake":
+        pytest.skip("real NCCL waits on the GPU; the fake NCCL checks the error text")
+    monkeypatch.setenv("MWRT_CHANNEL_TIMEOUT", "2")  # the fake root's wait for a late rank
+    got = _run(_late_program)
+    assert "ranks [1] did not join it within 2.0 s" in got[0]["error"], got[0]
