@@ -33,7 +33,18 @@ _used: dict[int, int] = collections.defaultdict(int)  # bytes allocated per devi
 _ptrs = itertools.count(0x7F00_0000_1000, 0x100)
 # Data pointer -> the array whose __cuda_array_interface__ gave it out: how mwrt.fakenccl,
 # which is handed pointers as NCCL is, finds the memory and checks it is a device array's.
-_pointed: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# Views share pointers (a reshape for a collective dies while its array lives): keep each.
+_pointed: dict[int, list] = {}
+_pointed_lock = threading.RLock()  # its own, reentrant: a collected view's callback takes it
+
+
+def _forget(ptr: int, ref) -> None:
+    with _pointed_lock:
+        refs = _pointed.get(ptr, [])
+        if ref in refs:
+            refs.remove(ref)
+        if not refs:
+            _pointed.pop(ptr, None)
 
 
 def _count() -> int:
@@ -88,7 +99,10 @@ class ndarray(np.ndarray):
     def __cuda_array_interface__(self) -> dict:
         # What a GPU array declares (buffers.py stages such arrays through host memory).
         ptr = self.ctypes.data
-        _pointed[ptr] = self
+        with _pointed_lock:
+            refs = _pointed.setdefault(ptr, [])
+            if not any(r() is self for r in refs):
+                refs.append(weakref.ref(self, lambda ref, p=ptr: _forget(p, ref)))
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
                 "data": (ptr, False), "strides": None}
 
@@ -168,8 +182,10 @@ def _launch(func, args, kwargs, name: str):
 
 
 def device_array_at(ptr: int) -> "ndarray | None":
-    """The live device array whose __cuda_array_interface__ gave out pointer `ptr`, if any."""
-    return _pointed.get(ptr)
+    """The largest live device array whose __cuda_array_interface__ gave out pointer `ptr`."""
+    with _pointed_lock:
+        found = [a for a in (r() for r in _pointed.get(ptr, ())) if a is not None]
+    return max(found, key=lambda a: a.nbytes, default=None)
 
 
 def asarray(a, dtype=None, order=None, blocking=False) -> ndarray:

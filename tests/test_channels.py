@@ -336,7 +336,7 @@ def test_tcp_refuses_open_bind_without_key():
 
 
 def test_unknown_channel_lists_known():
-    with pytest.raises(ValueError, match="known: auto, inproc, mpi, shm, tcp"):
+    with pytest.raises(ValueError, match="known: auto, inproc, mpi, nccl, shm, tcp"):
         channels.get("carrier-pigeon")
 
 
