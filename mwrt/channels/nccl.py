@@ -31,6 +31,11 @@ from .base import DataChannel, Work
 _REMOTE_ERROR = 6  # ncclRemoteError: a peer failed or went away
 
 
+class NcclUnsupportedError(TypeError):
+    """A reduction NCCL lacks (a dtype, a ReduceOp): raised alike on every rank after the
+    call check, so callers may run it another way together."""
+
+
 def nccl_module():
     """The NCCL bindings of this process's GPU module (CuPy's, or mwrt.fakenccl under
     MWRT_FAKE_GPUS); ImportError saying what to install where there are none."""

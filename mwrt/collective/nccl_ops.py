@@ -24,7 +24,8 @@ import threading
 
 import numpy as np
 
-from ..channels.nccl import communicator, converted, device_pointer, host_refused, wait_event
+from ..channels.nccl import NcclUnsupportedError, communicator, converted, device_pointer, \
+    host_refused, wait_event
 from ..errors import ChannelError
 from .native import NativeCollectives
 from .reduce_ops import ReduceOp
@@ -121,14 +122,14 @@ class NcclCollectives(NativeCollectives):
     def _dtype(self, kind: str, arr) -> int:
         name = _DTYPES.get(np.dtype(arr.dtype).name)
         if name is None:
-            raise TypeError(f"nccl {kind}: NCCL cannot reduce {arr.dtype} (it reduces "
+            raise NcclUnsupportedError(f"nccl {kind}: NCCL cannot reduce {arr.dtype} (it reduces "
                             f"{', '.join(_DTYPES)}); cast it (arr.astype(cupy.float32)), or "
                             "use the tcp channel")
         return getattr(self.nccl, name)
 
     def _op(self, kind: str, op: ReduceOp) -> int:
         if op not in _OPS:
-            raise ValueError(f"nccl {kind}: NCCL has no ReduceOp.{op.name} (it has "
+            raise NcclUnsupportedError(f"nccl {kind}: NCCL has no ReduceOp.{op.name} (it has "
                              f"{', '.join(o.name for o in _OPS)}); use the tcp channel for "
                              "bitwise reductions")
         return getattr(self.nccl, _OPS[op])

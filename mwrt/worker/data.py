@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 import threading
 
 import numpy as np
 
 from .. import arrays, channels
+from ..channels.nccl import NcclUnsupportedError
 from ..collective import api as collectives
 from ..collective.group import ProcessGroup
 from ..collective.reduce_ops import ReduceOp
@@ -41,6 +43,7 @@ class SessionData:
         self.ready = threading.Event()
         self.groups: dict[int, ProcessGroup] = {}
         self.posted: dict[int, tuple] = {}  # RecvFrom command id -> (array, Work)
+        self.gpu_groups: dict[int, ProcessGroup | None] = {}  # group id -> over nccl, or None
 
     def start(self) -> None:
         """Join the data channel on a thread of its own; it answers the Join when done."""
@@ -142,9 +145,39 @@ class SessionData:
                                                              group_id=group_id)
             return group
 
+    def gpu_group(self, group_id: int, ranks: tuple, device: int) -> ProcessGroup | None:
+        """For a collective over GPU tensors: a group over an nccl channel of its own among
+        `ranks`, if every one of them can run NCCL on its tensor's GPU (they say so through
+        the session's store, so all decide alike); None: the session's channel, which
+        stages GPU tensors through host memory."""
+        with self.lock:
+            if group_id in self.gpu_groups:
+                return self.gpu_groups[group_id]
+        self.get_channel()  # joined: the store is up
+        node, key = self.session.node, f"{self.join.prefix}/nccl/{group_id}"
+        mine = _nccl_gpu(device)
+        self.store.set(f"{key}/gpu/{node}", mine or "")
+        keys = [f"{key}/gpu/{r}" for r in ranks]
+        group = None
+        if mine:  # a node that cannot needs no answer: the others learn it from its key
+            self.store.wait(keys, timeout=self.join.timeout)
+            gpus = [self.store.get(k) for k in keys]
+            # NCCL refuses two ranks on one GPU (local workers sharing a host's only one).
+            mine = all(gpus) and len(set(gpus)) == len(gpus)
+        if mine:
+            channel = channels.create("nccl", list(ranks).index(node), len(ranks),
+                                      store=self.store, prefix=key, timeout=self.join.timeout)
+            group = ProcessGroup(channel)
+        with self.lock:
+            self.gpu_groups[group_id] = group
+        return group
+
     def close(self) -> None:
         with self.lock:
             closeables, self.channel, self.store = (self.channel, self.store), None, None
+            closeables = [g.channel for g in self.gpu_groups.values() if g is not None] + \
+                list(closeables)  # before the store, which their peers' leaving may use
+            self.gpu_groups.clear()
             self.groups.clear()  # they hold the channel, and received arrays wait in posted
             self.posted.clear()
         for closeable in closeables:
@@ -153,6 +186,22 @@ class SessionData:
                     closeable.close()
                 except Exception:  # a peer already gone must not stop the session's close
                     pass
+
+
+def _nccl_gpu(device: int) -> str | None:
+    """What names GPU `device` among the session's (host and PCI bus), if this node can run
+    a collective over NCCL on it; else None."""
+    if device == arrays.HOST:
+        return None
+    from ..channels.nccl import nccl_module
+
+    try:
+        nccl_module()
+        bus = getattr(arrays.namespace(device).cuda.Device(device), "pci_bus_id", None)
+    except Exception:  # no NCCL, or a GPU that cannot be asked: the session channel serves
+        return None
+    where = bus or f"{os.getpid()}/{device}"  # the fake GPU has no bus: a process's own
+    return f"{socket.gethostname()}/{where}"
 
 
 def _abort(group) -> None:
@@ -252,7 +301,8 @@ _IN_PLACE = {"all_reduce": collectives.all_reduce, "broadcast": collectives.broa
 def collective(ex, cmd, frames):
     from .handlers import PoisonedInput, check_size, resolve, store
 
-    group = _data(ex).group(cmd.group, cmd.ranks)
+    data = _data(ex)
+    group = data.gpu_group(cmd.group, cmd.ranks, ex.device) or data.group(cmd.group, cmd.ranks)
     try:
         if ex.error is not None:
             raise PoisonedInput(ex.error)
@@ -269,10 +319,14 @@ def collective(ex, cmd, frames):
     kind = cmd.kind
     in_place = _IN_PLACE.get(kind)
     if in_place is not None:
-        in_place(group, array, **args)
+        try:
+            in_place(group, array, **args)
+        except NcclUnsupportedError:  # on every node alike, after the call check: together,
+            in_place(data.group(cmd.group, cmd.ranks), array, **args)  # stage through host
         return
     dtype = args.pop("dtype")
-    out = np.empty(cmd.out_shape, dtype) if cmd.out >= 0 else None
+    xp = ex.xp if group.device_buffers else np  # nccl: results stay on the GPU
+    out = xp.empty(cmd.out_shape, dtype) if cmd.out >= 0 else None
     if kind == "all_gather":
         collectives.all_gather(group, out, array)
     elif kind == "gather":
