@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from ranks import spawn_and_collect
+from test_gpu import _real_gpus
 
 import mwrt.distributed as dist
 from mwrt import arrays
@@ -28,15 +29,6 @@ N = 2  # ranks, one GPU each
 DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
 SIZES = [5, 40_000]  # a small call, and one past NCCL's and the fake's small paths
 OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
-
-
-def _real_gpus() -> int:
-    saved = os.environ.pop("MWRT_FAKE_GPUS", None)
-    try:
-        return arrays.device_count()
-    finally:
-        if saved is not None:
-            os.environ["MWRT_FAKE_GPUS"] = saved
 
 
 def _input(rank: int, dtype: str, n: int) -> np.ndarray:
@@ -235,11 +227,16 @@ def _killed_peer(rank: int) -> dict:
     dist.all_reduce(a)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)  # dies while rank 0 enters the next collective
+    return _error_of(dist.all_reduce, a)
+
+
+def _error_of(call, *args) -> dict:
+    """{"error": what call(*args) raised, as text, or None}."""
     try:
-        dist.all_reduce(a)
-        return {"error": None}
+        call(*args)
     except Exception as exc:  # noqa: BLE001 - reported to the test
         return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"error": None}
 
 
 def _killed_program(rank, queue):
@@ -262,11 +259,7 @@ def _late_peer(rank: int) -> dict:
     if rank == 1:
         time.sleep(8)  # alive, but never in the collective: rank 0 must hear who is missing
         return {"error": None}
-    try:
-        dist.all_reduce(a)
-        return {"error": None}
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        return {"error": f"{type(exc).__name__}: {exc}"}
+    return _error_of(dist.all_reduce, a)
 
 
 def _late_program(rank, queue):

@@ -202,7 +202,7 @@ class NcclChannel(DataChannel):
             wait_event(event, seconds if seconds is not None else limit, what,
                        f"is rank {peer} alive and in the matching call?")
 
-        return Work(what, limit, wait, event.query, lambda: None)
+        return Work(what, limit, wait, lambda: event.done, lambda: None)
 
     def _send(self, view, peer, tag, timeout, desc):
         raise TypeError("nccl channel: send takes device arrays (NcclChannel.send)")
@@ -218,7 +218,7 @@ def wait_event(event, timeout: float, what: str, hint: str) -> None:
     """Poll a CUDA event until it has happened; ChannelTimeoutError naming `what` after
     `timeout` s (NCCL itself never times out; the host thread never blocks on the GPU)."""
     deadline, sleep = time.monotonic() + timeout, 1e-5
-    while not event.query():
+    while not event.done:  # CuPy events tell by `done` (cudaEventQuery)
         if time.monotonic() > deadline:
             raise ChannelTimeoutError(f"{what}: not done after {timeout} s; {hint}")
         time.sleep(sleep)
