@@ -175,17 +175,23 @@ class SessionData:
     def close(self) -> None:
         with self.lock:
             closeables, self.channel, self.store = (self.channel, self.store), None, None
-            closeables = [g.channel for g in self.gpu_groups.values() if g is not None] + \
-                list(closeables)  # before the store, which their peers' leaving may use
+            gpu = [g.channel for g in self.gpu_groups.values() if g is not None]
             self.gpu_groups.clear()
             self.groups.clear()  # they hold the channel, and received arrays wait in posted
             self.posted.clear()
-        for closeable in closeables:
-            if closeable is not None:
-                try:
-                    closeable.close()
-                except Exception:  # a peer already gone must not stop the session's close
-                    pass
+        if gpu:  # NCCL's destroy may wait for its peers: never on the daemon's thread
+            threading.Thread(target=_close_all, args=(gpu,), daemon=True,
+                             name=f"mwrt-nccl-close-{self.session.node}").start()
+        _close_all(closeables)
+
+
+def _close_all(closeables) -> None:
+    for closeable in closeables:
+        if closeable is not None:
+            try:
+                closeable.close()
+            except Exception:  # a peer already gone must not stop the session's close
+                pass
 
 
 def _nccl_gpu(device: int) -> str | None:
