@@ -214,11 +214,14 @@ class NcclChannel(DataChannel):
         self.comm.destroy()
 
 
-def wait_event(event, timeout: float, what: str, hint: str) -> None:
+def wait_event(event, timeout: float, what: str, hint: str, comm=None) -> None:
     """Poll a CUDA event until it has happened; ChannelTimeoutError naming `what` after
-    `timeout` s (NCCL itself never times out; the host thread never blocks on the GPU)."""
+    `timeout` s (NCCL itself never times out; the host thread never blocks on the GPU).
+    With `comm`, an error NCCL met meanwhile (a peer gone) is raised at once."""
     deadline, sleep = time.monotonic() + timeout, 1e-5
     while not event.done:  # CuPy events tell by `done` (cudaEventQuery)
+        if comm is not None:
+            comm.check_async_error()
         if time.monotonic() > deadline:
             raise ChannelTimeoutError(f"{what}: not done after {timeout} s; {hint}")
         time.sleep(sleep)

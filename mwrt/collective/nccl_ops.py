@@ -101,7 +101,8 @@ class NcclCollectives(NativeCollectives):
         event = xp.cuda.Event(disable_timing=True)
         event.record(xp.cuda.get_current_stream())
         try:
-            wait_event(event, g.timeout, what, "did every rank of the group make this call?")
+            self._guarded(kind, wait_event, event, g.timeout, what,
+                          "did every rank of the group make this call?", self.comm)
         except ChannelError:
             self.comm.abort()  # NCCL's way out of a call that will never complete
             raise
