@@ -21,8 +21,6 @@ from test_gpu import _real_gpus
 
 import mwrt.distributed as dist
 from mwrt import arrays
-from mwrt.collective import api as C
-from mwrt.distributed.api import resolve_group
 from mwrt.errors import CollectiveMismatchError
 
 N = 2  # ranks, one GPU each
@@ -126,17 +124,23 @@ def _collectives(rank: int) -> list:
     flags = xp.asarray(np.array([rank == 1, True, False]))
     dist.broadcast(flags, src=1)  # bool moves as bytes
     _compare(wrong, "bool broadcast", flags, np.array([True, True, False]))
-    # The facade's list forms stage through host memory; the flat forms take device arrays.
-    group = resolve_group(None)
-    gathered = xp.zeros(N * 4, "float32") if rank == 0 else None
-    C.gather(group, xp.asarray(_input(rank, "float32", 4)), gathered, root=0)
+    gathered = [xp.zeros(4, "float32") for _ in range(N)] if rank == 0 else None
+    dist.gather(xp.asarray(_input(rank, "float32", 4)), gathered, dst=0)
     if rank == 0:
-        _compare(wrong, "gather", gathered,
+        _compare(wrong, "gather", xp.concatenate(gathered),
                  np.concatenate([_input(p, "float32", 4) for p in range(N)]))
     mine = xp.empty(4, "float32")
-    source = xp.asarray(np.arange(N * 4, dtype="float32")) if rank == 1 else None
-    C.scatter(group, mine, source, root=1)
+    rows = [xp.arange(4, dtype="float32") + 4 * p for p in range(N)] if rank == 1 else None
+    dist.scatter(mine, rows, src=1)
     _compare(wrong, "scatter", mine, np.arange(4, dtype="float32") + 4 * rank)
+    listed = [xp.empty(3, "int32") for _ in range(N)]
+    dist.all_gather(listed, xp.asarray(_input(rank, "int32", 3)))
+    _compare(wrong, "all_gather list", xp.concatenate(listed),
+             np.concatenate([_input(p, "int32", 3) for p in range(N)]))
+    part = xp.empty(3, "float64")
+    dist.reduce_scatter(part, [xp.asarray(_input(rank, "float64", 3)) * (p + 1)
+                               for p in range(N)])
+    _compare(wrong, "reduce_scatter list", part, _reduced("SUM", "float64", 3) * (rank + 1))
     swapped = xp.empty(N * 2, "int64")
     dist.all_to_all_single(swapped, xp.asarray(np.arange(N * 2) + 10 * rank))
     _compare(wrong, "all_to_all", swapped,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import config
+from ..arrays import gpu_module, use_device
 from ..collective import api as C
 from ..collective.buffers import as_flat, is_bfloat16, widen_bfloat16
 from ..collective.reduce_ops import ReduceOp
@@ -46,6 +47,12 @@ def _stack(arrays, like, what, fill: bool = False, reduces: bool = False):
         if np.shape(a) != np.shape(like):
             raise ValueError(f"{what}: list entry {i} has shape {np.shape(a)}, expected "
                              f"{np.shape(like)} like the local array")
+    if hasattr(like, "__cuda_array_interface__"):  # GPU arrays: stack on their GPU
+        with use_device(like.device.id):
+            buf = gpu_module().empty((n,) + np.shape(like), like.dtype)
+        for row, a in zip(buf, arrays if fill else ()):
+            row[...] = a
+        return buf
     widen = reduces and is_bfloat16(like)
     dtype = np.float32 if widen else as_flat(like, what, writable=False).dtype
     buf = np.empty((n,) + np.shape(like), dtype)
@@ -61,8 +68,12 @@ def _sizes(arrays) -> list[int]:
 
 def _unstack(buf, arrays):
     """Copy the consecutive parts of `buf` into `arrays`, each as many as it holds."""
-    for a, part in zip(arrays, np.split(buf.reshape(-1), np.cumsum(_sizes(arrays))[:-1])):
-        as_flat(a, "output list")[:] = part
+    cuts = np.cumsum(_sizes(arrays))[:-1].tolist()  # a list: CuPy's split takes no NumPy
+    for a, part in zip(arrays, np.split(buf.reshape(-1), cuts)):
+        if hasattr(a, "__cuda_array_interface__"):
+            a[...] = part.reshape(a.shape)  # a GPU array (CuPy's are no NumPy views)
+        else:
+            as_flat(a, "output list")[:] = part
 
 
 def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False):
