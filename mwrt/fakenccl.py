@@ -121,11 +121,13 @@ class _Hub:
             threading.Thread(target=self._serve, args=(_connected(sock),), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
+        sock.settimeout(10.0)  # for the hello; then a member may stay quiet as long as it likes
         try:
             hello, _ = _recv(sock)
         except (OSError, ValueError):
             sock.close()
             return
+        sock.settimeout(None)
         if hello.get("secret") != self.secret:
             sock.close()  # not a member of this communicator
             return

@@ -49,7 +49,7 @@ class NcclCollectives(NativeCollectives):
     def __init__(self, channel, group):
         super().__init__(channel, group)
         self.nccl, self.xp = channel.nccl, channel.xp
-        self._comm, self._own, self._lock = None, False, threading.Lock()
+        self._comm, self._lock = None, threading.Lock()
 
     @property
     def comm(self):
@@ -67,7 +67,6 @@ class NcclCollectives(NativeCollectives):
                     key = f"{prefix}/nccl/group{g.group_id}/{'-'.join(map(str, g.ranks))}"
                     self._comm = communicator(self.nccl, store, key, g.rank, g.size, g.timeout,
                                               f"nccl {g.name}")
-                    self._own = True
             return self._comm
 
     def run(self, kind: str, call, *args) -> bool:
