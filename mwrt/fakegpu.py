@@ -312,6 +312,8 @@ class Stream:
         self.waited: list = []  # the events it was told to wait for (stream.wait_event)
         self.last_ops: collections.deque = collections.deque(maxlen=64)
         self._saved: list = []
+        if self.ptr:
+            _streams[self.ptr] = self
 
     def __enter__(self):
         self._saved.append(get_current_stream())
@@ -357,6 +359,18 @@ class Stream:
 
     def launch_host_func(self, callback, arg) -> None:
         callback(arg)
+
+
+_streams: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # ptr -> live Stream
+
+
+def launch_on(ptr: int, name: str) -> None:
+    """Count kernel `name` as launched on the stream whose raw handle is `ptr` (0: this
+    thread's null stream): how mwrt.fakenccl records its calls on the stream given them."""
+    found = _streams.get(ptr) if ptr else get_current_stream()
+    if found is None:
+        raise RuntimeError(f"cudaErrorInvalidResourceHandle: no live stream {ptr:#x}")
+    found._launched(name)
 
 
 def get_current_stream(device=None) -> Stream:

@@ -350,44 +350,46 @@ class NcclCommunicator:
     # -- calls ------------------------------------------------------------------------------
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
-        self._collective("allReduce", sendbuf, count, recvbuf, count, datatype, op)
+        self._collective(stream, "allReduce", sendbuf, count, recvbuf, count, datatype, op)
 
     def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
         out = count if self._rank == root else 0
-        self._collective("reduce", sendbuf, count, recvbuf, out, datatype, op, root)
+        self._collective(stream, "reduce", sendbuf, count, recvbuf, out, datatype, op, root)
 
     def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
         sent = count if self._rank == root else 0
-        self._collective("broadcast", sendbuff, sent, recvbuff, count, datatype, None, root,
-                         count=count)
+        self._collective(stream, "broadcast", sendbuff, sent, recvbuff, count, datatype, None,
+                         root, count=count)
 
     def bcast(self, buff, count, datatype, root, stream):
         self.broadcast(buff, buff, count, datatype, root, stream)
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream):  # noqa: N802
-        self._collective("allGather", sendbuf, count, recvbuf, count * self._size, datatype)
+        self._collective(stream, "allGather", sendbuf, count, recvbuf, count * self._size,
+                         datatype)
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):  # noqa: N802
-        self._collective("reduceScatter", sendbuf, recvcount * self._size, recvbuf, recvcount,
-                         datatype, op, count=recvcount)
+        self._collective(stream, "reduceScatter", sendbuf, recvcount * self._size, recvbuf,
+                         recvcount, datatype, op, count=recvcount)
 
     def send(self, sendbuf, count, datatype, peer, stream):
-        self._call("send", self._send_now, sendbuf, count, datatype, peer)
+        self._call(stream, "send", self._send_now, sendbuf, count, datatype, peer)
 
     def recv(self, recvbuf, count, datatype, peer, stream):
-        self._call("recv", self._recv_now, recvbuf, count, datatype, peer)
+        self._call(stream, "recv", self._recv_now, recvbuf, count, datatype, peer)
 
-    def _collective(self, op, sendbuf, n_in, recvbuf, n_out, datatype, redop=None, root=None,
-                    count=None):
+    def _collective(self, stream, op, sendbuf, n_in, recvbuf, n_out, datatype, redop=None,
+                    root=None, count=None):
         self._check_peer(root, "root")
         seq, self._seq = self._seq, self._seq + 1  # in issue order, as NCCL's
         head = {"op": op, "seq": seq, "count": n_in if count is None else count,
                 "datatype": datatype, "redop": redop, "root": root}
-        self._call(op, self._collective_now, head, sendbuf, n_in, recvbuf, n_out)
+        self._call(stream, op, self._collective_now, head, sendbuf, n_in, recvbuf, n_out)
 
-    def _call(self, kind: str, fn, *args) -> None:
+    def _call(self, stream: int, kind: str, fn, *args) -> None:
         if self._sock is None:
             raise NcclError(_USAGE, f"rank {self._rank}: {kind} on a destroyed communicator")
+        fakegpu.launch_on(stream, f"nccl.{kind}")  # as a kernel would be, on that stream
         if getattr(_group, "depth", 0):
             _group.calls.append((kind, fn, *args))
         else:

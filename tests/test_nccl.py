@@ -181,6 +181,14 @@ def _p2p_and_errors(rank: int) -> dict:
     for w in works:
         w.wait()
     out["exchange"] = xp.asnumpy(theirs).tolist()
+    side = xp.cuda.Stream(non_blocking=True)
+    with side:  # NCCL's calls go on the caller's current stream
+        c = xp.asarray(np.ones(4, "float32"))
+        dist.all_reduce(c)
+    side.synchronize()
+    out["side stream"] = xp.asnumpy(c).tolist()
+    if hasattr(side, "last_ops"):  # the fake GPU records what ran on each stream
+        out["on side stream"] = [op for op in side.last_ops if op.startswith("nccl.")]
     sub = dist.new_group([0, 1])  # its own NCCL communicator, bootstrapped on first use
     a = xp.asarray(_input(rank, "float32", 10))
     dist.all_reduce(a, group=sub)
@@ -211,6 +219,9 @@ def test_p2p_subgroup_and_named_errors(gpus):
     for rank, out in got.items():
         assert out["recv"] == ([0, 2, 4, 6, 8, 10, 12, 14] if rank == 0 else [0, 1, 2, 3, 4])
         assert out["exchange"] == [1 - rank] * 3
+        assert out["side stream"] == [N] * 4
+        if gpus == "fake":  # the call check's all-gather, then the data's all_reduce
+            assert out["on side stream"] == ["nccl.allGather", "nccl.allReduce"]
         assert out["subgroup"]
         assert out["host"].startswith(
             "TypeError: nccl channel: buffer is host memory (got numpy.ndarray float32[4]); "
