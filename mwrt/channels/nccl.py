@@ -123,7 +123,12 @@ def communicator(nccl, store, key: str, rank: int, size: int, timeout: float, wh
         raise ChannelTimeoutError(
             f"{what}: ranks {missing} did not take the NCCL unique id within {timeout} s "
             f"(rank {rank} waited); start them, or check they use the same store") from None
-    return nccl.NcclCommunicator(size, decode_id(raw), rank)
+    try:
+        return nccl.NcclCommunicator(size, decode_id(raw), rank)
+    except nccl.NcclError as exc:
+        raise converted(exc, f"{what}: rank {rank} could not join the NCCL communicator (each "
+                             "rank needs a GPU of its own: cupy.cuda.Device(local_rank).use() "
+                             "before joining)") from None
 
 
 def converted(exc: Exception, text: str, peer: int | None = None) -> ChannelError:
