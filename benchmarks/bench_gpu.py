@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -179,7 +180,20 @@ def main() -> int:
     for what, ours, base, theirs in rows:
         print(f"{what:50} {ours / 1e9:>10.2f}   {base + f' {theirs / 1e9:.2f}':>26} "
               f"{ours / theirs:>6.2f}x")
-    return 0
+    print()
+    return nccl_table(args)
+
+
+def nccl_table(args) -> int:
+    """NCCL all_reduce bus bandwidth beside CuPy's NCCL: bench_gpu_nccl.py, in its own ranks."""
+    command = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "bench_gpu_nccl.py")]
+    if args.quick:
+        command += ["--sizes", "1M", "--iters", "3"]
+    if args.fake:
+        command.append("--fake")
+    sys.stdout.flush()  # this table before the ranks' one, also when piped
+    return subprocess.run(command, check=False, timeout=900).returncode
 
 
 if __name__ == "__main__":
