@@ -32,6 +32,8 @@ from ..store import Store, rendezvous, store_from_url
 
 # A group argument: a ProcessGroup, None (the default group) or GroupMember.NON_GROUP_MEMBER.
 GroupLike = Any
+# A tensor argument: a NumPy or CuPy array, or a torch tensor (through DLPack).
+Tensor = Any
 Timeout = float | timedelta | None
 
 

@@ -10,6 +10,8 @@ buffer directly and copy nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import config
@@ -17,22 +19,25 @@ from ..arrays import gpu_module, use_device
 from ..collective import api as C
 from ..collective.buffers import as_flat, is_bfloat16, widen_bfloat16
 from ..collective.reduce_ops import ReduceOp
-from .api import group_rank_of, resolve_group, run_collective
+from .api import GroupLike, Tensor, Timeout, group_rank_of, resolve_group, run_collective
 
 
-def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
+def broadcast(tensor: Tensor, src: int = 0, group: GroupLike = None,
+              async_op: bool = False) -> Any:
     """Copy `tensor` from global rank `src` to every rank of the group, in place."""
     g = resolve_group(group)
     root = g and group_rank_of(g, src, "broadcast")
     return run_collective(group, async_op, C.broadcast, tensor, root, result=tensor)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
+def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: GroupLike = None,
+               async_op: bool = False) -> Any:
     """Reduce `tensor` across the group in place; bitwise identical on every rank."""
     return run_collective(group, async_op, C.all_reduce, tensor, op, result=tensor)
 
 
-def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
+def reduce(tensor: Tensor, dst: int = 0, op: ReduceOp = ReduceOp.SUM, group: GroupLike = None,
+           async_op: bool = False) -> Any:
     """Reduce `tensor` into `tensor` on global rank `dst`."""
     g = resolve_group(group)
     root = g and group_rank_of(g, dst, "reduce")
@@ -76,7 +81,8 @@ def _unstack(buf, arrays):
             as_flat(a, "output list")[:] = part
 
 
-def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False):
+def gather(tensor: Tensor, gather_list: list | None = None, dst: int = 0,
+           group: GroupLike = None, async_op: bool = False) -> Any:
     """Gather every rank's `tensor` into `gather_list` on global rank `dst`."""
     g = resolve_group(group)
     if g is None:
@@ -92,7 +98,8 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
                           result=gather_list)
 
 
-def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False):
+def scatter(tensor: Tensor, scatter_list: list | None = None, src: int = 0,
+            group: GroupLike = None, async_op: bool = False) -> Any:
     """Send scatter_list[i] on global rank `src` into `tensor` on group rank i."""
     g = resolve_group(group)
     if g is None:
@@ -106,7 +113,8 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
     return run_collective(group, async_op, C.scatter, tensor, buf, root, result=tensor)
 
 
-def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
+def all_gather(tensor_list: list, tensor: Tensor, group: GroupLike = None,
+               async_op: bool = False) -> Any:
     """Gather every rank's `tensor` into `tensor_list` on every rank."""
     g = resolve_group(group)
     if g is None:
@@ -128,13 +136,15 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
                           after=lambda: _unstack(flat, tensor_list), result=tensor_list)
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
+def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor, group: GroupLike = None,
+                           async_op: bool = False) -> Any:
     """all_gather into one array holding world-size copies of the input's size."""
     return run_collective(group, async_op, C.all_gather, output_tensor, input_tensor,
                           result=output_tensor)
 
 
-def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
+def reduce_scatter(output: Tensor, input_list: list, op: ReduceOp = ReduceOp.SUM,
+                   group: GroupLike = None, async_op: bool = False) -> Any:
     """Reduce input_list[i] across ranks into `output` on group rank i."""
     g = resolve_group(group)
     if g is None:
@@ -146,12 +156,14 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     return run_collective(group, async_op, C.reduce_scatter, output, buf, op, result=output)
 
 
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
+def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp.SUM,
+                          group: GroupLike = None, async_op: bool = False) -> Any:
     """reduce_scatter from one array holding world-size rows."""
     return run_collective(group, async_op, C.reduce_scatter, output, input, op, result=output)
 
 
-def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
+def all_to_all(output_tensor_list: list, input_tensor_list: list, group: GroupLike = None,
+               async_op: bool = False) -> Any:
     """Rank r's input_tensor_list[p] lands in rank p's output_tensor_list[r] (any sizes)."""
     g = resolve_group(group)
     if g is None:
@@ -171,8 +183,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
                           result=output_tensor_list)
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
-                      group=None, async_op: bool = False):
+def all_to_all_single(output: Tensor, input: Tensor, output_split_sizes: list | None = None,
+                      input_split_sizes: list | None = None, group: GroupLike = None,
+                      async_op: bool = False) -> Any:
     """all_to_all over one array: equal rows per rank, or the given split sizes (dim 0;
     every rank passes them, or none does)."""
     if output_split_sizes is None and input_split_sizes is None:
@@ -196,12 +209,14 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                           result=output)
 
 
-def barrier(group=None, async_op: bool = False, device_ids=None):
+def barrier(group: GroupLike = None, async_op: bool = False,
+            device_ids: list | None = None) -> Any:
     """Block until every rank of the group has called barrier (device_ids: accepted, unused)."""
     return run_collective(group, async_op, C.barrier)
 
 
-def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False):
+def monitored_barrier(group: GroupLike = None, timeout: Timeout = None,
+                      wait_all_ranks: bool = False) -> None:
     """A barrier that names the ranks that did not reach it within `timeout` (torch's)."""
     g = resolve_group(group)
     if g is None:

@@ -9,11 +9,12 @@ collectives, whose sequence numbers and checks it must not interleave with.
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 
 from ..collective import api as C
-from .api import group_rank_of, run_collective
+from .api import GroupLike, group_rank_of, run_collective
 from .p2p import recv, send
 
 
@@ -29,7 +30,7 @@ def _padded(parts: list, width: int) -> np.ndarray:
     return rows
 
 
-def all_gather_object(object_list: list, obj, group=None) -> None:
+def all_gather_object(object_list: list, obj: Any, group: GroupLike = None) -> None:
     """Fill object_list[i] with rank i's `obj`."""
     run_collective(group, False, _all_gather_object, object_list, obj)
 
@@ -44,7 +45,8 @@ def _all_gather_object(g, object_list, obj) -> None:
         object_list[i] = pickle.loads(part.tobytes())
 
 
-def gather_object(obj, object_gather_list=None, dst: int = 0, group=None) -> None:
+def gather_object(obj: Any, object_gather_list: list | None = None, dst: int = 0,
+                  group: GroupLike = None) -> None:
     """Fill object_gather_list[i] on global rank `dst` with rank i's `obj`."""
     run_collective(group, False, _gather_object, obj, object_gather_list, dst)
 
@@ -64,8 +66,9 @@ def _gather_object(g, obj, object_gather_list, dst) -> None:
             object_gather_list[i] = pickle.loads(rows[i, :sizes[i]].tobytes())
 
 
-def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list=None,
-                        src: int = 0, group=None) -> None:
+def scatter_object_list(scatter_object_output_list: list,
+                        scatter_object_input_list: list | None = None, src: int = 0,
+                        group: GroupLike = None) -> None:
     """Set scatter_object_output_list[0] on group rank i to item i of the list on `src`."""
     run_collective(group, False, _scatter_object_list, scatter_object_output_list,
               scatter_object_input_list, src)
@@ -87,7 +90,7 @@ def _scatter_object_list(g, scatter_object_output_list, scatter_object_input_lis
     scatter_object_output_list[0] = pickle.loads(mine[:sizes[g.rank]].tobytes())
 
 
-def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
+def broadcast_object_list(object_list: list, src: int = 0, group: GroupLike = None) -> None:
     """Replace object_list's items everywhere with those on global rank `src`."""
     run_collective(group, False, _broadcast_object_list, object_list, src)
 
@@ -103,14 +106,15 @@ def _broadcast_object_list(g, object_list, src) -> None:
         object_list[:] = pickle.loads(buf.tobytes())
 
 
-def send_object_list(object_list: list, dst: int, group=None) -> None:
+def send_object_list(object_list: list, dst: int, group: GroupLike = None) -> None:
     """Send the list's items to global rank `dst` (its size, then its bytes, on tag 0)."""
     data = _pickled(list(object_list))
     send(np.array([data.size], np.int64), dst, group)
     send(data, dst, group)
 
 
-def recv_object_list(object_list: list, src: int | None = None, group=None) -> int:
+def recv_object_list(object_list: list, src: int | None = None,
+                     group: GroupLike = None) -> int:
     """Replace the list's items with those `src` (or the first sender) sent; return it."""
     size = np.zeros(1, np.int64)
     src = recv(size, src, group)

@@ -15,12 +15,13 @@ import itertools
 import numbers
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
 from ..collective.buffers import as_flat, host_view
 from ..errors import ChannelClosedError, ChannelTimeoutError
-from .api import Work, _init_lock, _state, resolve_group
+from .api import GroupLike, Tensor, Work, _init_lock, _state, resolve_group
 
 _HEADER = 128  # bytes: "<dtype> <dim> <dim>..." in ASCII, NUL-padded
 _SMALL = 1 << 16  # data up to this size rides in its header's message
@@ -105,7 +106,7 @@ class _marked:
         self.g.p2p = None
 
 
-def send(tensor, dst: int, group=None, tag: int = 0) -> None:
+def send(tensor: Tensor, dst: int, group: GroupLike = None, tag: int = 0) -> None:
     """Send `tensor` to global rank `dst` (blocking until it may be reused)."""
     g, t = _p2p_args(dst, tag, "send", group)
     if g.channel.device_buffers:  # nccl: the bytes alone, as torch's NCCL sends them
@@ -118,7 +119,8 @@ def send(tensor, dst: int, group=None, tag: int = 0) -> None:
             g.channel.send(arr, dst, t, g.timeout)
 
 
-def recv(tensor=None, src: int | None = None, group=None, tag: int = 0):
+def recv(tensor: Tensor = None, src: int | None = None, group: GroupLike = None,
+         tag: int = 0) -> Any:
     """Receive from global rank `src` (None: whoever sends first): into `tensor`, returning
     the sender (torch's), or, called as recv(src), into a new array it returns (the 2017
     proposal's)."""
@@ -218,7 +220,7 @@ class _Pair:
         return all(w.is_completed() for w in self.works)
 
 
-def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
+def isend(tensor: Tensor, dst: int, group: GroupLike = None, tag: int = 0) -> Work:
     """Start sending `tensor` to `dst`; do not modify it before Work.wait()."""
     g, t = _p2p_args(dst, tag, "isend", group)
     if g.channel.device_buffers:
@@ -232,7 +234,8 @@ def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
     return Work(work=_Pair(works, keep=first))
 
 
-def irecv(tensor, src: int | None = None, group=None, tag: int = 0) -> Work:
+def irecv(tensor: Tensor, src: int | None = None, group: GroupLike = None,
+          tag: int = 0) -> Work:
     """Start receiving into `tensor` from `src` (None: the first sender); read it after
     Work.wait(), and the sender from Work.source_rank()."""
     if src is None:  # nothing can be posted for an unknown sender: a thread waits for it

@@ -15,6 +15,8 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import MwrtError
 from ..procs import stop_processes
@@ -40,8 +42,9 @@ def _entry(fn, rank, args, env, errors):
         os._exit(1)
 
 
-def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
-          start_method: str = "spawn", timeout: float | None = None):
+def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool = True,
+          daemon: bool = False, start_method: str = "spawn",
+          timeout: float | None = None) -> SpawnContext | None:
     """Run fn(rank, *args) in `nprocs` processes; raise RankFailedError if any rank fails."""
     if not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"spawn: nprocs must be a positive int (got {nprocs!r})")
@@ -129,7 +132,7 @@ def _call_main(rank: int, main) -> None:
     main()
 
 
-def run(main, nprocs: int | None = None) -> None:
+def run(main: Callable[[], Any], nprocs: int | None = None) -> None:
     """Run a script's main() as a rank: right here when a launcher started this process
     (mwrt-launch, torchrun, srun, mpirun), else in `nprocs` ranks started here (default
     $NPROC, else 2), each calling main() with the rank in its environment."""
