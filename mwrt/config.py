@@ -131,6 +131,11 @@ SETTINGS = {
                          "shared-memory slots per (sender, receiver) pair of the shm channel"),
     "shm_slot_bytes": Setting("MWRT_SHM_SLOT_BYTES", 1 << 20, int,
                               "bytes per shm slot (at most segment_bytes); ~L2-sized is fastest"),
+    "recv_pool_bytes": Setting("MWRT_RECV_POOL_BYTES", min(1 << 30, _host_ram() // 16), int,
+                               "bytes of freed receive buffers a worker keeps per master, so a "
+                               "dist_send lands in memory already faulted in; 0: off"),
+    "recv_pool_min_bytes": Setting("MWRT_RECV_POOL_MIN_BYTES", 1 << 20, int,
+                                   "receives from this size take their buffer from that pool"),
     "shm_cma": Setting("MWRT_SHM_CMA", 1, int,
                        "1: shm collectives read peers' buffers in place (process_vm_readv) "
                        "when the kernel allows; 0: always the socket and slot path"),

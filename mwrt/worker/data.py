@@ -24,6 +24,7 @@ from ..errors import ChannelError, ChannelTimeoutError
 from ..netaddr import split_host_port
 from ..protocol import wire
 from ..store import TCPStore
+from .pool import ReceivePool
 
 log = logging.getLogger("mwrt.worker")
 
@@ -39,6 +40,7 @@ class SessionData:
         self.ready = threading.Event()
         self.groups: dict[int, ProcessGroup] = {}
         self.posted: dict[int, tuple] = {}  # RecvFrom command id -> (array, Work)
+        self.pool = ReceivePool(session.tensors)  # warm destinations for large receives
 
     def start(self) -> None:
         """Join the data channel on a thread of its own; it answers the Join when done."""
@@ -113,7 +115,7 @@ class SessionData:
         try:
             dtype = np.dtype(cmd.dtype)
             check_size(cmd.shape, dtype)
-            host = np.empty(cmd.shape, dtype)
+            host = self.pool.empty(cmd.shape, dtype)
             work = self.channel.irecv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
         except Exception:  # the stream's own attempt will fail and report it
             return
@@ -137,6 +139,7 @@ class SessionData:
             closeables, self.channel, self.store = (self.channel, self.store), None, None
             self.groups.clear()  # they hold the channel, and received arrays wait in posted
             self.posted.clear()
+        self.pool.close()
         for closeable in closeables:
             if closeable is not None:
                 try:
@@ -193,7 +196,7 @@ def recv_from(ex, cmd, frames):
         else:
             dtype = np.dtype(cmd.dtype)
             check_size(cmd.shape, dtype, "recv", ex.session.tensors)
-            host = np.empty(cmd.shape, dtype)
+            host = data.pool.empty(cmd.shape, dtype)
             data.get_channel().recv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
     except ChannelError as exc:
         if "got 0 bytes" in str(exc) and host.nbytes:
