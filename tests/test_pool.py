@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import glob
+import os
 
 import numpy as np
 import pytest
@@ -101,10 +102,12 @@ def shm_cluster():
     mp.setenv("MWRT_SHM_SLOTS", "3")
     mwrt.shutdown()
     mwrt.init_master_worker(local_workers=2, timeout=30)
+    pids = [row["worker"]["pid"] for row in mwrt.status()] + [os.getpid()]
     yield mwrt
     mwrt.shutdown()
     mp.undo()
-    assert glob.glob("/dev/shm/mwrt*") == []  # the workers stopped and left nothing
+    for pid in pids:  # the workers stopped and left nothing (other users' files aside)
+        assert glob.glob(f"/dev/shm/mwrt-{pid}-*") == []
 
 
 CHUNK = 64 << 10
