@@ -1,9 +1,11 @@
-"""Large shm transfers in chunks: a sender killed part-way through a message, odd sizes."""
+"""Large shm transfers in chunks, through slots (two copies) or read in place (one): a peer
+killed part-way through a message, a kernel that refuses the in-place read, odd sizes."""
 
 from __future__ import annotations
 
 import glob
 import multiprocessing
+import ctypes
 import os
 import signal
 
@@ -19,9 +21,10 @@ SLOT = 64 << 10  # small slots: a 1 MiB message is 16 chunks through 2 of them
 MESSAGE = (1 << 20) + 13
 
 
-def _send_and_die(path: str, chunks: int) -> None:
+def _send_and_die(path: str, chunks: int, in_place: str) -> None:
     """Rank 1: send MESSAGE bytes to rank 0, and SIGKILL ourselves before chunk `chunks`."""
     os.environ["MWRT_SHM_SLOT_BYTES"], os.environ["MWRT_SHM_SLOTS"] = str(SLOT), "2"
+    os.environ["MWRT_SHM_CMA"] = in_place
     sent = [0]
     send_segment = ShmChannel._send_segment
 
@@ -38,10 +41,12 @@ def _send_and_die(path: str, chunks: int) -> None:
     ch.send(np.arange(MESSAGE, dtype=np.uint64).astype(np.uint8), 0, tag=9)
 
 
+@pytest.mark.parametrize("in_place", ["1", "0"])
 @pytest.mark.parametrize("chunks", [1, 7, 16])  # after the first, mid-message, before the last
-def test_a_sender_killed_mid_message_is_a_named_error_within_the_timeout(tmp_path, chunks):
+def test_a_sender_killed_mid_message_is_a_named_error_within_the_timeout(tmp_path, chunks,
+                                                                         in_place):
     child = multiprocessing.get_context("spawn").Process(
-        target=_send_and_die, args=(str(tmp_path), chunks), daemon=True)
+        target=_send_and_die, args=(str(tmp_path), chunks, in_place), daemon=True)
     child.start()
     ch = channels.create("shm", 0, 2, store=DirStore(tmp_path), timeout=20)
     try:
@@ -62,9 +67,10 @@ def test_a_sender_killed_mid_message_is_a_named_error_within_the_timeout(tmp_pat
         ch.close()
 
 
-def _echo(path: str) -> None:
+def _echo(path: str, in_place: str) -> None:
     """Rank 1: send back every message rank 0 sends, until an empty one."""
     os.environ["MWRT_SHM_SLOT_BYTES"], os.environ["MWRT_SHM_SLOTS"] = str(SLOT), "3"
+    os.environ["MWRT_SHM_CMA"], os.environ["MWRT_SHM_CMA_BYTES"] = in_place, str(SLOT)
     ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
     try:
         while True:
@@ -79,10 +85,15 @@ def _echo(path: str) -> None:
         ch.close()
 
 
-def test_odd_sizes_around_chunk_boundaries_go_and_come_back_intact(tmp_path, monkeypatch):
+@pytest.mark.parametrize("in_place", ["1", "0"])
+def test_odd_sizes_around_chunk_boundaries_go_and_come_back_intact(tmp_path, monkeypatch,
+                                                                   in_place):
     monkeypatch.setenv("MWRT_SHM_SLOT_BYTES", str(SLOT))
     monkeypatch.setenv("MWRT_SHM_SLOTS", "3")
-    child = multiprocessing.get_context("spawn").Process(target=_echo, args=(str(tmp_path),),
+    monkeypatch.setenv("MWRT_SHM_CMA", in_place)
+    monkeypatch.setenv("MWRT_SHM_CMA_BYTES", str(SLOT))  # from one slot: in place
+    child = multiprocessing.get_context("spawn").Process(target=_echo,
+                                                         args=(str(tmp_path), in_place),
                                                          daemon=True)
     child.start()
     pids = (child.pid, os.getpid())
@@ -108,3 +119,95 @@ def test_odd_sizes_around_chunk_boundaries_go_and_come_back_intact(tmp_path, mon
         ch.close()
     for pid in pids:
         assert glob.glob(f"/dev/shm/mwrt-{pid}-*") == []
+
+
+def _receive_and_die(path: str, frames: int) -> None:
+    """Rank 1: receive a message read in place, and SIGKILL ourselves at frame `frames`."""
+    seen = [0]
+    on_cma = ShmChannel._on_cma
+
+    def counting(self, *args):
+        if seen[0] == frames:
+            os.kill(os.getpid(), signal.SIGKILL)
+        seen[0] += 1
+        return on_cma(self, *args)
+
+    ShmChannel._on_cma = counting
+    ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
+    ch.recv(np.zeros(MESSAGE, np.uint8), 0, tag=9)
+
+
+@pytest.mark.parametrize("frames", [0, 3])  # the first (the peer's probe), a later one
+def test_a_receiver_killed_while_reading_in_place_fails_the_send_naming_it(
+        tmp_path, monkeypatch, frames):
+    monkeypatch.setenv("MWRT_SHM_SLOT_BYTES", str(SLOT))  # 1 MiB: 17 segments in place
+    child = multiprocessing.get_context("spawn").Process(
+        target=_receive_and_die, args=(str(tmp_path), frames), daemon=True)
+    child.start()
+    ch = channels.create("shm", 0, 2, store=DirStore(tmp_path), timeout=20)
+    try:
+        with pytest.raises(ChannelClosedError, match="rank 1") as info:
+            ch.send(np.ones(MESSAGE, np.uint8), 1, tag=9, timeout=15)
+        assert info.value.peer == 1
+    finally:
+        child.kill()
+        child.join()
+        child.close()
+        ch.close()
+
+
+_CAP_SYS_PTRACE = 19
+
+
+def _drop_ptrace_capability() -> None:
+    """Leave this process unable to read a non-dumpable process's memory, even as root."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this pid
+    data = (ctypes.c_uint32 * 6)()  # two of (effective, permitted, inheritable)
+    if libc.capget(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    data[0] &= ~(1 << _CAP_SYS_PTRACE)
+    data[1] &= ~(1 << _CAP_SYS_PTRACE)
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _refusal_rank(path: str, rank: int) -> None:
+    """Rank 1 sends two messages from a non-dumpable process; rank 0 may not read it."""
+    os.environ["MWRT_SHM_SLOT_BYTES"] = str(SLOT)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if rank == 1:
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the kernel refuses others' reads
+    else:
+        _drop_ptrace_capability()
+    ch = channels.create("shm", rank, 2, store=DirStore(path), timeout=20)
+    try:
+        data = np.arange(MESSAGE, dtype=np.uint64).astype(np.uint8)
+        for tag in (1, 2):
+            if rank == 1:
+                ch.send(data, 0, tag=tag)
+            else:
+                out = np.zeros(MESSAGE, np.uint8)
+                ch.recv(out, 1, tag=tag)
+                np.testing.assert_array_equal(out, data)
+        if rank == 1:
+            assert ch._out_slots[0].cma is False  # refused once: slots from then on
+        ch.recv(np.zeros(1), 1 - rank, tag=3) if rank else ch.send(np.ones(1), 1, tag=3)
+    finally:
+        ch.close()
+
+
+def test_a_receiver_the_kernel_refuses_gets_the_message_through_slots(tmp_path):
+    procs = [multiprocessing.get_context("spawn").Process(
+        target=_refusal_rank, args=(str(tmp_path), r), daemon=True) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+            p.close()
