@@ -3,9 +3,10 @@ killed part-way through a message, a kernel that refuses the in-place read, odd 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import glob
 import multiprocessing
-import ctypes
 import os
 import signal
 
@@ -21,20 +22,51 @@ SLOT = 64 << 10  # small slots: a 1 MiB message is 16 chunks through 2 of them
 MESSAGE = (1 << 20) + 13
 
 
+def _die_at(method: str, calls: int) -> None:
+    """SIGKILL this process when ShmChannel.`method` is called the (calls+1)-th time."""
+    seen, original = [0], getattr(ShmChannel, method)
+
+    def counting(self, *args):
+        if seen[0] == calls:
+            os.kill(os.getpid(), signal.SIGKILL)
+        seen[0] += 1
+        return original(self, *args)
+
+    setattr(ShmChannel, method, counting)
+
+
+@contextlib.contextmanager
+def _spawned(tmp_path, target, *arglists):
+    """One spawned process per tuple of `arglists`, each running target(path, *args)."""
+    procs = [multiprocessing.get_context("spawn").Process(
+        target=target, args=(str(tmp_path), *args), daemon=True) for args in arglists]
+    for proc in procs:
+        proc.start()
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join()
+            proc.close()
+
+
+@contextlib.contextmanager
+def _beside(tmp_path, target, *args):
+    """Rank 1 as a spawned process running target(path, *args); yields (it, rank 0)."""
+    with _spawned(tmp_path, target, args) as (child,):
+        ch = channels.create("shm", 0, 2, store=DirStore(tmp_path), timeout=20)
+        try:
+            yield child, ch
+        finally:
+            ch.close()
+
+
 def _send_and_die(path: str, chunks: int, in_place: str) -> None:
     """Rank 1: send MESSAGE bytes to rank 0, and SIGKILL ourselves before chunk `chunks`."""
     os.environ["MWRT_SHM_SLOT_BYTES"], os.environ["MWRT_SHM_SLOTS"] = str(SLOT), "2"
     os.environ["MWRT_SHM_CMA"] = in_place
-    sent = [0]
-    send_segment = ShmChannel._send_segment
-
-    def counting(self, *args):
-        if sent[0] == chunks:
-            os.kill(os.getpid(), signal.SIGKILL)
-        sent[0] += 1
-        return send_segment(self, *args)
-
-    ShmChannel._send_segment = counting
+    _die_at("_send_segment", chunks)
     ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
     ch.send(np.ones(1), 0)  # connected: the parent posts its large receive after this
     DirStore(path).get("posted")
@@ -45,14 +77,9 @@ def _send_and_die(path: str, chunks: int, in_place: str) -> None:
 @pytest.mark.parametrize("chunks", [1, 7, 16])  # after the first, mid-message, before the last
 def test_a_sender_killed_mid_message_is_a_named_error_within_the_timeout(tmp_path, chunks,
                                                                          in_place):
-    child = multiprocessing.get_context("spawn").Process(
-        target=_send_and_die, args=(str(tmp_path), chunks, in_place), daemon=True)
-    child.start()
-    ch = channels.create("shm", 0, 2, store=DirStore(tmp_path), timeout=20)
-    try:
+    with _beside(tmp_path, _send_and_die, chunks, in_place) as (child, ch):
         ch.recv(np.zeros(1), 1)
-        out = np.zeros(MESSAGE, np.uint8)
-        work = ch.irecv(out, 1, tag=9)
+        work = ch.irecv(np.zeros(MESSAGE, np.uint8), 1, tag=9)
         DirStore(tmp_path).set("posted", b"1")
         with pytest.raises(ChannelClosedError, match="rank 1") as info:
             work.wait(15)
@@ -60,11 +87,6 @@ def test_a_sender_killed_mid_message_is_a_named_error_within_the_timeout(tmp_pat
         child.join(10)
         assert child.exitcode == -signal.SIGKILL
         assert glob.glob(f"/dev/shm/mwrt-{child.pid}-*") == []  # mapped, then unlinked
-    finally:
-        child.kill()
-        child.join()
-        child.close()
-        ch.close()
 
 
 def _echo(path: str, in_place: str) -> None:
@@ -92,13 +114,8 @@ def test_odd_sizes_around_chunk_boundaries_go_and_come_back_intact(tmp_path, mon
     monkeypatch.setenv("MWRT_SHM_SLOTS", "3")
     monkeypatch.setenv("MWRT_SHM_CMA", in_place)
     monkeypatch.setenv("MWRT_SHM_CMA_BYTES", str(SLOT))  # from one slot: in place
-    child = multiprocessing.get_context("spawn").Process(target=_echo,
-                                                         args=(str(tmp_path), in_place),
-                                                         daemon=True)
-    child.start()
-    pids = (child.pid, os.getpid())
-    ch = channels.create("shm", 0, 2, store=DirStore(tmp_path), timeout=20)
-    try:
+    with _beside(tmp_path, _echo, in_place) as (child, ch):
+        pids = (child.pid, os.getpid())
         rng = np.random.default_rng(5)
         for n in (SLOT - 1, SLOT, SLOT + 1, 2 * SLOT - 1, 3 * SLOT, 3 * SLOT + 1,
                   4 * SLOT + 17, 3 << 20, 10 * SLOT + 4093):
@@ -112,27 +129,13 @@ def test_odd_sizes_around_chunk_boundaries_go_and_come_back_intact(tmp_path, mon
         ch.send(np.array([-1], np.int64), 1, tag=1)
         child.join(20)
         assert child.exitcode == 0
-    finally:
-        child.kill()
-        child.join()
-        child.close()
-        ch.close()
     for pid in pids:
         assert glob.glob(f"/dev/shm/mwrt-{pid}-*") == []
 
 
 def _receive_and_die(path: str, frames: int) -> None:
     """Rank 1: receive a message read in place, and SIGKILL ourselves at frame `frames`."""
-    seen = [0]
-    on_cma = ShmChannel._on_cma
-
-    def counting(self, *args):
-        if seen[0] == frames:
-            os.kill(os.getpid(), signal.SIGKILL)
-        seen[0] += 1
-        return on_cma(self, *args)
-
-    ShmChannel._on_cma = counting
+    _die_at("_on_cma", frames)
     ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
     ch.recv(np.zeros(MESSAGE, np.uint8), 0, tag=9)
 
@@ -141,19 +144,10 @@ def _receive_and_die(path: str, frames: int) -> None:
 def test_a_receiver_killed_while_reading_in_place_fails_the_send_naming_it(
         tmp_path, monkeypatch, frames):
     monkeypatch.setenv("MWRT_SHM_SLOT_BYTES", str(SLOT))  # 1 MiB: 17 segments in place
-    child = multiprocessing.get_context("spawn").Process(
-        target=_receive_and_die, args=(str(tmp_path), frames), daemon=True)
-    child.start()
-    ch = channels.create("shm", 0, 2, store=DirStore(tmp_path), timeout=20)
-    try:
+    with _beside(tmp_path, _receive_and_die, frames) as (_, ch):
         with pytest.raises(ChannelClosedError, match="rank 1") as info:
             ch.send(np.ones(MESSAGE, np.uint8), 1, tag=9, timeout=15)
         assert info.value.peer == 1
-    finally:
-        child.kill()
-        child.join()
-        child.close()
-        ch.close()
 
 
 _CAP_SYS_PTRACE = 19
@@ -198,16 +192,7 @@ def _refusal_rank(path: str, rank: int) -> None:
 
 
 def test_a_receiver_the_kernel_refuses_gets_the_message_through_slots(tmp_path):
-    procs = [multiprocessing.get_context("spawn").Process(
-        target=_refusal_rank, args=(str(tmp_path), r), daemon=True) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(60)
-        assert [p.exitcode for p in procs] == [0, 0]
-    finally:
-        for p in procs:
-            p.kill()
-            p.join()
-            p.close()
+    with _spawned(tmp_path, _refusal_rank, (0,), (1,)) as procs:
+        for proc in procs:
+            proc.join(60)
+        assert [proc.exitcode for proc in procs] == [0, 0]
