@@ -82,6 +82,21 @@ def test_pooled_buffers_count_in_the_session_quota():
     assert pool.stats()["pool_bytes"] == 0
 
 
+
+def test_a_receive_lets_go_of_buffers_the_grown_session_no_longer_leaves_room_for():
+    table = TensorTable(0)
+    table.max_bytes = 4 * MIB
+    pool = ReceivePool(table, limit=64 * MIB, min_bytes=MIB)
+    table[1] = np.zeros(MIB, np.uint8)
+    a = pool.empty((MIB,), np.uint8)
+    del a
+    assert pool.stats()["pool_bytes"] == MIB
+    table[2] = np.zeros(5 * MIB // 2, np.uint8)  # half a MiB of room left
+    b = pool.empty((2 * MIB,), np.uint8)  # another size: the 1 MiB buffer goes, unused
+    assert pool.stats()["pool_bytes"] == 0 and pool.stats()["pool_reused"] == 0
+    del b
+
+
 def test_a_closed_pool_keeps_nothing_and_live_arrays_stay_valid():
     pool = ReceivePool(limit=8 * MIB, min_bytes=MIB)
     a, b = pool.empty((MIB,), np.uint8), pool.empty((MIB,), np.uint8)

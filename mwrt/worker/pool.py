@@ -67,6 +67,7 @@ class ReceivePool:
 
     def _take(self, nbytes: int) -> np.ndarray | None:
         with self._lock:
+            self._evict()  # the session's tensors may have grown since buffers came back
             buffers = self._free.get(nbytes)
             if not buffers:
                 return None
