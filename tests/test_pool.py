@@ -82,7 +82,6 @@ def test_pooled_buffers_count_in_the_session_quota():
     assert pool.stats()["pool_bytes"] == 0
 
 
-
 def test_a_receive_lets_go_of_buffers_the_grown_session_no_longer_leaves_room_for():
     table = TensorTable(0)
     table.max_bytes = 4 * MIB
