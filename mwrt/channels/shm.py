@@ -228,7 +228,9 @@ class ShmChannel(SocketChannel):
                 poller = select.poll()
                 poller.register(conn.sock, select.POLLIN)
                 if not poller.poll(max(deadline - _now(), 0) * 1000):
-                    conn.error = conn.error or "the peer stopped answering mid-message"
+                    if out.owed:  # it may still read segments we return from: no more frames
+                        conn.error = conn.error or "a send timed out while rank " \
+                            f"{peer} still had segments to read in place"
                     raise ChannelTimeoutError(
                         f"{what}: rank {peer} freed no shared-memory slot (nor read the "
                         "segments it was shown) before the timeout; is it receiving?")
