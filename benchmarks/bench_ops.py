@@ -214,12 +214,14 @@ def overhead_rows() -> list:
     return rows
 
 
-def main() -> None:
+def main(shm_only: bool = False) -> None:
+    """Every row; with `shm_only` (--shm), the same-host transfer rows alone."""
     nbytes = 64 << 20
     handoff = shm_handoff_gbps(nbytes)  # before any mwrt thread
     fresh, warm = memcpy_gbps(nbytes, fresh=True), memcpy_gbps(nbytes)
-    rows = overhead_rows()
-    rows += bulk_rows("tcp", [("raw socket", raw_socket_gbps(nbytes))])
+    rows = [] if shm_only else overhead_rows()
+    if not shm_only:
+        rows += bulk_rows("tcp", [("raw socket", raw_socket_gbps(nbytes))])
     rows += bulk_rows("shm", [("shared_memory handoff", handoff),
                               ("memcpy into fresh", fresh), ("memcpy into warm", warm)])
     print(f"{'what':46} {'mwrt':>16}   {'baseline (same run)':32} {'ratio':>6}   goal")
@@ -273,5 +275,6 @@ def print_graph_replay() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    print_graph_replay()
+    main(shm_only="--shm" in sys.argv[1:])
+    if "--shm" not in sys.argv[1:]:
+        print_graph_replay()
