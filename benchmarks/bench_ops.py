@@ -205,13 +205,30 @@ def overhead_rows() -> list:
     t_done = time.perf_counter() - t0
     if x.numpy()[0] != n:
         raise SystemExit(f"bench_ops: wrong result {x.numpy()[0]} (expected {n})")
+    event_cpu = event_pair_cpu_us()
     mwrt.shutdown()
     rows.append(("ops issued per second, x += 1.0 (16 floats)", f"{n / t_issue:,.0f} /s",
                  "", "", "≥ 250,000 /s"))
     rows.append(("  master CPU per issued op", f"{cpu / n * 1e6:.1f} µs", "", "", ""))
     rows.append(("ops completed per second, same ops", f"{n / t_done:,.0f} /s", "", "",
                  "≥ 150,000 /s"))
+    rows.append(("event record + wait_event pair, master CPU", f"{event_cpu:.1f} µs", "", "",
+                 "≤ 10 µs"))
     return rows
+
+
+def event_pair_cpu_us(n: int = 20_000) -> float:
+    """Master CPU per `b.wait_event(a.record_event())` (the worker's side runs meanwhile)."""
+    a, b = mwrt.Stream(), mwrt.Stream()
+    with mwrt.stream(a):
+        mwrt.zeros(16)
+    mwrt.synchronize()
+    c0 = time.process_time()
+    for _ in range(n):
+        b.wait_event(a.record_event())
+    cpu = time.process_time() - c0
+    mwrt.synchronize()
+    return cpu / n * 1e6
 
 
 def main(shm_only: bool = False) -> None:

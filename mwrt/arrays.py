@@ -53,6 +53,37 @@ def use_device(device: int):
     return namespace(device).cuda.Device(device)
 
 
+_peers: set = set()  # (device, peer) pairs of this process with peer access turned on
+
+
+def peers_enabled() -> set:
+    """The (device, peer) pairs of this process with peer access turned on."""
+    return set(_peers)
+
+
+def copy_to_device(xp, array, device: int):
+    """`array` (on another GPU of this process) copied to `device` by the GPUs themselves, on
+    `device`'s current stream: directly where the pair has peer access, which is turned on
+    the first time; staged by the driver otherwise. Never through the master."""
+    with xp.cuda.Device(device):
+        _enable_peer(xp, device, array.device.id)
+        return xp.asarray(array)
+
+
+def _enable_peer(xp, device: int, peer: int) -> None:
+    """Turn on `device`'s access to `peer`'s memory once, where the hardware allows it."""
+    if device == peer or (device, peer) in _peers:
+        return
+    runtime = xp.cuda.runtime
+    if runtime.deviceCanAccessPeer(device, peer):
+        try:
+            runtime.deviceEnablePeerAccess(peer)  # for the current device: `device`
+        except Exception as exc:  # on already (another library did it): what we want
+            if "AlreadyEnabled" not in f"{type(exc).__name__} {exc}":
+                raise
+        _peers.add((device, peer))
+
+
 def device_count() -> int:
     """Number of GPUs this process sees (0 without CuPy or CUDA)."""
     try:

@@ -64,6 +64,9 @@ SETTINGS = {
     "batch_size": Setting("MWRT_BATCH_SIZE", 256, int, "commands per batch before a flush"),
     "inline_bytes": Setting("MWRT_INLINE_BYTES", 65536, int,
                             "arrays up to this size ride inside commands"),
+    "staging_chunk_bytes": Setting("MWRT_STAGING_CHUNK_BYTES", 8 << 20, int,
+                                   "chunk size (a power of two) of transfers to and from GPUs, "
+                                   "which copy one chunk while the channel sends another"),
     "max_frame_bytes": Setting("MWRT_MAX_FRAME_BYTES", 1 << 20, int,
                                "largest command frame a daemon accepts"),
     "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", _host_ram() // 2, int,

@@ -87,7 +87,7 @@ class ndarray(np.ndarray):
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
                 "data": (self.ctypes.data, False), "strides": None}
 
-    def get(self, stream=None, order="C", out=None) -> np.ndarray:
+    def get(self, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
         """A NumPy copy in host memory (CuPy's device-to-host copy)."""
         host = np.array(self.view(np.ndarray), order=order)
         if out is not None:
@@ -199,9 +199,25 @@ class _Generator:
 random = types.SimpleNamespace(default_rng=_Generator)
 
 
+class _Submodule:
+    """NumPy's `linalg`, `fft`…: their functions as kernels, as CuPy's submodules have them."""
+
+    def __init__(self, module: types.ModuleType):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        func = getattr(self._module, name)
+        if isinstance(func, type) or not callable(func):
+            return func
+        where = f"{self._module.__name__.removeprefix('numpy.')}.{name}"
+        return lambda *a, **k: _launch(func, a, k, where)
+
+
 def __getattr__(name: str):
     """Every other array function: NumPy's, as a kernel on the current device."""
     func = getattr(np, name)
+    if isinstance(func, types.ModuleType):
+        return _Submodule(func)
     if isinstance(func, type) or not callable(func):
         return func  # dtypes and constants are the same objects in CuPy
     return lambda *a, **k: _launch(func, a, k, name)
@@ -266,6 +282,8 @@ class Stream:
         self.ptr = 0 if null else next(_ptrs)
         self.non_blocking = non_blocking
         self.launched = 0  # kernels run on this stream
+        self.synchronized = 0  # host waits for it (tests: the executor never makes one)
+        self.waited: list = []  # the events it was told to wait for (stream.wait_event)
         self.last_ops: collections.deque = collections.deque(maxlen=64)
         self._saved: list = []
 
@@ -298,7 +316,8 @@ class Stream:
         return True
 
     def synchronize(self) -> None:
-        """Everything launched on the fake stream has run already."""
+        """Everything launched on the fake stream has run already (the wait is counted)."""
+        self.synchronized += 1
 
     def record(self, event=None) -> "Event":
         event = Event() if event is None else event
@@ -307,7 +326,8 @@ class Stream:
 
     def wait_event(self, event) -> None:
         """Later kernels wait for `event`: here every recorded one has happened (and CUDA
-        ignores a wait on an unrecorded event)."""
+        ignores a wait on an unrecorded event); the wait is noted."""
+        self.waited.append(event)
 
     def launch_host_func(self, callback, arg) -> None:
         callback(arg)
@@ -367,6 +387,24 @@ class PinnedMemory(bytearray):
         return len(self)
 
 
+_peer_access: set = set()  # (device, peer) pairs turned on, as the CUDA context keeps them
+
+
+def _can_access_peer(device: int, peer: int) -> int:
+    Device(device), Device(peer)  # CUDA's error for a device that does not exist
+    return int(device != peer)  # host memory posing as two GPUs: every pair can
+
+
+def _enable_peer_access(peer: int) -> None:
+    """Turn on the current device's access to `peer`'s memory (CUDA's error when on)."""
+    pair = (_current_device(), int(peer))
+    with _lock:
+        if pair in _peer_access:
+            raise RuntimeError("cudaErrorPeerAccessAlreadyEnabled: peer access is already "
+                               "enabled")
+        _peer_access.add(pair)
+
+
 def _device_count() -> int:
     return _count()
 
@@ -383,7 +421,9 @@ def _device_properties(device: int) -> dict:
 
 Stream.null = Stream(null=True)
 runtime = types.SimpleNamespace(getDeviceCount=_device_count, memGetInfo=_mem_get_info,
-                                getDeviceProperties=_device_properties)
+                                getDeviceProperties=_device_properties,
+                                deviceCanAccessPeer=_can_access_peer,
+                                deviceEnablePeerAccess=_enable_peer_access)
 memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
 cuda = types.SimpleNamespace(
     Device=Device, Stream=Stream, Event=Event, get_elapsed_time=get_elapsed_time,

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("mw_remote.py", "issued at:"),
     ("mw_collectives.py", "all_reduce on node 2: [6. 6. 6. 6.]"),
     ("mw_streams_events.py", "node 0 after node 1's event: [ 1.  2.  5. 10.]"),
+    ("mw_numpy_functions.py", "t @ inv(t) is the identity: True"),
 ])
 def test_example_runs(name, expected):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT,

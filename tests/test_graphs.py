@@ -112,6 +112,32 @@ def test_an_error_in_a_replay_names_the_captured_op_and_line(cluster):
     assert "captured by mwrt.graph" in info.value.issued_at
 
 
+def test_a_failure_mid_replay_poisons_the_rest_and_the_next_replay_runs(cluster):
+    x, w = mwrt.ones(3), mwrt.ones(3)
+    fail = {"now": False}
+    flaky = mwrt.remote(lambda t, f=fail: t, spec=((3,), np.float32))
+    with mwrt.graph() as g:
+        w.add_(1.0)  # prepared steps (in-place ufuncs) before and after the failing op
+        y = flaky(x)
+        w.multiply_(2.0)
+        z = y + w
+    g.replay()
+    np.testing.assert_array_equal(z.numpy(), [5, 5, 5])
+    bad = mwrt.remote(lambda t: t.reshape(7), spec=((7,), np.float32))
+    with mwrt.graph() as h:
+        w.add_(1.0)
+        y = bad(x)
+        w.multiply_(2.0)
+        z = y + 1
+    h.replay()
+    with pytest.raises(mwrt.RemoteError) as info:
+        z.numpy()
+    assert info.value.op == "remote"
+    np.testing.assert_array_equal(w.numpy(), [5, 5, 5])  # ran up to the failure, not after
+    g.replay()
+    np.testing.assert_array_equal(w.numpy(), [12, 12, 12])
+
+
 @pytest.mark.parametrize("what, match", [
     (lambda x: (x + 1).numpy(), "graph: Get waits for the worker"),
     (lambda x: x.to(node=1), r"graph: moves between nodes \(.to\(node=\)"),

@@ -16,7 +16,10 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +28,11 @@ from ..collective import api as C
 from ..collective.group import ProcessGroup, default_timeout
 from ..errors import MwrtError
 from ..protocol import auth
-from ..store import rendezvous, store_from_url
+from ..store import Store, rendezvous, store_from_url
+
+# A group argument: a ProcessGroup, None (the default group) or GroupMember.NON_GROUP_MEMBER.
+GroupLike = Any
+Timeout = float | timedelta | None
 
 
 class GroupMember:
@@ -99,8 +106,9 @@ _init_lock = threading.Lock()
 _inits = [0]
 
 
-def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
-                       world_size: int = -1, rank: int = -1, store=None,
+def init_process_group(backend: str | None = None, init_method: str | None = None,
+                       timeout: Timeout = None, world_size: int = -1, rank: int = -1,
+                       store: Store | None = None,
                        group_name: str = "") -> None:
     """Join the default group: rendezvous through a store, then connect the channel."""
     with _init_lock:
@@ -148,7 +156,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         _state.backend, _state.groups, _state.next_group_id = asked, [group], 1
 
 
-def destroy_process_group(group=None) -> None:
+def destroy_process_group(group: GroupLike = None) -> None:
     """Leave `group`, or (no argument) tear down everything; init may be called again."""
     if group is not None and group is not _state.group:
         if group is not GroupMember.NON_GROUP_MEMBER:
@@ -179,6 +187,7 @@ def leave_at_exit() -> None:
 
 
 def is_initialized() -> bool:
+    """True between init_process_group and destroy_process_group."""
     return _state.group is not None
 
 
@@ -195,38 +204,40 @@ def resolve_group(group) -> ProcessGroup | None:
     return None if group is GroupMember.NON_GROUP_MEMBER else group
 
 
-def get_rank(group=None) -> int:
+def get_rank(group: GroupLike = None) -> int:
     """This process's rank in `group` (default: the global rank); -1 for non-members."""
     g = resolve_group(group)
     return -1 if g is None else g.rank
 
 
-def get_world_size(group=None) -> int:
+def get_world_size(group: GroupLike = None) -> int:
     """The number of ranks in `group` (default: all); -1 for non-members."""
     g = resolve_group(group)
     return -1 if g is None else g.size
 
 
-def get_num_processes(group=None) -> int:
+def get_num_processes(group: GroupLike = None) -> int:
     """get_world_size under the 2017 proposal's name."""
     return get_world_size(group)
 
 
-def get_backend(group=None) -> str:
+def get_backend(group: GroupLike = None) -> str:
+    """The backend (channel) name the default group was made with."""
     _default()
     return _state.backend
 
 
-def get_process_group_ranks(group) -> list[int]:
+def get_process_group_ranks(group: GroupLike) -> list[int]:
+    """The global ranks of `group`, in group-rank order."""
     return list(resolve_group(group).ranks)
 
 
-def get_group_rank(group, global_rank: int) -> int:
+def get_group_rank(group: GroupLike, global_rank: int) -> int:
     """`global_rank`'s rank within `group`."""
     return group_rank_of(resolve_group(group), global_rank, "get_group_rank")
 
 
-def get_global_rank(group, group_rank: int) -> int:
+def get_global_rank(group: GroupLike, group_rank: int) -> int:
     """The global rank of `group_rank` within `group`."""
     g = resolve_group(group)
     if not 0 <= group_rank < g.size:
@@ -236,6 +247,7 @@ def get_global_rank(group, group_rank: int) -> int:
 
 
 def is_available() -> bool:
+    """True: mwrt.distributed is always available (torch's question)."""
     return True
 
 
@@ -249,7 +261,8 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     return fallback_rank
 
 
-def new_group(ranks=None, timeout=None, backend=None):
+def new_group(ranks: Iterable[int] | None = None, timeout: Timeout = None,
+              backend: str | None = None) -> GroupLike:
     """A subgroup of global `ranks`; every rank must call it, in the same order."""
     parent = _default()
     ranks = sorted(range(parent.size) if ranks is None else {int(r) for r in ranks})
@@ -265,7 +278,9 @@ def new_group(ranks=None, timeout=None, backend=None):
     return g
 
 
-def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None):
+def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]],
+                                 timeout: Timeout = None, backend: str | None = None
+                                 ) -> tuple[GroupLike, list[GroupLike]]:
     """One new_group per list of ranks (every rank calls this alike): (ours, all of them)."""
     mine, groups = None, []
     for ranks in ranks_per_subgroup_list:
@@ -279,7 +294,9 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
     return mine, groups
 
 
-def new_subgroups(group_size: int | None = None, group=None, timeout=None, backend=None):
+def new_subgroups(group_size: int | None = None, group: GroupLike = None,
+                  timeout: Timeout = None, backend: str | None = None
+                  ) -> tuple[GroupLike, list[GroupLike]]:
     """Split the world into subgroups of `group_size` consecutive ranks (default: the ranks
     of one machine, LOCAL_WORLD_SIZE): (ours, all of them)."""
     if group is not None:

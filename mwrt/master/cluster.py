@@ -236,6 +236,7 @@ def current() -> Cluster:
 
 
 def is_initialized() -> bool:
+    """True between init_master_worker and shutdown."""
     return _cluster is not None
 
 

@@ -9,6 +9,8 @@ a valid op) at issue time, so mistakes are raised here, naming the nodes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..collective.reduce_ops import ReduceOp, reduce_op
@@ -16,6 +18,9 @@ from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
 from .cluster import current
+from .tensor import DistributedTensor
+
+Tensors = Sequence[DistributedTensor]
 
 
 def _check(tensors, what: str) -> list:
@@ -66,7 +71,8 @@ def _issue(kind: str, tensor, node, device, ranks, group, args, out_spec=None):
     return out
 
 
-def all_reduce(tensors, op=ReduceOp.SUM) -> list:
+def all_reduce(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
+               ) -> list[DistributedTensor]:
     """Combine the tensors with `op`, in place: every node ends with the same result."""
     tensors = _check(tensors, "all_reduce")
     op = reduce_op(op, tensors[0].dtype, "all_reduce")
@@ -76,7 +82,7 @@ def all_reduce(tensors, op=ReduceOp.SUM) -> list:
     return tensors
 
 
-def broadcast(tensors, src: int = 0) -> list:
+def broadcast(tensors: Tensors, src: int = 0) -> list[DistributedTensor]:
     """Copy tensors[src] into every other tensor, in place."""
     tensors = _check(tensors, "broadcast")
     _check_index(src, tensors, "broadcast", "src")
@@ -86,7 +92,8 @@ def broadcast(tensors, src: int = 0) -> list:
     return tensors
 
 
-def reduce(tensors, dst: int = 0, op=ReduceOp.SUM):
+def reduce(tensors: Tensors, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM
+           ) -> DistributedTensor:
     """Combine the tensors with `op` into tensors[dst] (the others are scratch space)."""
     tensors = _check(tensors, "reduce")
     _check_index(dst, tensors, "reduce", "dst")
@@ -97,7 +104,7 @@ def reduce(tensors, dst: int = 0, op=ReduceOp.SUM):
     return tensors[dst]
 
 
-def all_gather(tensors) -> list:
+def all_gather(tensors: Tensors) -> list[DistributedTensor]:
     """On every node, a new tensor stacking all the tensors: shape (len(tensors), *shape)."""
     tensors = _check(tensors, "all_gather")
     ranks, group = _placed(tensors)
@@ -106,7 +113,7 @@ def all_gather(tensors) -> list:
                    {"dtype": spec.dtype.str}, spec) for t in tensors]
 
 
-def gather(tensors, dst: int = 0):
+def gather(tensors: Tensors, dst: int = 0) -> DistributedTensor:
     """A new tensor on tensors[dst]'s node stacking all the tensors."""
     tensors = _check(tensors, "gather")
     _check_index(dst, tensors, "gather", "dst")
@@ -120,10 +127,8 @@ def gather(tensors, dst: int = 0):
     return result
 
 
-def scatter(tensor, nodes) -> list:
+def scatter(tensor: DistributedTensor, nodes: Sequence[int]) -> list[DistributedTensor]:
     """Split `tensor` (shape (len(nodes), *rest)) along axis 0: part i goes to nodes[i]."""
-    from .tensor import DistributedTensor
-
     if not isinstance(tensor, DistributedTensor):
         raise TypeError(f"scatter: expected a DistributedTensor (got {type(tensor).__name__})")
     nodes = [current().node(n) for n in nodes]

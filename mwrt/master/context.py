@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 
 from ..arrays import HOST
 
@@ -31,7 +32,7 @@ def current_device() -> int:
 
 
 @contextlib.contextmanager
-def node(index: int, device: int | None = None):
+def node(index: int, device: int | None = None) -> Iterator[None]:
     """Create new tensors on node `index` (and `device`, if given) inside this block."""
     from .cluster import current
 
@@ -49,7 +50,7 @@ def node(index: int, device: int | None = None):
 
 
 @contextlib.contextmanager
-def device(index: int):
+def device(index: int) -> Iterator[None]:
     """Create new tensors on `index` (-1 = host memory) of the current node inside this block."""
     devices = _stack("devices")
     devices.append(index)

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..arrays import TYPED, as_dtype, as_shape
 from ..ops import Spec
 from ..protocol import wire
 from . import context
 from .cluster import current
+from .tensor import DistributedTensor
+
+Shape = int | Sequence[int]
 
 
-def _create(kind: str, shape: tuple, dtype, node, device, args=()):
-    from .tensor import DistributedTensor
-
+def _create(kind: str, shape: tuple, dtype, node, device, args=()) -> DistributedTensor:
     dtype = as_dtype(dtype)
     target = current().node(context.current_node() if node is None else node)
     device = target.check_device(context.current_device() if device is None else device)
@@ -26,20 +29,26 @@ def _create(kind: str, shape: tuple, dtype, node, device, args=()):
     return tensor
 
 
-def empty(*shape, dtype=np.float32, node=None, device=None):
+def empty(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
+          device: int | None = None) -> DistributedTensor:
     """An uninitialized tensor of `shape` on (node, device)."""
     return _create("empty", as_shape(shape), dtype, node, device)
 
 
-def zeros(*shape, dtype=np.float32, node=None, device=None):
+def zeros(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
+          device: int | None = None) -> DistributedTensor:
+    """A tensor of `shape` filled with zeros on (node, device); float32 unless `dtype`."""
     return _create("zeros", as_shape(shape), dtype, node, device)
 
 
-def ones(*shape, dtype=np.float32, node=None, device=None):
+def ones(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
+         device: int | None = None) -> DistributedTensor:
+    """A tensor of `shape` filled with ones on (node, device); float32 unless `dtype`."""
     return _create("ones", as_shape(shape), dtype, node, device)
 
 
-def full(shape, fill_value, dtype=None, node=None, device=None):
+def full(shape: Shape, fill_value: complex, dtype: DTypeLike = None, node: int | None = None,
+         device: int | None = None) -> DistributedTensor:
     """A tensor of `shape` filled with `fill_value`; dtype from it if not given, float32 for a
     float fill (as ones/zeros/rand make), so full(4, 3.0) and ones(4) can meet in a
     collective."""
@@ -51,7 +60,8 @@ def full(shape, fill_value, dtype=None, node=None, device=None):
     return _create("full", shape, dtype, node, device, (fill_value,))
 
 
-def arange(start, stop=None, step=1, dtype=None, node=None, device=None):
+def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike = None,
+           node: int | None = None, device: int | None = None) -> DistributedTensor:
     """Evenly spaced values in [start, stop), like np.arange."""
     if stop is None:
         start, stop = 0, start
@@ -63,13 +73,15 @@ def arange(start, stop=None, step=1, dtype=None, node=None, device=None):
     return _create("arange", (length,), dtype, node, device, (start, stop, step))
 
 
-def rand(*shape, dtype=np.float32, node=None, device=None):
+def rand(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
+         device: int | None = None) -> DistributedTensor:
     """Uniform [0, 1) samples; reproducible after mwrt.manual_seed()."""
     seed = int(current().rng.integers(2**63))
     return _create("rand", as_shape(shape), dtype, node, device, (seed,))
 
 
-def randn(*shape, dtype=np.float32, node=None, device=None):
+def randn(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
+          device: int | None = None) -> DistributedTensor:
     """Standard normal samples; reproducible after mwrt.manual_seed()."""
     seed = int(current().rng.integers(2**63))
     return _create("randn", as_shape(shape), dtype, node, device, (seed,))
@@ -80,8 +92,9 @@ def manual_seed(seed: int) -> None:
     current().rng = np.random.default_rng(seed)
 
 
-def _typed(name: str, dtype):
-    def constructor(*shape, node=None, device=None):
+def _typed(name: str, dtype) -> Callable[..., DistributedTensor]:
+    def constructor(*shape: Shape, node: int | None = None, device: int | None = None
+                    ) -> DistributedTensor:
         return _create("empty", as_shape(shape), dtype, node, device)
     constructor.__name__ = constructor.__qualname__ = name
     constructor.__doc__ = f"An uninitialized {np.dtype(dtype)} tensor (torch's {name})."

@@ -21,6 +21,7 @@ import weakref
 from ..errors import MwrtError
 from ..protocol import wire
 from . import ordering
+from .tensor import DistributedTensor
 from .client import issue_site, site_text
 from .cluster import current
 
@@ -221,6 +222,6 @@ def _check_like(name: str, ext: _External, tensor) -> None:
                          f"expected {was}); make it there with that shape and dtype")
 
 
-def graph(**inputs) -> Graph:
+def graph(**inputs: DistributedTensor) -> Graph:
     """Capture the ops of a `with` block as a Graph; `inputs` name tensors replay() rebinds."""
     return Graph(inputs)

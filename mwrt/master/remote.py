@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
@@ -71,7 +73,7 @@ def site_paths() -> list[str]:
     return [*site.getsitepackages(), site.getusersitepackages()]
 
 
-def remote(fn=None, *, outputs: int = 1, spec=None):
+def remote(fn: Callable | None = None, *, outputs: int = 1, spec: Any = None) -> Any:
     """Decorator or call: `mwrt.remote(fn)(t)` runs fn(t's array) on t's worker.
 
     Results' shapes and dtypes resolve when first needed; give them up front as

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Iterator
 
 from ..errors import MwrtError
 from ..protocol import wire
@@ -162,7 +163,7 @@ def current_stream(node: int | None = None, device: int | None = None) -> Stream
 
 
 @contextlib.contextmanager
-def stream(s: Stream):
+def stream(s: Stream) -> Iterator[Stream]:
     """Send ops issued inside (on s's node and device) to stream `s`; also makes s's place current."""
     stack = context.stream_stack()
     stack.append(s)

@@ -8,19 +8,18 @@ to the master (`numpy()`, `item()`, `float()`…) wait for the worker.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from .. import ops
 from ..arrays import HOST, as_dtype
 from ..ops import UNKNOWN, Spec
-from ..ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
 from ..protocol import wire
-from . import context, ordering
-
-# ufunc.reduce -> the reduction with the same meaning
-_UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max",
-                 "logical_and": "all", "logical_or": "any"}
+from . import context, methods, ordering
+from .streams import Stream
 
 
 class DistributedTensor:
@@ -32,7 +31,9 @@ class DistributedTensor:
                  "_ref", "__weakref__")
     __array_priority__ = 1000
 
-    def __init__(self, node, device: int, tensor_id: int, spec, stream: int):
+    def __init__(self, node: Any, device: int, tensor_id: int, spec: Spec | None,
+                 stream: int) -> None:
+        """A handle to tensor `tensor_id` (made by mwrt's constructors and ops, not users)."""
         self._node, self._device, self._id = node, device, tensor_id
         self._spec, self._streams = spec, (stream,)
         self._writer, self._wtime = stream, tensor_id
@@ -41,23 +42,41 @@ class DistributedTensor:
         if ordering.capture:
             ordering.capture[-1].made(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
+        """Refuses: a handle is this master's, and means nothing pickled elsewhere."""
         raise TypeError("DistributedTensor: a handle cannot be pickled, nor captured by a "
                         "function shipped with mwrt.remote; pass the tensor as an argument "
                         "(remote(fn)(t)), or its value (t.numpy())")
 
-    def __del__(self):
+    def __del__(self) -> None:
+        """Free the worker's array once the streams that used it are done with it."""
         try:
             self._node.release(self._id, self._streams)
         except Exception:  # interpreter shutdown: nothing left to free
             pass
 
+    if TYPE_CHECKING:  # what methods.install generates, declared for type checkers
+        def _op(self, other: Any) -> DistributedTensor: ...
+        def _unary_op(self) -> DistributedTensor: ...
+        def __getattr__(self, name: str) -> Any: ...  # reductions, exp, add_, …
+
+        __add__ = __radd__ = __iadd__ = __sub__ = __rsub__ = __isub__ = _op
+        __mul__ = __rmul__ = __imul__ = __truediv__ = __rtruediv__ = __itruediv__ = _op
+        __floordiv__ = __rfloordiv__ = __ifloordiv__ = __mod__ = __rmod__ = __imod__ = _op
+        __pow__ = __rpow__ = __ipow__ = __and__ = __rand__ = __iand__ = _op
+        __or__ = __ror__ = __ior__ = __xor__ = __rxor__ = __ixor__ = _op
+        __lshift__ = __rlshift__ = __ilshift__ = __rshift__ = __rrshift__ = __irshift__ = _op
+        __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _op  # type: ignore[assignment]
+        __neg__ = __pos__ = __abs__ = __invert__ = _unary_op
+
     # -- what the master knows without asking ---------------------------------------------
 
     def get_node(self) -> int:
+        """The index of the node (worker) that holds this tensor."""
         return self._node.index
 
     def get_device(self) -> int:
+        """The device on its node that holds this tensor (-1, HOST: host memory)."""
         return self._device
 
     @property
@@ -71,21 +90,39 @@ class DistributedTensor:
             self._spec = Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
         return self._spec
 
-    shape = property(lambda self: self.spec.shape)
-    dtype = property(lambda self: self.spec.dtype)
-    ndim = property(lambda self: len(self.spec.shape))
-    size = property(lambda self: math.prod(self.spec.shape))  # exact, and 10x np.prod's speed
-    nbytes = property(lambda self: self.size * self.spec.dtype.itemsize)
-    itemsize = property(lambda self: self.spec.dtype.itemsize)
-    T = property(lambda self: self.transpose())
-    is_cuda = property(lambda self: self._device != HOST)
+    shape = property(lambda self: self.spec.shape, doc="The shape, a tuple of ints.")
+    dtype = property(lambda self: self.spec.dtype, doc="The NumPy dtype of the elements.")
+    ndim = property(lambda self: len(self.spec.shape), doc="The number of dimensions.")
+    # exact, and 10x np.prod's speed
+    size = property(lambda self: methods.Size(math.prod(self.spec.shape), self.spec.shape),
+                    doc="The number of elements (NumPy's); called, size() or size(dim) gives "
+                        "the shape or one dimension (torch's).")
+    nbytes = property(lambda self: self.size * self.spec.dtype.itemsize,
+                      doc="The bytes its elements take on the worker.")
+    itemsize = property(lambda self: self.spec.dtype.itemsize, doc="The bytes of one element.")
+    T = property(lambda self: self.transpose(), doc="The transpose (axes reversed), a view.")
+    is_cuda = property(lambda self: self._device != HOST, doc="True if it lives on a GPU.")
 
-    def __len__(self):
+    def numel(self) -> int:
+        """The number of elements (torch's name for size)."""
+        return math.prod(self.spec.shape)
+
+    def dim(self) -> int:
+        """The number of dimensions (torch's name for ndim)."""
+        return len(self.spec.shape)
+
+    def element_size(self) -> int:
+        """The bytes of one element (torch's name for itemsize)."""
+        return self.spec.dtype.itemsize
+
+    def __len__(self) -> int:
+        """The length of the first dimension; a TypeError for a 0-d tensor."""
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
+        """Shape, dtype and place, without asking the worker."""
         spec = "shape and dtype pending" if self._spec is None else \
             f"shape={self._spec.shape}, dtype={self._spec.dtype}"
         return (f"DistributedTensor({spec}, node={self._node.index}, device={self._device}, "
@@ -103,59 +140,67 @@ class DistributedTensor:
 
     get = numpy
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: DTypeLike = None, copy: bool | None = None) -> np.ndarray:
+        """The value as a NumPy array on the master (np.asarray(t)); waits, as numpy() does."""
         array = self.numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
 
-    def item(self):
+    def item(self) -> Any:
         """The single element as a Python scalar."""
         if self.size != 1:
             raise ValueError(f"item: tensor has {self.size} elements (expected exactly 1)")
         return self.numpy().item()
 
-    def tolist(self):
+    def tolist(self) -> Any:
+        """The value as nested Python lists (a scalar for a 0-d tensor); waits for it."""
         return self.numpy().tolist()
 
-    def __float__(self):
+    def __float__(self) -> float:
+        """float(t) of a one-element tensor; waits for it."""
         return float(self.item())
 
-    def __int__(self):
+    def __int__(self) -> int:
+        """int(t) of a one-element tensor; waits for it."""
         return int(self.item())
 
-    def __index__(self):
+    def __index__(self) -> int:
+        """The value of a one-element integer tensor used as an index; waits for it."""
         if not np.issubdtype(self.dtype, np.integer):
             raise TypeError(f"__index__: only integer tensors can be indices (got {self.dtype})")
         return int(self.item())
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
+        """bool(t) of a one-element tensor; waits for it."""
         return bool(self.item())
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[DistributedTensor]:
+        """The rows t[0], t[1], …: each a tensor on the worker, made as the loop asks."""
         return (self[i] for i in range(len(self)))
 
     # -- moves ----------------------------------------------------------------------------
 
-    def to(self, node: int | None = None, device: int | None = None) -> "DistributedTensor":
+    def to(self, node: int | None = None, device: int | None = None) -> DistributedTensor:
         """This tensor on (node, device): a copy made worker-side, or self if already there."""
         from .transfer import move
 
         return move(self, self._node.index if node is None else node,
                     self._device if device is None else device)
 
-    def dist_send(self, node: int | None = None, device: int | None = None):
+    def dist_send(self, node: int | None = None, device: int | None = None) -> DistributedTensor:
         """Copy to another node (worker to worker); the device stays unless given."""
         return self.to(node=node, device=device)
 
-    def cpu(self) -> "DistributedTensor":
+    def cpu(self) -> DistributedTensor:
+        """This tensor in its node's host memory (a copy if it is on a GPU)."""
         return self.to(device=HOST)
 
-    def cuda(self, device: int | None = None) -> "DistributedTensor":
+    def cuda(self, device: int | None = None) -> DistributedTensor:
         """On a GPU of the same node: `device`, or the current device if it is a GPU, else 0."""
         if device is None:
             device = self._device if self._device != HOST else max(context.current_device(), 0)
         return self.to(device=device)
 
-    def record_stream(self, stream) -> None:
+    def record_stream(self, stream: Stream) -> None:
         """Keep the memory until `stream` has run what was issued so far (CUDA's rule; safe
         streams do this for every stream that used the tensor, so it is needed only for
         uses the master cannot see, such as a remote() function's side effects)."""
@@ -164,109 +209,149 @@ class DistributedTensor:
 
     # -- shapes, copies, fills ------------------------------------------------------------
 
-    def reshape(self, *shape):
+    def reshape(self, *shape: int | Sequence[int]) -> DistributedTensor:
+        """The same elements in `shape` (ints or one tuple; -1 once inferred), a view."""
         return call("reshape", self, _shape_arg(shape))
 
     view = reshape
 
-    def flatten(self):
+    def flatten(self) -> DistributedTensor:
+        """A 1-D copy."""
         return call("flatten", self)
 
-    def ravel(self):
+    def ravel(self) -> DistributedTensor:
+        """A 1-D view where NumPy can make one, else a copy."""
         return call("ravel", self)
 
-    def transpose(self, *axes):
+    def transpose(self, *axes: int | Sequence[int]) -> DistributedTensor:
+        """The axes permuted (reversed if none are given), a view."""
         return call("transpose", self, *((_shape_arg(axes),) if axes else ()))
 
-    def permute(self, *axes):
+    def permute(self, *axes: int | Sequence[int]) -> DistributedTensor:
+        """The axes in the order given (torch's name for transpose(axes)), a view."""
         return call("transpose", self, _shape_arg(axes))
 
-    def squeeze(self, axis=None):
+    def squeeze(self, axis: int | tuple[int, ...] | None = None) -> DistributedTensor:
+        """Without the length-1 axes (all of them, or those given), a view."""
         return call("squeeze", self, **({} if axis is None else {"axis": axis}))
 
-    def expand_dims(self, axis):
+    def expand_dims(self, axis: int | tuple[int, ...]) -> DistributedTensor:
+        """With a new length-1 axis at `axis` (torch's unsqueeze), a view."""
         return call("expand_dims", self, axis)
 
     unsqueeze = expand_dims
 
-    def swapaxes(self, a, b):
+    def swapaxes(self, a: int, b: int) -> DistributedTensor:
+        """With axes `a` and `b` exchanged, a view."""
         return call("swapaxes", self, a, b)
 
-    def astype(self, dtype):
+    def moveaxis(self, source: int | Sequence[int], destination: int | Sequence[int]
+                 ) -> DistributedTensor:
+        """With axes moved from `source` to `destination`, a view."""
+        return call("moveaxis", self, source, destination)
+
+    def expand(self, *shape: int | Sequence[int]) -> DistributedTensor:
+        """Broadcast to `shape` (torch's expand, NumPy's broadcast_to), a read-only view."""
+        return call("broadcast_to", self, _shape_arg(shape))
+
+    def contiguous(self) -> DistributedTensor:
+        """A C-contiguous array: self's array if it is one, else a copy (worker-side)."""
+        return call("ascontiguousarray", self)
+
+    def astype(self, dtype: DTypeLike) -> DistributedTensor:
+        """A copy converted to `dtype` (a NumPy dtype, its name, or a Python type)."""
         return call("astype", self, as_dtype(dtype).str)
 
-    def float(self):
+    def float(self) -> DistributedTensor:
+        """A float32 copy (torch's float())."""
         return self.astype(np.float32)
 
-    def double(self):
+    def double(self) -> DistributedTensor:
+        """A float64 copy (torch's double())."""
         return self.astype(np.float64)
 
-    def long(self):
+    def long(self) -> DistributedTensor:
+        """An int64 copy (torch's long())."""
         return self.astype(np.int64)
 
-    def int(self):
+    def int(self) -> DistributedTensor:
+        """An int32 copy (torch's int())."""
         return self.astype(np.int32)
 
-    def clone(self):
+    def clone(self) -> DistributedTensor:
+        """A copy on the same (node, device)."""
         return call("copy", self)
 
     copy = clone
 
-    def copy_(self, src):
+    def copy_(self, src: DistributedTensor | ArrayLike) -> DistributedTensor:
+        """Copy `src` (broadcast to this shape) into this tensor; returns self."""
         call("copy_", self, src)
         return self
 
-    def fill_(self, value):
+    def fill_(self, value: complex) -> DistributedTensor:
+        """Set every element to the scalar `value`; returns self."""
         call("fill_", self, value)
         return self
 
-    def zero_(self):
+    def zero_(self) -> DistributedTensor:
+        """Set every element to 0; returns self."""
         return self.fill_(0)
 
-    def clip(self, a_min=None, a_max=None):
+    def clip(self, a_min: Any = None, a_max: Any = None) -> DistributedTensor:
+        """The values limited to [a_min, a_max] (either may be None; torch's clamp)."""
         return call("clip", self, a_min, a_max)
 
     clamp = clip
 
-    def __getitem__(self, index):
+    def round(self, decimals: int = 0) -> DistributedTensor:
+        """The values rounded to `decimals` decimals (halves to even, as NumPy)."""
+        return call("round", self, decimals)
+
+    def sort(self, axis: int = -1) -> DistributedTensor:
+        """A sorted copy along `axis` (unlike NumPy's in-place ndarray.sort)."""
+        return call("sort", self, axis)
+
+    def argsort(self, axis: int = -1) -> DistributedTensor:
+        """The indices that sort along `axis`."""
+        return call("argsort", self, axis)
+
+    def diagonal(self, offset: int = 0, axis1: int = 0, axis2: int = 1) -> DistributedTensor:
+        """The diagonal of axes (axis1, axis2), offset above (>0) or below (<0) the main one."""
+        return call("diagonal", self, offset, axis1, axis2)
+
+    def trace(self, offset: int = 0, axis1: int = 0, axis2: int = 1) -> DistributedTensor:
+        """The sum of the diagonal (see diagonal)."""
+        return call("trace", self, offset, axis1, axis2)
+
+    def __getitem__(self, index: Any) -> DistributedTensor:
+        """t[index] as NumPy indexes (ints, slices, ..., None, int/bool tensors), on the worker."""
         return call("getitem", self, _index_arg(index))
 
-    def __setitem__(self, index, value):
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """t[index] = value (a scalar, a tensor in the same place, or a small array)."""
         call("setitem", self, _index_arg(index), value)
 
-    def __matmul__(self, other):
+    def __matmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
+        """self @ other: the matrix product (np.matmul), on the tensor's worker."""
         return call("matmul", self, other)
 
-    def __rmatmul__(self, other):
+    def __rmatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
+        """other @ self: the matrix product (np.matmul), on the tensor's worker."""
         return call("matmul", other, self)
-
-    def matmul(self, other):
-        """Matrix product with `other` (self @ other), as torch's and NumPy's."""
-        return call("matmul", self, other)
 
     # -- NumPy protocols ------------------------------------------------------------------
 
-    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
-        name = ufunc.__name__
-        if method == "reduce" and name in _UFUNC_REDUCE and out is None:
-            kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike sum()'s
-            return call(_UFUNC_REDUCE[name], *inputs, **kwargs)
-        if method != "__call__":
-            return NotImplemented
-        if out is None:
-            return call(name, *inputs, **kwargs)
-        target = out[0] if isinstance(out, tuple) else out
-        if len(inputs) and target is inputs[0] and ops.has(f"{name}_"):
-            call(f"{name}_", *inputs, **kwargs)
-        else:
-            target.copy_(call(name, *inputs, **kwargs))
-        return target
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, out: Any = None,
+                        **kwargs: Any) -> Any:
+        """NumPy ufuncs on tensors (np.exp(t), np.add(t, 1, out=t)) run on the worker."""
+        return array_ufunc(ufunc, method, inputs, out, kwargs)
 
-    def __array_function__(self, func, types, args, kwargs):
-        name = func.__name__
-        if not ops.has(name):
-            return NotImplemented
-        return call(name, *args, **kwargs)
+    def __array_function__(self, func: Callable, types: Collection[type], args: tuple,
+                           kwargs: dict) -> Any:
+        """Other NumPy functions (np.linalg.inv(t), np.fft.fft(t), np.concatenate) on the
+        worker that holds every tensor argument (see mwrt.master.arrayfunc)."""
+        return array_function(func, args, kwargs)
 
 
 def _shape_arg(shape):
@@ -280,53 +365,6 @@ def _index_arg(index):
     if isinstance(index, tuple):
         return tuple(np.asarray(i) if isinstance(i, list) else i for i in index)
     return index
-
-
-def _reduction(name):
-    def method(self, axis=None, keepdims=False, **kwargs):
-        if keepdims:
-            kwargs["keepdims"] = True
-        return call(name, self, **({} if axis is None else {"axis": axis}), **kwargs)
-    method.__name__ = name
-    return method
-
-
-def _binary(name):
-    def forward(self, other):
-        return call(name, self, other)
-
-    def reverse(self, other):
-        return call(name, other, self)
-
-    def inplace(self, other):
-        call(name + "_", self, other)
-        return self
-    return forward, reverse, inplace
-
-
-def _unary(name):
-    return lambda self: call(name, self)
-
-
-for _py, _uf in BINARY_OPERATORS.items():
-    _f, _r, _i = _binary(_uf)
-    setattr(DistributedTensor, f"__{_py}__", _f)
-    setattr(DistributedTensor, f"__r{_py}__", _r)
-    setattr(DistributedTensor, f"__i{_py}__", _i)
-    setattr(DistributedTensor, f"{_uf}_", _i)
-for _py, _uf in COMPARISONS.items():
-    setattr(DistributedTensor, f"__{_py}__", _binary(_uf)[0])
-for _py, _uf in UNARY_OPERATORS.items():
-    setattr(DistributedTensor, f"__{_py}__", _unary(_uf))
-for _name in ["sum", "mean", "prod", "min", "max", "argmin", "argmax", "std", "var", "any",
-              "all", "cumsum", "cumprod"]:
-    setattr(DistributedTensor, _name, _reduction(_name))
-for _name in ["exp", "log", "sqrt", "sin", "cos", "tanh", "abs", "sign", "floor", "ceil"]:
-    setattr(DistributedTensor, _name, _unary(_name if _name != "abs" else "absolute"))
-DistributedTensor.add_ = DistributedTensor.__iadd__
-DistributedTensor.mul_ = DistributedTensor.__imul__
-DistributedTensor.sub_ = DistributedTensor.__isub__
-DistributedTensor.div_ = DistributedTensor.__itruediv__
 
 
 # -- issuing an op ------------------------------------------------------------------------
@@ -414,3 +452,8 @@ def _convert(value, place: list, name: str):
     if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
         return np.dtype(value).str, np.dtype(value).str
     return value, value
+
+
+methods.install(DistributedTensor, call)
+# NumPy's protocols issue ops with call(), so they come last (arrayfunc imports this module).
+from .arrayfunc import array_function, array_ufunc  # noqa: E402

@@ -13,10 +13,11 @@ import itertools
 import numpy as np
 
 from .. import config
-from ..arrays import as_dtype
+from ..arrays import HOST, as_dtype
 from ..errors import ChannelError, WorkerLostError
 from ..ops import Spec
 from ..protocol import wire
+from ..worker import staging
 from . import context, ordering
 from .cluster import current
 
@@ -43,13 +44,16 @@ def put(array, node: int | None = None, device: int | None = None):
                               shape=array.shape, dtype=array.dtype.str, device=device, frame=-1),
                      frame=payload)
         return tensor
-    tag = wire.TRANSFER_TAGS | next(_TAGS)
+    tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), array.nbytes, device != HOST)
     target.request(wire.RecvFrom(id=next(target.ids), stream=stream, out=tensor._id,
                                  shape=array.shape, dtype=array.dtype.str, device=device,
                                  peer=cluster.master_rank, tag=tag, token=next(target.tokens)),
                    "posting a receive for dist_send")
     with _naming_the_node(target):
-        cluster.channel().send(payload, target.index, tag)  # returns when `array` is reusable
+        if staging.chunked(tag):  # to a GPU: chunks, which it copies while the next comes
+            staging.send_array(cluster.channel(), array, target.index, tag)
+        else:
+            cluster.channel().send(payload, target.index, tag)  # returns: `array` reusable
     return tensor
 
 
@@ -65,11 +69,16 @@ def fetch(tensor) -> np.ndarray:
             tensor._spec = Spec(shape, dtype)
         return np.frombuffer(frames[0], dtype=dtype).reshape(shape).copy()
     cluster = current()
-    tag = wire.TRANSFER_TAGS | next(_TAGS)
+    tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), tensor.nbytes,
+                          tensor._device != HOST)
     node.check_lost()
     with _naming_the_node(node):
         if tensor.nbytes > config.get("max_tensor_bytes"):  # never made: the worker says why
             out = None
+        elif staging.chunked(tag):  # from a GPU: every chunk's receive posted into `out`
+            work = staging.Receive(cluster.channel(), tensor.shape, tensor.dtype, HOST,
+                                   node.index, tag)
+            out = work.out
         else:  # post the receive first, so the bytes land in `out`, not in a stash
             out = np.empty(tensor.shape, tensor.dtype)
             work = cluster.channel().irecv(out.reshape(-1).view(np.uint8), node.index, tag)
@@ -85,6 +94,8 @@ def fetch(tensor) -> np.ndarray:
         if out is None:
             out = np.empty(tensor.shape, tensor.dtype)
             cluster.channel().recv(out.reshape(-1).view(np.uint8), node.index, tag)
+        elif staging.chunked(tag):
+            work.finish()
         else:
             work.wait()
     return out
@@ -114,7 +125,8 @@ def move(tensor, node_index: int, device: int):
         return _to_device(tensor, device)
     stream = context.stream_for(target.index, device)
     out = DistributedTensor(target, device, next(target.ids), tensor.spec, stream)
-    tag = wire.TRANSFER_TAGS | next(_TAGS)
+    tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), tensor.nbytes,
+                          HOST != device or HOST != tensor._device)
     # Worker to worker over the data channel: the master only sends the two commands. A large
     # receive is posted before the send is issued, so the bytes land in place, not a stash.
     large = not wire.rides_inline(tensor.nbytes)

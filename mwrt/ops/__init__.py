@@ -37,17 +37,41 @@ class Op:
     # The result's Spec depends only on argument Specs and scalar types (not scalar values),
     # so the master may remember it: true of ufuncs under NumPy 2's promotion rules.
     by_type: bool = False
+    doc: str = ""  # one line: what it computes (the generated tensor methods show it)
 
 
 _OPS: dict[str, Op] = {}
 
 
 def register(name: str, impl: Callable, meta: Callable, *, inplace: bool = False,
-             by_type: bool = False) -> Op:
-    """Add (or replace) op `name`."""
-    op = Op(name, impl, meta, inplace, by_type)
+             by_type: bool = False, doc: str = "") -> Op:
+    """Add (or replace) op `name`; `doc` defaults to the summary of NumPy's function `name`."""
+    op = Op(name, impl, meta, inplace, by_type, doc or _numpy_doc(name, inplace))
     _OPS[name] = op
     return op
+
+
+def summary(func) -> str:
+    """The one-line summary of a NumPy function's docstring (its signature line skipped)."""
+    name = getattr(func, "__name__", "")
+    for paragraph in (getattr(func, "__doc__", None) or "").split("\n\n"):
+        text = " ".join(paragraph.split())
+        if text and not text.startswith(f"{name}(") and not text.startswith(".."):
+            return text.split(". ")[0].rstrip(".") + "."
+    return ""
+
+
+def _numpy_doc(name: str, inplace: bool) -> str:
+    func = getattr(np, name.rstrip("_"), None)
+    text = summary(func) if func is not None else ""
+    if not text:
+        return f"NumPy's {name} on the tensor's worker."
+    return f"In place: {text[0].lower()}{text[1:]}" if inplace else text
+
+
+def doc(name: str) -> str:
+    """Op `name`'s one-line description."""
+    return get(name).doc
 
 
 def get(name: str) -> Op:
@@ -90,4 +114,4 @@ def names() -> list[str]:
 
 
 # Importing the families fills the registry.
-from . import elementwise, misc, reductions, shape  # noqa: E402,F401
+from . import elementwise, misc, npfunc, nprules, reductions, shape  # noqa: E402,F401

@@ -31,6 +31,7 @@ def _ufunc_impl(name):
 def _inplace_impl(name):
     def impl(xp, target, *args, **kwargs):
         getattr(xp, name)(target, *args, out=target, **kwargs)
+    impl.ufunc = name  # a replayed graph calls xp's ufunc directly (worker/compiled.py)
     return impl
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import arrays
+
 from . import Spec, register
 from ._meta import result_dtype, shape_of, standin
 
@@ -68,6 +70,11 @@ def clip_meta(a, a_min=None, a_max=None, **kwargs):
     return Spec(shape, result_dtype(np.clip, args))
 
 
+def trace_meta(a, offset=0, axis1=0, axis2=1):
+    shape = np.diagonal(standin(a), offset, axis1, axis2).shape[:-1]
+    return Spec(shape, np.trace(np.ones((1, 1), a.dtype)).dtype)
+
+
 def _join_meta(name):
     fn = getattr(np, name)
 
@@ -91,6 +98,8 @@ def _to_device_impl(xp, a, device):
     if device == -1:
         get = getattr(a, "get", None)
         return get() if get is not None else a.copy()
+    if type(a) is not np.ndarray:
+        return arrays.copy_to_device(xp, a, device)  # GPU to GPU: the GPUs copy it
     with xp.cuda.Device(device):
         return xp.asarray(a)
 
@@ -99,10 +108,15 @@ register("matmul", lambda xp, a, b: xp.matmul(a, b), matmul_meta)
 register("dot", lambda xp, a, b: xp.dot(a, b), matmul_meta)
 register("astype", lambda xp, a, dtype: a.astype(dtype), astype_meta)
 register("copy", lambda xp, a: a.copy(), _same)
-register("copy_", _copy_into, copy_meta, inplace=True)
-register("fill_", _fill, _fill_meta, inplace=True)
+register("copy_", _copy_into, copy_meta, inplace=True,
+         doc="Copy `src` (broadcast) into the tensor in place.")
+register("fill_", _fill, _fill_meta, inplace=True, doc="Set every element to a scalar in place.")
 register("where", lambda xp, c, x, y: xp.where(c, x, y), where_meta)
 register("clip", lambda xp, a, a_min=None, a_max=None: xp.clip(a, a_min, a_max), clip_meta)
+register("round", lambda xp, a, decimals=0: xp.round(a, decimals), _same)
+register("trace", lambda xp, a, offset=0, axis1=0, axis2=1: xp.trace(a, offset, axis1, axis2),
+         trace_meta)
 register("concatenate", _join_impl("concatenate"), _join_meta("concatenate"))
 register("stack", _join_impl("stack"), _join_meta("stack"))
-register("to_device", _to_device_impl, lambda a, device: Spec(a.shape, a.dtype))
+register("to_device", _to_device_impl, lambda a, device: Spec(a.shape, a.dtype),
+         doc="A copy on another device of the same node (-1: host memory).")

@@ -27,10 +27,16 @@ def _view_meta(name):
 
 
 for _name in ["reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "ravel",
-              "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d", "roll"]:
+              "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d", "roll",
+              "diagonal", "tril", "triu", "repeat", "tile", "sort", "ascontiguousarray"]:
     register(_name, _impl(_name), _view_meta(_name))
 
-register("flatten", lambda xp, a: a.flatten(), lambda a: Spec((int(np.prod(a.shape)),), a.dtype))
+register("argsort", _impl("argsort"),
+         lambda a, *args, **kwargs: Spec(np.sort(standin(a), *args, **kwargs).shape,
+                                         np.dtype(np.intp)))
+
+register("flatten", lambda xp, a: a.flatten(), lambda a: Spec((int(np.prod(a.shape)),), a.dtype),
+         doc="A 1-D copy of the tensor.")
 
 
 def _index_standin(index):
@@ -81,5 +87,6 @@ def setitem_meta(a, index, value):
     return None
 
 
-register("getitem", getitem_impl, getitem_meta)
-register("setitem", setitem_impl, setitem_meta, inplace=True)
+register("getitem", getitem_impl, getitem_meta, doc="Index like NumPy: a view or a copy.")
+register("setitem", setitem_impl, setitem_meta, inplace=True,
+         doc="Assign to the indexed elements in place.")

@@ -119,9 +119,9 @@ class Daemon:
         while not self.stopping:
             ready = dict(poller.poll(200))
             if self.replies in ready:
-                self._drain(self.replies, self._forward)
+                self._drain(self.replies, self._forward, copy=False)
             if self.router in ready:
-                self._drain(self.router, self._on_message)
+                self._drain(self.router, self._on_message, copy=True)
             if monitor in ready:
                 self.refusals.note(recv_monitor_message(monitor))
             if time.monotonic() >= next_reap:
@@ -174,12 +174,14 @@ class Daemon:
             return
         self.context.term()
 
-    def _drain(self, sock, handle) -> None:
+    def _drain(self, sock, handle, copy: bool) -> None:
         # Bounded, so replies and requests take turns; EVENTS avoids a zmq.Again per wake-up.
+        # Requests are read as bytes: commands and inline frames are small, and a Frame
+        # object costs more than copying them.
         for _ in range(1000):
             if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
-            handle(sock.recv_multipart(copy=False))
+            handle(sock.recv_multipart(copy=copy))
 
     def _forward(self, frames) -> None:
         self.router.send_multipart(frames, copy=False)
@@ -187,13 +189,13 @@ class Daemon:
     # -- requests -------------------------------------------------------------------------
 
     def _on_message(self, frames) -> None:
-        identity = frames[0].bytes
+        identity = frames[0]
         sid, _, role = identity.rpartition(b"/")
         try:
             if len(frames) < 3:
                 raise WireError(f"wire: a message has at least 2 frames (got {len(frames) - 1})")
-            seq = wire.decode_header(frames[1].bytes)
-            commands = wire.decode_body(frames[2].bytes, self.max_frame)
+            seq = wire.decode_header(frames[1])
+            commands = wire.decode_body(frames[2], self.max_frame)
             _check_socket(role, commands)
         except WireError as exc:
             self._log_rejection("rejected a message from %r: %s", identity[:40], exc)
@@ -418,6 +420,7 @@ class Daemon:
             if when is not None:
                 state.time = when
             state.fired.set()
+            state.recorded.set()
             waiters = session.event_waiters.pop(event_id, [])
         for token in waiters:
             send(session.identity, wire.Done(token=token, value={"done": True,

@@ -11,6 +11,7 @@ the cluster's HMAC key (the worker's key file) can connect.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 
@@ -24,6 +25,7 @@ from ..errors import ChannelError, ChannelTimeoutError
 from ..netaddr import split_host_port
 from ..protocol import wire
 from ..store import TCPStore
+from . import staging
 from .pool import ReceivePool
 
 log = logging.getLogger("mwrt.worker")
@@ -112,6 +114,14 @@ class SessionData:
 
         if self.channel is None:  # still joining (or failed): the stream's attempt waits
             return
+        if staging.staged(cmd):  # a GPU at one end: chunks, through pinned buffers
+            try:
+                check_size(cmd.shape, np.dtype(cmd.dtype))
+                self.posted[cmd.id] = staging.Receive(self.channel, cmd.shape, cmd.dtype,
+                                                      cmd.device, cmd.peer, cmd.tag)
+            except Exception:  # the stream's own attempt will fail and report it
+                pass
+            return
         try:
             dtype = np.dtype(cmd.dtype)
             check_size(cmd.shape, dtype)
@@ -174,13 +184,20 @@ def send_to(ex, cmd, frames):
     try:
         if ex.error is not None:
             raise PoisonedInput(ex.error)
-        array = np.asarray(arrays.to_host(resolve(ex, wire.Ref(cmd.ref))), order="C")
+        array = resolve(ex, wire.Ref(cmd.ref))
+        staged = type(array) is not np.ndarray or staging.chunked(cmd.tag)
+        if not staged:
+            array = np.asarray(arrays.to_host(array), order="C")
     except PoisonedInput:
         if cmd.token < 0:  # another worker waits: tell it now that nothing is coming
             _data(ex).get_channel().send(b"", cmd.peer, cmd.tag)
         raise
     if cmd.token >= 0:
         ex.reply(wire.Done(cmd.token, None))  # the master posts its receive on this answer
+    if staged:  # from a GPU (or to one): chunks that overlap their copies, via pinned memory
+        staging.send_array(_data(ex).get_channel(), array, cmd.peer, cmd.tag,
+                           getattr(ex, "cuda_stream", None))
+        return
     _data(ex).get_channel().send(array.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
 
 
@@ -189,6 +206,9 @@ def recv_from(ex, cmd, frames):
 
     data = _data(ex)
     posted = data.posted.pop(cmd.id, None)
+    if staging.staged(cmd):
+        store(ex, cmd.out, _recv_staged(ex, cmd, data, posted))
+        return
     try:
         if posted is not None:
             host, work = posted
@@ -199,12 +219,33 @@ def recv_from(ex, cmd, frames):
             host = data.pool.empty(cmd.shape, dtype)
             data.get_channel().recv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
     except ChannelError as exc:
-        if "got 0 bytes" in str(exc) and host.nbytes:
-            raise ChannelError(f"node {ex.session.node}: rank {cmd.peer} sent nothing for tag "
-                               f"{cmd.tag}: the op that made the tensor failed there, and its "
-                               "error is raised at that node's next sync point") from None
-        raise
+        raise _nothing_sent(ex, cmd, exc, host.nbytes) from None
     store(ex, cmd.out, host if ex.device == arrays.HOST else ex.xp.asarray(host))
+
+
+def _recv_staged(ex, cmd, data, posted):
+    """A RecvFrom with a GPU at one end: its chunks, copied to the device as they come."""
+    from .handlers import check_size
+
+    channel = data.get_channel()
+    try:
+        if posted is None:
+            check_size(cmd.shape, np.dtype(cmd.dtype), "recv", ex.session.tensors)
+            posted = staging.Receive(channel, cmd.shape, cmd.dtype, cmd.device, cmd.peer,
+                                     cmd.tag)
+        return posted.finish(ex.xp, getattr(ex, "cuda_stream", None), channel.timeout)
+    except ChannelError as exc:
+        nbytes = math.prod(cmd.shape) * np.dtype(cmd.dtype).itemsize
+        raise _nothing_sent(ex, cmd, exc, nbytes) from None
+
+
+def _nothing_sent(ex, cmd, exc: ChannelError, nbytes: int) -> ChannelError:
+    """A receive that got an empty message where bytes were due: the sender's op failed."""
+    if "got 0 bytes" in str(exc) and nbytes:
+        return ChannelError(f"node {ex.session.node}: rank {cmd.peer} sent nothing for tag "
+                            f"{cmd.tag}: the op that made the tensor failed there, and its "
+                            "error is raised at that node's next sync point")
+    return exc
 
 
 _IN_PLACE = {"all_reduce": collectives.all_reduce, "broadcast": collectives.broadcast,

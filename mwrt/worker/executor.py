@@ -16,6 +16,7 @@ import traceback
 from .. import arrays
 from ..protocol import wire
 from . import handlers
+from .compiled import Prepared
 
 log = logging.getLogger("mwrt.worker")
 
@@ -72,8 +73,11 @@ class StreamExecutor:
                         break
                     commands, frames = item
                     try:
-                        for command in commands:
-                            self._execute_safely(command, frames)
+                        if type(commands) is Prepared:  # a graph's replay
+                            commands.run(self)
+                        else:
+                            for command in commands:
+                                self.execute_safely(command, frames)
                     finally:
                         with self._lock:
                             self.pending -= 1
@@ -94,7 +98,7 @@ class StreamExecutor:
         if self.device != arrays.HOST:
             self.cuda_stream.synchronize()
 
-    def _execute_safely(self, command, frames) -> None:
+    def execute_safely(self, command, frames) -> None:
         """execute(), but a command too malformed even to report on must not end the stream."""
         try:
             self.execute(command, frames)
@@ -114,14 +118,15 @@ class StreamExecutor:
         try:
             handlers.HANDLERS[type(command)](self, command, frames)
         except handlers.PoisonedInput as exc:
-            self._fail(command, exc.info)
+            self.fail(command, exc.info)
         except Exception as exc:
-            self._fail(command, self.describe(command, exc))
+            self.fail(command, self.describe(command, exc))
         if trace is not None:
             trace.append((self.device, self.id, handlers.op_name(command), start, time.time(),
                           handlers.arg_shapes(self, command)))
 
-    def _fail(self, command, info: dict) -> None:
+    def fail(self, command, info: dict) -> None:
+        """Report `command`'s failure: as its answer if the master waits, else as sticky."""
         token = command.token if command.answered else -1
         if token >= 0:  # the master waits on this command's result: the error is its answer
             self.reply(wire.Failed(token=token, info=info))
@@ -131,8 +136,9 @@ class StreamExecutor:
 
     def describe(self, command, exc: BaseException) -> dict:
         """The error report: what failed, where, on which arguments, and the traceback."""
+        kind, message = handlers.explain(self, exc)
         return {
-            "kind": "remote", "type": type(exc).__name__, "message": str(exc),
+            "kind": "remote", "type": kind, "message": message,
             "node": self.session.node, "device": self.device, "stream": self.id,
             "op": handlers.op_name(command), "shapes": handlers.arg_shapes(self, command),
             "command": command.id, "traceback": traceback.format_exc(),

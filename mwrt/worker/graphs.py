@@ -19,6 +19,7 @@ from msgspec.structs import replace
 
 from ..errors import WireError
 from ..protocol import wire
+from .compiled import Prepared
 
 _TENSOR_FIELDS = ("ref", "out")  # int fields naming a tensor (besides Refs in args)
 
@@ -60,7 +61,7 @@ class ImplicitEvents:
 class Graph:
     """One recorded graph: its commands grouped by stream, and where its inputs appear."""
 
-    __slots__ = ("groups", "inputs", "bound")
+    __slots__ = ("groups", "inputs", "bound", "prepared")
 
     def __init__(self, commands: list, inputs: tuple):
         self.groups: dict[int, list] = {}
@@ -73,12 +74,14 @@ class Graph:
         # (stream, index) of each command that names an input: the only ones a Replay rebuilds
         self.bound = [(stream, i) for stream, group in self.groups.items()
                       for i, command in enumerate(group) if _names(command, self.inputs)]
+        # A replay without rebinding runs steps prepared once (compiled.py) per stream.
+        self.prepared = {stream: Prepared(group) for stream, group in self.groups.items()}
 
     def bind(self, bindings: tuple) -> dict:
         """The groups to submit, with captured input ids replaced as `bindings` pairs them."""
         mapping = dict(zip(bindings[::2], bindings[1::2]))
         if not mapping:
-            return self.groups
+            return self.prepared
         unknown = set(mapping) - self.inputs
         if unknown:
             raise KeyError(f"graph: tensors {sorted(unknown)} are not inputs of this graph")

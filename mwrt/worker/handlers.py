@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 
 import numpy as np
 
 from .. import arrays, config, ops
 from ..protocol import wire
-from . import quotas
+from . import cuda_events, quotas, staging
 
 
 class Poisoned:
@@ -105,6 +106,9 @@ def put(ex, cmd, frames):
         raise ValueError(f"put: data frame has the wrong size (got {len(data)} bytes, expected "
                          f"{expected} for {dtype}{list(shape)})")
     host = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if ex.device != arrays.HOST:  # through a pinned buffer of the pool, on this stream
+        store(ex, cmd.out, staging.upload(ex.xp, host, ex.cuda_stream))
+        return
     store(ex, cmd.out, ex.xp.array(host))  # copies: the frame's memory is read-only
 
 
@@ -143,7 +147,11 @@ def free(ex, cmd, frames):
 def get(ex, cmd, frames):
     if ex.raise_sticky(cmd.token):
         return
-    host = np.asarray(arrays.to_host(resolve(ex, wire.Ref(cmd.ref))), order="C")
+    value = resolve(ex, wire.Ref(cmd.ref))
+    if type(value) is not np.ndarray:  # on a GPU: through a pinned buffer, on this stream
+        host = staging.download(value, ex.cuda_stream)
+    else:
+        host = np.asarray(arrays.to_host(value), order="C")
     ex.reply(wire.Data(token=cmd.token, shape=host.shape, dtype=host.dtype.str),
              [host.reshape(-1).view(np.uint8)])
 
@@ -162,9 +170,9 @@ def sync(ex, cmd, frames):
 
 
 def record(ex, cmd, frames):
-    # Kernels launch asynchronously: the event fires once the GPU has run them, so a waiter
-    # on any node (or the master) sees their results.
-    ex.synchronize_device()
+    if ex.device != arrays.HOST:  # a CUDA event; it fires once the GPU passed it
+        cuda_events.record(ex, cmd)
+        return
     if cmd.event <= wire.IMPLICIT_EVENTS:  # safe streams, graphs: one waiter, this node
         ex.session.implicit.record(cmd.event)
         return
@@ -174,18 +182,31 @@ def record(ex, cmd, frames):
 def wait_event(ex, cmd, frames):
     if cmd.event <= wire.IMPLICIT_EVENTS:
         ex.session.implicit.wait(cmd.event, config.get("sync_timeout"))
+        cuda_events.wait_implicit(ex, cmd.event)
         return
     state = ex.session.event(cmd.event)
-    timeout = config.get("sync_timeout")
-    deadline = time.monotonic() + timeout
-    while not state.fired.wait(0.2):
-        if ex.session.closed:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"wait_event: event {cmd.event} was not recorded after "
-                               f"{timeout} s (MWRT_SYNC_TIMEOUT); did its stream fail?")
+    # A GPU stream needs the record issued (by a GPU stream of this worker: then it waits on
+    # the GPU, stream.wait_event; otherwise recorded means fired); a host stream, the firing.
+    gpu = ex.device != arrays.HOST
+    if not _await(ex, state.recorded if gpu else state.fired, cmd.event):
+        return
     if state.error:
         raise RuntimeError(f"wait_event: event {cmd.event} will never fire: {state.error}")
+    if gpu:
+        cuda_events.wait_local(ex, state)
+
+
+def _await(ex, flag, event: int) -> bool:
+    """Wait for `flag` (MWRT_SYNC_TIMEOUT); False if the session closed meanwhile."""
+    timeout = config.get("sync_timeout")
+    deadline = time.monotonic() + timeout
+    while not flag.wait(0.2):
+        if ex.session.closed:
+            return False
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"wait_event: event {event} was not recorded after "
+                               f"{timeout} s (MWRT_SYNC_TIMEOUT); did its stream fail?")
+    return True
 
 
 def expect(ex, cmd, frames):
@@ -227,6 +248,31 @@ def _handlers() -> dict:
 
 
 HANDLERS = _handlers()
+
+
+def explain(ex, exc: BaseException) -> tuple[str, str]:
+    """An error's type and message for its report; a GPU out of memory is named for users."""
+    if ex.device == arrays.HOST or not isinstance(exc, MemoryError):
+        return type(exc).__name__, str(exc)
+    wanted = re.search(r"allocating ([\d,]+) bytes", str(exc))
+    size = _bytes(int(wanted.group(1).replace(",", ""))) if wanted else "memory"
+    try:
+        with ex.xp.cuda.Device(ex.device):
+            free, total = ex.xp.cuda.runtime.memGetInfo()
+        room = f" (free {_bytes(free)} of {_bytes(total)})"
+    except Exception:  # the report goes on without the figures
+        room = ""
+    return type(exc).__name__, (f"node {ex.session.node} GPU {ex.device}: out of memory "
+                                f"allocating {size}{room}; free tensors or use another device")
+
+
+def _bytes(n: int) -> str:
+    """A byte count as people read it: 1.0 GiB, 512 MiB, 64 KiB, 12 B."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            value = n / (1 << shift)
+            return f"{value:.1f} {unit}" if unit == "GiB" else f"{value:.0f} {unit}"
+    return f"{n} B"
 
 
 def op_name(command) -> str:

@@ -12,12 +12,15 @@ from .quotas import Inflight, TensorTable
 
 
 class EventState:
-    """An event's completion flag and the time it fired."""
+    """An event's completion flag and the time it fired; for one a GPU stream of this worker
+    recorded, also its CUDA event, which may not have fired yet (mwrt.worker.cuda_events)."""
 
-    __slots__ = ("fired", "time", "error")
+    __slots__ = ("fired", "time", "error", "recorded", "cuda")
 
     def __init__(self):
         self.fired = threading.Event()
+        self.recorded = threading.Event()  # set with fired, or at a GPU stream's record
+        self.cuda = None
         self.time = 0.0
         self.error = ""  # set when the event will never really fire (its node was lost)
 
@@ -112,6 +115,7 @@ class Session:
             data.close()
         for state in list(self.events.values()):
             state.fired.set()  # release any stream waiting on an event of this session
+            state.recorded.set()
         self.tensors.clear()
         self.streams.clear()
         self.events.clear()

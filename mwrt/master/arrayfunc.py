@@ -1,0 +1,174 @@
+"""NumPy's protocols on DistributedTensors: ufuncs (__array_ufunc__) as registry ops, and
+other NumPy functions (__array_function__): np.linalg.inv(t), np.fft.fft(t),
+np.concatenate([a, b]), np.einsum(...) run on the worker that holds every tensor argument,
+and return DistributedTensors (a tuple of them for eigh, svd, qr...).
+
+Where the function is a registry op (np.sum, np.reshape, np.concatenate) it is issued as
+that op; otherwise as the `numpy` op by module path, which the worker looks up in its
+array namespace (numpy.linalg.inv -> cupy.linalg.inv on a GPU). A meta rule gives the
+result's shape at once where mwrt has one (mwrt.ops.npfunc.RULES); else it is asked of the
+worker when first needed. A few functions belong on the master: shape queries answer from
+the shape the master knows, file writers and printers copy the values here first.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..ops import npfunc
+from .remote import RemoteFunction
+from .tensor import DistributedTensor, call
+
+# Asked of shape and dtype only: answered on the master from broadcast one-element stand-ins.
+_SPEC_ONLY = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type",
+              "iscomplexobj", "isrealobj", "may_share_memory", "shares_memory"}
+# Write files or text on the master: run there on copies of the values.
+_ON_MASTER = {"save", "savez", "savez_compressed", "savetxt", "array_repr", "array_str",
+              "array2string"}
+# Change their first argument in place: the numpy_ op, which the master orders as a write.
+_IN_PLACE = {"copyto", "fill_diagonal", "put", "place", "putmask", "put_along_axis"}
+# Registry ops that are not NumPy functions of the same meaning.
+_NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy", "numpy_"}
+
+# ufunc.reduce -> the reduction with the same meaning
+_UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max",
+                 "logical_and": "all", "logical_or": "any"}
+
+_PATHS: dict = {}
+_BINDS: dict[tuple, bool] = {}  # (op, how many args, kwargs' names) -> the impl takes them
+
+
+def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: dict) -> Any:
+    """A NumPy ufunc on tensors (np.exp(t), np.add(t, 1, out=t), np.add.reduce(t)) as the
+    registry op of the same name, on the worker."""
+    name = ufunc.__name__
+    if method == "reduce" and name in _UFUNC_REDUCE and out is None:
+        kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike sum()'s
+        return call(_UFUNC_REDUCE[name], *inputs, **kwargs)
+    if method != "__call__":
+        return NotImplemented
+    if out is None:
+        return call(name, *inputs, **kwargs)
+    target = out[0] if isinstance(out, tuple) else out
+    if len(inputs) and target is inputs[0] and ops.has(f"{name}_"):
+        call(f"{name}_", *inputs, **kwargs)
+    else:
+        target.copy_(call(name, *inputs, **kwargs))
+    return target
+
+
+def path_of(func: Callable) -> str | None:
+    """The path of a NumPy function under `numpy` ("linalg.inv"), or None if it has none."""
+    if not _PATHS:
+        for prefix, module in (("", np), ("linalg.", np.linalg), ("fft.", np.fft)):
+            for name in dir(module):
+                obj = getattr(module, name, None)
+                if name.startswith("_") or not callable(obj) or isinstance(obj, type):
+                    continue
+                known = _PATHS.get(obj)  # of aliases (concat, concatenate), the true name
+                if known is None or (known.rsplit(".", 1)[-1] != obj.__name__ == name):
+                    _PATHS[obj] = prefix + name
+    path = _PATHS.get(func)
+    if path is None:
+        module, name = getattr(func, "__module__", "") or "", getattr(func, "__name__", "")
+        path = ".".join([*module.split(".")[1:], name])
+        if module.split(".")[0] != "numpy" or _lookup(path) is not func:
+            return None
+    return path if npfunc.allowed(path) else None
+
+
+def _lookup(path: str):
+    obj = np
+    for part in path.split("."):
+        if part.startswith("_"):
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Run NumPy function `func` for tensors among `args`/`kwargs` (see the module's doc)."""
+    path = path_of(func)
+    label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
+    _one_place(label, (args, kwargs))
+    name = getattr(func, "__name__", "")
+    if path is None and name in _ON_MASTER | _SPEC_ONLY | _IN_PLACE:
+        path = name if getattr(np, name, None) is func else None
+    if path in _SPEC_ONLY:
+        return func(*_standins(args), **_standins(kwargs))
+    if path in _ON_MASTER:
+        return func(*_values(args), **_values(kwargs))
+    if path in _IN_PLACE:
+        if not isinstance(args[0] if args else None, DistributedTensor):  # a master array
+            return func(*_values(args), **_values(kwargs))
+        call("numpy_", args[0], path, *args[1:], **kwargs)
+        return None
+    if path is None:  # not a function mwrt runs by name: ship the function itself
+        return RemoteFunction(func)(*args, **kwargs)
+    if _is_registry_function(path, args, kwargs):
+        return call(path, *args, **kwargs)
+    count = npfunc.RULED if path in npfunc.RULES else 0  # 0: one array, shape unknown
+    if path in npfunc.OUTPUTS:
+        count = npfunc.outputs(path, _specs(args), _specs(kwargs))
+    return call("numpy", path, count, *args, **kwargs)
+
+
+def _is_registry_function(path: str, args: tuple, kwargs: dict) -> bool:
+    """True if registry op `path` is NumPy's function of that name and its implementation
+    takes these arguments (np.where(c) and np.round(t, decimals=2) take the general path)."""
+    if not ops.has(path) or path in _NOT_FUNCTIONS or ops.get(path).inplace:
+        return False
+    key = (path, len(args), *kwargs)
+    binds = _BINDS.get(key)
+    if binds is None:
+        try:
+            inspect.signature(ops.get(path).impl).bind(None, *args, **kwargs)
+            binds = True
+        except TypeError:
+            binds = False
+        _BINDS[key] = binds
+    return binds
+
+
+def _walk(value, leaf):
+    """`value` with every DistributedTensor in it (in tuples, lists, dicts) replaced by
+    leaf(tensor)."""
+    if isinstance(value, DistributedTensor):
+        return leaf(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_walk(v, leaf) for v in value)
+    if isinstance(value, dict):
+        return {k: _walk(v, leaf) for k, v in value.items()}
+    return value
+
+
+def _one_place(label: str, value) -> list:
+    """The tensors in `value`; a ValueError naming both places if they are not all in one."""
+    found: list = []
+    _walk(value, found.append)
+    for tensor in found[1:]:
+        first = found[0]
+        if tensor._node is not first._node or tensor._device != first._device:
+            raise ValueError(
+                f"{label}: arguments live in different places (node {first._node.index} "
+                f"device {first._device} and node {tensor._node.index} device "
+                f"{tensor._device}); move them to one place with .to(node=, device=) first")
+    return found
+
+
+def _specs(value):
+    return _walk(value, lambda t: t.spec)
+
+
+def _values(value):
+    return _walk(value, lambda t: t.numpy())
+
+
+def _standins(value):
+    """Tensors as read-only arrays of their shape and dtype that take one element of memory."""
+    return _walk(value, lambda t: np.broadcast_to(np.zeros((), t.dtype), t.shape))

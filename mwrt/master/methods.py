@@ -1,0 +1,128 @@
+"""DistributedTensor's generated methods: operators, reductions and elementwise methods, built
+from the op registry with a name, a signature and a one-line docstring taken from the op.
+
+`install(cls, call)` puts them on the class; `call(name, *args, **kwargs)` issues an op.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ..ops import doc as op_doc
+from ..ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
+
+SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%",
+           "pow": "**", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
+           "matmul": "@", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+           "neg": "-", "pos": "+", "invert": "~"}
+REDUCTIONS = ["sum", "mean", "prod", "min", "max", "argmin", "argmax", "std", "var", "any",
+              "all", "cumsum", "cumprod", "median", "ptp"]
+# method name -> ufunc: NumPy's names, and torch's where they differ
+UNARY_METHODS = {name: name for name in [
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "square", "reciprocal",
+    "sin", "cos", "tan", "sinh", "cosh", "tanh", "arcsin", "arccos", "arctan", "sign", "floor",
+    "ceil", "trunc", "isnan", "isinf", "isfinite", "conj", "negative"]}
+UNARY_METHODS.update(abs="absolute", neg="negative", absolute="absolute")
+BINARY_METHODS = {"add": "add", "sub": "subtract", "subtract": "subtract", "mul": "multiply",
+                  "multiply": "multiply", "div": "true_divide", "divide": "true_divide",
+                  "true_divide": "true_divide", "pow": "power", "power": "power",
+                  "maximum": "maximum", "minimum": "minimum", "remainder": "remainder",
+                  "fmod": "fmod", "arctan2": "arctan2", "dot": "dot", "matmul": "matmul"}
+_WHERE = "on the tensor's worker; returns a new DistributedTensor"
+# the type of each parameter name the generated methods use
+_HINTS = {"other": Any, "axis": int | tuple[int, ...] | None, "keepdims": bool, "kwargs": Any}
+
+
+class Size(int):
+    """A tensor's element count (NumPy's t.size) that, called, gives its shape (torch's
+    t.size()) or one dimension (t.size(dim))."""
+
+    def __new__(cls, count: int, shape: tuple) -> Size:
+        self = super().__new__(cls, count)
+        self.shape = shape
+        return self
+
+    def __call__(self, dim: int | None = None) -> Any:
+        """The shape, or dimension `dim` of it."""
+        return self.shape if dim is None else self.shape[dim]
+
+
+def _named(fn, name: str, doc: str):
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, f"DistributedTensor.{name}", doc
+    return fn
+
+
+def _lower(text: str) -> str:
+    return text[0].lower() + text[1:] if text else text
+
+
+def binary(op: str, py: str, call):
+    """(forward, reverse, in-place) methods of Python operator `py` over op `op`."""
+    sym, what = SYMBOLS.get(py, py), f"{_lower(op_doc(op)).rstrip('.')} (np.{op})"
+
+    def forward(self, other):
+        return call(op, self, other)
+
+    def reverse(self, other):
+        return call(op, other, self)
+
+    def inplace(self, other):
+        call(op + "_", self, other)
+        return self
+    return (_named(forward, f"__{py}__", f"self {sym} other: {what}, {_WHERE}."),
+            _named(reverse, f"__r{py}__", f"other {sym} self: {what}, {_WHERE}."),
+            _named(inplace, f"__i{py}__", f"self {sym}= other: {what}, in place; returns self."))
+
+
+def method(name: str, op: str, call, nargs: int):
+    """Named method `name` over op `op` with `nargs` tensor operands (1: self only, 2: other)."""
+    if nargs == 1:
+        def fn(self):
+            return call(op, self)
+        return _named(fn, name, f"{op_doc(op).rstrip('.')} (np.{op}), {_WHERE}.")
+
+    def fn2(self, other):
+        return call(op, self, other)
+    return _named(fn2, name, f"{op_doc(op).rstrip('.')} (np.{op}) with `other`, {_WHERE}.")
+
+
+def reduction(name: str, call):
+    """Method `name(axis=None, keepdims=False, **kwargs)` over reduction op `name`."""
+    def fn(self, axis=None, keepdims=False, **kwargs):
+        if keepdims:
+            kwargs["keepdims"] = True
+        return call(name, self, **({} if axis is None else {"axis": axis}), **kwargs)
+    return _named(fn, name, f"{op_doc(name).rstrip('.')} (np.{name}), {_WHERE}.")
+
+
+def install(cls, call) -> None:
+    """Put the generated operators and methods on `cls` (DistributedTensor)."""
+    def put(fn):
+        fn.__qualname__ = f"{cls.__name__}.{fn.__name__}"
+        params = list(inspect.signature(fn).parameters)[1:]
+        fn.__annotations__ = {**{p: _HINTS[p] for p in params}, "return": cls}
+        setattr(cls, fn.__name__, fn)
+
+    for py, uf in BINARY_OPERATORS.items():
+        forward, reverse, inplace = binary(uf, py, call)
+        put(forward)
+        put(reverse)
+        put(inplace)
+        put(_named(binary(uf, py, call)[2], f"{uf}_", inplace.__doc__))
+    for py, uf in COMPARISONS.items():
+        put(binary(uf, py, call)[0])
+    for py, uf in UNARY_OPERATORS.items():
+        fn = method(f"__{py}__", uf, call, 1)
+        fn.__doc__ = f"{'abs(self)' if py == 'abs' else SYMBOLS[py] + 'self'}: {fn.__doc__}"
+        put(fn)
+    for name in REDUCTIONS:
+        put(reduction(name, call))
+    for name, op in UNARY_METHODS.items():
+        put(method(name, op, call, 1))
+    for name, op in BINARY_METHODS.items():
+        put(method(name, op, call, 2))
+    for name, py in [("add_", "add"), ("sub_", "sub"), ("mul_", "mul"), ("div_", "truediv"),
+                     ("pow_", "pow")]:
+        inplace = getattr(cls, f"__i{py}__")
+        put(_named(binary(BINARY_OPERATORS[py], py, call)[2], name, inplace.__doc__))

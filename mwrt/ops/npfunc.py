@@ -1,0 +1,206 @@
+"""NumPy functions by module path ("linalg.inv", "fft.rfft", "einsum"), for __array_function__.
+
+One op, `numpy`, runs `xp.<path>(*args, **kwargs)` on the worker: numpy.linalg.inv becomes
+cupy.linalg.inv on a GPU. Its meta rule is the function's entry in RULES when it has one (a
+shape rule in nprules.py, the dtype found by running NumPy on probes of two elements per axis), so the
+result's shape is known at once; any other public NumPy function runs with its shape left to
+the worker (UNKNOWN), asked for when first needed. The master passes the number of results
+(`outputs`) of those, so a function returning a tuple gets one tensor per array.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from . import UNKNOWN, Spec, register
+from ._meta import shape_of
+
+# Where a path may lead: NumPy's own namespace and these of its submodules (not ctypeslib,
+# testing, lib.npyio…: nothing that loads libraries or opens files).
+NAMESPACES = ("linalg.", "fft.", "lib.stride_tricks.")
+# File I/O: never run by name on a worker (the master runs them on copies).
+REFUSED = {"save", "savez", "savez_compressed", "savetxt", "load", "loadtxt", "genfromtxt",
+           "fromfile", "fromregex", "memmap", "tofile"}
+RULED = -1  # `outputs` of a function with a meta rule: the rule's result says how many
+RULES: dict[str, Callable] = {}  # path -> shape rule: a shape, or a list of them (tuple result)
+OUTPUTS: dict[str, Callable] = {}  # path -> count of results, for functions without a rule
+
+
+def allowed(path: str) -> bool:
+    """True if np.<path> may run by name on a worker: a public function of NumPy's namespace
+    or of one of NAMESPACES, and no file I/O."""
+    name = path.rpartition(".")[2]
+    within = "." not in path or any(path == p + name for p in NAMESPACES)
+    return within and name.isidentifier() and not name.startswith("_") and name not in REFUSED
+
+
+def resolve(xp, path: str):
+    """The function at `path` ("linalg.inv") in namespace `xp`; refuses what `allowed` does."""
+    if not allowed(path):
+        raise ValueError(f"np.{path}: not a NumPy function mwrt runs by name on a worker; run "
+                         "it on the master on t.numpy(), or with mwrt.remote")
+    fn = xp
+    for part in path.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise AttributeError(f"np.{path}: {getattr(xp, '__name__', xp)} has no {path} on "
+                                 "this worker; .cpu() the tensor, or use mwrt.remote")
+    if isinstance(fn, type) or not callable(fn):
+        raise TypeError(f"np.{path}: not a function (got {type(fn).__name__})")
+    return fn
+
+
+def _on_device(xp, value):
+    """NumPy arrays sent from the master, as arrays of `xp` (a GPU function refuses them)."""
+    if type(value) is np.ndarray:
+        return xp.asarray(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_on_device(xp, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_device(xp, v) for k, v in value.items()}
+    return value
+
+
+def _impl(xp, path: str, outputs: int, *args, **kwargs):
+    if xp is not np:
+        args, kwargs = _on_device(xp, args), _on_device(xp, kwargs)
+    result = resolve(xp, path)(*args, **kwargs)
+    if outputs == RULED:  # the meta rule, run on the master, told it how many
+        return tuple(result) if isinstance(result, (tuple, list)) else result
+    if outputs == 0:  # one array
+        if isinstance(result, (tuple, list)):
+            raise TypeError(f"np.{path}: returned {len(result)} arrays (expected one); mwrt "
+                            "knows no result count for it: use mwrt.remote(fn, outputs=n)")
+        return result
+    if not isinstance(result, (tuple, list)) or len(result) != outputs:
+        raise TypeError(f"np.{path}: returned {type(result).__name__} (expected a tuple of "
+                        f"{outputs} arrays)")
+    return tuple(result) if outputs > 1 else result[0]  # the worker stores one result bare
+
+
+def _meta(path: str, outputs: int, *args, **kwargs):
+    rule = RULES.get(path)
+    if rule is None:
+        return UNKNOWN if outputs == 0 else (UNKNOWN,) * outputs
+    return rule(*args, **kwargs)
+
+
+def outputs(path: str, args: tuple, kwargs: dict) -> int:
+    """What np.<path> returns for these arguments (Specs for tensors): RULED where a meta rule
+    says, else 0 for one array or n for a tuple of n."""
+    if path in RULES:
+        return RULED
+    count = OUTPUTS.get(path)
+    return 0 if count is None else count(*args, **kwargs)
+
+
+def _inplace_impl(xp, target, path: str, *args, **kwargs):
+    if xp is not np:
+        args, kwargs = _on_device(xp, args), _on_device(xp, kwargs)
+    resolve(xp, path)(target, *args, **kwargs)
+
+
+register("numpy", _impl, _meta, doc="A NumPy function by module path, on the tensors' worker.")
+# np.copyto(dst, src), np.fill_diagonal(a, v)…: the function changes its first argument.
+register("numpy_", _inplace_impl, lambda target, path, *args, **kwargs: None, inplace=True,
+         doc="A NumPy function that changes its first argument, by module path, in place.")
+
+
+# -- rules (nprules.py): shapes by hand, dtypes by NumPy on small probes ---------------
+
+def _probe(value):
+    """A small well-behaved stand-in of a Spec's dtype and ndim: identity matrices (invertible,
+    positive definite), two elements on each axis (an inverse real FFT needs two)."""
+    if isinstance(value, Spec):
+        ndim = len(value.shape)
+        if ndim < 2:
+            return np.ones((2,) * ndim, dtype=value.dtype)
+        return np.broadcast_to(np.eye(2, dtype=value.dtype), (2,) * ndim).copy()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_probe(v) for v in value)
+    return value
+
+
+def _key(value):
+    if isinstance(value, Spec):
+        return ("spec", value.dtype, len(value.shape))
+    if isinstance(value, (tuple, list)):
+        return tuple(_key(v) for v in value)
+    return value
+
+
+def _run_probe(path: str, args: tuple, kwargs: dict) -> tuple:
+    fn = resolve(np, path)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        out = fn(*_probe(args), **kwargs)
+    outs = out if isinstance(out, tuple) else (out,)
+    return tuple(np.asarray(o).dtype for o in outs)
+
+
+_CACHE: dict = {}
+
+
+def _result_dtypes(path: str, args: tuple, kwargs: dict) -> tuple:
+    """NumPy's result dtypes for np.<path>(*args) on probes (cached by dtypes and ndims)."""
+    key = (path, _key(args), tuple(sorted(kwargs.items())))
+    try:
+        hit = _CACHE.get(key)
+    except TypeError:  # a list among the arguments: run the probe uncached
+        return _run_probe(path, args, kwargs)
+    if hit is None:
+        if len(_CACHE) > 4096:
+            _CACHE.clear()
+        hit = _CACHE[key] = _run_probe(path, args, kwargs)
+    return hit
+
+
+def rule(*paths: str):
+    """Register a shape rule for np.<path> (each of `paths`); the dtype comes from a probe."""
+    def deco(shape_fn):
+        for path in paths:
+            def meta(*args, _path=path, **kwargs):
+                shapes = shape_fn(*args, **kwargs)
+                if shapes is UNKNOWN:
+                    return UNKNOWN
+                dtypes = _result_dtypes(_path, args, kwargs)
+                if isinstance(shapes, list):
+                    return tuple(Spec(tuple(s), d) for s, d in zip(shapes, dtypes, strict=True))
+                return Spec(tuple(shapes), dtypes[0])
+            RULES[path] = meta
+        return shape_fn
+    return deco
+
+
+# -- result counts of functions without a rule: n for a tuple of n, 0 for one array -----
+
+def _ndim(a, *args, **kwargs):
+    return len(shape_of(a))
+
+
+def _flags(*names):
+    def count(*args, **kwargs):
+        n = 1 + sum(bool(kwargs.get(name)) for name in names)
+        return n if n > 1 else 0
+    return count
+
+
+def _gradient(f, *varargs, axis=None, **kwargs):
+    n = _ndim(f) if axis is None else len(axis) if isinstance(axis, tuple) else 1
+    return n if n > 1 else 0
+
+
+OUTPUTS.update({
+    "linalg.eig": lambda *a, **k: 2, "linalg.lstsq": lambda *a, **k: 4,
+    "nonzero": _ndim, "diag_indices_from": _ndim,
+    "where": lambda *args, **kwargs: _ndim(args[0]) if len(args) == 1 else 0,
+    "unique": _flags("return_index", "return_inverse", "return_counts"),
+    "histogram": lambda *a, **k: 2, "histogram2d": lambda *a, **k: 3,
+    "histogramdd": lambda *a, **k: 2, "tril_indices_from": lambda *a, **k: 2,
+    "triu_indices_from": lambda *a, **k: 2, "gradient": _gradient,
+    "meshgrid": lambda *args, **kwargs: len(args), "broadcast_arrays": lambda *a, **k: len(a),
+    "unravel_index": lambda indices, shape, **kwargs: len(shape),
+})

@@ -1,0 +1,289 @@
+"""NumPy functions on DistributedTensors (__array_function__): linalg, fft, joins, einsum and
+any other NumPy function run on the worker and equal NumPy's results on the master.
+
+Each test body runs for a tensor in host memory and on a (fake) GPU of the same worker
+(MWRT_FAKE_GPUS). "Shape known without a round trip" is checked on the handle: a result
+whose Spec the master computed has `_spec` set when the call returns, while a lazy one has
+none until its shape is first asked of the worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import mwrt
+from mwrt.ops import npfunc
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """Two workers, each with host memory and two fake GPUs."""
+    saved = os.environ.get("MWRT_FAKE_GPUS")
+    os.environ["MWRT_FAKE_GPUS"] = "2"  # the local workers inherit it
+    mwrt.shutdown()
+    try:
+        mwrt.init_master_worker(local_workers=2, timeout=30)
+    finally:
+        os.environ.pop("MWRT_FAKE_GPUS") if saved is None else \
+            os.environ.update(MWRT_FAKE_GPUS=saved)
+    yield mwrt
+    mwrt.shutdown()
+
+
+@pytest.fixture(params=[-1, 0], ids=["host", "fakegpu"])
+def device(request, two_nodes):
+    if request.param >= 0 and mwrt.device_count(0) == 0:
+        pytest.skip("the local worker sees no GPU")
+    return request.param
+
+
+def _put(array, device, node=0):
+    return mwrt.dist_send(np.ascontiguousarray(array), node=node, device=device)
+
+
+def _same(result, expected, known=True, rtol=1e-4, atol=1e-5):
+    """`result` (tensors) equals `expected` (NumPy's); its Spec was known at issue if `known`."""
+    if isinstance(expected, tuple):
+        assert isinstance(result, tuple) and len(result) == len(expected), result
+        for r, e in zip(result, expected):
+            _same(r, e, known, rtol, atol)
+        return
+    assert isinstance(result, mwrt.DistributedTensor), type(result)
+    assert (result._spec is not None) == known, (result, known)
+    expected = np.asarray(expected)
+    assert result.shape == expected.shape and result.dtype == expected.dtype, \
+        (result, expected.shape, expected.dtype)
+    np.testing.assert_allclose(result.numpy(), expected, rtol=rtol, atol=atol)
+
+
+def _named_same(name, result, expected, known=True, rtol=1e-4, atol=1e-5):
+    """_same, its failure naming the function."""
+    try:
+        _same(result, expected, known, rtol, atol)
+    except AssertionError as exc:
+        raise AssertionError(f"{name}: {exc}") from None
+
+
+def _matrices(seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((4, 4)).astype(np.float32)
+    spd = (a @ a.T + 4 * np.eye(4)).astype(np.float32)
+    return rng, a, spd
+
+
+def test_linalg_equals_numpy_with_the_shape_known_at_once(device):
+    rng, a, spd = _matrices()
+    wide = rng.standard_normal((2, 3, 5))
+    A, S, W = _put(a, device), _put(spd, device), _put(wide, device)
+    b1, b2 = rng.standard_normal(4).astype(np.float32), rng.standard_normal((4, 2))
+    for name, result, expected in [
+        ("inv", np.linalg.inv(A), np.linalg.inv(a)),
+        ("pinv", np.linalg.pinv(W), np.linalg.pinv(wide)),
+        ("det", np.linalg.det(A), np.linalg.det(a)),
+        ("slogdet", np.linalg.slogdet(A), tuple(np.linalg.slogdet(a))),
+        ("cholesky", np.linalg.cholesky(S), np.linalg.cholesky(spd)),
+        ("matrix_power", np.linalg.matrix_power(A, 3), np.linalg.matrix_power(a, 3)),
+        ("solve 1-D", np.linalg.solve(A, _put(b1, device)), np.linalg.solve(a, b1)),
+        ("solve 2-D", np.linalg.solve(S, _put(b2, device)), np.linalg.solve(spd, b2)),
+        ("norm", np.linalg.norm(A), np.linalg.norm(a)),
+        ("norm axis", np.linalg.norm(W, axis=1, keepdims=True),
+         np.linalg.norm(wide, axis=1, keepdims=True)),
+        ("norm fro", np.linalg.norm(A, "fro"), np.linalg.norm(a, "fro")),
+        ("eigvalsh", np.linalg.eigvalsh(S), np.linalg.eigvalsh(spd)),
+        ("svd values", np.linalg.svd(W, compute_uv=False), np.linalg.svd(wide, compute_uv=False)),
+        ("cond", np.linalg.cond(S), np.linalg.cond(spd)),
+        ("matrix_rank", np.linalg.matrix_rank(A), np.linalg.matrix_rank(a)),
+        ("svdvals", np.linalg.svdvals(W), np.linalg.svdvals(wide)),
+        ("vector_norm", np.linalg.vector_norm(W, axis=(0, 2)),
+         np.linalg.vector_norm(wide, axis=(0, 2))),
+        ("matrix_norm", np.linalg.matrix_norm(W, keepdims=True),
+         np.linalg.matrix_norm(wide, keepdims=True)),
+        ("matrix_transpose", np.linalg.matrix_transpose(W), np.linalg.matrix_transpose(wide)),
+        ("matmul", np.linalg.matmul(A, S), np.linalg.matmul(a, spd)),
+    ]:
+        _named_same("np.linalg." + name, result, expected, rtol=1e-3, atol=1e-4)
+
+
+def test_linalg_decompositions_are_tuples_of_tensors(device):
+    rng, a, spd = _matrices(1)
+    wide = rng.standard_normal((3, 5))
+    A, S, W = _put(a, device), _put(spd, device), _put(wide, device)
+    w, v = np.linalg.eigh(S)
+    ew, ev = np.linalg.eigh(spd)
+    _same(w, ew, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(np.abs(v.numpy()), np.abs(ev), rtol=1e-3, atol=1e-4)
+    for full in (True, False):
+        u, s, vh = np.linalg.svd(W, full_matrices=full)
+        eu, es, evh = np.linalg.svd(wide, full_matrices=full)
+        assert (u.shape, s.shape, vh.shape) == (eu.shape, es.shape, evh.shape)
+        assert all(t._spec is not None for t in (u, s, vh))
+        np.testing.assert_allclose((u.numpy()[:, :3] * s.numpy()) @ vh.numpy()[:3], wide,
+                                   atol=1e-10)
+    q, r = np.linalg.qr(A)
+    assert q._spec is not None and r._spec is not None
+    np.testing.assert_allclose(q.numpy() @ r.numpy(), a, atol=1e-5)
+    assert np.linalg.qr(W, mode="r").shape == np.linalg.qr(wide, mode="r").shape
+
+
+def test_fft_equals_numpy_with_the_shape_known_at_once(device):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    c = (x + 1j * rng.standard_normal((4, 6))).astype(np.complex64)
+    X, C = _put(x, device), _put(c, device)
+    for name, result, expected in [
+        ("fft", np.fft.fft(X), np.fft.fft(x)),
+        ("fft n", np.fft.fft(X, n=8, axis=0), np.fft.fft(x, n=8, axis=0)),
+        ("ifft", np.fft.ifft(C), np.fft.ifft(c)),
+        ("rfft", np.fft.rfft(X), np.fft.rfft(x)),
+        ("irfft", np.fft.irfft(C), np.fft.irfft(c)),
+        ("irfft n", np.fft.irfft(C, n=7), np.fft.irfft(c, n=7)),
+        ("hfft", np.fft.hfft(C), np.fft.hfft(c)),
+        ("fft2", np.fft.fft2(X), np.fft.fft2(x)),
+        ("fftn s", np.fft.fftn(X, s=(3, 5), axes=(0, 1)), np.fft.fftn(x, s=(3, 5), axes=(0, 1))),
+        ("ifft2", np.fft.ifft2(C), np.fft.ifft2(c)),
+        ("rfftn", np.fft.rfftn(X), np.fft.rfftn(x)),
+        ("rfft2 axes", np.fft.rfft2(X, axes=(1, 0)), np.fft.rfft2(x, axes=(1, 0))),
+        ("irfftn", np.fft.irfftn(C), np.fft.irfftn(c)),
+        ("irfft2 s", np.fft.irfft2(C, s=(4, 9)), np.fft.irfft2(c, s=(4, 9))),
+        ("fftshift", np.fft.fftshift(X), np.fft.fftshift(x)),
+    ]:
+        _named_same("np.fft." + name, result, expected, rtol=1e-3, atol=1e-4)
+
+
+def test_joins_einsum_and_registry_functions(device):
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    A, B = _put(a, device), _put(b, device)
+    for name, result, expected in [
+        ("concatenate", np.concatenate([A, B], axis=1), np.concatenate([a, b], axis=1)),
+        ("stack", np.stack([A, B]), np.stack([a, b])),
+        ("where", np.where(A > 0, A, B), np.where(a > 0, a, b)),
+        ("einsum", np.einsum("ij,kj->ik", A, B), np.einsum("ij,kj->ik", a, b)),
+        ("einsum implicit", np.einsum("ij,ij", A, B), np.einsum("ij,ij", a, b)),
+        ("outer", np.outer(A[0], B[1]), np.outer(a[0], b[1])),
+        ("inner", np.inner(A, B), np.inner(a, b)), ("vdot", np.vdot(A, B), np.vdot(a, b)),
+        ("kron", np.kron(A, B), np.kron(a, b)),
+        ("diag", np.diag(A[0], 1), np.diag(a[0], 1)),
+        ("trace", np.trace(A), np.trace(a)),
+        ("sum", np.sum(A, axis=0), np.sum(a, axis=0)),
+        ("reshape", np.reshape(A, (4, 3)), np.reshape(a, (4, 3))),
+        ("sort", np.sort(A, axis=0), np.sort(a, axis=0)),
+        ("tril", np.tril(A), np.tril(a)),
+        ("clip", np.clip(A, -0.5, 0.5), np.clip(a, -0.5, 0.5)),
+    ]:
+        _named_same("np." + name, result, expected)
+
+
+def test_functions_without_a_rule_run_with_a_lazy_shape(device):
+    rng, a, _ = _matrices(4)
+    A = _put(a, device)
+    for name, result, expected in [
+        ("percentile", np.percentile(A, 30, axis=0), np.percentile(a, 30, axis=0)),
+        ("cov", np.cov(A), np.cov(a)),
+        ("diff", np.diff(A, axis=1), np.diff(a, axis=1)),
+        ("where 1-arg", np.where(A > 0), np.where(a > 0)),
+        ("nonzero", np.nonzero(A[0] > 0), np.nonzero(a[0] > 0)),
+        ("unique counts", np.unique((A > 0).astype(np.int8), return_counts=True),
+         tuple(np.unique((a > 0).astype(np.int8), return_counts=True))),
+        ("einsum ellipsis", np.einsum("...j->...", A), np.einsum("...j->...", a)),
+    ]:
+        _named_same("np." + name, result, expected, known=False)
+    assert "percentile" not in npfunc.RULES  # the lazy path is what this test is about
+
+
+def test_eig_has_a_data_dependent_dtype_so_it_is_lazy(device):
+    _, _, spd = _matrices(5)
+    rot = np.array([[0.0, -1.0], [1.0, 0.0]])  # complex eigenvalues ±i
+    for matrix in (spd.astype(np.float64), rot):
+        values, vectors = np.linalg.eig(_put(matrix, device))
+        assert values._spec is None and vectors._spec is None
+        expected = np.linalg.eig(matrix).eigenvalues
+        assert values.dtype == expected.dtype
+        np.testing.assert_allclose(np.sort_complex(values.numpy()), np.sort_complex(expected),
+                                   atol=1e-8)
+
+
+def test_master_side_functions(device, tmp_path):
+    a = np.arange(12.0).reshape(3, 4)
+    A = _put(a, device)
+    assert np.shape(A) == (3, 4) and np.ndim(A) == 2 and np.size(A, 1) == 4
+    assert np.result_type(A, np.float32) == np.float64
+    assert np.iscomplexobj(A) is False
+    assert np.array_repr(A) == np.array_repr(a)
+    np.save(tmp_path / "a.npy", A)
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), a)
+    assert bool(np.allclose(A, a)) and bool(np.array_equal(A, A))
+
+
+def test_in_place_functions_change_the_worker_array(device):
+    a = np.arange(9.0).reshape(3, 3)
+    A = _put(a, device)
+    np.fill_diagonal(A, -1.0)
+    np.copyto(A[0], 7.0)  # a view: the worker's array changes through it
+    expected = a.copy()
+    np.fill_diagonal(expected, -1.0)
+    expected[0] = 7.0
+    np.testing.assert_array_equal(A.numpy(), expected)
+    into = np.zeros((3, 3))
+    np.copyto(into, A)  # a master array changed in place: done here, on a copy of A
+    np.testing.assert_array_equal(into, expected)
+
+
+def test_tensors_in_two_places_are_a_named_error(two_nodes):
+    a = np.ones((2, 2))
+    on0, on1 = _put(a, -1, node=0), _put(a, -1, node=1)
+    with pytest.raises(ValueError, match=r"np\.concatenate: arguments live in different places "
+                                         r"\(node 0 device -1 and node 1 device -1\).*\.to\("):
+        np.concatenate([on0, on1])
+    with pytest.raises(ValueError, match=r"np\.linalg\.solve: .*node 0 device -1 and node 1"):
+        np.linalg.solve(on0, on1)
+    if mwrt.device_count(0):
+        with pytest.raises(ValueError, match=r"np\.einsum: .*node 0 device -1 and node 0 "
+                                             r"device 0"):
+            np.einsum("ij,jk", on0, _put(a, 0))
+    np.testing.assert_array_equal(np.concatenate([on0, on1.to(node=0)]).numpy(),
+                                  np.concatenate([a, a]))
+
+
+def test_bad_shapes_fail_at_issue_time_as_numpy_would(two_nodes):
+    A = _put(np.ones((3, 4)), -1)
+    with pytest.raises(np.linalg.LinAlgError, match=r"np\.linalg\.inv: .*square .*\(3, 4\)"):
+        np.linalg.inv(A)
+    with pytest.raises(np.linalg.LinAlgError, match=r"np\.linalg\.det: 1-dimensional"):
+        np.linalg.det(A[0])
+    with pytest.raises(ValueError, match=r"np\.einsum: label 'j' has sizes 4 and 3"):
+        np.einsum("ij,jk->ik", A, A)
+
+
+def test_a_function_outside_numpys_namespaces_still_runs(two_nodes):
+    a = np.arange(10.0)
+    windows = np.lib.stride_tricks.sliding_window_view(_put(a, -1), 3)
+    np.testing.assert_array_equal(windows.numpy(),
+                                  np.lib.stride_tricks.sliding_window_view(a, 3))
+
+
+def test_only_numpys_public_functions_run_by_name_on_a_worker():
+    assert npfunc.allowed("linalg.inv") and npfunc.allowed("einsum")
+    assert npfunc.allowed("lib.stride_tricks.sliding_window_view")
+    for path in ("save", "load", "fromfile", "ctypeslib.load_library", "_core.multiarray.empty",
+                 "lib.npyio.DataSource", "testing.assert_equal"):
+        assert not npfunc.allowed(path), path
+        with pytest.raises(ValueError, match=rf"np\.{path}: not a NumPy function mwrt runs"):
+            npfunc.resolve(np, path)
+    with pytest.raises(TypeError, match=r"np\.ndarray: not a function"):
+        npfunc.resolve(np, "ndarray")
+
+
+def test_an_in_place_function_on_another_stream_is_ordered_as_a_write(device):
+    big = _put(np.zeros((512, 512)), device)
+    side = mwrt.Stream(node=0, device=device)
+    with mwrt.stream(side):
+        for _ in range(20):  # keep the side stream busy before the write
+            big = big @ big
+        np.fill_diagonal(big, 3.0)
+    # Read on the default stream: numpy() waits for the stream that wrote big last.
+    np.testing.assert_array_equal(np.diagonal(big.numpy()), np.full(512, 3.0))
+    assert np.count_nonzero(big.numpy()) == 512
