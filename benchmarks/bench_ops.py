@@ -5,7 +5,8 @@ goal: sync round trip on a tiny tensor vs a pyzmq DEALER/ROUTER echo between two
 processes; the master's issue rate of a small in-place op and the rate they complete;
 a 64 MiB dist_send, .numpy() and worker-to-worker .to(node=) over tcp (vs a raw loopback
 socket) and shm (vs a multiprocessing.shared_memory handoff between two processes, and
-np.copyto, the ceiling of one same-host copy).
+np.copyto into a fresh array, the floor of .numpy(), and into a warm one, the ceiling of
+one same-host copy).
 """
 
 from __future__ import annotations
@@ -102,11 +103,15 @@ def raw_socket_gbps(nbytes: int, reps: int = 5) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
-def memcpy_gbps(nbytes: int, reps: int = 5) -> float:
-    """np.copyto into a prefaulted array: the ceiling of a same-host copy."""
-    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    return nbytes / statistics.median(_timed(lambda: np.copyto(dst, src))
-                                      for _ in range(reps)) / 1e9
+def memcpy_gbps(nbytes: int, reps: int = 5, fresh: bool = False) -> float:
+    """np.copyto into a prefaulted array (the ceiling of a same-host copy), or into a fresh
+    np.empty each time (the kernel faults in every page: the floor of .numpy(), which must
+    return a new array)."""
+    src, warm = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+
+    def once():
+        np.copyto(np.empty(nbytes, np.uint8) if fresh else warm, src)
+    return nbytes / statistics.median(_timed(once) for _ in range(reps)) / 1e9
 
 
 def _shm_reader(name: str, nbytes: int, conn) -> None:
@@ -226,12 +231,16 @@ def event_pair_cpu_us(n: int = 20_000) -> float:
     return cpu / n * 1e6
 
 
-def main() -> None:
+def main(shm_only: bool = False) -> None:
+    """Every row; with `shm_only` (--shm), the same-host transfer rows alone."""
     nbytes = 64 << 20
-    handoff, memcpy = shm_handoff_gbps(nbytes), memcpy_gbps(nbytes)  # before any mwrt thread
-    rows = overhead_rows()
-    rows += bulk_rows("tcp", [("raw socket", raw_socket_gbps(nbytes))])
-    rows += bulk_rows("shm", [("shared_memory handoff", handoff), ("np.copyto", memcpy)])
+    handoff = shm_handoff_gbps(nbytes)  # before any mwrt thread
+    fresh, warm = memcpy_gbps(nbytes, fresh=True), memcpy_gbps(nbytes)
+    rows = [] if shm_only else overhead_rows()
+    if not shm_only:
+        rows += bulk_rows("tcp", [("raw socket", raw_socket_gbps(nbytes))])
+    rows += bulk_rows("shm", [("shared_memory handoff", handoff),
+                              ("memcpy into fresh", fresh), ("memcpy into warm", warm)])
     print(f"{'what':46} {'mwrt':>16}   {'baseline (same run)':32} {'ratio':>6}   goal")
     for row in rows:
         print(f"{row[0]:46} {row[1]:>16}   {row[2]:32} {row[3]:>6}   {row[4]}")
@@ -283,5 +292,6 @@ def print_graph_replay() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    print_graph_replay()
+    main(shm_only="--shm" in sys.argv[1:])
+    if "--shm" not in sys.argv[1:]:
+        print_graph_replay()

@@ -134,9 +134,18 @@ SETTINGS = {
                          "shared-memory slots per (sender, receiver) pair of the shm channel"),
     "shm_slot_bytes": Setting("MWRT_SHM_SLOT_BYTES", 1 << 20, int,
                               "bytes per shm slot (at most segment_bytes); ~L2-sized is fastest"),
+    "recv_pool_bytes": Setting("MWRT_RECV_POOL_BYTES", min(1 << 30, _host_ram() // 16), int,
+                               "bytes of freed receive buffers a worker keeps per master, so a "
+                               "dist_send lands in memory already faulted in; 0: off"),
+    "recv_pool_min_bytes": Setting("MWRT_RECV_POOL_MIN_BYTES", 1 << 20, int,
+                                   "receives from this size take their buffer from that pool"),
     "shm_cma": Setting("MWRT_SHM_CMA", 1, int,
-                       "1: shm collectives read peers' buffers in place (process_vm_readv) "
-                       "when the kernel allows; 0: always the socket and slot path"),
+                       "1: shm collectives, and messages from MWRT_SHM_CMA_BYTES, read peers' "
+                       "buffers in place (process_vm_readv, one copy) when the kernel allows; "
+                       "0: always the socket and slot path"),
+    "shm_cma_bytes": Setting("MWRT_SHM_CMA_BYTES", 1 << 20, int,
+                             "shm messages from this size are read in place by the receiver "
+                             "(one copy) instead of through slots (two)"),
     "shm_stage_bytes": Setting("MWRT_SHM_STAGE_BYTES", 4 << 20, int,
                                "shm all_reduce up to this size goes through shared staging "
                                "areas (in-cache copies beat single-copy reads); 0: off"),

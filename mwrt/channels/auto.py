@@ -17,7 +17,7 @@ import socket
 
 from ..errors import ChannelError, WireError
 from ..netaddr import host_identity
-from .shm import MAP, SHM, ShmChannel
+from .shm import CMA, MAP, SHM, ShmChannel
 from .sockets import SocketChannel
 from .tcp import connect_tcp, listen_host, listen_tcp
 
@@ -63,7 +63,7 @@ class AutoChannel(ShmChannel):
         return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
 
     def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc):
-        if kind in (MAP, SHM) and sock.family != socket.AF_UNIX:
+        if kind in (MAP, SHM, CMA) and sock.family != socket.AF_UNIX:
             raise WireError(f"rank {peer} sent a shared-memory frame over tcp (from another "
                             "host, its segments cannot be ours)")
         return super()._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)

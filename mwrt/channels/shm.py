@@ -13,10 +13,20 @@ the two copies overlap on two cores, and the mapping is reused for the life of t
 channel (a fresh segment per transfer is 5x slower: BASELINE.md). A sender short of
 slots reads those answers itself: no spinning, and a dead receiver shows as end of
 stream.
+
+A message of `cma_bytes` or more moves with one copy instead of two where the kernel lets
+the receiver read the sender's memory (cross-memory attach, mwrt.channels.cma): each
+segment is announced by a CMA frame carrying its address, the receiver thread reads it
+with process_vm_readv straight into the receive's buffer and answers DONE, and the
+sender returns once every segment of the message is answered (its buffer is read in
+place, so it must not change before). The first such frame to a peer waits for its
+answer: a receiver the kernel refuses answers REFUSED, and that peer gets slots from then
+on (the refused segment is sent again through a slot, at the same offset).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
@@ -33,21 +43,32 @@ from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
 from ..netaddr import host_identity
 from ..procs import process_alive
+from . import cma
 from .segments import DIR, Segment, new_name
 from .sockets import HEADER, MAGIC, SocketChannel
 
 log = logging.getLogger("mwrt.channels")
 
-SHM, MAP = 2, 3
+SHM, MAP, CMA = 2, 3, 4
 _MAX_SLOTS, _MAX_SLOT_BYTES = 1024, 1 << 30  # what a peer's MAP frame may announce
 _ACK = struct.Struct("<I")
+_ADDRESS = struct.Struct("<Q")  # after a CMA frame's description: where its bytes are
+_DONE, _REFUSED = 0xFFFFFFFF, 0xFFFFFFFE  # answers to a CMA frame (others free a slot)
+_NOT_ALLOWED = {errno.EPERM, errno.EACCES, errno.ENOSYS}
 
 
-class _OutSlots:
-    """The sender's side of one peer's segment: free slots, and who may read acks."""
+class _Out:
+    """The sender's side toward one peer: its slots, its CMA frames owed an answer, and
+    the lock of whoever reads the answers."""
 
-    def __init__(self, segment: Segment, nslots: int):
-        self.segment, self.free, self.lock = segment, deque(range(nslots)), threading.Lock()
+    def __init__(self):
+        self.segment: Segment | None = None  # made on the first message through slots
+        self.free: deque[int] = deque()
+        self.lock = threading.Lock()
+        self.cma: bool | None = None if cma.available() else False  # None: not tried yet
+        self.owed: deque[int] = deque()  # the tag of each CMA frame not answered yet
+        self.left: dict[int, int] = {}  # tag -> its CMA frames not answered yet
+        self.refused: set[int] = set()  # tags whose CMA frame the peer could not read
 
 
 class ShmChannel(SocketChannel):
@@ -66,11 +87,16 @@ class ShmChannel(SocketChannel):
             raise ConfigError(f"MWRT_SHM_SLOTS, MWRT_SHM_SLOT_BYTES: must be >= 1 (got "
                               f"{self.nslots}, {slot_bytes})")
         self._in_segments: dict[int, Segment] = {}
-        self._out_slots: dict[int, _OutSlots] = {}
+        self._out_slots: dict[int, _Out] = {}
+        self._peer_pids: dict[int, int] = {}
+        self._iov = threading.local()  # each reading thread's reused IoVec pair
+        self.cma_bytes = config.get("shm_cma_bytes") if config.get("shm_cma") else 1 << 62
         self._slots_lock = threading.Lock()
         self._warned_no_shm: set[int] = set()
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
-        # Slots that fit in L2 let the receiver read what the sender just wrote from cache.
+        # Slots that fit in L2 let the receiver read what the sender just wrote from cache;
+        # a segment read in place needs no slot, and fewer frames cost less.
+        self.cma_segment_bytes = self.segment_bytes
         self.segment_bytes = min(self.segment_bytes, slot_bytes)
         limit = min(65536, self.segment_bytes)  # below this a socket copy beats a slot handoff
         self.inline_bytes = limit if inline_bytes is None else int(inline_bytes)
@@ -111,30 +137,68 @@ class ShmChannel(SocketChannel):
     # -- sending -----------------------------------------------------------------------
 
     def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline):
-        out = None if total <= self.inline_bytes else self._out(conn, peer, deadline)
-        if out is None:  # small, or no shared memory to be had: through the socket
+        if total <= self.inline_bytes:
+            return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
+        out = self._out(peer)
+        if total >= self.cma_bytes and out.cma is not False and \
+                self._send_cma(out, conn, peer, tag, total, offset, seg, desc, deadline):
+            return
+        if not self._mapped(out, conn, peer, deadline):  # no shared memory to be had
             return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
         slot = self._acquire_slot(out, conn, peer, deadline)
         np.copyto(out.segment.slots[slot, : seg.nbytes], np.frombuffer(seg, np.uint8))
         head = HEADER.pack(MAGIC, SHM, 0, len(desc), slot, tag, total, offset, seg.nbytes)
         self._write(conn, peer, [head + desc], deadline)
 
-    def _out(self, conn, peer, deadline) -> _OutSlots | None:
-        """Our slots toward `peer`, made on first use; None while /dev/shm has no room."""
+    def _segment_step(self, peer: int, total: int) -> int:
+        out = self._out_slots.get(peer)
+        if total >= self.cma_bytes and out is not None and out.cma:  # known to read us
+            return self.cma_segment_bytes
+        return self.segment_bytes  # a first in-place segment may come back for a slot
+
+    def _out(self, peer) -> _Out:
         with self._slots_lock:
             out = self._out_slots.get(peer)
             if out is None:
+                out = self._out_slots[peer] = _Out()
+            return out
+
+    def _mapped(self, out: _Out, conn, peer, deadline) -> bool:
+        """Our slots toward `peer`, made on first use; False while /dev/shm has no room."""
+        with self._slots_lock:
+            if out.segment is None:
                 name = new_name()
                 try:
-                    segment = Segment(name, self.nslots, self.segment_bytes, create=True)
+                    out.segment = Segment(name, self.nslots, self.segment_bytes, create=True)
                 except OSError as exc:  # ENOSPC: a full (or capped) /dev/shm
                     self._warn_no_shm(peer, exc)
-                    return None
-                out = self._out_slots[peer] = _OutSlots(segment, self.nslots)
+                    return False
+                out.free.extend(range(self.nslots))
                 head = HEADER.pack(MAGIC, MAP, 0, len(name), self.nslots, 0,
                                    self.segment_bytes, 0, 0)
                 self._write(conn, peer, [head + name.encode()], deadline)
-            return out
+            return True
+
+    def _send_cma(self, out: _Out, conn, peer, tag, total, offset, seg, desc, deadline) -> bool:
+        """Announce `seg` for the peer to read in place; False if the peer cannot read us."""
+        address = np.frombuffer(seg, np.uint8).ctypes.data
+        head = HEADER.pack(MAGIC, CMA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
+        if not out.lock.acquire(timeout=max(deadline - _now(), 0)):
+            raise ChannelTimeoutError(f"shm send rank {self.rank}->{peer}: answers of rank "
+                                      f"{peer} still read by another send past the timeout")
+        try:
+            first = out.cma is None
+            out.owed.append(tag)
+            out.left[tag] = out.left.get(tag, 0) + 1
+            self._write(conn, peer, [head + desc + _ADDRESS.pack(address)], deadline)
+            if first or offset + seg.nbytes >= total:  # its buffer is read until answered
+                self._read_answers(out, conn, peer, deadline, lambda: tag not in out.left)
+        finally:
+            out.lock.release()
+        if tag in out.refused:
+            out.refused.discard(tag)
+            return False
+        return True
 
     def _warn_no_shm(self, peer: int, exc: OSError) -> None:
         if peer not in self._warned_no_shm:  # once per peer: it is tried again each message
@@ -143,37 +207,60 @@ class ShmChannel(SocketChannel):
                         "messages to it go through the socket until %s has room", self.name,
                         self.rank, peer, type(exc).__name__, exc.strerror or exc, DIR)
 
-    def _acquire_slot(self, out: _OutSlots, conn, peer, deadline) -> int:
-        what = f"shm send rank {self.rank}->{peer}"
+    def _acquire_slot(self, out: _Out, conn, peer, deadline) -> int:
         if not out.lock.acquire(timeout=max(deadline - _now(), 0)):
-            raise ChannelTimeoutError(f"{what}: no shared-memory slot freed before the timeout")
+            raise ChannelTimeoutError(f"shm send rank {self.rank}->{peer}: no shared-memory "
+                                      "slot freed before the timeout")
         try:
-            ack = memoryview(bytearray(_ACK.size))
-            while not out.free:
-                got = 0
-                while got < ack.nbytes:
-                    poller = select.poll()
-                    poller.register(conn.sock, select.POLLIN)
-                    if not poller.poll(max(deadline - _now(), 0) * 1000):
-                        raise ChannelTimeoutError(
-                            f"{what}: rank {peer} freed no shared-memory slot before the "
-                            f"timeout; is it receiving?")
-                    try:
-                        k = conn.sock.recv_into(ack[got:])
-                    except OSError as exc:
-                        k, conn.error = 0, f"{type(exc).__name__}: {exc}"
-                    if k == 0:
-                        raise ChannelClosedError(
-                            f"{what}: rank {peer} closed the connection mid-transfer; check "
-                            f"the logs of rank {peer}", peer=peer)
-                    got += k
-                (slot,) = _ACK.unpack(ack)
-                if slot >= self.nslots:
-                    raise WireError(f"{what}: rank {peer} freed slot {slot} of {self.nslots}")
-                out.free.append(slot)
+            self._read_answers(out, conn, peer, deadline, lambda: bool(out.free))
             return out.free.popleft()
         finally:
             out.lock.release()
+
+    def _read_answers(self, out: _Out, conn, peer, deadline, enough) -> None:
+        """Read the peer's answers (freed slots, CMA frames read) until `enough()`; the
+        caller holds out.lock."""
+        what = f"shm send rank {self.rank}->{peer}"
+        ack = memoryview(bytearray(_ACK.size))
+        while not enough():
+            got = 0
+            while got < ack.nbytes:
+                poller = select.poll()
+                poller.register(conn.sock, select.POLLIN)
+                if not poller.poll(max(deadline - _now(), 0) * 1000):
+                    if out.owed:  # it may still read segments we return from: no more frames
+                        conn.error = conn.error or "a send timed out while rank " \
+                            f"{peer} still had segments to read in place"
+                    raise ChannelTimeoutError(
+                        f"{what}: rank {peer} freed no shared-memory slot (nor read the "
+                        "segments it was shown) before the timeout; is it receiving?")
+                try:
+                    k = conn.sock.recv_into(ack[got:])
+                except OSError as exc:
+                    k, conn.error = 0, f"{type(exc).__name__}: {exc}"
+                if k == 0:
+                    raise ChannelClosedError(
+                        f"{what}: rank {peer} closed the connection mid-transfer; check "
+                        f"the logs of rank {peer}", peer=peer)
+                got += k
+            self._take_answer(out, _ACK.unpack(ack)[0], what)
+
+    def _take_answer(self, out: _Out, answer: int, what: str) -> None:
+        if answer < self.nslots and out.segment is not None:
+            out.free.append(answer)
+            return
+        if answer not in (_DONE, _REFUSED) or not out.owed:
+            raise WireError(f"{what}: the peer answered {answer:#x} (expected a slot below "
+                            f"{self.nslots}, or a CMA answer while one is owed)")
+        tag = out.owed.popleft()
+        out.left[tag] -= 1
+        if not out.left[tag]:
+            del out.left[tag]
+        if answer == _REFUSED:
+            out.cma = False
+            out.refused.add(tag)
+        elif out.cma is None:
+            out.cma = True
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -193,6 +280,8 @@ class ShmChannel(SocketChannel):
             if old is not None:
                 old.close()
             return
+        if kind == CMA:
+            return self._on_cma(sock, peer, tag, total, offset, seglen, desc)
         segment = self._in_segments.get(peer)
         if kind != SHM or segment is None or aux >= segment.slots.shape[0] or \
                 seglen > segment.slots.shape[1]:
@@ -203,7 +292,37 @@ class ShmChannel(SocketChannel):
         sock.sendall(_ACK.pack(aux))
         self._segment_done(peer, tag, seglen)
 
+    def _on_cma(self, sock, peer, tag, total, offset, seglen, desc) -> None:
+        """Read a segment the peer showed us straight from its memory, and answer."""
+        (address,) = _ADDRESS.unpack(sock.take(_ADDRESS.size, "a CMA frame's address"))
+        target = self._segment_target(peer, tag, total, offset, seglen, desc)
+        if target is not None and seglen:
+            iov = getattr(self._iov, "pair", None)
+            if iov is None:
+                iov = self._iov.pair = (cma.IoVec(), cma.IoVec())
+            try:
+                cma.read_remote(self._peer_pid(peer, sock), np.frombuffer(target, np.uint8)
+                                .ctypes.data, address, seglen, iov)
+            except OSError as exc:
+                if exc.errno not in _NOT_ALLOWED:  # ESRCH: it died; EFAULT: it lied
+                    raise ConnectionError(f"rank {peer}: cannot read the segment it showed "
+                                          f"({exc.strerror}); it died mid-message?") from None
+                log.info("shm channel rank %d: the kernel does not let us read rank %d's "
+                         "memory (%s); it sends through slots", self.rank, peer, exc.strerror)
+                sock.sendall(_ACK.pack(_REFUSED))  # the same segment comes again, in a slot
+                return
+        sock.sendall(_ACK.pack(_DONE))
+        self._segment_done(peer, tag, seglen)
+
+    def _peer_pid(self, peer: int, sock) -> int:
+        pid = self._peer_pids.get(peer)
+        if pid is None:
+            pid = self._peer_pids[peer] = struct.unpack("3i", sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        return pid
+
     def _on_peer_gone(self, peer):
+        self._peer_pids.pop(peer, None)
         segment = self._in_segments.pop(peer, None)
         if segment is not None:
             segment.close()
@@ -213,8 +332,9 @@ class ShmChannel(SocketChannel):
         with self._slots_lock:
             outs, self._out_slots = list(self._out_slots.values()), {}
         for out in outs:
-            out.segment.unlink()  # the receiver never mapped it (it died or never received)
-            out.segment.close()
+            if out.segment is not None:
+                out.segment.unlink()  # the receiver never mapped it (it died or never received)
+                out.segment.close()
 
 
 def reap_orphan_segments(directory: str = DIR) -> list[str]:

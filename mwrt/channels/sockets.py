@@ -88,6 +88,10 @@ class SocketChannel(InboundChannel):
         head = HEADER.pack(MAGIC, DATA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
         self._write(conn, peer, [head, desc, seg] if desc else [head, seg], deadline)
 
+    def _segment_step(self, peer: int, total: int) -> int:
+        """The segment size of a `total`-byte message to `peer` (shm's in-place ones differ)."""
+        return self.segment_bytes
+
     # -- sending -----------------------------------------------------------------------
 
     def _send(self, view, peer, tag, timeout, desc):
@@ -101,7 +105,8 @@ class SocketChannel(InboundChannel):
             raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
                                       ) from None
         try:
-            total, step, offset, head = view.nbytes, self.segment_bytes, 0, desc.encode()
+            total, offset, head = view.nbytes, 0, desc.encode()
+            step = self._segment_step(peer, total)
             while True:
                 n = min(step, total - offset)
                 seg = view[offset:offset + n] if n < total else view

@@ -28,6 +28,7 @@ from ..netaddr import split_host_port
 from ..protocol import wire
 from ..store import TCPStore
 from . import staging
+from .pool import ReceivePool
 
 log = logging.getLogger("mwrt.worker")
 
@@ -44,6 +45,7 @@ class SessionData:
         self.groups: dict[int, ProcessGroup] = {}
         self.posted: dict[int, tuple] = {}  # RecvFrom command id -> (array, Work)
         self.gpu_groups: dict[int, ProcessGroup | None] = {}  # group id -> over nccl, or None
+        self.pool = ReceivePool(session.tensors)  # warm destinations for large receives
 
     def start(self) -> None:
         """Join the data channel on a thread of its own; it answers the Join when done."""
@@ -126,7 +128,7 @@ class SessionData:
         try:
             dtype = np.dtype(cmd.dtype)
             check_size(cmd.shape, dtype)
-            host = np.empty(cmd.shape, dtype)
+            host = self.pool.empty(cmd.shape, dtype)
             work = self.channel.irecv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
         except Exception:  # the stream's own attempt will fail and report it
             return
@@ -179,6 +181,7 @@ class SessionData:
             self.gpu_groups.clear()
             self.groups.clear()  # they hold the channel, and received arrays wait in posted
             self.posted.clear()
+        self.pool.close()
         if gpu:  # NCCL's destroy may wait for its peers: never on the daemon's thread
             threading.Thread(target=_close_all, args=(gpu,), daemon=True,
                              name=f"mwrt-nccl-close-{self.session.node}").start()
@@ -268,7 +271,7 @@ def recv_from(ex, cmd, frames):
         else:
             dtype = np.dtype(cmd.dtype)
             check_size(cmd.shape, dtype, "recv", ex.session.tensors)
-            host = np.empty(cmd.shape, dtype)
+            host = data.pool.empty(cmd.shape, dtype)
             data.get_channel().recv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
     except ChannelError as exc:
         raise _nothing_sent(ex, cmd, exc, host.nbytes) from None

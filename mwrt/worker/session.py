@@ -99,7 +99,8 @@ class Session:
         arrays = [t for t in list(self.tensors.values()) if hasattr(t, "nbytes")]
         return {"tensors": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)),
                 "streams": len(self.streams), "events": len(self.events),
-                "queued_bytes": self.inflight.nbytes}
+                "queued_bytes": self.inflight.nbytes,
+                **(self.data.pool.stats() if self.data is not None else {})}
 
     def close(self) -> None:
         """Stop the executors and drop every tensor, channel and event at once."""
