@@ -25,19 +25,20 @@ def build_parser() -> argparse.ArgumentParser:
         "status", help="the workers: address, health, memory, sessions, GPUs",
         description="Connect to worker daemons as a master and show each one: its address, "
                     "process, uptime, last heartbeat, sessions and busy streams, its RSS and "
-                    "the host's free memory, its GPUs. Workers from --workers, else "
+                    "the host's free memory, its GPUs, and the stream commands run and bytes "
+                    "moved since it started (--watch: per second). Workers from --workers, else "
                     "MWRT_WORKERS, else MWRT_REGISTRY; the key from --key, else MWRT_KEY_FILE.")
     look.add_argument("--workers", help="comma-separated HOST:PORT of the daemons")
     look.add_argument("--key", help="the master's key file (from mwrt-worker keygen)")
     look.add_argument("--json", action="store_true", help="one JSON list, for scripts")
     look.add_argument("--watch", type=float, metavar="SECONDS",
-                      help="refresh every SECONDS until Ctrl-C")
+                      help="refresh every SECONDS until Ctrl-C, with ops/s and MB/s")
     look.set_defaults(run=status_main)
     return parser
 
 
 def status_main(args) -> int:
-    """`mwrt status`: one row per worker, once or every --watch seconds."""
+    """`mwrt status`: one row per worker, once or every --watch seconds (then with rates)."""
     import time
 
     import mwrt
@@ -47,13 +48,19 @@ def status_main(args) -> int:
     except (mwrt.MwrtError, ConnectionError, TimeoutError) as exc:
         print(f"mwrt status: {exc}", file=sys.stderr)
         return 1
+    clear = "\033[H\033[2J" if args.watch and sys.stdout.isatty() else ""
+    before = None
     try:
         while True:
             rows = mwrt.status()
-            print(json.dumps(rows, indent=2, default=str) if args.json else _status_table(rows),
-                  flush=True)
+            if args.json:
+                print(json.dumps(rows, indent=2, default=str), flush=True)
+            else:
+                table = _status_table(rows, before if args.watch else None, bool(args.watch))
+                print(clear + table + ("\n" if args.watch and not clear else ""), flush=True)
             if not args.watch:
                 return 0 if all(row["lost"] is None for row in rows) else 1
+            before = rows
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
@@ -61,23 +68,49 @@ def status_main(args) -> int:
         mwrt.shutdown()
 
 
-def _status_table(rows: list[dict]) -> str:
-    """NODE ADDRESS HOST PID UP HEARTBEAT SESSIONS BUSY RSS HOST-FREE GPUS, aligned."""
-    head = ("NODE", "ADDRESS", "HOST", "PID", "UP", "HEARTBEAT", "SESSIONS", "BUSY", "RSS",
-            "HOST FREE", "GPUS")
+def _status_table(rows: list[dict], before: list[dict] | None = None, rates=False) -> str:
+    """NODE ADDRESS HOST PID UP HEARTBEAT SESSIONS BUSY OPS IN OUT RSS HOST-FREE GPUS, aligned.
+
+    OPS, IN and OUT are totals since the worker started; with `rates` (--watch), OPS/S, IN/S
+    and OUT/S over the time since `before`, the previous snapshot ("-" on the first).
+    """
+    head = ("NODE", "ADDRESS", "HOST", "PID", "UP", "HEARTBEAT", "SESSIONS", "BUSY",
+            *(("OPS/S", "IN/S", "OUT/S") if rates else ("OPS", "IN", "OUT")),
+            "RSS", "HOST FREE", "GPUS")
+    previous = {row["node"]: row.get("worker", {}) for row in before or ()}
     cells = [head]
     for row in rows:
         w = row.get("worker", {})
         gpus = ", ".join(f"{g.get('name', '?')} {_mib(g.get('free_memory'))} free"
                          for g in w.get("gpus", [])) or "-"
+        counts = (_rates(w, previous.get(row["node"])) if rates else
+                  (str(w.get("ops", "-")), _mb(w.get("bytes_in")), _mb(w.get("bytes_out"))))
         cells.append((str(row["node"]), row["address"].removeprefix("tcp://"),
                       w.get("hostname", "LOST" if row["lost"] else "?"), str(w.get("pid", "")),
                       f"{w.get('uptime', 0):.0f} s", f"{row['heartbeat_age']:.1f} s ago",
-                      str(w.get("sessions", "")), str(w.get("streams_busy", "")),
-                      _mib(w.get("rss")), _mib(w.get("host_free")), gpus))
+                      str(len(w.get("sessions", ()))), str(w.get("streams_busy", "")),
+                      *counts, _mib(w.get("rss")), _mib(w.get("host_free")), gpus))
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
                      for row in cells)
+
+
+def _rates(now: dict, then: dict | None) -> tuple[str, str, str]:
+    """Ops/s and MB/s in and out between two reports of one worker ("-" without the first,
+    or across a restart: its counters started again)."""
+    if not now or not then or then.get("incarnation") != now.get("incarnation"):
+        return ("-", "-", "-")
+    seconds = max(now["uptime"] - then["uptime"], 1e-9)  # the worker's own clock
+
+    def rate(name):
+        return (now[name] - then[name]) / seconds
+
+    return (f"{rate('ops'):.0f}", f"{rate('bytes_in') / 1e6:.1f} MB/s",
+            f"{rate('bytes_out') / 1e6:.1f} MB/s")
+
+
+def _mb(n) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f} MB"
 
 
 def _mib(n) -> str:

@@ -28,7 +28,7 @@ from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
 from ..protocol.refusals import RefusalLog
-from . import lifecycle, quotas
+from . import lifecycle, quotas, report
 from .session import Session
 
 log = logging.getLogger("mwrt.worker")
@@ -105,6 +105,7 @@ class Daemon:
         self._rejections = [0.0, 0, 0]  # window start, rejections in it, not logged
         self.refusals = RefusalLog(keys is not None, self._log_rejection, _REJECTION_WINDOW)
         self._ending: list[threading.Thread] = []  # sessions being freed off the socket thread
+        self.retired = dict.fromkeys(report.COUNTERS, 0)  # of sessions that ended
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -364,17 +365,12 @@ class Daemon:
         self.send(session.identity, wire.Done(token=command.token, value=value))
 
     def report(self) -> dict:
-        """The daemon as `mwrt status` shows it: process, host memory, sessions, GPUs."""
-        from .. import arrays
+        """The daemon as `mwrt status` shows it (mwrt.worker.report)."""
+        return report.worker(self)
 
-        busy = sum(not ex.idle() for s in list(self.sessions.values())
-                   for ex in list(s.streams.values()))
-        return {"pid": os.getpid(), "hostname": socket.gethostname(),
-                "incarnation": self.incarnation, "uptime": time.monotonic() - self.started,
-                "rss": _status_bytes("/proc/self/status", "VmRSS"),
-                "host_free": _status_bytes("/proc/meminfo", "MemAvailable"),
-                "host_total": _status_bytes("/proc/meminfo", "MemTotal"),
-                "sessions": len(self.sessions), "streams_busy": busy, "gpus": arrays.devices()}
+    def retire(self, session) -> None:
+        """Keep the counters of a session that ends (socket thread, as report())."""
+        report.add_counters(self.retired, session)
 
     def _hello(self, sid, command) -> Session | None:
         identity = sid + b"/" + RX
@@ -466,15 +462,3 @@ class Daemon:
         if self.parent_pid is not None and not process_alive(self.parent_pid):
             log.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stopping = True
-
-
-def _status_bytes(path: str, field: str) -> int | None:
-    """A "Field: N kB" line of a /proc file, in bytes (None where there is none)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

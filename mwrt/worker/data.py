@@ -254,6 +254,7 @@ def send_to(ex, cmd, frames):
                            getattr(ex, "cuda_stream", None))
         return
     _data(ex).get_channel().send(array.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
+    ex.bytes_out += array.nbytes
 
 
 def recv_from(ex, cmd, frames):
@@ -273,6 +274,7 @@ def recv_from(ex, cmd, frames):
             check_size(cmd.shape, dtype, "recv", ex.session.tensors)
             host = data.pool.empty(cmd.shape, dtype)
             data.get_channel().recv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
+        ex.bytes_in += host.nbytes
     except ChannelError as exc:
         raise _nothing_sent(ex, cmd, exc, host.nbytes) from None
     store(ex, cmd.out, host if ex.device == arrays.HOST else ex.xp.asarray(host))
@@ -327,11 +329,14 @@ def collective(ex, cmd, frames):
         args["op"] = ReduceOp[args["op"]]
     kind = cmd.kind
     in_place = _IN_PLACE.get(kind)
+    if array is not None:  # the payload, for `mwrt status` (the algorithm's traffic varies)
+        ex.bytes_out += array.nbytes
     if in_place is not None:
         try:
             in_place(group, array, **args)
         except NcclUnsupportedError:  # on every node alike, after the call check: together,
             in_place(data.group(cmd.group, cmd.ranks), array, **args)  # stage through host
+        ex.bytes_in += array.nbytes if array is not None else 0
         return
     dtype = args.pop("dtype")
     xp = ex.xp if group.device_buffers else np  # nccl: results stay on the GPU
@@ -345,4 +350,5 @@ def collective(ex, cmd, frames):
     else:
         raise ValueError(f"collective: unknown kind {kind!r}")
     if out is not None:
+        ex.bytes_in += out.nbytes
         store(ex, cmd.out, out)

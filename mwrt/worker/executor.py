@@ -30,6 +30,9 @@ class StreamExecutor:
         self.error: dict | None = None
         self.stopped = False
         self.pending = 0  # batches queued and not finished; changed under _lock
+        # For `mwrt status`: commands run and bytes moved (inline frames and data channel).
+        # Plain ints, written by the thread running the stream's commands: no lock.
+        self.ops = self.bytes_in = self.bytes_out = 0
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._reply_socket = None
@@ -115,6 +118,7 @@ class StreamExecutor:
             return
         trace = self.session.trace
         start = time.time() if trace is not None else 0.0
+        self.ops += 1
         try:
             handlers.HANDLERS[type(command)](self, command, frames)
         except handlers.PoisonedInput as exc:

@@ -106,6 +106,7 @@ def put(ex, cmd, frames):
         raise ValueError(f"put: data frame has the wrong size (got {len(data)} bytes, expected "
                          f"{expected} for {dtype}{list(shape)})")
     host = np.frombuffer(data, dtype=dtype).reshape(shape)
+    ex.bytes_in += expected
     if ex.device != arrays.HOST:  # through a pinned buffer of the pool, on this stream
         store(ex, cmd.out, staging.upload(ex.xp, host, ex.cuda_stream))
         return
@@ -154,6 +155,7 @@ def get(ex, cmd, frames):
         host = np.asarray(arrays.to_host(value), order="C")
     ex.reply(wire.Data(token=cmd.token, shape=host.shape, dtype=host.dtype.str),
              [host.reshape(-1).view(np.uint8)])
+    ex.bytes_out += host.nbytes
 
 
 def meta(ex, cmd, frames):

@@ -31,6 +31,7 @@ def end(daemon, session, answer=None) -> threading.Thread:
     """Forget `session` now; free what it holds on a thread of its own, then send `answer`."""
     if daemon.sessions.get(session.sid) is session:
         del daemon.sessions[session.sid]
+        daemon.retire(session)  # its counters stay in the daemon's totals
 
     def free():
         session.close()
