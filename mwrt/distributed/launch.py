@@ -33,6 +33,7 @@ from ..procs import stop_processes
 from ..store.launchers import free_port, job_secret_env, rank_env, slurm_env
 
 _TAIL = 20
+_INTERRUPT_GRACE = 5.0  # seconds the ranks get to unwind after Ctrl-C, before SIGTERM
 
 
 def _parse(argv):
@@ -201,12 +202,40 @@ def _run(opts, status: str) -> int:
             if not running:
                 return 0
     except KeyboardInterrupt:
-        stop_processes([p for _, p, _, _ in ranks])
+        _interrupt([p for _, p, _, _ in ranks])
+        for _, _, _, pumps in ranks:  # their KeyboardInterrupt lines, before ours
+            for t in pumps:
+                t.join(2)
+        sys.stderr.write("mwrt-launch: interrupted (SIGINT); the ranks are stopped\n")
         return 130
     finally:
         for _, _, _, pumps in ranks:
             for t in pumps:
                 t.join(2)
+
+
+def _interrupt(procs, grace: float = _INTERRUPT_GRACE) -> None:
+    """Ctrl-C: each rank unwinds as from its own Ctrl-C (its KeyboardInterrupt, its exit
+    handlers leaving the group), then what still runs is stopped. A terminal's Ctrl-C
+    reaches the ranks too, so they get a moment first: a second SIGINT would cut their
+    unwinding short; `kill -INT` of the launcher reaches only us, and is forwarded."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    _wait_all(procs, 1.0)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    _wait_all(procs, grace)
+    stop_processes(procs)
+
+
+def _wait_all(procs, timeout: float) -> None:
+    """Wait up to `timeout` seconds in all for every process of `procs` to exit."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            return
 
 
 def _report(rank, pid, code, tail):
