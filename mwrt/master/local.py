@@ -32,10 +32,17 @@ class LocalWorker:
                    "--parent-pid", str(os.getpid())]
         if key_file is not None:
             command += ["--key-file", key_file]
+        # A session of its own: a terminal's Ctrl-C is for the master, which then frees its
+        # sessions and stops the daemon; reaching the daemon too, it made the master's exit
+        # report each node lost. A master that dies anyway is seen by --parent-pid.
         process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env, text=True)
-        line = _read_line(process, timeout)
+            command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env,
+            text=True, start_new_session=True)
+        try:
+            line = _read_line(process, timeout)
+        except BaseException:  # Ctrl-C while it starts: it is not in any list to stop yet
+            stop_processes([process])
+            raise
         prefix = "mwrt-worker: listening on "
         if not line.startswith(prefix):
             process.kill()
