@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import resource
+import signal
 import socket
 import tempfile
 import threading
@@ -98,18 +99,24 @@ class Cluster:
         return self.nodes[index]
 
     def close(self, goodbye: bool = True) -> None:
-        """Say goodbye to every worker, stop the heartbeat and any local daemons."""
+        """Say goodbye to every worker, stop the heartbeat and any local daemons. A Ctrl-C
+        during the goodbyes still closes the rest: no local daemon outlives the master, and
+        no socket is left open for context.term() to wait on."""
         heartbeat = getattr(self, "heartbeat", None)
-        for node in self.nodes:
-            node.close(goodbye=goodbye and node.info is not None)
-        if heartbeat is not None:
-            heartbeat.stop()
-        for closeable in (self._channel, self.store):
-            if closeable is not None:
-                closeable.close()
-        for worker in self.local:
-            worker.stop()
-        self.context.term()
+        try:
+            for node in self.nodes:
+                node.close(goodbye=goodbye and node.info is not None)
+        finally:
+            for node in self.nodes:  # those the goodbyes did not reach; closed ones return
+                node.close(goodbye=False)
+            if heartbeat is not None:
+                heartbeat.stop()
+            for closeable in (self._channel, self.store):
+                if closeable is not None:
+                    closeable.close()
+            for worker in self.local:
+                worker.stop()
+            self.context.term()
 
 
 def worker_addresses(workers) -> list[str]:
@@ -240,4 +247,19 @@ def is_initialized() -> bool:
     return _cluster is not None
 
 
-atexit.register(shutdown)
+def _shutdown_at_exit() -> None:
+    """shutdown() as the interpreter exits, deaf to Ctrl-C: a second one there (after the
+    first ended the script) cut it short with a traceback, left the session to the workers'
+    lease and local daemons running. Every wait in it has its timeout."""
+    if _cluster is None:
+        return
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        shutdown()
+    finally:
+        if main and previous is not None:  # None: a handler not set from Python
+            signal.signal(signal.SIGINT, previous)
+
+
+atexit.register(_shutdown_at_exit)
