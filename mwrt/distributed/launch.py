@@ -8,9 +8,11 @@ Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MAST
 and for a one-node job a fresh MWRT_JOB_SECRET; a job across nodes needs the same
 MWRT_JOB_SECRET or MWRT_KEY_FILE on every node (or MWRT_INSECURE=1 on a private network).
 Output lines are prefixed by "[rank r] ". When a rank fails, the others are stopped, and
-the launcher reports its exit code and last lines, and exits with that code. On SIGUSR1,
-and when a rank has waited MWRT_HANG_WARNING seconds in one collective or send/recv, it
-prints a table of every local rank's current call (`kill -USR1 <launcher pid>`).
+the launcher reports its exit code and last lines, and exits with that code. Ctrl-C
+(SIGINT) is passed on to the ranks, which get 5 s to unwind before they are stopped (exit
+code 130). On SIGUSR1, and when a rank has waited MWRT_HANG_WARNING seconds in one
+collective or send/recv, it prints a table of every local rank's current call
+(`kill -USR1 <launcher pid>`).
 """
 
 from __future__ import annotations
