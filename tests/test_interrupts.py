@@ -48,6 +48,11 @@ MASTER = textwrap.dedent("""
         while True:
             big.dist_send(1)
             mwrt.synchronize()
+    elif kind == "all_reduce":  # worker to worker, over the data channel
+        a, b = mwrt.ones(%d, node=0), mwrt.ones(%d, node=1)
+        while True:
+            mwrt.all_reduce([a, b], op=mwrt.ReduceOp.MAX)
+            mwrt.synchronize()
     elif kind == "sync":  # synchronize() waiting on a slow remote()
         def slow(a):
             import time
@@ -55,7 +60,7 @@ MASTER = textwrap.dedent("""
             return a
         y = mwrt.remote(slow, spec=((1000,), "float32"))(x)
         mwrt.synchronize()
-""" % ELEMENTS)
+""" % (ELEMENTS, ELEMENTS // 2, ELEMENTS // 2))
 
 SPMD = textwrap.dedent("""
     import os, sys, numpy as np
@@ -202,7 +207,7 @@ def external(tmp_path_factory):
 
 
 KINDS = [("ops", "auto"), ("numpy", "auto"), ("numpy", "tcp"), ("send", "auto"),
-         ("send", "tcp"), ("sync", "auto")]
+         ("send", "tcp"), ("all_reduce", "auto"), ("sync", "auto")]
 
 
 def _ids(case) -> str:
