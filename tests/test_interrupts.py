@@ -10,7 +10,6 @@ Ctrl-C does, reaching every process the script started in it too).
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import textwrap
 import time
 
 import pytest
+from children import Lines, ctrl_c_reaches
 from conftest import start_worker, stop_worker
 
 import mwrt
@@ -87,43 +87,36 @@ FORBIDDEN = ("Exception in thread", "Exception ignored", "release unlocked lock"
              "parent process")
 
 
-def _child_setup(group: bool):
-    """In the child, before exec: Python's Ctrl-C handling (a shell starting this suite in
-    the background made SIGINT ignored, which children inherit), and for `group` a process
-    group of its own, so a group SIGINT reaches it and what it starts, and not pytest."""
-    def setup():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        if group:
-            os.setpgrp()
-    return setup
-
-
 def interrupt(argv, *, group=False, env=None, at="ready", after=0.5, again=None):
     """Run `argv`, SIGINT it `after` seconds past its `at` line (its group with `group`; a
     second SIGINT `again` seconds later), and return (exit code, stderr, pid)."""
     child_env = dict(os.environ, **(env or {}))
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, child_env.get("PYTHONPATH")]))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env, preexec_fn=_child_setup(group))
+                            env=child_env, preexec_fn=ctrl_c_reaches(group))
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
     try:
-        _wait_for_line(proc, at, 120)
+        try:
+            out.until(at)
+        except AssertionError as exc:
+            proc.kill()
+            pytest.fail(f"{exc}; its stderr:\n{err.rest()[-3000:]}")
         time.sleep(after)  # the point of the interrupt, not a measurement
         _sigint(proc, group)
         if again is not None:
             time.sleep(again)
             _sigint(proc, group)
         try:
-            _, err = proc.communicate(timeout=EXIT_TIMEOUT)
+            proc.wait(EXIT_TIMEOUT)
         except subprocess.TimeoutExpired:
             proc.kill()
-            _, err = proc.communicate()
             pytest.fail(f"{argv[1:]}: still running {EXIT_TIMEOUT} s after SIGINT (a hang at "
-                        f"exit); its stderr:\n{err[-3000:]}")
-        return proc.returncode, err, proc.pid
+                        f"exit); its stderr:\n{err.rest()[-3000:]}")
+        return proc.returncode, err.rest(), proc.pid
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+        proc.wait()
 
 
 def _sigint(proc, group: bool) -> None:
@@ -131,22 +124,6 @@ def _sigint(proc, group: bool) -> None:
         os.killpg(proc.pid, signal.SIGINT) if group else proc.send_signal(signal.SIGINT)
     except ProcessLookupError:  # it exited already (after the first of two)
         pass
-
-
-def _wait_for_line(proc, text: str, timeout: float) -> None:
-    """Read stdout until a line containing `text`; fail naming what the script said."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if not ready:
-            continue
-        line = proc.stdout.readline()
-        if text in line:
-            return
-        if not line:
-            pytest.fail(f"the script exited (code {proc.wait()}) before {text!r}: "
-                        f"{proc.stderr.read()[-3000:]}")
-    pytest.fail(f"the script did not print {text!r} within {timeout} s")
 
 
 def assert_one_keyboard_interrupt(err: str, who: str = "") -> None:

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import start_worker, stop_worker
+from children import Lines, ctrl_c_reaches
 from test_cli import run
 
 import mwrt
@@ -76,21 +77,21 @@ def test_json_has_the_totals(worker):
     assert [s["node"] for s in rows[0]["worker"]["sessions"]] == [0]  # its own session
 
 
-def tables(stream, count: int) -> list[list[dict]]:
+def tables(lines: Lines, count: int) -> list[list[dict]]:
     """Read `count` tables of `mwrt status --watch` (blank-line separated), parsed by column."""
-    out, lines = [], []
+    out, rows = [], []
     while len(out) < count:
-        line = stream.readline()
+        line = lines.next()
         if not line:
             raise AssertionError(f"mwrt status --watch ended after {len(out)} tables")
         if line.strip():
-            lines.append(line.rstrip("\n"))
+            rows.append(line.rstrip("\n"))
             continue
-        columns = list(re.finditer(r"\S+(?: \S+)*", lines[0]))  # names: one space inside
+        columns = list(re.finditer(r"\S+(?: \S+)*", rows[0]))  # names: one space inside
         ends = [c.start() for c in columns[1:]] + [None]
         out.append([{c.group(): row[c.start():end].strip() for c, end in zip(columns, ends)}
-                    for row in lines[1:]])
-        lines = []
+                    for row in rows[1:]])
+        rows = []
     return out
 
 
@@ -103,23 +104,23 @@ def test_watch_shows_rates_while_a_master_runs_ops(worker):
     master = subprocess.Popen([sys.executable, "-c", loop], stdout=subprocess.PIPE, text=True)
     watch = subprocess.Popen([sys.executable, "-m", "mwrt.cli", "status", "--workers",
                               worker[1], "--watch", "0.3"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches())
+    errors = Lines(watch.stderr)
     try:
-        assert master.stdout.readline() == "running\n"
-        first, *rest = tables(watch.stdout, 1)
+        assert Lines(master.stdout).next() == "running\n"
+        shown = Lines(watch.stdout)
+        (first,) = tables(shown, 1)
         assert first[0]["OPS/S"] == "-" and first[0]["NODE"] == "0"
         for _ in range(50):  # each table is 0.3 s more of the loop
-            (row,) = tables(watch.stdout, 1)[0]
+            (row,) = tables(shown, 1)[0]
             if row["OPS/S"] != "0":
                 break
         assert float(row["OPS/S"]) > 0 and row["IN/S"].endswith("MB/s"), row
         assert row["SESSIONS"] == "2", row  # the loop's and the watcher's own
         watch.send_signal(signal.SIGINT)
-        assert watch.wait(30) == 0, watch.stderr.read()
+        assert watch.wait(30) == 0, errors.rest()
     finally:
-        for process in (watch, master):
+        for process in (watch, master):  # their pipes close at the end of their output
             if process.poll() is None:
                 process.kill()
             process.wait(30)
-            process.stdout.close()
-        watch.stderr.close()
