@@ -124,3 +124,18 @@ def test_watch_shows_rates_while_a_master_runs_ops(worker):
             if process.poll() is None:
                 process.kill()
             process.wait(30)
+
+
+def test_graph_replays_count_their_ops(worker):
+    """A replayed graph's ops run on a prepared path; they are counted all the same."""
+    mwrt.init_master_worker([worker[1]], timeout=30)
+    x = mwrt.zeros(100, node=0)
+    with mwrt.graph() as graph:
+        for _ in range(10):
+            x += 1
+    float(x[0])
+    before = totals()["ops"]
+    for _ in range(5):
+        graph.replay()
+    assert float(x[0]) == 50  # capturing records the ops; each replay runs them
+    assert totals()["ops"] - before >= 50

@@ -34,6 +34,7 @@ class Prepared:
             for command in self.commands:  # poisoning and timelines: the generic path
                 ex.execute_safely(command, ())
             return
+        ex.ops += len(self.steps)  # for `mwrt status`; a rare failure's poisoned rest too
         tensors, start = ex.session.tensors, 0
         while start < len(self.steps):
             start = self._run_from(ex, tensors, start)
