@@ -34,9 +34,10 @@ def worker(daemon) -> dict:
 
 
 def _session(session) -> dict:
-    """One session as `mwrt status` lists it: whose, which node, what it holds and runs."""
+    """One session as `mwrt status` lists it: whose, which node, what it holds and runs.
+    Its id only begins: the whole names the session's connections to any other master."""
     executors = list(session.streams.values())
-    return {"id": session.id, "master": session.master, "node": session.node,
+    return {"id": session.id[:8], "master": session.master, "node": session.node,
             **session.stats(), "streams_busy": sum(not ex.idle() for ex in executors),
             "idle": time.monotonic() - session.last_seen}
 
