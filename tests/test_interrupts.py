@@ -287,3 +287,42 @@ def test_spawn_during_all_reduce(script, tmp_path, group):
     assert code == -signal.SIGINT, err[-3000:]
     assert_one_keyboard_interrupt(err)
     wait_ranks_gone(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "sync"])
+def test_ctrl_c_of_a_worker_daemon(script, tmp_path, kind):
+    """Ctrl-C of `mwrt-worker` with a master's work in flight: the daemon stops with no
+    traceback (exit 0), and the master fails naming the lost node instead of waiting."""
+    from mwrt.protocol.auth import keygen
+
+    worker_key, master_key = keygen(str(tmp_path / "keys"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+        "PYTHONPATH")])), MWRT_KEY_FILE=master_key)
+    daemon = subprocess.Popen([sys.executable, "-m", "mwrt.worker", "--listen", "127.0.0.1:0",
+                               "--key-file", worker_key], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=ctrl_c_reaches())
+    other, other_address = start_worker("--key-file", worker_key)
+    logged, master = Lines(daemon.stderr), None
+    try:
+        address = Lines(daemon.stdout).until("listening on").split()[-1]
+        workers = ",".join(a.removeprefix("tcp://") for a in (address, other_address))
+        master = subprocess.Popen([sys.executable, script("master.py"), workers, kind],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env)
+        said, failed = Lines(master.stdout), Lines(master.stderr)
+        said.until("ready")
+        time.sleep(0.5)  # the point of the interrupt, not a measurement
+        daemon.send_signal(signal.SIGINT)
+        assert daemon.wait(EXIT_TIMEOUT) == 0
+        text = logged.rest()
+        assert "Traceback" not in text and "Exception in thread" not in text, text
+        assert master.wait(EXIT_TIMEOUT) == 1
+        error = failed.rest()
+        assert "WorkerLostError: node 0" in error and error.count("Traceback") == 1, error
+    finally:
+        for process in (daemon, master):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+        stop_worker(other)
