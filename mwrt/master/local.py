@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import mwrt
@@ -35,13 +38,16 @@ class LocalWorker:
         # A session of its own: a terminal's Ctrl-C is for the master, which then frees its
         # sessions and stops the daemon; reaching the daemon too, it made the master's exit
         # report each node lost. A master that dies anyway is seen by --parent-pid.
-        process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env,
-            text=True, start_new_session=True)
+        process = None
         try:
+            with _interrupt_held():  # inside Popen, it would leave a daemon nobody can stop
+                process = subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env,
+                    text=True, start_new_session=True)
             line = _read_line(process, timeout)
         except BaseException:  # Ctrl-C while it starts: it is not in any list to stop yet
-            stop_processes([process])
+            if process is not None:
+                stop_processes([process])
             raise
         prefix = "mwrt-worker: listening on "
         if not line.startswith(prefix):
@@ -56,6 +62,23 @@ class LocalWorker:
         stop_processes([self.process], timeout)
         if self.process.stdout is not None:
             self.process.stdout.close()
+
+
+@contextlib.contextmanager
+def _interrupt_held():
+    """Hold a Ctrl-C that comes during the block, and raise it (KeyboardInterrupt) after."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is None:  # None: a handler set outside Python
+        yield  # only the main thread gets signals, and may set their handlers
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda *args: held.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held and callable(previous):
+        previous(*held[0])  # Python's own handler raises KeyboardInterrupt
 
 
 def _read_line(process: subprocess.Popen, timeout: float) -> str:
