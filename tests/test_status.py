@@ -139,3 +139,21 @@ def test_graph_replays_count_their_ops(worker):
         graph.replay()
     assert float(x[0]) == 50  # capturing records the ops; each replay runs them
     assert totals()["ops"] - before >= 50
+
+
+def test_counters_count_transfers_to_and_from_a_gpu():
+    """Bytes staged through a GPU's pinned buffers (a fake GPU here) are counted as well."""
+    mwrt.shutdown()
+    process, address = start_worker(env={"MWRT_FAKE_GPUS": "1"})
+    try:
+        mwrt.init_master_worker([address.removeprefix("tcp://")], timeout=30)
+        before = totals()
+        array = np.arange(100_000, dtype=np.float32)
+        x = mwrt.dist_send(array, 0, device=0)
+        assert np.array_equal(x.numpy(), array)
+        after = totals()
+        assert after["bytes_in"] - before["bytes_in"] >= array.nbytes, (before, after)
+        assert after["bytes_out"] - before["bytes_out"] >= array.nbytes, (before, after)
+    finally:
+        mwrt.shutdown()
+        stop_worker(process)

@@ -252,8 +252,8 @@ def send_to(ex, cmd, frames):
     if staged:  # from a GPU (or to one): chunks that overlap their copies, via pinned memory
         staging.send_array(_data(ex).get_channel(), array, cmd.peer, cmd.tag,
                            getattr(ex, "cuda_stream", None))
-        return
-    _data(ex).get_channel().send(array.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
+    else:
+        _data(ex).get_channel().send(array.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
     ex.bytes_out += array.nbytes
 
 
@@ -263,7 +263,9 @@ def recv_from(ex, cmd, frames):
     data = _data(ex)
     posted = data.posted.pop(cmd.id, None)
     if staging.staged(cmd):
-        store(ex, cmd.out, _recv_staged(ex, cmd, data, posted))
+        value = _recv_staged(ex, cmd, data, posted)
+        ex.bytes_in += value.nbytes
+        store(ex, cmd.out, value)
         return
     try:
         if posted is not None:
