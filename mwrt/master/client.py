@@ -92,6 +92,7 @@ class Node:
         self.rejected: str | None = None  # why the worker refused a batch, until reported
         self.info: wire.Welcome | None = None
         self.closed = False
+        self.torn = False  # a batch was cut off mid-send: no more messages on tx
         self.limits = Limits(self)
 
     def __repr__(self):
@@ -165,6 +166,10 @@ class Node:
         """
         if self.closed:
             self._raise_closed()
+        if self.torn:
+            raise MwrtError(f"{self}: a Ctrl-C cut a batch of commands in two as it was sent, "
+                            "so this session cannot send more; call mwrt.shutdown(), then "
+                            "mwrt.init_master_worker() again")
         self.sites[command.id & (_SITES - 1)] = issue_site()
         if command.on_stream:
             self.streams.add(command.stream)
@@ -208,13 +213,17 @@ class Node:
         self.last_flush = now
         if self.frees:
             self._append_frees()
-        if not self.batch or self.closed or self.lost:
+        if not self.batch or self.closed or self.lost or self.torn:
             return
         self.seq += 1
         # Data frames here are inline arrays (at most MWRT_INLINE_BYTES), copied to bytes when
         # issued: cheap, and it frees the caller to reuse its array at once.
         body = wire.encode_body(self.batch)
-        self.tx.send_multipart([wire.encode_header(self.seq), body, *self.frames])
+        try:
+            self.tx.send_multipart([wire.encode_header(self.seq), body, *self.frames])
+        except BaseException:  # a Ctrl-C between frames: ZeroMQ would glue the next message
+            self.torn = True  # (the Bye at exit) onto this half, and the worker refuse both
+            raise
         self.limits.count(len(body) + sum(len(frame) for frame in self.frames))
         self.batch, self.frames = [], []
 
@@ -328,7 +337,7 @@ class Node:
         """Say Bye (briefly waiting for it) and close the sockets."""
         if self.closed:
             return
-        if goodbye and self.lost is None:
+        if goodbye and self.lost is None and not self.torn:  # torn: the worker's lease frees it
             try:
                 self._bye()
             except Exception as exc:  # a dying worker must not stop shutdown
