@@ -38,3 +38,15 @@ def test_worker_killed_during_a_collective(three, sig):
     fresh = [mwrt.ones(2, node=n) for n in (0, 1)]
     mwrt.all_reduce(fresh)  # the survivors still work together
     np.testing.assert_array_equal(fresh[0].numpy(), [2, 2])
+
+
+def test_a_loop_with_no_sync_point_hears_of_a_killed_worker(three):
+    x = mwrt.zeros(4, node=1)
+    x.numpy()
+    three.local[1].process.send_signal(signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(mwrt.WorkerLostError, match="node 1"):
+        while time.monotonic() - start < 60:  # queues nothing forever for a dead worker
+            x += 1
+    assert time.monotonic() - start < 30
+    np.testing.assert_array_equal((mwrt.ones(2, node=0) + 1).numpy(), [2, 2])

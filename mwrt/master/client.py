@@ -164,12 +164,8 @@ class Node:
         A `frame` (bytes beside a command with a data_frame trait) rides in the batch; the
         command's `frame` field is set to its index.
         """
-        if self.closed:
-            self._raise_closed()
-        if self.torn:
-            raise MwrtError(f"{self}: a Ctrl-C cut a batch of commands in two as it was sent, "
-                            "so this session cannot send more; call mwrt.shutdown(), then "
-                            "mwrt.init_master_worker() again")
+        if self.closed or self.torn or self.lost is not None:
+            self._refuse_issue()
         self.sites[command.id & (_SITES - 1)] = issue_site()
         if command.on_stream:
             self.streams.add(command.stream)
@@ -308,6 +304,17 @@ class Node:
     def _raise_closed(self) -> None:
         raise MwrtError(f"{self}: this master's session with the node has ended "
                         "(mwrt.shutdown()); tensors made in it are gone")
+
+    def _refuse_issue(self) -> None:
+        """Why nothing more can be issued to this node: ended, cut by a Ctrl-C, or lost (a
+        loop with no sync point must not queue commands for a dead worker forever)."""
+        if self.closed:
+            self._raise_closed()
+        if self.torn:
+            raise MwrtError(f"{self}: a Ctrl-C cut a batch of commands in two as it was sent, "
+                            "so this session cannot send more; call mwrt.shutdown(), then "
+                            "mwrt.init_master_worker() again")
+        self.check_lost()
 
     def check_lost(self) -> None:
         if self.lost is not None:
