@@ -23,9 +23,6 @@ T = mwrt.DistributedTensor
 # Class attributes that are data, not API.
 _DATA = {"__module__", "__doc__", "__slots__", "__array_priority__", "__weakref__", "__hash__",
          "__annotations__", "__dict__", *T.__slots__}
-# Public functions whose hints wait for the modules being reworked beside this change
-# (master/cluster.py, master/transfer.py); remove a name once its module has them.
-_HINTS_PENDING = {"init_master_worker", "dist_send"}
 
 
 def _public_tensor_members() -> dict:
@@ -89,7 +86,7 @@ def test_public_functions_and_methods_have_type_hints():
     missing = []
     for name in mwrt.__all__:
         value = getattr(mwrt, name)
-        if inspect.isfunction(value) and name not in _HINTS_PENDING:
+        if inspect.isfunction(value):
             missing += _hints_missing(f"mwrt.{name}", value)
     for name in dist.__all__:
         value = getattr(dist, name)

@@ -11,6 +11,7 @@ import socket
 import tempfile
 import threading
 import uuid
+from collections.abc import Sequence
 
 import numpy as np
 import zmq
@@ -132,8 +133,10 @@ def worker_addresses(workers) -> list[str]:
     return workers
 
 
-def init_master_worker(workers=None, *, local_workers: int | None = None,
-                       timeout: float | None = None, key=None, backend: str | None = None,
+def init_master_worker(workers: str | Sequence[str] | None = None, *,
+                       local_workers: int | None = None, timeout: float | None = None,
+                       key: str | os.PathLike | auth.KeyFile | None = None,
+                       backend: str | None = None,
                        channel: str | None = None, registry: str | None = None,
                        num_workers: int | None = None) -> None:
     """Connect to worker daemons (or start `local_workers` on loopback) and open sessions.

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import config
 from ..arrays import HOST, as_dtype
@@ -20,14 +21,14 @@ from ..protocol import wire
 from ..worker import staging
 from . import context, ordering
 from .cluster import current
+from .tensor import DistributedTensor
 
 _TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.TRANSFER_TAGS
 
 
-def put(array, node: int | None = None, device: int | None = None):
+def put(array: ArrayLike, node: int | None = None,
+        device: int | None = None) -> DistributedTensor:
     """Copy a NumPy array from the master to (node, device); returns its DistributedTensor."""
-    from .tensor import DistributedTensor
-
     if not isinstance(array, (np.ndarray, np.generic)):
         array = _host_array(array)
     array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
@@ -114,8 +115,6 @@ def _naming_the_node(node):
 
 def move(tensor, node_index: int, device: int):
     """`tensor` on (node_index, device): same place is itself; else a copy made there."""
-    from .tensor import DistributedTensor
-
     target = current().node(node_index)
     target.check_device(device)
     if node_index == tensor._node.index and device == tensor._device:
@@ -146,8 +145,6 @@ def move(tensor, node_index: int, device: int):
 
 def _to_device(tensor, device: int):
     """A copy on another device of the same node, made on the destination device's stream."""
-    from .tensor import DistributedTensor
-
     node = tensor._node
     stream = context.stream_for(node.index, device)
     out = DistributedTensor(node, device, next(node.ids), tensor.spec, stream)
