@@ -122,6 +122,7 @@ def move(tensor, node_index: int, device: int):
     source = tensor._node
     if node_index == source.index:
         return _to_device(tensor, device)
+    source.check_lost()  # before the receive is posted: it would wait for bytes never sent
     stream = context.stream_for(target.index, device)
     out = DistributedTensor(target, device, next(target.ids), tensor.spec, stream)
     tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), tensor.nbytes,
