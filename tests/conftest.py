@@ -20,6 +20,18 @@ def cluster():
     mwrt.shutdown()
 
 
+def quick_to_notice_losses(monkeypatch, workers: int):
+    """A fresh session of `workers` local daemons whose deaths the master hears of in 3 s:
+    for a fixture to yield from."""
+    mwrt.shutdown()
+    monkeypatch.setenv("MWRT_HEARTBEAT_TIMEOUT", "3")
+    mwrt.init_master_worker(local_workers=workers, timeout=30)
+    try:
+        yield mwrt.master.cluster.current()
+    finally:
+        mwrt.shutdown()
+
+
 def start_worker(*extra, env=None):
     """A worker daemon process on a free loopback port: (process, address)."""
     child_env = dict(os.environ, **(env or {}))

@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 import mwrt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
@@ -135,3 +137,12 @@ def start_logged_worker(log_path, *extra, env=None):
         process.wait()
         raise RuntimeError(f"worker did not start: {line!r}; see {log_path}")
     return process, line.split()[-1]
+
+
+def still_talks(rank0, rank2) -> None:
+    """Ranks 0 and 2 of a channel still exchange 1000 ints (after a fault near them)."""
+    out, got = np.arange(1000, dtype=np.int32), np.zeros(1000, np.int32)
+    work = rank2.irecv(got, 0, tag=99)
+    rank0.send(out, 2, tag=99)
+    work.wait(5)
+    np.testing.assert_array_equal(out, got)

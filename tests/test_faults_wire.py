@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 from conftest import stop_worker
-from faultkit import TALLY, fd_count, start_logged_worker, wait_until
+from faultkit import TALLY, fd_count, start_logged_worker, still_talks, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -382,14 +382,6 @@ def _rank1_socket(store, key) -> socket.socket:
     return sock
 
 
-def _still_talks(rank0, rank2) -> None:
-    out, got = np.arange(1000, dtype=np.int32), np.zeros(1000, np.int32)
-    work = rank2.irecv(got, 0, tag=99)
-    rank0.send(out, 2, tag=99)
-    work.wait(5)
-    np.testing.assert_array_equal(out, got)
-
-
 HEADERS = st.tuples(
     st.sampled_from([sockets.MAGIC, 0, 0x54525744, (1 << 32) - 1]), st.integers(0, 255),
     st.integers(0, 255), st.integers(0, 2048), st.integers(0, (1 << 32) - 1),
@@ -438,7 +430,7 @@ def test_data_channel_survives_fuzzed_frames_and_strangers(channel_trio, monkeyp
             except (OSError, mwrt.errors.AuthError):
                 pass
     TALLY.frames(300)
-    _still_talks(rank0, rank2)
+    still_talks(rank0, rank2)
     time.sleep(0.2)
     assert not died, [f"{a.thread.name}: {a.exc_type.__name__}: {a.exc_value}" for a in died]
 

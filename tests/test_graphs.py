@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import quick_to_notice_losses
 
 import mwrt
 
@@ -175,11 +176,7 @@ def test_rebinding_is_checked(cluster):
 
 @pytest.fixture
 def two(monkeypatch):
-    mwrt.shutdown()
-    monkeypatch.setenv("MWRT_HEARTBEAT_TIMEOUT", "3")
-    mwrt.init_master_worker(local_workers=2, timeout=30)
-    yield mwrt.master.cluster.current()
-    mwrt.shutdown()
+    yield from quick_to_notice_losses(monkeypatch, 2)
 
 
 def test_replay_after_a_worker_loss_raises_worker_lost(two):

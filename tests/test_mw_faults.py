@@ -7,17 +7,14 @@ import time
 
 import numpy as np
 import pytest
+from conftest import quick_to_notice_losses
 
 import mwrt
 
 
 @pytest.fixture
 def three(monkeypatch):
-    mwrt.shutdown()
-    monkeypatch.setenv("MWRT_HEARTBEAT_TIMEOUT", "3")
-    mwrt.init_master_worker(local_workers=3, timeout=30)
-    yield mwrt.master.cluster.current()
-    mwrt.shutdown()
+    yield from quick_to_notice_losses(monkeypatch, 3)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])

@@ -22,6 +22,7 @@ from datetime import timedelta
 
 import msgpack
 import pytest
+from faultkit import reap
 
 from mwrt.errors import AuthError, ConfigError, RendezvousError
 from mwrt.protocol.auth import client_handshake
@@ -59,14 +60,8 @@ def served():
     try:
         yield proc, int(proc.stdout.readline())
     finally:
-        proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        proc.stdin.close()  # its signal to stop
+        reap(proc)
 
 
 def _raw(port: int) -> socket.socket:

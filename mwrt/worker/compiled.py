@@ -14,7 +14,7 @@ import functools
 
 from .. import ops
 from ..protocol import wire
-from . import handlers, quotas
+from . import handlers
 
 
 class Prepared:
@@ -77,7 +77,12 @@ def _step(command, xp):
     if op.inplace and ufunc and not command.kwargs and args and type(args[0]) is wire.Ref \
             and not any(type(a) in (tuple, dict) for a in args):
         return _inplace_ufunc(getattr(xp, ufunc), args)
-    return _call(op, command)
+    return functools.partial(_call, op, command)
+
+
+def _call(op, command, ex, tensors) -> None:
+    """Any other op: the registry lookup done once, the rest as handlers.call does it."""
+    handlers.run_op(ex, op, command)
 
 
 def _generic(command, ex, tensors) -> None:
@@ -107,37 +112,8 @@ def _inplace_ufunc(ufunc, args: tuple):
     return step
 
 
-def _call(op, command):
-    """Any other op: the registry lookup done once, the rest as handlers.call does it."""
-    args, kwargs, outs = command.args, command.kwargs, command.outs
-
-    def step(ex, tensors):
-        resolved, kw = handlers.resolve(ex, args), handlers.resolve(ex, kwargs)
-        if not op.inplace:
-            quotas.check_result(op, args, kwargs, resolved, tensors)
-        result = op.impl(ex.xp, *resolved, **kw)
-        if op.inplace:
-            return
-        if len(outs) == 1:
-            handlers.store(ex, outs[0], result)
-        else:
-            for out, value in zip(outs, result, strict=True):
-                handlers.store(ex, out, value)
-    return step
-
-
 def _inputs_missing(command, tensors) -> bool:
     """True if a tensor `command` reads is not in the table, or was poisoned."""
     return any(tid not in tensors or type(tensors[tid]) is handlers.Poisoned
-               for tid in _ref_ids(getattr(command, "args", ())) |
-               _ref_ids(getattr(command, "kwargs", {})))
-
-
-def _ref_ids(value) -> set:
-    if type(value) is wire.Ref:
-        return {value.id}
-    if isinstance(value, tuple):
-        return set().union(*map(_ref_ids, value)) if value else set()
-    if isinstance(value, dict):
-        return set().union(*map(_ref_ids, value.values())) if value else set()
-    return set()
+               for tid in handlers.ref_ids((getattr(command, "args", ()),
+                                            getattr(command, "kwargs", {}))))

@@ -20,6 +20,7 @@ from msgspec.structs import replace
 from ..errors import WireError
 from ..protocol import wire
 from .compiled import Prepared
+from .handlers import ref_ids
 
 _TENSOR_FIELDS = ("ref", "out")  # int fields naming a tensor (besides Refs in args)
 
@@ -124,17 +125,8 @@ def _names(command, ids) -> bool:
     """True if `command` mentions a tensor id in `ids`."""
     if any(getattr(command, field, None) in ids for field in _TENSOR_FIELDS):
         return True
-    return _refs(getattr(command, "args", ()), ids) or _refs(getattr(command, "kwargs", {}), ids)
-
-
-def _refs(value, ids) -> bool:
-    if isinstance(value, wire.Ref):
-        return value.id in ids
-    if isinstance(value, tuple):
-        return any(_refs(v, ids) for v in value)
-    if isinstance(value, dict):
-        return any(_refs(v, ids) for v in value.values())
-    return False
+    return not ids.isdisjoint(ref_ids((getattr(command, "args", ()),
+                                       getattr(command, "kwargs", {}))))
 
 
 def _rebind(command, mapping: dict):

@@ -56,6 +56,17 @@ def resolve(ex, value):
 _NESTED = frozenset((wire.Ref, tuple, dict))  # what resolve() looks inside
 
 
+def ref_ids(value) -> set:
+    """The ids of the tensor Refs in `value` (also inside tuples and dicts)."""
+    if type(value) is wire.Ref:
+        return {value.id}
+    if isinstance(value, dict):
+        value = tuple(value.values())
+    if isinstance(value, tuple):
+        return set().union(*map(ref_ids, value))
+    return set()
+
+
 def store(ex, out: int, value) -> None:
     """Keep a result as tensor `out`, as an array of the stream's namespace."""
     kind = type(value).__name__
@@ -114,7 +125,11 @@ def put(ex, cmd, frames):
 
 
 def call(ex, cmd, frames):
-    op = ops.get(cmd.op)
+    run_op(ex, ops.get(cmd.op), cmd)
+
+
+def run_op(ex, op, cmd) -> None:
+    """Run Call `cmd` of registry op `op` (looked up once by a replayed graph)."""
     args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
     if not op.inplace:  # sized by the meta rule: an oversized result is refused, not made
         quotas.check_result(op, cmd.args, cmd.kwargs, args, ex.session.tensors)
