@@ -28,7 +28,8 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from . import config, fakegpu
+from . import config, fakegpu, netaddr
+from .errors import ConfigError
 
 NCCL_INT8, NCCL_CHAR, NCCL_UINT8, NCCL_INT32, NCCL_INT, NCCL_UINT32 = 0, 0, 1, 2, 2, 3
 NCCL_INT64, NCCL_UINT64, NCCL_FLOAT16, NCCL_HALF, NCCL_FLOAT32, NCCL_FLOAT = 4, 5, 6, 6, 7, 7
@@ -99,7 +100,8 @@ class _Hub:
     """The root of one communicator: pairs sends with receives, combines collectives."""
 
     def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = _root_address()
+        self.listener = socket.create_server((self.address, 0))
         self.secret = os.urandom(8).hex()
         self.cond = threading.Condition()
         self.conns: dict[int, socket.socket] = {}
@@ -260,6 +262,21 @@ def _combine(head: dict, payloads: list) -> list:
     return [total[r * count:(r + 1) * count].tobytes() for r in range(n)]  # reduceScatter
 
 
+def _root_address() -> str:
+    """Where the other hosts reach a root, chosen as NCCL chooses its bootstrap interface:
+    MWRT_ADVERTISE_ADDR or MWRT_IFNAME if set, else the first interface that is not loopback
+    and has an IPv4 address, else loopback."""
+    if config.get("advertise_addr") or config.get("ifname"):
+        return netaddr.advertise_address()
+    for _, name in socket.if_nameindex():
+        if name != "lo":
+            try:
+                return netaddr.interface_address(name)
+            except ConfigError:  # no IPv4 address on it: the next one
+                continue
+    return netaddr.LOOPBACK
+
+
 _hubs: list[_Hub] = []  # kept alive for the process's life, as NCCL's bootstrap thread is
 
 
@@ -267,7 +284,8 @@ def get_unique_id() -> tuple:
     """A new communicator's id: this process becomes its root (the hub's address, a secret)."""
     hub = _Hub()
     _hubs.append(hub)
-    text = json.dumps({"port": hub.listener.getsockname()[1], "secret": hub.secret}).encode()
+    text = json.dumps({"host": hub.address, "port": hub.listener.getsockname()[1],
+                       "secret": hub.secret}).encode()
     padded = text.ljust(NCCL_UNIQUE_ID_BYTES, b"\0")
     return tuple(b - 256 if b > 127 else b for b in padded)  # C chars are signed, as CuPy's
 
@@ -311,11 +329,12 @@ class NcclCommunicator:
         self._timeout = config.get("channel_timeout")
         self._lock = threading.Lock()
         try:
-            self._sock = _connected(socket.create_connection(("127.0.0.1", found["port"]),
+            self._sock = _connected(socket.create_connection((found["host"], found["port"]),
                                                              timeout=10))
         except OSError as exc:
             raise NcclError(_SYSTEM, f"rank {rank}: cannot reach the communicator's root "
-                                     f"(port {found['port']}: {exc}); is rank 0 alive?") from None
+                                     f"({found['host']}:{found['port']}: {exc}); is rank 0 "
+                                     "alive?") from None
         self._sock.settimeout(self._timeout + 5)  # the hub names a late rank before this
         _send(self._sock, {"secret": found["secret"], "rank": rank, "nranks": ndev,
                            "timeout": self._timeout})

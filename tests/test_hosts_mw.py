@@ -48,12 +48,12 @@ def start_worker(host, home, *args, env=None):
     return proc
 
 
-def keyed_workers(hosts, home):
+def keyed_workers(hosts, home, env=None):
     """Keys made as the README says, and a keyed worker on every host but the first."""
     hosts[0].run([sys.executable, "-m", "mwrt.worker", "keygen", "~/mwrt-keys"],
                  env={"HOME": str(home)}, check=True)
     return [start_worker(h, home, "--listen", f"{h.addr}:{PORT}", "--key-file",
-                         "~/mwrt-keys/worker.key") for h in hosts[1:]]
+                         "~/mwrt-keys/worker.key", env=env) for h in hosts[1:]]
 
 
 def master_env(hosts, home, **extra):
@@ -150,3 +150,21 @@ def test_an_unresolvable_worker_name_fails_at_once_naming_it(hosts2):
     assert time.monotonic() - started < 10
     assert res.stdout.startswith("ConfigError workers: no-such-host.invalid:7070: cannot "
                                  "resolve host name 'no-such-host.invalid'"), res.stdout
+
+
+GPU_COLLECTIVES = """
+import numpy as np, mwrt
+mwrt.init_master_worker()
+xs = [mwrt.dist_send(np.full(1000, n + 1.0, np.float32), node=n, device=0) for n in (0, 1)]
+mwrt.all_reduce(xs)  # GPUs on two hosts: over (fake) NCCL, its root on node 0's host
+assert all((x.numpy() == 3.0).all() for x in xs), [x.numpy()[:3] for x in xs]
+print("ok", mwrt.devices(1)[0]["name"])
+"""
+
+
+def test_master_collectives_over_gpus_on_two_hosts(hosts3, tmp_path):
+    keyed_workers(hosts3, tmp_path, env={"MWRT_FAKE_GPUS": "1"})
+    res = hosts3[0].run([sys.executable, "-c", GPU_COLLECTIVES],
+                        env=master_env(hosts3, tmp_path), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ok" in res.stdout
