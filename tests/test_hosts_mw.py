@@ -3,6 +3,7 @@ workers on others, as the README's remote recipe sets them up."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -168,3 +169,12 @@ def test_master_collectives_over_gpus_on_two_hosts(hosts3, tmp_path):
                         env=master_env(hosts3, tmp_path), timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ok" in res.stdout
+    # `mwrt status` from the master's host sees both workers, their GPUs and their work.
+    res = hosts3[0].run([sys.executable, "-m", "mwrt.cli", "status", "--json"],
+                        env=master_env(hosts3, tmp_path), timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(res.stdout)
+    assert [row["worker"]["hostname"] for row in rows] == [h.name for h in hosts3[1:]]
+    for row in rows:
+        assert row["worker"]["ops"] > 0 and row["worker"]["bytes_in"] >= 4000, row
+        assert len(row["worker"]["gpus"]) == 1, row
