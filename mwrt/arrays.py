@@ -33,6 +33,11 @@ def gpu_module():
     return cupy
 
 
+def in_host_memory(value) -> bool:
+    """Whether `value` lives in host memory: a NumPy array or scalar, not a (fake) GPU array."""
+    return isinstance(value, (np.ndarray, np.generic)) and type(value).__module__ != "mwrt.fakegpu"
+
+
 def namespace(device: int):
     """Return the module that makes arrays on `device`: numpy for -1, cupy for a GPU."""
     if device == HOST:

@@ -70,14 +70,16 @@ SETTINGS = {
     "max_frame_bytes": Setting("MWRT_MAX_FRAME_BYTES", 1 << 20, int,
                                "largest command frame a daemon accepts"),
     "max_tensor_bytes": Setting("MWRT_MAX_TENSOR_BYTES", _host_ram() // 2, int,
-                                "largest tensor one command (or op result) may create "
-                                "(default: half of the host's RAM)"),
+                                "largest host tensor one command (or op result) may create "
+                                "(default: half of the host's RAM; a GPU's memory bounds "
+                                "its own)"),
     "max_unclaimed_bytes": Setting("MWRT_MAX_UNCLAIMED_BYTES", max(1 << 30, _host_ram() // 8),
                                    int, "bytes of messages one peer may have waiting on a "
                                    "data channel that no receive has claimed yet"),
     "session_bytes": Setting("MWRT_SESSION_BYTES", _host_ram() // 2, int,
-                             "bytes of tensors one master may hold on a worker (default: half "
-                             "of the host's RAM)"),
+                             "bytes of host tensors one master may hold on a worker "
+                             "(default: half of the host's RAM; a GPU's memory bounds its "
+                             "own)"),
     "session_tensors": Setting("MWRT_SESSION_TENSORS", 1 << 20, int,
                                "tensors one master may hold on a worker"),
     "session_streams": Setting("MWRT_SESSION_STREAMS", stream_capacity() // 4, int,

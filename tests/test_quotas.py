@@ -167,6 +167,21 @@ for make in (lambda: [mwrt.zeros(MiB, dtype=np.float32) for _ in range(3)],
            after=status(process.pid, "VmRSS"))
 
 
+@pytest.mark.parametrize("daemon", [{"MWRT_SESSION_BYTES": str(8 * MiB), "MWRT_FAKE_GPUS": "1",
+                                     "MWRT_FAKE_GPU_BYTES": str(96 * MiB)}], indirect=True)
+def test_the_byte_quota_is_the_hosts_and_a_gpu_is_bounded_by_its_own_memory(daemon):
+    _, address = daemon
+    mwrt.init_master_worker([address], timeout=30)
+    on_gpu = [mwrt.zeros(4 * MiB, device=0) for _ in range(3)]  # 48 MiB: past the host quota
+    on_gpu.append(on_gpu[0] + on_gpu[1])  # 64 MiB: nor is an op's result on the GPU
+    assert float(on_gpu[-1].sum()) == 0.0
+    with pytest.raises(mwrt.RemoteError, match="MWRT_SESSION_BYTES"):
+        mwrt.zeros(3 * MiB).numpy()  # 12 MiB of host memory: over the 8 MiB quota
+    with pytest.raises(mwrt.RemoteError, match="GPU 0: out of memory"):
+        mwrt.zeros(16 * MiB, device=0).numpy()  # 64 MiB more: past the (fake) GPU's 96 MiB
+    assert float(mwrt.ones(MiB).sum()) == MiB  # the session goes on
+
+
 @pytest.mark.parametrize("daemon", [{"MWRT_SESSION_INFLIGHT_BYTES": str(2 * MiB)}], indirect=True)
 def test_queued_commands_past_the_inflight_quota_and_unread_frames_are_refused(daemon):
     process, address = daemon

@@ -119,7 +119,7 @@ class SessionData:
             return
         if staging.staged(cmd):  # a GPU at one end: chunks, through pinned buffers
             try:
-                check_size(cmd.shape, np.dtype(cmd.dtype))
+                check_size(cmd.shape, np.dtype(cmd.dtype), device=cmd.device)
                 self.posted[cmd.id] = staging.Receive(self.channel, cmd.shape, cmd.dtype,
                                                       cmd.device, cmd.peer, cmd.tag)
             except Exception:  # the stream's own attempt will fail and report it
@@ -289,7 +289,7 @@ def _recv_staged(ex, cmd, data, posted):
     channel = data.get_channel()
     try:
         if posted is None:
-            check_size(cmd.shape, np.dtype(cmd.dtype), "recv", ex.session.tensors)
+            check_size(cmd.shape, np.dtype(cmd.dtype), "recv", ex.session.tensors, cmd.device)
             posted = staging.Receive(channel, cmd.shape, cmd.dtype, cmd.device, cmd.peer,
                                      cmd.tag)
         return posted.finish(ex.xp, getattr(ex, "cuda_stream", None), channel.timeout)
@@ -322,7 +322,7 @@ def collective(ex, cmd, frames):
         array = resolve(ex, wire.Ref(cmd.ref)) if cmd.ref >= 0 else None
         if cmd.out >= 0:  # an oversized result fails here, and its peers at once
             check_size(cmd.out_shape, np.dtype(cmd.args.get("dtype")), cmd.kind,
-                       ex.session.tensors)
+                       ex.session.tensors, ex.device)
     except Exception:
         _abort(group)
         raise

@@ -78,14 +78,15 @@ def store(ex, out: int, value) -> None:
     ex.session.tensors[out] = value
 
 
-def check_size(shape, dtype, what: str = "create", table=None) -> None:
-    """Refuse an oversized tensor before it is made (MWRT_MAX_TENSOR_BYTES, session quota)."""
-    quotas.check_tensor(shape, dtype, what, table)
+def check_size(shape, dtype, what: str = "create", table=None, device=arrays.HOST) -> None:
+    """Refuse an oversized host tensor before it is made (MWRT_MAX_TENSOR_BYTES, session
+    quota); a GPU's own memory bounds a device tensor."""
+    quotas.check_tensor(shape, dtype, what, table, device)
 
 
 def create(ex, cmd, frames):
     xp, dtype, shape = ex.xp, np.dtype(cmd.dtype), tuple(cmd.shape)
-    check_size(shape, dtype, "create", ex.session.tensors)
+    check_size(shape, dtype, "create", ex.session.tensors, ex.device)
     kind, args = cmd.kind, cmd.args
     if kind == "empty":  # freed memory may hold another session's bytes: never hand it out
         kind = "zeros"
@@ -110,7 +111,7 @@ def create(ex, cmd, frames):
 
 def put(ex, cmd, frames):
     dtype, shape = np.dtype(cmd.dtype), tuple(cmd.shape)
-    check_size(shape, dtype, "put", ex.session.tensors)
+    check_size(shape, dtype, "put", ex.session.tensors, ex.device)
     data = frames[cmd.frame]
     expected = math.prod(shape) * dtype.itemsize
     if len(data) != expected:
@@ -131,7 +132,8 @@ def call(ex, cmd, frames):
 def run_op(ex, op, cmd) -> None:
     """Run Call `cmd` of registry op `op` (looked up once by a replayed graph)."""
     args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
-    if not op.inplace:  # sized by the meta rule: an oversized result is refused, not made
+    if not op.inplace and ex.device == arrays.HOST:  # sized by the meta rule: an oversized
+        # host result is refused, not made (a GPU's allocator names its own exhaustion)
         quotas.check_result(op, cmd.args, cmd.kwargs, args, ex.session.tensors)
     result = op.impl(ex.xp, *args, **kwargs)
     if op.inplace:

@@ -4,6 +4,8 @@ One master must not be able to starve the others of memory, threads or sockets, 
 session's share is bounded (settings in mwrt.config, defaults derived from the host) and
 exceeding a bound is a QuotaError for that master alone. Op results are sized from the
 op's meta rule before they run, so an oversized result is refused without being made.
+The byte quotas are the host's: a GPU tensor is bounded by its device's memory, whose
+exhaustion is a named out-of-memory error (the host's RAM says nothing of a GPU's).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import threading
 import weakref
 
-from .. import config, ops
+from .. import arrays, config, ops
 from ..errors import QuotaError, WireError
 from ..ops import Spec
 from ..protocol import wire
@@ -34,7 +36,7 @@ class TensorTable(dict):
         self._lock = threading.Lock()  # stream threads store concurrently
 
     def __setitem__(self, tid, value) -> None:
-        size = getattr(value, "nbytes", 0)
+        size = _host_bytes(value)
         if size > self.max_tensor:  # a user function's result: sized only once made
             raise MemoryError(f"tensor {tid}: {size} bytes exceed the limit of "
                               f"{self.max_tensor} bytes (MWRT_MAX_TENSOR_BYTES)")
@@ -49,7 +51,7 @@ class TensorTable(dict):
                         f"{self.node} (MWRT_SESSION_TENSORS = {self.max_tensors}); free "
                         "tensors it no longer needs")
             else:
-                size -= getattr(old, "nbytes", 0)
+                size -= _host_bytes(old)
             if size > 0 and self.nbytes + size > self.max_bytes:
                 raise QuotaError(self._over(size))
             self.nbytes += size
@@ -58,7 +60,7 @@ class TensorTable(dict):
     def pop(self, tid, *default):
         with self._lock:
             value = super().pop(tid, *default)
-            self.nbytes -= getattr(value, "nbytes", 0)
+            self.nbytes -= _host_bytes(value)
             return value
 
     def __delitem__(self, tid) -> None:
@@ -81,8 +83,16 @@ class TensorTable(dict):
                 "or raise the worker's MWRT_SESSION_BYTES")
 
 
-def check_tensor(shape, dtype, what: str, table: TensorTable | None = None) -> None:
-    """Refuse a tensor over MWRT_MAX_TENSOR_BYTES, or over the session's quota, unmade."""
+def _host_bytes(value) -> int:
+    """The bytes of host memory `value` holds (0 for a GPU array or a failure's marker)."""
+    return value.nbytes if arrays.in_host_memory(value) else 0
+
+
+def check_tensor(shape, dtype, what: str, table: TensorTable | None = None,
+                 device: int = arrays.HOST) -> None:
+    """Refuse a host tensor over MWRT_MAX_TENSOR_BYTES, or over the session's quota, unmade."""
+    if device != arrays.HOST:
+        return
     nbytes = math.prod(shape) * dtype.itemsize
     limit = config.get("max_tensor_bytes") if table is None else table.max_tensor
     if nbytes > limit:
