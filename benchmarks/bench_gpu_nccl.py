@@ -3,13 +3,14 @@ directly, in the same run, on the same communicator.
 
     python benchmarks/bench_gpu_nccl.py [--sizes 1M,16M,64M,256M] [--iters 20] [--fake]
 
-Two ranks (processes), one GPU each. Per size, each rank times `iters` calls of
+Two ranks (processes), one GPU each; on a machine with one GPU, one rank, which measures
+what mwrt adds per call (time, ratio) though a lone rank moves nothing (busbw 0). Per size, each rank times `iters` calls of
 `dist.all_reduce` (mwrt: the call check, an NCCL all-gather the host waits for, then
 NCCL's all_reduce on the current stream), then `iters` calls of the channel's own
 `NcclCommunicator.allReduce` (CuPy, nothing of mwrt), each series ended by a stream
 synchronize; the two take turns three times and the best of each is kept. time = per
 call, rank 0's view; busbw = bytes / time * 2(n-1)/n, NCCL's convention. Where this machine
-has fewer than two CUDA devices it says so and exits 0; --fake runs the same program on
+has no CUDA device it says so and exits 0; --fake runs the same program on
 the fake GPU and fake NCCL (figures meaningless: for checking the script).
 """
 
@@ -28,9 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mwrt.distributed as dist  # noqa: E402
 from mwrt import arrays  # noqa: E402
 
-SIZES = {"64K": 64 << 10, "1M": 1 << 20, "16M": 16 << 20, "64M": 64 << 20,
+SIZES = {"4K": 4 << 10, "64K": 64 << 10, "1M": 1 << 20, "16M": 16 << 20, "64M": 64 << 20,
          "256M": 256 << 20}
-N = 2
 
 
 def _series(call, stream, iters: int) -> float:
@@ -86,28 +86,29 @@ def _real_gpus() -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1M,16M,64M,256M")
+    ap.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--fake", action="store_true", help="fake GPUs and NCCL (checks the script)")
     args = ap.parse_args()
     sizes = [SIZES[s] for s in args.sizes.split(",")]
     if args.fake:
-        os.environ["MWRT_FAKE_GPUS"] = str(N)
+        n = 2
+        os.environ["MWRT_FAKE_GPUS"] = str(n)
     else:
-        found = _real_gpus()
-        if found < N:
-            print(f"bench_gpu_nccl: no GPU pair here ({found} CUDA devices with CuPy; NCCL "
-                  f"all_reduce needs {N}): nothing measured")
+        n = min(_real_gpus(), 2)
+        if n == 0:
+            print("bench_gpu_nccl: no CUDA device with CuPy here: nothing measured")
             return 0
     queue = mp.get_context("spawn").SimpleQueue()
-    dist.spawn(_entry, args=(sizes, args.iters, queue), nprocs=N, timeout=900)
+    dist.spawn(_entry, args=(sizes, args.iters, queue), nprocs=n, timeout=900)
     rows = queue.get()
     device = "fake GPU + fake NCCL (figures meaningless)" if args.fake else \
         arrays.devices()[0]["name"]
-    print(f"NCCL all_reduce SUM float32, {N} ranks, {device}; busbw = bytes/time * 2(n-1)/n")
+    print(f"NCCL all_reduce SUM float32, {n} rank(s), {device}; busbw = bytes/time * 2(n-1)/n"
+          + ("; one GPU: the ratio is what mwrt adds per call" if n == 1 else ""))
     print(f"{'size':>8} {'mwrt ms':>9} {'cupy ms':>9} {'mwrt GB/s':>10} {'cupy GB/s':>10} "
           f"{'ratio':>6}")
-    factor = 2 * (N - 1) / N
+    factor = 2 * (n - 1) / n
     for nbytes, ours, direct in rows:
         print(f"{nbytes / (1 << 20):>7.3g}M {ours * 1e3:>9.3f} {direct * 1e3:>9.3f} "
               f"{nbytes * factor / ours / 1e9:>10.2f} {nbytes * factor / direct / 1e9:>10.2f} "

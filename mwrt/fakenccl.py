@@ -280,14 +280,13 @@ def _root_address() -> str:
 _hubs: list[_Hub] = []  # kept alive for the process's life, as NCCL's bootstrap thread is
 
 
-def get_unique_id() -> tuple:
+def get_unique_id() -> bytes:
     """A new communicator's id: this process becomes its root (the hub's address, a secret)."""
     hub = _Hub()
     _hubs.append(hub)
     text = json.dumps({"host": hub.address, "port": hub.listener.getsockname()[1],
                        "secret": hub.secret}).encode()
-    padded = text.ljust(NCCL_UNIQUE_ID_BYTES, b"\0")
-    return tuple(b - 256 if b > 127 else b for b in padded)  # C chars are signed, as CuPy's
+    return text.ljust(NCCL_UNIQUE_ID_BYTES, b"\0")  # bytes, as CuPy >= 14 gives
 
 
 # -- communicators ------------------------------------------------------------------------------
@@ -316,7 +315,7 @@ def groupEnd() -> None:  # noqa: N802
 class NcclCommunicator:
     """One rank of a communicator: NcclCommunicator(nranks, unique_id, rank), as CuPy's."""
 
-    def __init__(self, ndev: int, commId: tuple, rank: int):  # noqa: N803 - CuPy's names
+    def __init__(self, ndev: int, commId: bytes | tuple, rank: int):  # noqa: N803 - CuPy's names
         if len(commId) != NCCL_UNIQUE_ID_BYTES:
             raise NcclError(_ARGUMENT, f"unique id: expected {NCCL_UNIQUE_ID_BYTES} chars "
                                        f"(got {len(commId)})")

@@ -160,6 +160,68 @@ def test_collectives_match_numpy(gpus):
 
 # -- point-to-point, a subgroup, and the errors that leave the group usable ------------------
 
+def test_the_unique_id_goes_through_the_store_in_either_of_cupys_forms():
+    from mwrt.channels.nccl import decode_id, encode_id
+
+    raw = bytes(range(128))  # CuPy >= 14
+    chars = tuple(b - 256 if b > 127 else b for b in raw)  # CuPy 13: signed chars
+    assert decode_id(encode_id(raw)) == raw
+    assert decode_id(encode_id(chars)) == chars
+
+
+# -- one rank: NCCL's own calls on a machine with one GPU ----------------------------------
+
+@pytest.fixture(params=["fake", "cupy"])
+def one_gpu(request):
+    """One GPU's environment: the fake's, or CuPy's where this machine has a CUDA device."""
+    env = {"MWRT_FAKE_GPUS": "1", "MWRT_CHANNEL_TIMEOUT": "20"}
+    if request.param == "cupy":
+        if _real_gpus() < 1:
+            pytest.skip("no CUDA device with CuPy on this machine (the fake NCCL runs it)")
+        env["MWRT_FAKE_GPUS"] = "0"
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    yield request.param
+    for name, value in saved.items():
+        os.environ.pop(name) if value is None else os.environ.update({name: value})
+
+
+def _one_rank(rank: int) -> list:
+    """Every collective of a one-rank group: each leaves its input as it was."""
+    xp = _start(rank)
+    wrong: list = []
+    for dtype in DTYPES:
+        mine = _input(0, dtype, SIZES[1])
+        for op in ["SUM", "MAX"] + (["AVG"] if dtype[0] == "f" else []):
+            a = xp.asarray(mine)
+            dist.all_reduce(a, op=getattr(dist.ReduceOp, op))
+            _compare(wrong, f"all_reduce {dtype} {op}", a, mine)
+        for name, call in [("broadcast", lambda t: dist.broadcast(t, src=0)),
+                           ("reduce", lambda t: dist.reduce(t, dst=0))]:
+            t = xp.asarray(mine)
+            call(t)
+            _compare(wrong, f"{name} {dtype}", t, mine)
+        out = xp.empty_like(xp.asarray(mine))
+        dist.all_gather_into_tensor(out, xp.asarray(mine))
+        _compare(wrong, f"all_gather {dtype}", out, mine)
+        dist.reduce_scatter_tensor(out, xp.asarray(mine))
+        _compare(wrong, f"reduce_scatter {dtype}", out, mine)
+        dist.all_to_all_single(out, xp.asarray(mine))
+        _compare(wrong, f"all_to_all {dtype}", out, mine)
+    dist.barrier()
+    return wrong
+
+
+def _one_rank_program(rank, queue):
+    _report(rank, queue, _one_rank)
+
+
+def test_a_one_rank_group_runs_every_collective(one_gpu):
+    """Where a machine has one GPU, this is what runs NCCL's own calls (CuPy's bindings)."""
+    exited, got = spawn_and_collect(_one_rank_program, 1, 1, 90.0)
+    assert exited and got == {0: []}, got
+
+
 def _p2p_and_errors(rank: int) -> dict:
     xp = _start(rank)
     out = {}

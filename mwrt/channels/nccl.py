@@ -94,12 +94,18 @@ def _c_strides(buf) -> tuple:
 
 
 def encode_id(unique_id) -> bytes:
-    """NCCL's unique id (a tuple of 128 signed chars) as bytes for the store."""
-    return np.asarray(unique_id, np.int16).tobytes()
+    """NCCL's unique id as bytes for the store: CuPy >= 14 gives 128 bytes, older CuPy a
+    tuple of 128 signed chars; a leading marker keeps the form, which the same CuPy takes."""
+    if isinstance(unique_id, (bytes, bytearray)):
+        return b"b" + bytes(unique_id)
+    return b"t" + np.asarray(unique_id, np.int16).tobytes()
 
 
-def decode_id(raw: bytes) -> tuple:
-    return tuple(int(c) for c in np.frombuffer(raw, np.int16))
+def decode_id(raw: bytes):
+    """The unique id encode_id stored, in the form it had."""
+    if raw[:1] == b"b":
+        return raw[1:]
+    return tuple(int(c) for c in np.frombuffer(raw[1:], np.int16))
 
 
 def communicator(nccl, store, key: str, rank: int, size: int, timeout: float, what: str):

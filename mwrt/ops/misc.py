@@ -47,7 +47,10 @@ def copy_meta(target, src):
 
 
 def _copy_into(xp, target, src):
-    target[...] = src
+    if isinstance(src, np.ndarray) and xp is not np:  # host bytes beside the command
+        target[...] = src
+    else:  # a GPU's copy engine for like arrays (indexing runs a kernel, ~2/3 the speed)
+        xp.copyto(target, src, casting="unsafe")
 
 
 def _fill(xp, target, value):
