@@ -173,8 +173,9 @@ def test_status_shows_each_worker_as_a_table_and_as_json():
         assert lines[0].split()[:4] == ["NODE", "ADDRESS", "HOST", "PID"]
         for (proc, _), line in zip(workers, lines[1:]):
             assert str(proc.pid) in line.split() and "MiB" in line, line
-        assert "free" in lines[2] and lines[1].rstrip().endswith("-")  # node 1 has a GPU
         rows = json.loads(run("mwrt", "status", "--workers", listed, "--json").stdout)
+        assert "free" in lines[2]  # node 1 has a (fake) GPU; node 0 only a real one, if any
+        assert lines[1].rstrip().endswith("-") == (not rows[0]["worker"]["gpus"]), lines[1]
         assert [row["worker"]["pid"] for row in rows] == [proc.pid for proc, _ in workers]
         assert rows[0]["worker"]["rss"] > 0 and len(rows[1]["worker"]["gpus"]) == 1
         assert rows[0]["session"]["tensors"] == 0 and rows[0]["lost"] is None
