@@ -35,6 +35,7 @@ _SITES = 1 << 16  # issue sites remembered per node, for error reports
 _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_AUTH_FAILURES)
+_READ_SLICE_MS = 50  # a wait notices a lost worker or a refused batch within this
 
 
 def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zmq.Socket:
@@ -75,12 +76,16 @@ class Node:
         sid = cluster.session_id.encode()
         self.tx = dealer(cluster.context, sid + b"/tx", self.address, cluster.keys)
         self.rx = dealer(cluster.context, sid + b"/rx", self.address, cluster.keys)
+        # A wait reads replies with this timeout, checking for a loss between reads: one
+        # call per reply, where a poll and a read cost two.
+        self.rx.setsockopt(zmq.RCVTIMEO, _READ_SLICE_MS)
         self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
         self.batch: list = []  # commands queued for the next send
         self.frames: list = []
         self.frees: deque = deque()
         self.batch_started = self.last_flush = 0.0
         self.batch_size = config.get("batch_size")
+        self.inline_bytes = config.get("inline_bytes")
         self.sync_timeout = config.get("sync_timeout")
         self.seq = 0
         self.ids = itertools.count(1)
@@ -216,7 +221,7 @@ class Node:
         # issued: cheap, and it frees the caller to reuse its array at once.
         body = wire.encode_body(self.batch)
         try:
-            self.tx.send_multipart([wire.encode_header(self.seq), body, *self.frames])
+            wire.send_parts(self.tx, [wire.encode_header(self.seq), body, *self.frames])
         except BaseException:  # a Ctrl-C between frames: ZeroMQ would glue the next message
             self.torn = True  # (the Bye at exit) onto this half, and the worker refuse both
             raise
@@ -260,8 +265,11 @@ class Node:
                 if left <= 0:
                     raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
                                        "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
-                if self.rx.poll(min(left, 0.05) * 1000):  # small replies: bytes beat Frames
-                    self._route(self.rx.recv_multipart())
+                try:  # small replies: bytes beat Frames
+                    frames = self.rx.recv_multipart()
+                except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, then read again
+                    continue
+                self._route(frames)
             reply, frames = self.replies.pop(token)
             self._raise_rejected()  # a refusal routed with the answer: it came first
         if isinstance(reply, wire.Failed):

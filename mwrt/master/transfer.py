@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -61,7 +62,8 @@ def put(array: ArrayLike, node: int | None = None,
 def fetch(tensor) -> np.ndarray:
     """Copy a tensor's contents to the master; a sync point of the stream that made it."""
     node = tensor._node
-    if tensor._spec is None or wire.rides_inline(tensor.nbytes):
+    spec = tensor._spec
+    if spec is None or math.prod(spec.shape) * spec.dtype.itemsize <= node.inline_bytes:
         get = wire.Get(id=next(node.ids), stream=tensor._writer, ref=tensor._id,
                        token=next(node.tokens))
         reply, frames = node.request(get, f"numpy() of tensor {tensor._id}")

@@ -99,6 +99,7 @@ class Daemon:
         self.streams = quotas.StreamPool()
         self.lease_timeout = config.get("lease_timeout")
         self.max_frame = config.get("max_frame_bytes")
+        self.inline_bytes = config.get("inline_bytes")
         self.parent_pid = parent_pid
         self.stopping = False
         self._functions: dict[bytes, object] = {}
@@ -296,7 +297,7 @@ class Daemon:
             return False
         if isinstance(command, wire.Get):  # the only sync point that copies bytes
             found = session.tensors.get(command.ref)
-            if not hasattr(found, "nbytes") or not wire.rides_inline(found.nbytes):
+            if not hasattr(found, "nbytes") or found.nbytes > self.inline_bytes:
                 return False
         executor.execute(command, ())
         return True
