@@ -266,7 +266,7 @@ class Node:
                     raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
                                        "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
                 try:  # small replies: bytes beat Frames
-                    frames = self.rx.recv_multipart()
+                    frames = wire.recv_parts(self.rx)
                 except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, then read again
                     continue
                 self._route(frames)

@@ -202,7 +202,7 @@ def send(sock, identity, message, frames=()) -> None:
         sock.send_multipart(parts, copy=False)
 
 
-_MORE = int(zmq.SNDMORE)
+_MORE, _RCVMORE = int(zmq.SNDMORE), int(zmq.RCVMORE)
 
 
 def send_parts(sock, parts: list) -> None:
@@ -211,6 +211,14 @@ def send_parts(sock, parts: list) -> None:
     last = len(parts) - 1
     for i, part in enumerate(parts):
         sock.send(part, _MORE if i < last else 0)
+
+
+def recv_parts(sock) -> list:
+    """sock.recv_multipart() as bytes, without the flag objects pyzmq makes per frame."""
+    parts = [sock.recv()]
+    while sock.get(_RCVMORE):
+        parts.append(sock.recv())
+    return parts
 
 
 ZERO_COPY_BYTES = 1 << 16

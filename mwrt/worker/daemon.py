@@ -183,7 +183,7 @@ class Daemon:
         for _ in range(1000):
             if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
-            handle(sock.recv_multipart(copy=copy))
+            handle(wire.recv_parts(sock) if copy else sock.recv_multipart(copy=False))
 
     def _forward(self, frames) -> None:
         self.router.send_multipart(frames, copy=False)
