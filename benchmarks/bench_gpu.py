@@ -118,6 +118,33 @@ def staging_rows(xp, size: int, reps: int) -> list:
 D2D_BATCH = 8
 
 
+def floors(xp, size: int, reps: int) -> dict:
+    """What bounds the staged rows: the copy engine from and to pinned memory, and the host
+    copy into pinned buffers of the staging's chunk size (GB/s)."""
+    from mwrt import config
+
+    chunk = min(config.get("staging_chunk_bytes"), size)
+    host = np.random.default_rng(2).integers(0, 255, size, np.uint8)
+    pinned = np.frombuffer(xp.cuda.alloc_pinned_memory(size), np.uint8, size)
+    with xp.cuda.Device(0):
+        stream = xp.cuda.Stream(non_blocking=True)
+        device = xp.empty(size, np.uint8)
+        h2d = median_seconds(lambda: device.set(pinned, stream=stream), reps, stream.synchronize)
+        d2h = median_seconds(lambda: _download_all(device, pinned, stream), reps,
+                             stream.synchronize)
+    copy = median_seconds(lambda: [np.copyto(pinned[a:a + chunk], host[a:a + chunk])
+                                   for a in range(0, size, chunk)], reps, lambda: None)
+    return {"pinned H2D": size / h2d, "pinned D2H": size / d2h,
+            f"host copy into pinned, {_size(chunk)} chunks": size / copy}
+
+
+def _download_all(device, out, stream) -> None:
+    try:
+        device.get(stream=stream, out=out, blocking=False)
+    except TypeError:  # CuPy < 13: a given stream makes it asynchronous
+        device.get(stream=stream, out=out)
+
+
 def session_rows(mwrt, xp, size: int, reps: int, gpus: int) -> list:
     """D2D and master<->GPU end to end, through a session with one local worker."""
     n = size // 4
@@ -176,6 +203,7 @@ def main() -> int:
     size = (16 << 20) if args.quick else (256 << 20)
     reps = 3 if args.quick else 7
     rows = staging_rows(xp, size, reps)
+    limits = floors(xp, size, reps)
     mwrt.init_master_worker(local_workers=1, timeout=60)
     try:
         rows += session_rows(mwrt, xp, size, reps, min(gpus, mwrt.device_count(0)))
@@ -188,6 +216,8 @@ def main() -> int:
     for what, ours, base, theirs in rows:
         print(f"{what:50} {ours / 1e9:>10.2f}   {base + f' {theirs / 1e9:.2f}':>26} "
               f"{ours / theirs:>6.2f}x")
+    print("floors, same run: " + ", ".join(f"{what} {rate / 1e9:.2f} GB/s"
+                                            for what, rate in limits.items()))
     print()
     return nccl_table(args)
 
