@@ -43,20 +43,26 @@ def _run(program, reports: int = N, join: float = 90.0) -> dict:
     return got
 
 
-@pytest.fixture(scope="module", params=["fake", "cupy"])
-def gpus(request):
-    """The environment the ranks inherit: fake GPUs and NCCL, or CuPy's on real GPUs."""
-    env = {"MWRT_FAKE_GPUS": str(N), "MWRT_CHANNEL_TIMEOUT": "20"}
-    if request.param == "cupy":
-        if _real_gpus() < N:
-            pytest.skip(f"needs {N} CUDA devices with CuPy and NCCL (found {_real_gpus()}); "
-                        "the fake GPU and fake NCCL run these bodies")
+def _ranks_environment(kind: str, gpus: int):
+    """The environment ranks inherit, for the test's life: `gpus` fake GPUs and the fake
+    NCCL, or CuPy's on real GPUs (skipped with the reason where there are too few)."""
+    env = {"MWRT_FAKE_GPUS": str(gpus), "MWRT_CHANNEL_TIMEOUT": "20"}
+    if kind == "cupy":
+        if _real_gpus() < gpus:
+            pytest.skip(f"needs {gpus} CUDA device(s) with CuPy and NCCL (found "
+                        f"{_real_gpus()}); the fake GPU and fake NCCL run these bodies")
         env["MWRT_FAKE_GPUS"] = "0"
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
-    yield request.param
+    yield kind
     for name, value in saved.items():
         os.environ.pop(name) if value is None else os.environ.update({name: value})
+
+
+@pytest.fixture(scope="module", params=["fake", "cupy"])
+def gpus(request):
+    """N ranks' environment, one GPU each."""
+    yield from _ranks_environment(request.param, N)
 
 
 def _start(rank: int):
@@ -173,17 +179,8 @@ def test_the_unique_id_goes_through_the_store_in_either_of_cupys_forms():
 
 @pytest.fixture(params=["fake", "cupy"])
 def one_gpu(request):
-    """One GPU's environment: the fake's, or CuPy's where this machine has a CUDA device."""
-    env = {"MWRT_FAKE_GPUS": "1", "MWRT_CHANNEL_TIMEOUT": "20"}
-    if request.param == "cupy":
-        if _real_gpus() < 1:
-            pytest.skip("no CUDA device with CuPy on this machine (the fake NCCL runs it)")
-        env["MWRT_FAKE_GPUS"] = "0"
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    yield request.param
-    for name, value in saved.items():
-        os.environ.pop(name) if value is None else os.environ.update({name: value})
+    """One rank's environment, with one GPU."""
+    yield from _ranks_environment(request.param, 1)
 
 
 def _one_rank(rank: int) -> list:
