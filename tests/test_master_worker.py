@@ -147,6 +147,21 @@ def test_remote_error_names_place_op_and_line_and_is_sticky(cluster):
     np.testing.assert_array_equal((x * 2).numpy(), [2.0, 2.0, 2.0])  # the stream recovered
 
 
+def test_a_shipped_functions_file_and_line_are_put_back_in_a_workers_traceback():
+    """cloudpickle >= 3.1.3 ships code as "<dynamic-code>"; the master names the place."""
+    from mwrt.master import remote
+
+    def shipped(a):
+        return a + 1
+    remote._pickle(shipped)
+    line = shipped.__code__.co_firstlineno + 1
+    worker_text = (f'Traceback (most recent call last):\n  File "<dynamic-code>", line {line}, '
+                   'in shipped\nTypeError: no\n')
+    assert remote.restore_places(worker_text) == (
+        f'Traceback (most recent call last):\n  File "{__file__}", line {line}, in shipped\n'
+        '    return a + 1\nTypeError: no\n')
+
+
 def test_remote_results_and_captures_that_cannot_be_tensors_are_named(cluster):
     x = mwrt.ones(3)
     with pytest.raises(mwrt.RemoteError, match="the result is a dict, which is not an array"):

@@ -339,6 +339,8 @@ class Node:
             return ChannelError(f"{self}: {info.get('message')}")
         if info.get("kind") != "remote":
             return MwrtError(f"{self}: {info.get('message')}")
+        from .remote import restore_places  # (remote.py imports this module's users)
+
         command = info.get("command")
         site = site_text(self.sites[command & (_SITES - 1)]) if isinstance(command, int) else ""
         message = (f"node {info.get('node')}, device {info.get('device')}, stream "
@@ -346,7 +348,8 @@ class Node:
                    f"failed: {info.get('type')}: {info.get('message')}")
         return RemoteError(message, node=info.get("node"), device=info.get("device"),
                            stream=info.get("stream"), op=info.get("op"),
-                           remote_traceback=info.get("traceback", ""), issued_at=site)
+                           remote_traceback=restore_places(info.get("traceback", "")),
+                           issued_at=site)
 
     def close(self, goodbye: bool = True) -> None:
         """Say Bye (briefly waiting for it) and close the sockets."""
