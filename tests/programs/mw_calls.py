@@ -3,7 +3,7 @@
     MWRT_WORKERS=b:7070,c:7070 MWRT_KEY_FILE=~/keys/master.key python mw_calls.py
 
 64 MiB there and back, ops, a worker-to-worker move, a master-issued all_reduce and a
-shipped function; prints 'ok: ...' with the nodes' hostnames when every check passed.
+shipped function (and one that fails there, named by file and line); prints 'ok: ...' with the nodes' hostnames when every check passed.
 """
 
 from __future__ import annotations
@@ -30,9 +30,23 @@ def main() -> None:
     assert all((p.numpy() == 4.0).all() for p in parts), "all_reduce over nodes 0 and 1"
     shipped = mwrt.remote(lambda a: a + 1)(parts[1])
     assert shipped.get_node() == 1 and (shipped.numpy() == 5.0).all(), "remote on node 1"
+    failed_there(parts[1])
     print(f"ok: nodes on {[n.info.hostname for n in cluster.nodes]}, channel "
           f"{cluster.channel_name}", flush=True)
     mwrt.shutdown()
+
+
+def failed_there(tensor) -> None:
+    """A shipped function failing on another host: the master names its file and line."""
+    def fails(a):
+        raise ValueError("shipped and failed")
+    try:
+        mwrt.remote(fails)(tensor).numpy()
+    except mwrt.RemoteError as exc:
+        text = exc.remote_traceback
+        assert __file__ in text and 'raise ValueError("shipped and failed")' in text, text
+    else:
+        raise AssertionError("a failing shipped function raised nothing")
 
 
 if __name__ == "__main__":
