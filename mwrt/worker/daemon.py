@@ -163,12 +163,14 @@ class Daemon:
             session.close()
         self.sessions.clear()
         self.router.close(linger=0)
-        self.replies.close(linger=0)
         if self.authenticator is not None:
             self.authenticator.stop()
         deadline = time.monotonic() + grace
         for thread in threads:
             thread.join(max(deadline - time.monotonic(), 0))
+        # Only now: an op finishing as we stop sends its (unread) reply here, and a PUSH
+        # with no PULL left to take it would block that stream until the grace ran out.
+        self.replies.close(linger=0)
         busy = [t.name for t in threads if t.is_alive()]
         if busy:  # a user function still running: context.term() would wait for it
             log.warning("stopping with %d stream(s) still running an op (%s); not waiting",
