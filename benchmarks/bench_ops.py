@@ -11,6 +11,7 @@ one same-host copy).
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import statistics
@@ -105,12 +106,26 @@ def raw_socket_gbps(nbytes: int, reps: int = 5) -> float:
 
 def memcpy_gbps(nbytes: int, reps: int = 5, fresh: bool = False) -> float:
     """np.copyto into a prefaulted array (the ceiling of a same-host copy), or into a fresh
-    np.empty each time (the kernel faults in every page: the floor of .numpy(), which must
-    return a new array)."""
+    np.empty each time (what .numpy() does, as it must return a new array; after the first
+    free, malloc mostly hands back pages it already has)."""
     src, warm = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
 
     def once():
         np.copyto(np.empty(nbytes, np.uint8) if fresh else warm, src)
+    return nbytes / statistics.median(_timed(once) for _ in range(reps)) / 1e9
+
+
+def new_pages_gbps(nbytes: int, reps: int = 5) -> float:
+    """np.copyto into pages the process never touched (a fresh mmap each time): what a
+    .numpy() costs when malloc has just given its memory back to the kernel."""
+    src = np.ones(nbytes, np.uint8)
+
+    def once():
+        pages = mmap.mmap(-1, nbytes)
+        view = np.frombuffer(pages, np.uint8)
+        np.copyto(view, src)
+        del view
+        pages.close()
     return nbytes / statistics.median(_timed(once) for _ in range(reps)) / 1e9
 
 
@@ -167,7 +182,8 @@ def bulk_rows(channel: str, baselines: list) -> list:
     send_s = statistics.median([_timed(lambda: (mwrt.dist_send(big), mwrt.synchronize()))
                                 for _ in range(5)])
     t = mwrt.dist_send(big)
-    get_s = statistics.median([_timed(t.numpy) for _ in range(5)])
+    gets = sorted(_timed(t.numpy) for _ in range(5))
+    get_s = statistics.median(gets)
     t.to(node=1).numpy()
     move_s = statistics.median([_timed(lambda: (t.to(node=1), mwrt.synchronize()))
                                 for _ in range(5)])
@@ -182,6 +198,9 @@ def bulk_rows(channel: str, baselines: list) -> list:
             rows.append((what if i == 0 else "", f"{gbps:.2f} GB/s" if i == 0 else "",
                          f"{name} {base:.2f} GB/s", f"{gbps / base:.2f}x",
                          goal if i == 0 else ""))
+        if what.startswith(".numpy()"):  # new pages or reused ones: the spread says which
+            rows.append(("  its five, slowest to fastest", f"{big.nbytes / gets[-1] / 1e9:.2f}-"
+                         f"{big.nbytes / gets[0] / 1e9:.2f} GB/s", "", "", ""))
     return rows
 
 
@@ -236,11 +255,13 @@ def main(shm_only: bool = False) -> None:
     nbytes = 64 << 20
     handoff = shm_handoff_gbps(nbytes)  # before any mwrt thread
     fresh, warm = memcpy_gbps(nbytes, fresh=True), memcpy_gbps(nbytes)
+    new_pages = new_pages_gbps(nbytes)
     rows = [] if shm_only else overhead_rows()
     if not shm_only:
         rows += bulk_rows("tcp", [("raw socket", raw_socket_gbps(nbytes))])
     rows += bulk_rows("shm", [("shared_memory handoff", handoff),
-                              ("memcpy into fresh", fresh), ("memcpy into warm", warm)])
+                              ("memcpy into np.empty", fresh), ("memcpy into warm", warm),
+                              ("memcpy into new pages", new_pages)])
     print(f"{'what':46} {'mwrt':>16}   {'baseline (same run)':32} {'ratio':>6}   goal")
     for row in rows:
         print(f"{row[0]:46} {row[1]:>16}   {row[2]:32} {row[3]:>6}   {row[4]}")
