@@ -103,7 +103,7 @@ class Watcher:
                 except queue.Empty:
                     continue
                 event.synchronize()
-                ex.session.daemon.fire_event(ex.session, event_id, gpu_time(ex, event), send)
+                ex.session.fire_event(event_id, gpu_time(ex, event), send)
         finally:
             sock.close(linger=1000)
 

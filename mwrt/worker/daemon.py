@@ -1,9 +1,9 @@
 """The daemon's socket loop: receives batches, hands commands to stream executors, forwards replies.
 
 The socket thread never runs an op. It decodes each batch, checks that every command
-belongs on the socket it came by, answers session-level commands (Hello, Ping, Query,
-event relays) itself — each in a method named like it — and queues stream commands on
-their stream's executor. A command's traits (mwrt.protocol.messages) say which is which.
+belongs on the socket it came by, answers session-level commands itself (Hello and Ping
+here, the rest in control.py, each a function named like it) and queues stream commands
+on their stream's executor. A command's traits (mwrt.protocol.messages) say which is which.
 Executors reply through an inproc PUSH socket that this loop forwards to the master,
 because a ZeroMQ socket belongs to one thread.
 """
@@ -28,14 +28,11 @@ from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
 from ..protocol.refusals import RefusalLog
-from . import lifecycle, quotas, report
-from .session import Session
+from . import control, lifecycle, quotas, report
+from .session import HB, RX, TX, Session
 
 log = logging.getLogger("mwrt.worker")
 
-# A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
-# it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
-TX, RX, HB = b"tx", b"rx", b"hb"
 _REJECTION_WINDOW, _REJECTIONS_LOGGED = 10.0, 20  # seconds, log lines per window
 _ROLES = {TX: "tx", RX: "rx", HB: "hb"}
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
@@ -240,13 +237,7 @@ class Daemon:
             if isinstance(command, wire.Ping):  # answered even to a master without a session
                 self.send(identity, wire.Pong(token=command.id, incarnation=self.incarnation))
             elif session is not None:
-                getattr(self, "_" + command.handler)(session, command)
-
-    def _event_done(self, session, command) -> None:
-        self.fire_event(session, command.event, None, self.send, command.error)
-
-    def _peer_lost(self, session, command) -> None:
-        session.peer_lost(command.rank, command.reason)
+                control.HANDLERS[command.handler](self, session, command)
 
     def _on_batch(self, sid, seq, commands, body, data) -> None:
         session = self.sessions.get(sid)
@@ -273,9 +264,9 @@ class Daemon:
         groups: dict[int, list] = {}
         for command in commands:
             if not command.on_stream:  # answered here, in order with the streams' work
-                self._submit(session, groups, data)
+                self.submit(session, groups, data)
                 groups = {}
-                getattr(self, "_" + command.handler)(session, command)
+                control.HANDLERS[command.handler](self, session, command)
                 if self.sessions.get(session.sid) is not session:  # it ended (Bye)
                     return
             elif not (command.sync_point and command.stream not in groups
@@ -285,7 +276,7 @@ class Daemon:
                     if command.token >= 0:
                         self.send(session.identity, wire.Done(token=command.token, value=None))
                 groups.setdefault(command.stream, []).append(command)
-        self._submit(session, groups, data)
+        self.submit(session, groups, data)
 
     def _answer_now(self, session, command) -> bool:
         """Answer a sync point on an idle stream here: saves two thread hand-offs.
@@ -304,7 +295,8 @@ class Daemon:
         executor.execute(command, ())
         return True
 
-    def _submit(self, session, groups, data) -> None:
+    def submit(self, session, groups, data) -> None:
+        """Queue each stream's commands (by stream id) on its executor, started if new."""
         for stream_id, commands in groups.items():
             try:
                 executor = session.stream(stream_id)
@@ -315,57 +307,7 @@ class Daemon:
                 continue
             executor.submit(commands, data)
 
-    # -- session commands, answered on the socket thread ----------------------------------
-
-    def _bye(self, session, command) -> None:
-        # Answered once all is freed, off this thread: the master may exit at the answer.
-        self.end_session(session, wire.Done(token=command.id, value=None))
-
-    def _new_stream(self, session, command) -> None:
-        try:
-            session.stream(command.stream, command.device)
-        except QuotaError as exc:
-            self.send(session.identity, wire.Failed(token=-1, info={
-                "kind": "quota", "message": str(exc)}))
-
-    def _define_graph(self, session, command) -> None:
-        session.graphs.define(command, self.max_frame)
-
-    def _replay(self, session, command) -> None:
-        try:
-            groups = session.graphs.replay(command)
-        except KeyError as exc:  # reported at the master's next wait on this node
-            self.send(session.identity, wire.Failed(token=-1, info={
-                "kind": "graph", "message": exc.args[0]}))
-            return
-        self._submit(session, groups, ())
-
-    def _drop_graph(self, session, command) -> None:
-        session.graphs.drop(command.graph)
-
-    def _query(self, session, command) -> None:
-        executor = session.streams.get(command.stream)
-        self.send(session.identity, wire.Done(token=command.token,
-                                              value=executor is None or executor.idle()))
-
-    def _profile(self, session, command) -> None:
-        trace, session.trace = session.trace, ([] if command.on else None)
-        if not command.on:
-            self.send(session.identity, wire.Done(token=command.token, value=trace or []))
-
-    def _join(self, session, command) -> None:
-        from .data import SessionData
-
-        if session.data is not None:  # closing a channel may wait on its peers: not here
-            lifecycle.off_thread(session.data.close, f"mwrt-rejoin-{session.node}")
-        # Publish this node's channel address now: a peer must never wait on the store for a
-        # node that died before its first transfer, only fail to connect to it.
-        session.data = SessionData(session, command)
-        session.data.start()
-
-    def _stats(self, session, command) -> None:
-        value = dict(session.stats(), worker=self.report())
-        self.send(session.identity, wire.Done(token=command.token, value=value))
+    # -- the daemon, as session commands see it ------------------------------------------
 
     def report(self) -> dict:
         """The daemon as `mwrt status` shows it (mwrt.worker.report)."""
@@ -398,34 +340,6 @@ class Daemon:
         """Forget `session` and free it off the socket thread (lifecycle.end)."""
         self._ending = [t for t in self._ending if t.is_alive()]
         self._ending.append(lifecycle.end(self, session, answer))
-
-    # -- events ---------------------------------------------------------------------------
-
-    def _event_query(self, session, command) -> None:
-        state = session.event(command.event)
-        with session.lock:
-            if not state.fired.is_set() and command.wait:
-                state_waiters = session.event_waiters.setdefault(command.event, [])
-                state_waiters.append(command.token)
-                return
-        self.send(session.identity, wire.Done(token=command.token, value={
-            "done": state.fired.is_set(), "time": state.time}))
-
-    def fire_event(self, session, event_id, when, send, error: str = "") -> None:
-        """Mark an event done, answer its waiters, and tell the master (for relays)."""
-        state = session.event(event_id)
-        with session.lock:
-            state.error = error
-            if when is not None:
-                state.time = when
-            state.fired.set()
-            state.recorded.set()
-            waiters = session.event_waiters.pop(event_id, [])
-        for token in waiters:
-            send(session.identity, wire.Done(token=token, value={"done": True,
-                                                                 "time": state.time}))
-        if when is not None:
-            send(session.sid + b"/" + HB, wire.Fired(token=-1, event=event_id, time=state.time))
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -195,7 +195,7 @@ def record(ex, cmd, frames):
     if cmd.event <= wire.IMPLICIT_EVENTS:  # safe streams, graphs: one waiter, this node
         ex.session.implicit.record(cmd.event)
         return
-    ex.session.daemon.fire_event(ex.session, cmd.event, time.time(), ex.send)
+    ex.session.fire_event(cmd.event, time.time(), ex.send)
 
 
 def wait_event(ex, cmd, frames):

@@ -5,10 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
+from ..protocol import wire
 from ..protocol.wire import DEFAULT_STREAM_LIMIT
 from .executor import StreamExecutor
 from .graphs import GraphStore, ImplicitEvents
 from .quotas import Inflight, TensorTable
+
+# A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
+# it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
+TX, RX, HB = b"tx", b"rx", b"hb"
 
 
 class EventState:
@@ -72,6 +77,21 @@ class Session:
             if state is None:
                 state = self.events[event_id] = EventState()
             return state
+
+    def fire_event(self, event_id, when, send, error: str = "") -> None:
+        """Mark an event done, answer its waiters, and tell the master (for relays)."""
+        state = self.event(event_id)
+        with self.lock:
+            state.error = error
+            if when is not None:
+                state.time = when
+            state.fired.set()
+            state.recorded.set()
+            waiters = self.event_waiters.pop(event_id, [])
+        for token in waiters:
+            send(self.identity, wire.Done(token=token, value={"done": True, "time": state.time}))
+        if when is not None:
+            send(self.sid + b"/" + HB, wire.Fired(token=-1, event=event_id, time=state.time))
 
     def free(self, ids, uses: int) -> None:
         """Drop tensors once each of the `uses` streams that were sent this free reached it."""

@@ -1,0 +1,112 @@
+"""Session commands the daemon's socket thread answers itself, one function per command.
+
+A command whose trait `on_stream` is false lands here, in order with the stream work
+before and after it in its batch (daemon._dispatch); each function is named like the
+command's `handler`. None of them runs an op or waits on one: stream work goes to the
+executors, and whatever could block (freeing a session, closing a channel) runs off
+this thread.
+"""
+
+from __future__ import annotations
+
+from ..errors import QuotaError
+from ..protocol import wire
+from . import lifecycle
+
+
+def bye(daemon, session, cmd) -> None:
+    # Answered once all is freed, off this thread: the master may exit at the answer.
+    daemon.end_session(session, wire.Done(token=cmd.id, value=None))
+
+
+def new_stream(daemon, session, cmd) -> None:
+    try:
+        session.stream(cmd.stream, cmd.device)
+    except QuotaError as exc:
+        _refuse(daemon, session, "quota", str(exc))
+
+
+def define_graph(daemon, session, cmd) -> None:
+    session.graphs.define(cmd, daemon.max_frame)
+
+
+def replay(daemon, session, cmd) -> None:
+    try:
+        groups = session.graphs.replay(cmd)
+    except KeyError as exc:  # reported at the master's next wait on this node
+        _refuse(daemon, session, "graph", exc.args[0])
+        return
+    daemon.submit(session, groups, ())
+
+
+def drop_graph(daemon, session, cmd) -> None:
+    session.graphs.drop(cmd.graph)
+
+
+def query(daemon, session, cmd) -> None:
+    executor = session.streams.get(cmd.stream)
+    daemon.send(session.identity, wire.Done(token=cmd.token,
+                                            value=executor is None or executor.idle()))
+
+
+def profile(daemon, session, cmd) -> None:
+    trace, session.trace = session.trace, ([] if cmd.on else None)
+    if not cmd.on:
+        daemon.send(session.identity, wire.Done(token=cmd.token, value=trace or []))
+
+
+def join(daemon, session, cmd) -> None:
+    from .data import SessionData
+
+    if session.data is not None:  # closing a channel may wait on its peers: not here
+        lifecycle.off_thread(session.data.close, f"mwrt-rejoin-{session.node}")
+    # Publish this node's channel address now: a peer must never wait on the store for a
+    # node that died before its first transfer, only fail to connect to it.
+    session.data = SessionData(session, cmd)
+    session.data.start()
+
+
+def stats(daemon, session, cmd) -> None:
+    value = dict(session.stats(), worker=daemon.report())
+    daemon.send(session.identity, wire.Done(token=cmd.token, value=value))
+
+
+def event_query(daemon, session, cmd) -> None:
+    state = session.event(cmd.event)
+    with session.lock:
+        if not state.fired.is_set() and cmd.wait:
+            session.event_waiters.setdefault(cmd.event, []).append(cmd.token)
+            return
+    daemon.send(session.identity, wire.Done(token=cmd.token, value={
+        "done": state.fired.is_set(), "time": state.time}))
+
+
+def event_done(daemon, session, cmd) -> None:
+    session.fire_event(cmd.event, None, daemon.send, cmd.error)
+
+
+def peer_lost(daemon, session, cmd) -> None:
+    session.peer_lost(cmd.rank, cmd.reason)
+
+
+def _refuse(daemon, session, kind: str, message: str) -> None:
+    """Report a failure no waiter owns: the master raises it at its next wait on the node."""
+    daemon.send(session.identity, wire.Failed(token=-1, info={"kind": kind, "message": message}))
+
+
+def _handlers() -> dict:
+    """Every session command's function, by its handler name (Hello and Ping come before
+    any session, so the daemon answers those two itself)."""
+    found = {}
+    for cls in wire.MESSAGES:
+        if cls.on_stream or not cls.socket or cls.handler in ("hello", "ping"):
+            continue
+        handler = globals().get(cls.handler)
+        if handler is None:
+            raise ImportError(f"worker: no handler {cls.handler}() for {cls.__name__} (add "
+                              "one to mwrt/worker/control.py)")
+        found[cls.handler] = handler
+    return found
+
+
+HANDLERS = _handlers()
