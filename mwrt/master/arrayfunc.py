@@ -21,8 +21,9 @@ import numpy as np
 
 from .. import ops
 from ..ops import npfunc
+from .issue import call
 from .remote import RemoteFunction
-from .tensor import DistributedTensor, call
+from .tensor import DistributedTensor
 
 # Asked of shape and dtype only: answered on the master from broadcast one-element stand-ins.
 _SPEC_ONLY = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type",

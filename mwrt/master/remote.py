@@ -34,7 +34,8 @@ class RemoteFunction:
 
     def __call__(self, *args, node: int | None = None, device: int | None = None, **kwargs):
         """Issue the call and return at once: result tensors, whose shapes resolve on first use."""
-        from .tensor import DistributedTensor, _convert
+        from .issue import _convert
+        from .tensor import DistributedTensor
 
         place: list = []
         _, wire_args = _convert(args, place, "remote")

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from .. import ops
 from ..arrays import HOST, as_dtype
-from ..ops import UNKNOWN, Spec
+from ..ops import Spec
 from ..protocol import wire
 from . import context, methods, ordering
 from .streams import Stream
@@ -367,92 +366,8 @@ def _index_arg(index):
     return index
 
 
-# -- issuing an op ------------------------------------------------------------------------
-
-_SCALARS = (int, float, bool, complex)
-
-
-def call(name: str, *args, **kwargs):
-    """Issue registry op `name` where its tensor arguments live; returns the result handles."""
-    op = ops.get(name)
-    place: list = []
-    spec_args, wire_args = _convert_args(args, place, name)
-    spec_kwargs, wire_kwargs = _convert(kwargs, place, name) if kwargs else ({}, {})
-    if not place:
-        raise TypeError(f"{name}: no DistributedTensor among the arguments")
-    node, device = place[0]._node, place[0]._device
-    result = ops.infer(op, spec_args, spec_kwargs)
-    node.limits.check_result(name, result)
-    stream = context.stream_for(node.index, device)
-    written = args[0] if op.inplace else None
-    outs = _outputs(node, device, stream, result)
-    now = next(node.ids)
-    capturing = ordering.capture
-    for tensor in place:  # a few comparisons each, unless another stream used the tensor
-        if tensor._writer != stream or capturing or (
-                tensor is written and len(tensor._streams) > 1):
-            ordering.use(tensor, stream, now, tensor is written)
-        elif tensor is written:
-            tensor._wtime = tensor._ltime = now
-        else:
-            tensor._ltime = now
-    node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),
-                         op=name, args=wire_args, kwargs=wire_kwargs))
-    if op.inplace:
-        return None
-    return outs[0] if type(result) is not tuple else tuple(outs)
-
-
-def _outputs(node, device, stream, result) -> list:
-    if result is None:
-        return []
-    specs = result if type(result) is tuple else (result,)
-    return [DistributedTensor(node, device, next(node.ids), None if s is UNKNOWN else s, stream)
-            for s in specs]
-
-
-def _convert_args(args: tuple, place: list, name: str):
-    """_convert over positional args, with tensors and scalars (nearly every arg) inline."""
-    specs, wires = [], []
-    for value in args:
-        if type(value) is DistributedTensor and (not place or (
-                place[0]._node is value._node and place[0]._device == value._device)):
-            place.append(value)
-            specs.append(value._spec or value.spec)
-            wires.append(value._ref)
-        elif type(value) in _SCALARS:
-            specs.append(value)
-            wires.append(value)
-        else:
-            spec, wired = _convert(value, place, name)
-            specs.append(spec)
-            wires.append(wired)
-    return tuple(specs), tuple(wires)
-
-
-def _convert(value, place: list, name: str):
-    """(value with tensors as Specs, value with tensors as Refs); checks one (node, device)."""
-    if type(value) in _SCALARS:
-        return value, value
-    if isinstance(value, DistributedTensor):
-        if place and (place[0]._node is not value._node or place[0]._device != value._device):
-            first = place[0]
-            raise ValueError(
-                f"{name}: operands live in different places (node {first._node.index} "
-                f"device {first._device} and node {value._node.index} device "
-                f"{value._device}); move one with .to(node=, device=) first")
-        place.append(value)
-        return value.spec, value._ref
-    if isinstance(value, (tuple, list)):
-        pairs = [_convert(v, place, name) for v in value]
-        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
-    if isinstance(value, dict):
-        pairs = {k: _convert(v, place, name) for k, v in value.items()}
-        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
-    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
-        return np.dtype(value).str, np.dtype(value).str
-    return value, value
-
+# Issuing an op (issue.py) needs the class; the class's methods need call(): both below.
+from .issue import call  # noqa: E402
 
 methods.install(DistributedTensor, call)
 # NumPy's protocols issue ops with call(), so they come last (arrayfunc imports this module).
