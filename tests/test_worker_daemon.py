@@ -107,6 +107,27 @@ def test_killed_worker_raises_worker_lost_naming_the_node(keyed_worker, sig):
         (x + 1).numpy()
 
 
+@pytest.mark.parametrize("spin_us", ["0", "100000"])
+def test_a_daemon_serves_alike_whether_it_spins_or_sleeps_between_messages(spin_us):
+    """MWRT_WORKER_SPIN_US: 0 sleeps in poll() at once; 100 ms spins through whole gaps."""
+    mwrt.shutdown()
+    process, address = start_worker(env={"MWRT_WORKER_SPIN_US": spin_us})
+    try:
+        mwrt.init_master_worker([address])
+        x = mwrt.ones(3)
+        for i in range(50):
+            x += 1.0
+            if i % 10 == 0:
+                assert x.numpy()[0] == i + 2
+        big = mwrt.dist_send(np.arange(1 << 18, dtype=np.float64))  # through a stream
+        assert float(big.sum().numpy()) == float(np.arange(1 << 18).sum())
+        time.sleep(0.3)  # a quiet gap longer than any spin
+        np.testing.assert_array_equal(x.numpy(), [51.0] * 3)
+    finally:
+        mwrt.shutdown()
+        stop_worker(process)
+
+
 def test_daemon_refuses_a_non_loopback_bind_without_a_key():
     import subprocess
     import sys
