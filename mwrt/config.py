@@ -66,7 +66,8 @@ SETTINGS = {
                               "microseconds a worker with idle streams keeps polling for the "
                               "next command before it sleeps: a sync loop's next request "
                               "finds it awake (~40 us off each round trip on a VM), for at "
-                              "most that much CPU per message; 0: never"),
+                              "most that much CPU per message; 0: never (the default of "
+                              "local daemons on a host with fewer cores than daemons + 1)"),
     "inline_bytes": Setting("MWRT_INLINE_BYTES", 65536, int,
                             "arrays up to this size ride inside commands"),
     "staging_chunk_bytes": Setting("MWRT_STAGING_CHUNK_BYTES", 8 << 20, int,

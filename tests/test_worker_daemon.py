@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -126,6 +127,17 @@ def test_a_daemon_serves_alike_whether_it_spins_or_sleeps_between_messages(spin_
     finally:
         mwrt.shutdown()
         stop_worker(process)
+
+
+def test_local_daemons_spin_only_when_each_has_a_core(monkeypatch):
+    from mwrt.master.cluster import local_spin_env
+
+    monkeypatch.delenv("MWRT_WORKER_SPIN_US", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert local_spin_env(3) == {}  # three daemons and the master: a core each
+    assert local_spin_env(4) == {"MWRT_WORKER_SPIN_US": "0"}
+    monkeypatch.setenv("MWRT_WORKER_SPIN_US", "50")  # the user's word stands
+    assert local_spin_env(32) == {}
 
 
 def test_daemon_refuses_a_non_loopback_bind_without_a_key():

@@ -219,13 +219,26 @@ def start_local_workers(count: int, timeout: float):
         path = os.path.join(directory, "worker.key")
         worker_keys.save(path)  # read by each daemon at start, removed right after
         try:
+            env = local_spin_env(count)
             for _ in range(count):
-                local.append(LocalWorker.start(timeout, key_file=path))
+                local.append(LocalWorker.start(timeout, key_file=path, env=env))
         except BaseException:
             for worker in local:
                 worker.stop()
             raise
     return local, master_keys
+
+
+def local_spin_env(count: int) -> dict:
+    """Local daemons spin between messages (MWRT_WORKER_SPIN_US) only when each, and this
+    master, has a core of its own: on fewer cores the spins take turns with the very work
+    they wait for (8 daemons on 2 cores: a fan-out round 1.0 -> 1.3 ms). A value the user
+    set is kept."""
+    name = config.SETTINGS["worker_spin_us"].env
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if name in os.environ or count < (cores or 1):
+        return {}
+    return {name: "0"}
 
 
 def shutdown() -> None:
