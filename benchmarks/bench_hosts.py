@@ -15,6 +15,9 @@ Every raw socket gets the tcp channel's own settings (`mwrt.channels.tcp.tune`: 
   plain TCP connection between the same two hosts, sendall / recv_into of the same bytes
   into a reused buffer, then a 1-byte ack, timed by the sender; run once before and once
   after the mwrt program, the repetitions pooled, so both see the same machine.
+- The sync round trip: a 4-element `.numpy()` from the master on hosta to node 0 on hostb,
+  median of 2,000 after 100 warm-ups, beside a bare pyzmq DEALER/ROUTER echo between the
+  same two hosts (run before and after the master; the faster of the two kept).
 - all_reduce SUM of float32, rank 0 on hosta and rank 1 on hostb,
   `init_process_group("tcp", init_method="tcp://hosta:PORT")`, then the same with the
   `auto` backend (init_process_group(None, ...)), which should pick tcp between hosts.
@@ -57,6 +60,8 @@ PIECE_BYTES = 4 * MIB  # the tcp channel's segment size (MWRT_SEGMENT_BYTES)
 WORKER_PORT = 7070
 RENDEZVOUS_PORT = 29500
 RAW_PORT = 29600  # each namespace is fresh, so fixed ports are free
+ECHO_PORT = 29700
+ROUND_TRIPS = 2000
 TRANSFER_TARGET, ALL_REDUCE_TARGET, TWO_LEVEL_TARGET = 0.9, 0.85, 1.0
 START_TIMEOUT = 60.0
 RUN_TIMEOUT = 300.0
@@ -152,7 +157,8 @@ def role_master(nbytes: int, reps: int) -> dict:
             float(u[:1].sum())
 
         held = mwrt.dist_send(array, node=0)
-        out = {}
+        tiny = mwrt.ones(4, node=0)
+        out = {"round_trip": _round_trip(tiny.numpy)}
         for name, fn in (("dist_send", send), ("numpy", held.numpy), ("to", move)):
             fn()  # warm-up: connects the channel pair, faults in the buffers
             out[name] = [timed(fn) for _ in range(reps)]
@@ -257,8 +263,45 @@ def role_rank_of_four(rank: int, addr0: str, port: int, sizes: list, reps: dict)
         dist.destroy_process_group()
 
 
+def _round_trip(fn, reps: int = ROUND_TRIPS) -> float:
+    """Median seconds of fn() after 100 warm-up calls."""
+    for _ in range(100):
+        fn()
+    return statistics.median(timed(fn) for _ in range(reps))
+
+
+def role_echo(addr: str, port: int) -> dict:
+    """A bare pyzmq ROUTER that sends every message back, until one says stop."""
+    import zmq
+
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.bind(f"tcp://{addr}:{port}")
+    while (frames := router.recv_multipart())[-1] != b"stop":
+        router.send_multipart(frames)
+    router.close(0)
+    context.term()
+    return {}
+
+
+def role_echo_client(addr: str, port: int) -> dict:
+    """The DEALER side of the echo: the round trip a bare pyzmq request costs on this link."""
+    import zmq
+
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(f"tcp://{addr}:{port}")  # messages wait for the connection
+    message = [b"x" * 16]
+    seconds = _round_trip(lambda: (dealer.send_multipart(message), dealer.recv_multipart()))
+    dealer.send_multipart([b"stop"])
+    dealer.close(0)
+    context.term()
+    return {"round_trip": seconds}
+
+
 ROLES = {"raw-recv": role_raw_recv, "raw-send": role_raw_send, "master": role_master,
-         "rank": role_rank, "rank-of-four": role_rank_of_four}
+         "rank": role_rank, "rank-of-four": role_rank_of_four, "echo": role_echo,
+         "echo-client": role_echo_client}
 
 
 # -- the parent: hosts, processes, table ----------------------------------------------------
@@ -320,16 +363,28 @@ def start_workers(hosts, keys: str, logs: str) -> None:
             time.sleep(0.05)
 
 
-def transfer_rows(hosts, home: str, nbytes: int, reps: int) -> list[tuple]:
-    """dist_send A->B, .numpy() B->A, .to B->C: mwrt's seconds and the raw socket's."""
+def echo_round_trip(client, server, port: int) -> float:
+    """Median seconds of a bare pyzmq DEALER/ROUTER round trip from client to server."""
+    echo = launch(server, "echo", {"addr": server.addr, "port": port})
+    seconds = result(launch(client, "echo-client", {"addr": server.addr, "port": port}),
+                     f"pyzmq echo {client.name} -> {server.name}")["round_trip"]
+    result(echo, f"pyzmq echo on {server.name}")
+    return seconds
+
+
+def transfer_rows(hosts, home: str, nbytes: int, reps: int) -> tuple[list, tuple]:
+    """dist_send A->B, .numpy() B->A, .to B->C: mwrt's seconds and the raw socket's; and
+    the sync round trip A->B beside a pyzmq echo's (run before and after, the lower kept)."""
     a, b, c = hosts
     pairs = {"dist_send": (a, b), "numpy": (b, a), "to": (b, c)}
     raw = {name: raw_times(src, dst, nbytes, reps, RAW_PORT + i)
            for i, (name, (src, dst)) in enumerate(pairs.items())}
+    echo = [echo_round_trip(a, b, ECHO_PORT)]
     start_workers(hosts, os.path.join(home, "keys"), home)
     env = {"MWRT_WORKERS": ",".join(f"{h.addr}:{WORKER_PORT}" for h in (b, c)),
            "MWRT_KEY_FILE": os.path.join(home, "keys", "master.key")}
     ours = result(launch(a, "master", {"nbytes": nbytes, "reps": reps}, env=env), "the master")
+    echo.append(echo_round_trip(a, b, ECHO_PORT + 1))
     for i, (name, (src, dst)) in enumerate(pairs.items()):  # again after: the same load pooled
         raw[name] += raw_times(src, dst, nbytes, reps, RAW_PORT + 10 + i)
     size = f"{nbytes // MIB} MiB"
@@ -341,7 +396,9 @@ def transfer_rows(hosts, home: str, nbytes: int, reps: int) -> list[tuple]:
         rows.append((labels[name], nbytes / statistics.median(ours[name]) / 1e9,
                      f"raw socket {src.name} -> {dst.name}",
                      nbytes / statistics.median(raw[name]) / 1e9, TRANSFER_TARGET))
-    return rows
+    latency = (f"sync round trip, 4-element .numpy(), {a.name} -> {b.name}", ours["round_trip"],
+               f"pyzmq DEALER/ROUTER echo {a.name} -> {b.name}", min(echo))
+    return rows, latency
 
 
 def all_reduce_rows(hosts, backend: str, sizes: list, reps: dict, port: int) -> list[tuple]:
@@ -423,7 +480,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mwrt-bench-hosts-") as home, \
             make_hosts(3) as hosts:
         stage = time.monotonic()
-        rows += transfer_rows(hosts, home, size, reps[size])
+        transfers, latency = transfer_rows(hosts, home, size, reps[size])
+        rows += transfers
         print(f"# transfers: {time.monotonic() - stage:.1f} s", file=sys.stderr)
         for i, backend in enumerate(backends):
             stage = time.monotonic()
@@ -434,6 +492,10 @@ def main() -> None:
         rows += two_level_rows(hosts, sizes, reps, RENDEZVOUS_PORT + 50)
         print(f"# all_reduce 2x2: {time.monotonic() - stage:.1f} s", file=sys.stderr)
     print_table(rows, reps[size])
+    what, ours, base_name, base = latency
+    print(f"\n| what | mwrt | baseline (same run) | | ratio | target |\n|---|---|---|---|---|---|\n"
+          f"| {what} | {ours * 1e6:.0f} µs | {base_name} | {base * 1e6:.0f} µs | "
+          f"{ours / base:.2f}x | <= 1.2x |")
     print(f"# {time.monotonic() - started:.1f} s in all", file=sys.stderr)
 
 
