@@ -23,7 +23,7 @@ def new_stream(daemon, session, cmd) -> None:
     try:
         session.stream(cmd.stream, cmd.device)
     except QuotaError as exc:
-        _refuse(daemon, session, "quota", str(exc))
+        daemon.refuse(session, "quota", str(exc))
 
 
 def define_graph(daemon, session, cmd) -> None:
@@ -34,7 +34,7 @@ def replay(daemon, session, cmd) -> None:
     try:
         groups = session.graphs.replay(cmd)
     except KeyError as exc:  # reported at the master's next wait on this node
-        _refuse(daemon, session, "graph", exc.args[0])
+        daemon.refuse(session, "graph", exc.args[0])
         return
     daemon.submit(session, groups, ())
 
@@ -87,11 +87,6 @@ def event_done(daemon, session, cmd) -> None:
 
 def peer_lost(daemon, session, cmd) -> None:
     session.peer_lost(cmd.rank, cmd.reason)
-
-
-def _refuse(daemon, session, kind: str, message: str) -> None:
-    """Report a failure no waiter owns: the master raises it at its next wait on the node."""
-    daemon.send(session.identity, wire.Failed(token=-1, info={"kind": kind, "message": message}))
 
 
 def _handlers() -> dict:

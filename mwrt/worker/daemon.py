@@ -282,7 +282,7 @@ class Daemon:
         except (QuotaError, WireError) as exc:
             self._log_rejection("refused a batch of session %s: %s", session.id, exc)
             kind = "quota" if isinstance(exc, QuotaError) else "wire"
-            self.send(session.identity, wire.Failed(-1, {"kind": kind, "message": str(exc)}))
+            self.refuse(session, kind, str(exc))
             return
         self._dispatch(session, commands, data)
 
@@ -327,9 +327,7 @@ class Daemon:
             try:
                 executor = session.stream(stream_id)
             except Exception as exc:
-                kind = "quota" if isinstance(exc, QuotaError) else "remote"
-                self.send(session.identity, wire.Failed(token=-1, info={
-                    "kind": kind, "message": str(exc)}))
+                self.refuse(session, "quota" if isinstance(exc, QuotaError) else "remote", str(exc))
                 continue
             executor.submit(commands, data)
 
@@ -372,6 +370,10 @@ class Daemon:
     def send(self, identity: bytes, message, frames=()) -> None:
         """Send one reply from the socket thread."""
         wire.send(self.router, identity, message, frames)
+
+    def refuse(self, session, kind: str, message: str) -> None:
+        """Report a failure no waiter owns: the master raises it at its next wait on the node."""
+        self.send(session.identity, wire.Failed(token=-1, info={"kind": kind, "message": message}))
 
     def reply_socket(self) -> zmq.Socket:
         """A PUSH socket into the reply queue, for one executor thread."""
