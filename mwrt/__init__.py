@@ -17,6 +17,7 @@ from .errors import (
                        WireError,
                        WorkerLostError,
 )
+from .dashboard import dashboard
 from .master.cluster import init_master_worker, is_initialized, shutdown
 from .master.collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
 from .master.context import current_device, current_node, device, node
@@ -48,7 +49,7 @@ __all__ = [
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
     "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce", "all_gather", "gather",
     "scatter", "Stream", "Event", "stream", "current_stream", "profile", "graph", "Graph",
-    "devices", "status", "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
+    "devices", "status", "dashboard", "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
     *TYPED_CONSTRUCTORS,
 ]

@@ -11,6 +11,7 @@ capabilities instead of probing for them, and `_private` names stay in their mod
     distributed the torch-shaped SPMD facade                      worker  the daemon
     torch       the "mwrt" backend for torch.distributed itself
     master      the user's side: cluster, tensors, streams, transfers
+    dashboard   the live web page over the master's status() (cli above the master too)
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ LAYERS = {**dict.fromkeys(FOUNDATION, 0),
           "store": 2, "channels": 2,
           "collective": 3,
           "distributed": 4, "worker": 4, "torch": 4,
-          "master": 5, "__init__": 5, "cli": 5}
+          "master": 5, "__init__": 5, "cli": 5,
+          "dashboard": 6}
 # What each package may import besides the foundation and itself (None: anything lower).
 ALLOWED = {
     "protocol": set(),
@@ -41,6 +43,7 @@ ALLOWED = {
     "torch": {"channels", "collective", "protocol", "store"},
     "master": None,
     "cli": None,
+    "dashboard": None,
 }
 # Python's own underscored API, which any module may use.
 STDLIB_PRIVATE = {"_exit", "_getframe"}

@@ -1,4 +1,5 @@
-"""`mwrt`: look at an mwrt installation from a shell (`mwrt config`, `mwrt status`)."""
+"""`mwrt`: look at an mwrt installation from a shell (`mwrt config`, `mwrt status`,
+`mwrt dashboard`)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,51 @@ def build_parser() -> argparse.ArgumentParser:
     look.add_argument("--watch", type=float, metavar="SECONDS",
                       help="refresh every SECONDS until Ctrl-C, with ops/s and MB/s")
     look.set_defaults(run=status_main)
+    board = commands.add_parser(
+        "dashboard", help="a live web page of the workers, on this machine",
+        description="Connect to worker daemons as a master and serve a web page of them, "
+                    "refreshed every second: liveness, heartbeats, sessions, host and GPU "
+                    "memory over time, busy streams, ops/s and MB/s, the last errors. Prints "
+                    "its URL, which carries the token every request needs; Ctrl-C stops it. "
+                    "Workers and key as for `mwrt status`.")
+    board.add_argument("--workers", help="comma-separated HOST:PORT of the daemons")
+    board.add_argument("--key", help="the master's key file (from mwrt-worker keygen)")
+    board.add_argument("--port", type=int, default=8787, help="port to serve on (0: any free)")
+    board.add_argument("--host", default="127.0.0.1",
+                       help="address to serve on (default loopback; beyond it, only the token "
+                            "guards the page: prefer an ssh tunnel)")
+    board.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                       help="seconds between samples")
+    board.set_defaults(run=dashboard_main)
     return parser
+
+
+def dashboard_main(args) -> int:
+    """`mwrt dashboard`: serve the page until Ctrl-C (or SIGTERM)."""
+    import signal
+    import threading
+
+    import mwrt
+
+    try:
+        mwrt.init_master_worker(args.workers or None, key=args.key)
+        board = mwrt.dashboard(args.port, args.host, interval=args.interval, timeline=False,
+                               quiet=True)
+    except (mwrt.MwrtError, ConnectionError, TimeoutError) as exc:
+        print(f"mwrt dashboard: {exc}", file=sys.stderr)
+        mwrt.shutdown()
+        return 1
+    print(f"mwrt dashboard: {board.url}", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        board.close()
+        mwrt.shutdown()
+    return 0
 
 
 def status_main(args) -> int:

@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import defaultdict
 
 from ..protocol import wire
 from .cluster import current
 from .queries import synchronize
 
+# Held while a block starts and while the dashboard swaps the workers' recording: a block
+# that opens never has its recording restarted under it.
+recording = threading.Lock()
+
 
 class Profile:
     """Slices recorded by every worker while the block ran: (node, device, stream, op, times)."""
 
+    open = 0  # blocks now recording: the dashboard's timeline leaves the workers to them
+
     def __init__(self):
         self.slices: list[dict] = []
 
-    def __enter__(self) -> "Profile":
+    def __enter__(self) -> Profile:
+        with recording:
+            Profile.open += 1
         synchronize()  # only work issued inside the block is recorded
         for node in current().nodes:
             node.issue(wire.Profile(id=next(node.ids), on=True, token=0))
@@ -24,18 +33,18 @@ class Profile:
         return self
 
     def __exit__(self, *exc) -> None:
-        cluster = current()
-        if exc[0] is None:
-            synchronize()
-        for node in cluster.nodes:
-            if node.lost is not None:
-                continue
-            stop = wire.Profile(id=next(node.ids), on=False, token=next(node.tokens))
-            reply, _ = node.request(stop, "the profile's timeline")
-            for device, stream, op, start, end, shapes in reply.value:
-                self.slices.append({"node": node.index, "device": device, "stream": stream,
-                                    "op": op, "start": start, "end": end,
-                                    "shapes": [list(s) if s else s for s in shapes]})
+        try:
+            cluster = current()
+            if exc[0] is None:
+                synchronize()
+            for node in cluster.nodes:
+                if node.lost is not None:
+                    continue
+                stop = wire.Profile(id=next(node.ids), on=False, token=next(node.tokens))
+                reply, _ = node.request(stop, "the profile's timeline")
+                self.slices += [as_slice(node.index, raw) for raw in reply.value]
+        finally:
+            Profile.open -= 1
 
     def export_chrome_trace(self, path: str) -> None:
         """Write the timeline as Chrome trace JSON: a process per node, a thread per stream."""
@@ -64,6 +73,13 @@ class Profile:
         for op, (calls, total) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
             lines.append(f"{op:24} {calls:>8} {total * 1e3:>10.3f} {total / calls * 1e6:>10.1f}")
         return "\n".join(lines)
+
+
+def as_slice(node: int, raw) -> dict:
+    """One op a worker recorded, (device, stream, op, start, end, shapes), as a dict."""
+    device, stream, op, start, end, shapes = raw
+    return {"node": node, "device": device, "stream": stream, "op": op, "start": start,
+            "end": end, "shapes": [list(s) if s else s for s in shapes]}
 
 
 def profile() -> Profile:

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -93,6 +94,7 @@ class Daemon:
         self.replies = self.context.socket(zmq.PULL)
         self.replies.bind(self._reply_address)
         self.sessions: dict[bytes, Session] = {}
+        self.errors: deque = deque(maxlen=report.ERRORS_KEPT)  # the last ops that failed
         self.streams = quotas.StreamPool()
         self.lease_timeout = config.get("lease_timeout")
         self.max_frame = config.get("max_frame_bytes")

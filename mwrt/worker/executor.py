@@ -15,7 +15,7 @@ import traceback
 
 from .. import arrays
 from ..protocol import wire
-from . import handlers
+from . import handlers, report
 from .compiled import Prepared
 
 log = logging.getLogger("mwrt.worker")
@@ -132,6 +132,7 @@ class StreamExecutor:
     def fail(self, command, info: dict) -> None:
         """Report `command`'s failure: as its answer if the master waits, else as sticky."""
         token = command.token if command.answered else -1
+        report.note_error(self.session, info)
         if token >= 0:  # the master waits on this command's result: the error is its answer
             self.reply(wire.Failed(token=token, info=info))
             return

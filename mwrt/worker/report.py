@@ -13,6 +13,7 @@ import socket
 import time
 
 COUNTERS = ("ops", "bytes_in", "bytes_out")
+ERRORS_KEPT = 10  # failed ops a report lists, newest last (the dashboard shows them)
 
 
 def worker(daemon) -> dict:
@@ -30,7 +31,7 @@ def worker(daemon) -> dict:
             "host_free": _status_bytes("/proc/meminfo", "MemAvailable"),
             "host_total": _status_bytes("/proc/meminfo", "MemTotal"),
             "sessions": sessions, "streams_busy": sum(s["streams_busy"] for s in sessions),
-            "gpus": arrays.devices(), **totals}
+            "gpus": arrays.devices(), "errors": list(daemon.errors), **totals}
 
 
 def _session(session) -> dict:
@@ -40,6 +41,15 @@ def _session(session) -> dict:
     return {"id": session.id[:8], "master": session.master, "node": session.node,
             **session.stats(), "streams_busy": sum(not ex.idle() for ex in executors),
             "idle": time.monotonic() - session.last_seen}
+
+
+def note_error(session, info: dict) -> None:
+    """Keep a failed op's summary on the daemon (its first line only: no traceback, no data)."""
+    message = str(info.get("message", "")).strip().splitlines() or [""]
+    session.daemon.errors.append({
+        "time": time.time(), "session": session.id[:8], "node": session.node,
+        "stream": info.get("stream"), "op": info.get("op"), "type": info.get("type"),
+        "message": message[0][:300]})
 
 
 def add_counters(totals: dict, session) -> None:

@@ -1,0 +1,168 @@
+"""The dashboard: `mwrt.dashboard()` in a master serves status(), the errors and the timeline
+to whoever shows the token; `mwrt dashboard --workers` from a shell, seen in a real headless
+Chromium, shows two live workers and marks one lost when it is killed. Real daemons."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from children import Lines
+from conftest import start_worker, stop_worker
+
+import mwrt
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def fetch(url: str) -> tuple[int, bytes]:
+    """(status, body) of a GET on the loopback, whatever the status."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def state(board) -> dict:
+    return json.loads(fetch(board.url.replace("/?", "/state?"))[1])
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0):
+    """Poll `predicate` until it returns something true; AssertionError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not seen within {timeout} s")
+
+
+@pytest.fixture
+def board():
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=2, timeout=60)
+    dash = mwrt.dashboard(port=0, interval=0.2, quiet=True)
+    yield dash
+    dash.close()
+    mwrt.shutdown()
+
+
+def test_every_path_is_refused_without_the_token(board):
+    base, token = board.url.split("/?token=")
+    for path in ("/", "/state", "/static/app.js", "/static/uplot.iife.min.js", "/nothing"):
+        code, body = fetch(base + path)
+        assert code == 403 and b"missing or wrong token (got none)" in body, (path, body)
+        code, body = fetch(f"{base}{path}?token={token[:-1]}x")
+        assert code == 403 and b"(got another)" in body, (path, body)
+    code, page = fetch(board.url)
+    assert code == 200 and b"mwrt dashboard" in page and token.encode() in page
+    assert board.url.startswith("http://127.0.0.1:")  # loopback unless asked otherwise
+    assert fetch(f"{base}/static/uplot.iife.min.js?token={token}")[0] == 200
+
+
+def test_state_has_the_workers_their_series_errors_and_timeline(board):
+    x = mwrt.dist_send(np.arange(1000, dtype=np.float32))
+    with pytest.raises(mwrt.RemoteError):
+        mwrt.remote(lambda t: 1 / 0)(x).numpy()
+    def recorded():  # an op run until one shows: then the recording has begun
+        float((x * 1).sum())
+        return state(board)["timeline"]
+
+    wait_for(recorded, "a timeline slice")
+    for _ in range(20):
+        x = x + 1
+    assert float(x.sum()) == float(sum(range(1000))) + 20 * 1000
+    def with_adds():
+        now = state(board)
+        return now if any(s["op"] == "add" for s in now["timeline"]) else None
+
+    now = wait_for(with_adds, "the adds on the timeline")
+    assert [n["node"] for n in now["nodes"]] == [0, 1]
+    assert all(n["lost"] is None and n["pid"] for n in now["nodes"])
+    (error,) = [e for e in now["nodes"][0]["errors"] if e["type"] == "ZeroDivisionError"]
+    assert error["op"] == "remote" and error["message"] == "division by zero"
+    series = now["series"]["0"]
+    assert len(series["t"]) >= 2 and series["rss"][-1] > 0 and series["ops"][-1] is not None
+    assert {s["node"] for s in now["timeline"]} == {0}  # node 1 ran nothing
+
+
+def test_a_user_profile_keeps_its_slices(board):
+    """While mwrt.profile() records, the dashboard leaves the workers' recording to it."""
+    wait_for(lambda: state(board)["sampled"], "a sample")
+    with mwrt.profile() as prof:
+        y = mwrt.ones(10)
+        for _ in range(5):
+            y = y * 2
+        time.sleep(1.0)  # several samples pass while the block is open
+        assert float(y.sum()) == 320.0
+    assert sum(s["op"] == "multiply" for s in prof.slices) == 5, prof.slices
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                    reason="needs Debian's chromium and chromium-driver (apt-get install -y "
+                           "chromium chromium-driver)")
+def test_the_page_in_chromium_shows_two_workers_then_one_lost(tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip)")
+    workers = [start_worker() for _ in range(2)]
+    shell = subprocess.Popen([sys.executable, "-m", "mwrt.cli", "dashboard", "--port", "0",
+                              "--interval", "0.3", "--workers",
+                              ",".join(a.removeprefix("tcp://") for _, a in workers)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    browser = None
+    try:
+        url = Lines(shell.stdout).until("http://", timeout=60).split()[-1]
+        browser = _chromium(webdriver, tmp_path)
+        browser.get(url)
+        rows = wait_for(lambda: _rows(browser) if len(_rows(browser)) == 2 and all(
+            state == "live" for state in _rows(browser).values()) else None, "two live rows")
+        assert rows == {"0": "live", "1": "live"}
+        workers[1][0].send_signal(signal.SIGKILL)
+        rows = wait_for(lambda: _rows(browser, lost="1"), "node 1 shown lost")
+        assert rows["0"] == "live" and "connection closed" in rows["1"], rows
+        browser.get(url.split("?")[0])  # the same page without the token
+        assert "missing or wrong token" in browser.find_element("tag name", "body").text
+    finally:
+        if browser is not None:
+            browser.quit()
+        shell.send_signal(signal.SIGTERM)
+        assert shell.wait(30) == 0
+        for process, _ in workers:
+            stop_worker(process)
+
+
+def _rows(browser, lost: str | None = None) -> dict[str, str] | None:
+    """The workers table as the page shows it: node -> its state cell's text (None while
+    node `lost` is not shown lost)."""
+    rows = {row.get_attribute("data-node"): row.find_elements("tag name", "td")[1].text
+            for row in browser.find_elements("css selector", "#workers tbody tr")}
+    return None if lost is not None and not rows.get(lost, "").startswith("lost") else rows
+
+
+def _chromium(webdriver, tmp_path):
+    """Headless Debian Chromium through chromedriver, with no network of its own."""
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}"):
+        options.add_argument(flag)
+    service = Service(CHROMEDRIVER, log_output=os.devnull)
+    browser = webdriver.Chrome(service=service, options=options)
+    browser.set_page_load_timeout(60)
+    return browser
