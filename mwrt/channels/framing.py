@@ -79,11 +79,15 @@ class Reader:
     # it takes, calling `before_wait()` first; with one it raises TimeoutError when the
     # bytes are late.
 
-    def __init__(self, sock, size: int = WHOLE + HEADER.size, before_wait=lambda: None,
-                 send_timeout: float = 300.0):
+    # Answers to the peer (shm's slot acks) never wait for room: the peer may be blocked
+    # sending to us, reading its answers only after, so a reader that waited on its answer
+    # would never read again (each side sending to the other, neither reading). What the
+    # socket does not take now waits in `owed` and goes out whenever this reader waits.
+
+    def __init__(self, sock, size: int = WHOLE + HEADER.size, before_wait=lambda: None):
         self.sock, self.buf, self.before_wait = sock, bytearray(size), before_wait
         self.view, self.start, self.end = memoryview(self.buf), 0, 0
-        self.send_timeout = send_timeout
+        self.owed = bytearray()
         self._poller = select.poll()
         self._poller.register(sock, select.POLLIN)
 
@@ -91,12 +95,37 @@ class Reader:
         return getattr(self.sock, name)
 
     def sendall(self, data) -> None:
-        """socket.sendall for the non-blocking socket (answers such as shm's slot acks)."""
-        send_parts(self.sock, [data], time.monotonic() + self.send_timeout)
+        """Answer the peer without waiting: what the socket does not take now goes later."""
+        self.owed += data
+        self.flush()
+
+    def flush(self) -> bool:
+        """Send what is owed as far as the socket takes it; True once nothing is owed."""
+        while self.owed:
+            try:
+                n = self.sock.send(self.owed)
+            except BlockingIOError:
+                return False
+            del self.owed[:n]
+        return True
 
     def wait(self) -> None:
-        """Wait until the socket has bytes (or has ended)."""
-        self._poller.poll()
+        """Wait until the socket has bytes (or has ended), sending what is owed meanwhile."""
+        self._poll(None)
+
+    def _poll(self, timeout_ms: float | None) -> bool:
+        """Wait for bytes (True) or `timeout_ms`, sending owed answers as room comes."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            self._poller.modify(self.sock, select.POLLIN | (select.POLLOUT if self.owed else 0))
+            left = None if deadline is None else max(deadline - time.monotonic(), 0) * 1000
+            events = self._poller.poll(left)
+            if self.owed:
+                self.flush()
+            if any(ev & ~select.POLLOUT for _, ev in events):
+                return True
+            if not events:
+                return False
 
     def available(self) -> bool | None:
         """True when bytes are buffered or arrive without waiting; None at the end of stream."""
@@ -174,7 +203,7 @@ class Reader:
                 pass
             if deadline is None:
                 self.before_wait()
-                self._poller.poll()
+                self._poll(None)
                 continue
             now = time.monotonic()
             if spin_until is None:
@@ -182,5 +211,5 @@ class Reader:
             if now < spin_until:  # a waiter's bytes usually follow within µs: stay awake,
                 os.sched_yield()  # but let a thread that shares our CPU (the sender?) run
                 continue
-            if now >= deadline or not self._poller.poll((deadline - now) * 1000):
+            if now >= deadline or not self._poll((deadline - now) * 1000):
                 raise TimeoutError("no bytes before the deadline")

@@ -41,9 +41,9 @@ _ARMED = select.EPOLLIN | select.EPOLLONESHOT if _EPOLL else 0
 class InConn:
     """An inbound socket, its read-ahead buffer, and the read role (`lock`)."""
 
-    def __init__(self, sock, before_wait, send_timeout: float):
+    def __init__(self, sock, before_wait):
         sock.setblocking(False)
-        self.reader = Reader(sock, before_wait=before_wait, send_timeout=send_timeout)
+        self.reader = Reader(sock, before_wait=before_wait)
         self.lock = threading.Lock()  # held by whoever reads: the receiver thread or a waiter
         self.closed = False  # set by the receiver thread, under `lock`, when it stops
         self.lent_until = 0.0  # while set, the receiver is disarmed and a waiter reads
@@ -86,9 +86,10 @@ class InConn:
         return False
 
     def arm(self) -> None:
-        """Let the next bytes wake the receiver thread (at once if some are waiting)."""
+        """Let the next bytes wake the receiver thread (at once if some are waiting), or
+        room for the answers it owes the peer."""
         try:
-            self._epoll.modify(self._fd, _ARMED)
+            self._epoll.modify(self._fd, _ARMED | (select.EPOLLOUT if self.reader.owed else 0))
         except (OSError, ValueError, AttributeError):
             pass  # closing (its receiver thread is on its way out), or no epoll here
 
@@ -192,7 +193,7 @@ class InboundChannel(MatchingChannel):
                 post.release(error)
             done.clear()
 
-        conn = InConn(sock, release, self.timeout)
+        conn = InConn(sock, release)
         self._inconns[peer] = conn
         try:
             busy = 0.0
@@ -221,6 +222,7 @@ class InboundChannel(MatchingChannel):
 
     def _drain(self, reader: Reader, peer: int, done: list) -> bool:
         """Handle every frame that has arrived; False at the end of the stream."""
+        reader.flush()  # answers owed since the socket was last full
         while (ready := reader.available()):
             magic, kind, _, dlen, aux, tag, total, offset, seglen = reader.next_header()
             if magic != MAGIC:
