@@ -18,6 +18,7 @@ from .errors import (
                        WorkerLostError,
 )
 from .dashboard import dashboard
+from .master.checkpoint import SaveHandle, load, save
 from .master.cluster import init_master_worker, is_initialized, shutdown
 from .master.collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
 from .master.context import current_device, current_node, device, node
@@ -53,3 +54,4 @@ __all__ = [
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
     *TYPED_CONSTRUCTORS,
 ]
+__all__ += ["save", "load", "SaveHandle"]  # checkpoints written by the workers

@@ -330,6 +330,29 @@ class DropGraph(Command, tag=33):
     graph: int
 
 
+class SaveTensors(StreamCommand, tag=34):
+    """Write tensors `refs` as `names` to safetensors file `file` on this worker's disk; their
+    CRC32s become tensor `out`; then remove file `stale` (an older checkpoint's), if named."""
+
+    needs_key = True  # it writes files as the worker's user: what shipped code could do
+    out: int
+    file: str
+    names: tuple
+    refs: tuple
+    stale: str
+
+
+class LoadTensors(StreamCommand, tag=35):
+    """Read tensors `names` from safetensors file `file` into ids `outs`, each checked against
+    its manifest entry in `expected` ([dtype, shape, crc32] per name)."""
+
+    needs_key = True
+    outs: tuple
+    file: str
+    names: tuple
+    expected: tuple
+
+
 # -- replies: worker -> master --------------------------------------------------------------
 
 class Welcome(Reply, tag=23):

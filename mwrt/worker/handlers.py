@@ -236,7 +236,7 @@ def expect(ex, cmd, frames):
             "MWRT_STREAM_ORDER unset (and Stream(order='safe')) to order them automatically")
 
 
-from . import data  # noqa: E402  (its handlers use the helpers above)
+from . import checkpoint, data  # noqa: E402  (their handlers use the helpers above)
 
 
 def _keyed(handler):
@@ -258,7 +258,8 @@ def _handlers() -> dict:
     found = {}
     for cls in wire.MESSAGES:
         if cls.on_stream:
-            handler = globals().get(cls.handler) or getattr(data, cls.handler, None)
+            handler = globals().get(cls.handler) or getattr(data, cls.handler, None) or \
+                getattr(checkpoint, cls.handler, None)
             if handler is None:
                 raise ImportError(f"worker: no handler {cls.handler}() for {cls.__name__} (add "
                                   "one to mwrt/worker/handlers.py)")

@@ -1,0 +1,221 @@
+"""Checkpoints written by the workers: mwrt.save and mwrt.load.
+
+Each worker writes the tensors it holds, one safetensors file per (node, device), in
+parallel, on the tensors' streams; the master writes only the manifest (names, shapes,
+dtypes, where each tensor lived, its file and CRC32), last, by an atomic rename. A save
+goes into a folder of its own generation, and the files of the generation before the
+previous one are removed as the new one is written: a crash mid-save leaves the previous
+checkpoint whole. `wait=False` first snapshots the tensors on their streams (a copy, so
+later in-place updates are not saved), then writes on a checkpoint stream of each worker
+while the program goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import weakref
+
+import numpy as np
+
+from ..protocol import wire
+from . import context, ordering
+from .cluster import current
+from .streams import Stream
+from .tensor import DistributedTensor
+
+MANIFEST = "manifest.json"
+_FORMAT = "mwrt-checkpoint"
+_SAVE_STREAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # node -> {dev: id}
+
+
+class SaveHandle:
+    """A save in progress: wait() finishes it (writes the manifest); done() asks without waiting."""
+
+    def __init__(self, path: str, entries: dict, parts: list, generation: int, started: float):
+        self.path, self._entries, self._parts = path, entries, parts
+        self._generation, self._started, self._finished = generation, started, False
+
+    def done(self) -> bool:
+        """True once every worker wrote its part and the manifest is in place."""
+        if not self._finished and all(part[3].query() for part in self._parts):
+            self.wait()
+        return self._finished
+
+    def wait(self) -> str:
+        """Wait for every worker's part, then write the manifest; returns its path."""
+        if not self._finished:
+            for names, crcs_tensor, rel, _ in self._parts:
+                for name, crc in zip(names, crcs_tensor.numpy().tolist()):
+                    self._entries[name]["crc32"] = int(crc) & 0xFFFFFFFF
+            _write_manifest(self.path, {
+                "format": _FORMAT, "version": 1, "generation": self._generation,
+                "files": sorted({rel for _, _, rel, _ in self._parts}),
+                "seconds": round(time.monotonic() - self._started, 3),
+                "tensors": self._entries})
+            self._parts, self._finished = [], True
+        return os.path.join(self.path, MANIFEST)
+
+    def __repr__(self):
+        state = "written" if self._finished else "in progress"
+        return f"<SaveHandle {self.path!r} generation {self._generation}: {state}>"
+
+
+def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHandle:
+    """Have each worker write the tensors it holds under `path`; the master writes the manifest."""
+    path = os.path.abspath(os.fspath(path))
+    _check_tensors(tensors)
+    previous = _read_manifest(path, missing_ok=True)
+    generation = previous.get("generation", 0) + 1
+    before = {tuple(e["where"]): e for e in previous.get("tensors", {}).values()}
+    groups: dict = {}
+    for name, t in tensors.items():
+        groups.setdefault((t._node.index, t._device), []).append((name, t))
+    entries, parts = {}, []
+    started = time.monotonic()
+    for where, members in sorted(groups.items()):
+        rel = f"generation-{generation}/node{where[0]}-device{where[1]}.safetensors"
+        old = before.get(where, {})
+        for name, t in members:  # "replaces": the file the save after this one removes
+            entries[name] = {"dtype": np.dtype(t.dtype).str, "shape": list(t.shape),
+                             "where": list(where), "file": rel, "replaces": old.get("file")}
+        stale = os.path.join(path, old["replaces"]) if old.get("replaces") else ""
+        parts.append(_issue_save(path, rel, stale, members, wait))
+    handle = SaveHandle(path, entries, parts, generation, started)
+    for node in {t._node for t in tensors.values()}:
+        node.flush()  # every worker starts writing before the master waits on the first
+    if wait:
+        handle.wait()
+    return handle
+
+
+def load(path: str | os.PathLike, *, node: int | None = None,
+         names: list | None = None) -> dict:
+    """The tensors of the checkpoint at `path`, each read by the worker it goes to.
+
+    By default each goes back to the node and device it was saved from; `node=` puts them
+    all on that node (its workers must see the files: a shared filesystem).
+    """
+    path = os.path.abspath(os.fspath(path))
+    manifest = _read_manifest(path)
+    wanted = manifest["tensors"] if names is None else _pick(manifest, names, path)
+    cluster = current()
+    groups: dict = {}
+    for name, entry in wanted.items():
+        where = (entry["where"][0] if node is None else node, entry["where"][1])
+        if where[0] >= len(cluster.nodes):
+            raise ValueError(f"mwrt.load: {name!r} was saved on node {where[0]}, and this "
+                             f"session has {len(cluster.nodes)} nodes; load with node=...")
+        groups.setdefault((where, entry["file"]), []).append(name)
+    loaded, streams = {}, set()
+    for ((node_index, device), rel), members in groups.items():
+        target = cluster.node(node_index)
+        device = target.check_device(device)
+        stream = context.stream_for(node_index, device)
+        outs = []
+        for name in members:
+            entry = wanted[name]
+            spec = _spec(entry)
+            outs.append(DistributedTensor(target, device, next(target.ids), spec, stream))
+        target.issue(wire.LoadTensors(
+            id=next(target.ids), stream=stream, outs=tuple(t._id for t in outs),
+            file=os.path.join(path, rel), names=tuple(members),
+            expected=tuple((wanted[n]["dtype"], tuple(wanted[n]["shape"]),
+                            wanted[n].get("crc32")) for n in members)))
+        loaded.update(zip(members, outs))
+        streams.add((node_index, device))
+    for node_index, device in streams:  # a missing or damaged file is named now, not later
+        Stream(node_index, device, _id=context.stream_for(node_index, device)).synchronize()
+    return loaded
+
+
+def _issue_save(path: str, rel: str, stale: str, members: list, wait: bool):
+    """One SaveTensors for the tensors of one (node, device): (names, crc handle, rel, stream)."""
+    first = members[0][1]
+    node, device = first._node, first._device
+    tensors = [t for _, t in members]
+    if not wait:  # a snapshot on the tensors' own streams; later updates go elsewhere
+        tensors = [t.copy() for t in tensors]
+        stream = _save_stream(node, device)
+    else:
+        stream = context.stream_for(node.index, device)
+    now = next(node.ids)
+    for t in tensors:
+        ordering.use(t, stream, now)
+    crcs = DistributedTensor(node, device, next(node.ids), _spec(
+        {"dtype": "<i8", "shape": [len(tensors)]}), stream)
+    node.issue(wire.SaveTensors(id=now, stream=stream, out=crcs._id,
+                                file=os.path.join(path, rel),
+                                names=tuple(name for name, _ in members),
+                                refs=tuple(t._ref for t in tensors), stale=stale or ""))
+    return [name for name, _ in members], crcs, rel, Stream(node.index, device, _id=stream)
+
+
+def _save_stream(node, device: int) -> int:
+    """The stream that writes snapshots of (node, device): made once, so saves queue there."""
+    streams = _SAVE_STREAMS.setdefault(node, {})
+    if device not in streams:
+        streams[device] = Stream(node.index, device).id
+    return streams[device]
+
+
+def _spec(entry: dict):
+    from ..ops import Spec
+    return Spec(tuple(entry["shape"]), np.dtype(entry["dtype"]))
+
+
+def _check_tensors(tensors) -> None:
+    if not isinstance(tensors, dict) or not tensors:
+        raise TypeError(f"mwrt.save: tensors must be a non-empty dict of name -> "
+                        f"DistributedTensor (got {type(tensors).__name__})")
+    for name, t in tensors.items():
+        if not isinstance(name, str) or not name or name.startswith("__"):
+            raise ValueError(f"mwrt.save: tensor names must be non-empty strings not starting "
+                             f"with '__' (got {name!r})")
+        if not isinstance(t, DistributedTensor):
+            raise TypeError(f"mwrt.save: {name!r} is a {type(t).__name__}, expected a "
+                            "DistributedTensor (mwrt.dist_send it first)")
+
+
+def _pick(manifest: dict, names, path: str) -> dict:
+    missing = [n for n in names if n not in manifest["tensors"]]
+    if missing:
+        raise KeyError(f"mwrt.load: {path} has no tensor {missing[0]!r} (it has "
+                       f"{', '.join(sorted(manifest['tensors']))})")
+    return {n: manifest["tensors"][n] for n in names}
+
+
+def _read_manifest(path: str, missing_ok: bool = False) -> dict:
+    where = os.path.join(path, MANIFEST)
+    try:
+        with open(where) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        if missing_ok:
+            return {}
+        raise FileNotFoundError(f"mwrt.load: {where}: no checkpoint there (no manifest; a "
+                                "save that never finished leaves none)") from None
+    except ValueError as exc:
+        raise ValueError(f"mwrt.load: {where}: not a readable manifest ({exc})") from None
+    if manifest.get("format") != _FORMAT:
+        raise ValueError(f"mwrt.load: {where}: not an mwrt checkpoint manifest (format "
+                         f"{manifest.get('format')!r}, expected {_FORMAT!r})")
+    return manifest
+
+
+def _write_manifest(path: str, manifest: dict) -> None:
+    """Write the manifest whole or not at all: a temporary file, fsync, then rename."""
+    os.makedirs(path, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=".manifest-", dir=path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, os.path.join(path, MANIFEST))
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise

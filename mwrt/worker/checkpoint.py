@@ -1,0 +1,49 @@
+"""The handlers of SaveTensors and LoadTensors: each worker writes and reads its own part of
+a checkpoint (mwrt.save, mwrt.load), so no tensor's bytes pass through the master.
+
+They run on a stream like any op, so a save reads what every earlier op on that stream
+wrote, and a load's tensors exist for every later one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+
+from .. import arrays, tensorfile
+from .handlers import check_size, resolve, store
+
+
+def save_tensors(ex, cmd, frames):
+    host = {name: _host_copy(ex, value) for name, value in
+            zip(cmd.names, resolve(ex, cmd.refs), strict=True)}
+    os.makedirs(os.path.dirname(cmd.file) or ".", exist_ok=True)
+    crcs = tensorfile.write(cmd.file, host)
+    ex.bytes_out += sum(a.nbytes for a in host.values())
+    store(ex, cmd.out, np.array(crcs, np.int64))
+    if cmd.stale and cmd.stale != cmd.file:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(cmd.stale)
+            with contextlib.suppress(OSError):  # the older save's folder, once empty
+                os.rmdir(os.path.dirname(cmd.stale))
+
+
+def load_tensors(ex, cmd, frames):
+    expected = {}
+    for name, (dtype, shape, crc) in zip(cmd.names, cmd.expected, strict=True):
+        check_size(tuple(shape), np.dtype(dtype), "load", ex.session.tensors, ex.device)
+        expected[name] = (dtype, shape, crc)
+    found = tensorfile.read(cmd.file, expected)
+    for out, name in zip(cmd.outs, cmd.names, strict=True):
+        value = found[name]
+        ex.bytes_in += value.nbytes
+        store(ex, out, value if ex.device == arrays.HOST else ex.xp.asarray(value))
+
+
+def _host_copy(ex, value) -> np.ndarray:
+    """The array's bytes in host memory, as they are now on this stream."""
+    if ex.device != arrays.HOST:
+        ex.synchronize_device()
+    return arrays.to_host(value)
