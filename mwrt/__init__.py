@@ -34,6 +34,10 @@ from .master.creation import (
                        zeros,
 )
 from .master.graph import Graph, graph
+from .master.mesh.device_mesh import Mesh, mesh
+from .master.mesh.placement import Partial, Placement, Replicate, Shard
+from .master.mesh.rules import PlacementError
+from .master.mesh.tensor import ShardedTensor
 from .master.profile import profile
 from .master.queries import device_count, devices, memory_stats, num_nodes, status, synchronize
 from .master.remote import remote
@@ -52,6 +56,8 @@ __all__ = [
     "scatter", "Stream", "Event", "stream", "current_stream", "profile", "graph", "Graph",
     "devices", "status", "dashboard", "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
+    "mesh", "Mesh", "ShardedTensor", "Shard", "Replicate", "Partial", "Placement",
+    "PlacementError",
     *TYPED_CONSTRUCTORS,
 ]
 __all__ += ["save", "load", "SaveHandle"]  # checkpoints written by the workers

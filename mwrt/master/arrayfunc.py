@@ -44,9 +44,10 @@ _PATHS: dict = {}
 _BINDS: dict[tuple, bool] = {}  # (op, how many args, kwargs' names) -> the impl takes them
 
 
-def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: dict) -> Any:
+def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: dict,
+                call: Callable = call) -> Any:
     """A NumPy ufunc on tensors (np.exp(t), np.add(t, 1, out=t), np.add.reduce(t)) as the
-    registry op of the same name, on the worker."""
+    registry op of the same name, on the worker (mesh tensors pass their own `call`)."""
     name = ufunc.__name__
     if method == "reduce" and name in _UFUNC_REDUCE and out is None:
         kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike sum()'s

@@ -1,4 +1,8 @@
-"""Making tensors on workers: typed constructors, empty/zeros/ones/full/arange/rand/randn."""
+"""Making tensors on workers: typed constructors, empty/zeros/ones/full/arange/rand/randn.
+
+Each takes `mesh=` and `shard=` (or works inside `with mesh:`) to make a ShardedTensor: a
+block at every place of the mesh, replicated unless `shard=` names the axis to split.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,18 @@ from ..ops import Spec
 from ..protocol import wire
 from . import context
 from .cluster import current
+from .mesh.device_mesh import Mesh, current_mesh
+from .mesh.placement import ShardArg
 from .tensor import DistributedTensor
 
 Shape = int | Sequence[int]
 
 
-def _create(kind: str, shape: tuple, dtype, node, device, args=()) -> DistributedTensor:
+def _create(kind: str, shape: tuple, dtype, node, device, args=(), mesh=None, shard=None):
+    if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
+        from .mesh import creation as on_mesh  # a mesh tensor: a block at each place
+
+        return on_mesh.create(kind, shape, dtype, on_mesh.wanted(mesh, shard), shard, args)
     dtype = as_dtype(dtype)
     target = current().node(context.current_node() if node is None else node)
     device = target.check_device(context.current_device() if device is None else device)
@@ -30,25 +40,29 @@ def _create(kind: str, shape: tuple, dtype, node, device, args=()) -> Distribute
 
 
 def empty(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
-          device: int | None = None) -> DistributedTensor:
+          device: int | None = None, mesh: Mesh | None = None,
+          shard: ShardArg = None) -> DistributedTensor:
     """An uninitialized tensor of `shape` on (node, device)."""
-    return _create("empty", as_shape(shape), dtype, node, device)
+    return _create("empty", as_shape(shape), dtype, node, device, (), mesh, shard)
 
 
 def zeros(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
-          device: int | None = None) -> DistributedTensor:
+          device: int | None = None, mesh: Mesh | None = None,
+          shard: ShardArg = None) -> DistributedTensor:
     """A tensor of `shape` filled with zeros on (node, device); float32 unless `dtype`."""
-    return _create("zeros", as_shape(shape), dtype, node, device)
+    return _create("zeros", as_shape(shape), dtype, node, device, (), mesh, shard)
 
 
 def ones(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
-         device: int | None = None) -> DistributedTensor:
+         device: int | None = None, mesh: Mesh | None = None,
+         shard: ShardArg = None) -> DistributedTensor:
     """A tensor of `shape` filled with ones on (node, device); float32 unless `dtype`."""
-    return _create("ones", as_shape(shape), dtype, node, device)
+    return _create("ones", as_shape(shape), dtype, node, device, (), mesh, shard)
 
 
 def full(shape: Shape, fill_value: complex, dtype: DTypeLike = None, node: int | None = None,
-         device: int | None = None) -> DistributedTensor:
+         device: int | None = None, mesh: Mesh | None = None,
+         shard: ShardArg = None) -> DistributedTensor:
     """A tensor of `shape` filled with `fill_value`; dtype from it if not given, float32 for a
     float fill (as ones/zeros/rand make), so full(4, 3.0) and ones(4) can meet in a
     collective."""
@@ -57,11 +71,12 @@ def full(shape: Shape, fill_value: complex, dtype: DTypeLike = None, node: int |
         dtype = np.asarray(fill_value).dtype
         dtype = np.float32 if dtype == np.float64 else np.complex64 if dtype == np.complex128 \
             else dtype
-    return _create("full", shape, dtype, node, device, (fill_value,))
+    return _create("full", shape, dtype, node, device, (fill_value,), mesh, shard)
 
 
 def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike = None,
-           node: int | None = None, device: int | None = None) -> DistributedTensor:
+           node: int | None = None, device: int | None = None, mesh: Mesh | None = None,
+           shard: ShardArg = None) -> DistributedTensor:
     """Evenly spaced values in [start, stop), like np.arange."""
     if stop is None:
         start, stop = 0, start
@@ -70,21 +85,23 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTyp
     length = max(0, math.ceil((stop - start) / step))
     if dtype is None:  # NumPy's inference from all three, on at most one element
         dtype = np.arange(start, stop, step * max(length, 1)).dtype
-    return _create("arange", (length,), dtype, node, device, (start, stop, step))
+    return _create("arange", (length,), dtype, node, device, (start, stop, step), mesh, shard)
 
 
 def rand(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
-         device: int | None = None) -> DistributedTensor:
+         device: int | None = None, mesh: Mesh | None = None,
+         shard: ShardArg = None) -> DistributedTensor:
     """Uniform [0, 1) samples; reproducible after mwrt.manual_seed()."""
     seed = int(current().rng.integers(2**63))
-    return _create("rand", as_shape(shape), dtype, node, device, (seed,))
+    return _create("rand", as_shape(shape), dtype, node, device, (seed,), mesh, shard)
 
 
 def randn(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
-          device: int | None = None) -> DistributedTensor:
+          device: int | None = None, mesh: Mesh | None = None,
+          shard: ShardArg = None) -> DistributedTensor:
     """Standard normal samples; reproducible after mwrt.manual_seed()."""
     seed = int(current().rng.integers(2**63))
-    return _create("randn", as_shape(shape), dtype, node, device, (seed,))
+    return _create("randn", as_shape(shape), dtype, node, device, (seed,), mesh, shard)
 
 
 def manual_seed(seed: int) -> None:
@@ -93,9 +110,9 @@ def manual_seed(seed: int) -> None:
 
 
 def _typed(name: str, dtype) -> Callable[..., DistributedTensor]:
-    def constructor(*shape: Shape, node: int | None = None, device: int | None = None
-                    ) -> DistributedTensor:
-        return _create("empty", as_shape(shape), dtype, node, device)
+    def constructor(*shape: Shape, node: int | None = None, device: int | None = None,
+                    mesh: Mesh | None = None, shard: ShardArg = None) -> DistributedTensor:
+        return _create("empty", as_shape(shape), dtype, node, device, (), mesh, shard)
     constructor.__name__ = constructor.__qualname__ = name
     constructor.__doc__ = f"An uninitialized {np.dtype(dtype)} tensor (torch's {name})."
     return constructor

@@ -98,4 +98,10 @@ def _convert(value, place: list, name: str):
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
         return np.dtype(value).str, np.dtype(value).str
+    if getattr(value, "_sharded", False):
+        from .mesh.rules import PlacementError
+
+        raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that one "
+                             "on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or take "
+                             "one of the mesh tensor's shards (t.shards()[i])")
     return value, value

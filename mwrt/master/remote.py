@@ -37,6 +37,10 @@ class RemoteFunction:
         from .issue import _convert
         from .tensor import DistributedTensor
 
+        if any(getattr(a, "_sharded", False) for a in (*args, *kwargs.values())):
+            from .mesh.dispatch import remote_call  # at every place of the mesh
+
+            return remote_call(self, args, kwargs)
         place: list = []
         _, wire_args = _convert(args, place, "remote")
         _, wire_kwargs = _convert(kwargs, place, "remote")

@@ -22,16 +22,24 @@ from ..protocol import wire
 from ..worker import staging
 from . import context, ordering
 from .cluster import current
+from .mesh.device_mesh import Mesh, current_mesh
+from .mesh.placement import ShardArg
 from .tensor import DistributedTensor
 
 _TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.TRANSFER_TAGS
 
 
-def put(array: ArrayLike, node: int | None = None,
-        device: int | None = None) -> DistributedTensor:
-    """Copy a NumPy array from the master to (node, device); returns its DistributedTensor."""
+def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
+        mesh: Mesh | None = None, shard: ShardArg = None) -> DistributedTensor:
+    """Copy a NumPy array from the master to (node, device); returns its DistributedTensor.
+    With `mesh=` (or inside `with mesh:`), a ShardedTensor: split along axis `shard` over
+    the mesh's places (uneven as np.array_split), or replicated without it."""
     if not isinstance(array, (np.ndarray, np.generic)):
         array = _host_array(array)
+    if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
+        from .mesh import creation as on_mesh
+
+        return on_mesh.put(array, on_mesh.wanted(mesh, shard), shard)
     array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
     as_dtype(array.dtype)
     cluster = current()

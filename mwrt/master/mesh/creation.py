@@ -1,0 +1,79 @@
+"""Mesh tensors from the constructors (mesh=, shard=) and from the master (dist_send)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...arrays import as_dtype
+from ...ops import Spec
+from ...protocol import wire
+from .. import creation, transfer
+from .device_mesh import Mesh, current_mesh
+from .placement import REPLICATE, local_box, shard_arg
+
+
+def wanted(mesh, shard) -> Mesh | None:
+    """The mesh a constructor called with `mesh`/`shard` (or in a `with mesh:`) makes on."""
+    if mesh is None:
+        mesh = current_mesh()
+        if mesh is None and shard is not None:
+            raise ValueError("shard=: no mesh to shard over; pass mesh=mwrt.mesh(), or work "
+                             "inside `with mesh:`")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh=: expected a Mesh from mwrt.mesh() (got {type(mesh).__name__})")
+    return mesh
+
+
+def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
+    """A constructor's tensor of global `shape` laid over `mesh` as `shard` asks."""
+    from .tensor import ShardedTensor
+
+    dtype = as_dtype(dtype)
+    placements = shard_arg(shard, len(shape), mesh.ndim, kind)
+    locals_ = []
+    for (node, device), coord in zip(mesh.places, mesh.coords):
+        box = local_box(shape, placements, mesh.shape, coord)
+        local_shape = tuple(hi - lo for lo, hi in box)
+        local_args = _local_args(kind, args, box, placements)
+        locals_.append(creation._create(kind, local_shape, dtype, node, device, local_args))
+    return ShardedTensor(mesh, placements, locals_, Spec(shape, dtype))
+
+
+def _local_args(kind: str, args: tuple, box: tuple, placements: tuple) -> tuple:
+    if kind in ("rand", "randn") and any(p != REPLICATE for p in placements):
+        # each block its own stream of samples; replicas of one block the same
+        return ((args[0] + hash(box)) % (1 << 63),)
+    if kind == "arange" and box:
+        start, _, step = args
+        lo, hi = box[0]
+        first = start + lo * step
+        exact = all(isinstance(v, (int, np.integer)) for v in args)
+        # float steps: a stop half a step past the last value gives exactly hi - lo values
+        return (first, start + hi * step if exact else first + (hi - lo - 0.5) * step, step)
+    return args
+
+
+def put(array: np.ndarray, mesh: Mesh, shard):
+    """dist_send(array, mesh=, shard=): each place gets its block from the master; a large
+    replicated array goes to one place and is broadcast from there, worker to worker."""
+    from .moves import broadcast_group
+    from .tensor import ShardedTensor
+
+    array = np.asarray(array, order="C")
+    placements = shard_arg(shard, array.ndim, mesh.ndim, "dist_send")
+    spec = Spec(array.shape, array.dtype)
+    whole = all(p == REPLICATE for p in placements)
+    nodes = [n for n, _ in mesh.places]
+    if whole and not wire.rides_inline(array.nbytes) and len(set(nodes)) == len(nodes) > 1:
+        first = transfer.put(array, *mesh.places[0])
+        rest = [creation._create("empty", array.shape, array.dtype, n, d)
+                for n, d in mesh.places[1:]]
+        locals_ = [first, *rest]
+        broadcast_group(mesh, locals_, 0)
+        return ShardedTensor(mesh, placements, locals_, spec)
+    locals_ = []
+    for (node, device), coord in zip(mesh.places, mesh.coords):
+        box = local_box(array.shape, placements, mesh.shape, coord)
+        block = array[tuple(slice(lo, hi) for lo, hi in box)]
+        locals_.append(transfer.put(np.ascontiguousarray(block), node, device))
+    return ShardedTensor(mesh, placements, locals_, spec)

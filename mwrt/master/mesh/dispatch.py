@@ -1,0 +1,143 @@
+"""Issuing an op on mesh tensors: find its placement rule, then issue it at every place.
+
+The op's meta rule runs once on the global Specs (NumPy's errors at issue time, the
+result's global shape); the rule (rules.py) gives the result's placements and what each
+place computes; each place's op is issued as any op on one node is (issue.call), so
+streams, safe ordering, graphs and profiles hold for mesh programs unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ... import ops
+from ...ops import UNKNOWN, Spec
+from .. import issue
+from ..tensor import DistributedTensor
+from . import rules
+from .rules import PlacementError, Slot
+
+
+def call(name: str, *args, **kwargs):
+    """Issue registry op `name` on mesh tensors at every place; the result's handles."""
+    operands: list = []
+    margs = tuple(_mark(a, operands, name) for a in args)
+    mkwargs = {k: _mark(v, operands, name) for k, v in kwargs.items()}
+    if not operands:
+        raise TypeError(f"{name}: no ShardedTensor among the arguments")
+    mesh = operands[0]._mesh
+    for t in operands[1:]:
+        if t._mesh is not mesh and t._mesh != mesh:
+            raise PlacementError(f"{name}: operands lie on different meshes ({mesh!r} and "
+                                 f"{t._mesh!r}); redistribute them onto one mesh first")
+    from .moves import resolve
+
+    op = ops.get(name)
+    spec = ops.infer(op, _fill(margs, [t.spec for t in operands]),
+                     _fill(mkwargs, [t.spec for t in operands]))
+    plan = rules.find(name)(name, operands, margs, mkwargs, spec, resolve)
+    if plan.whole is not None:
+        return plan.whole()
+    return run(name, plan, operands, margs, mkwargs, spec)
+
+
+def run(name, plan, operands, margs, mkwargs, spec):
+    """Issue the planned op at every place; wrap the results as ShardedTensors."""
+    from .tensor import ShardedTensor
+
+    mesh = operands[0]._mesh
+    views, adjust, post, skip = plan.views, plan.adjust, plan.post, plan.skip
+    results = []
+    for i in range(mesh.size):
+        if i in skip:
+            continue
+        local = [views[k][i] if k in views else t._locals[i] for k, t in enumerate(operands)]
+        lname, largs, lkwargs = name, _fill(margs, local), _fill(mkwargs, local)
+        if adjust is not None:
+            lname, largs, lkwargs = adjust(i, lname, largs, lkwargs)
+        result = issue.call(lname, *largs, **lkwargs)
+        results.append(result if post is None else post(i, result))
+    if plan.placements is None or not results or results[0] is None:
+        return None
+    if type(results[0]) is tuple:
+        specs = spec if type(spec) is tuple else (None,) * len(results[0])
+        return tuple(ShardedTensor(mesh, plan.placements, [r[j] for r in results],
+                                   _known(specs[j]))
+                     for j in range(len(results[0])))
+    return ShardedTensor(mesh, plan.placements, results, _known(spec))
+
+
+def _known(spec):
+    return spec if type(spec) is Spec else None
+
+
+def _mark(value, operands: list, name: str):
+    """`value` with each ShardedTensor replaced by a Slot; a one-node tensor is refused."""
+    if getattr(value, "_sharded", False):
+        operands.append(value)
+        return Slot(len(operands) - 1)
+    if type(value) is DistributedTensor:
+        raise PlacementError(
+            f"{name}: a tensor on one node (node {value.get_node()}) meets a mesh tensor; put "
+            "it on the mesh (mwrt.dist_send(t.numpy(), mesh=m), or make it with mesh=m)")
+    if type(value) in (tuple, list):
+        return type(value)(_mark(v, operands, name) for v in value)
+    if type(value) is dict:
+        return {k: _mark(v, operands, name) for k, v in value.items()}
+    return value
+
+
+def _fill(value, items: list):
+    """`value` with each Slot replaced by items[slot.k]."""
+    if type(value) is Slot:
+        return items[value.k]
+    if type(value) in (tuple, list):
+        return type(value)(_fill(v, items) for v in value)
+    if type(value) is dict:
+        return {k: _fill(v, items) for k, v in value.items()}
+    return value
+
+
+def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """A NumPy function on mesh tensors: a registry op by its placement rule; any other
+    function at every place on replicated tensors (or a PlacementError naming the fix)."""
+    from .. import arrayfunc
+
+    path = arrayfunc.path_of(func)
+    operands: list = []
+    margs, mkwargs = _mark(args, operands, "np.function"), _mark(kwargs, operands, "")
+    name = getattr(func, "__name__", "")
+    if name in arrayfunc._SPEC_ONLY or name in arrayfunc._ON_MASTER:  # shapes; printing
+        known = [np.broadcast_to(np.zeros((), t.dtype), t.shape)
+                 if name in arrayfunc._SPEC_ONLY else t.numpy() for t in operands]
+        return func(*_fill(margs, known), **_fill(mkwargs, known))
+    if path is not None and arrayfunc._is_registry_function(path, args, kwargs):
+        return call(path, *args, **kwargs)
+    label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
+    from .moves import per_place
+
+    return per_place(label, operands, lambda local: arrayfunc.array_function(
+        func, _fill(margs, local), _fill(mkwargs, local)))
+
+
+def remote_call(fn, args: tuple, kwargs: dict):
+    """mwrt.remote(fn) on mesh tensors: fn runs on each place's block; the results keep the
+    first operand's placements (fn must keep the layout, as elementwise code does)."""
+    operands: list = []
+    margs, mkwargs = _mark(args, operands, "remote"), _mark(kwargs, operands, "remote")
+    placements = {t._placements for t in operands}
+    if len(placements) > 1:
+        raise PlacementError("remote: mesh operands placed differently ("
+                             + " and ".join(map(str, placements)) + "); redistribute them "
+                             "alike first")
+    from .moves import per_place
+
+    return per_place("remote", operands, lambda local: fn(*_fill(margs, local),
+                                                             **_fill(mkwargs, local)),
+                     keep=True)
+
+
+__all__ = ["UNKNOWN", "array_function", "call", "remote_call"]

@@ -1,0 +1,252 @@
+"""Moving mesh tensors' data: Partial resolved by all_reduce, shards gathered (all_gather)
+or cut (local slices) by redistribute(), an int index broadcast from the place that holds
+it, and the whole value gathered to the master, every shard straight and at once.
+
+Along a mesh dimension whose places are on distinct nodes these are the master-issued
+collectives (master/collectives.py: one command per node, the data worker to worker); places
+that share a node (its GPUs) combine with moves between their devices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops import Spec
+from .. import collectives, issue
+from ..creation import _create
+from ..tensor import DistributedTensor
+from .placement import REPLICATE, Partial, Shard, bounds, describe, local_box
+from .rules import PlacementError
+
+_OPS = {"sum": ("add", "SUM"), "max": ("maximum", "MAX"), "min": ("minimum", "MIN"),
+        "prod": ("multiply", "PRODUCT")}
+
+
+def _distinct(mesh, group) -> bool:
+    return len({mesh.places[i][0] for i in group}) == len(group)
+
+
+def all_reduce_group(mesh, locals_: list, group: list, op: str) -> None:
+    """Combine locals_[group] with `op`, in place at every place of the group."""
+    if len(group) == 1:
+        return
+    ufunc, name = _OPS[op]
+    tensors = [locals_[i] for i in group]
+    if _distinct(mesh, group):
+        collectives.all_reduce(tensors, op=name)
+        return
+    first = tensors[0]
+    total = first.copy()
+    for t in tensors[1:]:  # same node, other devices: moves between them
+        issue.call(f"{ufunc}_", total, t.to(first.get_node(), first.get_device()))
+    for t in tensors:
+        t.copy_(total.to(t.get_node(), t.get_device()))
+
+
+def all_gather_group(mesh, tensors: list, group: list) -> list:
+    """At each place of the group, a new tensor stacking the group's tensors (same shape)."""
+    if _distinct(mesh, group):
+        return collectives.all_gather(tensors)
+    stacked = []
+    for t in tensors:
+        parts = [p.to(t.get_node(), t.get_device()) for p in tensors]
+        stacked.append(issue.call("stack", parts))
+    return stacked
+
+
+def broadcast_group(mesh, tensors: list, root: int) -> None:
+    """tensors[root] copied into the others, in place."""
+    if len({t.get_node() for t in tensors}) == len(tensors):
+        collectives.broadcast(tensors, src=root)
+        return
+    source = tensors[root]
+    for t in tensors:
+        if t is not source:
+            t.copy_(source.to(t.get_node(), t.get_device()))
+
+
+def resolve(t) -> None:
+    """Make a Partial tensor real (all_reduce along its Partial dimensions), in place."""
+    if not any(type(p) is Partial for p in t._placements):
+        return
+    mesh, placements = t._mesh, list(t._placements)
+    for d, p in enumerate(placements):
+        if type(p) is Partial:
+            for group in mesh.groups(d):
+                all_reduce_group(mesh, t._locals, group, p.op)
+            placements[d] = REPLICATE
+    t._placements = tuple(placements)
+
+
+def redistribute(t, wanted: tuple):
+    """A new tensor with placements `wanted`, moved worker to worker."""
+    from .tensor import ShardedTensor
+
+    resolve_to = [REPLICATE if type(p) is Partial else p for p in t._placements]
+    if any(type(p) is Partial for p in wanted):
+        raise PlacementError(f"redistribute: Partial is made by reductions, not asked for "
+                             f"(got {describe(wanted)}); use Shard or Replicate")
+    resolve(t)
+    mesh, spec = t._mesh, t.spec
+    current, locals_, fresh = list(resolve_to), list(t._locals), False
+    # gather, innermost dimension first: an outer dimension's block is whole only then
+    for d in reversed(range(mesh.ndim)):
+        if type(current[d]) is Shard and current[d] != wanted[d]:
+            locals_ = _gather_dim(mesh, spec, tuple(current), locals_, d)
+            current[d], fresh = REPLICATE, True
+    # cut, outermost first, as local_box splits
+    for d in range(mesh.ndim):
+        if wanted[d] != current[d]:
+            axis = wanted[d].axis
+            cuts = []
+            for i, coord in enumerate(mesh.coords):
+                lo, hi = local_box(spec.shape, tuple(current), mesh.shape, coord)[axis]
+                a, b = bounds(hi - lo, mesh.shape[d], coord[d])
+                index = (slice(None),) * axis + (slice(a, b),)
+                cuts.append(issue.call("getitem", locals_[i], index))
+            locals_ = cuts
+            current[d] = wanted[d]
+    if not fresh:  # views of t's blocks: a new tensor, as DTensor's redistribute makes
+        locals_ = [issue.call("copy", x) for x in locals_]
+    return ShardedTensor(mesh, tuple(current), locals_, spec)
+
+
+def _gather_dim(mesh, spec, placements, locals_, d) -> list:
+    """Shard(axis) along mesh dimension d made whole at every place (all_gather)."""
+    axis = placements[d].axis
+    out = [None] * mesh.size
+    for group in mesh.groups(d):
+        sizes = [_length(spec, placements, mesh, i, axis) for i in group]
+        top = max(sizes)
+        parts = []
+        for i, n in zip(group, sizes):  # uneven: pad to the longest, cut after
+            part = locals_[i]
+            if n != top:
+                shape = list(part.shape)
+                shape[axis] = top
+                padded = _create("zeros", tuple(shape), part.dtype, part.get_node(),
+                                 part.get_device())
+                issue.call("setitem", padded, (slice(None),) * axis + (slice(0, n),), part)
+                part = padded
+            parts.append(part)
+        gathered = all_gather_group(mesh, parts, group)
+        keep = None if min(sizes) == top else np.concatenate(
+            [np.arange(n) + k * top for k, n in enumerate(sizes)])
+        for i, g in zip(group, gathered):
+            whole = issue.call("moveaxis", g, 0, axis)
+            shape = list(whole.shape)
+            shape[axis:axis + 2] = [shape[axis] * shape[axis + 1]]
+            whole = issue.call("reshape", whole, tuple(shape))
+            if keep is not None:
+                whole = issue.call("getitem", whole, (slice(None),) * axis + (keep,))
+            out[i] = whole
+    return out
+
+
+def _length(spec, placements, mesh, i, axis) -> int:
+    lo, hi = local_box(spec.shape, placements, mesh.shape, mesh.coords[i])[axis]
+    return hi - lo
+
+
+def pick(t, index, spec):
+    """t[index] with an int along a sharded axis: taken where it lies, broadcast to the rest."""
+    from .rules import _basic
+    from .tensor import ShardedTensor
+
+    resolve(t)
+    mesh = t._mesh
+    entries = _basic(index, t.ndim)
+    sharded = {p.axis for p in t._placements if type(p) is Shard}
+    out_placements = []
+    for p in t._placements:  # the picked axis is gone: every place gets the same row
+        out_placements.append(REPLICATE if type(p) is Shard and isinstance(
+            dict(e for e in entries if e is not None)[p.axis], (int, np.integer)) else p)
+    if any(type(p) is Shard for p in out_placements):
+        raise PlacementError(f"getitem: an int along one sharded axis of a tensor placed "
+                             f"{describe(t._placements)} is not supported; replicate first "
+                             "(t.replicate()[...])")
+    locals_, holders = [], []
+    for i, coord in enumerate(mesh.coords):
+        box = local_box(t.shape, t._placements, mesh.shape, coord)
+        local_index, mine = [], True
+        for entry in entries:
+            if entry is None:
+                local_index.append(None)
+                continue
+            ax, item = entry
+            if ax in sharded and isinstance(item, (int, np.integer)):
+                at = int(item) % t.shape[ax]
+                mine = mine and box[ax][0] <= at < box[ax][1]
+                item = at - box[ax][0] if mine else 0
+            local_index.append(item)
+        local = t._locals[i]
+        if mine:
+            locals_.append(issue.call("getitem", local, tuple(local_index)))
+            holders.append(i)
+        else:
+            locals_.append(_create("empty", spec.shape, spec.dtype, local.get_node(),
+                                   local.get_device()))
+    holder = holders[0]
+    broadcast_group(mesh, locals_, holder)
+    return ShardedTensor(mesh, (REPLICATE,) * mesh.ndim, locals_, spec)
+
+
+def per_place(label: str, operands: list, fn, keep: bool = False):
+    """fn(local operands) at every place; on replicated operands (or, with `keep`, any that
+    are placed alike), the results placed as the operands are."""
+    from .tensor import ShardedTensor
+
+    for t in operands:
+        resolve(t)
+    placements = operands[0]._placements if operands else None
+    if not keep and any(p != REPLICATE for t in operands for p in t._placements):
+        raise PlacementError(f"{label}: no placement rule for sharded operands ("
+                             + " and ".join(describe(t._placements) for t in operands)
+                             + "); replicate them first (t.replicate()), or run it on each "
+                             "shard with mwrt.remote(fn)")
+    mesh = operands[0]._mesh
+    results = [fn([t._locals[i] for t in operands]) for i in range(mesh.size)]
+    first = results[0]
+    if isinstance(first, DistributedTensor):
+        return ShardedTensor(mesh, placements, results, None if keep else first._spec)
+    if isinstance(first, tuple) and first and isinstance(first[0], DistributedTensor):
+        return tuple(ShardedTensor(mesh, placements, [r[j] for r in results],
+                                   None if keep else first[j]._spec)
+                     for j in range(len(first)))
+    return first  # a value computed on the master (a shape query): the same at every place
+
+
+def global_spec(t) -> Spec:
+    """The global shape of a tensor whose blocks' shapes the workers know: the blocks' lengths
+    summed along each sharded axis."""
+    mesh = t._mesh
+    specs = [x.spec for x in t._locals]
+    shape = list(specs[0].shape)
+    for d, p in enumerate(t._placements):
+        if type(p) is Shard:
+            line = mesh.groups(d)[0]
+            shape[p.axis] = sum(specs[i].shape[p.axis] for i in line)
+    return Spec(tuple(shape), specs[0].dtype)
+
+
+def gather_to_master(t) -> np.ndarray:
+    """The whole value on the master; each distinct block fetched from one place, all at
+    once (the requests go out to every node before the first reply is read)."""
+    from .fetch import fetch_many
+
+    resolve(t)
+    mesh, spec = t._mesh, t.spec
+    wanted, boxes = [], []
+    seen = set()
+    for i, coord in enumerate(mesh.coords):
+        box = local_box(spec.shape, t._placements, mesh.shape, coord)
+        if box not in seen:
+            seen.add(box)
+            wanted.append(t._locals[i])
+            boxes.append(box)
+    if len(wanted) == 1:
+        return fetch_many(wanted)[0]
+    out = np.empty(spec.shape, spec.dtype)
+    for box, block in zip(boxes, fetch_many(wanted)):
+        out[tuple(slice(lo, hi) for lo, hi in box)] = block
+    return out

@@ -1,0 +1,293 @@
+"""ShardedTensor: a DistributedTensor over a mesh, one local tensor at each of its places.
+
+Its placements (one per mesh dimension) say how the local tensors make the whole: Shard(axis)
+blocks, Replicate() copies, Partial(op) parts. Ops on it run at every place (dispatch.py);
+what needs other places' data moves worker to worker (moves.py). Like DistributedTensor,
+every op returns at once and copies to the master (numpy(), item()) are the sync points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from ...arrays import HOST, as_dtype
+from ...ops import Spec
+from .. import methods
+from .placement import describe
+
+
+class ShardedTensor:
+    """A tensor laid over a mesh: a local DistributedTensor per place, and placements."""
+
+    __slots__ = ("__weakref__", "_locals", "_mesh", "_placements", "_spec")
+    __array_priority__ = 1001  # above DistributedTensor's: NumPy defers to this class
+    _sharded = True  # what issue.py and remote.py look for, without importing this module
+
+    def __init__(self, mesh, placements: tuple, local_tensors: list, spec: Spec | None):
+        """A handle over `local_tensors` (made by mwrt's mesh ops, not users)."""
+        self._mesh, self._placements = mesh, placements
+        self._locals, self._spec = list(local_tensors), spec
+
+    def __reduce__(self) -> Any:
+        raise TypeError("ShardedTensor: a handle cannot be pickled; pass the tensor as an "
+                        "argument (remote(fn)(t)), or its value (t.numpy())")
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...  # the generated operators and methods
+
+    # -- what the master knows without asking ---------------------------------------------
+
+    @property
+    def mesh(self):
+        """The mesh the tensor lies on."""
+        return self._mesh
+
+    @property
+    def placements(self) -> tuple:
+        """One placement per mesh dimension: Shard(axis), Replicate() or Partial(op)."""
+        return self._placements
+
+    @property
+    def placement(self) -> Any:
+        """The placement on a 1-D mesh (the tuple of them on an n-D mesh)."""
+        return self._placements[0] if len(self._placements) == 1 else self._placements
+
+    def shards(self) -> list:
+        """The local DistributedTensors, one per place of the mesh (row-major)."""
+        return list(self._locals)
+
+    @property
+    def spec(self) -> Spec:
+        """Global shape and dtype; asks the workers once if they depend on data."""
+        if self._spec is None:
+            from .moves import global_spec
+
+            self._spec = global_spec(self)
+        return self._spec
+
+    shape = property(lambda self: self.spec.shape, doc="The global shape, a tuple of ints.")
+    dtype = property(lambda self: self.spec.dtype, doc="The NumPy dtype of the elements.")
+    ndim = property(lambda self: len(self.spec.shape), doc="The number of dimensions.")
+    size = property(lambda self: methods.Size(math.prod(self.spec.shape), self.spec.shape),
+                    doc="The number of elements of the whole tensor.")
+    nbytes = property(lambda self: self.size * self.spec.dtype.itemsize,
+                      doc="The bytes of the whole tensor (not counting replicas).")
+    itemsize = property(lambda self: self.spec.dtype.itemsize, doc="The bytes of one element.")
+    T = property(lambda self: self.transpose(), doc="The transpose (axes reversed).")
+    is_cuda = property(lambda self: self._mesh.places[0][1] != HOST,
+                       doc="True if it lives on GPUs.")
+
+    def numel(self) -> int:
+        return math.prod(self.spec.shape)
+
+    def dim(self) -> int:
+        return len(self.spec.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        spec = "shape and dtype pending" if self._spec is None else \
+            f"shape={self._spec.shape}, dtype={self._spec.dtype}"
+        return (f"ShardedTensor({spec}, placements={describe(self._placements)}, "
+                f"mesh={self._mesh!r})")
+
+    __hash__ = object.__hash__
+
+    # -- copies to the master (sync points) -----------------------------------------------
+
+    def numpy(self) -> np.ndarray:
+        """The whole value on the master: each shard sent straight here, all at once."""
+        from .moves import gather_to_master
+
+        return gather_to_master(self)
+
+    get = numpy
+
+    def __array__(self, dtype: DTypeLike = None, copy: bool | None = None) -> np.ndarray:
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def item(self) -> Any:
+        """The single element as a Python scalar."""
+        if self.size != 1:
+            raise ValueError(f"item: tensor has {self.size} elements (expected exactly 1)")
+        return self.numpy().item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __iter__(self) -> Iterator:
+        return (self[i] for i in range(len(self)))
+
+    # -- placements -----------------------------------------------------------------------
+
+    def redistribute(self, *placements: Any, shard: Any = ...) -> ShardedTensor:
+        """This tensor with other placements (`shard=axis`, `shard=None` to replicate, or
+        Placements), moved worker to worker (all_reduce, all_gather, local slices)."""
+        from .moves import redistribute
+        from .placement import shard_arg
+
+        if placements and shard is not ...:
+            raise TypeError("redistribute: give placements or shard=, not both")
+        if not placements and shard is ...:
+            raise TypeError("redistribute: say where to (shard=axis, shard=None to replicate, "
+                            "or Placements)")
+        wanted = shard_arg(shard if shard is not ... else
+                           (placements[0] if len(placements) == 1 else placements),
+                           self.ndim, self._mesh.ndim, "redistribute")
+        return redistribute(self, wanted)
+
+    def replicate(self) -> ShardedTensor:
+        """The whole tensor at every place (all_gather of shards, all_reduce of parts)."""
+        return self.redistribute(shard=None)
+
+    def reduce(self) -> ShardedTensor:
+        """A Partial tensor made real: an all_reduce over the mesh, in place; returns self."""
+        from .moves import resolve
+
+        resolve(self)
+        return self
+
+    # -- shapes, copies, fills ------------------------------------------------------------
+
+    def reshape(self, *shape: int | Sequence[int]) -> ShardedTensor:
+        return _call("reshape", self, _shape_arg(shape))
+
+    view = reshape
+
+    def flatten(self) -> ShardedTensor:
+        return _call("flatten", self)
+
+    def ravel(self) -> ShardedTensor:
+        return _call("ravel", self)
+
+    def transpose(self, *axes: int | Sequence[int]) -> ShardedTensor:
+        return _call("transpose", self, *((_shape_arg(axes),) if axes else ()))
+
+    def permute(self, *axes: int | Sequence[int]) -> ShardedTensor:
+        return _call("transpose", self, _shape_arg(axes))
+
+    def squeeze(self, axis: int | tuple[int, ...] | None = None) -> ShardedTensor:
+        return _call("squeeze", self, **({} if axis is None else {"axis": axis}))
+
+    def expand_dims(self, axis: int | tuple[int, ...]) -> ShardedTensor:
+        return _call("expand_dims", self, axis)
+
+    unsqueeze = expand_dims
+
+    def swapaxes(self, a: int, b: int) -> ShardedTensor:
+        return _call("swapaxes", self, a, b)
+
+    def moveaxis(self, source: Any, destination: Any) -> ShardedTensor:
+        return _call("moveaxis", self, source, destination)
+
+    def contiguous(self) -> ShardedTensor:
+        return _call("ascontiguousarray", self)
+
+    def astype(self, dtype: DTypeLike) -> ShardedTensor:
+        return _call("astype", self, as_dtype(dtype).str)
+
+    def float(self) -> ShardedTensor:
+        return self.astype(np.float32)
+
+    def double(self) -> ShardedTensor:
+        return self.astype(np.float64)
+
+    def long(self) -> ShardedTensor:
+        return self.astype(np.int64)
+
+    def int(self) -> ShardedTensor:
+        return self.astype(np.int32)
+
+    def clone(self) -> ShardedTensor:
+        return _call("copy", self)
+
+    copy = clone
+
+    def copy_(self, src: Any) -> ShardedTensor:
+        _call("copy_", self, src)
+        return self
+
+    def fill_(self, value: complex) -> ShardedTensor:
+        _call("fill_", self, value)
+        return self
+
+    def zero_(self) -> ShardedTensor:
+        return self.fill_(0)
+
+    def clip(self, a_min: Any = None, a_max: Any = None) -> ShardedTensor:
+        return _call("clip", self, a_min, a_max)
+
+    clamp = clip
+
+    def round(self, decimals: int = 0) -> ShardedTensor:
+        return _call("round", self, decimals)
+
+    def sort(self, axis: int = -1) -> ShardedTensor:
+        return _call("sort", self, axis)
+
+    def argsort(self, axis: int = -1) -> ShardedTensor:
+        return _call("argsort", self, axis)
+
+    def __getitem__(self, index: Any) -> ShardedTensor:
+        return _call("getitem", self, _index_arg(index))
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        _call("setitem", self, _index_arg(index), value)
+
+    def __matmul__(self, other: Any) -> ShardedTensor:
+        return _call("matmul", self, other)
+
+    def __rmatmul__(self, other: Any) -> ShardedTensor:
+        return _call("matmul", other, self)
+
+    # -- NumPy protocols ------------------------------------------------------------------
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, out: Any = None,
+                        **kwargs: Any) -> Any:
+        """NumPy ufuncs on mesh tensors run at every place, by the placement rules."""
+        from ..arrayfunc import array_ufunc
+
+        return array_ufunc(ufunc, method, inputs, out, kwargs, call=_call)
+
+    def __array_function__(self, func: Callable, types: Collection[type], args: tuple,
+                           kwargs: dict) -> Any:
+        """Other NumPy functions: registry ops by the placement rules; on replicated tensors
+        any function, at every place."""
+        from .dispatch import array_function
+
+        return array_function(func, args, kwargs)
+
+
+def _shape_arg(shape):
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+
+
+def _index_arg(index):
+    if isinstance(index, list):
+        return np.asarray(index)
+    if isinstance(index, tuple):
+        return tuple(np.asarray(i) if isinstance(i, list) else i for i in index)
+    return index
+
+
+from .dispatch import call as _call
+
+methods.install(ShardedTensor, _call)

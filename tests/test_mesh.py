@@ -1,0 +1,371 @@
+"""Meshes and sharded tensors against NumPy on the whole array: every placement rule, uneven
+shards, meshes of 1-4 nodes and 2-D meshes, redistribution both ways, Partial resolved on
+read and on combine, the error for an op without a rule, graphs over meshes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mwrt
+from mwrt import Partial, Replicate, Shard
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def four():
+    """Four local worker daemons for the module."""
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=4, timeout=30)
+    yield mwrt
+    mwrt.shutdown()
+
+
+@pytest.fixture(params=[1, 2, 3, 4])
+def m(four, request):
+    """A 1-D mesh of the first 1, 2, 3 or 4 nodes."""
+    return mwrt.mesh(nodes=list(range(request.param)))
+
+
+def same(t, expected, exact=True):
+    """t (a ShardedTensor) holds `expected`: value, dtype and shape, handle and copy."""
+    got = t.numpy()
+    expected = np.asarray(expected)
+    assert (t.shape, t.dtype) == (expected.shape, expected.dtype)
+    assert (got.shape, got.dtype) == (expected.shape, expected.dtype)
+    if exact:
+        np.testing.assert_array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def data(*shape, dtype=np.float32, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+# -- placing -------------------------------------------------------------------------------
+
+def test_dist_send_splits_as_array_split(m):
+    x = data(11, 3)
+    for axis in (0, 1):
+        t = mwrt.dist_send(x, mesh=m, shard=axis)
+        assert t.placement == Shard(axis) and t.mesh is m
+        parts = np.array_split(x, m.size, axis=axis)
+        assert [s.shape for s in t.shards()] == [p.shape for p in parts]
+        assert [s.get_node() for s in t.shards()] == [n for n, _ in m.places]
+        for shard, part in zip(t.shards(), parts):
+            np.testing.assert_array_equal(shard.numpy(), part)
+        same(t, x)
+    r = mwrt.dist_send(x, mesh=m)
+    assert r.placement == Replicate()
+    assert all(s.shape == x.shape for s in r.shards())
+    same(r, x)
+
+
+def test_large_replicated_send_is_broadcast_between_workers(m):
+    x = data(300, 256)  # above the inline limit: one send, then a broadcast
+    r = mwrt.dist_send(x, mesh=m)
+    for s in r.shards():
+        np.testing.assert_array_equal(s.numpy(), x)
+    same(mwrt.dist_send(x, mesh=m, shard=0), x)
+
+
+def test_constructors_take_mesh_and_shard(m):
+    same(mwrt.zeros(7, 2, mesh=m, shard=0), np.zeros((7, 2), np.float32))
+    same(mwrt.ones(3, 5, mesh=m, shard=1, dtype=np.int64), np.ones((3, 5), np.int64))
+    same(mwrt.full((5,), 2.5, mesh=m, shard=0), np.full(5, 2.5, np.float32))
+    same(mwrt.arange(13, mesh=m, shard=0), np.arange(13))
+    same(mwrt.arange(0.0, 1.0, 0.1, mesh=m, shard=0), np.arange(0.0, 1.0, 0.1), exact=False)
+    r = mwrt.rand(4, 3, mesh=m)  # replicated: the same samples at every place
+    values = [s.numpy() for s in r.shards()]
+    assert all(np.array_equal(v, values[0]) for v in values)
+    with m:
+        t = mwrt.ones(6, shard=0)
+        d = mwrt.dist_send(np.arange(6))
+    assert t.placement == Shard(0) and d.placement == Replicate()
+    one = mwrt.ones(3)  # outside the block: on one node again
+    assert type(one) is mwrt.DistributedTensor
+
+
+# -- elementwise ---------------------------------------------------------------------------
+
+def test_elementwise_runs_shard_by_shard(m):
+    x, y = data(9, 4), data(9, 4, seed=1)
+    X, Y = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m, shard=0)
+    same(X + Y, x + y)
+    same(X * 2 - Y / 3, x * 2 - y / 3)
+    same(np.exp(X), np.exp(x), exact=False)
+    same(np.maximum(X, Y), np.maximum(x, y))
+    same(X > Y, x > y)
+    same(-X, -x)
+    same(X.astype(np.float64), x.astype(np.float64))
+    same(X.clip(-0.5, 0.5), x.clip(-0.5, 0.5))
+    same(np.where(X > 0, X, Y), np.where(x > 0, x, y))
+    same(2 ** abs(X).astype(np.int32), 2 ** abs(x).astype(np.int32))
+
+
+def test_replicated_operand_joins_sharded(m):
+    x, row, col = data(9, 4), data(4, seed=2), data(9, 1, seed=3)
+    X = mwrt.dist_send(x, mesh=m, shard=0)
+    same(X + mwrt.dist_send(row, mesh=m), x + row)  # broadcast along the unsharded axis
+    same(X * mwrt.dist_send(col, mesh=m), x * col)  # sliced along the sharded axis
+    same(mwrt.dist_send(x, mesh=m) - X, x - x)
+    X1 = mwrt.dist_send(x, mesh=m, shard=1)
+    same(X1 + mwrt.dist_send(row, mesh=m), x + row)  # sliced: row spans the sharded axis
+
+
+def test_in_place_ops(m):
+    x, y = data(10, 3), data(10, 3, seed=1)
+    X, Y = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m, shard=0)
+    X += Y
+    X *= 2
+    np.multiply(X, 0.5, out=X)
+    X += mwrt.dist_send(y[0], mesh=m)
+    same(X, ((x + y) * 2) * 0.5 + y[0])
+    X.fill_(3)
+    same(X, np.full_like(x, 3))
+    R = mwrt.dist_send(y, mesh=m)
+    if m.size > 1:
+        with pytest.raises(mwrt.PlacementError, match="redistribute"):
+            R += X  # a replicated target cannot take sharded values in place
+
+
+# -- reductions ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "prod"])
+def test_reductions_over_sharded_and_unsharded_axes(m, name):
+    x = data(10, 3) * 0.5 + 1
+    X = mwrt.dist_send(x, mesh=m, shard=0)
+    f = getattr(np, name)
+    whole = getattr(X, name)()
+    assert whole.placement == Partial({"mean": "sum"}.get(name, name))
+    same(whole, f(x), exact=False)
+    same(getattr(X, name)(axis=0), f(x, axis=0), exact=False)
+    same(getattr(X, name)(axis=0, keepdims=True), f(x, axis=0, keepdims=True), exact=False)
+    across = getattr(X, name)(axis=1)
+    assert across.placement == Shard(0)
+    same(across, f(x, axis=1), exact=False)
+    same(getattr(X, name)(axis=1, keepdims=True), f(x, axis=1, keepdims=True), exact=False)
+
+
+def test_reduction_dtypes_and_other_shapes(m):
+    i = np.arange(24, dtype=np.int32).reshape(4, 6)
+    I = mwrt.dist_send(i, mesh=m, shard=1)
+    same(I.sum(), i.sum())
+    same(I.mean(), i.mean(), exact=False)  # a sum of partial sums: rounding may differ
+    same(I.mean(axis=1), i.mean(axis=1), exact=False)
+    same(I.sum(axis=0), i.sum(axis=0))
+    b = i % 3 == 0
+    B = mwrt.dist_send(b, mesh=m, shard=1)
+    same(B.any(axis=1), b.any(axis=1))
+    same(B.all(), b.all())
+    same(np.sum(I, axis=1), np.sum(i, axis=1))
+    x = data(2, 5, 6)
+    X = mwrt.dist_send(x, mesh=m, shard=1)
+    same(X.sum(axis=(0, 2)), x.sum(axis=(0, 2)), exact=False)
+    assert X.sum(axis=(0, 2)).placement == Shard(0)
+    same(X.argmax(axis=2), x.argmax(axis=2))
+
+
+# -- matmul --------------------------------------------------------------------------------
+
+def test_matmul_rules(m):
+    a, b, v = data(7, 5), data(5, 6, seed=1), data(5, seed=2)
+    A0, A1 = mwrt.dist_send(a, mesh=m, shard=0), mwrt.dist_send(a, mesh=m, shard=1)
+    B0, B1 = mwrt.dist_send(b, mesh=m, shard=0), mwrt.dist_send(b, mesh=m, shard=1)
+    AR, BR = mwrt.dist_send(a, mesh=m), mwrt.dist_send(b, mesh=m)
+    V, V0 = mwrt.dist_send(v, mesh=m), mwrt.dist_send(v, mesh=m, shard=0)
+    for got, placement, expected in [
+            (A0 @ BR, Shard(0), a @ b), (AR @ B1, Shard(1), a @ b),
+            (A1 @ B0, Partial("sum"), a @ b), (AR @ BR, Replicate(), a @ b),
+            (A0 @ V, Shard(0), a @ v), (A1 @ V0, Partial("sum"), a @ v),
+            (V0 @ B0, Partial("sum"), v @ b), (V @ B1, Shard(0), v @ b)]:
+        assert got.placement == placement
+        same(got, expected, exact=False)
+    if m.size > 1:
+        with pytest.raises(mwrt.PlacementError, match=r"Shard\(0\) and Shard\(1\)"):
+            A0 @ B1
+
+
+# -- Partial -------------------------------------------------------------------------------
+
+def test_partial_resolved_on_read_and_on_combine(m):
+    x, y = data(12, 4), data(12, seed=1)
+    X, Y = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m, shard=0)
+    w = mwrt.zeros(4, mesh=m)
+    err = X @ w - Y
+    grad = 2 * X.T @ err / 12
+    assert grad.placement == Partial("sum")  # scalar multiples stay Partial
+    step = 0.1 * grad
+    w -= step  # combined: an all_reduce first
+    assert step.placement == Replicate() and grad.placement == Partial("sum")
+    expected_w = -0.1 * (2 * x.T @ (x @ np.zeros(4, np.float32) - y) / 12)
+    same(w, expected_w, exact=False)
+    loss = (err ** 2).mean()
+    assert loss.placement == Partial("sum")
+    assert loss.item() == pytest.approx(float(np.mean(y ** 2)), rel=1e-5)  # read
+    total = X.sum(axis=0)
+    same(total + 1, x.sum(axis=0) + 1, exact=False)  # a scalar add resolves first
+    p = X.sum(axis=0)
+    assert p.reduce() is p and p.placement == Replicate()
+    for s in p.shards():  # every place holds the sum
+        np.testing.assert_allclose(s.numpy(), x.sum(axis=0), rtol=1e-5)
+
+
+# -- redistribution ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(10, 7), (3, 2), (5, 9, 2)])
+def test_redistribute_both_ways(m, shape):
+    x = data(*shape)
+    for src in range(len(shape)):
+        X = mwrt.dist_send(x, mesh=m, shard=src)
+        for dst in range(len(shape)):
+            Y = X.redistribute(shard=dst)
+            assert Y.placement == Shard(dst)
+            assert [s.shape for s in Y.shards()] == \
+                [p.shape for p in np.array_split(x, m.size, axis=dst)]
+            same(Y, x)
+        R = X.replicate()
+        assert R.placement == Replicate()
+        for s in R.shards():
+            np.testing.assert_array_equal(s.numpy(), x)
+        same(R.redistribute(Shard(src)), x)
+    P = mwrt.dist_send(x, mesh=m, shard=0).sum(axis=0)
+    same(P.redistribute(shard=0), x.sum(axis=0), exact=False)
+
+
+def test_redistribute_copies(m):
+    x = data(6, 2)
+    R = mwrt.dist_send(x, mesh=m)
+    S = R.redistribute(shard=0)
+    S += 1  # a new tensor: the replicated one is untouched
+    same(R, x)
+    same(S, x + 1)
+
+
+# -- shapes, indexing, functions -----------------------------------------------------------
+
+def test_shape_ops_follow_the_sharded_axis(m):
+    x = data(6, 4, 2)
+    X = mwrt.dist_send(x, mesh=m, shard=1)
+    assert X.T.placement == Shard(1)
+    same(X.T, x.T)
+    same(X.transpose(1, 0, 2), x.transpose(1, 0, 2))
+    assert X.swapaxes(0, 1).placement == Shard(0)
+    same(X.swapaxes(0, 1), x.swapaxes(0, 1))
+    same(np.moveaxis(X, 1, 2), np.moveaxis(x, 1, 2))
+    same(X.expand_dims(0), x[None])
+    same(X.reshape(6, 4, 2, 1).squeeze(3), x)
+    same(X.reshape(6, 4, 1, 2), x.reshape(6, 4, 1, 2))
+    with pytest.raises(mwrt.PlacementError, match="replicate"):
+        X.reshape(-1)
+
+
+def test_indexing_along_and_across_the_sharded_axis(m):
+    x = data(9, 5)
+    X = mwrt.dist_send(x, mesh=m, shard=0)
+    assert X[:, 2].placement == Shard(0)
+    same(X[:, 2], x[:, 2])
+    same(X[..., 1:4], x[..., 1:4])
+    same(X[:, None, 0], x[:, None, 0])
+    for i in (0, 4, 8, -1):
+        row = X[i]  # along: taken where it lies, broadcast from there
+        assert row.placement == Replicate()
+        same(row, x[i])
+    same(X[-2, 3], x[-2, 3])
+    if m.size > 1:
+        with pytest.raises(mwrt.PlacementError, match="replicate"):
+            X[2:5]
+    same(X.replicate()[2:5], x[2:5])
+    X[:, 1] = 0.0
+    X[4] = 7.0
+    X[1:8:3, 2] = -1.0
+    x[:, 1], x[4], x[1:8:3, 2] = 0.0, 7.0, -1.0
+    same(X, x)
+
+
+def test_remote_and_numpy_functions(m):
+    x = data(8, 3)
+    X = mwrt.dist_send(x, mesh=m, shard=0)
+    doubled = mwrt.remote(lambda a: a * 2 + 1)(X)
+    assert doubled.placement == Shard(0)
+    same(doubled, x * 2 + 1)
+    R = mwrt.dist_send(x, mesh=m)
+    same(np.linalg.norm(R, axis=1), np.linalg.norm(x, axis=1), exact=False)
+    same(np.sum(X, axis=0), x.sum(axis=0), exact=False)
+    assert np.shape(X) == x.shape
+    with pytest.raises(mwrt.PlacementError, match="replicate"):
+        np.linalg.norm(X, axis=1) if m.size > 1 else (_ for _ in ()).throw(
+            mwrt.PlacementError("replicate"))
+
+
+def test_no_rule_is_an_error_naming_placements_and_fix(m):
+    if m.size == 1:
+        pytest.skip("one place: every placement agrees")
+    X0 = mwrt.dist_send(data(4, 4), mesh=m, shard=0)
+    X1 = mwrt.dist_send(data(4, 4), mesh=m, shard=1)
+    with pytest.raises(mwrt.PlacementError) as info:
+        X0 + X1
+    text = str(info.value)
+    assert "Shard(0)" in text and "Shard(1)" in text and "redistribute(shard=0)" in text
+    with pytest.raises(mwrt.PlacementError, match="cumsum"):
+        X0.cumsum(axis=0)
+    with pytest.raises(mwrt.PlacementError, match="one node"):
+        X0 + mwrt.ones(4, 4)
+    with pytest.raises(mwrt.PlacementError, match="one node"):
+        mwrt.ones(4, 4) + X0
+
+
+# -- 2-D meshes ----------------------------------------------------------------------------
+
+def test_two_dimensional_mesh(four):
+    mesh = mwrt.mesh({"dp": 2, "tp": 2})
+    assert mesh.shape == (2, 2) and mesh.dim_names == ("dp", "tp")
+    assert mesh.groups(mesh.dim("tp")) == [[0, 1], [2, 3]]
+    x = data(10, 6)
+    flat = mwrt.dist_send(x, mesh=mesh, shard=0)  # split over all four places, dp outermost
+    assert flat.placements == (Shard(0), Shard(0))
+    assert [s.shape[0] for s in flat.shards()] == [3, 2, 3, 2]  # 10 -> 5, 5 -> 3, 2 (DTensor's)
+    same(flat, x)
+    both = mwrt.dist_send(x, mesh=mesh, shard=(0, 1))
+    assert [s.shape for s in both.shards()] == [(5, 3)] * 4
+    same(both, x)
+    same(both * 2 + 1, x * 2 + 1)
+    half = mwrt.dist_send(x, mesh=mesh, shard=(0, None))
+    same(half + both, x + x)
+    s = both.sum(axis=1)
+    assert s.placements == (Shard(0), Partial("sum"))
+    same(s, x.sum(axis=1), exact=False)
+    same(both.sum(), x.sum(), exact=False)
+    for target in [(1, None), (None, 0), (1, 0), None, 0]:
+        same(both.redistribute(shard=target), x)
+    w = data(6, 4, seed=1)
+    W = mwrt.dist_send(w, mesh=mesh, shard=(None, 0))
+    out = half @ W.redistribute(shard=(None, 0)).redistribute(Replicate(), Replicate())
+    same(out, x @ w, exact=False)
+    part = mwrt.dist_send(x, mesh=mesh, shard=(0, 1)) @ W
+    assert part.placements == (Shard(0), Partial("sum"))
+    same(part, x @ w, exact=False)
+
+
+# -- graphs --------------------------------------------------------------------------------
+
+def test_graph_over_a_mesh(four):
+    mesh = mwrt.mesh()
+    x, y = data(16, 4), data(16, seed=1)
+    X, Y = mwrt.dist_send(x, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+    w = mwrt.zeros(4, mesh=mesh)
+    with mwrt.graph() as g:
+        err = X @ w - Y
+        grad = 2 * X.T @ err / 16
+        w -= 0.1 * grad
+        loss = (err ** 2).mean()
+        loss.reduce()
+    ref = np.zeros(4, np.float32)
+    for _ in range(3):
+        g.replay()
+        e = x @ ref - y
+        ref = ref - 0.1 * (2 * x.T @ e / 16)
+        assert float(loss) == pytest.approx(float(np.mean(e ** 2)), rel=1e-4)
+    np.testing.assert_allclose(w.numpy(), ref, rtol=1e-4, atol=1e-6)
