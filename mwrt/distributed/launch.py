@@ -8,7 +8,10 @@ Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MAST
 and for a one-node job a fresh MWRT_JOB_SECRET; a job across nodes needs the same
 MWRT_JOB_SECRET or MWRT_KEY_FILE on every node (or MWRT_INSECURE=1 on a private network).
 Output lines are prefixed by "[rank r] ". When a rank fails, the others are stopped, and
-the launcher reports its exit code and last lines, and exits with that code. Ctrl-C
+the launcher reports its exit code and last lines, and exits with that code; with
+`--max-restarts K` (torchrun's flag) it starts the whole group again instead, up to K
+times, with MWRT_RESTART_COUNT (and torchrun's TORCHELASTIC_RESTART_COUNT) set to the
+restart's number, so a program can resume from its last checkpoint. Ctrl-C
 (SIGINT) is passed on to the ranks, which get 5 s to unwind before they are stopped (exit
 code 130). On SIGUSR1, and when a rank has waited MWRT_HANG_WARNING seconds in one
 collective or send/recv, it prints a table of every local rank's current call
@@ -46,6 +49,8 @@ def _parse(argv):
     p.add_argument("--node-rank", "--node_rank", type=int, default=0)
     p.add_argument("--master-addr", "--master_addr", default=None)
     p.add_argument("--master-port", "--master_port", type=int, default=None)
+    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                   help="restart every rank up to this many times when one fails")
     p.add_argument("-m", dest="module", action="store_true", help="run the script as a module")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -180,11 +185,30 @@ class _Calls:
 
 def _run(opts, status: str) -> int:
     cmd = [sys.executable, "-u"] + (["-m", opts.script] if opts.module else [opts.script])
-    envs = plan(opts)
-    _need_secret(envs[0])
-    extra = dict(_threads_per_rank(envs), MWRT_STATUS_DIR=status)
-    calls = _Calls(status, [int(env["RANK"]) for env in envs])  # SIGUSR1 from now on
-    ranks = [(env["RANK"], *_start(cmd + opts.args, dict(env, **extra))) for env in envs]
+    if opts.max_restarts < 0:
+        raise SystemExit(f"mwrt-launch: --max-restarts must be >= 0 (got {opts.max_restarts})")
+    restart = 0
+    while True:
+        envs = plan(opts)  # one node: a fresh store port each time, never a stale store's
+        _need_secret(envs[0])
+        extra = dict(_threads_per_rank(envs) if restart == 0 else {}, MWRT_STATUS_DIR=status,
+                     MWRT_RESTART_COUNT=str(restart), TORCHELASTIC_RESTART_COUNT=str(restart))
+        calls = _Calls(status, [int(env["RANK"]) for env in envs])  # SIGUSR1 from now on
+        code = _attempt(cmd + opts.args, [dict(env, **extra) for env in envs], calls)
+        if code in (0, 130) or restart >= opts.max_restarts:
+            if code not in (0, 130) and opts.max_restarts:
+                sys.stderr.write(f"mwrt-launch: giving up after {restart} restart(s) "
+                                 f"(--max-restarts {opts.max_restarts})\n")
+            return code
+        restart += 1
+        sys.stderr.write(f"mwrt-launch: restarting every rank (restart {restart} of "
+                         f"{opts.max_restarts}, MWRT_RESTART_COUNT={restart})\n")
+        sys.stderr.flush()
+
+
+def _attempt(cmd: list, envs: list, calls: "_Calls") -> int:
+    """Start the local ranks once and wait; 0, the first failing rank's code, or 130."""
+    ranks = [(env["RANK"], *_start(cmd, env)) for env in envs]
     exits = _exit_waiter([proc for _, proc, _, _ in ranks])
     try:
         while True:
