@@ -21,7 +21,7 @@ from .dashboard import dashboard
 from .master.checkpoint import SaveHandle, load, save
 from .master.cluster import init_master_worker, is_initialized, shutdown
 from .master.collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
-from .master.context import current_device, current_node, device, node
+from .master.context import Device, current_device, current_node, device, node
 from .master.creation import (
                        TYPED_CONSTRUCTORS,
                        arange,
@@ -45,6 +45,9 @@ from .master.streams import Event, Stream, current_stream, stream
 from .master.tensor import DistributedTensor
 from .master.transfer import put as dist_send
 
+# isort: split
+from . import array_api  # over the master's modules above, after them
+
 globals().update(TYPED_CONSTRUCTORS)
 
 __version__ = "0.1.0"
@@ -54,7 +57,7 @@ __all__ = [
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
     "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce", "all_gather", "gather",
     "scatter", "Stream", "Event", "stream", "current_stream", "profile", "graph", "Graph",
-    "devices", "status", "dashboard", "channels", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
+    "devices", "status", "dashboard", "channels", "array_api", "Device", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
     "mesh", "Mesh", "ShardedTensor", "Shard", "Replicate", "Partial", "Placement",
     "PlacementError",

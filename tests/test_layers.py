@@ -12,6 +12,7 @@ capabilities instead of probing for them, and `_private` names stay in their mod
     torch       the "mwrt" backend for torch.distributed itself
     master      the user's side: cluster, tensors, streams, transfers
     dashboard   the live web page over the master's status() (cli above the master too)
+    array_api   the Array API standard's namespace over the master's tensors
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LAYERS = {**dict.fromkeys(FOUNDATION, 0),
           "collective": 3,
           "distributed": 4, "worker": 4, "torch": 4,
           "master": 5, "__init__": 5, "cli": 5,
-          "dashboard": 6}
+          "dashboard": 6, "array_api": 6}
 # What each package may import besides the foundation and itself (None: anything lower).
 ALLOWED = {
     "protocol": set(),
@@ -45,6 +46,7 @@ ALLOWED = {
     "master": None,
     "cli": None,
     "dashboard": None,
+    "array_api": None,
 }
 # Python's own underscored API, which any module may use.
 STDLIB_PRIVATE = {"_exit", "_getframe"}

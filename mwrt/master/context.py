@@ -5,10 +5,23 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ..arrays import HOST
 
 _state = threading.local()
+
+
+@dataclass(frozen=True)
+class Device:
+    """A place for tensors, as the Array API names one (`t.device`): `node`'s `device`
+    (-1: its host memory, 0.. its GPUs)."""
+
+    node: int
+    device: int = HOST
+
+    def __repr__(self) -> str:
+        return f"mwrt.Device(node={self.node}, device={self.device})"
 
 
 def _stack(name: str) -> list:

@@ -88,6 +88,33 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTyp
     return _create("arange", (length,), dtype, node, device, (start, stop, step), mesh, shard)
 
 
+def eye(n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike = np.float64,
+        node: int | None = None, device: int | None = None) -> DistributedTensor:
+    """Ones on diagonal `k` (0: the main one), zeros elsewhere, like np.eye."""
+    shape = as_shape((n_rows, n_rows if n_cols is None else n_cols))
+    return _create("eye", shape, dtype, node, device, (int(k),))
+
+
+def linspace(start: complex, stop: complex, num: int, dtype: DTypeLike = None,
+             endpoint: bool = True, node: int | None = None,
+             device: int | None = None) -> DistributedTensor:
+    """`num` evenly spaced values from `start` to `stop` (included if `endpoint`), like
+    np.linspace; float64 (complex128 for a complex bound) unless `dtype`."""
+    if dtype is None:
+        dtype = np.complex128 if isinstance(start, complex) or isinstance(stop, complex) \
+            else np.float64
+    return _create("linspace", as_shape((num,)), dtype, node, device,
+                   (start, stop, bool(endpoint)))
+
+
+def fftfreq(n: int, d: float = 1.0, dtype: DTypeLike = np.float64, real: bool = False,
+            node: int | None = None, device: int | None = None) -> DistributedTensor:
+    """The sample frequencies of an FFT of length `n` (np.fft.fftfreq; rfftfreq's if `real`)."""
+    length = n // 2 + 1 if real else n
+    return _create("rfftfreq" if real else "fftfreq", as_shape((length,)), dtype, node,
+                   device, (int(n), d))
+
+
 def rand(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
          device: int | None = None, mesh: Mesh | None = None,
          shard: ShardArg = None) -> DistributedTensor:

@@ -8,6 +8,7 @@ to the master (`numpy()`, `item()`, `float()`…) wait for the worker.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,29 @@ class DistributedTensor:
     itemsize = property(lambda self: self.spec.dtype.itemsize, doc="The bytes of one element.")
     T = property(lambda self: self.transpose(), doc="The transpose (axes reversed), a view.")
     is_cuda = property(lambda self: self._device != HOST, doc="True if it lives on a GPU.")
+    mT = property(lambda self: self.swapaxes(-1, -2),
+                  doc="The last two axes swapped (the Array API's matrix transpose), a view.")
+
+    @property
+    def device(self) -> context.Device:
+        """Where it lives, as an Array API device: mwrt.Device(node, device)."""
+        return context.Device(self._node.index, self._device)
+
+    def to_device(self, device: context.Device, /, *, stream: Any = None) -> DistributedTensor:
+        """This tensor on `device` (an mwrt.Device, such as another tensor's .device)."""
+        if not isinstance(device, context.Device):
+            raise TypeError(f"to_device: expected an mwrt.Device such as t.device (got "
+                            f"{device!r})")
+        return self.to(node=device.node, device=device.device)
+
+    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
+        """The Array API namespace of mwrt tensors (mwrt.array_api)."""
+        namespace = _ARRAY_API[0]
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"__array_namespace__: unsupported api_version {api_version!r} "
+                             f"(expected None or a version up to "
+                             f"{namespace.__array_api_version__})")
+        return namespace
 
     def numel(self) -> int:
         """The number of elements (torch's name for size)."""
@@ -167,6 +191,10 @@ class DistributedTensor:
         if not np.issubdtype(self.dtype, np.integer):
             raise TypeError(f"__index__: only integer tensors can be indices (got {self.dtype})")
         return int(self.item())
+
+    def __complex__(self) -> complex:
+        """complex(t) of a one-element tensor; waits for it."""
+        return complex(self.item())
 
     def __bool__(self) -> bool:
         """bool(t) of a one-element tensor; waits for it."""
@@ -353,17 +381,34 @@ class DistributedTensor:
         return array_function(func, args, kwargs)
 
 
+_ARRAY_API: list = [None]  # mwrt.array_api, which stands above the master, puts itself here
+
+
+def set_array_namespace(module: Any) -> None:
+    """Make `module` the namespace tensors answer __array_namespace__() with."""
+    _ARRAY_API[0] = module
+
+
 def _shape_arg(shape):
     return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
 
 
 def _index_arg(index):
-    """Lists in an index become arrays (the wire carries lists as tuples)."""
-    if isinstance(index, list):
-        return np.asarray(index)
+    """Lists in an index become arrays (the wire carries lists as tuples); tensors as slice
+    bounds become ints (x[:n] with n a 0-d tensor: its value decides the shape)."""
     if isinstance(index, tuple):
-        return tuple(np.asarray(i) if isinstance(i, list) else i for i in index)
-    return index
+        return tuple(_index_part(i) for i in index)
+    return _index_part(index)
+
+
+def _index_part(part):
+    if isinstance(part, list):
+        return np.asarray(part)
+    if isinstance(part, slice) and any(isinstance(b, DistributedTensor)
+                                       for b in (part.start, part.stop, part.step)):
+        return slice(*(b if b is None else operator.index(b)
+                       for b in (part.start, part.stop, part.step)))
+    return part
 
 
 # Issuing an op (issue.py) needs the class; the class's methods need call(): both below.

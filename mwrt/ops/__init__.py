@@ -114,4 +114,4 @@ def names() -> list[str]:
 
 
 # Importing the families fills the registry.
-from . import elementwise, misc, npfunc, nprules, reductions, shape  # noqa: E402,F401
+from . import apirules, elementwise, misc, npfunc, nprules, reductions, shape  # noqa: E402,F401

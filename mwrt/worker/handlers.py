@@ -96,6 +96,12 @@ def create(ex, cmd, frames):
         value = xp.full(shape, args[0], dtype)
     elif kind == "arange":
         value = xp.arange(*args, dtype=dtype)
+    elif kind == "eye":
+        value = xp.eye(*shape, k=args[0], dtype=dtype)
+    elif kind == "linspace":
+        value = xp.linspace(args[0], args[1], shape[0], endpoint=args[2], dtype=dtype)
+    elif kind in ("fftfreq", "rfftfreq"):
+        value = getattr(xp.fft, kind)(args[0], args[1]).astype(dtype, copy=False)
     elif kind in ("rand", "randn"):
         rng = xp.random.default_rng(args[0])
         draw = rng.random if kind == "rand" else rng.standard_normal
@@ -105,7 +111,7 @@ def create(ex, cmd, frames):
             value = draw(shape).astype(dtype)
     else:
         raise ValueError(f"create: unknown kind {kind!r} (known: empty zeros ones full arange "
-                         "rand randn)")
+                         "eye linspace fftfreq rfftfreq rand randn)")
     store(ex, cmd.out, value)
 
 

@@ -1,0 +1,41 @@
+"""How the namespace's functions become remote ops: a registry op where mwrt has one with a
+meta rule, else NumPy's (CuPy's on a GPU) function of the standard's name, run by path on
+the worker that holds the arguments (the `numpy` op)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+from ..master.issue import call
+from ..master.tensor import DistributedTensor
+from ..ops import npfunc
+
+
+def run(path: str, *args, outputs: int = 0, **kwargs):
+    """np.<path>(*args, **kwargs) on the arguments' worker; `outputs` > 0 for a function
+    without a meta rule that returns that many arrays (their shapes asked when needed)."""
+    count = npfunc.RULED if path in npfunc.RULES else outputs
+    return call("numpy", path, count, *args, **kwargs)
+
+
+def op(name: str, *args, **kwargs):
+    """Registry op `name` (its meta rule gives the result's shape at once)."""
+    return call(name, *args, **kwargs)
+
+
+def tensor(x, what: str) -> DistributedTensor:
+    """`x` if it is a tensor; a TypeError naming the function otherwise."""
+    if not isinstance(x, DistributedTensor):
+        raise TypeError(f"{what}: expected an mwrt tensor (got {type(x).__name__}); make one "
+                        "with xp.asarray(value, device=...)")
+    return x
+
+
+def named(name: str, fields: str):
+    """A named-tuple type of the standard's (UniqueAllResult, EighResult…)."""
+    return namedtuple(name, fields)
+
+
+def axis_len(x: DistributedTensor, axis: int) -> int:
+    """The length of `axis` (negative counts from the end)."""
+    return x.shape[axis]
