@@ -19,7 +19,7 @@ from .errors import (
 )
 from .dashboard import dashboard
 from .master.checkpoint import SaveHandle, load, save
-from .master.cluster import init_master_worker, is_initialized, shutdown
+from .master.cluster import init_master_worker, is_initialized, replace_node, shutdown
 from .master.collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
 from .master.context import Device, current_device, current_node, device, node
 from .master.creation import (
@@ -63,4 +63,4 @@ __all__ = [
     "PlacementError",
     *TYPED_CONSTRUCTORS,
 ]
-__all__ += ["save", "load", "SaveHandle"]  # checkpoints written by the workers
+__all__ += ["save", "load", "SaveHandle", "replace_node"]  # going on after a failure

@@ -94,6 +94,8 @@ class Node:
         self.sites: list = [None] * _SITES
         self.streams: set[int] = set()  # every stream this master has used on the node
         self.lost: str | None = None
+        self.lost_at = ""  # the wall-clock time of the loss, for the errors that name it
+        self.replaced_by = ""  # the address of the node that took this one's place
         self.rejected: str | None = None  # why the worker refused a batch, until reported
         self.info: wire.Welcome | None = None
         self.closed = False
@@ -253,6 +255,7 @@ class Node:
     def wait(self, token: int, what: str, timeout: float | None = None):
         """Wait for the reply `token`; raise the worker's error, a loss, or a timeout."""
         if self.closed:
+            self.check_lost()
             self._raise_closed()
         self.flush()
         timeout = self.sync_timeout if timeout is None else timeout
@@ -298,7 +301,7 @@ class Node:
     def mark_lost(self, reason: str) -> None:
         """Record that this worker is gone; every later wait on it raises WorkerLostError."""
         if self.lost is None:
-            self.lost = reason
+            self.lost, self.lost_at = reason, time.strftime("%H:%M:%S")
             log.error("%s lost: %s", self, reason)
 
     def _raise_rejected(self) -> None:
@@ -317,6 +320,7 @@ class Node:
         """Why nothing more can be issued to this node: ended, cut by a Ctrl-C, or lost (a
         loop with no sync point must not queue commands for a dead worker forever)."""
         if self.closed:
+            self.check_lost()  # a replaced node: say it was lost, not that the session ended
             self._raise_closed()
         if self.torn:
             raise MwrtError(f"{self}: a Ctrl-C cut a batch of commands in two as it was sent, "
@@ -326,8 +330,11 @@ class Node:
 
     def check_lost(self) -> None:
         if self.lost is not None:
-            raise WorkerLostError(f"{self} is lost: {self.lost}; its tensors are gone",
-                                  node=self.index, address=self.address)
+            since = (f"; node {self.index} has since been replaced by {self.replaced_by}: "
+                     "load what it held again (mwrt.load)") if self.replaced_by else ""
+            raise WorkerLostError(f"{self} is lost (at {self.lost_at}): {self.lost}; its "
+                                  f"tensors are gone{since}", node=self.index,
+                                  address=self.address)
 
     def remote_error(self, info: dict) -> Exception:
         """Turn a worker's error report into RemoteError (or the loss it describes)."""

@@ -37,6 +37,7 @@ class Cluster:
     def __init__(self, addresses: list[str], local: list[LocalWorker], timeout: float,
                  keys=None, channel: str | None = None):
         self.keys = keys  # the master's KeyFile, or None for unkeyed loopback daemons
+        self.worker_keys = None  # the local daemons' key, kept to start a replacement
         self.session_id = uuid.uuid4().hex
         self.master_name = f"{socket.gethostname()}:{os.getpid()}"
         self.context = _context_for(len(addresses))
@@ -98,6 +99,61 @@ class Cluster:
             raise ValueError(f"node: no node {index!r} (this master has nodes 0.."
                              f"{len(self.nodes) - 1})")
         return self.nodes[index]
+
+    def replace(self, index: int, address: str | None, timeout: float) -> None:
+        """Put a fresh node in the place of lost node `index` (see replace_node)."""
+        old = self.node(index)
+        if old.lost is None:
+            raise MwrtError(f"replace_node: {old} is not lost; only a lost node is replaced "
+                            "(its tensors would be dropped)")
+        worker = None
+        if address is None:
+            if self.worker_keys is None:
+                raise MwrtError(f"replace_node: give the address of a worker to take node "
+                                f"{index}'s place (this session did not start its own workers)")
+            worker = start_one_local_worker(self.worker_keys, timeout, len(self.nodes))
+            address = worker.address
+        new = Node(self, index, address)
+        try:
+            new.connect(timeout)
+        except BaseException:
+            new.close(goodbye=False)
+            if worker is not None:
+                worker.stop()
+            raise
+        self.heartbeat.stop()
+        old.replaced_by = new.address
+        old.close(goodbye=False)
+        self.nodes[index] = new
+        self._swap_local(old, worker)
+        if all(n.lost is None for n in self.nodes):  # collectives need every node of the world
+            self._rejoin(timeout)
+        else:
+            log.warning("replace_node: node %d is back; collectives and transfers between "
+                        "nodes wait until every lost node is replaced", index)
+        from .heartbeat import Heartbeat
+
+        self.heartbeat = Heartbeat(self)
+        self.heartbeat.start()
+
+    def _swap_local(self, old, worker) -> None:
+        """Stop the lost node's daemon if this master started it; keep the new one's."""
+        for i, local in enumerate(self.local):
+            if f"tcp://{local.address}" == old.address or local.address == old.address:
+                local.stop()
+                del self.local[i]
+                break
+        if worker is not None:
+            self.local.append(worker)
+
+    def _rejoin(self, timeout: float) -> None:
+        """Every node joins a new data channel (a new store), the replacement among them."""
+        with self._channel_lock:
+            for closeable in (self._channel, self.store):
+                if closeable is not None:
+                    closeable.close()
+            self._channel = self.store = None
+        self._join_data_channel(timeout, self.channel_name)
 
     def close(self, goodbye: bool = True) -> None:
         """Say goodbye to every worker, stop the heartbeat and any local daemons. A Ctrl-C
@@ -165,10 +221,11 @@ def init_master_worker(workers: str | Sequence[str] | None = None, *,
             count = config.get("local_workers") if local_workers is None else local_workers
             if not isinstance(count, int) or count < 1:
                 raise ConfigError(f"local_workers: must be an int >= 1 (got {count!r})")
-            local, keys = start_local_workers(count, timeout)
+            local, keys, worker_keys = start_local_workers(count, timeout)
             addresses = [w.address for w in local]
         try:
             _cluster = Cluster(addresses, local, timeout, keys, channel)
+            _cluster.worker_keys = worker_keys if local else None
         except BaseException:
             for worker in local:
                 worker.stop()
@@ -212,7 +269,7 @@ def _session_channel(backend: str | None, channel: str | None) -> str | None:
 
 
 def start_local_workers(count: int, timeout: float):
-    """Start `count` daemons on loopback with a fresh key; returns them and the master's key."""
+    """Start `count` daemons on loopback with a fresh key: (them, the master's key, theirs)."""
     worker_keys, master_keys = auth.generate_cluster_keys()
     local: list[LocalWorker] = []
     with tempfile.TemporaryDirectory(prefix="mwrt-keys-") as directory:
@@ -226,7 +283,25 @@ def start_local_workers(count: int, timeout: float):
             for worker in local:
                 worker.stop()
             raise
-    return local, master_keys
+    return local, master_keys, worker_keys
+
+
+def start_one_local_worker(worker_keys, timeout: float, count: int) -> LocalWorker:
+    """One more local daemon with the session's worker key (a lost one's replacement)."""
+    with tempfile.TemporaryDirectory(prefix="mwrt-keys-") as directory:
+        path = os.path.join(directory, "worker.key")
+        worker_keys.save(path)
+        return LocalWorker.start(timeout, key_file=path, env=local_spin_env(count))
+
+
+def replace_node(index: int, address: str | None = None, *,
+                 timeout: float | None = None) -> None:
+    """After node `index` was lost, give the session a fresh node `index` at `address` (or,
+    in a session that started its own workers, a new local daemon). Handles to what the lost
+    node held keep raising WorkerLostError, saying so; everything else goes on."""
+    timeout = config.get("connect_timeout") if timeout is None else float(timeout)
+    with _lock:
+        current().replace(index, address, timeout)
 
 
 def local_spin_env(count: int) -> dict:
