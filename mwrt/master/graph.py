@@ -10,7 +10,9 @@ or updated in place between replays. Like CUDA's global capture mode, the block 
 what every thread of the master issues meanwhile.
 
 Safe streams hold: waits between streams inside the graph are recorded with it, and at
-each replay the tensors made before the graph are ordered against their uses since.
+each replay the graph's uses of every storage (the tensors made before the graph, and from
+the second replay those it made itself) are ordered against their uses since, in the order
+captured, through any view.
 """
 
 from __future__ import annotations
@@ -29,15 +31,14 @@ _GRAPH_IDS = itertools.count(1)
 
 
 class _External:
-    """A tensor made before the capture and used in it: how it was found, and its uses."""
+    """A tensor used in the capture: how to find it at a replay, and where it was made."""
 
-    __slots__ = ("ref", "node", "id", "state", "uses", "name")
+    __slots__ = ("ref", "node", "id", "name", "made")
 
-    def __init__(self, tensor):
+    def __init__(self, tensor, made: bool = False):
         self.ref, self.node, self.id = weakref.ref(tensor), tensor._node, tensor._id
-        self.state = (tensor._writer, tensor._wtime, tensor._ltime, tensor._streams)
-        self.uses: list = []
         self.name = ""
+        self.made = made  # inside the capture: none such exists before the first replay
 
 
 class Graph:
@@ -54,8 +55,11 @@ class Graph:
         for name, ext in self._inputs.items():
             ext.name = name
         self._externals = {ext.id: ext for ext in self._inputs.values()}
+        self._uses: list = []  # (external, stream, write), in the capture's order
+        self._states: dict = {}  # storage owner's id -> (its weakref, its record before)
         self._made: dict = {}  # node -> tensors made inside: kept alive, replays rewrite them
         self._made_ids: set = set()
+        self._replayed = False
         self._commands: dict = {}  # node -> recorded commands
         self._sites: dict = {}  # node -> [(command id, where it was recorded)]
         self._defined: dict = {}  # node -> graph id on that node
@@ -80,26 +84,42 @@ class Graph:
         for node in current().nodes:
             del node.issue
             ordering.restore(node, self._saved.pop(node))
-        for ext in self._externals.values():  # nothing ran: as they were before the block
-            tensor = ext.ref()
-            if tensor is not None:
-                tensor._writer, tensor._wtime, tensor._ltime, tensor._streams = ext.state
+        for ref, state in self._states.values():  # nothing ran: as they were before the block
+            owner = ref()
+            if owner is not None:
+                owner._writer, owner._wtime, owner._ltime, owner._streams = state
         if kind is None:
             self._define()
 
     def made(self, tensor) -> None:
-        """Called for each tensor made during the capture."""
+        """Called for each tensor made during the capture: its making is a write."""
         self._made.setdefault(tensor._node, []).append(tensor)
         self._made_ids.add(tensor._id)
+        ext = self._externals[tensor._id] = _External(tensor, made=True)
+        self._uses.append((ext, tensor._writer, True))
+
+    def shared(self, tensor) -> None:
+        """Called when a tensor made during the capture turns out a view: its storage's
+        record is its owner's, and making it wrote nothing."""
+        for i in range(len(self._uses) - 1, -1, -1):
+            if self._uses[i][0].id == tensor._id:
+                del self._uses[i]
+                return
 
     def used(self, tensor, stream: int, write: bool) -> None:
         """Called for each use of a tensor during the capture, before its ordering."""
-        if tensor._id in self._made_ids:
-            return
-        ext = self._externals.get(tensor._id)
+        owner = ordering.record(tensor)
+        if owner._id not in self._made_ids and owner._id not in self._states:
+            self._states[owner._id] = (weakref.ref(owner),
+                                       (owner._writer, owner._wtime, owner._ltime, owner._streams))
+        # A handle made before the capture is found again as itself (an input may be rebound);
+        # one made inside, through the owner of its storage.
+        key = owner if tensor._id in self._made_ids else tensor
+        ext = self._externals.get(key._id)
         if ext is None:
-            ext = self._externals[tensor._id] = _External(tensor)
-        ext.uses.append((stream, write))
+            ext = self._externals[key._id] = _External(key, made=key._id in self._made_ids)
+        if not self._uses or self._uses[-1] != (ext, stream, write):
+            self._uses.append((ext, stream, write))
 
     def _recorder(self, node):
         commands, sites = self._commands.setdefault(node, []), self._sites.setdefault(node, [])
@@ -155,12 +175,15 @@ class Graph:
             mask = len(node.sites) - 1  # errors in the replay name the captured lines
             for cid, site in self._sites[node]:
                 node.sites[cid & mask] = site
-            for tensor in touched:  # their uses are this replay's, issued after its waits
-                tensor._ltime = rid
-                if tensor._wtime == now:
-                    tensor._wtime = rid
-            for tensor in self._made.get(node, ()):
-                tensor._wtime = tensor._ltime = rid
+            for owner in touched:  # their uses are this replay's, issued after its waits
+                owner._ltime = rid
+                if owner._wtime == now:
+                    owner._wtime = rid
+            for tensor in self._made.get(node, ()):  # made again by this replay
+                tensor._wtime = rid
+                if tensor._base is None:
+                    tensor._ltime = rid
+        self._replayed = True
 
     def _bind(self, bindings: dict) -> dict:
         """Check `bindings` against the inputs; node -> (captured id, new id, ...)."""
@@ -178,7 +201,7 @@ class Graph:
         return pairs
 
     def _tensors(self, bindings: dict) -> dict:
-        """The tensor each captured outside tensor stands for now; it must still exist."""
+        """The tensor each captured tensor stands for now; one made before must still exist."""
         found = {}
         for ext in self._externals.values():
             tensor = bindings[ext.name] if ext.name in bindings else ext.ref()
@@ -192,15 +215,17 @@ class Graph:
         return found
 
     def _order(self, node, tensors: dict, now: int) -> list:
-        """Order the graph's uses of tensors made before it after their uses since."""
-        touched = []
-        for ext, tensor in tensors.items():
-            if ext.node is not node:
+        """Order the graph's uses of tensors after their uses since (made before the graph, or
+        by its last replay), in the order captured; returns the storages' owners."""
+        touched = {}
+        for ext, stream, write in self._uses:
+            if ext.node is not node or (ext.made and not self._replayed):
                 continue
-            for stream, write in ext.uses:
-                ordering.use(tensor, stream, now, write)
-            touched.append(tensor)
-        return touched
+            tensor = tensors[ext]
+            ordering.use(tensor, stream, now, write)
+            owner = ordering.record(tensor)
+            touched[id(owner)] = owner
+        return list(touched.values())
 
     def __del__(self):
         for node, gid in self._defined.items():

@@ -34,20 +34,65 @@ def call(name: str, *args, **kwargs):
     written = args[0] if op.inplace else None
     outs = _outputs(node, device, stream, result)
     now = next(node.ids)
+    if name in _ALIASING or kwargs:  # views share their base's record; out= is written
+        outputs = _share(name, args, kwargs, outs)
+        if outputs:
+            for tensor in place:
+                ordering.use(tensor, stream, now, tensor is written or any(
+                    tensor is out for out in outputs))
+            place = ()
     capturing = ordering.capture
-    for tensor in place:  # a few comparisons each, unless another stream used the tensor
-        if tensor._writer != stream or capturing or (
-                tensor is written and len(tensor._streams) > 1):
+    for tensor in place:  # a few comparisons each, unless another stream used the storage
+        owner = tensor._base
+        if owner is None:
+            owner = tensor
+        elif tensor._writer != stream:  # a view made on another stream: after its making
+            ordering.use(tensor, stream, now, tensor is written)
+            continue
+        if owner._writer != stream or capturing or (
+                tensor is written and len(owner._streams) > 1):
             ordering.use(tensor, stream, now, tensor is written)
         elif tensor is written:
-            tensor._wtime = tensor._ltime = now
+            owner._wtime = owner._ltime = now
         else:
-            tensor._ltime = now
+            owner._ltime = now
     node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),
                          op=name, args=wire_args, kwargs=wire_kwargs))
     if op.inplace:
         return None
     return outs[0] if type(result) is not tuple else tuple(outs)
+
+
+_ALIASING = ordering.VIEWS | {"numpy"}
+
+
+def _share(name: str, args: tuple, kwargs: dict, outs: list) -> tuple:
+    """Results that may view an operand share its storage's record (see ordering.py), as
+    results written into `out=` share the record of `out`; returns the `out=` tensors."""
+    out = kwargs.get("out")
+    written = tuple(t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                    if isinstance(t, DistributedTensor))
+    if written:
+        sources = written
+    elif name == "numpy" and args[0] in ordering.EACH_PATHS:
+        sources = args[2:]
+    elif name == "numpy" and args[0] in ordering.VIEW_PATHS or name in ordering.VIEWS and (
+            name != "getitem" or _basic(args[1])):
+        first = next((a for a in args if isinstance(a, DistributedTensor)), None)
+        sources = (first,) * len(outs)
+    else:
+        return ()
+    for tensor, source in zip(outs, sources):
+        if isinstance(source, DistributedTensor):
+            ordering.share(tensor, source)
+    return written
+
+
+def _basic(index) -> bool:
+    """True for NumPy's basic indexing (ints, slices, None, ...), which gives a view."""
+    if isinstance(index, tuple):
+        return all(_basic(i) for i in index)
+    return index is None or index is Ellipsis or isinstance(index, (int, slice, np.integer))
 
 
 def _outputs(node, device, stream, result) -> list:

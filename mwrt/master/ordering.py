@@ -1,11 +1,17 @@
 """Safe streams: a use of a tensor on another stream is ordered after its earlier uses.
 
-The master knows, for every tensor, the stream that last wrote it (`_writer`, at command id
-`_wtime`), the streams that used it (`_streams`) and the id of its last use (`_ltime`).
-A read on stream S of a tensor written on W waits for W (read after write); a write on S
-waits for every other stream that used it (write after read or write). The wait is an
-implicit event: a Record on W and a WaitEvent on S, both on the tensor's worker, so the
-master never blocks. Frees already wait for every stream that used the tensor.
+Ordering is kept per storage. The master knows, for every storage, the stream that last
+wrote it (`_writer`, at command id `_wtime`), the streams that used it (`_streams`) and the
+id of its last use (`_ltime`): fields of the handle that owns it, which a view points to
+(`_base`, as NumPy's ndarray.base), so a write through any view is ordered against every
+later use of the base and of its other views. An op whose result may be a view (VIEWS,
+VIEW_PATHS, or a result written into `out=`) shares its operand's record (`share`).
+A read on stream S of a storage written on W waits for W (read after write); a write on S
+waits for every other stream that used it (write after read or write). A view is also
+used only after it was made: its own `_writer` and `_wtime` name the stream and command
+that made it. The wait is an implicit event: a Record on W and a WaitEvent on S, both on
+the tensor's worker, so the master never blocks. Frees wait for every stream that used
+the storage.
 
 Per (node, S, W), the id of the last ordering is kept, so a stream that already waited for
 W past a tensor's use issues nothing more: a program on one stream pays one comparison per
@@ -13,7 +19,6 @@ operand. With MWRT_STREAM_ORDER=manual (or Stream(order="manual")) uses are not 
 in CUDA; a use the master cannot see ordered by an event is checked on the worker instead,
 so a tensor not made yet is a named error, not a missing-key error.
 """
-
 from __future__ import annotations
 
 import itertools
@@ -28,20 +33,64 @@ MANUAL: set = set()  # ids of streams made with order="manual"
 capture: list = []  # the graph being captured, if any (see graph.py)
 
 
+# Registry ops whose result may be a view of their first argument (a copy is ordered as a
+# view too: that costs a wait at most, never a value).
+VIEWS = frozenset({"getitem", "reshape", "transpose", "swapaxes", "squeeze", "expand_dims",
+                   "ravel", "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d",
+                   "diagonal", "ascontiguousarray"})
+# NumPy functions (the `numpy` op, by path) whose results may view their first tensor
+# argument; those of EACH_PATHS view the tensor argument in the same position.
+VIEW_PATHS = frozenset({
+    "reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "ravel", "moveaxis",
+    "rollaxis", "broadcast_to", "flip", "fliplr", "flipud", "rot90", "atleast_1d",
+    "atleast_2d", "atleast_3d", "diagonal", "diag", "ascontiguousarray", "asfortranarray",
+    "asarray", "asanyarray", "asarray_chkfinite", "require", "real", "imag", "real_if_close",
+    "split", "array_split", "hsplit", "vsplit", "dsplit", "unstack", "matrix_transpose",
+    "permute_dims", "trim_zeros", "einsum", "nan_to_num", "linalg.matrix_transpose",
+    "lib.stride_tricks.as_strided", "lib.stride_tricks.sliding_window_view"})
+EACH_PATHS = frozenset({"broadcast_arrays", "meshgrid"})
+
+
+def record(tensor):
+    """The handle that keeps the record of `tensor`'s storage: its base, or itself."""
+    base = tensor._base
+    return tensor if base is None else base
+
+
+def share(result, source) -> None:
+    """`result` may view `source`'s storage: from now on they share one record."""
+    result._base = record(source)
+    if capture:
+        capture[-1].shared(result)
+
+
 def use(tensor, stream: int, now: int, write: bool = False) -> None:
-    """Order the use of `tensor` on `stream` by command `now` after its uses elsewhere."""
+    """Order the use of `tensor` on `stream` by command `now` after its storage's uses
+    elsewhere (and, for a view, after the command that made it)."""
     if capture:  # before the fields change: a graph restores what it found
         capture[-1].used(tensor, stream, write)
-    if write:  # after every other stream's last use (the writer is among _streams)
-        for other in tensor._streams:
-            if other != stream:
-                _after(tensor, stream, other, tensor._ltime)
-        tensor._writer, tensor._wtime = stream, now
-    elif tensor._writer != stream:
+    owner = record(tensor)
+    if owner is not tensor and tensor._writer != stream:
         _after(tensor, stream, tensor._writer, tensor._wtime)
-    if stream not in tensor._streams:
-        tensor._streams = tensor._streams + (stream,)
-    tensor._ltime = now
+    if write:  # after every other stream's last use (the writer is among _streams)
+        for other in owner._streams:
+            if other != stream:
+                _after(tensor, stream, other, owner._ltime)
+        owner._writer, owner._wtime = stream, now
+    elif owner._writer != stream:
+        _after(tensor, stream, owner._writer, owner._wtime)
+    if stream not in owner._streams:
+        owner._streams = owner._streams + (stream,)
+    owner._ltime = now
+
+
+def read_stream(tensor) -> int:
+    """The stream a copy of `tensor` to the master runs on: its storage's last writer,
+    ordered after the view's making if another stream made it."""
+    owner = record(tensor)
+    if owner is not tensor and tensor._writer != owner._writer:
+        _after(tensor, owner._writer, tensor._writer, tensor._wtime)
+    return owner._writer
 
 
 def note(node, target: int, source: int, upto: int) -> None:

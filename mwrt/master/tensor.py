@@ -25,10 +25,12 @@ from .streams import Stream
 class DistributedTensor:
     """A handle to an array on (node, device); dropping the last handle frees it."""
 
-    # _writer: the stream that last wrote it, at command id _wtime; _streams: every stream that
-    # used it (its free waits for them all); _ltime: its last use (see ordering.py).
+    # The record of its storage's uses (see ordering.py): _writer, the stream that last wrote
+    # it, at command id _wtime; _streams, every stream that used it (its free waits for them
+    # all); _ltime, its last use. A view keeps them on _base, the handle that owns the storage
+    # (as NumPy's ndarray.base), and its own _writer and _wtime say where it was made.
     __slots__ = ("_node", "_device", "_id", "_spec", "_streams", "_writer", "_wtime", "_ltime",
-                 "_ref", "__weakref__")
+                 "_base", "_ref", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, node: Any, device: int, tensor_id: int, spec: Spec | None,
@@ -38,6 +40,7 @@ class DistributedTensor:
         self._spec, self._streams = spec, (stream,)
         self._writer, self._wtime = stream, tensor_id
         self._ltime = tensor_id  # below its command's id, above every earlier command's
+        self._base: DistributedTensor | None = None  # a view: the owner of its storage
         self._ref = wire.ref(tensor_id)  # pre-encoded, so messages carry it at no cost
         if ordering.capture:
             ordering.capture[-1].made(self)
@@ -51,7 +54,7 @@ class DistributedTensor:
     def __del__(self) -> None:
         """Free the worker's array once the streams that used it are done with it."""
         try:
-            self._node.release(self._id, self._streams)
+            self._node.release(self._id, ordering.record(self)._streams)
         except Exception:  # interpreter shutdown: nothing left to free
             pass
 
@@ -84,7 +87,8 @@ class DistributedTensor:
         """Shape and dtype; asks the worker once if they depend on data (masks, remote())."""
         if self._spec is None:
             node = self._node
-            meta = wire.Meta(id=next(node.ids), stream=self._writer, ref=self._id,
+            stream = ordering.read_stream(self)
+            meta = wire.Meta(id=next(node.ids), stream=stream, ref=self._id,
                              token=next(node.tokens))
             reply, _ = node.request(meta, f"shape of tensor {self._id}")
             self._spec = Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
@@ -231,8 +235,9 @@ class DistributedTensor:
         """Keep the memory until `stream` has run what was issued so far (CUDA's rule; safe
         streams do this for every stream that used the tensor, so it is needed only for
         uses the master cannot see, such as a remote() function's side effects)."""
-        if stream.id not in self._streams:
-            self._streams = self._streams + (stream.id,)
+        record = ordering.record(self)
+        if stream.id not in record._streams:
+            record._streams = record._streams + (stream.id,)
 
     # -- shapes, copies, fills ------------------------------------------------------------
 

@@ -72,7 +72,8 @@ def fetch(tensor) -> np.ndarray:
     node = tensor._node
     spec = tensor._spec
     if spec is None or math.prod(spec.shape) * spec.dtype.itemsize <= node.inline_bytes:
-        get = wire.Get(id=next(node.ids), stream=tensor._writer, ref=tensor._id,
+        stream = ordering.read_stream(tensor)  # its events first: ids rise in issue order
+        get = wire.Get(id=next(node.ids), stream=stream, ref=tensor._id,
                        token=next(node.tokens))
         reply, frames = node.request(get, f"numpy() of tensor {tensor._id}")
         shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
@@ -95,7 +96,8 @@ def fetch(tensor) -> np.ndarray:
             work = cluster.channel().irecv(out.reshape(-1).view(np.uint8), node.index, tag)
         try:
             # The worker answers before it sends: an error (a failed op) comes instead of bytes.
-            send = wire.SendTo(id=next(node.ids), stream=tensor._writer, ref=tensor._id,
+            stream = ordering.read_stream(tensor)
+            send = wire.SendTo(id=next(node.ids), stream=stream, ref=tensor._id,
                                peer=cluster.master_rank, tag=tag, token=next(node.tokens))
             node.request(send, f"numpy() of tensor {tensor._id}")
         except BaseException:
@@ -148,8 +150,9 @@ def move(tensor, node_index: int, device: int):
     else:
         target.issue(recv)
     now = next(source.ids)
-    ordering.use(tensor, tensor._writer, now)
-    source.issue(wire.SendTo(id=now, stream=tensor._writer, ref=tensor._id,
+    writer = ordering.record(tensor)._writer  # sent from the stream that last wrote it
+    ordering.use(tensor, writer, now)
+    source.issue(wire.SendTo(id=now, stream=writer, ref=tensor._id,
                              peer=target.index, tag=tag, token=-1))
     return out
 

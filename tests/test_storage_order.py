@@ -1,0 +1,265 @@
+"""Ordering per storage: a write through any view is ordered against every later use of the
+base and of its other views, on any stream and node, in eager code and in graphs (issue 25).
+
+Each test runs a slow remote() op first on stream s1, then the write on s1, then the read on
+s2: without ordering the read overtakes the write and sees old values. NumPy runs the same
+program and is the oracle.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import mwrt
+
+
+def _sleep(t):
+    time.sleep(0.3)
+
+
+def _stall(t):
+    """Hold the current stream for 0.3 s behind a use of `t` (a remote() read)."""
+    mwrt.remote(_sleep, outputs=0)(t)
+
+
+def _slow_copy(t):
+    time.sleep(0.3)
+    return t.copy()
+
+
+def _base():
+    return np.arange(12.0).reshape(3, 4)
+
+
+def _add_row(x):
+    row = x[1]
+    row += 5
+
+
+def _scale_slice(x):
+    part = x[:, 1:3]
+    part *= 2
+
+
+def _view_of_view(x):
+    part = x[1:][:, ::2]
+    part -= 1
+
+
+def _transpose(x):
+    t = x.T
+    t += 10
+
+
+def _reshape(x):
+    flat = x.reshape(-1)
+    flat += 1
+
+
+def _item_through_view(x):
+    part = x[1:]
+    part[0, 1] = 42
+
+
+def _copyto_view(x):
+    np.copyto(x[2], np.arange(4.0) * 100)
+
+
+def _ufunc_out_view(x):
+    row = x[0]
+    np.multiply(row, 3, out=row)
+
+
+def _ufunc_out_other_view(x):
+    np.add(x[1], 1, out=x[0])
+
+
+def _augmented_slice(x):
+    x[1:] += 1
+
+
+WRITES = [_add_row, _scale_slice, _view_of_view, _transpose, _reshape, _item_through_view,
+          _copyto_view, _ufunc_out_view, _ufunc_out_other_view, _augmented_slice]
+
+
+def _streams(node):
+    return mwrt.Stream(node=node), mwrt.Stream(node=node)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+@pytest.mark.parametrize("write", WRITES, ids=lambda f: f.__name__.lstrip("_"))
+def test_write_through_a_view_then_read_on_another_stream(cluster, write, node):
+    expected = _base()
+    write(expected)
+    x = mwrt.dist_send(_base(), node=node)
+    s1, s2 = _streams(node)
+    with mwrt.stream(s1):
+        _stall(x)
+        write(x)
+    with mwrt.stream(s2):
+        whole, part = x * 1, x[:, :2] * 1
+    np.testing.assert_array_equal(whole.numpy(), expected)
+    np.testing.assert_array_equal(part.numpy(), expected[:, :2])
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_base_written_then_read_through_a_view(cluster, node):
+    x = mwrt.dist_send(_base(), node=node)
+    rows = x[1:]  # made before the write, on the default stream
+    s1, s2 = _streams(node)
+    with mwrt.stream(s1):
+        _stall(x)
+        x += 1
+    with mwrt.stream(s2):
+        seen = rows * 1
+    np.testing.assert_array_equal(seen.numpy(), _base()[1:] + 1)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_augmented_slice_waits_for_an_earlier_copy(cluster, node):
+    """x[1:] += 1 writes through a temporary view: a copy made before on s1 must not see it."""
+    x = mwrt.dist_send(_base(), node=node)
+    s1, s2 = _streams(node)
+    with mwrt.stream(s1):
+        _stall(x)
+        y = x * 1
+    with mwrt.stream(s2):
+        x[1:] += 1
+    expected = _base()
+    np.testing.assert_array_equal(y.numpy(), expected)
+    expected[1:] += 1
+    np.testing.assert_array_equal(x.numpy(), expected)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_numpy_of_a_view_waits_for_a_write_through_the_base(cluster, node):
+    x = mwrt.dist_send(_base(), node=node)
+    rows = x[1:]
+    with mwrt.stream(mwrt.Stream(node=node)):
+        _stall(x)
+        x += 1
+    np.testing.assert_array_equal(rows.numpy(), _base()[1:] + 1)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_numpy_of_the_base_waits_for_a_write_through_a_view(cluster, node):
+    x = mwrt.dist_send(_base(), node=node)
+    with mwrt.stream(mwrt.Stream(node=node)):
+        _stall(x)
+        _add_row(x)
+    expected = _base()
+    _add_row(expected)
+    np.testing.assert_array_equal(x.numpy(), expected)
+
+
+def test_move_of_a_view_waits_for_a_write_through_the_base(cluster):
+    x = mwrt.dist_send(_base(), node=1)
+    rows = x[1:]
+    with mwrt.stream(mwrt.Stream(node=1)):
+        _stall(x)
+        x += 1
+    np.testing.assert_array_equal(rows.to(node=0).numpy(), _base()[1:] + 1)
+
+
+def test_move_of_the_base_waits_for_a_write_through_a_view(cluster):
+    x = mwrt.dist_send(_base(), node=1)
+    with mwrt.stream(mwrt.Stream(node=1)):
+        _stall(x)
+        _scale_slice(x)
+    expected = _base()
+    _scale_slice(expected)
+    np.testing.assert_array_equal(x.to(node=0).numpy(), expected)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_clip_out_is_a_write(cluster, node):
+    x = mwrt.dist_send(_base(), node=node)
+    s1, s2 = _streams(node)
+    with mwrt.stream(s1):
+        _stall(x)
+        clipped = np.clip(x, 0, 5, out=x)
+    with mwrt.stream(s2):
+        seen = x * 1
+    expected = np.clip(_base(), 0, 5)
+    np.testing.assert_array_equal(seen.numpy(), expected)
+    np.testing.assert_array_equal(np.asarray(clipped), expected)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_dot_out_is_a_write(cluster, node):
+    a = mwrt.dist_send(_base()[:2, :3], node=node)
+    b = mwrt.dist_send(np.ones((3, 2)), node=node)
+    c = mwrt.dist_send(np.zeros((2, 2)), node=node)
+    s1, s2 = _streams(node)
+    with mwrt.stream(s1):
+        _stall(c)
+        np.dot(a, b, out=c)
+    with mwrt.stream(s2):
+        seen = c * 1
+    np.testing.assert_array_equal(seen.numpy(), _base()[:2, :3] @ np.ones((3, 2)))
+
+
+# -- graphs -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_graph_writes_through_a_view_then_eager_read_on_another_stream(cluster, node):
+    x = mwrt.dist_send(_base(), node=node)
+    s1, s2 = _streams(node)
+    with mwrt.graph(x=x) as g, mwrt.stream(s1):
+        _stall(x)
+        rows = x[1:]
+        rows += 1
+    g.replay()
+    with mwrt.stream(s2):
+        seen = x * 1
+    np.testing.assert_array_equal(seen.numpy(), _base() + [[0], [1], [1]])
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_eager_write_through_a_view_then_graph_read_on_another_stream(cluster, node):
+    x = mwrt.dist_send(_base(), node=node)
+    s1, s2 = _streams(node)
+    with mwrt.graph(x=x) as g, mwrt.stream(s2):
+        y = x[1:] * 2
+    with mwrt.stream(s1):
+        _stall(x)
+        _add_row(x)
+    g.replay()
+    expected = _base()
+    _add_row(expected)
+    np.testing.assert_array_equal(y.numpy(), expected[1:] * 2)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_replay_writing_through_a_view_waits_for_reads_on_another_stream(cluster, node):
+    x = mwrt.dist_send(_base(), node=node)
+    s1, s2 = _streams(node)
+    with mwrt.graph(x=x) as g, mwrt.stream(s1):
+        rows = x[1:]
+        rows += 1
+    with mwrt.stream(s2):
+        seen = mwrt.remote(_slow_copy, spec=((3, 4), np.float64))(x)
+    g.replay()  # writes x in place on s1: after s2's slow read
+    np.testing.assert_array_equal(seen.numpy(), _base())
+    np.testing.assert_array_equal(x.numpy(), _base() + [[0], [1], [1]])
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_read_after_replay_waits_for_what_the_graph_made(cluster, node):
+    x = mwrt.dist_send(_base(), node=node)
+    s1, s2 = _streams(node)
+    with mwrt.graph(x=x) as g, mwrt.stream(s1):
+        _stall(x)
+        y = x * 2
+    g.replay()
+    with mwrt.stream(s2):
+        y += 1  # the last writer of y is now s2
+    np.testing.assert_array_equal(y.numpy(), _base() * 2 + 1)
+    x += 1
+    g.replay()  # makes y again on s1, slowly
+    with mwrt.stream(s2):
+        seen = y + 100  # after the replay's write, not before it
+    np.testing.assert_array_equal(seen.numpy(), (_base() + 1) * 2 + 100)
