@@ -120,6 +120,8 @@ CASES = [
      np.eye(3, 4, k=1, dtype=np.int16)),
     ("linspace without endpoint", lambda xp, a, i, v: xp.linspace(0, 1, 4, endpoint=False),
      np.linspace(0, 1, 4, endpoint=False)),
+    ("diff with prepend", lambda xp, a, i, v: xp.diff(i, axis=1, prepend=xp.asarray(
+        np.zeros((2, 1), np.uint8))), np.diff(I8, axis=1, prepend=np.zeros((2, 1), np.uint8))),
     ("take along axis", lambda xp, a, i, v: xp.take(a, xp.asarray([2, 0]), axis=1),
      np.take(A, [2, 0], axis=1)),
 ]
@@ -153,6 +155,15 @@ def test_scalar_conversions_and_slices_by_tensors(xp):
     n = xp.sum(x > 1.0)  # 0-d: array-API code slices with it (x[:n])
     np.testing.assert_array_equal(x[:n].numpy(), V[:3])
     assert complex(xp.asarray(2.5)) == 2.5 + 0j
+
+
+def test_dlpack_exports_a_copy_on_the_master(xp):
+    t = xp.asarray(A)
+    assert t.__dlpack_device__() == (1, 0)
+    np.testing.assert_array_equal(np.from_dlpack(t), A)
+    with pytest.raises(BufferError, match="copy=False"):
+        t.__dlpack__(copy=False)
+    assert xp.from_dlpack(t, copy=False) is t  # a tensor to the namespace: no copy at all
 
 
 SKLEARN = textwrap.dedent("""

@@ -172,6 +172,22 @@ class DistributedTensor:
         array = self.numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(1, 0), DLPack's CPU: __dlpack__ exports a copy in the master's memory."""
+        return (1, 0)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """A DLPack capsule of the value copied to the master (np.from_dlpack(t)); waits, as
+        numpy() does. The worker's memory cannot be shared: copy=False is a BufferError."""
+        if copy is False:
+            raise BufferError("__dlpack__: a remote tensor's memory cannot be shared in "
+                              "place (got copy=False); export a copy (copy=None or True)")
+        if dl_device not in (None, (1, 0)):
+            raise BufferError(f"__dlpack__: exports to the master's CPU only (got dl_device="
+                              f"{dl_device}, expected (1, 0) or None)")
+        return self.numpy().__dlpack__(max_version=max_version, copy=True)
+
     def item(self) -> Any:
         """The single element as a Python scalar."""
         if self.size != 1:

@@ -122,15 +122,20 @@ def _cumulative(x, axis=None, dtype=None, include_initial=False):
     return shape[:ax] + (shape[ax] + bool(include_initial),) + shape[ax + 1:]
 
 
-@rule("diff")
 def _diff(a, n=1, axis=-1, prepend=None, append=None):
     shape = list(shape_of(a))
     ax = normalize_axes(axis, len(shape), "diff")[0]
+    dtypes = [a.dtype]
     for extra in (prepend, append):
         if extra is not None:
             shape[ax] += shape_of(extra)[ax] if shape_of(extra) else 1
+            dtypes.append(extra.dtype if isinstance(extra, Spec) else np.asarray(extra).dtype)
     shape[ax] = max(shape[ax] - n, 0)
-    return tuple(shape)
+    joined = np.concatenate([np.ones(1, d) for d in dtypes])  # what diff differences
+    return Spec(tuple(shape), np.diff(joined[:1].repeat(2)).dtype)
+
+
+RULES["diff"] = _diff
 
 
 @rule("searchsorted")
