@@ -81,7 +81,7 @@ def path_of(func: Callable) -> str | None:
         path = ".".join([*module.split(".")[1:], name])
         if module.split(".")[0] != "numpy" or _lookup(path) is not func:
             return None
-    return path if npfunc.allowed(path) else None
+    return path if npfunc.public(path) else None
 
 
 def _lookup(path: str):
@@ -110,10 +110,10 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
             return func(*_values(args), **_values(kwargs))
         call("numpy_", args[0], path, *args[1:], **kwargs)
         return None
-    if path is None:  # not a function mwrt runs by name: ship the function itself
-        return RemoteFunction(func)(*args, **kwargs)
     if _is_registry_function(path, args, kwargs):
         return call(path, *args, **kwargs)
+    if path is None or not npfunc.allowed(path):  # not run by name: ship the function
+        return RemoteFunction(func)(*args, **kwargs)
     count = npfunc.RULED if path in npfunc.RULES else 0  # 0: one array, shape unknown
     if path in npfunc.OUTPUTS:
         count = npfunc.outputs(path, _specs(args), _specs(kwargs))

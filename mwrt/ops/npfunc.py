@@ -15,42 +15,37 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import UNKNOWN, Spec, register
+from . import UNKNOWN, Spec, npallow, register
 from ._meta import shape_of
 
-# Where a path may lead: NumPy's own namespace and these of its submodules (not ctypeslib,
-# testing, lib.npyio…: nothing that loads libraries or opens files).
+# Which paths the master names a function by (it ships the others); a worker runs only
+# those npallow.py lists.
 NAMESPACES = ("linalg.", "fft.", "lib.stride_tricks.")
-# File I/O: never run by name on a worker (the master runs them on copies).
-REFUSED = {"save", "savez", "savez_compressed", "savetxt", "load", "loadtxt", "genfromtxt",
-           "fromfile", "fromregex", "memmap", "tofile"}
 RULED = -1  # `outputs` of a function with a meta rule: the rule's result says how many
-RULES: dict[str, Callable] = {}  # path -> shape rule: a shape, or a list of them (tuple result)
+RULES: dict[str, Callable] = {}  # path -> meta rule: a Spec, or a tuple of them
+SHAPES: dict[str, Callable] = {}  # path -> its rule's shape part (the worker sizes with it)
 OUTPUTS: dict[str, Callable] = {}  # path -> count of results, for functions without a rule
 
 
-def allowed(path: str) -> bool:
-    """True if np.<path> may run by name on a worker: a public function of NumPy's namespace
-    or of one of NAMESPACES, and no file I/O."""
+def public(path: str) -> bool:
+    """True if np.<path> is a public function of NumPy's namespace or one of NAMESPACES."""
     name = path.rpartition(".")[2]
     within = "." not in path or any(path == p + name for p in NAMESPACES)
-    return within and name.isidentifier() and not name.startswith("_") and name not in REFUSED
+    return within and name.isidentifier() and not name.startswith("_")
 
 
-def resolve(xp, path: str):
-    """The function at `path` ("linalg.inv") in namespace `xp`; refuses what `allowed` does."""
-    if not allowed(path):
-        raise ValueError(f"np.{path}: not a NumPy function mwrt runs by name on a worker; run "
-                         "it on the master on t.numpy(), or with mwrt.remote")
-    fn = xp
-    for part in path.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise AttributeError(f"np.{path}: {getattr(xp, '__name__', xp)} has no {path} on "
-                                 "this worker; .cpu() the tensor, or use mwrt.remote")
-    if isinstance(fn, type) or not callable(fn):
-        raise TypeError(f"np.{path}: not a function (got {type(fn).__name__})")
-    return fn
+def allowed(path: str) -> bool:
+    """True if np.<path> may run by name on a worker (mwrt/ops/npallow.py lists it)."""
+    return npallow.allowed(path)
+
+
+def resolve(xp, path: str, inplace: bool = False):
+    """The function at `path` ("linalg.inv") in namespace `xp`; refuses what is not listed."""
+    if isinstance(path, str) and not npallow.allowed(path, inplace) and public(path) \
+            and isinstance(getattr(np, path, None), type):
+        raise TypeError(f"np.{path}: not a function (got type), so not a NumPy function mwrt "
+                        "runs by name on a worker")
+    return npallow.resolve(xp, path, inplace)
 
 
 def _on_device(xp, value):
@@ -100,7 +95,7 @@ def outputs(path: str, args: tuple, kwargs: dict) -> int:
 def _inplace_impl(xp, target, path: str, *args, **kwargs):
     if xp is not np:
         args, kwargs = _on_device(xp, args), _on_device(xp, kwargs)
-    resolve(xp, path)(target, *args, **kwargs)
+    resolve(xp, path, inplace=True)(target, *args, **kwargs)
 
 
 register("numpy", _impl, _meta, doc="A NumPy function by module path, on the tensors' worker.")
@@ -171,6 +166,7 @@ def rule(*paths: str):
                     return tuple(Spec(tuple(s), d) for s, d in zip(shapes, dtypes, strict=True))
                 return Spec(tuple(shapes), dtypes[0])
             RULES[path] = meta
+            SHAPES[path] = shape_fn
         return shape_fn
     return deco
 

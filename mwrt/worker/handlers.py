@@ -94,7 +94,8 @@ def create(ex, cmd, frames):
         value = getattr(xp, kind)(shape, dtype)
     elif kind == "full":
         value = xp.full(shape, args[0], dtype)
-    elif kind == "arange":
+    elif kind == "arange":  # sized by its arguments, which the shape need not match
+        check_size((_arange_length(*args),), dtype, "create", ex.session.tensors, ex.device)
         value = xp.arange(*args, dtype=dtype)
     elif kind == "eye":
         value = xp.eye(*shape, k=args[0], dtype=dtype)
@@ -113,6 +114,15 @@ def create(ex, cmd, frames):
         raise ValueError(f"create: unknown kind {kind!r} (known: empty zeros ones full arange "
                          "eye linspace fftfreq rfftfreq rand randn)")
     store(ex, cmd.out, value)
+
+
+def _arange_length(start, stop=None, step=1) -> int:
+    """How many elements np.arange(start, stop, step) makes, as NumPy counts them."""
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("create: arange's step must not be 0")
+    return max(0, math.ceil((stop - start) / step))
 
 
 def put(ex, cmd, frames):

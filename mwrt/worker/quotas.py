@@ -19,7 +19,7 @@ import weakref
 
 from .. import arrays, config, ops
 from ..errors import QuotaError, WireError
-from ..ops import Spec
+from ..ops import UNKNOWN, Spec, npallow, npfunc
 from ..protocol import wire
 
 
@@ -93,10 +93,15 @@ def check_tensor(shape, dtype, what: str, table: TensorTable | None = None,
     """Refuse a host tensor over MWRT_MAX_TENSOR_BYTES, or over the session's quota, unmade."""
     if device != arrays.HOST:
         return
-    nbytes = math.prod(shape) * dtype.itemsize
+    check_bytes(math.prod(shape) * dtype.itemsize, what, table, f"{dtype}{list(shape)}")
+
+
+def check_bytes(nbytes: int, what: str, table: TensorTable | None = None,
+                kind: str = "") -> None:
+    """Refuse `nbytes` of new host memory over MWRT_MAX_TENSOR_BYTES or the session's room."""
     limit = config.get("max_tensor_bytes") if table is None else table.max_tensor
     if nbytes > limit:
-        raise MemoryError(f"{what}: tensor of {nbytes} bytes ({dtype}{list(shape)}) exceeds the "
+        raise MemoryError(f"{what}: tensor of {nbytes} bytes ({kind or 'at most'}) exceeds the "
                           f"limit of {limit} bytes (MWRT_MAX_TENSOR_BYTES)")
     if table is not None:
         table.check_room(nbytes)
@@ -134,10 +139,39 @@ def check_result(op, args: tuple, kwargs: dict, resolved: tuple, table: TensorTa
                 width += value.itemsize
         if elements * width <= min(table.max_tensor, table.max_bytes - table.nbytes):
             return
-    result = ops.infer(op, _spec(table, args), _spec(table, kwargs))
+    specs, kwspecs = _spec(table, args), _spec(table, kwargs)
+    if op.name == "numpy":  # sized by its allow-list entry: NumPy is not run to size it
+        check_bytes(numpy_bytes(specs, kwspecs), f"np.{args[0]!s:.60}", table)
+        return
+    result = ops.infer(op, specs, kwspecs)
     for spec in result if type(result) is tuple else (result,):
         if isinstance(spec, Spec):
             check_tensor(spec.shape, spec.dtype, op.name, table)
+        elif spec is UNKNOWN:  # a mask's selection: at most what it selects from
+            check_bytes(_spec_bytes((specs, kwspecs)), op.name, table)
+
+
+def numpy_bytes(args: tuple, kwargs: dict) -> int:
+    """At most how many bytes the `numpy` op's results take: np.<path>'s shape rule where it
+    has one (without the rule's dtype probe, which would run NumPy on these arguments),
+    else its bound in npallow.ALLOWED."""
+    path, rest = args[0], args[2:]
+    shape_fn = npfunc.SHAPES.get(path) if isinstance(path, str) else None
+    shapes = shape_fn(*rest, **kwargs) if shape_fn is not None else UNKNOWN
+    if shapes is UNKNOWN:
+        return npallow.result_bytes(path, rest, kwargs)
+    shapes = shapes if isinstance(shapes, list) else [shapes]
+    return sum(math.prod(s) for s in shapes) * npallow.width(rest, kwargs)
+
+
+def _spec_bytes(value) -> int:
+    if type(value) is Spec:
+        return math.prod(value.shape) * value.dtype.itemsize
+    if isinstance(value, (tuple, list)):
+        return sum(map(_spec_bytes, value))
+    if isinstance(value, dict):
+        return sum(map(_spec_bytes, value.values()))
+    return 0
 
 
 class Inflight:

@@ -1,0 +1,211 @@
+"""The generic NumPy op as an attacker uses it (issue 27, items 1-3): bare commands to an
+unkeyed daemon, which any local user can reach. Only listed functions run; none reads or
+writes outside the arrays it is given, none hands out another master's memory, and every
+result is sized before anything is allocated (the worker's peak RSS, from /proc, says so)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import start_worker, stop_worker
+from test_faults_wire import RawMaster
+from test_quotas import MiB, status
+
+import mwrt
+from mwrt.ops import npallow
+from mwrt.protocol import wire
+
+X = 1  # the tensor every attack is given: 16 bytes of float64
+
+
+@pytest.fixture
+def daemon():
+    """An unkeyed daemon with a 1 MiB tensor limit: (process, address)."""
+    mwrt.shutdown()
+    process, address = start_worker(env={"MWRT_MAX_TENSOR_BYTES": str(MiB),
+                                         "MWRT_SYNC_TIMEOUT": "5"})
+    yield process, address
+    stop_worker(process)
+
+
+class Attacker(RawMaster):
+    """A bare master that runs one `numpy` op per batch and reads its answer."""
+
+    def __init__(self, address: str, session: str = "attacker"):
+        super().__init__(address, session)
+        self.seq = 0
+        self.run([wire.Create(1, -1, X, "ones", (2,), "<f8", -1, ())])
+
+    def recv(self, role=b"rx", timeout: float = 5.0):
+        """The next reply; a Data's array is kept as `self.array`."""
+        sock = self.socks[role]
+        if not sock.poll(timeout * 1000):
+            return None
+        frames = sock.recv_multipart()
+        reply = wire.decode_body(frames[1])[0]
+        if isinstance(reply, wire.Data):
+            self.array = np.frombuffer(frames[2], np.dtype(reply.dtype)).reshape(reply.shape)
+        return reply
+
+    def run(self, commands: list):
+        """Send a batch ending in a Sync; the reply to the first command that failed, or Done."""
+        self.seq += 1
+        self.batch(self.seq, [*commands, wire.Sync(self.seq * 1000, -1, self.seq)])
+        return self.recv(timeout=30)
+
+    def numpy(self, path: str, *args, out: int = 7, **kwargs):
+        """np.<path>(*args) on the worker as tensor `out`, then read back: Data or Failed."""
+        self.seq += 1
+        self.batch(self.seq, [wire.Call(self.seq * 1000, -1, (out,), "numpy", (path, 0, *args),
+                                        kwargs), wire.Get(self.seq * 1000 + 1, -1, out, self.seq),
+                                   wire.Free(self.seq * 1000 + 2, -1, (out,), 1)])
+        return self.recv(timeout=30)
+
+
+REF = wire.Ref(X)
+# Paths to the worker's memory, files, libraries and code: all refused by name.
+ATTACKS = [
+    ("lib.stride_tricks.as_strided", (REF, (6 * MiB,), (1,))),
+    ("lib.stride_tricks.as_strided", (REF, (2,), (40000,))),
+    ("frombuffer", (b"\x00" * 16,)),
+    ("ctypeslib.as_array", (0, (16,))),
+    ("lib.format.read_array", ("/etc/passwd",)),
+    ("load", ("/etc/passwd",)),
+    ("save", ("/tmp/mwrt-attack-saved", REF)),
+    ("fromfile", ("/etc/passwd",)),
+    ("memmap", ("/etc/passwd",)),
+    ("ndarray", ((16,), "u1", b"\x00" * 16)),
+    ("ndarray.__new__", ("ndarray", (16,))),
+    ("apply_along_axis", ("print", 0, REF)),
+    ("vectorize", ("print",)),
+    ("frompyfunc", ("print", 1, 1)),
+    ("piecewise", (REF, (), ())),
+    ("fromiter", ((1, 2), "f8")),
+    ("empty", ((1024,),)),
+    ("_core.multiarray.empty", ((1024,),)),
+    ("lib.npyio.DataSource", ("/etc",)),
+    ("testing.assert_equal", (REF, REF)),
+    ("__builtins__.open", ("/etc/passwd",)),
+]
+
+
+@pytest.mark.parametrize("path,args", ATTACKS, ids=[f"{p}-{i}" for i, (p, _) in
+                                                    enumerate(ATTACKS)])
+def test_paths_into_memory_files_or_code_are_refused_by_name(daemon, path, args):
+    process, address = daemon
+    attacker = Attacker(address)
+    try:
+        reply = attacker.numpy(path, *args)
+        assert isinstance(reply, wire.Failed), reply
+        message = reply.info["message"]
+        assert f"np.{path}: " in message and "not a NumPy function mwrt runs" in message, message
+        assert not os.path.exists("/tmp/mwrt-attack-saved.npy")
+        assert attacker.alive() and process.poll() is None
+        # The session is still usable: a listed function runs.
+        reply = attacker.numpy("linalg.norm", REF)
+        assert isinstance(reply, wire.Data), reply
+    finally:
+        attacker.close()
+
+
+def test_in_place_functions_are_their_own_short_list(daemon):
+    _, address = daemon
+    attacker = Attacker(address)
+    try:
+        for path in ("lib.stride_tricks.as_strided", "copyto_", "einsum"):
+            attacker.seq += 1
+            reply = attacker.run([wire.Call(attacker.seq * 100, -1, (), "numpy_",
+                                            (REF, path, REF), {})])
+            assert isinstance(reply, wire.Failed), reply
+            assert "not a NumPy function mwrt runs" in reply.info["message"], reply.info
+        assert isinstance(attacker.run([wire.Call(5, -1, (), "numpy_", (REF, "copyto", REF), {})]),
+                          wire.Done)
+    finally:
+        attacker.close()
+
+
+def test_no_result_holds_another_masters_freed_memory(daemon):
+    _, address = daemon
+    victim, attacker = Attacker(address, "victim"), Attacker(address, "attacker")
+    try:
+        marker = float.fromhex("0x1.5a5a5a5a5a5a5p+0")
+        ids = list(range(100, 132))
+        victim.run([wire.Create(2, -1, i, "full", (8192,), "<f8", -1, (marker,)) for i in ids])
+        victim.run([wire.Free(3, -1, tuple(ids), 1)])
+        attacker.run([wire.Create(4, -1, 50, "zeros", (8192,), "<f8", -1, ())])
+        for path, args in (("empty_like", (wire.Ref(50),)), ("zeros_like", (wire.Ref(50),)),
+                           ("empty_like", (wire.Ref(50), "<f8", "C", True, (8192,)))):
+            reply = attacker.numpy(path, *args, out=60)
+            assert isinstance(reply, wire.Data), reply
+            assert attacker.array.shape == (8192,) and not attacker.array.any(), path
+        reply = attacker.numpy("empty", (8192,), out=61)
+        assert isinstance(reply, wire.Failed) and "np.empty: not a NumPy" in reply.info["message"]
+    finally:
+        victim.close()
+        attacker.close()
+
+
+# Arguments that size a result far past 1 MiB; each is refused before it is made.
+OVERSIZED = [
+    ("zeros_like", (REF,), {"shape": (10**8,)}),
+    ("ones_like", (REF, "u1", "C", True, (10**8,)), {}),
+    ("full_like", (REF, 7), {"shape": (10**8,)}),
+    ("zeros_like", (REF,), {"dtype": "V1000000"}),
+    ("fft.fft", (REF, 10**8), {}),
+    ("fft.irfftn", (REF,), {"s": (10**8,)}),
+    ("histogram", (REF,), {"bins": 10**8}),
+    ("histogram2d", (REF, REF), {"bins": 10**4}),
+    ("vander", (REF, 10**8), {}),
+    ("diagflat", (REF,), {"k": 10**4}),
+    ("diag", (REF, 10**4), {}),
+    ("lib.stride_tricks.sliding_window_view", (REF, 10**8), {}),
+    ("percentile", (REF, tuple(range(10)) * 10000), {"axis": None}),
+]
+
+
+@pytest.mark.parametrize("path,args,kwargs", OVERSIZED,
+                         ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(OVERSIZED)])
+def test_results_are_sized_before_they_are_made(daemon, path, args, kwargs):
+    process, address = daemon
+    attacker = Attacker(address)
+    try:
+        before = status(process.pid, "VmHWM")
+        reply = attacker.numpy(path, *args, **kwargs)
+        assert isinstance(reply, wire.Failed), reply
+        assert "MWRT_MAX_TENSOR_BYTES" in reply.info["message"] or \
+            "bins" in reply.info["message"], reply.info
+        assert status(process.pid, "VmHWM") - before < 32 * MiB
+        assert isinstance(attacker.numpy("linalg.norm", REF), wire.Data)  # the session goes on
+    finally:
+        attacker.close()
+
+
+def test_a_constructors_arguments_are_sized_too(daemon):
+    process, address = daemon
+    attacker = Attacker(address)
+    try:
+        before = status(process.pid, "VmHWM")
+        for create in (wire.Create(2, -1, 9, "arange", (1,), "<f8", -1, (0, 10**8)),
+                       wire.Create(2, -1, 9, "arange", (1,), "<f8", -1, (0, 10**8, 1)),
+                       wire.Create(2, -1, 9, "arange", (1,), "<f8", -1, (10**8,))):
+            reply = attacker.run([create])
+            assert isinstance(reply, wire.Failed), reply
+            assert "MWRT_MAX_TENSOR_BYTES" in reply.info["message"], reply.info
+        assert status(process.pid, "VmHWM") - before < 32 * MiB
+        reply = attacker.run([wire.Create(2, -1, 9, "arange", (5,), "<f8", -1, (0, 10, 2))])
+        assert isinstance(reply, wire.Done), reply
+    finally:
+        attacker.close()
+
+
+def test_every_listed_function_exists_and_every_bound_is_a_count():
+    for path in npallow.ALLOWED:
+        assert callable(npallow.resolve(np, path)), path
+    a, b = npallow.Spec((3, 4), np.dtype("f8")), npallow.Spec((4, 5), np.dtype("f8"))
+    assert npallow.result_bytes("einsum", ("ij,jk->ik", a, b), {}) >= 3 * 5 * 8
+    assert npallow.result_bytes("tensordot", (a, b), {"axes": 1}) >= 3 * 5 * 8
+    assert npallow.result_bytes("cov", (a,), {}) >= 3 * 3 * 8
+    assert npallow.result_bytes("unique", (a,), {}) >= 12 * 8
+    assert npallow.result_bytes("not.listed", (a,), {}) == 0
