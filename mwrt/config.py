@@ -94,6 +94,20 @@ SETTINGS = {
     "session_inflight_bytes": Setting("MWRT_SESSION_INFLIGHT_BYTES", 1 << 30, int,
                                       "bytes of received commands a worker queues for one "
                                       "master before it refuses more"),
+    "session_events": Setting("MWRT_SESSION_EVENTS", 1 << 16, int,
+                              "events, and waits on them, one master may keep on a worker"),
+    "session_graphs": Setting("MWRT_SESSION_GRAPHS", 1024, int,
+                              "captured graphs one master may keep defined on a worker"),
+    "session_graph_bytes": Setting("MWRT_SESSION_GRAPH_BYTES", 64 << 20, int,
+                                   "bytes of graph definitions one master may keep on a "
+                                   "worker"),
+    "session_functions": Setting("MWRT_SESSION_FUNCTIONS", 256, int,
+                                 "shipped functions a worker keeps unpickled for one master "
+                                 "(the least recently used go first; never shared)"),
+    "max_world": Setting("MWRT_MAX_WORLD", 1 << 16, int,
+                         "largest world a master's Join may name on a worker"),
+    "max_joins": Setting("MWRT_MAX_JOINS", 64, int,
+                         "Joins a worker runs at once for all its masters (a thread each)"),
     "max_backlog_bytes": Setting("MWRT_MAX_BACKLOG_BYTES", 64 << 20, int,
                                  "the master waits (up to MWRT_SYNC_TIMEOUT) when a worker is "
                                  "this many bytes of commands behind; 0: never waits"),

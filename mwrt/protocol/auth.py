@@ -152,8 +152,7 @@ def load_key_file(path: str) -> KeyFile:
                         "`mwrt-worker keygen DIR`") from None
     except ValueError as exc:
         raise AuthError(f"key file {path}: not JSON ({exc})") from None
-    if os.stat(path).st_mode & 0o077:
-        log.warning("key file %s is readable by others; chmod 600 it", path)
+    check_private(path)
     try:
         keys = KeyFile(data["curve_public"].encode(), data["curve_secret"].encode(),
                        [k.encode() for k in data["trusted"]], bytes.fromhex(data["hmac"]), path)
@@ -162,6 +161,24 @@ def load_key_file(path: str) -> KeyFile:
     if len(keys.public) != 40 or len(keys.secret) != 40:
         raise AuthError(f"key file {path}: CURVE keys must be 40 Z85 characters")
     return keys
+
+
+def check_private(path: str) -> None:
+    """Refuse a secret key file that others may read or replace, as ssh does, with the fix."""
+    import os
+    import stat
+
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        raise AuthError(f"key file {path}: others may read or change it (mode {mode:04o}, "
+                        f"expected 0600), so its secret is no longer one; run `chmod 600 {path}` "
+                        "(and make new keys with `mwrt-worker keygen` if others may have read it)")
+    directory = os.path.dirname(os.path.abspath(path))
+    dmode = os.stat(directory).st_mode
+    if dmode & stat.S_IWOTH and not dmode & stat.S_ISVTX:
+        raise AuthError(f"key file {path}: its directory {directory} is writable by anyone "
+                        f"(mode {stat.S_IMODE(dmode):04o}), who could replace the key; run "
+                        f"`chmod o-w {directory}` or keep keys in a private directory")
 
 
 def generate_cluster_keys() -> tuple[KeyFile, KeyFile]:

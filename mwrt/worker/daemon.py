@@ -101,7 +101,7 @@ class Daemon:
         self.inline_bytes = config.get("inline_bytes")
         self.parent_pid = parent_pid
         self.stopping = False
-        self._functions: dict[bytes, object] = {}
+        self.max_functions = max(config.get("session_functions"), 1)
         self._rejections = [0.0, 0, 0]  # window start, rejections in it, not logged
         self.refusals = RefusalLog(keys is not None, self._log_rejection, _REJECTION_WINDOW)
         self._ending: list[threading.Thread] = []  # sessions being freed off the socket thread
@@ -384,18 +384,23 @@ class Daemon:
         return sock
 
     def load_function(self, session, blob: bytes):
-        """Unpickle a user function (cloudpickle), cached by content: keyed daemons only."""
+        """Unpickle a user function (cloudpickle), cached by content for this session only:
+        module state one master's function leaves must not reach another's. Keyed only."""
         if self.keys is None:  # handlers.py refuses needs_key commands first: defence in depth
             raise PermissionError("remote: this worker has no key, so it runs no shipped code")
-        digest = hashlib.sha256(blob).digest()
-        fn = self._functions.get(digest)
-        if fn is None:
-            import cloudpickle
+        digest, functions = hashlib.sha256(blob).digest(), session.functions
+        with session.lock:  # the session's streams load concurrently
+            fn = functions.pop(digest, None)
+            if fn is not None:
+                functions[digest] = fn  # last: the most recently used
+                return fn
+        import cloudpickle
 
-            fn = cloudpickle.loads(blob)
-            if len(self._functions) > 256:
-                self._functions.clear()
-            self._functions[digest] = fn
+        fn = cloudpickle.loads(blob)
+        with session.lock:
+            while len(functions) >= self.max_functions:
+                functions.pop(next(iter(functions)))  # the least recently used
+            functions[digest] = fn
         return fn
 
     def _reap(self) -> None:

@@ -45,6 +45,7 @@ class Session:
         self.event_waiters: dict[int, list] = {}
         self.implicit = ImplicitEvents(self)
         self.graphs = GraphStore(self)
+        self.functions: dict[bytes, object] = {}  # shipped functions, by content (an LRU)
         self.lock = threading.Lock()
         self.last_seen = time.monotonic()
         self.last_seq = -1
@@ -119,6 +120,7 @@ class Session:
         arrays = [t for t in list(self.tensors.values()) if hasattr(t, "nbytes")]
         return {"tensors": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)),
                 "streams": len(self.streams), "events": len(self.events),
+                "functions": len(self.functions),
                 "queued_bytes": self.inflight.nbytes,
                 **(self.data.pool.stats() if self.data is not None else {})}
 
@@ -142,4 +144,5 @@ class Session:
         self.event_waiters.clear()
         self.pending_frees.clear()
         self.graphs.graphs.clear()
+        self.functions.clear()
         self.trace = None
