@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 import weakref
 
@@ -32,34 +33,51 @@ _SAVE_STREAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # node
 
 
 class SaveHandle:
-    """A save in progress: wait() finishes it (writes the manifest); done() asks without waiting."""
+    """A save in progress: wait() returns once the manifest is written; done() asks."""
 
     def __init__(self, path: str, entries: dict, parts: list, generation: int, started: float):
         self.path, self._entries, self._parts = path, entries, parts
-        self._generation, self._started, self._finished = generation, started, False
+        self._generation, self._started = generation, started
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
 
     def done(self) -> bool:
         """True once every worker wrote its part and the manifest is in place."""
-        if not self._finished and all(part[3].query() for part in self._parts):
-            self.wait()
-        return self._finished
+        return self._parts is None or (self._thread is not None and not self._thread.is_alive())
 
     def wait(self) -> str:
-        """Wait for every worker's part, then write the manifest; returns its path."""
-        if not self._finished:
-            for names, crcs_tensor, rel, _ in self._parts:
-                for name, crc in zip(names, crcs_tensor.numpy().tolist()):
-                    self._entries[name]["crc32"] = int(crc) & 0xFFFFFFFF
-            _write_manifest(self.path, {
-                "format": _FORMAT, "version": 1, "generation": self._generation,
-                "files": sorted({rel for _, _, rel, _ in self._parts}),
-                "seconds": round(time.monotonic() - self._started, 3),
-                "tensors": self._entries})
-            self._parts, self._finished = [], True
+        """Wait for every worker's part and the manifest; returns the manifest's path."""
+        if self._thread is not None:
+            self._thread.join()
+            if self._error is not None:
+                raise self._error
+        elif self._parts is not None:
+            self._finish()
         return os.path.join(self.path, MANIFEST)
 
+    def _in_background(self) -> None:
+        """Finish on a thread of its own: the manifest's fsync is not the program's wait."""
+        def run():
+            try:
+                self._finish()
+            except BaseException as exc:  # raised by wait()
+                self._error = exc
+        self._thread = threading.Thread(target=run, name="mwrt-save", daemon=True)
+        self._thread.start()
+
+    def _finish(self) -> None:
+        for names, crcs_tensor, _, _ in self._parts:
+            for name, crc in zip(names, crcs_tensor.numpy().tolist()):
+                self._entries[name]["crc32"] = int(crc) & 0xFFFFFFFF
+        _write_manifest(self.path, {
+            "format": _FORMAT, "version": 1, "generation": self._generation,
+            "files": sorted({rel for _, _, rel, _ in self._parts}),
+            "seconds": round(time.monotonic() - self._started, 3),
+            "tensors": self._entries})
+        self._parts = None
+
     def __repr__(self):
-        state = "written" if self._finished else "in progress"
+        state = "written" if self.done() else "in progress"
         return f"<SaveHandle {self.path!r} generation {self._generation}: {state}>"
 
 
@@ -88,6 +106,8 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
         node.flush()  # every worker starts writing before the master waits on the first
     if wait:
         handle.wait()
+    else:
+        handle._in_background()
     return handle
 
 
