@@ -12,7 +12,7 @@ from ...arrays import HOST
 from ...ops import Spec
 from ...protocol import wire
 from ...worker import staging
-from .. import transfer
+from .. import ordering, transfer
 from ..cluster import current
 
 
@@ -25,7 +25,8 @@ def fetch_many(tensors: list) -> list[np.ndarray]:
             node, spec = t._node, t._spec
             nbytes = None if spec is None else math.prod(spec.shape) * spec.dtype.itemsize
             if nbytes is None or nbytes <= node.inline_bytes:
-                get = wire.Get(id=next(node.ids), stream=t._writer, ref=t._id,
+                stream = ordering.read_stream(t)  # a view's: its storage's last writer
+                get = wire.Get(id=next(node.ids), stream=stream, ref=t._id,
                                token=next(node.tokens))
                 node.issue(get)
                 pending.append((k, node, get.token, True))
@@ -63,7 +64,8 @@ def _post_receive(t, node, pending: list, works: list, k: int) -> np.ndarray:
     with transfer._naming_the_node(node):
         work = cluster.channel().irecv(array.reshape(-1).view(np.uint8), node.index, tag)
     works.append((node, work))
-    send = wire.SendTo(id=next(node.ids), stream=t._writer, ref=t._id,
+    stream = ordering.read_stream(t)
+    send = wire.SendTo(id=next(node.ids), stream=stream, ref=t._id,
                        peer=cluster.master_rank, tag=tag, token=next(node.tokens))
     node.issue(send)
     pending.append((k, node, send.token, False))
