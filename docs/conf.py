@@ -1,0 +1,59 @@
+"""Sphinx's settings for mwrt's documentation site: `sphinx-build -W docs docs/_build`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from sphinx.util.docutils import SphinxDirective
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the checkout's mwrt, not an installed one
+
+project = "mwrt"
+author = "the mwrt developers"
+copyright = "2026, the mwrt developers"
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+source_suffix = {".md": "markdown"}
+exclude_patterns = ["_build"]
+html_theme = "furo"
+html_title = "mwrt"
+myst_heading_anchors = 3
+# The reference: signatures with their type hints; one-line docstrings read as prose.
+autodoc_typehints = "signature"
+autodoc_member_order = "bysource"
+autodoc_default_options = {"members": True, "undoc-members": True}
+suppress_warnings = ["myst.xref_missing"]  # links to files of the repository, not pages
+# Docstrings are written as Markdown-ish prose: `x` is code, and * or | is an operator.
+default_role = "code"
+
+
+def _escape(line: str) -> str:
+    """RST's inline markup characters outside `code`, escaped (a docstring's `a * b`)."""
+    parts = line.split("`")
+    for i in range(0, len(parts), 2):  # even parts are outside backticks
+        parts[i] = parts[i].replace("\\", "\\\\").replace("*", "\\*").replace("|", "\\|")
+    return "`".join(parts)
+
+
+def _docstring(app, what, name, obj, options, lines) -> None:
+    lines[:] = [_escape(line) for line in lines]
+
+
+class Settings(SphinxDirective):
+    """`mwrt-settings`: the table of mwrt.config.SETTINGS (variable, default, meaning), as
+    Markdown: the pages are MyST, and so is what a directive parses."""
+
+    def run(self) -> list:
+        from mwrt import config
+
+        rows = ["| variable | default | meaning |", "|---|---|---|"]
+        for setting in config.SETTINGS.values():
+            doc = setting.doc.replace("|", "\\|")
+            rows.append(f"| `{setting.env}` | `{setting.default!r}` | {doc} |")
+        return self.parse_text_to_nodes("\n".join(rows))
+
+
+def setup(app) -> None:
+    app.connect("autodoc-process-docstring", _docstring)
+    app.add_directive("mwrt-settings", Settings)

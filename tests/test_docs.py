@@ -1,0 +1,83 @@
+"""The documentation site (docs/, Sphinx): it builds with no warning, its API reference has
+every public name, and every Python block of its pages runs as written, each as a script in
+a fresh process (the master-worker ones start their own local daemons, as the quickstart)."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+import mwrt
+import mwrt.distributed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+TOOLS = ("sphinx", "furo", "myst_parser")
+MISSING = [name for name in TOOLS if importlib.util.find_spec(name) is None]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def blocks() -> list:
+    """(page, index, code) of every ```python block under docs/."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)):
+        page = os.path.relpath(path, DOCS)
+        for index, match in enumerate(BLOCK.finditer(pathlib.Path(path).read_text())):
+            found.append(pytest.param(match.group(1), id=f"{page}#{index}"))
+    return found
+
+
+@pytest.mark.parametrize("code", blocks())
+def test_a_block_of_the_docs_runs(code, tmp_path):
+    if "import torch" in code and importlib.util.find_spec("torch") is None:
+        pytest.skip("the block needs torch (pip install 'mwrt[torch]')")
+    script = tmp_path / "block.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=240, check=False)
+    assert res.returncode == 0, f"the block failed:\n{code}\n{res.stdout[-2000:]}" \
+                                f"{res.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once with warnings as errors: (returncode, output, html folder)."""
+    if MISSING:
+        pytest.skip(f"needs the docs tools {MISSING} (pip install -e '.[docs]')")
+    out = tmp_path_factory.mktemp("site")
+    res = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b",
+                          "html", DOCS, str(out)], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT, check=False)
+    return res.returncode, res.stdout + res.stderr, out
+
+
+def test_the_site_builds_without_warnings(site):
+    code, output, _ = site
+    assert code == 0 and "WARNING" not in output, output[-5000:]
+
+
+@pytest.mark.parametrize("module, page", [(mwrt, "mwrt"), (mwrt.distributed, "distributed")])
+def test_the_reference_has_every_public_name(site, module, page):
+    html = (site[2] / "reference" / f"{page}.html").read_text()
+    shown = set(re.findall(rf'id="(?:module-)?{re.escape(module.__name__)}\.(\w+)"', html))
+    assert not set(module.__all__) - shown, sorted(set(module.__all__) - shown)
+
+
+def test_every_error_class_has_its_troubleshooting_entry():
+    """docs/troubleshooting.md has a section per error class of mwrt.errors."""
+    import mwrt.errors
+
+    text = pathlib.Path(DOCS, "troubleshooting.md").read_text()
+    classes = [name for name, obj in vars(mwrt.errors).items()
+               if isinstance(obj, type) and issubclass(obj, Exception)]
+    missing = [name for name in classes if f"## `{name}`" not in text]
+    assert not missing, missing
