@@ -260,6 +260,11 @@ class DataChannel(abc.ABC):
         """Someone who knows (a master's heartbeat) says `peer` is gone: fail its receives now
         rather than at their timeout. A channel that cannot tell does nothing."""
 
+    def fail_tags(self, match, why: str) -> None:
+        """Someone who knows says the messages on every tag for which match(tag) holds will
+        never come (a collective one of whose members was lost): fail those receives, from
+        any peer, now and from now on. A channel that cannot tell does nothing."""
+
     def __enter__(self):
         return self
 

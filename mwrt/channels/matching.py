@@ -79,6 +79,7 @@ class MatchingChannel(DataChannel):
         self._cond = threading.Condition(self._lock)  # for subclasses that wait on the state
         self._boxes: dict[tuple[int, int], _Box] = {}
         self._gone: dict[int, str] = {}
+        self._failed_tags: list[tuple] = []  # (match, why) of fail_tags: checked at each post
         # Bytes each peer sent that no receive claimed yet: a peer may not pile up more than
         # MWRT_MAX_UNCLAIMED_BYTES (a stranger with the public key of an unkeyed daemon could).
         self._unclaimed: dict[int, int] = {}
@@ -133,6 +134,8 @@ class MatchingChannel(DataChannel):
                     return msg.post
             elif peer in self._gone or self.closed:
                 raise self._closed_error(peer, tag)
+            elif self._failed_tags and (why := self._tag_failed(tag)):
+                raise self._failed_tag_error(peer, tag, why)
             else:
                 post = _Post(view, desc, peer, tag)
                 if box is None:
@@ -225,6 +228,8 @@ class MatchingChannel(DataChannel):
             post = self._next_post(box)
             if post is None and keep:
                 return memoryview(bytearray(data))
+            if post is None and self._failed_tags and self._tag_failed(tag):
+                return None  # nothing will ever receive it
             if post is None:
                 self._unclaimed_more(peer, data.nbytes)
                 msg = _Msg(data.nbytes, desc)
@@ -275,6 +280,8 @@ class MatchingChannel(DataChannel):
     def _start_message(self, box, peer, tag, total, desc) -> _Msg:
         msg = _Msg(total, desc)
         post = self._next_post(box)
+        if post is None and self._failed_tags and self._tag_failed(tag):
+            return msg  # no buffer: its segments are discarded, nothing will receive it
         if post is None:
             msg.buf = self._stash(peer, total)
             self._unclaimed_more(peer, total)
@@ -376,6 +383,41 @@ class MatchingChannel(DataChannel):
         """Fail every receive from `peer` now, saying `why`."""
         if 0 <= peer < self.world_size and peer != self.rank:
             self._peer_gone(peer, why)
+
+    def fail_tags(self, match, why: str) -> None:
+        """Fail every receive on a tag match(tag) accepts, now and at every later post; the
+        messages on those tags that nothing claimed, and those still to come, are dropped."""
+        failed = []
+        with self._lock:
+            self._failed_tags.append((match, why))
+            for (peer, tag), box in list(self._boxes.items()):
+                if not match(tag):
+                    continue
+                posts = [post for post in box.posted if not post.finished]
+                box.posted.clear()
+                msg = box.current
+                if msg is not None and msg.post is not None and not msg.post.finished:
+                    posts.append(msg.post)  # its later segments are discarded
+                for post in posts:
+                    post.finished = True
+                failed += posts
+                for msg in [m for m in box.arrived if m.done]:  # nothing will claim them
+                    box.arrived.remove(msg)
+                    self._claimed(peer, msg.total)
+                self._gc(peer, tag, box)
+        for post in failed:
+            post.release(self._failed_tag_error(post.peer, post.tag, why))
+
+    def _tag_failed(self, tag: int) -> str | None:
+        """Why receives on `tag` fail at once (fail_tags), or None (under the lock)."""
+        for match, why in self._failed_tags:
+            if match(tag):
+                return why
+        return None
+
+    def _failed_tag_error(self, peer, tag, why) -> ChannelClosedError:
+        return ChannelClosedError(f"{self.name} recv on rank {self.rank} from rank {peer} tag "
+                                  f"{tag}: {why}")
 
 
 def _completed(post: _Post) -> bool:

@@ -148,7 +148,9 @@ class CmaGroup:
         return int(self.blocks[peer][_SEEN]) >= stage
 
     def _check_alive(self, pending, what) -> None:
-        channel = self.channel
+        channel, lost = self.channel, self.group.lost
+        if lost is not None:  # its master said a member is gone (ProcessGroup.abort)
+            self._lost(self.group.ranks.index(lost), what, "is lost")
         for p in pending:
             why = channel.gone(self.group.ranks[p])
             if why is not None or channel.closed:

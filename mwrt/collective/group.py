@@ -33,6 +33,7 @@ import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, MwrtError
@@ -258,6 +259,7 @@ class ProcessGroup:
         self.turns = _Turns() if self.natives is not None and self.natives.in_order else None
         self._seqs = itertools.count()
         self.broken = False  # set once a collective failed midway: peers may be gone
+        self.lost: int | None = None  # the channel rank abort() named: every call fails
         self.subgroups: dict = {}  # groups made from this one (mwrt.collective.hierarchy)
         self._pool: ThreadPoolExecutor | None = None
         self._last = None
@@ -346,9 +348,23 @@ class ProcessGroup:
 
     # -- failures ------------------------------------------------------------------------
 
+    def abort(self, rank: int, why: str) -> None:
+        """Channel rank `rank`, a member, is gone (its master says so): this group's running
+        collectives fail now on this rank, whichever peer they wait for, and later ones at
+        once, naming it. Its subgroups' too: their members wait on ours."""
+        if self.lost is None:
+            self.lost = rank
+        self.channel.fail_tags(partial(_in_group, self.group_id & 0xFFFFFF), why)
+        for made in list(self.subgroups.values()):
+            for sub in (made.host, made.leaders) if made is not None else ():
+                if sub is not None:
+                    sub.abort(rank, why)
+
     def _failure(self, what: str, e: BaseException) -> MwrtError:
         self.broken = True
         peer = getattr(e, "group_peer", None)
+        if self.lost is not None and self.lost in self.ranks:  # the one to name, whoever we
+            peer = self.ranks.index(self.lost)                # were waiting for
         who = f"rank {self.ranks[peer]}" if peer is not None else "a peer"
         me = f"{what} on {self.name}, rank {self.channel.rank}"
         if isinstance(e, ChannelClosedError):
@@ -393,6 +409,12 @@ class ProcessGroup:
                     for i in range(1, n)]
         except (MwrtError, OSError):
             return ["(the store is unreachable: rank 0, which serves it, may be gone)"]
+
+
+def _in_group(group_id: int, tag: int) -> bool:
+    """True if channel tag `tag` is one of a collective of group `group_id` (data, control
+    or point-to-point space, any phase of it; transfers have a space of their own)."""
+    return (tag >> 56) & 0xF <= _P2P and (tag >> 32) & 0xFFFFFF == group_id
 
 
 __all__ = ["GroupWork", "ProcessGroup", "default_timeout"]

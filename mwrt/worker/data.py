@@ -147,6 +147,19 @@ class SessionData:
                                                              group_id=group_id)
             return group
 
+    def peer_lost(self, rank: int, why: str) -> None:
+        """Transfers from node `rank` fail now, and so does every collective of a group it
+        belongs to, on whichever survivor its call waits: those would otherwise wait for
+        peers that wait on the dead node, until their timeout, and then name a survivor."""
+        with self.lock:
+            channel, groups = self.channel, list(self.groups.values())
+        if channel is None:
+            return
+        channel.fail_peer(rank, why)
+        for group in groups:
+            if rank in group.ranks:
+                group.abort(rank, why)
+
     def gpu_group(self, group_id: int, ranks: tuple, device: int) -> ProcessGroup | None:
         """For a collective over GPU tensors: a group over an nccl channel of its own among
         `ranks`, if every one of them can run NCCL on its tensor's GPU (they say so through

@@ -111,9 +111,8 @@ class Session:
 
     def peer_lost(self, rank: int, reason: str) -> None:
         """The master saw node `rank` die: transfers and collectives waiting on it fail now."""
-        channel = self.data.channel if self.data is not None else None
-        if channel is not None:
-            channel.fail_peer(rank, f"node {rank} is lost ({reason})")
+        if self.data is not None:
+            self.data.peer_lost(rank, f"node {rank} is lost ({reason})")
 
     def stats(self) -> dict:
         """Live tensors and their bytes."""
