@@ -157,6 +157,22 @@ def test_scalar_conversions_and_slices_by_tensors(xp):
     assert complex(xp.asarray(2.5)) == 2.5 + 0j
 
 
+def test_a_mask_of_the_wrong_shape_is_numpys_index_error_at_once(xp):
+    x = xp.asarray(A)
+    with pytest.raises(IndexError, match="boolean index did not match"):
+        x[xp.asarray([True, False])]  # raised here, not later at a sync point
+    np.testing.assert_array_equal(x[x > 2.0].numpy(), A[A > 2.0])  # the session goes on
+
+
+def test_linalg_cross_broadcasts_and_pinv_takes_a_tensor_rtol(xp):
+    u, w = np.arange(3.0).reshape(1, 3), np.ones((2, 1, 3))
+    np.testing.assert_array_equal(xp.linalg.cross(xp.asarray(u), xp.asarray(w)).numpy(),
+                                  np.linalg.cross(u, w))
+    out = xp.linalg.pinv(xp.asarray(A), rtol=xp.asarray(1e-3))
+    assert (out.shape, out.dtype) == (A.shape, A.dtype)
+    np.testing.assert_allclose(out.numpy(), np.linalg.pinv(A, rtol=1e-3))
+
+
 def test_dlpack_exports_a_copy_on_the_master(xp):
     t = xp.asarray(A)
     assert t.__dlpack_device__() == (1, 0)

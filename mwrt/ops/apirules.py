@@ -150,9 +150,9 @@ def _elementwise(*args, **kwargs):
 
 def _cross(x1, x2, axis=-1):
     s1, s2 = shape_of(x1), shape_of(x2)
-    if len(s1) != len(s2) or s1[axis] != 3 or s2[axis] != 3:
-        raise ValueError(f"linalg.cross: operands need the same rank and length 3 on axis "
-                         f"{axis} (got shapes {s1} and {s2})")
+    if not s1 or not s2 or s1[axis] != 3 or s2[axis] != 3:
+        raise ValueError(f"linalg.cross: operands need length 3 on axis {axis} (got shapes "
+                         f"{s1} and {s2})")
     return Spec(np.broadcast_shapes(s1, s2), np.result_type(x1.dtype, x2.dtype))
 
 

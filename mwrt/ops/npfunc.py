@@ -131,7 +131,7 @@ def _run_probe(path: str, args: tuple, kwargs: dict) -> tuple:
     fn = resolve(np, path)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        out = fn(*_probe(args), **kwargs)
+        out = fn(*_probe(args), **{k: _probe(v) for k, v in kwargs.items()})
     outs = out if isinstance(out, tuple) else (out,)
     return tuple(np.asarray(o).dtype for o in outs)
 

@@ -39,17 +39,18 @@ register("flatten", lambda xp, a: a.flatten(), lambda a: Spec((int(np.prod(a.sha
          doc="A 1-D copy of the tensor.")
 
 
-def _index_standin(index):
-    """Replace tensor Specs inside an index by stand-ins NumPy can index with."""
+def _index_standin(index, masks: bool = False):
+    """Replace tensor Specs inside an index by stand-ins NumPy can index with (a mask by
+    UNKNOWN, or with `masks` by an all-False one of its shape, which NumPy checks)."""
     if isinstance(index, Spec):  # before tuple: a Spec is a NamedTuple
-        if index.dtype == np.bool_:
-            return UNKNOWN  # a mask: the result's length depends on the data
+        if index.dtype == np.bool_:  # a mask: the result's length depends on the data
+            return np.broadcast_to(np.False_, index.shape) if masks else UNKNOWN
         if not np.issubdtype(index.dtype, np.integer):
             raise IndexError(f"getitem: arrays used as indices must be of integer or boolean "
                              f"type (got {index.dtype})")
         return np.zeros(index.shape, dtype=np.intp)
     if isinstance(index, tuple):
-        return tuple(_index_standin(i) for i in index)
+        return tuple(_index_standin(i, masks) for i in index)
     return index
 
 
@@ -64,6 +65,8 @@ def getitem_impl(xp, a, index):
 def getitem_meta(a, index):
     stand_index = _index_standin(index)
     if _has_unknown(stand_index):
+        # NumPy's IndexError for a mask of the wrong shape now, not sticky on the worker
+        standin(a)[_index_standin(index, masks=True)]
         return UNKNOWN
     # Zeros stand in for integer index tensors: in bounds whenever the axis is not empty.
     return Spec(standin(a)[stand_index].shape, a.dtype)
