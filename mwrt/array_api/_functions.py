@@ -9,6 +9,8 @@ from remote ops. Nothing here copies values to the master.
 
 from __future__ import annotations
 
+from ..master import creation
+from ..master.tensor import DistributedTensor
 from ._run import named, op, run, tensor
 
 __all__ = [  # noqa: RUF022 (by the standard's sections)
@@ -69,7 +71,19 @@ def permute_dims(x, /, axes):
 
 def repeat(x, repeats, /, *, axis=None):
     """Each element repeated `repeats` times (an int or a tensor of counts), along `axis`."""
-    return run("repeat", x, repeats, **_axis(axis))
+    if isinstance(repeats, DistributedTensor) and repeats.size == 1:
+        repeats = int(repeats.reshape(()))  # one count: its value sizes the result
+    if not isinstance(repeats, DistributedTensor):
+        return run("repeat", x, repeats, **_axis(axis))
+    # A count per element: element i fills the places below the running total's i-th entry
+    # (the total, one number, is read back: it is the result's length).
+    if axis is None:
+        x, axis = op("reshape", tensor(x, "repeat"), (-1,)), 0
+    ends = cumulative_sum(repeats)
+    total = int(ends[-1]) if ends.shape[0] else 0
+    places = creation.arange(0, total, 1, dtype=ends.dtype, node=x.get_node(),
+                             device=x.get_device())
+    return take(x, searchsorted(ends, places, side="right"), axis=axis)
 
 
 def reshape(x, /, shape, *, copy=None):

@@ -217,6 +217,34 @@ def _einsum(subscripts, *operands, **kwargs) -> int:
     return math.prod(sizes.values()) * broadcast + elements(operands)
 
 
+def _take(a, indices, axis=None, **kwargs) -> int:
+    """Elements of `a` along `axis` picked by `indices`: the rest of `a` once per index."""
+    if axis is None or type(a) is not Spec:
+        return elements(indices)
+    rest = math.prod(d for i, d in enumerate(a.shape) if i != axis % max(len(a.shape), 1))
+    return rest * elements(indices)
+
+
+def _tile(a, reps) -> int:
+    return elements(a) * math.prod(abs(int(r)) for r in np.atleast_1d(reps).tolist())
+
+
+def _repeat(a, repeats, axis=None) -> int:
+    if type(repeats) is Spec:
+        raise TypeError("np.repeat: counts held in a tensor size the result from the data, "
+                        "which cannot be bounded before it is made; mwrt.array_api.repeat "
+                        "composes it from cumulative_sum, searchsorted and take")
+    return elements(a) * max((abs(int(r)) for r in np.atleast_1d(repeats).tolist()), default=0)
+
+
+def _cumulative(x, axis=None, dtype=None, include_initial=False) -> int:
+    return elements(x) + math.prod(max(d, 1) for d in _shape(x))  # one more per lane
+
+
+def _broadcast_to(array, shape, **kwargs) -> int:
+    return math.prod(np.atleast_1d(shape).tolist()) + elements(array)
+
+
 # path -> bound on its results' elements, by family, one line per function.
 ALLOWED = {
     # linalg (most are sized exactly by their rules in nprules.py)
@@ -280,6 +308,11 @@ ALLOWED = {
     "meshgrid": _meshgrid, "broadcast_arrays": _broadcast_arrays, "vander": _vander,
     "zeros_like": _like, "ones_like": _like, "full_like": _like, "empty_like": _like,
     "lib.stride_tricks.sliding_window_view": _windows,
+    # the Array API standard's names (mwrt.array_api runs these by path)
+    "concat": linear(), "permute_dims": linear(), "matrix_transpose": linear(),
+    "unstack": linear(), "take": _take, "tile": _tile, "repeat": _repeat,
+    "cumulative_sum": _cumulative, "cumulative_prod": _cumulative, "vecdot": _broadcast,
+    "broadcast_to": _broadcast_to,
 }
 # Change their first argument, within its bounds (the numpy_ op).
 IN_PLACE = {"copyto", "fill_diagonal", "put", "place", "putmask", "put_along_axis"}
