@@ -61,6 +61,9 @@ SETTINGS = {
                                  "seconds of silence before a peer is declared lost"),
     "lease_timeout": Setting("MWRT_LEASE_TIMEOUT", 10.0, float,
                              "seconds a worker keeps a silent master's session"),
+    "progress_after": Setting("MWRT_PROGRESS_AFTER", 2.0, float,
+                              "seconds a save, load or start of local workers waits before "
+                              "it shows its progress"),
     "batch_size": Setting("MWRT_BATCH_SIZE", 256, int, "commands per batch before a flush"),
     "worker_spin_us": Setting("MWRT_WORKER_SPIN_US", 100, int,
                               "microseconds a worker with idle streams keeps polling for the "

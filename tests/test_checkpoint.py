@@ -146,3 +146,39 @@ def test_a_master_killed_mid_save_leaves_a_whole_checkpoint(cluster, tmp_path):
     loaded = mwrt.load(tmp_path)
     assert loaded["w"].numpy()[0] in (1.0, 2.0)
     assert loaded["big"].shape == (8_000_000,)
+
+
+def test_long_saves_and_loads_show_their_progress(tmp_path):
+    pytest.importorskip("tqdm", reason="the bar is tqdm's where it is installed")
+    script = textwrap.dedent("""
+        import sys, mwrt
+        mwrt.init_master_worker(local_workers=2)
+        with mwrt.node(1):
+            t = mwrt.ones(1000)
+        mwrt.save(sys.argv[1], {"t": t, "u": mwrt.zeros(10)})
+        mwrt.load(sys.argv[1])
+    """)
+    res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, MWRT_PROGRESS_AFTER="0"))
+    assert res.returncode == 0, res.stderr
+    for what in ("starting local workers", "mwrt.save", "mwrt.load"):
+        assert what in res.stderr, res.stderr
+
+
+def test_progress_on_a_terminal_without_tqdm(monkeypatch):
+    import io
+
+    from mwrt.master import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for name in ("tqdm", "tqdm.auto"):  # as if not installed
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    monkeypatch.setenv("MWRT_PROGRESS_AFTER", "0")
+    with progress.Progress(3 << 20, "mwrt.save /x") as bar:
+        bar.update(1 << 20)
+        bar.update(2 << 20)
+    assert sys.stderr.getvalue().endswith("\rmwrt.save /x: 3.0 MiB of 3.0 MiB\n")

@@ -24,6 +24,7 @@ import numpy as np
 from ..protocol import wire
 from . import context, ordering
 from .cluster import current
+from .progress import Progress
 from .streams import Stream
 from .tensor import DistributedTensor
 
@@ -66,9 +67,12 @@ class SaveHandle:
         self._thread.start()
 
     def _finish(self) -> None:
-        for names, crcs_tensor, _, _ in self._parts:
-            for name, crc in zip(names, crcs_tensor.numpy().tolist()):
-                self._entries[name]["crc32"] = int(crc) & 0xFFFFFFFF
+        total = sum(_nbytes(self._entries[n]) for names, *_ in self._parts for n in names)
+        with Progress(total, f"mwrt.save {self.path}") as progress:
+            for names, crcs_tensor, _, _ in self._parts:  # as each worker's part is written
+                for name, crc in zip(names, crcs_tensor.numpy().tolist()):
+                    self._entries[name]["crc32"] = int(crc) & 0xFFFFFFFF
+                progress.update(sum(_nbytes(self._entries[n]) for n in names))
         _write_manifest(self.path, {
             "format": _FORMAT, "version": 1, "generation": self._generation,
             "files": sorted({rel for _, _, rel, _ in self._parts}),
@@ -146,8 +150,12 @@ def load(path: str | os.PathLike, *, node: int | None = None,
                             wanted[n].get("crc32")) for n in members)))
         loaded.update(zip(members, outs))
         streams.add((node_index, device))
-    for node_index, device in streams:  # a missing or damaged file is named now, not later
-        Stream(node_index, device, _id=context.stream_for(node_index, device)).synchronize()
+    total = sum(_nbytes(entry) for entry in wanted.values())
+    with Progress(total, f"mwrt.load {path}") as progress:
+        for node_index, device in streams:  # a missing or damaged file is named now
+            Stream(node_index, device, _id=context.stream_for(node_index, device)).synchronize()
+            progress.update(sum(_nbytes(wanted[n]) for (where, _), members in groups.items()
+                                if where == (node_index, device) for n in members))
     return loaded
 
 
@@ -179,6 +187,10 @@ def _save_stream(node, device: int) -> int:
     if device not in streams:
         streams[device] = Stream(node.index, device).id
     return streams[device]
+
+
+def _nbytes(entry: dict) -> int:
+    return int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
 
 
 def _spec(entry: dict):

@@ -24,6 +24,7 @@ from ..store import TCPStore
 from ..store.registry import wait_for as wait_for_workers
 from .client import Node
 from .local import LocalWorker
+from .progress import Progress
 
 log = logging.getLogger("mwrt")
 
@@ -277,8 +278,10 @@ def start_local_workers(count: int, timeout: float):
         worker_keys.save(path)  # read by each daemon at start, removed right after
         try:
             env = local_spin_env(count)
-            for _ in range(count):
-                local.append(LocalWorker.start(timeout, key_file=path, env=env))
+            with Progress(count, "starting local workers", "workers") as progress:
+                for _ in range(count):
+                    local.append(LocalWorker.start(timeout, key_file=path, env=env))
+                    progress.update(1)
         except BaseException:
             for worker in local:
                 worker.stop()
