@@ -22,6 +22,7 @@ import numpy as np
 from .. import ops
 from ..ops import npfunc
 from .issue import call
+from .issue import call as _call
 from .remote import RemoteFunction
 from .tensor import DistributedTensor
 
@@ -47,21 +48,38 @@ _BINDS: dict[tuple, bool] = {}  # (op, how many args, kwargs' names) -> the impl
 def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: dict,
                 call: Callable = call) -> Any:
     """A NumPy ufunc on tensors (np.exp(t), np.add(t, 1, out=t), np.add.reduce(t)) as the
-    registry op of the same name, on the worker (mesh tensors pass their own `call`)."""
+    registry op of the same name, on the worker (mesh tensors pass their own `call`); out= is
+    written in place, as NumPy writes it (where= leaves its other places as they were)."""
     name = ufunc.__name__
-    if method == "reduce" and name in _UFUNC_REDUCE and out is None:
+    inputs = tuple(np.asarray(v) if type(v) in (list, tuple) else v for v in inputs)
+    if out is not None:
+        out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
+        if call is not _call:  # a mesh's call: the result copied into out
+            return _copy_into(ufunc, method, inputs, out, kwargs, call)
+        kwargs["out"] = out
+    if method == "reduce" and name in _UFUNC_REDUCE:
         kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike sum()'s
         return call(_UFUNC_REDUCE[name], *inputs, **kwargs)
+    if method == "at":
+        call("ufunc_at_", inputs[0], name, *inputs[1:], **kwargs)
+        return None
     if method != "__call__":
+        return call("ufunc_method", name, method, *inputs, **kwargs)
+    if (out is not None and inputs and out is inputs[0] and "where" not in kwargs
+            and len(kwargs) == 1 and ops.has(f"{name}_")):
+        call(f"{name}_", *inputs)  # the in-place op: replayed graphs call it directly
+        return out
+    return call(name, *inputs, **kwargs)
+
+
+def _copy_into(ufunc, method: str, inputs: tuple, out, kwargs: dict, call: Callable) -> Any:
+    if method != "__call__" or "where" in kwargs:
         return NotImplemented
-    if out is None:
-        return call(name, *inputs, **kwargs)
-    target = out[0] if isinstance(out, tuple) else out
-    if len(inputs) and target is inputs[0] and ops.has(f"{name}_"):
-        call(f"{name}_", *inputs, **kwargs)
+    if inputs and out is inputs[0] and ops.has(f"{ufunc.__name__}_"):
+        call(f"{ufunc.__name__}_", *inputs, **kwargs)
     else:
-        target.copy_(call(name, *inputs, **kwargs))
-    return target
+        out.copy_(call(ufunc.__name__, *inputs, **kwargs))
+    return out
 
 
 def path_of(func: Callable) -> str | None:

@@ -4,6 +4,11 @@ call() converts the arguments (tensors to references for the wire, to Specs for 
 meta rule), checks that every tensor operand lives in one place, makes the result
 handles with the shapes the meta rule gives, orders the use against other streams
 (ordering.py) and queues one `Call` on the node's batch. Nothing here waits.
+
+An `out=` tensor (of a ufunc, a reduction, any NumPy function) is written in place on the
+worker, as NumPy writes it (where= leaves its other places as they were), and ordered as a
+write. A value the wire cannot carry is refused here, before anything is queued: a batch
+that cannot be encoded would fail every later command of the session.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ _SCALARS = (int, float, bool, complex)
 
 def call(name: str, *args, **kwargs):
     """Issue registry op `name` where its tensor arguments live; returns the result handles."""
+    if kwargs and kwargs.get("out") is not None:
+        return _call_out(name, args, kwargs)
     op = ops.get(name)
     place: list = []
     spec_args, wire_args = _convert_args(args, place, name)
@@ -28,7 +35,10 @@ def call(name: str, *args, **kwargs):
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
     node, device = place[0]._node, place[0]._device
-    result = ops.infer(op, spec_args, spec_kwargs)
+    if ordering.capture and _pending((spec_args, spec_kwargs)):
+        result = _pending_result(op, spec_args)
+    else:
+        result = ops.infer(op, spec_args, spec_kwargs)
     node.limits.check_result(name, result)
     stream = context.stream_for(node.index, device)
     written = args[0] if op.inplace else None
@@ -95,6 +105,86 @@ def _basic(index) -> bool:
     return index is None or index is Ellipsis or isinstance(index, (int, slice, np.integer))
 
 
+def _call_out(name: str, args: tuple, kwargs: dict):
+    """`name` with out= tensors: NumPy writes the result into them on the worker (where=
+    keeps their other places); returns `out` as given, as NumPy does."""
+    out = kwargs["out"]
+    targets = out if isinstance(out, tuple) else (out,)
+    if not all(isinstance(t, DistributedTensor) for t in targets):
+        got = ", ".join(type(t).__name__ for t in targets)
+        raise TypeError(f"{name}: out= must be DistributedTensors in the operands' place (got "
+                        f"{got}); write to a NumPy array with out=t.numpy() after the op")
+    op = ops.get(name)
+    place: list = []
+    spec_args, wire_args = _convert_args(args, place, name)
+    rest = {k: v for k, v in kwargs.items() if k != "out"}
+    spec_kwargs, wire_kwargs = _convert(rest, place, name)
+    for target in targets:
+        _convert(target, place, name)  # same place as the operands
+    result = ops.infer(op, spec_args, spec_kwargs)
+    _check_out(name, result, targets, op.by_type, kwargs.get("casting", "same_kind"))
+    node, device = place[0]._node, place[0]._device
+    stream = context.stream_for(node.index, device)
+    now = next(node.ids)
+    for tensor in place:  # out= is a write, ordered as the in-place ops' target is
+        ordering.use(tensor, stream, now, any(tensor is t for t in targets))
+    wire_kwargs["out"] = tuple(t._ref for t in targets) if isinstance(out, tuple) else out._ref
+    node.issue(wire.Call(id=now, stream=stream, outs=(), op=name, args=wire_args,
+                         kwargs=wire_kwargs))
+    return out
+
+
+def _check_out(name: str, result, targets: tuple, ufunc: bool, casting: str) -> None:
+    """NumPy's rule for out=: a ufunc's result broadcasts to out's shape and casts to its dtype
+    (`casting`); any other function's has out's shape."""
+    specs = result if type(result) is tuple else (result,)
+    if result is UNKNOWN or any(s is UNKNOWN for s in specs):
+        return  # shape known on the worker only: NumPy checks it there
+    if len(specs) != len(targets):
+        raise ValueError(f"{name}: out= needs {len(specs)} tensors (got {len(targets)})")
+    for spec, target in zip(specs, targets):
+        shape = target.shape
+        fits = (spec.shape == shape if not ufunc else
+                len(spec.shape) <= len(shape) and all(
+                    a in (1, b) for a, b in zip(spec.shape[::-1], shape[::-1])))
+        if not fits:
+            raise ValueError(f"{name}: out= has the wrong shape (got {shape}, expected "
+                             f"{spec.shape})")
+        if ufunc and not np.can_cast(spec.dtype, target.dtype, casting=casting):
+            raise TypeError(f"{name}: cannot cast the result to out='s dtype (got {spec.dtype},"
+                            f" expected a dtype {spec.dtype} casts to with casting={casting!r}); "
+                            "pass casting='unsafe' to NumPy's rule, or an out of another dtype")
+
+
+def _spec_of(tensor):
+    """A tensor's Spec; inside a graph capture, UNKNOWN for one whose shape depends on data
+    (a mask's result): asking the worker would wait, and its uses' shapes follow on replay."""
+    if tensor._spec is None and ordering.capture:
+        return UNKNOWN
+    return tensor.spec
+
+
+def _pending(value) -> bool:
+    """True if `value` (converted arguments) holds a Spec not known until a replay."""
+    if value is UNKNOWN:
+        return True
+    if type(value) is tuple:
+        return any(_pending(v) for v in value)
+    if type(value) is dict:
+        return any(_pending(v) for v in value.values())
+    return False
+
+
+def _pending_result(op, spec_args):
+    """A captured op's results when an operand's shape is known only on replay: left to the
+    worker (one per output: a ufunc's nout, else one)."""
+    ufunc = getattr(np, op.name, None)
+    nout = ufunc.nout if isinstance(ufunc, np.ufunc) else 1
+    if op.inplace:
+        return None
+    return UNKNOWN if nout == 1 else (UNKNOWN,) * nout
+
+
 def _outputs(node, device, stream, result) -> list:
     if result is None:
         return []
@@ -110,7 +200,7 @@ def _convert_args(args: tuple, place: list, name: str):
         if type(value) is DistributedTensor and (not place or (
                 place[0]._node is value._node and place[0]._device == value._device)):
             place.append(value)
-            specs.append(value._spec or value.spec)
+            specs.append(value._spec or _spec_of(value))
             wires.append(value._ref)
         elif type(value) in _SCALARS:
             specs.append(value)
@@ -134,19 +224,41 @@ def _convert(value, place: list, name: str):
                 f"device {first._device} and node {value._node.index} device "
                 f"{value._device}); move one with .to(node=, device=) first")
         place.append(value)
-        return value.spec, value._ref
+        return _spec_of(value), value._ref
     if isinstance(value, (tuple, list)):
         pairs = [_convert(v, place, name) for v in value]
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
     if isinstance(value, dict):
         pairs = {k: _convert(v, place, name) for k, v in value.items()}
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
-    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
-        return np.dtype(value).str, np.dtype(value).str
     if getattr(value, "_sharded", False):
         from .mesh.rules import PlacementError
 
         raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that one "
                              "on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or take "
                              "one of the mesh tensor's shards (t.shards()[i])")
-    return value, value
+    if isinstance(value, _PASSED):
+        if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "OV":
+            raise TypeError(f"{name}: arrays of {value.dtype} cannot be sent to a worker; "
+                            "send arrays of numbers")
+        return value, value
+    if isinstance(value, (np.dtype, type)):
+        return _dtype(value, name)
+    raise TypeError(f"{name}: a {type(value).__name__} cannot be sent to a worker (got "
+                    f"{value!r:.60}); pass numbers, strings, arrays, tensors or dtypes")
+
+
+# What the wire carries as it is (tensors, tuples and dicts are converted above).
+_PASSED = (str, bytes, type(None), slice, type(Ellipsis), np.ndarray, np.generic)
+
+
+def _dtype(value, name: str):
+    """A dtype argument (np.float32, float, "f4", np.dtype) as the wire carries it."""
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind in "OV":
+        raise TypeError(f"{name}: {value!r:.60} is not a dtype NumPy computes with; pass a "
+                        "NumPy dtype (np.float64) or a Python number type (float)")
+    return dtype.str, dtype.str

@@ -9,6 +9,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import numpy as np
+
 from ..ops import doc as op_doc
 from ..ops.elementwise import BINARY_OPERATORS, COMPARISONS, UNARY_OPERATORS
 
@@ -48,6 +50,11 @@ class Size(int):
         return self.shape if dim is None else self.shape[dim]
 
 
+def _operand(value):
+    """A list or tuple operand as NumPy takes it: an array (t + [1, 2, 3])."""
+    return np.asarray(value) if type(value) in (list, tuple) else value
+
+
 def _named(fn, name: str, doc: str):
     fn.__name__, fn.__qualname__, fn.__doc__ = name, f"DistributedTensor.{name}", doc
     return fn
@@ -62,13 +69,13 @@ def binary(op: str, py: str, call):
     sym, what = SYMBOLS.get(py, py), f"{_lower(op_doc(op)).rstrip('.')} (np.{op})"
 
     def forward(self, other):
-        return call(op, self, other)
+        return call(op, self, _operand(other))
 
     def reverse(self, other):
-        return call(op, other, self)
+        return call(op, _operand(other), self)
 
     def inplace(self, other):
-        call(op + "_", self, other)
+        call(op + "_", self, _operand(other))
         return self
     return (_named(forward, f"__{py}__", f"self {sym} other: {what}, {_WHERE}."),
             _named(reverse, f"__r{py}__", f"other {sym} self: {what}, {_WHERE}."),
@@ -83,17 +90,19 @@ def method(name: str, op: str, call, nargs: int):
         return _named(fn, name, f"{op_doc(op).rstrip('.')} (np.{op}), {_WHERE}.")
 
     def fn2(self, other):
-        return call(op, self, other)
+        return call(op, self, _operand(other))
     return _named(fn2, name, f"{op_doc(op).rstrip('.')} (np.{op}) with `other`, {_WHERE}.")
 
 
 def reduction(name: str, call):
-    """Method `name(axis=None, keepdims=False, **kwargs)` over reduction op `name`."""
-    def fn(self, axis=None, keepdims=False, **kwargs):
-        if keepdims:
-            kwargs["keepdims"] = True
-        return call(name, self, **({} if axis is None else {"axis": axis}), **kwargs)
-    return _named(fn, name, f"{op_doc(name).rstrip('.')} (np.{name}), {_WHERE}.")
+    """Method `name(*args, **kwargs)` over reduction op `name`: arguments as NumPy's
+    np.<name>(a, *args, **kwargs) takes them (axis, dtype, out=, keepdims, where=)."""
+    def fn(self, *args, **kwargs):
+        return call(name, self, *args, **kwargs)
+    params = list(inspect.signature(getattr(np, name)).parameters.values())
+    fn.__signature__ = inspect.Signature([params[0].replace(name="self"), *params[1:]])
+    return _named(fn, name, f"{op_doc(name).rstrip('.')} (np.{name}), {_WHERE}; arguments "
+                            f"as np.{name}'s.")
 
 
 def install(cls, call) -> None:
@@ -101,7 +110,7 @@ def install(cls, call) -> None:
     def put(fn):
         fn.__qualname__ = f"{cls.__name__}.{fn.__name__}"
         params = list(inspect.signature(fn).parameters)[1:]
-        fn.__annotations__ = {**{p: _HINTS[p] for p in params}, "return": cls}
+        fn.__annotations__ = {**{p: _HINTS.get(p, Any) for p in params}, "return": cls}
         setattr(cls, fn.__name__, fn)
 
     for py, uf in BINARY_OPERATORS.items():

@@ -257,15 +257,17 @@ class DistributedTensor:
 
     # -- shapes, copies, fills ------------------------------------------------------------
 
-    def reshape(self, *shape: int | Sequence[int]) -> DistributedTensor:
-        """The same elements in `shape` (ints or one tuple; -1 once inferred), a view."""
-        return call("reshape", self, _shape_arg(shape))
+    def reshape(self, *shape: int | Sequence[int], order: str = "C") -> DistributedTensor:
+        """The same elements in `shape` (ints or one tuple; -1 once inferred), read and
+        placed in `order` ("C": last axis fastest, "F": first), a view where NumPy makes one."""
+        return call("reshape", self, _shape_arg(shape), **({} if order == "C" else
+                                                          {"order": order}))
 
     view = reshape
 
-    def flatten(self) -> DistributedTensor:
-        """A 1-D copy."""
-        return call("flatten", self)
+    def flatten(self, order: str = "C") -> DistributedTensor:
+        """A 1-D copy, its elements in `order` ("C" or "F", as NumPy's)."""
+        return call("flatten", self, *(() if order == "C" else (order,)))
 
     def ravel(self) -> DistributedTensor:
         """A 1-D view where NumPy can make one, else a copy."""
@@ -346,23 +348,54 @@ class DistributedTensor:
         """Set every element to 0; returns self."""
         return self.fill_(0)
 
-    def clip(self, a_min: Any = None, a_max: Any = None) -> DistributedTensor:
-        """The values limited to [a_min, a_max] (either may be None; torch's clamp)."""
-        return call("clip", self, a_min, a_max)
+    def clip(self, min: Any = None, max: Any = None, out: Any = None, **kwargs: Any
+             ) -> DistributedTensor:
+        """The values limited to [min, max] (either may be None; torch's clamp); `out=`
+        writes them into a tensor, as NumPy's."""
+        bounds = {k: v for k, v in (("min", min), ("max", max)) if v is not None}
+        return call("clip", self, **bounds, **_out(out), **kwargs)
 
     clamp = clip
 
-    def round(self, decimals: int = 0) -> DistributedTensor:
+    def round(self, decimals: int = 0, out: Any = None) -> DistributedTensor:
         """The values rounded to `decimals` decimals (halves to even, as NumPy)."""
-        return call("round", self, decimals)
+        return call("round", self, decimals, **_out(out))
 
-    def sort(self, axis: int = -1) -> DistributedTensor:
-        """A sorted copy along `axis` (unlike NumPy's in-place ndarray.sort)."""
-        return call("sort", self, axis)
+    def sort(self, axis: int = -1, kind: str | None = None, order: Any = None, **kwargs: Any
+             ) -> None:
+        """Sort in place along `axis` (NumPy's ndarray.sort; np.sort(t) makes a copy)."""
+        call("sort_", self, axis, kind, order, **kwargs)
 
-    def argsort(self, axis: int = -1) -> DistributedTensor:
-        """The indices that sort along `axis`."""
-        return call("argsort", self, axis)
+    def argsort(self, axis: int | None = -1, kind: str | None = None, order: Any = None,
+                **kwargs: Any) -> DistributedTensor:
+        """The indices that sort along `axis` (NumPy's arguments)."""
+        return call("argsort", self, axis, kind, order, **kwargs)
+
+    def repeat(self, repeats: Any, axis: int | None = None) -> DistributedTensor:
+        """Each element repeated `repeats` times (an int, or one count per element)."""
+        return call("repeat", self, repeats, axis)
+
+    def take(self, indices: Any, axis: int | None = None, out: Any = None,
+             mode: str = "raise") -> DistributedTensor:
+        """The elements at `indices` (along `axis`, or of the flattened tensor)."""
+        return call("take", self, _operand(indices), axis, **_out(out), mode=mode)
+
+    def fill(self, value: Any) -> None:
+        """Set every element to the scalar `value` in place (NumPy's ndarray.fill)."""
+        call("fill_", self, value)
+
+    def nonzero(self) -> tuple:
+        """The indices of the non-zero elements, one tensor per axis (np.nonzero)."""
+        return np.nonzero(self)
+
+    real = property(lambda self: call("real", self),
+                    lambda self, value: call("setpart_", self, "real", value),
+                    doc="The real part (a view of a complex tensor, the tensor if real); "
+                        "assigned, writes it in place.")
+    imag = property(lambda self: call("imag", self),
+                    lambda self, value: call("setpart_", self, "imag", value),
+                    doc="The imaginary part (a view of a complex tensor, zeros if real); "
+                        "assigned, writes it in place.")
 
     def diagonal(self, offset: int = 0, axis1: int = 0, axis2: int = 1) -> DistributedTensor:
         """The diagonal of axes (axis1, axis2), offset above (>0) or below (<0) the main one."""
@@ -374,11 +407,27 @@ class DistributedTensor:
 
     def __getitem__(self, index: Any) -> DistributedTensor:
         """t[index] as NumPy indexes (ints, slices, ..., None, int/bool tensors), on the worker."""
-        return call("getitem", self, _index_arg(index))
+        result = call("getitem", self, _index_arg(index))
+        if _is_element(index) and result._spec is not None and not result._spec.shape:
+            result.__class__ = Element  # NumPy gives a scalar: `t[0] += 1` rebinds
+        return result
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """t[index] = value (a scalar, a tensor in the same place, or a small array)."""
         call("setitem", self, _index_arg(index), value)
+
+    def __imatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
+        """self @= other: the product written into this tensor (a view writes through), as
+        NumPy's matmul(self, other, out=self)."""
+        return call("matmul", self, _operand(other), out=self)
+
+    def __divmod__(self, other: Any) -> tuple:
+        """divmod(self, other): (floor quotient, remainder), np.divmod on the worker."""
+        return call("divmod", self, _operand(other))
+
+    def __rdivmod__(self, other: Any) -> tuple:
+        """divmod(other, self), np.divmod on the worker."""
+        return call("divmod", _operand(other), self)
 
     def __matmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """self @ other: the matrix product (np.matmul), on the tensor's worker."""
@@ -410,6 +459,55 @@ def set_array_namespace(module: Any) -> None:
     _ARRAY_API[0] = module
 
 
+class Element(DistributedTensor):
+    """One element taken by integer indices (t[0], t[1, 2]), where NumPy gives a scalar: like
+    a scalar, augmented assignment makes a new value, so `t[0] += 2.5` and `b[0] |= 1` read,
+    compute and assign back with NumPy's promotion and its casting on assignment."""
+
+    __slots__ = ()
+
+
+def _rebinding(op):
+    def fn(self, other):
+        return call(op, self, _operand(other))
+    fn.__name__ = fn.__qualname__ = f"Element.__i{op}__"
+    return fn
+
+
+for _py, _ufunc in methods.BINARY_OPERATORS.items():
+    setattr(Element, f"__i{_py}__", _rebinding(_ufunc))
+Element.__imatmul__ = lambda self, other: call("matmul", self, _operand(other))
+
+
+def _round_element(self, ndigits=None):
+    """round(t[i]): a Python int as round() of a NumPy scalar gives (waits for the value),
+    or with `ndigits` a 0-d tensor rounded on the worker."""
+    return round(self.item()) if ndigits is None else self.round(ndigits)
+
+
+Element.__round__ = _round_element
+
+
+def _is_element(index) -> bool:
+    """True if `index` picks one element by integers alone (NumPy returns a scalar)."""
+    if isinstance(index, tuple):
+        return bool(index) and all(_is_int(i) for i in index)
+    return _is_int(index)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _out(out) -> dict:
+    return {} if out is None else {"out": out}
+
+
+def _operand(value):
+    """A list or tuple operand as NumPy takes it: an array."""
+    return np.asarray(value) if type(value) in (list, tuple) else value
+
+
 def _shape_arg(shape):
     return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
 
@@ -423,8 +521,8 @@ def _index_arg(index):
 
 
 def _index_part(part):
-    if isinstance(part, list):
-        return np.asarray(part)
+    if isinstance(part, list):  # an empty one indexes nothing (intp, not float, as NumPy's)
+        return np.asarray(part) if part else np.empty(0, np.intp)
     if isinstance(part, slice) and any(isinstance(b, DistributedTensor)
                                        for b in (part.start, part.stop, part.step)):
         return slice(*(b if b is None else operator.index(b)

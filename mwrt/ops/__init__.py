@@ -95,7 +95,9 @@ def infer(op: Op, args: tuple, kwargs: dict):
     key = (op.name, *(a if type(a) is Spec else type(a) for a in args))
     result = _MEMO.get(key)
     if result is None:
-        if not all(type(a) is Spec or type(a) in _SCALARS for a in args):
+        # a NumPy scalar's dtype, not its value, decides (NEP 50): its type is the key
+        if not all(type(a) is Spec or type(a) in _SCALARS or isinstance(a, np.generic)
+                   for a in args):
             return op.meta(*args)
         result = _MEMO[key] = op.meta(*args) or False
         if len(_MEMO) > 100_000:

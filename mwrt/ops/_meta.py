@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
+from functools import cache, lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,12 +28,26 @@ def probe(value):
 
 
 def probe_key(value):
-    """What of a value decides a result dtype: the dtype of a Spec, the type of a scalar."""
+    """What of a value decides a result dtype: the dtype of a Spec, the type of a scalar (a
+    Python scalar is weak, a NumPy scalar typed: NEP 50), an array's dtype."""
     if type(value) is Spec:
         return value.dtype
     if isinstance(value, np.ndarray):
         return ("array", value.dtype)
+    if isinstance(value, (tuple, list)):  # an array-like: NumPy makes an array of it
+        return ("array", np.asarray(value).dtype)
     return type(value)
+
+
+class _Probe(NamedTuple):
+    """A keyword argument that is a tensor (where=, mean=): its dtype and ndim."""
+
+    dtype: np.dtype
+    ndim: int
+
+
+def _kwarg_key(value):
+    return _Probe(value.dtype, len(value.shape)) if type(value) is Spec else value
 
 
 @lru_cache(maxsize=4096)
@@ -40,9 +55,11 @@ def _dtype_of(fn, keys, kwargs):
     values = [np.ones(1, dtype=k) if isinstance(k, np.dtype) else
               np.ones(1, dtype=k[1]) if isinstance(k, tuple) else
               None if k is type(None) else k(1) for k in keys]
+    kwargs = {k: np.ones((1,) * v.ndim, v.dtype) if type(v) is _Probe else v
+              for k, v in kwargs}
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        out = fn(*values, **dict(kwargs))
+        out = fn(*values, **kwargs)
     if isinstance(out, tuple):
         return tuple(np.asarray(o).dtype for o in out)
     return np.asarray(out).dtype
@@ -51,7 +68,7 @@ def _dtype_of(fn, keys, kwargs):
 def result_dtype(fn, args, kwargs=None):
     """The dtype(s) NumPy gives `fn(*args, **kwargs)`, found on 1-element probes (cached)."""
     keys = tuple(probe_key(a) for a in args)
-    items = tuple(sorted(kwargs.items())) if kwargs else ()
+    items = tuple(sorted((k, _kwarg_key(v)) for k, v in kwargs.items())) if kwargs else ()
     try:
         return _dtype_of(fn, keys, items)
     except TypeError as exc:
@@ -83,3 +100,27 @@ def normalize_axes(axis, ndim: int, what: str) -> tuple:
     if len(set(out)) != len(out):
         raise ValueError(f"{what}: repeated axis (got {axis!r})")
     return tuple(sorted(out))
+
+
+def bind(fn, a, args: tuple, kwargs: dict, what: str) -> dict:
+    """Positional arguments after the array as NumPy's signature of `fn` names them
+    (t.sum(0, np.float64) is axis=0, dtype=float64), merged into `kwargs`."""
+    names = _positional(fn)
+    if len(args) > len(names):
+        raise TypeError(f"{what}: takes at most {len(names)} arguments after the array (got "
+                        f"{len(args)})")
+    named = dict(kwargs)
+    for name, value in zip(names, args):
+        if name in named:
+            raise TypeError(f"{what}: got multiple values for argument {name!r}")
+        named[name] = value
+    return named
+
+
+@cache
+def _positional(fn) -> tuple:
+    import inspect
+
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                      p.POSITIONAL_OR_KEYWORD))

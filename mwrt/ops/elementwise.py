@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Spec, register
-from ._meta import result_dtype, shape_of
+from ._meta import bind, normalize_axes, result_dtype, shape_of
 
 # Python operator -> ufunc name; the tensor class builds __op__/__rop__/__iop__ from this.
 BINARY_OPERATORS = {
@@ -55,6 +55,9 @@ def _ufunc_meta(ufunc):
         if len(args) != ufunc.nin:
             raise TypeError(f"{name}: takes {ufunc.nin} operands (got {len(args)})")
         shape = _broadcast(name, args)
+        where = kwargs.get("where")
+        if where is not None and type(where) is not bool:
+            _broadcast(name, (*args, where))  # where= broadcasts with the operands
         dtype = result_dtype(ufunc, args, kwargs)
         if isinstance(dtype, tuple):
             return tuple(Spec(shape, d) for d in dtype)
@@ -87,3 +90,69 @@ for _name in UFUNCS:
                  inplace=True, by_type=True)
     else:
         register(_name, _ufunc_impl(_ufunc.__name__), _ufunc_meta(_ufunc))
+
+
+# -- ufunc methods: np.add.accumulate(t), np.multiply.outer(a, b), np.add.at(t, i, v) -------
+
+_METHODS = ("reduce", "accumulate", "outer", "reduceat")
+
+
+def _ufunc(name: str) -> np.ufunc:
+    ufunc = getattr(np, name, None)
+    if not isinstance(ufunc, np.ufunc):
+        raise TypeError(f"ufunc: {name!r} is not a NumPy ufunc")
+    return ufunc
+
+
+def _method_impl(xp, name, method, *args, **kwargs):
+    if method not in _METHODS:
+        raise ValueError(f"ufunc: unknown method {method!r} (known: {', '.join(_METHODS)})")
+    _ufunc(name)
+    return getattr(getattr(xp, name), method)(*args, **kwargs)
+
+
+def _method_meta(name, method, a, *args, **kwargs):
+    """Shapes by NumPy's rule for each method; the dtype by NumPy on one-element probes."""
+    ufunc = _ufunc(name)
+    if method not in _METHODS:
+        raise ValueError(f"ufunc: unknown method {method!r} (known: {', '.join(_METHODS)})")
+    sa = shape_of(a)
+    fn = getattr(ufunc, method)
+    if method == "outer":
+        b, = args
+        return Spec(sa + shape_of(b), result_dtype(ufunc, (a, b), kwargs))
+    kwargs = bind(fn, a, args, kwargs, f"{name}.{method}")
+    if not sa:
+        raise TypeError(f"{name}.{method}: cannot {method} a 0-d tensor")
+    axis = kwargs.pop("axis", 0)
+    axes = normalize_axes(axis, len(sa), f"{name}.{method}")
+    probe = np.ones((1,) * len(sa), a.dtype if type(a) is Spec else np.asarray(a).dtype)
+    if method == "reduceat":
+        indices = kwargs.pop("indices")
+        dtype = fn(probe, np.zeros(1, np.intp), axis=axes[0], **kwargs).dtype
+        return Spec(sa[:axes[0]] + shape_of(indices)[:1] + sa[axes[0] + 1:], dtype)
+    keep = {k: v for k, v in kwargs.items() if k in ("dtype", "keepdims")}
+    dtype = np.asarray(fn(probe, axis=axes if method == "reduce" else axes[0], **keep)).dtype
+    if method == "accumulate":
+        return Spec(sa, dtype)
+    if kwargs.get("keepdims"):
+        return Spec(tuple(1 if i in axes else d for i, d in enumerate(sa)), dtype)
+    return Spec(tuple(d for i, d in enumerate(sa) if i not in axes), dtype)
+
+
+def _at_impl(xp, a, name, *args, **kwargs):
+    _ufunc(name)
+    getattr(xp, name).at(a, *args, **kwargs)
+
+
+def _at_meta(a, name, indices, *values):
+    ufunc = _ufunc(name)
+    if len(values) != ufunc.nin - 1:
+        raise TypeError(f"{name}.at: takes {ufunc.nin - 1} operand(s) after the indices (got "
+                        f"{len(values)})")
+
+
+register("ufunc_method", _method_impl, _method_meta,
+         doc="A ufunc's reduce, accumulate, outer or reduceat (np.add.accumulate(t)).")
+register("ufunc_at_", _at_impl, _at_meta, inplace=True,
+         doc="A ufunc applied in place at indices (np.add.at(t, i, v)).")

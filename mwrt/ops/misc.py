@@ -10,7 +10,7 @@ from . import Spec, register
 from ._meta import result_dtype, shape_of, standin
 
 
-def matmul_meta(a, b):
+def matmul_meta(a, b, **kwargs):
     """NumPy's matmul shape rule: 1-D operands are promoted then squeezed; batches broadcast."""
     sa, sb = shape_of(a), shape_of(b)
     if not sa or not sb:
@@ -23,7 +23,21 @@ def matmul_meta(a, b):
                          f"{ea[-1]} != {eb[-2]})")
     batch = np.broadcast_shapes(ea[:-2], eb[:-2])
     shape = batch + ((ea[-2],) if len(sa) > 1 else ()) + ((eb[-1],) if len(sb) > 1 else ())
-    return Spec(shape, result_dtype(np.matmul, (_as2d(a), _as2d(b))))
+    return Spec(shape, result_dtype(np.matmul, (_as2d(a), _as2d(b)), kwargs))
+
+
+def dot_meta(a, b):
+    """np.dot's rule: a 0-d operand multiplies; else a's last axis meets b's second to last
+    (its only one if 1-D), and the result has a's other axes, then b's."""
+    sa, sb = shape_of(a), shape_of(b)
+    dtype = result_dtype(np.dot, (a, b))
+    if not sa or not sb:
+        return Spec(sa or sb, dtype)
+    k = sb[0] if len(sb) == 1 else sb[-2]
+    if sa[-1] != k:
+        raise ValueError(f"dot: shapes {sa} and {sb} not aligned: {sa[-1]} (dim "
+                         f"{len(sa) - 1}) != {k} (dim {max(len(sb) - 2, 0)})")
+    return Spec(sa[:-1] + sb[:-2] + sb[-1:] if len(sb) > 1 else sa[:-1], dtype)
 
 
 def _as2d(x):
@@ -67,10 +81,26 @@ def where_meta(cond, x, y):
     return Spec(shape, result_dtype(np.where, (Spec((1,), np.dtype(bool)), x, y)))
 
 
-def clip_meta(a, a_min=None, a_max=None, **kwargs):
-    shape = np.broadcast_shapes(*(shape_of(v) for v in (a, a_min, a_max) if v is not None))
-    args = [v if v is not None else None for v in (a, a_min, a_max)]
-    return Spec(shape, result_dtype(np.clip, args))
+def _bounds(a_min=None, a_max=None, *, min=None, max=None):
+    """np.clip's bounds, given as a_min/a_max or (NumPy 2.1's) min/max."""
+    if a_min is not None and min is not None or a_max is not None and max is not None:
+        raise ValueError("clip: pass a_min/a_max or min/max, not both")
+    return (a_min if min is None else min), (a_max if max is None else max)
+
+
+def clip_meta(a, *args, **kwargs):
+    lo, hi = _bounds(*args, **kwargs)
+    shape = np.broadcast_shapes(*(shape_of(v) for v in (a, lo, hi) if v is not None))
+    return Spec(shape, result_dtype(np.clip, (a, lo, hi)))
+
+
+def _clip(xp, a, *args, out=None, **kwargs):
+    lo, hi = _bounds(*args, **kwargs)
+    return xp.clip(a, lo, hi, out=out)
+
+
+def round_meta(a, decimals=0):
+    return Spec(a.shape, result_dtype(np.round, (a,)))
 
 
 def trace_meta(a, offset=0, axis1=0, axis2=1):
@@ -85,8 +115,11 @@ def _join_meta(name):
         if not isinstance(arrays, tuple) or not arrays:
             raise ValueError(f"{name}: need a non-empty sequence of tensors")
         shape = fn([standin(Spec(shape_of(a), None)) for a in arrays], axis=axis).shape
-        dtypes = [a.dtype if isinstance(a, Spec) else np.asarray(a).dtype for a in arrays]
-        return Spec(shape, np.result_type(*dtypes))
+        # NumPy's own dtype rule (dtype=, casting=) on one-element arrays of the same dtypes
+        probes = [np.ones((1,) * len(shape_of(arrays[0])),
+                          a.dtype if isinstance(a, Spec) else np.asarray(a).dtype)
+                  for a in arrays]
+        return Spec(shape, fn(probes, axis=0 if shape_of(arrays[0]) else None, **kwargs).dtype)
     return meta
 
 
@@ -107,16 +140,16 @@ def _to_device_impl(xp, a, device):
         return xp.asarray(a)
 
 
-register("matmul", lambda xp, a, b: xp.matmul(a, b), matmul_meta)
-register("dot", lambda xp, a, b: xp.dot(a, b), matmul_meta)
+register("matmul", lambda xp, a, b, **kwargs: xp.matmul(a, b, **kwargs), matmul_meta)
+register("dot", lambda xp, a, b, **kwargs: xp.dot(a, b, **kwargs), dot_meta)
 register("astype", lambda xp, a, dtype: a.astype(dtype), astype_meta)
 register("copy", lambda xp, a: a.copy(), _same)
 register("copy_", _copy_into, copy_meta, inplace=True,
          doc="Copy `src` (broadcast) into the tensor in place.")
 register("fill_", _fill, _fill_meta, inplace=True, doc="Set every element to a scalar in place.")
 register("where", lambda xp, c, x, y: xp.where(c, x, y), where_meta)
-register("clip", lambda xp, a, a_min=None, a_max=None: xp.clip(a, a_min, a_max), clip_meta)
-register("round", lambda xp, a, decimals=0: xp.round(a, decimals), _same)
+register("clip", _clip, clip_meta)
+register("round", lambda xp, a, decimals=0: xp.round(a, decimals), round_meta)
 register("trace", lambda xp, a, offset=0, axis1=0, axis2=1: xp.trace(a, offset, axis1, axis2),
          trace_meta)
 register("concatenate", _join_impl("concatenate"), _join_meta("concatenate"))

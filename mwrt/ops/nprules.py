@@ -116,7 +116,9 @@ def _vdot(a, b):
 @rule("inner")
 def _inner(a, b):
     sa, sb = shape_of(a), shape_of(b)
-    if sa and sb and sa[-1] != sb[-1]:
+    if not sa or not sb:  # a 0-d operand multiplies
+        return sa or sb
+    if sa[-1] != sb[-1]:
         raise ValueError(f"np.inner: last dimensions differ (got shapes {sa} and {sb})")
     return sa[:-1] + sb[:-1]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import Spec, register
-from ._meta import normalize_axes
+from ._meta import bind, normalize_axes
 
-REDUCTIONS = ["sum", "mean", "prod", "min", "max", "std", "var", "any", "all",
+REDUCTIONS = ["sum", "mean", "prod", "min", "max", "amin", "amax", "std", "var", "any", "all",
               "nansum", "nanmean", "nanprod", "nanmin", "nanmax", "nanstd", "nanvar",
               "argmin", "argmax", "cumsum", "cumprod", "count_nonzero", "ptp", "median"]
 # Functions that take one axis (an int or None), not a tuple.
@@ -17,15 +17,20 @@ _SCANS = {"cumsum", "cumprod"}
 
 
 def _impl(name):
-    def impl(xp, a, **kwargs):
-        return getattr(xp, name)(a, **kwargs)
+    def impl(xp, a, *args, **kwargs):
+        return getattr(xp, name)(a, *args, **kwargs)
     return impl
 
 
 def _meta(name):
     fn = getattr(np, name)
 
-    def meta(a, axis=None, keepdims=False, **kwargs):
+    def meta(a, *args, **kwargs):
+        if args:  # bound as NumPy binds them: t.sum(0, np.float64) is axis=0, dtype=float64
+            kwargs = bind(fn, a, args, kwargs, name)
+        if "out" in kwargs:
+            raise TypeError(f"{name}: pass out= by keyword (mwrt writes it in place)")
+        axis, keepdims = kwargs.pop("axis", None), kwargs.pop("keepdims", False)
         if not isinstance(a, Spec):
             raise TypeError(f"{name}: expected a tensor (got {type(a).__name__})")
         if name in _SINGLE_AXIS and isinstance(axis, tuple):
@@ -52,6 +57,9 @@ def _probe_dtype(fn, a, kwargs):
     probe = np.ones((1,) * ndim, dtype=a.dtype)
     if kwargs.get("axis") is not None and not isinstance(kwargs["axis"], int):
         kwargs = dict(kwargs, axis=tuple(range(min(len(kwargs["axis"]), ndim))))
+    # a tensor keyword (where=, mean=) as ones of its dtype and ndim: NumPy broadcasts it
+    kwargs = {k: np.ones((1,) * len(v.shape), v.dtype) if type(v) is Spec else v
+              for k, v in kwargs.items()}
     return np.asarray(fn(probe, **kwargs)).dtype
 
 

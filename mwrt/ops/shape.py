@@ -32,11 +32,58 @@ for _name in ["reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "rav
     register(_name, _impl(_name), _view_meta(_name))
 
 register("argsort", _impl("argsort"),
-         lambda a, *args, **kwargs: Spec(np.sort(standin(a), *args, **kwargs).shape,
+         lambda a, *args, **kwargs: Spec(np.argsort(standin(a), *args, **kwargs).shape,
                                          np.dtype(np.intp)))
 
-register("flatten", lambda xp, a: a.flatten(), lambda a: Spec((int(np.prod(a.shape)),), a.dtype),
+
+def _sort_inplace(xp, a, *args, **kwargs):
+    a.sort(*args, **kwargs)
+
+
+def _sort_inplace_meta(a, *args, **kwargs):
+    standin(a).sort(*args, **kwargs)  # NumPy's checks of axis, kind and order
+
+
+register("sort_", _sort_inplace, _sort_inplace_meta, inplace=True,
+         doc="Sort in place along an axis (NumPy's ndarray.sort).")
+register("flatten", lambda xp, a, order="C": a.flatten(order),
+         lambda a, order="C": Spec(standin(a).flatten(order).shape, a.dtype),
          doc="A 1-D copy of the tensor.")
+
+
+def _part_meta(part):
+    def meta(a):
+        return Spec(a.shape, getattr(np, part)(np.ones(1, a.dtype)).dtype)
+    return meta
+
+
+register("real", lambda xp, a: xp.real(a), _part_meta("real"),
+         doc="The real part: a view of a complex tensor, the tensor itself if real.")
+register("imag", lambda xp, a: xp.imag(a), _part_meta("imag"),
+         doc="The imaginary part: a view of a complex tensor, zeros if real.")
+
+
+def _setpart(xp, a, part, value):
+    setattr(a, part, value)
+
+
+def _setpart_meta(a, part, value):
+    if part not in ("real", "imag"):
+        raise ValueError(f"setpart_: part must be 'real' or 'imag' (got {part!r})")
+    np.broadcast_to(standin(Spec(value.shape if isinstance(value, Spec) else np.shape(value),
+                                 None)), a.shape)
+
+
+register("setpart_", _setpart, _setpart_meta, inplace=True,
+         doc="Write the real or imaginary part in place (t.real = v).")
+
+
+def take_meta(a, indices, *args, **kwargs):
+    # the indices' stand-in is zeros: in bounds whenever the axis is not empty
+    return Spec(np.take(standin(a), _index_standin(indices), *args, **kwargs).shape, a.dtype)
+
+
+register("take", _impl("take"), take_meta)
 
 
 def _index_standin(index, masks: bool = False):

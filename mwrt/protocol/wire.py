@@ -5,7 +5,9 @@ A message is a ZeroMQ multipart: [header, body, *data frames]. The header is
 Array bytes ride in the data frames (or on a data channel), never inside the body.
 Encoding is msgspec's (a message Struct packs itself); decoding is msgpack's, into plain
 values and the message classes only, after checking every field's type: it never runs
-code. Lists arrive as tuples: a list index must be sent as an array.
+code. Lists arrive as tuples: a list index must be sent as an array. NumPy scalars
+(np.int64(100), np.float32(0.5)) and 0-d arrays travel typed, so the worker promotes them as
+NumPy does (NEP 50: NumPy scalars are typed, Python scalars weak).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ MAGIC = b"mwrt"
 VERSION = 1
 
 # msgpack extension codes for values that plain msgpack cannot carry.
-EXT_REF, EXT_SLICE, EXT_ELLIPSIS, EXT_ARRAY, EXT_COMPLEX = 1, 2, 3, 4, 5
+EXT_REF, EXT_SLICE, EXT_ELLIPSIS, EXT_ARRAY, EXT_COMPLEX, EXT_SCALAR = 1, 2, 3, 4, 5, 6
 
 
 class Ref:
@@ -73,10 +75,12 @@ def _default(value):
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise WireError(f"wire: object arrays cannot be sent (got dtype {value.dtype})")
-        arr = np.ascontiguousarray(value)
-        return _Ext(EXT_ARRAY, _pack((arr.dtype.str, arr.shape, arr.tobytes())))
+        # tobytes() is C order whatever the layout (ascontiguousarray would make a 0-d 1-d)
+        return _Ext(EXT_ARRAY, _pack((value.dtype.str, value.shape, value.tobytes())))
     if isinstance(value, np.generic):
-        return value.item()
+        if value.dtype.hasobject or value.dtype.kind == "V":
+            raise WireError(f"wire: cannot encode a NumPy {value.dtype} scalar")
+        return _Ext(EXT_SCALAR, _pack((value.dtype.str, value.tobytes())))
     if isinstance(value, complex):
         return _Ext(EXT_COMPLEX, _pack((value.real, value.imag)))
     if isinstance(value, np.dtype):
@@ -95,15 +99,25 @@ def _ext_hook(code, data):
         return Ellipsis
     if code == EXT_ARRAY:
         dtype, shape, raw = _unpack(data)
-        # Only the canonical form a sender writes (dtype.str): not object arrays, nor the
-        # aliases np.dtype would also take (some deprecated, some not numbers at all).
-        if not isinstance(dtype, str) or not _ARRAY_DTYPE.match(dtype):
-            raise WireError(f"wire: arrays need a dtype like '<f4' (got {dtype!r:.40})")
-        dt = np.dtype(dtype)
-        return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+        return np.frombuffer(raw, dtype=_dtype(dtype)).reshape(shape).copy()
+    if code == EXT_SCALAR:
+        dtype, raw = _unpack(data)
+        dt = _dtype(dtype)
+        if not isinstance(raw, bytes) or len(raw) != dt.itemsize:
+            raise WireError(f"wire: a {dt} scalar needs {dt.itemsize} bytes (got "
+                            f"{len(raw) if isinstance(raw, bytes) else type(raw).__name__})")
+        return np.frombuffer(raw, dtype=dt)[0]
     if code == EXT_COMPLEX:
         return complex(*_unpack(data))
     raise WireError(f"wire: unknown extension type {code}")
+
+
+def _dtype(dtype) -> np.dtype:
+    # Only the canonical form a sender writes (dtype.str): not object arrays, nor the
+    # aliases np.dtype would also take (some deprecated, some not numbers at all).
+    if not isinstance(dtype, str) or not _ARRAY_DTYPE.match(dtype):
+        raise WireError(f"wire: arrays need a dtype like '<f4' (got {dtype!r:.40})")
+    return np.dtype(dtype)
 
 
 _Ext = msgspec.msgpack.Ext

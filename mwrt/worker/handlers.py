@@ -146,19 +146,49 @@ def call(ex, cmd, frames):
 
 
 def run_op(ex, op, cmd) -> None:
-    """Run Call `cmd` of registry op `op` (looked up once by a replayed graph)."""
+    """Run Call `cmd` of registry op `op` (looked up once by a replayed graph); its results
+    must have the shapes and dtypes of the op's meta rule, as the master announced them."""
     args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
-    if not op.inplace and ex.device == arrays.HOST:  # sized by the meta rule: an oversized
-        # host result is refused, not made (a GPU's allocator names its own exhaustion)
-        quotas.check_result(op, cmd.args, cmd.kwargs, args, ex.session.tensors)
-    result = op.impl(ex.xp, *args, **kwargs)
-    if op.inplace:
+    if not cmd.outs:  # in place, or out=: NumPy writes into tensors the master knows
+        op.impl(ex.xp, *args, **kwargs)
         return
+    table, host = ex.session.tensors, ex.device == arrays.HOST
+    specs, kwspecs = quotas.specs(table, cmd.args), quotas.specs(table, cmd.kwargs)
+    # An oversized host result is refused, not made (a GPU's allocator names its own); the
+    # numpy op is sized by its allow-list entry before its meta rule probes NumPy.
+    if host and op.name == "numpy":
+        quotas.check_numpy(specs, kwspecs, table)
+    # The same rule on the same Specs as on the master: what it announced, without the
+    # announcement riding in every command.
+    expected = ops.infer(op, specs, kwspecs)
+    if host and op.name != "numpy":
+        quotas.check_result(op.name, expected, specs, kwspecs, table)
+    result = op.impl(ex.xp, *args, **kwargs)
     if len(cmd.outs) == 1:
-        store(ex, cmd.outs[0], result)
-    else:
-        for out, value in zip(cmd.outs, result, strict=True):
-            store(ex, out, value)
+        store(ex, cmd.outs[0], _checked(op.name, result, expected))
+        return
+    if type(expected) is not tuple or not isinstance(result, (tuple, list)):
+        raise TypeError(f"{op.name}: returned {type(result).__name__} (expected a tuple of "
+                        f"{len(cmd.outs)} arrays)")
+    for out, value, spec in zip(cmd.outs, result, expected, strict=True):
+        store(ex, out, _checked(op.name, value, spec))
+
+
+def _checked(name: str, value, spec):
+    """`value` if it has `spec`'s shape and dtype (or the rule left them to the worker);
+    else a named error now, never bytes read later as another dtype or shape."""
+    if type(spec) is not ops.Spec:
+        return value
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None:  # a Python scalar from a function: NumPy's 0-d array of it
+        value = np.asarray(value)
+        shape, dtype = value.shape, value.dtype
+    if shape != spec.shape or dtype != spec.dtype:
+        raise TypeError(f"{name}: the result disagrees with the shape and dtype the master "
+                        f"announced (got {dtype}{list(shape)}, expected {spec.dtype}"
+                        f"{list(spec.shape)}); mwrt's meta rule for {name} is wrong: please "
+                        "report it; .numpy() of the arguments and NumPy give the right value")
+    return value
 
 
 def remote(ex, cmd, frames):

@@ -17,7 +17,7 @@ import math
 import threading
 import weakref
 
-from .. import arrays, config, ops
+from .. import arrays, config
 from ..errors import QuotaError, WireError
 from ..ops import UNKNOWN, Spec, npallow, npfunc
 from ..protocol import wire
@@ -110,7 +110,7 @@ def check_bytes(nbytes: int, what: str, table: TensorTable | None = None,
 _PLAIN = (int, float, bool, str, type(None))
 
 
-def _spec(table, value):
+def specs(table, value):
     """A command's arguments as its meta rule takes them: tensor Refs become Specs."""
     kind = type(value)
     if kind is wire.Ref:
@@ -119,36 +119,28 @@ def _spec(table, value):
     if kind in _PLAIN:
         return value
     if kind is tuple:
-        return tuple(_spec(table, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _spec(table, v) for k, v in value.items()}
+        return tuple([specs(table, v) for v in value])
+    if kind is dict:
+        return {k: specs(table, v) for k, v in value.items()} if value else value
     return value
 
 
-def check_result(op, args: tuple, kwargs: dict, resolved: tuple, table: TensorTable) -> None:
-    """Size an op's results by its meta rule (on the command's Refs, already `resolved`)
-    and refuse them before the op runs."""
-    if op.by_type and not kwargs:
-        # A ufunc's results have at most the product of its operands' sizes as elements,
-        # each at most 32 bytes (clongdouble) or its operands' widths added (bytes + bytes):
-        # under that bound, the meta rule need not run (it costs more than the op itself).
-        elements, width = 1, 32
-        for value in resolved:
-            if hasattr(value, "itemsize"):
-                elements *= value.size or 1
-                width += value.itemsize
-        if elements * width <= min(table.max_tensor, table.max_bytes - table.nbytes):
-            return
-    specs, kwspecs = _spec(table, args), _spec(table, kwargs)
-    if op.name == "numpy":  # sized by its allow-list entry: NumPy is not run to size it
-        check_bytes(numpy_bytes(specs, kwspecs), f"np.{args[0]!s:.60}", table)
-        return
-    result = ops.infer(op, specs, kwspecs)
+def check_result(name: str, result, args: tuple, kwargs: dict, table: TensorTable) -> None:
+    """Refuse an op's results, sized by its meta rule (`result`, on the command's Specs
+    `args` and `kwargs`), before the op runs."""
+    room = min(table.max_tensor, table.max_bytes - table.nbytes)
     for spec in result if type(result) is tuple else (result,):
-        if isinstance(spec, Spec):
-            check_tensor(spec.shape, spec.dtype, op.name, table)
+        if type(spec) is Spec:
+            if math.prod(spec.shape) * spec.dtype.itemsize > room:
+                check_tensor(spec.shape, spec.dtype, name, table)
         elif spec is UNKNOWN:  # a mask's selection: at most what it selects from
-            check_bytes(_spec_bytes((specs, kwspecs)), op.name, table)
+            check_bytes(_spec_bytes((args, kwargs)), name, table)
+
+
+def check_numpy(args: tuple, kwargs: dict, table: TensorTable) -> None:
+    """Refuse the `numpy` op's results, sized by its allow-list entry (NumPy is not run to
+    size them), before the op runs."""
+    check_bytes(numpy_bytes(args, kwargs), f"np.{args[0]!s:.60}", table)
 
 
 def numpy_bytes(args: tuple, kwargs: dict) -> int:
