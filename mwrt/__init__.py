@@ -34,6 +34,7 @@ from .master.creation import (
                        zeros,
 )
 from .master.graph import Graph, graph
+from .master.naming import attached
 from .master.mesh.device_mesh import Mesh, mesh
 from .master.mesh.placement import Partial, Placement, Replicate, Shard
 from .master.mesh.rules import PlacementError
@@ -63,4 +64,4 @@ __all__ = [
     "PlacementError",
     *TYPED_CONSTRUCTORS,
 ]
-__all__ += ["save", "load", "SaveHandle", "replace_node"]  # going on after a failure
+__all__ += ["save", "load", "SaveHandle", "replace_node", "attached"]  # going on after a failure

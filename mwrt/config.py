@@ -61,6 +61,8 @@ SETTINGS = {
                                  "seconds of silence before a peer is declared lost"),
     "lease_timeout": Setting("MWRT_LEASE_TIMEOUT", 10.0, float,
                              "seconds a worker keeps a silent master's session"),
+    "session_grace": Setting("MWRT_SESSION_GRACE", 0.0, float,
+                             "seconds workers keep a named session after its master is gone"),
     "progress_after": Setting("MWRT_PROGRESS_AFTER", 2.0, float,
                               "seconds a save, load or start of local workers waits before "
                               "it shows its progress"),

@@ -95,6 +95,8 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     groups: dict = {}
     for name, t in tensors.items():
         groups.setdefault((t._node.index, t._device), []).append((name, t))
+        if t.name is None:  # what a master re-attaching to a named session finds it by
+            t.name = name
     entries, parts = {}, []
     started = time.monotonic()
     for where, members in sorted(groups.items()):

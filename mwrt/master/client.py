@@ -98,6 +98,7 @@ class Node:
         self.replaced_by = ""  # the address of the node that took this one's place
         self.rejected: str | None = None  # why the worker refused a batch, until reported
         self.info: wire.Welcome | None = None
+        self.resumed: dict | None = None  # what a re-attached named session held
         self.closed = False
         self.torn = False  # a batch was cut off mid-send: no more messages on tx
         self.limits = Limits(self)
@@ -111,7 +112,8 @@ class Node:
         """Say Hello on rx and wait for the Welcome; ConnectionError naming the address."""
         token = next(self.tokens)
         hello = wire.Hello(id=token, session=self.cluster.session_id,
-                           master=self.cluster.master_name, node=self.index)
+                           master=self.cluster.master_name, node=self.index,
+                           grace=self.cluster.grace)
         monitor = self.rx.get_monitor_socket(_HANDSHAKE_EVENTS)
         try:
             self.rx.send_multipart([wire.encode_header(0), wire.encode_body([hello])])
@@ -125,6 +127,9 @@ class Node:
             raise ConnectionError(f"worker {self.address} (node {self.index}): unexpected answer "
                                   f"to Hello ({reply!r:.200})")
         self.info = reply
+        if reply.resumed:  # a named session re-attached: number past its earlier commands
+            self.resumed = reply.resumed
+            self.ids = itertools.count(int(reply.resumed["last_id"]) + 1)
 
     def _await_welcome(self, monitor, timeout: float) -> None:
         """Wait for the Hello's answer; a refused key is reported as such, not as silence."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
+import itertools
 import logging
 import os
 import resource
@@ -36,20 +38,29 @@ class Cluster:
     """Everything one master holds: its nodes, local daemons, heartbeat and generator."""
 
     def __init__(self, addresses: list[str], local: list[LocalWorker], timeout: float,
-                 keys=None, channel: str | None = None):
+                 keys=None, channel: str | None = None, session: str | None = None):
         self.keys = keys  # the master's KeyFile, or None for unkeyed loopback daemons
+        # A named session keeps its id from one master to the next, and the workers keep it
+        # for MWRT_SESSION_GRACE seconds after its master is gone, to be re-attached.
+        self.session_name = session
+        self.grace = config.get("session_grace") if session else 0.0
         self.worker_keys = None  # the local daemons' key, kept to start a replacement
-        self.session_id = uuid.uuid4().hex
+        # Without a grace there is nothing to re-attach to: a fresh id, as for any session.
+        self.session_id = _named_id(session, keys) if self.grace > 0 else uuid.uuid4().hex
         self.master_name = f"{socket.gethostname()}:{os.getpid()}"
         self.context = _context_for(len(addresses))
         self.local = local
         self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
+        self.attached: dict | None = None  # handles of a re-attached session (naming.py)
         self._channel_lock = threading.Lock()
         self.store = self._channel = None
         try:
             for node in self.nodes:
                 node.connect(timeout)
+            resumed_streams = [s for n in self.nodes if n.resumed for s in n.resumed["streams"]]
+            self.stream_ids = itertools.count(max([wire.DEFAULT_STREAM_LIMIT - 1,
+                                                   *resumed_streams]) + 1)
             self._join_data_channel(timeout, channel or config.get("channel"))
         except BaseException:
             self.close(goodbye=False)
@@ -177,6 +188,14 @@ class Cluster:
             self.context.term()
 
 
+def _named_id(name: str, keys) -> str:
+    """The session id of a named session: the same for every master with its name and key."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"init_master_worker: session must be a non-empty str (got {name!r})")
+    secret = keys.hmac_key if keys is not None else b""
+    return "named-" + hashlib.sha256(secret + b"\0" + name.encode()).hexdigest()[:32]
+
+
 def worker_addresses(workers) -> list[str]:
     """Normalize the `workers` argument (or MWRT_WORKERS) into a list of addresses."""
     if workers is None:
@@ -195,7 +214,7 @@ def init_master_worker(workers: str | Sequence[str] | None = None, *,
                        key: str | os.PathLike | auth.KeyFile | None = None,
                        backend: str | None = None,
                        channel: str | None = None, registry: str | None = None,
-                       num_workers: int | None = None) -> None:
+                       num_workers: int | None = None, session: str | None = None) -> None:
     """Connect to worker daemons (or start `local_workers` on loopback) and open sessions.
 
     `key` is the master's key file (path or auth.KeyFile; default MWRT_KEY_FILE). Local
@@ -203,6 +222,8 @@ def init_master_worker(workers: str | Sequence[str] | None = None, *,
     proposal's name) or `channel`: the data channel of the session (default MWRT_CHANNEL).
     `registry`: a directory where `mwrt-worker --register DIR` daemons announce themselves;
     the master waits for `num_workers` of them (default MWRT_REGISTRY, MWRT_NUM_WORKERS).
+    `session`: a name; the workers keep a named session for MWRT_SESSION_GRACE seconds after
+    its master is gone, and a master with the same name and key re-attaches (mwrt.attached()).
     """
     global _cluster
     timeout = config.get("connect_timeout") if timeout is None else float(timeout)
@@ -225,7 +246,7 @@ def init_master_worker(workers: str | Sequence[str] | None = None, *,
             local, keys, worker_keys = start_local_workers(count, timeout)
             addresses = [w.address for w in local]
         try:
-            _cluster = Cluster(addresses, local, timeout, keys, channel)
+            _cluster = Cluster(addresses, local, timeout, keys, channel, session)
             _cluster.worker_keys = worker_keys if local else None
         except BaseException:
             for worker in local:
@@ -350,10 +371,22 @@ def _shutdown_at_exit() -> None:
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
-        shutdown()
+        if not _detach():
+            shutdown()
     finally:
         if main and previous is not None:  # None: a handler not set from Python
             signal.signal(signal.SIGINT, previous)
+
+
+def _detach() -> bool:
+    """At exit, leave a named session with a grace to its workers (no Bye): True if so."""
+    global _cluster
+    with _lock:
+        if _cluster is None or _cluster.grace <= 0:
+            return False
+        cluster, _cluster = _cluster, None
+    cluster.close(goodbye=False)
+    return True
 
 
 atexit.register(_shutdown_at_exit)

@@ -19,7 +19,6 @@ from ..protocol import wire
 from . import context, ordering
 from .cluster import current
 
-_STREAM_IDS = itertools.count(wire.DEFAULT_STREAM_LIMIT)  # below: default streams (id == device)
 _EVENT_IDS = itertools.count(1)
 
 
@@ -33,7 +32,7 @@ class Stream:
         self.device = self._node.check_device(context.current_device() if device is None
                                               else device)
         if _id is None:
-            _id = next(_STREAM_IDS)
+            _id = next(current().stream_ids)
             self._node.issue(wire.NewStream(id=next(self._node.ids), stream=_id,
                                             device=self.device))
         if order not in ("safe", "manual"):

@@ -8,6 +8,7 @@ to the master (`numpy()`, `item()`, `float()`…) wait for the worker.
 from __future__ import annotations
 
 import math
+import weakref
 import operator
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from ..ops import Spec
 from ..protocol import wire
 from . import context, methods, ordering
 from .streams import Stream
+
+_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # handle -> its name
 
 
 class DistributedTensor:
@@ -81,6 +84,19 @@ class DistributedTensor:
     def get_device(self) -> int:
         """The device on its node that holds this tensor (-1, HOST: host memory)."""
         return self._device
+
+    @property
+    def name(self) -> str | None:
+        """The name a master re-attaching to this named session finds it by (mwrt.attached())."""
+        return _NAMES.get(self)
+
+    @name.setter
+    def name(self, value: str) -> None:
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"name: must be a non-empty str (got {value!r})")
+        node = self._node
+        node.issue(wire.Name(id=next(node.ids), ref=self._id, name=value))
+        _NAMES[self] = value
 
     @property
     def spec(self) -> Spec:

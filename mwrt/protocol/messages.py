@@ -91,6 +91,9 @@ class Hello(Command, tag=0):
     session: str
     master: str
     node: int
+    # Seconds the worker keeps this session after the master goes silent, for a master of
+    # the same named session to re-attach (0: freed after the lease, as any session).
+    grace: float = 0.0
 
 
 class Bye(Command, tag=1):
@@ -353,6 +356,13 @@ class LoadTensors(StreamCommand, tag=35):
     expected: tuple
 
 
+class Name(Command, tag=36):
+    """Call tensor `ref` `name` in this session: a master that re-attaches finds it so."""
+
+    ref: int
+    name: str
+
+
 # -- replies: worker -> master --------------------------------------------------------------
 
 class Welcome(Reply, tag=23):
@@ -364,6 +374,8 @@ class Welcome(Reply, tag=23):
     devices: int
     data_address: str
     gpus: tuple = ()  # a dict per GPU (arrays.devices()): index, name, memory, capability
+    # A named session re-attached: its named tensors, last command id and streams.
+    resumed: dict | None = None
 
 
 class Pong(Reply, tag=24):

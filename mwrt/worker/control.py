@@ -19,6 +19,13 @@ def bye(daemon, session, cmd) -> None:
     daemon.end_session(session, wire.Done(token=cmd.id, value=None))
 
 
+def name(daemon, session, cmd) -> None:
+    try:
+        session.name_tensor(cmd.ref, cmd.name)
+    except QuotaError as exc:
+        daemon.refuse(session, "quota", str(exc))
+
+
 def new_stream(daemon, session, cmd) -> None:
     try:
         session.stream(cmd.stream, cmd.device)

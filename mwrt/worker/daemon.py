@@ -279,6 +279,7 @@ class Daemon:
             log.info("dropped a resent batch %d from %s", seq, session.master)
             return
         session.last_seq, session.last_seen = seq, time.monotonic()
+        session.max_id = max(session.max_id, commands[-1].id) if commands else session.max_id
         try:
             data = quotas.admit(session, commands, data, len(body))
         except (QuotaError, WireError) as exc:
@@ -345,21 +346,32 @@ class Daemon:
 
     def _hello(self, sid, command) -> Session | None:
         identity = sid + b"/" + RX
-        refusal = lifecycle.refuse_hello(self.sessions, sid, command)
-        if refusal:
-            self._log_rejection("refused a Hello from %r: %s", identity[:40], refusal)
-            self.send(identity, wire.Failed(command.id, {"kind": "session", "message": refusal}))
-            return None
-        session = Session(self, identity, command.session, command.master, command.node)
-        self.sessions[sid] = session
-        log.info("session %s opened by %s as node %d", command.session, command.master,
-                 command.node)
+        session, resumed = self.sessions.get(sid), None
+        if session is not None and lifecycle.may_reattach(session, command):
+            session.master, session.last_seq, session.last_seen = \
+                command.master, -1, time.monotonic()
+            resumed = session.resumed()
+            log.info("session %s re-attached by %s as node %d", command.session,
+                     command.master, command.node)
+        else:
+            refusal = lifecycle.refuse_hello(self.sessions, sid, command)
+            if refusal:
+                self._log_rejection("refused a Hello from %r: %s", identity[:40], refusal)
+                self.send(identity, wire.Failed(command.id, {"kind": "session",
+                                                             "message": refusal}))
+                return None
+            session = Session(self, identity, command.session, command.master, command.node)
+            self.sessions[sid] = session
+            log.info("session %s opened by %s as node %d", command.session, command.master,
+                     command.node)
+        session.grace = lifecycle.grace(command)
         from .. import arrays
 
         gpus = arrays.devices()
         self.send(identity, wire.Welcome(token=command.id, incarnation=self.incarnation,
                                          hostname=socket.gethostname(), pid=os.getpid(),
-                                         devices=len(gpus), data_address="", gpus=tuple(gpus)))
+                                         devices=len(gpus), data_address="", gpus=tuple(gpus),
+                                         resumed=resumed))
         return session
 
     def end_session(self, session, answer=None) -> None:
@@ -406,7 +418,7 @@ class Daemon:
     def _reap(self) -> None:
         now = time.monotonic()
         for sid, session in list(self.sessions.items()):
-            if now - session.last_seen > self.lease_timeout:
+            if now - session.last_seen > self.lease_timeout + session.grace:
                 log.warning("session %s of %s: no word for %.1f s, freeing it", session.id,
                             session.master, now - session.last_seen)
                 self.end_session(session)

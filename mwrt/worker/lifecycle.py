@@ -10,9 +10,15 @@ peers and a collection, so it runs on a thread of its own; the Bye is answered a
 from __future__ import annotations
 
 import threading
+import time
 
+from .. import config
 from ..protocol import wire
 from . import quotas
+
+
+MAX_GRACE = 7 * 86400.0  # a week: a named session's tensors are not kept forever
+_GONE_AFTER_PINGS = 4  # heartbeat intervals of silence after which a master is gone
 
 
 def refuse_hello(sessions: dict, sid: bytes, command) -> str:
@@ -23,8 +29,22 @@ def refuse_hello(sessions: dict, sid: bytes, command) -> str:
                 "only its own session")
     if sid in sessions:
         return (f"session: {command.session} is already open on this worker (got a second "
-                "Hello for it, expected one per master); a new master picks a new id")
+                "Hello for it, expected one per master); a new master picks a new id, and a "
+                "named session is re-attached only once its master is silent")
     return ""
+
+
+def may_reattach(session, command) -> bool:
+    """True when a Hello may take over `session`: it is named (kept for a grace) and its
+    master has been silent for several heartbeats, so is gone (a live one is never cut off)."""
+    silent = time.monotonic() - session.last_seen
+    return session.grace > 0 and silent > _GONE_AFTER_PINGS * config.get("heartbeat_interval")
+
+
+def grace(command) -> float:
+    """The grace a Hello asks for, within the worker's bound."""
+    value = command.grace
+    return min(max(float(value), 0.0), MAX_GRACE) if value == value else 0.0  # NaN: none
 
 
 def end(daemon, session, answer=None) -> threading.Thread:

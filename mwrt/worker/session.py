@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 import time
 
+from ..errors import QuotaError
 from ..protocol import wire
 from ..protocol.wire import DEFAULT_STREAM_LIMIT
 from .executor import StreamExecutor
 from .graphs import GraphStore, ImplicitEvents
 from .quotas import Inflight, TensorTable
+
+_MAX_NAMES = 1 << 16
 
 # A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
 # it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
@@ -52,6 +55,9 @@ class Session:
         self.trace: list | None = None  # timeline slices while the master profiles
         self.data = None  # the data channel's state, once the master sent a Join
         self.closed = False
+        self.grace = 0.0  # seconds kept after the master's silence, to be re-attached
+        self.names: dict[str, int] = {}  # tensor ids by the names the master gave them
+        self.max_id = 0  # the highest command id seen: a re-attaching master counts on
 
     def stream(self, stream_id: int, device: int | None = None) -> StreamExecutor:
         """The executor of `stream_id`; default streams (id == device) start on first use."""
@@ -70,6 +76,26 @@ class Session:
                 raise
             self.streams[stream_id] = executor
         return executor
+
+    def name_tensor(self, ref: int, name: str) -> None:
+        """Remember tensor `ref` as `name` (bounded: names are the master's to choose)."""
+        if name not in self.names and len(self.names) >= _MAX_NAMES:
+            raise QuotaError(f"name: this session already named {_MAX_NAMES} tensors; name "
+                             "fewer (a name is for finding a tensor after a re-attach)")
+        self.names[name] = ref
+
+    def resumed(self) -> dict:
+        """What a master re-attaching to this session is told: named tensors, ids, streams."""
+        from .. import arrays
+
+        named = {}
+        for name, ref in self.names.items():
+            value = self.tensors.get(ref)
+            if value is not None and hasattr(value, "shape"):
+                device = -1 if arrays.in_host_memory(value) else int(value.device.id)
+                named[name] = [ref, list(value.shape), value.dtype.str, device]
+        streams = [s for s in self.streams if s >= DEFAULT_STREAM_LIMIT]
+        return {"names": named, "last_id": self.max_id, "streams": streams}
 
     def event(self, event_id: int) -> EventState:
         """The state of event `event_id`, created on first mention."""
