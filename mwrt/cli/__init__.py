@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "Workers and key as for `mwrt status`.")
     board.add_argument("--workers", help="comma-separated HOST:PORT of the daemons")
     board.add_argument("--key", help="the master's key file (from mwrt-worker keygen)")
-    board.add_argument("--port", type=int, default=8787, help="port to serve on (0: any free)")
+    board.add_argument("--port", type=int, default=8790,
+                       help="port to serve on (0: any free; Dask's dashboard has 8787)")
     board.add_argument("--host", default="127.0.0.1",
                        help="address to serve on (default loopback; beyond it, only the token "
                             "guards the page: prefer an ssh tunnel)")

@@ -44,7 +44,7 @@ class Dashboard:
         return f"<mwrt dashboard at {self.url}>"
 
 
-def dashboard(port: int = 8787, host: str = "127.0.0.1", *, interval: float = 1.0,
+def dashboard(port: int = 8790, host: str = "127.0.0.1", *, interval: float = 1.0,
               timeline: bool = True, quiet: bool = False) -> Dashboard:
     """Serve a live page of this session's workers at http://HOST:PORT/?token=...; close() it.
 
