@@ -111,25 +111,60 @@ def test_a_user_profile_keeps_its_slices(board):
     assert sum(s["op"] == "multiply" for s in prof.slices) == 5, prof.slices
 
 
+@pytest.fixture
+def two_workers():
+    """Two separately started daemons: [(process, HOST:PORT)], stopped after the test."""
+    workers = [start_worker() for _ in range(2)]
+    yield [(p, a.removeprefix("tcp://")) for p, a in workers]
+    for process, _ in workers:
+        stop_worker(process)
+
+
+def shell_dashboard(workers) -> tuple[subprocess.Popen, str]:
+    """`mwrt dashboard --workers A,B --port 0` in a process of its own: (process, its URL)."""
+    shell = subprocess.Popen([sys.executable, "-m", "mwrt.cli", "dashboard", "--port", "0",
+                              "--interval", "0.3", "--workers", ",".join(a for _, a in workers)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        return shell, Lines(shell.stdout).until("http://", timeout=60).split()[-1]
+    except AssertionError:
+        shell.kill()
+        shell.wait(30)
+        raise
+
+
+def test_the_shell_command_serves_the_workers_and_stops_on_sigterm(two_workers):
+    shell, url = shell_dashboard(two_workers)
+    try:
+        base, token = url.split("/?token=")
+        assert fetch(base + "/state")[0] == 403
+        def both():
+            now = json.loads(fetch(f"{base}/state?token={token}")[1])
+            return now if len(now["nodes"]) == 2 else None
+
+        now = wait_for(both, "two nodes")
+        assert [n["address"].removeprefix("tcp://") for n in now["nodes"]] == \
+            [a for _, a in two_workers]
+        assert "mwrt.dashboard() in the script" in now["timeline_note"]
+    finally:
+        shell.send_signal(signal.SIGTERM)
+        assert shell.wait(30) == 0
+
+
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
                     reason="needs Debian's chromium and chromium-driver (apt-get install -y "
                            "chromium chromium-driver)")
-def test_the_page_in_chromium_shows_two_workers_then_one_lost(tmp_path):
+def test_the_page_in_chromium_shows_two_workers_then_one_lost(two_workers, tmp_path):
     webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip)")
-    workers = [start_worker() for _ in range(2)]
-    shell = subprocess.Popen([sys.executable, "-m", "mwrt.cli", "dashboard", "--port", "0",
-                              "--interval", "0.3", "--workers",
-                              ",".join(a.removeprefix("tcp://") for _, a in workers)],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    shell, url = shell_dashboard(two_workers)
     browser = None
     try:
-        url = Lines(shell.stdout).until("http://", timeout=60).split()[-1]
         browser = _chromium(webdriver, tmp_path)
         browser.get(url)
         rows = wait_for(lambda: _rows(browser) if len(_rows(browser)) == 2 and all(
             state == "live" for state in _rows(browser).values()) else None, "two live rows")
         assert rows == {"0": "live", "1": "live"}
-        workers[1][0].send_signal(signal.SIGKILL)
+        two_workers[1][0].send_signal(signal.SIGKILL)
         rows = wait_for(lambda: _rows(browser, lost="1"), "node 1 shown lost")
         assert rows["0"] == "live" and "connection closed" in rows["1"], rows
         browser.get(url.split("?")[0])  # the same page without the token
@@ -139,8 +174,6 @@ def test_the_page_in_chromium_shows_two_workers_then_one_lost(tmp_path):
             browser.quit()
         shell.send_signal(signal.SIGTERM)
         assert shell.wait(30) == 0
-        for process, _ in workers:
-            stop_worker(process)
 
 
 def _rows(browser, lost: str | None = None) -> dict[str, str] | None:
