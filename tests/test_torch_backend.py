@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -11,45 +10,17 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install mwrt[torch])")
 
-PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "torch_ranks.py")
+from torchspawn import spawn
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(mode: str, backend: str, tmp_path, n: int = 2, timeout: float = 90,
               codes=None) -> list:
     """Run torch_ranks.py MODE on n ranks under env://; each rank's saved result (None for
     a rank expected to exit with a code other than 0)."""
-    codes = codes or [0] * n
-    out = str(tmp_path / f"{mode}-{backend}")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(n), "MWRT_RENDEZVOUS_TIMEOUT": "60",
-           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, PROGRAM, mode, backend, out],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(n)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == codes[r], (f"rank {r} of {mode} on {backend} exited "
-                                          f"{p.returncode}, expected {codes[r]}:\n{log}")
-    left = [f for f in os.listdir("/dev/shm") for p in procs if f.startswith(f"mwrt-{p.pid}-")] \
-        if os.path.isdir("/dev/shm") else []
-    assert not left, f"{mode} on {backend} left shared memory behind: {left}"
-    return [torch.load(f"{out}.{r}") if codes[r] == 0 else None for r in range(n)]
+    return spawn("torch_ranks.py", [mode, backend], str(tmp_path / f"{mode}-{backend}"), n=n,
+                 timeout=timeout, codes=codes)
 
 
 def test_ddp_on_mwrt_matches_gloo(tmp_path):

@@ -122,7 +122,24 @@ def check(group, kind: str, every) -> None:
                        for v, rs in groups.items())
     raise CollectiveMismatchError(
         f"{kind} on {group.name}: ranks disagree on the collective ({detail}); every rank must "
-        "call the same collectives in the same order with the same op, dtype, shape and root")
+        "call the same collectives in the same order with the same op, dtype, shape and root"
+        + (_SAME_SIZE if _only_shapes_differ(every.values()) else ""))
+
+
+_SAME_SIZE = ("; the shapes differ but hold as many elements: refused by design, as a shape "
+              "that differs between ranks usually means they disagree on the data; reshape "
+              "to one shape on every rank (t.reshape(-1)) if that is what you meant")
+
+
+def _only_shapes_differ(descriptors) -> bool:
+    """True if the calls differ in their shapes alone, all of one element count."""
+    seen = set()
+    for raw in descriptors:
+        seq, kind, op, ndim, flags, root, count, dtype, *dims = _DESC.unpack(raw)
+        shape = dims[:ndim] if ndim <= 6 else dims
+        size = int(np.prod(shape, dtype=np.int64)) if ndim <= 6 else count
+        seen.add((seq, kind, op, flags, root, dtype, size))
+    return len(seen) == 1
 
 
 # -- check messages ------------------------------------------------------------------------

@@ -1,0 +1,171 @@
+"""Point-to-point of the "mwrt" backend: receives from a named rank or from any rank, into
+a tensor at least as large as the message, and withdrawn when their wait times out.
+
+A send is one channel message of the tensor's bytes. A receive does not post the user's
+tensor to the channel, whose receives need the exact size and a named sender. Instead, for
+each (peer, tag) that some receive waits on, a pump (a thread of the group's pool) takes
+the peer's next message of any size (`recv_message`) and hands it to the oldest receive
+still waiting that accepts that peer (it named it, or any rank), or keeps it for the next
+receive when none waits. So a receive from any source is a pump per peer, the first
+message to come wins and the receive learns its sender; a tensor larger than the message
+gets the message in its first bytes (as gloo's does); and a receive whose wait timed out
+is taken off the queue, so the peer's next message goes to the next receive and never
+into the abandoned tensor. The price is one copy, from the channel's buffer into the
+tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import ChannelError, ChannelTimeoutError
+
+_PUMPS = 256  # threads a group may block in receives at once (peers x tags being received)
+
+
+class _Recv:
+    """One receive: where its bytes go, who may send them, by when; its Future's result is
+    the sender's group rank."""
+
+    __slots__ = ("deadline", "dest", "done", "future", "peer")
+
+    def __init__(self, dest: np.ndarray, peer: int | None, deadline: float, done):
+        self.dest, self.peer, self.deadline, self.done = dest, peer, deadline, done
+        self.future: Future = Future()
+
+    def takes(self, peer: int) -> bool:
+        return self.peer is None or self.peer == peer
+
+
+class Receiver:
+    """The receives of one group, matched to the messages its pumps take, per tag."""
+
+    def __init__(self, group):
+        self.group, self.lock = group, threading.Lock()
+        self.waiting: dict[int, list[_Recv]] = {}  # by channel tag, oldest first
+        self.kept: dict[int, deque] = {}  # by channel tag: (peer, bytes) no receive took yet
+        self.pumping: set[tuple[int, int]] = set()
+        self.gone: dict[int, BaseException] = {}  # peers whose pump found them gone
+        self.pool = ThreadPoolExecutor(_PUMPS, thread_name_prefix="mwrt-torch-recv")
+
+    def post(self, dest: np.ndarray, peer: int | None, tag: int, timeout: float,
+             done=None) -> _Recv:
+        """Receive into `dest` (flat bytes) from group rank `peer` (None: any) on channel tag
+        `tag`; done() runs after the bytes land (a copy back to a non-contiguous tensor)."""
+        recv = _Recv(dest, peer, time.monotonic() + timeout, done)
+        g = self.group
+        peers = [peer] if peer is not None else [p for p in range(g.size) if p != g.rank]
+        with self.lock:
+            kept = self._take_kept(tag, recv)
+            if kept is None:
+                failed = [self.gone[p] for p in peers if p in self.gone]
+                if len(failed) == len(peers):
+                    recv.future.set_exception(failed[0])
+                    return recv
+                self.waiting.setdefault(tag, []).append(recv)
+                start = [p for p in peers if (p, tag) not in self.pumping and p not in self.gone]
+                self.pumping.update((p, tag) for p in start)
+        if kept is not None:
+            _fill(recv, *kept, g)
+            return recv
+        for p in start:
+            self.pool.submit(self._pump, p, tag)
+        return recv
+
+    def withdraw(self, recv: _Recv, tag: int) -> bool:
+        """Take a receive off the queue (its wait timed out): True if it was still waiting,
+        False if a pump is filling it right now."""
+        with self.lock:
+            waiting = self.waiting.get(tag, [])
+            if recv in waiting:
+                waiting.remove(recv)
+                return True
+        return False
+
+    def _take_kept(self, tag: int, recv: _Recv):
+        """The oldest kept message that `recv` takes (under the lock), or None."""
+        kept = self.kept.get(tag)
+        for i, (peer, data) in enumerate(kept or ()):
+            if recv.takes(peer):
+                del kept[i]
+                return peer, data
+        return None
+
+    def _pump(self, peer: int, tag: int) -> None:
+        """Take `peer`'s messages on `tag` while some receive waits for one."""
+        g = self.group
+        while True:
+            with self.lock:
+                wanted = [r for r in self.waiting.get(tag, ()) if r.takes(peer)]
+                if not wanted:
+                    self.pumping.discard((peer, tag))
+                    return
+                deadline = min(r.deadline for r in wanted)
+            try:
+                data = g.channel.recv_message(g.ranks[peer], tag,
+                                              max(deadline - time.monotonic(), 1e-3))
+            except ChannelTimeoutError as exc:
+                self._expire(tag, exc)
+                continue
+            except (ChannelError, ConnectionError, TimeoutError) as exc:
+                self._peer_failed(peer, tag, exc)
+                return
+            with self.lock:
+                recv = next((r for r in self.waiting.get(tag, ()) if r.takes(peer)), None)
+                if recv is None:
+                    self.kept.setdefault(tag, deque()).append((peer, data))
+                else:
+                    self.waiting[tag].remove(recv)
+            if recv is not None:
+                _fill(recv, peer, data, g)
+
+    def _expire(self, tag: int, exc: BaseException) -> None:
+        """Fail the receives on `tag` past their deadline."""
+        now = time.monotonic()
+        with self.lock:
+            waiting = self.waiting.get(tag, [])
+            late = [r for r in waiting if r.deadline <= now]
+            for r in late:
+                waiting.remove(r)
+        for r in late:
+            r.future.set_exception(exc)
+
+    def _peer_failed(self, peer: int, tag: int, exc: BaseException) -> None:
+        """`peer` is gone: fail the receives only it could fill."""
+        g = self.group
+        with self.lock:
+            self.gone[peer] = exc
+            self.pumping.discard((peer, tag))
+            others = [p for p in range(g.size) if p not in (g.rank, peer) and p not in self.gone]
+            waiting = self.waiting.get(tag, [])
+            failed = [r for r in waiting if r.peer == peer or (r.peer is None and not others)]
+            for r in failed:
+                waiting.remove(r)
+        for r in failed:
+            r.future.set_exception(exc)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _fill(recv: _Recv, peer: int, data, group) -> None:
+    """Put a message in its receive's tensor, or fail the receive if it does not fit."""
+    size = len(data)
+    if size > recv.dest.nbytes:
+        recv.future.set_exception(ValueError(
+            f"recv on rank {group.channel.rank}: rank {group.ranks[peer]} sent {size} bytes, "
+            f"more than the tensor's {recv.dest.nbytes}; receive into a tensor at least as "
+            "large as the one sent"))
+        return
+    recv.dest[:size] = np.frombuffer(data, np.uint8)
+    if recv.done is not None:
+        recv.done()
+    recv.future.set_result(peer)
+
+
+__all__ = ["Receiver"]
