@@ -204,12 +204,18 @@ SKLEARN = textwrap.dedent("""
                 ref_pca.explained_variance_, ref_pca.transform(X)]
     for got, want in zip(fitted, expected):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-12)
+    from scipy.special import logsumexp
+    from sklearn.externals import array_api_extra as xpx
+    for got, want in [(xpx.cov(Xt.T), np.cov(X.T)), (logsumexp(Xt, axis=1), logsumexp(X, axis=1))]:
+        assert isinstance(got, mwrt.DistributedTensor)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
     mwrt.shutdown()
     print("fits equal")
 """)
 
 
 def test_scikit_learn_fits_on_mwrt_tensors_equal_its_numpy_fits():
+    """LDA and PCA fits, array-api-extra's cov and SciPy's logsumexp, on mwrt tensors."""
     pytest.importorskip("sklearn")
     pytest.importorskip("array_api_compat")
     # A fresh interpreter: SciPy reads SCIPY_ARRAY_API once, when first imported.
