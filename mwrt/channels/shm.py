@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import select
 import socket
 import struct
@@ -337,26 +338,43 @@ class ShmChannel(SocketChannel):
                 out.segment.close()
 
 
-def reap_orphan_segments(directory: str = DIR) -> list[str]:
-    """Unlink shm-channel segments whose creator is dead; return their names.
+_SEGMENT = re.compile(r"mwrt-(\d+)-[0-9a-f]{16}")  # segments.new_name(): mwrt-PID-HEX
+
+
+def reap_orphan_segments(directory: str = DIR, skip: set | None = None) -> list[str]:
+    """Unlink shm-channel segments of this user whose creator is dead; return their names.
 
     A sender names its segment mwrt-PID-HEX and the receiver unlinks it once mapped; a
-    sender killed before that leaves it behind, and no live process knows the name.
+    sender killed before that leaves it behind, and no live process knows the name. Only
+    names of that form, owned by this user, are looked at: /dev/shm is anyone's to fill,
+    and another user's files are not ours to judge (their names go into `skip`, so a
+    directory full of them costs one look each, not one per scan).
     """
+    reaped, alive, uid = [], {}, os.geteuid()
+    skip = set() if skip is None else skip
     try:
-        names = [n for n in os.listdir(directory) if n.startswith("mwrt-")]
+        entries = os.scandir(directory)
     except OSError:
         return []
-    reaped = []
-    for name in names:
-        pid = name.split("-")[1]
-        if pid.isdigit() and not process_alive(int(pid)):
+    with entries:
+        for entry in entries:
+            name = entry.name
+            found = _SEGMENT.fullmatch(name) if name not in skip else None
+            if found is None:
+                continue
+            pid = int(found.group(1))
+            if alive.setdefault(pid, process_alive(pid)):
+                continue
             try:
-                os.unlink(os.path.join(directory, name))
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    if len(skip) < 1 << 17:
+                        skip.add(name)
+                    continue
+                os.unlink(entry.path)
                 reaped.append(name)
             except OSError:
-                pass  # another reaper was first, or not ours to remove
+                pass  # another reaper was first
     if reaped:
         log.warning("removed %d shared-memory segment(s) of dead processes: %s", len(reaped),
-                    ", ".join(reaped))
+                    ", ".join(reaped[:20]))
     return reaped

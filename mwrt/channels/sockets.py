@@ -26,12 +26,23 @@ import time
 from .. import config
 from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
 from ..protocol.auth import client_handshake, server_handshake
+from ..protocol.refusals import PeerLog
 from .framing import DATA, HEADER, MAGIC, send_parts
 from .inbound import InboundChannel
 
 __all__ = ["DATA", "HEADER", "MAGIC", "SocketChannel"]  # the frame format, for subclasses
 
 log = logging.getLogger("mwrt.channels")
+_REFUSALS = PeerLog(log)  # one line per stranger a minute, however often it knocks
+
+
+def _peer_name(sock) -> str:
+    """'host:port' of a connected socket's peer, or 'a peer that left'."""
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "a peer that left"
+    return f"{host}:{port}"
 
 _LINGER = 5.0  # seconds close() waits for peers to read what we sent
 _HANDSHAKE_SECONDS = 10.0
@@ -266,7 +277,9 @@ class SocketChannel(InboundChannel):
             # A connection that never finishes the challenge must not hold a thread for long.
             claim = server_handshake(sock, self.key, min(self.timeout, _HANDSHAKE_SECONDS), check)
         except AuthError as exc:
-            log.warning("%s channel rank %d: refused a connection: %s", self.name, self.rank, exc)
+            peer = _peer_name(sock)
+            _REFUSALS.warning(peer, "%s channel rank %d: refused a connection from %s: %s",
+                              self.name, self.rank, peer, exc)
             return None
         return int(claim.rpartition(b"/")[2])
 

@@ -133,3 +133,38 @@ class RefusalLog:
             if last is None or now - last >= self.window:
                 self.logged[host] = now
                 self.log_line("refused a connection from %s: %s", peer, reason)
+
+
+class PeerLog:
+    """Refusal log lines of a listener (a data channel, a store), at most one per peer host
+    per `window` seconds: a stranger's 10,000 refused connections make one line a minute,
+    which then counts the ones not logged. Thread-safe; hosts past `max_peers` share one
+    line, so neither the log nor this table grows with a flood of addresses."""
+
+    def __init__(self, logger, window: float = 60.0, max_peers: int = 1024):
+        import threading
+
+        self.logger, self.window, self.max_peers = logger, window, max_peers
+        self.peers: dict[str, list] = {}  # host -> [when last logged, refusals not logged]
+        self.total = 0  # refusals seen, logged or not
+        self.lock = threading.Lock()
+
+    def warning(self, peer: str, message: str, *args) -> None:
+        """Log `message % args` for a refusal of `peer` ('host:port'), unless its host had a
+        line in the last window."""
+        host = peer.rsplit(":", 1)[0] if peer.count(":") == 1 else peer
+        now = time.monotonic()
+        with self.lock:
+            self.total += 1
+            if host not in self.peers and len(self.peers) >= self.max_peers:
+                self.peers = {h: v for h, v in self.peers.items() if now - v[0] < self.window}
+                if len(self.peers) >= self.max_peers:
+                    host = "other peers"
+            entry = self.peers.setdefault(host, [-self.window, 0])
+            if now - entry[0] < self.window:
+                entry[1] += 1
+                return
+            quiet, entry[:] = entry[1], [now, 0]
+        if quiet:
+            message += f" (and {quiet} more refusals of {host} not logged)"
+        self.logger.warning(message, *args)

@@ -30,6 +30,7 @@ from ..errors import AuthError, ConfigError, RendezvousError, RendezvousTimeoutE
 from ..netaddr import is_loopback
 from ..netio import recv_exact
 from ..protocol.auth import server_handshake
+from ..protocol.refusals import PeerLog
 from .stores import HashStore
 
 log = logging.getLogger("mwrt.store")
@@ -37,9 +38,13 @@ log = logging.getLogger("mwrt.store")
 _FRAME = struct.Struct(">I")
 _CHUNK = 1 << 16
 _OVERHEAD = 1 << 16  # a request's op, key and arguments beside its value
-HANDSHAKE_SECONDS = 5.0  # to finish the challenge, from the accept
+HANDSHAKE_SECONDS = 2.0  # to finish the challenge (one round trip), from the accept
 FRAME_SECONDS = 30.0  # to finish a frame whose length has arrived
-_MAX_PENDING = 64  # connections still in the challenge: strangers cannot crowd out ranks
+# Connections still in the challenge, in all and from one address: when either is reached,
+# the oldest of that address's (or of the busiest one's) is cut off for the new one, so a
+# stranger holds only its newest few slots, and a rank elsewhere always finds room.
+_MAX_PENDING = 64
+_MAX_PENDING_PER_ADDRESS = 8
 _MAX_CLAIM = 256
 _warned_insecure = False
 
@@ -107,30 +112,6 @@ def _check_claim(claim: bytes) -> None:
     parts = claim.decode("utf-8", "replace").rsplit(":", 2)
     if len(claim) > _MAX_CLAIM or len(parts) != 3 or not parts[1].isdigit():
         raise AuthError(f"malformed claim {claim[:40]!r} (expected b'host:pid:nonce')")
-
-
-class _Refusals:
-    """Log lines for refused peers: a few per interval, then a count of the rest."""
-
-    def __init__(self, burst: int = 5, interval: float = 10.0):
-        self.burst, self.interval = burst, interval
-        self.start, self.logged, self.dropped, self.total = time.monotonic(), 0, 0, 0
-        self.lock = threading.Lock()
-
-    def __call__(self, where: str, peer: str, why: str) -> None:
-        with self.lock:
-            self.total += 1
-            now = time.monotonic()
-            if now - self.start >= self.interval:
-                if self.dropped:
-                    log.warning("TCPStore %s: %d more refusals in the last %.0f s", where,
-                                self.dropped, now - self.start)
-                self.start, self.logged, self.dropped = now, 0, 0
-            if self.logged >= self.burst:
-                self.dropped += 1
-                return
-            self.logged += 1
-        log.warning("TCPStore %s: refused %s: %s", where, peer, why)
 
 
 class BoundStore(HashStore):
@@ -250,12 +231,12 @@ class StoreServer:
         # the last ranks away, however large the cap looked.
         self.max_connections = max(int(config.get("store_max_connections")),
                                    (world_size or 0) + 64)
-        self.limit, self.refused = frame_limit(), _Refusals()
+        self.limit, self.log = frame_limit(), PeerLog(log)
         self.sock = _listen(host, port)
         self.port = self.sock.getsockname()[1]
         self.where = f"{host}:{self.port}"
         self.conns: dict[socket.socket, str] = {}
-        self.pending = 0
+        self.pending: dict[str, list] = {}  # address -> its connections in the challenge
         # conn -> (when, why): the reaper shuts a connection down that is still in a
         # challenge or a frame then (a slow peer must not hold a thread and a slot).
         self.deadlines: dict[socket.socket, tuple[float, str]] = {}
@@ -277,20 +258,26 @@ class StoreServer:
                 continue
             self._admit(conn, f"{addr[0]}:{addr[1]}")
 
+    def refused(self, where: str, peer: str, why: str) -> None:
+        """Log a refusal: one line per peer address a minute (protocol.refusals.PeerLog)."""
+        self.log.warning(peer, "TCPStore %s: refused %s: %s", where, peer, why)
+
     def _admit(self, conn: socket.socket, peer: str) -> None:
+        address = peer.rsplit(":", 1)[0]
         with self.cond:
             n = len(self.conns)
-            full = n >= self.max_connections or self.pending >= _MAX_PENDING
+            full = n >= self.max_connections
             if not full:
-                self.conns[conn], self.pending = peer, self.pending + 1
+                self._make_room(address)
+                self.conns[conn] = peer
+                self.pending.setdefault(address, []).append(conn)
                 self.deadlines[conn] = (time.monotonic() + HANDSHAKE_SECONDS,
                                         f"did not finish the challenge in {HANDSHAKE_SECONDS} s")
                 self.cond.notify()
         if full:
             conn.close()
-            self.refused(self.where, peer, f"{n} connections open, {self.pending} of them in "
-                         f"the challenge (at most {self.max_connections}, "
-                         f"MWRT_STORE_MAX_CONNECTIONS, and {_MAX_PENDING})")
+            self.refused(self.where, peer, f"{n} connections open (at most "
+                         f"{self.max_connections}, MWRT_STORE_MAX_CONNECTIONS)")
             return
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -300,6 +287,31 @@ class StoreServer:
             self._forget(conn)
             self.refused(self.where, peer, f"could not serve it ({exc})")
 
+    def _make_room(self, address: str) -> None:
+        """Cut off the oldest connection in the challenge of `address` when it has its share,
+        or of the busiest address when all slots are taken (holding self.cond)."""
+        mine = self.pending.get(address, ())
+        if len(mine) < _MAX_PENDING_PER_ADDRESS:
+            if sum(map(len, self.pending.values())) < _MAX_PENDING:
+                return
+            mine = max(self.pending.values(), key=len)
+        oldest = mine.pop(0)
+        self.deadlines.pop(oldest, None)
+        self.expired[oldest] = ("pushed out of the challenge by newer connections (at most "
+                                f"{_MAX_PENDING_PER_ADDRESS} from one address, {_MAX_PENDING} "
+                                "in all)")
+        _shutdown(oldest)
+
+    def _done_pending(self, conn: socket.socket, peer: str) -> None:
+        with self.cond:
+            address = peer.rsplit(":", 1)[0]
+            mine = self.pending.get(address)
+            if mine is not None and conn in mine:
+                mine.remove(conn)
+            if not mine:
+                self.pending.pop(address, None)
+            self.deadlines.pop(conn, None)
+
     def _serve(self, conn: socket.socket, peer: str) -> None:
         client = None
         try:
@@ -307,9 +319,7 @@ class StoreServer:
                 client = server_handshake(conn, self.key, HANDSHAKE_SECONDS,
                                           _check_claim).decode()
             finally:
-                with self.cond:
-                    self.pending -= 1
-                    self.deadlines.pop(conn, None)
+                self._done_pending(conn, peer)
             while not self.closed:
                 req = recv_frame(conn, self.limit, lambda: self._deadline(
                     conn, "stalled in the middle of a frame"))

@@ -35,6 +35,7 @@ from .session import HB, RX, TX, Session
 log = logging.getLogger("mwrt.worker")
 
 _REJECTION_WINDOW, _REJECTIONS_LOGGED = 10.0, 20  # seconds, log lines per window
+REAP_EVERY = 5.0  # seconds between looks at /dev/shm for dead processes' segments
 _ROLES = {TX: "tx", RX: "rx", HB: "hb"}
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
 
@@ -117,6 +118,7 @@ class Daemon:
         monitor = self.router.get_monitor_socket(RefusalLog.EVENTS)
         poller.register(monitor, zmq.POLLIN)
         next_reap = time.monotonic() + 1.0
+        lifecycle.off_thread(self._reap_segments, "mwrt-shm-reaper")
         spin, ready = config.get("worker_spin_us") * 1e-6, {}
         while not self.stopping:
             # After a message, a short spin: waking a sleeping thread costs more than the
@@ -415,6 +417,17 @@ class Daemon:
             functions[digest] = fn
         return fn
 
+    def _reap_segments(self) -> None:
+        """Remove segments of this user's dead processes, every REAP_EVERY seconds, off the
+        socket thread: a /dev/shm anyone can fill must not stall masters' round trips."""
+        skip: set = set()
+        while not self.stopping:
+            reap_orphan_segments(skip=skip)
+            for _ in range(int(REAP_EVERY / 0.2)):
+                if self.stopping:
+                    return
+                time.sleep(0.2)
+
     def _reap(self) -> None:
         now = time.monotonic()
         for sid, session in list(self.sessions.items()):
@@ -422,7 +435,6 @@ class Daemon:
                 log.warning("session %s of %s: no word for %.1f s, freeing it", session.id,
                             session.master, now - session.last_seen)
                 self.end_session(session)
-        reap_orphan_segments()
         if self.parent_pid is not None and not process_alive(self.parent_pid):
             log.warning("parent process %d is gone; stopping", self.parent_pid)
             self.stopping = True
