@@ -33,16 +33,17 @@ from .inbound import InboundChannel
 __all__ = ["DATA", "HEADER", "MAGIC", "SocketChannel"]  # the frame format, for subclasses
 
 log = logging.getLogger("mwrt.channels")
-_REFUSALS = PeerLog(log)  # one line per stranger a minute, however often it knocks
 
 
 def _peer_name(sock) -> str:
-    """'host:port' of a connected socket's peer, or 'a peer that left'."""
+    """'host:port' of a connected socket's peer (else what can be said of it)."""
     try:
-        host, port = sock.getpeername()[:2]
+        address = sock.getpeername()
     except OSError:
         return "a peer that left"
-    return f"{host}:{port}"
+    if isinstance(address, tuple):
+        return f"{address[0]}:{address[1]}"
+    return f"a local peer ({address or 'unnamed socket'})"  # AF_UNIX (the shm channel)
 
 _LINGER = 5.0  # seconds close() waits for peers to read what we sent
 _HANDSHAKE_SECONDS = 10.0
@@ -74,6 +75,7 @@ class SocketChannel(InboundChannel):
         self._inbound: set = set()
         self._threads: list[threading.Thread] = []
         self._listeners: list[socket.socket] = []
+        self._refusals = PeerLog(log)  # one line per stranger a minute, however often it knocks
         if world_size > 1:
             self._listeners, address = self._listen()
             store.set(self._address_key(rank), address)
@@ -278,7 +280,7 @@ class SocketChannel(InboundChannel):
             claim = server_handshake(sock, self.key, min(self.timeout, _HANDSHAKE_SECONDS), check)
         except AuthError as exc:
             peer = _peer_name(sock)
-            _REFUSALS.warning(peer, "%s channel rank %d: refused a connection from %s: %s",
+            self._refusals.warning(peer, "%s channel rank %d: refused a connection from %s: %s",
                               self.name, self.rank, peer, exc)
             return None
         return int(claim.rpartition(b"/")[2])
