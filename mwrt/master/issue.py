@@ -44,12 +44,12 @@ def call(name: str, *args, **kwargs):
     written = args[0] if op.inplace else None
     outs = _outputs(node, device, stream, result)
     now = next(node.ids)
-    if name in _ALIASING or kwargs:  # views share their base's record; out= is written
-        outputs = _share(name, args, kwargs, outs)
-        if outputs:
+    if kwargs or (outs and name in _ALIASING):  # (in this order: x += 1 pays two tests)
+        into = _share(name, args, kwargs, outs)  # a view shares its base's record
+        if into:  # out= tensors are written: every use ordered in full
             for tensor in place:
                 ordering.use(tensor, stream, now, tensor is written or any(
-                    tensor is out for out in outputs))
+                    tensor is out for out in into))
             place = ()
     capturing = ordering.capture
     for tensor in place:  # a few comparisons each, unless another stream used the storage

@@ -57,7 +57,8 @@ class DistributedTensor:
     def __del__(self) -> None:
         """Free the worker's array once the streams that used it are done with it."""
         try:
-            self._node.release(self._id, ordering.record(self)._streams)
+            owner = self._base  # (inline: a free follows nearly every op)
+            self._node.release(self._id, (self if owner is None else owner)._streams)
         except Exception:  # interpreter shutdown: nothing left to free
             pass
 
