@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import mwrt
 
@@ -263,3 +265,95 @@ def test_read_after_replay_waits_for_what_the_graph_made(cluster, node):
     with mwrt.stream(s2):
         seen = y + 100  # after the replay's write, not before it
     np.testing.assert_array_equal(seen.numpy(), (_base() + 1) * 2 + 100)
+
+
+# -- random programs of views and streams, against NumPy ---------------------------------------
+
+VIEWS = {  # each a view in NumPy, and in mwrt a handle sharing the base's record
+    "base": lambda x: x, "row": lambda x: x[1], "cols": lambda x: x[:, 1:3],
+    "transpose": lambda x: x.T, "flat": lambda x: x.reshape(-1),
+    "strided": lambda x: x[1:][:, ::2], "none": lambda x: x[None, 2],
+}
+
+
+def _fill(v, c):
+    v[...] = c
+
+
+def _copyto(v, c):
+    np.copyto(v, c)
+
+
+def _ufunc_out(v, c):
+    np.multiply(v, c, out=v)
+
+
+def _add(v, c):
+    v += c
+
+
+def _mul(v, c):
+    v *= c
+
+
+UPDATES = {"add": _add, "mul": _mul, "fill": _fill, "copyto": _copyto, "ufunc_out": _ufunc_out}
+
+_step = st.one_of(
+    st.tuples(st.just("stall"), st.integers(0, 2)),
+    st.tuples(st.just("write"), st.integers(0, 2), st.sampled_from(sorted(VIEWS)),
+              st.sampled_from(sorted(UPDATES)), st.integers(-3, 3), st.booleans()),
+    st.tuples(st.just("read"), st.integers(0, 2), st.sampled_from(sorted(VIEWS)), st.booleans()),
+)
+
+
+def _run(program, x, streams, kept):
+    """Run `program` on x (an ndarray or a tensor); returns the copies its reads made."""
+    seen = []
+    for step in program:
+        where = mwrt.stream(streams[step[1]]) if streams else _nothing()
+        with where:
+            if step[0] == "stall":
+                if streams:
+                    _stall(x)
+                continue
+            view = kept[step[2]] if step[-1] else VIEWS[step[2]](x)  # made before, or now
+            if step[0] == "write":
+                UPDATES[step[3]](view, float(step[4]))
+            else:
+                seen.append(view * 1)
+    return seen
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=st.lists(_step, min_size=1, max_size=7), node=st.sampled_from([0, 1]),
+       captured=st.booleans())
+def test_random_programs_of_views_and_streams_equal_numpy(cluster, program, node, captured):
+    """Writes and reads through views made before or in the program, on three streams with
+    slow ops among them, eagerly or as a graph replayed once; every copy and the base equal
+    NumPy's."""
+    expected = _base()
+    want = _run(program, expected, None, {k: f(expected) for k, f in VIEWS.items()})
+    x = mwrt.dist_send(_base(), node=node)
+    kept = {k: f(x) for k, f in VIEWS.items()}
+    streams = [mwrt.Stream(node=node) for _ in range(3)]
+    if captured:
+        with mwrt.graph(x=x) as g:
+            got = _run(program, x, streams, kept)
+        g.replay()
+    else:
+        got = _run(program, x, streams, kept)
+    with mwrt.stream(streams[0]):
+        last = kept["cols"] * 1  # a read through a view after the program, on a stream of it
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_array_equal(a.numpy(), b, err_msg=f"read {i} of {program}")
+    np.testing.assert_array_equal(x.numpy(), expected, err_msg=f"base after {program}")
+    np.testing.assert_array_equal(last.numpy(), expected[:, 1:3])
