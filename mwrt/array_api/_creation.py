@@ -64,7 +64,10 @@ def from_dlpack(x, /, *, device=None, copy=None) -> DistributedTensor:
     """A tensor of a DLPack-exporting array of the master's (copied to `device`)."""
     if isinstance(x, DistributedTensor):
         return asarray(x, device=device, copy=copy)
-    return asarray(np.from_dlpack(x), device=device, copy=None if copy is False else copy)
+    if copy is False:
+        raise BufferError("from_dlpack: copy=False, but an array of the master's must be "
+                          "copied to a worker")
+    return asarray(np.from_dlpack(x), device=device)
 
 
 def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> DistributedTensor:

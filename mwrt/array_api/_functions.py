@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..master import creation
 from ..master.tensor import DistributedTensor
-from ._run import named, op, run, tensor
+from ._run import named, op, run, tensor, wire_dtype
 
 __all__ = [  # noqa: RUF022 (by the standard's sections)
     "broadcast_arrays", "broadcast_to", "concat", "expand_dims", "flip", "moveaxis",
@@ -236,12 +236,12 @@ mean.__doc__ = "The arithmetic mean over `axis`."
 
 def sum(x, /, *, axis=None, dtype=None, keepdims=False):
     """The sum over `axis` (in `dtype` if given)."""
-    return _reduction("sum")(x, axis=axis, keepdims=keepdims, dtype=_dt(dtype))
+    return _reduction("sum")(x, axis=axis, keepdims=keepdims, dtype=wire_dtype(dtype))
 
 
 def prod(x, /, *, axis=None, dtype=None, keepdims=False):
     """The product over `axis` (in `dtype` if given)."""
-    return _reduction("prod")(x, axis=axis, keepdims=keepdims, dtype=_dt(dtype))
+    return _reduction("prod")(x, axis=axis, keepdims=keepdims, dtype=wire_dtype(dtype))
 
 
 def std(x, /, *, axis=None, correction=0.0, keepdims=False):
@@ -254,19 +254,15 @@ def var(x, /, *, axis=None, correction=0.0, keepdims=False):
     return _reduction("var")(x, axis=axis, keepdims=keepdims, correction=correction)
 
 
-def _dt(dtype):
-    return None if dtype is None else dtype.str if hasattr(dtype, "str") else dtype
-
-
 def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
     """Running sums along `axis`, starting with 0 if `include_initial`."""
-    return run("cumulative_sum", x, axis=axis, dtype=_dt(dtype),
+    return run("cumulative_sum", x, axis=axis, dtype=wire_dtype(dtype),
                include_initial=include_initial)
 
 
 def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
     """Running products along `axis`, starting with 1 if `include_initial`."""
-    return run("cumulative_prod", x, axis=axis, dtype=_dt(dtype),
+    return run("cumulative_prod", x, axis=axis, dtype=wire_dtype(dtype),
                include_initial=include_initial)
 
 

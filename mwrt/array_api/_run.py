@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import numpy as np
+
 from ..master.issue import call
 from ..master.tensor import DistributedTensor
 from ..ops import npfunc
@@ -31,11 +33,11 @@ def tensor(x, what: str) -> DistributedTensor:
     return x
 
 
+def wire_dtype(dtype) -> str | None:
+    """A dtype argument as the wire carries it (NumPy's string), None staying None."""
+    return None if dtype is None else np.dtype(dtype).str
+
+
 def named(name: str, fields: str):
     """A named-tuple type of the standard's (UniqueAllResult, EighResult…)."""
     return namedtuple(name, fields)
-
-
-def axis_len(x: DistributedTensor, axis: int) -> int:
-    """The length of `axis` (negative counts from the end)."""
-    return x.shape[axis]

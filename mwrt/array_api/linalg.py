@@ -5,7 +5,7 @@ tuples."""
 from __future__ import annotations
 
 from ._functions import matmul, matrix_transpose, tensordot, vecdot
-from ._run import named, run
+from ._run import named, run, wire_dtype
 
 __all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "matmul",
            "matrix_norm", "matrix_power", "matrix_rank", "matrix_transpose", "outer", "pinv",
@@ -105,7 +105,7 @@ def svdvals(x, /):
 
 def trace(x, /, *, offset=0, dtype=None):
     """The sum of diagonal `offset` of each matrix."""
-    return run("linalg.trace", x, offset=offset, dtype=None if dtype is None else dtype.str)
+    return run("linalg.trace", x, offset=offset, dtype=wire_dtype(dtype))
 
 
 def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
