@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("mw_collectives.py", "all_reduce on node 2: [6. 6. 6. 6.]"),
     ("mw_streams_events.py", "node 0 after node 1's event: [ 1.  2.  5. 10.]"),
     ("mw_numpy_functions.py", "t @ inv(t) is the identity: True"),
+    ("mw_array_api.py", "same result on NumPy and on node 1: True"),
     # the loss of data_parallel_training.py, eager and captured
     ("mesh_training.py", "captured: final loss 0.00010; same weights as eager: True"),
     ("mesh_kmeans.py", "centres found within 0.2 of the truth: True"),
