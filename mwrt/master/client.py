@@ -170,15 +170,16 @@ class Node:
 
     # -- issuing --------------------------------------------------------------------------
 
-    def issue(self, command, frame=None) -> None:
+    def issue(self, command, frame=None, site=None) -> None:
         """Queue one command; it goes out with its batch (now, if the node was quiet).
 
         A `frame` (bytes beside a command with a data_frame trait) rides in the batch; the
-        command's `frame` field is set to its index.
+        command's `frame` field is set to its index. `site`: the issuing line, when the caller
+        already found it (a mesh op issues one command per node from one line).
         """
         if self.closed or self.torn or self.lost is not None:
             self._refuse_issue()
-        self.sites[command.id & (_SITES - 1)] = issue_site()
+        self.sites[command.id & (_SITES - 1)] = issue_site() if site is None else site
         if command.on_stream:
             self.streams.add(command.stream)
             self.limits.streams.add(command.stream)

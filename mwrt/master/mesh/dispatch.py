@@ -15,17 +15,24 @@ import numpy as np
 
 from ... import ops
 from ...ops import UNKNOWN, Spec
-from .. import issue
+from ...protocol import wire
+from .. import context, issue, ordering
+from ..client import issue_site
 from ..tensor import DistributedTensor
-from . import rules
+from . import moves, rules
+from .placement import local_shape
 from .rules import PlacementError, Slot
+
+_SCALARS = (int, float, bool, complex)
+_PLANS: dict = {}  # (op, mesh, operands' placements and Specs, argument kinds) -> (Spec, Plan)
+ShardedTensor = None  # the result class, set by tensor.py (which imports this module)
 
 
 def call(name: str, *args, **kwargs):
     """Issue registry op `name` on mesh tensors at every place; the result's handles."""
     operands: list = []
     margs = tuple(_mark(a, operands, name) for a in args)
-    mkwargs = {k: _mark(v, operands, name) for k, v in kwargs.items()}
+    mkwargs = {k: _mark(v, operands, name) for k, v in kwargs.items()} if kwargs else {}
     if not operands:
         raise TypeError(f"{name}: no ShardedTensor among the arguments")
     mesh = operands[0]._mesh
@@ -33,23 +40,42 @@ def call(name: str, *args, **kwargs):
         if t._mesh is not mesh and t._mesh != mesh:
             raise PlacementError(f"{name}: operands lie on different meshes ({mesh!r} and "
                                  f"{t._mesh!r}); redistribute them onto one mesh first")
-    from .moves import resolve
-
+    for node in mesh.nodes:  # all or none: a lost node is named before any place runs it
+        if node.lost is not None:
+            node.check_lost()
     op = ops.get(name)
+    # A ufunc's plan depends on the operands' placements and Specs and the scalars' types
+    # only: remembered, the rule and the meta rule run once per kind of call.
+    key = None
+    if op.by_type and not mkwargs:
+        key = (name, mesh, *[(t._placements, t._spec) for t in operands],
+               *[a.k if type(a) is Slot else type(a) for a in margs])
+        known = _PLANS.get(key)
+        if known is not None:
+            return run(name, known[1], operands, margs, mkwargs, known[0])
     spec = ops.infer(op, _fill(margs, [t.spec for t in operands]),
                      _fill(mkwargs, [t.spec for t in operands]))
-    plan = rules.find(name)(name, operands, margs, mkwargs, spec, resolve)
+    partial = key is not None and any(p.is_partial() for t in operands for p in t._placements)
+    plan = rules.find(name)(name, operands, margs, mkwargs, spec, moves.resolve)
     if plan.whole is not None:
         return plan.whole()
+    if key is not None and not (partial or plan.views or plan.adjust or plan.post or
+                                plan.skip) and all(t._spec is not None for t in operands):
+        if len(_PLANS) > 10_000:
+            _PLANS.clear()
+        _PLANS[key] = (spec, plan)
     return run(name, plan, operands, margs, mkwargs, spec)
 
 
 def run(name, plan, operands, margs, mkwargs, spec):
     """Issue the planned op at every place; wrap the results as ShardedTensors."""
-    from .tensor import ShardedTensor
-
     mesh = operands[0]._mesh
     views, adjust, post, skip = plan.views, plan.adjust, plan.post, plan.skip
+    if not (views or adjust or post or skip or ordering.capture or mkwargs) and (
+            plan.placements is None or type(spec) is Spec):
+        fast = _issue_at_every_place(name, plan.placements, operands, margs, spec)
+        if fast is not False:
+            return fast
     results = []
     for i in range(mesh.size):
         if i in skip:
@@ -68,6 +94,53 @@ def run(name, plan, operands, margs, mkwargs, spec):
                                    _known(specs[j]))
                      for j in range(len(results[0])))
     return ShardedTensor(mesh, plan.placements, results, _known(spec))
+
+
+def _issue_at_every_place(name, placements, operands, margs, spec):
+    """The op as one Call per place, built here from the global plan: what issue.call does
+    for one node, less what the mesh already knows (the op, the operands' places, the
+    result's shape); False where an argument needs issue.call's general conversion."""
+    template, slots = [], []
+    for pos, value in enumerate(margs):
+        if type(value) is Slot:
+            template.append(None)
+            slots.append((pos, value.k))
+        elif type(value) in _SCALARS or value is None or type(value) is str:
+            template.append(value)
+        else:
+            return False
+    mesh = operands[0]._mesh
+    inplace = placements is None
+    written = operands[0]._locals if inplace and slots and slots[0] == (0, 0) else None
+    site = issue_site()
+    outs = []
+    chosen = context.stream_stack()  # empty: every place on its device's default stream
+    for i, node in enumerate(mesh.nodes):
+        device = mesh.places[i][1]
+        stream = context.stream_for(node.index, device) if chosen else device
+        ids = ()
+        if not inplace:
+            local = Spec(local_shape(spec.shape, placements, mesh.shape, mesh.coords[i]),
+                         spec.dtype)
+            node.limits.check_result(name, local)
+            out = DistributedTensor(node, device, next(node.ids), local, stream)
+            outs.append(out)
+            ids = (out._id,)
+        now = next(node.ids)
+        args = list(template)
+        for pos, k in slots:
+            tensor = operands[k]._locals[i]
+            write = written is not None and k == 0
+            if tensor._writer != stream or (write and len(tensor._streams) > 1):
+                ordering.use(tensor, stream, now, write)
+            elif write:
+                tensor._wtime = tensor._ltime = now
+            else:
+                tensor._ltime = now
+            args[pos] = tensor._ref
+        node.issue(wire.Call(id=now, stream=stream, outs=ids, op=name, args=tuple(args),
+                             kwargs={}), site=site)
+    return None if inplace else ShardedTensor(mesh, placements, outs, spec)
 
 
 def _known(spec):
@@ -117,9 +190,7 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if path is not None and arrayfunc._is_registry_function(path, args, kwargs):
         return call(path, *args, **kwargs)
     label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
-    from .moves import per_place
-
-    return per_place(label, operands, lambda local: arrayfunc.array_function(
+    return moves.per_place(label, operands, lambda local: arrayfunc.array_function(
         func, _fill(margs, local), _fill(mkwargs, local)))
 
 
@@ -133,9 +204,7 @@ def remote_call(fn, args: tuple, kwargs: dict):
         raise PlacementError("remote: mesh operands placed differently ("
                              + " and ".join(map(str, placements)) + "); redistribute them "
                              "alike first")
-    from .moves import per_place
-
-    return per_place("remote", operands, lambda local: fn(*_fill(margs, local),
+    return moves.per_place("remote", operands, lambda local: fn(*_fill(margs, local),
                                                              **_fill(mkwargs, local)),
                      keep=True)
 

@@ -18,6 +18,8 @@ from ..cluster import current
 
 def fetch_many(tensors: list) -> list[np.ndarray]:
     """The values of `tensors` (DistributedTensors, any nodes) on the master, in order."""
+    for t in tensors:  # a lost node is named before any request goes out
+        t._node.check_lost()
     out: list = [None] * len(tensors)
     pending, works, touched = [], [], []
     try:

@@ -288,6 +288,8 @@ def _index_arg(index):
     return index
 
 
+from . import dispatch
 from .dispatch import call as _call
 
+dispatch.ShardedTensor = ShardedTensor  # the class of the results it makes
 methods.install(ShardedTensor, _call)
