@@ -20,7 +20,8 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("bench_channels.py", []),
     ("bench_collectives.py", ["--quick", "--sizes", "4K", "--world", "2"]),
     ("bench_hosts.py", ["--quick"]),
-    ("bench_scale.py", ["--quick"]),  # skips its hosts table itself where hosts cannot be made
+    ("bench_scale.py", ["--quick"]),
+    ("bench_mesh.py", ["--quick"]),  # skips its hosts table itself where hosts cannot be made
     ("bench_gpu.py", ["--quick", "--fake"]),
     ("bench_checkpoint.py", ["--mb", "4"]),  # its table on the fake GPU; on a GPU: real
 ])

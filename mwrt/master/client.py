@@ -88,7 +88,9 @@ class Node:
         self.inline_bytes = config.get("inline_bytes")
         self.sync_timeout = config.get("sync_timeout")
         self.seq = 0
-        self.ids = itertools.count(1)
+        # One counter for the session's nodes: an id names one command or tensor among all
+        # of them (a graph over several nodes keeps its records by id).
+        self.ids = cluster.ids
         self.tokens = itertools.count(1)
         self.replies: dict[int, tuple] = {}
         self.sites: list = [None] * _SITES

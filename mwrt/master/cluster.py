@@ -50,6 +50,7 @@ class Cluster:
         self.master_name = f"{socket.gethostname()}:{os.getpid()}"
         self.context = _context_for(len(addresses))
         self.local = local
+        self.ids = itertools.count(1)  # command and tensor ids, shared by every node
         self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
         self.attached: dict | None = None  # handles of a re-attached session (naming.py)

@@ -40,6 +40,7 @@ class Mesh:
         self.coords = tuple(tuple(int(c) for c in np.unravel_index(i, self.shape))
                             for i in range(len(self.places)))
         self._groups: dict = {}
+        self._hash = hash((self.places, self.shape))
 
     @property
     def ndim(self) -> int:
@@ -59,7 +60,7 @@ class Mesh:
                                                                           other.shape)
 
     def __hash__(self) -> int:
-        return hash((self.places, self.shape))
+        return self._hash
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}={s}" for n, s in zip(self.dim_names, self.shape))

@@ -44,36 +44,48 @@ def call(name: str, *args, **kwargs):
         if node.lost is not None:
             node.check_lost()
     op = ops.get(name)
-    # A ufunc's plan depends on the operands' placements and Specs and the scalars' types
-    # only: remembered, the rule and the meta rule run once per kind of call.
-    key = None
-    if op.by_type and not mkwargs:
-        key = (name, mesh, *[(t._placements, t._spec) for t in operands],
-               *[a.k if type(a) is Slot else type(a) for a in margs])
+    key = _plan_key(name, op, mesh, operands, margs, mkwargs)
+    if key is not None:
         known = _PLANS.get(key)
         if known is not None:
             return run(name, known[1], operands, margs, mkwargs, known[0])
     spec = ops.infer(op, _fill(margs, [t.spec for t in operands]),
                      _fill(mkwargs, [t.spec for t in operands]))
-    partial = key is not None and any(p.is_partial() for t in operands for p in t._placements)
+    before = [t._placements for t in operands]
     plan = rules.find(name)(name, operands, margs, mkwargs, spec, moves.resolve)
     if plan.whole is not None:
         return plan.whole()
-    if key is not None and not (partial or plan.views or plan.adjust or plan.post or
-                                plan.skip) and all(t._spec is not None for t in operands):
+    if key is not None and not (plan.views or plan.adjust or plan.post or plan.skip) and \
+            before == [t._placements for t in operands]:  # nothing resolved on the way
         if len(_PLANS) > 10_000:
             _PLANS.clear()
         _PLANS[key] = (spec, plan)
     return run(name, plan, operands, margs, mkwargs, spec)
 
 
+def _plan_key(name, op, mesh, operands, margs, mkwargs):
+    """What an op's plan depends on: the operands' placements and Specs, and the other
+    arguments (a ufunc's scalars by type only); None where it cannot be told (unhashable)."""
+    if any(t._spec is None for t in operands):
+        return None
+    args = tuple(a.k if type(a) is Slot else type(a) if op.by_type else (type(a), a)
+                 for a in margs)
+    key = (name, mesh, *[(t._placements, t._spec) for t in operands], args,
+           tuple(sorted(mkwargs.items())) if mkwargs else ())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def run(name, plan, operands, margs, mkwargs, spec):
     """Issue the planned op at every place; wrap the results as ShardedTensors."""
     mesh = operands[0]._mesh
     views, adjust, post, skip = plan.views, plan.adjust, plan.post, plan.skip
-    if not (views or adjust or post or skip or ordering.capture or mkwargs) and (
+    if not (views or adjust or post or skip or ordering.capture) and (
             plan.placements is None or type(spec) is Spec):
-        fast = _issue_at_every_place(name, plan.placements, operands, margs, spec)
+        fast = _issue_at_every_place(name, plan.placements, operands, margs, mkwargs, spec)
         if fast is not False:
             return fast
     results = []
@@ -96,7 +108,7 @@ def run(name, plan, operands, margs, mkwargs, spec):
     return ShardedTensor(mesh, plan.placements, results, _known(spec))
 
 
-def _issue_at_every_place(name, placements, operands, margs, spec):
+def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
     """The op as one Call per place, built here from the global plan: what issue.call does
     for one node, less what the mesh already knows (the op, the operands' places, the
     result's shape); False where an argument needs issue.call's general conversion."""
@@ -107,6 +119,13 @@ def _issue_at_every_place(name, placements, operands, margs, spec):
             slots.append((pos, value.k))
         elif type(value) in _SCALARS or value is None or type(value) is str:
             template.append(value)
+        else:
+            return False
+    kwargs = {}
+    for key, value in mkwargs.items():
+        if type(value) in _SCALARS or value is None or type(value) is str or (
+                type(value) is tuple and all(type(v) is int for v in value)):
+            kwargs[key] = value
         else:
             return False
     mesh = operands[0]._mesh
@@ -139,7 +158,7 @@ def _issue_at_every_place(name, placements, operands, margs, spec):
                 tensor._ltime = now
             args[pos] = tensor._ref
         node.issue(wire.Call(id=now, stream=stream, outs=ids, op=name, args=tuple(args),
-                             kwargs={}), site=site)
+                             kwargs=kwargs), site=site)
     return None if inplace else ShardedTensor(mesh, placements, outs, spec)
 
 
@@ -149,10 +168,13 @@ def _known(spec):
 
 def _mark(value, operands: list, name: str):
     """`value` with each ShardedTensor replaced by a Slot; a one-node tensor is refused."""
-    if getattr(value, "_sharded", False):
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is ShardedTensor:
         operands.append(value)
         return Slot(len(operands) - 1)
-    if type(value) is DistributedTensor:
+    if kind is DistributedTensor:
         raise PlacementError(
             f"{name}: a tensor on one node (node {value.get_node()}) meets a mesh tensor; put "
             "it on the mesh (mwrt.dist_send(t.numpy(), mesh=m), or make it with mesh=m)")

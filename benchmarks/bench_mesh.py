@@ -1,0 +1,197 @@
+"""Mesh tensors' cost on the master, each row beside its baseline measured in the same run.
+
+1. N local daemons (1, 2, 4, 8; --full adds 16 and 32): the master's CPU per op for
+   `X += 1.0` and `Y = X * 2.0` on a tensor sharded over the N nodes, beside the same op
+   written as a loop over the N shards (`for x in X.shards(): x += 1.0`), the ratio, and the
+   master's CPU per op per node; the fan-out round (the op, then every node synchronized)
+   beside one 16-byte pyzmq DEALER/ROUTER echo to each of N echo processes (all sent, then
+   all received).
+2. examples/mesh_training.py's step on 4 nodes (1024 x 8 float64 rows split over them):
+   steps/s and the master's CPU per step, eager and captured (mwrt.graph, replayed), beside
+   the hand-placed program (a tensor per node, a loop over nodes for every line, and
+   mwrt.all_reduce of the gradient list).
+
+Everything runs on this machine's cores: with more daemons than cores the workers and the
+master share them, so wall times are the CPU's, not a cluster's.
+
+    python benchmarks/bench_mesh.py [--quick | --full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import mwrt  # noqa: E402
+from bench_scale import EchoFarm  # noqa: E402
+
+
+def cpu_per_op(fn, ops: int) -> float:
+    """The master's CPU seconds per call of fn (all its threads), after a synchronize."""
+    mwrt.synchronize()
+    cpu = time.process_time()
+    for _ in range(ops):
+        fn()
+    cpu = time.process_time() - cpu
+    mwrt.synchronize()
+    return cpu / ops
+
+
+def in_turns(impls: dict, reps: int, measure) -> dict:
+    """The median of `reps` measurements of each impl, taken in turns (the same load)."""
+    got = {name: [] for name in impls}
+    for _ in range(reps):
+        for name, fn in impls.items():
+            got[name].append(measure(fn))
+    return {name: statistics.median(v) for name, v in got.items()}
+
+
+def op_row(n: int, echoes: EchoFarm, reps: int, ops: int) -> dict:
+    """Table 1's figures for n local daemons."""
+    mwrt.init_master_worker(local_workers=n, timeout=120)
+    try:
+        mesh = mwrt.mesh()
+        X = mwrt.zeros(64 * n, mesh=mesh, shard=0)
+        shards = X.shards()
+        held = []
+
+        def mesh_inplace():
+            X.__iadd__(1.0)
+
+        def hand_inplace():
+            for x in shards:
+                x += 1.0
+
+        def mesh_new():
+            held.append(X * 2.0)
+            if len(held) > 64:
+                held.clear()
+
+        def hand_new():
+            held.append([x * 2.0 for x in shards])
+            if len(held) > 64:
+                held.clear()
+
+        row = in_turns({"mesh +=": mesh_inplace, "loop +=": hand_inplace,
+                        "mesh *": mesh_new, "loop *": hand_new}, reps,
+                       lambda fn: cpu_per_op(fn, ops))
+
+        def fan_out():
+            X.__iadd__(1.0)
+            mwrt.synchronize()
+
+        row.update(in_turns({"round": fan_out, "echo": lambda: echoes.round(n)}, reps * 5,
+                            timed))
+    finally:
+        mwrt.shutdown()
+    return row
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def op_table(sizes: list, reps: int, ops: int) -> None:
+    echoes = EchoFarm(max(sizes))
+    try:
+        print("| N | mesh `X += 1.0` us | loop over shards us | ratio | per node us | "
+              "mesh `X * 2.0` us | loop us | ratio | fan-out round ms | N pyzmq echoes ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for n in sizes:
+            r = op_row(n, echoes, reps, ops)
+            print(f"| {n} | {r['mesh +='] * 1e6:.1f} | {r['loop +='] * 1e6:.1f} | "
+                  f"{r['mesh +='] / r['loop +=']:.2f}x | {r['mesh +='] / n * 1e6:.2f} | "
+                  f"{r['mesh *'] * 1e6:.1f} | {r['loop *'] * 1e6:.1f} | "
+                  f"{r['mesh *'] / r['loop *']:.2f}x | {r['round'] * 1e3:.2f} | "
+                  f"{r['echo'] * 1e3:.2f} |", flush=True)
+    finally:
+        echoes.close()
+
+
+def training(n: int, steps: int, reps: int) -> None:
+    """Table 2: the training step three ways, on one session of n daemons."""
+    rng = np.random.default_rng(0)
+    true_w = rng.standard_normal(8)
+    x = rng.standard_normal((1024, 8))
+    y = x @ true_w + 0.01 * rng.standard_normal(1024)
+    mwrt.init_master_worker(local_workers=n, timeout=120)
+    try:
+        mesh = mwrt.mesh()
+        X, Y = mwrt.dist_send(x, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+        w = mwrt.zeros(8, dtype=np.float64, mesh=mesh)
+        xs, ys = X.shards(), Y.shards()
+        ws = [mwrt.zeros(8, dtype=np.float64, node=i) for i in range(n)]
+
+        def eager():
+            err = X @ w - Y
+            w.__isub__(0.1 * (2 * X.T @ err / len(y)))
+
+        wg = mwrt.zeros(8, dtype=np.float64, mesh=mesh)
+        with mwrt.graph() as g:
+            err = X @ wg - Y
+            wg -= 0.1 * (2 * X.T @ err / len(y))
+
+        def hand():
+            grads = []
+            for i in range(n):
+                e = xs[i] @ ws[i] - ys[i]
+                grads.append(2 * xs[i].T @ e / len(y))
+            mwrt.all_reduce(grads)
+            for i in range(n):
+                ws[i] -= 0.1 * grads[i]
+
+        impls = {"mesh eager": eager, "mesh captured": g.replay, "hand-placed": hand}
+
+        def measure(fn):
+            mwrt.synchronize()
+            start, cpu = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                fn()
+            mwrt.synchronize()
+            return time.perf_counter() - start, time.process_time() - cpu
+
+        got = {name: [] for name in impls}
+        for _ in range(reps):
+            for name, fn in impls.items():
+                got[name].append(measure(fn))
+        same = np.allclose(w.numpy(), ws[0].numpy()) and np.allclose(wg.numpy(), w.numpy())
+    finally:
+        mwrt.shutdown()
+    print(f"\n{n} nodes, {steps} steps a run, median of {reps} runs; the three reach the "
+          f"same weights: {same}")
+    print("| step | steps/s | master CPU per step ms | vs hand-placed (CPU) |")
+    print("|---|---|---|---|")
+    base = statistics.median(c for _, c in got["hand-placed"]) / steps
+    for name, runs in got.items():
+        wall = statistics.median(s for s, _ in runs)
+        cpu = statistics.median(c for _, c in runs) / steps
+        print(f"| {name} | {steps / wall:,.0f} | {cpu * 1e3:.3f} | {cpu / base:.2f}x |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="N <= 2, few repetitions")
+    ap.add_argument("--full", action="store_true", help="N up to 32")
+    args = ap.parse_args()
+    started = time.monotonic()
+    if args.quick:
+        op_table([1, 2], reps=3, ops=300)
+        training(2, steps=20, reps=2)
+    else:
+        op_table([1, 2, 4, 8, 16, 32] if args.full else [1, 2, 4, 8], reps=5, ops=3000)
+        training(4, steps=100, reps=5)
+    print(f"# {time.monotonic() - started:.1f} s in all", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
