@@ -30,8 +30,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import mwrt  # noqa: E402
-from bench_scale import EchoFarm  # noqa: E402
+from bench_scale import EchoFarm
+
+import mwrt
 
 
 def cpu_per_op(fn, ops: int) -> float:
