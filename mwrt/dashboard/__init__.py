@@ -10,6 +10,7 @@ series without lag where Chart.js is four times its size).
 from __future__ import annotations
 
 import secrets
+import socket
 import sys
 
 from ..errors import ConfigError
@@ -27,8 +28,8 @@ class Dashboard:
         self.history = History()
         self.sampler = Sampler(self.history, interval, timeline)
         self.server = Server(self.history, host, port, self.token)
-        bound, port = self.server.server_address[:2]
-        self.url = f"http://{join_host_port(_shown(host, bound), port)}/?token={self.token}"
+        port = self.server.server_address[1]
+        self.url = f"http://{join_host_port(_shown(host), port)}/?token={self.token}"
 
     def start(self) -> Dashboard:
         self.sampler.start()
@@ -67,6 +68,6 @@ def dashboard(port: int = 8790, host: str = "127.0.0.1", *, interval: float = 1.
     return board.start()
 
 
-def _shown(host: str, bound: str) -> str:
-    """The host to print: the one asked for, unless it was a wildcard."""
-    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "*") else (host or bound)
+def _shown(host: str) -> str:
+    """The host to print: the one asked for, or this machine's name for a wildcard."""
+    return socket.gethostname() if host in ("", "0.0.0.0", "::") else host
