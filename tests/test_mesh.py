@@ -369,3 +369,25 @@ def test_graph_over_a_mesh(four):
         ref = ref - 0.1 * (2 * x.T @ e / 16)
         assert float(loss) == pytest.approx(float(np.mean(e ** 2)), rel=1e-4)
     np.testing.assert_allclose(w.numpy(), ref, rtol=1e-4, atol=1e-6)
+
+
+# -- streams, profiles ---------------------------------------------------------------------
+
+def test_streams_and_profiles_hold_for_mesh_tensors(four):
+    import contextlib
+
+    mesh = mwrt.mesh(nodes=[0, 1, 2])
+    x = data(30, 4)
+    X = mwrt.dist_send(x, mesh=mesh, shard=0)
+    side = [mwrt.Stream(node=n) for n, _ in mesh.places]
+    with contextlib.ExitStack() as stack:
+        for s in side:  # every place's ops go to its side stream
+            stack.enter_context(mwrt.stream(s))
+        Y = np.exp(X) * 2  # ordered after X's making on the default streams
+        X += 1  # a write on the side streams
+    Z = Y + X  # back on the default streams: ordered after the side streams' writes
+    same(Z, np.exp(x) * 2 + (x + 1), exact=False)
+    with mwrt.profile() as prof:
+        (X * 3).sum().item()
+    table = prof.table()
+    assert "multiply" in table and "sum" in table

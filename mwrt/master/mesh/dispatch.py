@@ -24,6 +24,7 @@ from .placement import local_shape
 from .rules import PlacementError, Slot
 
 _SCALARS = (int, float, bool, complex)
+_LOCAL_SPECS: dict = {}  # (global Spec, placements, mesh) -> each place's Spec
 _PLANS: dict = {}  # (op, mesh, operands' placements and Specs, argument kinds) -> (Spec, Plan)
 ShardedTensor = None  # the result class, set by tensor.py (which imports this module)
 
@@ -84,7 +85,7 @@ def run(name, plan, operands, margs, mkwargs, spec):
     mesh = operands[0]._mesh
     views, adjust, post, skip = plan.views, plan.adjust, plan.post, plan.skip
     if not (views or adjust or post or skip or ordering.capture) and (
-            plan.placements is None or type(spec) is Spec):
+            plan.placements is None or type(spec) is Spec) and name not in issue._ALIASING:
         fast = _issue_at_every_place(name, plan.placements, operands, margs, mkwargs, spec)
         if fast is not False:
             return fast
@@ -133,33 +134,53 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
     written = operands[0]._locals if inplace and slots and slots[0] == (0, 0) else None
     site = issue_site()
     outs = []
+    specs = None if inplace else local_specs(spec, placements, mesh)
     chosen = context.stream_stack()  # empty: every place on its device's default stream
     for i, node in enumerate(mesh.nodes):
         device = mesh.places[i][1]
         stream = context.stream_for(node.index, device) if chosen else device
         ids = ()
         if not inplace:
-            local = Spec(local_shape(spec.shape, placements, mesh.shape, mesh.coords[i]),
-                         spec.dtype)
+            local = specs[i]
             node.limits.check_result(name, local)
             out = DistributedTensor(node, device, next(node.ids), local, stream)
             outs.append(out)
             ids = (out._id,)
         now = next(node.ids)
         args = list(template)
-        for pos, k in slots:
+        for pos, k in slots:  # ordered as issue.call orders an operand
             tensor = operands[k]._locals[i]
             write = written is not None and k == 0
-            if tensor._writer != stream or (write and len(tensor._streams) > 1):
+            owner = tensor._base
+            if owner is None:
+                owner = tensor
+            elif tensor._writer != stream:
+                ordering.use(tensor, stream, now, write)
+                args[pos] = tensor._ref
+                continue
+            if owner._writer != stream or (write and len(owner._streams) > 1):
                 ordering.use(tensor, stream, now, write)
             elif write:
-                tensor._wtime = tensor._ltime = now
+                owner._wtime = owner._ltime = now
             else:
-                tensor._ltime = now
+                owner._ltime = now
             args[pos] = tensor._ref
         node.issue(wire.Call(id=now, stream=stream, outs=ids, op=name, args=tuple(args),
                              kwargs=kwargs), site=site)
     return None if inplace else ShardedTensor(mesh, placements, outs, spec)
+
+
+def local_specs(spec: Spec, placements: tuple, mesh) -> tuple:
+    """The Spec of each place's block of a tensor of global `spec` (remembered)."""
+    key = (spec, placements, mesh)
+    found = _LOCAL_SPECS.get(key)
+    if found is None:
+        if len(_LOCAL_SPECS) > 10_000:
+            _LOCAL_SPECS.clear()
+        found = _LOCAL_SPECS[key] = tuple(
+            Spec(local_shape(spec.shape, placements, mesh.shape, c), spec.dtype)
+            for c in mesh.coords)
+    return found
 
 
 def _known(spec):

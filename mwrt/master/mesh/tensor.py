@@ -9,7 +9,7 @@ every op returns at once and copies to the master (numpy(), item()) are the sync
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from numpy.typing import DTypeLike
 from ...arrays import HOST, as_dtype
 from ...ops import Spec
 from .. import methods
+from ..tensor import DistributedTensor
 from .placement import describe
 
 
@@ -82,16 +83,15 @@ class ShardedTensor:
     is_cuda = property(lambda self: self._mesh.places[0][1] != HOST,
                        doc="True if it lives on GPUs.")
 
-    def numel(self) -> int:
-        return math.prod(self.spec.shape)
-
-    def dim(self) -> int:
-        return len(self.spec.shape)
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
-        return self.shape[0]
+    # What reads only the shape, numpy() and the methods both classes have is shared.
+    numel, dim, __len__ = DistributedTensor.numel, DistributedTensor.dim, DistributedTensor.__len__
+    __array__, item, tolist = DistributedTensor.__array__, DistributedTensor.item, \
+        DistributedTensor.tolist
+    __float__, __int__, __bool__ = (DistributedTensor.__float__, DistributedTensor.__int__,
+                                    DistributedTensor.__bool__)
+    __iter__, zero_ = DistributedTensor.__iter__, DistributedTensor.zero_
+    float, double = DistributedTensor.float, DistributedTensor.double
+    long, int = DistributedTensor.long, DistributedTensor.int
 
     def __repr__(self) -> str:
         spec = "shape and dtype pending" if self._spec is None else \
@@ -110,31 +110,6 @@ class ShardedTensor:
         return gather_to_master(self)
 
     get = numpy
-
-    def __array__(self, dtype: DTypeLike = None, copy: bool | None = None) -> np.ndarray:
-        array = self.numpy()
-        return array if dtype is None else array.astype(dtype, copy=False)
-
-    def item(self) -> Any:
-        """The single element as a Python scalar."""
-        if self.size != 1:
-            raise ValueError(f"item: tensor has {self.size} elements (expected exactly 1)")
-        return self.numpy().item()
-
-    def tolist(self) -> Any:
-        return self.numpy().tolist()
-
-    def __float__(self) -> float:
-        return float(self.item())
-
-    def __int__(self) -> int:
-        return int(self.item())
-
-    def __bool__(self) -> bool:
-        return bool(self.item())
-
-    def __iter__(self) -> Iterator:
-        return (self[i] for i in range(len(self)))
 
     # -- placements -----------------------------------------------------------------------
 
@@ -204,17 +179,8 @@ class ShardedTensor:
     def astype(self, dtype: DTypeLike) -> ShardedTensor:
         return _call("astype", self, as_dtype(dtype).str)
 
-    def float(self) -> ShardedTensor:
-        return self.astype(np.float32)
 
-    def double(self) -> ShardedTensor:
-        return self.astype(np.float64)
 
-    def long(self) -> ShardedTensor:
-        return self.astype(np.int64)
-
-    def int(self) -> ShardedTensor:
-        return self.astype(np.int32)
 
     def clone(self) -> ShardedTensor:
         return _call("copy", self)
@@ -228,9 +194,6 @@ class ShardedTensor:
     def fill_(self, value: complex) -> ShardedTensor:
         _call("fill_", self, value)
         return self
-
-    def zero_(self) -> ShardedTensor:
-        return self.fill_(0)
 
     def clip(self, a_min: Any = None, a_max: Any = None) -> ShardedTensor:
         return _call("clip", self, a_min, a_max)
