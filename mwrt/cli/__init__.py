@@ -22,28 +22,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "MWRT_* variable that no setting reads (a typo: mwrt ignores it).")
     show.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     show.set_defaults(run=config_main)
-    look = commands.add_parser(
-        "status", help="the workers: address, health, memory, sessions, GPUs",
+    look = _as_master(
+        commands, "status", "the workers: address, health, memory, sessions, GPUs",
         description="Connect to worker daemons as a master and show each one: its address, "
                     "process, uptime, last heartbeat, sessions and busy streams, its RSS and "
                     "the host's free memory, its GPUs, and the stream commands run and bytes "
                     "moved since it started (--watch: per second). Workers from --workers, else "
                     "MWRT_WORKERS, else MWRT_REGISTRY; the key from --key, else MWRT_KEY_FILE.")
-    look.add_argument("--workers", help="comma-separated HOST:PORT of the daemons")
-    look.add_argument("--key", help="the master's key file (from mwrt-worker keygen)")
     look.add_argument("--json", action="store_true", help="one JSON list, for scripts")
     look.add_argument("--watch", type=float, metavar="SECONDS",
                       help="refresh every SECONDS until Ctrl-C, with ops/s and MB/s")
     look.set_defaults(run=status_main)
-    board = commands.add_parser(
-        "dashboard", help="a live web page of the workers, on this machine",
+    board = _as_master(
+        commands, "dashboard", "a live web page of the workers, on this machine",
         description="Connect to worker daemons as a master and serve a web page of them, "
                     "refreshed every second: liveness, heartbeats, sessions, host and GPU "
                     "memory over time, busy streams, ops/s and MB/s, the last errors. Prints "
                     "its URL, which carries the token every request needs; Ctrl-C stops it. "
                     "Workers and key as for `mwrt status`.")
-    board.add_argument("--workers", help="comma-separated HOST:PORT of the daemons")
-    board.add_argument("--key", help="the master's key file (from mwrt-worker keygen)")
     board.add_argument("--port", type=int, default=8790,
                        help="port to serve on (0: any free; Dask's dashboard has 8787)")
     board.add_argument("--host", default="127.0.0.1",
@@ -53,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between samples")
     board.set_defaults(run=dashboard_main)
     return parser
+
+
+def _as_master(commands, name: str, summary: str, description: str):
+    """A subcommand that connects to workers as a master: with --workers and --key."""
+    command = commands.add_parser(name, help=summary, description=description)
+    command.add_argument("--workers", help="comma-separated HOST:PORT of the daemons")
+    command.add_argument("--key", help="the master's key file (from mwrt-worker keygen)")
+    return command
 
 
 def dashboard_main(args) -> int:
