@@ -332,6 +332,9 @@ class _nothing:
         return False
 
 
+_STREAMS: dict = {}
+
+
 @settings(max_examples=30, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(program=st.lists(_step, min_size=1, max_size=7), node=st.sampled_from([0, 1]),
@@ -344,7 +347,9 @@ def test_random_programs_of_views_and_streams_equal_numpy(cluster, program, node
     want = _run(program, expected, None, {k: f(expected) for k, f in VIEWS.items()})
     x = mwrt.dist_send(_base(), node=node)
     kept = {k: f(x) for k, f in VIEWS.items()}
-    streams = [mwrt.Stream(node=node) for _ in range(3)]
+    if node not in _STREAMS:  # a session has a quota of streams: each example reuses three
+        _STREAMS[node] = [mwrt.Stream(node=node) for _ in range(3)]
+    streams = _STREAMS[node]
     if captured:
         with mwrt.graph(x=x) as g:
             got = _run(program, x, streams, kept)

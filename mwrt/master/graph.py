@@ -31,14 +31,13 @@ _GRAPH_IDS = itertools.count(1)
 
 
 class _External:
-    """A tensor used in the capture: how to find it at a replay, and where it was made."""
+    """A tensor made before the capture and used in it: how to find it at a replay."""
 
-    __slots__ = ("ref", "node", "id", "name", "made")
+    __slots__ = ("ref", "node", "id", "name")
 
-    def __init__(self, tensor, made: bool = False):
+    def __init__(self, tensor):
         self.ref, self.node, self.id = weakref.ref(tensor), tensor._node, tensor._id
         self.name = ""
-        self.made = made  # inside the capture: none such exists before the first replay
 
 
 class Graph:
@@ -59,7 +58,8 @@ class Graph:
         self._states: dict = {}  # storage owner's id -> (its weakref, its record before)
         self._made: dict = {}  # node -> tensors made inside: kept alive, replays rewrite them
         self._made_ids: set = set()
-        self._replayed = False
+        self._made_uses: dict = {}  # id of a storage made inside -> [(stream, write)]
+        self._last: dict = {}  # node -> the id of its last Replay
         self._commands: dict = {}  # node -> recorded commands
         self._sites: dict = {}  # node -> [(command id, where it was recorded)]
         self._defined: dict = {}  # node -> graph id on that node
@@ -95,16 +95,12 @@ class Graph:
         """Called for each tensor made during the capture: its making is a write."""
         self._made.setdefault(tensor._node, []).append(tensor)
         self._made_ids.add(tensor._id)
-        ext = self._externals[tensor._id] = _External(tensor, made=True)
-        self._uses.append((ext, tensor._writer, True))
+        self._made_uses[tensor._id] = [(tensor._writer, True)]
 
     def shared(self, tensor) -> None:
         """Called when a tensor made during the capture turns out a view: its storage's
         record is its owner's, and making it wrote nothing."""
-        for i in range(len(self._uses) - 1, -1, -1):
-            if self._uses[i][0].id == tensor._id:
-                del self._uses[i]
-                return
+        self._made_uses.pop(tensor._id, None)
 
     def used(self, tensor, stream: int, write: bool) -> None:
         """Called for each use of a tensor during the capture, before its ordering."""
@@ -112,12 +108,17 @@ class Graph:
         if owner._id not in self._made_ids and owner._id not in self._states:
             self._states[owner._id] = (weakref.ref(owner),
                                        (owner._writer, owner._wtime, owner._ltime, owner._streams))
+        if owner._id in self._made_ids:
+            uses = self._made_uses[owner._id]
+            if uses[-1] != (stream, write):
+                uses.append((stream, write))
+            return
         # A handle made before the capture is found again as itself (an input may be rebound);
         # one made inside, through the owner of its storage.
         key = owner if tensor._id in self._made_ids else tensor
         ext = self._externals.get(key._id)
         if ext is None:
-            ext = self._externals[key._id] = _External(key, made=key._id in self._made_ids)
+            ext = self._externals[key._id] = _External(key)
         if not self._uses or self._uses[-1] != (ext, stream, write):
             self._uses.append((ext, stream, write))
 
@@ -183,7 +184,7 @@ class Graph:
                 tensor._wtime = rid
                 if tensor._base is None:
                     tensor._ltime = rid
-        self._replayed = True
+            self._last[node] = rid
 
     def _bind(self, bindings: dict) -> dict:
         """Check `bindings` against the inputs; node -> (captured id, new id, ...)."""
@@ -215,16 +216,22 @@ class Graph:
         return found
 
     def _order(self, node, tensors: dict, now: int) -> list:
-        """Order the graph's uses of tensors after their uses since (made before the graph, or
-        by its last replay), in the order captured; returns the storages' owners."""
+        """Order the graph's uses of storages after their uses since (made before the graph,
+        in the order captured; made by its last replay and used since); returns the owners."""
         touched = {}
         for ext, stream, write in self._uses:
-            if ext.node is not node or (ext.made and not self._replayed):
-                continue
-            tensor = tensors[ext]
-            ordering.use(tensor, stream, now, write)
-            owner = ordering.record(tensor)
-            touched[id(owner)] = owner
+            if ext.node is node:
+                tensor = tensors[ext]
+                ordering.use(tensor, stream, now, write)
+                owner = ordering.record(tensor)
+                touched[id(owner)] = owner
+        last = self._last.get(node)  # none exists on the worker before the first replay
+        for tensor in self._made.get(node, ()) if last is not None else ():
+            uses = self._made_uses.get(tensor._id)  # None for a view: its owner's are used
+            if uses and tensor._ltime != last:  # else nothing used it since the last replay
+                for stream, write in uses:
+                    ordering.use(tensor, stream, now, write)
+                touched[id(tensor)] = tensor
         return list(touched.values())
 
     def __del__(self):
