@@ -10,6 +10,12 @@
    steps/s and the master's CPU per step, eager and captured (mwrt.graph, replayed), beside
    the hand-placed program (a tensor per node, a loop over nodes for every line, and
    mwrt.all_reduce of the gradient list).
+3. k-means (8 clusters of 8-D float64 points, one chunk per worker of 1 MiB and of 16 MiB;
+   --full adds 64 MiB) on a 2-node mesh, beside the same iteration with dask.array on a
+   distributed.LocalCluster of 2 single-threaded worker processes, where Dask is installed:
+   iterations/s (Dask computes each iteration's counts and sums to the client, its usual
+   loop; the mesh keeps the centres on the workers and reads them at the end). Both start
+   from the same centres and must end at the same ones.
 
 Everything runs on this machine's cores: with more daemons than cores the workers and the
 master share them, so wall times are the CPU's, not a cluster's.
@@ -179,6 +185,78 @@ def training(n: int, steps: int, reps: int) -> None:
         print(f"| {name} | {steps / wall:,.0f} | {cpu * 1e3:.3f} | {cpu / base:.2f}x |")
 
 
+def kmeans_step(P, P2, C):
+    """One k-means iteration, written once for mesh tensors and dask arrays alike: the
+    new centres' sums and counts (Partial on a mesh, lazy in Dask)."""
+    dist = P2 - 2 * (P @ C.T) + (C ** 2).sum(axis=1)
+    near = dist == dist.min(axis=1, keepdims=True)
+    return near.T.astype(np.float64) @ P, near.sum(axis=0)
+
+
+def kmeans_data(mib: int, n: int, k: int = 8, d: int = 8):
+    rng = np.random.default_rng(0)
+    rows = (mib << 20) // (d * 8) * n
+    centres = rng.uniform(-10, 10, (k, d))
+    points = centres[rng.integers(0, k, rows)] + rng.standard_normal((rows, d))
+    return points, points[rng.choice(rows, k, replace=False)]
+
+
+def kmeans_mesh(points, start, n: int, iters: int):
+    mwrt.init_master_worker(local_workers=n, timeout=120)
+    try:
+        mesh = mwrt.mesh()
+        P = mwrt.dist_send(points, mesh=mesh, shard=0)
+        P2 = (P ** 2).sum(axis=1, keepdims=True)
+        C = mwrt.dist_send(start, mesh=mesh)
+        sums, counts = kmeans_step(P, P2, C)
+        C = sums / np.maximum(counts, 1)[:, None]
+        mwrt.synchronize()
+        begin = time.perf_counter()
+        for _ in range(iters):
+            sums, counts = kmeans_step(P, P2, C)
+            C = sums / np.maximum(counts, 1)[:, None]
+        final = C.numpy()
+        return iters / (time.perf_counter() - begin), final
+    finally:
+        mwrt.shutdown()
+
+
+def kmeans_dask(points, start, n: int, iters: int, rows: int):
+    import dask
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster):
+        P = da.from_array(points, chunks=(rows, points.shape[1])).persist()
+        P2 = (P ** 2).sum(axis=1, keepdims=True).persist()
+        sums, counts = dask.compute(*kmeans_step(P, P2, start))
+        C = sums / np.maximum(counts, 1)[:, None]
+        begin = time.perf_counter()
+        for _ in range(iters):
+            sums, counts = dask.compute(*kmeans_step(P, P2, C))
+            C = sums / np.maximum(counts, 1)[:, None]
+        return iters / (time.perf_counter() - begin), C
+
+
+def kmeans_table(sizes: list, n: int, iters: int) -> None:
+    try:
+        import dask  # noqa: F401
+        import distributed  # noqa: F401
+    except ImportError:
+        print("\nk-means beside Dask: skipped (pip install 'dask[array]' distributed)")
+        return
+    print(f"\nk-means, {n} workers, {iters} iterations a run")
+    print("| chunk per worker | mesh iterations/s | Dask iterations/s | ratio | same centres |")
+    print("|---|---|---|---|---|")
+    for mib in sizes:
+        points, start = kmeans_data(mib, n)
+        ours, mine = kmeans_mesh(points, start, n, iters)
+        theirs, dasks = kmeans_dask(points, start, n, iters, len(points) // n)
+        print(f"| {mib} MiB | {ours:,.1f} | {theirs:,.1f} | {ours / theirs:.1f}x | "
+              f"{np.allclose(mine, dasks)} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N <= 2, few repetitions")
@@ -188,9 +266,11 @@ def main() -> None:
     if args.quick:
         op_table([1, 2], reps=3, ops=300)
         training(2, steps=20, reps=2)
+        kmeans_table([1], 2, iters=3)
     else:
         op_table([1, 2, 4, 8, 16, 32] if args.full else [1, 2, 4, 8], reps=5, ops=3000)
         training(4, steps=100, reps=5)
+        kmeans_table([1, 16, 64] if args.full else [1, 16], 2, iters=20)
     print(f"# {time.monotonic() - started:.1f} s in all", file=sys.stderr)
 
 
