@@ -18,6 +18,7 @@ log = logging.getLogger("mwrt.dashboard")
 NO_TIMELINE = ("the timeline shows this master's own ops: open the dashboard with "
                "mwrt.dashboard() in the script that runs them")
 PROFILING = "paused while a mwrt.profile() block records the timeline"
+SLICES = 2000  # ops per node and sample kept for the timeline
 
 
 class Sampler(threading.Thread):
@@ -82,7 +83,9 @@ class Sampler(threading.Thread):
             if node.index in self.recording:
                 stop = wire.Profile(id=next(node.ids), on=False, token=next(node.tokens))
                 reply, _ = node.request(stop, "the dashboard's timeline")
-                slices += [profiling.as_slice(node.index, s) for s in reply.value]
+                # The newest only: the page draws at most this many, and converting every
+                # op of a busy second would hold the GIL the master's own thread needs.
+                slices += [profiling.as_slice(node.index, s) for s in reply.value[-SLICES:]]
             node.issue(wire.Profile(id=next(node.ids), on=True, token=0))
             node.flush()
             self.recording.add(node.index)
