@@ -54,6 +54,23 @@ class Settings(SphinxDirective):
         return self.parse_text_to_nodes("\n".join(rows))
 
 
+class Examples(SphinxDirective):
+    """`mwrt-examples`: every file of examples/ with the first paragraph of its docstring."""
+
+    def run(self) -> list:
+        import ast
+        import glob
+
+        rows = []
+        for path in sorted(glob.glob(os.path.join(ROOT, "examples", "*.py"))):
+            with open(path) as f:
+                doc = ast.get_docstring(ast.parse(f.read())) or ""
+            summary = " ".join(doc.split("\n\n")[0].split())
+            rows.append(f"- `examples/{os.path.basename(path)}`: {summary}")
+        return self.parse_text_to_nodes("\n".join(rows))
+
+
 def setup(app) -> None:
     app.connect("autodoc-process-docstring", _docstring)
     app.add_directive("mwrt-settings", Settings)
+    app.add_directive("mwrt-examples", Examples)
