@@ -59,6 +59,7 @@ class Graph:
         self._made: dict = {}  # node -> tensors made inside: kept alive, replays rewrite them
         self._made_ids: set = set()
         self._made_uses: dict = {}  # id of a storage made inside -> [(stream, write)]
+        self._made_order: dict = {}  # node -> [(storage made inside, its uses)]
         self._last: dict = {}  # node -> the id of its last Replay
         self._commands: dict = {}  # node -> recorded commands
         self._sites: dict = {}  # node -> [(command id, where it was recorded)]
@@ -156,6 +157,9 @@ class Graph:
                                         body=wire.encode_body(commands), inputs=inputs))
             self._defined[node] = gid
         self._commands.clear()
+        for node, made in self._made.items():  # storages made inside, with their uses
+            self._made_order[node] = [(t, self._made_uses[t._id]) for t in made
+                                      if t._id in self._made_uses]
 
     # -- replay ---------------------------------------------------------------------------
 
@@ -181,9 +185,7 @@ class Graph:
                 if owner._wtime == now:
                     owner._wtime = rid
             for tensor in self._made.get(node, ()):  # made again by this replay
-                tensor._wtime = rid
-                if tensor._base is None:
-                    tensor._ltime = rid
+                tensor._wtime = tensor._ltime = rid  # (a view's _ltime is never read)
             self._last[node] = rid
 
     def _bind(self, bindings: dict) -> dict:
@@ -226,9 +228,8 @@ class Graph:
                 owner = ordering.record(tensor)
                 touched[id(owner)] = owner
         last = self._last.get(node)  # none exists on the worker before the first replay
-        for tensor in self._made.get(node, ()) if last is not None else ():
-            uses = self._made_uses.get(tensor._id)  # None for a view: its owner's are used
-            if uses and tensor._ltime != last:  # else nothing used it since the last replay
+        for tensor, uses in self._made_order.get(node, ()) if last is not None else ():
+            if tensor._ltime != last:  # else nothing used it since the last replay
                 for stream, write in uses:
                     ordering.use(tensor, stream, now, write)
                 touched[id(tensor)] = tensor
