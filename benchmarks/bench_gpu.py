@@ -11,7 +11,7 @@
 
 Every figure is GB/s (1e9 bytes per second) of the array's bytes, the median of several
 repetitions. Where no GPU exists it says so and exits 0; --fake runs the same code on
-mwrt.fakegpu (host memory posing as GPUs), which checks the benchmark, not a GPU.
+mwrt.testing.fakegpu (host memory posing as GPUs), which checks the benchmark, not a GPU.
 
     python benchmarks/bench_gpu.py [--quick] [--fake]
 """
@@ -34,7 +34,7 @@ def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     parser.add_argument("--fake", action="store_true",
-                        help="run on mwrt.fakegpu (checks the benchmark, measures no GPU)")
+                        help="run on mwrt.testing.fakegpu (checks the benchmark, measures no GPU)")
     return parser.parse_args()
 
 
@@ -210,7 +210,7 @@ def main() -> int:
     finally:
         mwrt.shutdown()
     name = arrays.devices()[0]["name"]
-    print(f"bench_gpu on {name}" + (" (mwrt.fakegpu: host memory, no GPU measured)"
+    print(f"bench_gpu on {name}" + (" (mwrt.testing.fakegpu: host memory, no GPU measured)"
                                     if args.fake else ""))
     print(f"{'what':50} {'mwrt GB/s':>10}   {'baseline (same run)':>26} {'ratio':>7}")
     for what, ours, base, theirs in rows:

@@ -18,12 +18,12 @@ CUDA_FIX = "pip install mwrt[cuda12] there (CuPy for CUDA 12)"
 
 
 def gpu_module():
-    """The module that makes GPU arrays here: mwrt.fakegpu under MWRT_FAKE_GPUS (tests), else
+    """The module that makes GPU arrays here: mwrt.testing.fakegpu under MWRT_FAKE_GPUS (tests), else
     cupy, or None when CuPy is not installed."""
     from . import config
 
     if config.get("fake_gpus") > 0:
-        from . import fakegpu
+        from .testing import fakegpu
 
         return fakegpu
     try:
@@ -35,7 +35,7 @@ def gpu_module():
 
 def in_host_memory(value) -> bool:
     """Whether `value` lives in host memory: a NumPy array or scalar, not a (fake) GPU array."""
-    return isinstance(value, (np.ndarray, np.generic)) and type(value).__module__ != "mwrt.fakegpu"
+    return isinstance(value, (np.ndarray, np.generic)) and type(value).__module__ != "mwrt.testing.fakegpu"
 
 
 def namespace(device: int):
@@ -145,7 +145,7 @@ def as_shape(shape) -> tuple:
 
 def to_host(array) -> np.ndarray:
     """A NumPy array with the contents of `array` (copies from a GPU)."""
-    if type(array) is np.ndarray:  # exactly: mwrt.fakegpu's device arrays subclass it
+    if type(array) is np.ndarray:  # exactly: mwrt.testing.fakegpu's device arrays subclass it
         return array
     get = getattr(array, "get", None)
     return get() if get is not None else np.asarray(array)

@@ -193,10 +193,10 @@ SETTINGS = {
                           "mwrt-launch, which prints them as a table on SIGUSR1 or a hang)"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC", path=True),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
-    # Tests without a GPU: workers use mwrt.fakegpu (host memory posing as CUDA devices).
+    # Tests without a GPU: workers use mwrt.testing.fakegpu (host memory posing as CUDA devices).
     "fake_gpus": Setting("MWRT_FAKE_GPUS", 0, int,
                          "for tests: a worker poses as having this many GPUs (host memory "
-                         "behind CuPy's API, mwrt.fakegpu) instead of using CuPy; 0: off"),
+                         "behind CuPy's API, mwrt.testing.fakegpu) instead of using CuPy; 0: off"),
     "fake_gpu_bytes": Setting("MWRT_FAKE_GPU_BYTES", 16 << 30, int,
                               "memory of each fake GPU (MWRT_FAKE_GPUS): allocating past it "
                               "raises CuPy's OutOfMemoryError"),

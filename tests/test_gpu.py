@@ -1,5 +1,5 @@
 """GPU paths: tensors on devices, moves in every direction, streams and events on a GPU,
-out-of-memory. Every test body runs twice: on workers posing as GPU hosts (mwrt.fakegpu,
+out-of-memory. Every test body runs twice: on workers posing as GPU hosts (mwrt.testing.fakegpu,
 MWRT_FAKE_GPUS: always) and on CuPy with CUDA (where this machine has it, else skipped with
 the reason). The same worker code runs both: the fake fits CuPy's API.
 """
@@ -420,7 +420,7 @@ def test_a_cpu_only_worker_says_it_has_no_gpu():
 
 @pytest.fixture(params=["fake", "cupy"])
 def xp(request, monkeypatch):
-    """The GPU module itself, in this process: mwrt.fakegpu, or CuPy where CUDA exists."""
+    """The GPU module itself, in this process: mwrt.testing.fakegpu, or CuPy where CUDA exists."""
     if request.param == "cupy":
         monkeypatch.delenv("MWRT_FAKE_GPUS", raising=False)
         if _real_gpus() == 0:
@@ -490,7 +490,7 @@ def test_the_fake_gpu_fits_the_cupy_api_staging_and_events_use(xp):
 def test_the_fake_gpu_runs_out_of_memory_as_cupy_does(monkeypatch):
     monkeypatch.setenv("MWRT_FAKE_GPUS", "1")
     monkeypatch.setenv("MWRT_FAKE_GPU_BYTES", str(1 << 20))
-    from mwrt import fakegpu
+    from mwrt.testing import fakegpu
 
     held = fakegpu.zeros(200_000, np.float32)  # 800 KB of 1 MiB
     with pytest.raises(fakegpu.cuda.memory.OutOfMemoryError, match="Out of memory allocating"):

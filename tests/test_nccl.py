@@ -1,6 +1,6 @@
 """The nccl channel: NCCL collectives and point-to-point over 2 GPU ranks, through
 mwrt.distributed. Every test body runs twice: on the fake GPU with the fake NCCL
-(mwrt.fakegpu, mwrt.fakenccl, MWRT_FAKE_GPUS: always) and on CuPy's NCCL (where this
+(mwrt.testing.fakegpu, mwrt.testing.fakenccl, MWRT_FAKE_GPUS: always) and on CuPy's NCCL (where this
 machine has two CUDA devices, else skipped with the reason). The ranks are real
 processes (dist.spawn); each drives GPU `rank` and reports what it saw, which the test
 compares with NumPy's answer.

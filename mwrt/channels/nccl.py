@@ -37,7 +37,7 @@ class NcclUnsupportedError(TypeError):
 
 
 def nccl_module():
-    """The NCCL bindings of this process's GPU module (CuPy's, or mwrt.fakenccl under
+    """The NCCL bindings of this process's GPU module (CuPy's, or mwrt.testing.fakenccl under
     MWRT_FAKE_GPUS); ImportError saying what to install where there are none."""
     gpu = arrays.gpu_module()
     if gpu is None:

@@ -110,7 +110,7 @@ class PinnedPool:
             return {"allocations": self._allocations, "in_use": self._in_use, "kept_bytes": kept}
 
 
-_pools: dict = {}  # per GPU module: a test process may use mwrt.fakegpu, then CuPy
+_pools: dict = {}  # per GPU module: a test process may use mwrt.testing.fakegpu, then CuPy
 _pools_lock = threading.Lock()
 
 

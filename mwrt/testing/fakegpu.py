@@ -25,13 +25,13 @@ import weakref
 
 import numpy as np
 
-from . import config
+from .. import config
 
 _local = threading.local()  # per thread, as in CUDA: the current device and its streams
 _lock = threading.Lock()
 _used: dict[int, int] = collections.defaultdict(int)  # bytes allocated per device
 _ptrs = itertools.count(0x7F00_0000_1000, 0x100)
-# Data pointer -> the array whose __cuda_array_interface__ gave it out: how mwrt.fakenccl,
+# Data pointer -> the array whose __cuda_array_interface__ gave it out: how mwrt.testing.fakenccl,
 # which is handed pointers as NCCL is, finds the memory and checks it is a device array's.
 # Views share pointers (a reshape for a collective dies while its array lives): keep each.
 _pointed: dict[int, list] = {}
@@ -366,7 +366,7 @@ _streams: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # ptr -> 
 
 def launch_on(ptr: int, name: str) -> None:
     """Count kernel `name` as launched on the stream whose raw handle is `ptr` (0: this
-    thread's null stream): how mwrt.fakenccl records its calls on the stream given them."""
+    thread's null stream): how mwrt.testing.fakenccl records its calls on the stream given them."""
     found = _streams.get(ptr) if ptr else get_current_stream()
     if found is None:
         raise RuntimeError(f"cudaErrorInvalidResourceHandle: no live stream {ptr:#x}")

@@ -1,6 +1,6 @@
 """A fake NCCL for tests: the parts of `cupy.cuda.nccl` that mwrt uses, over loopback TCP.
 
-With MWRT_FAKE_GPUS=n, `mwrt.fakegpu.cuda.nccl` is this module, so the nccl channel runs
+With MWRT_FAKE_GPUS=n, `mwrt.testing.fakegpu.cuda.nccl` is this module, so the nccl channel runs
 its real code on a machine without a GPU, and bytes really move between processes. As in
 NCCL, `get_unique_id()` names the root: here it starts a hub (a loopback listener and its
 threads) in the calling process and encodes the hub's address and a secret in the id's
@@ -28,8 +28,9 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from . import config, fakegpu, netaddr
-from .errors import ConfigError
+from .. import config, netaddr
+from ..errors import ConfigError
+from . import fakegpu
 
 NCCL_INT8, NCCL_CHAR, NCCL_UINT8, NCCL_INT32, NCCL_INT, NCCL_UINT32 = 0, 0, 1, 2, 2, 3
 NCCL_INT64, NCCL_UINT64, NCCL_FLOAT16, NCCL_HALF, NCCL_FLOAT32, NCCL_FLOAT = 4, 5, 6, 6, 7, 7
