@@ -144,6 +144,8 @@ SETTINGS = {
     "store_max_value_bytes": Setting("MWRT_STORE_MAX_VALUE_BYTES", 16 << 20, int,
                                      "largest value (and request) a TCPStore server accepts; "
                                      "a peer announcing more is disconnected"),
+    "store_max_bytes": Setting("MWRT_STORE_MAX_BYTES", 256 << 20, int,
+                               "bytes of keys and values a TCPStore server holds in all"),
     "store_max_connections": Setting("MWRT_STORE_MAX_CONNECTIONS", 1024, int,
                                      "connections a TCPStore server serves at once"),
     "two_level": Setting("MWRT_TWO_LEVEL", 1, int,

@@ -386,3 +386,118 @@ def settle(pid: int, below: int, timeout: float) -> int:
             return now
         last = now
     return last
+
+
+# -- every per-session table is bounded (issue 27, item 5) ---------------------------------
+
+def _stats(master: RawMaster, seq: int) -> dict:
+    master.batch(seq, [wire.Stats(seq, 9000 + seq)])
+    while True:
+        reply = master.recv(timeout=10)
+        if isinstance(reply, wire.Done) and reply.token == 9000 + seq:
+            return reply.value
+        assert reply is not None, "no answer to Stats"
+
+
+@pytest.mark.parametrize("daemon", [{"MWRT_SESSION_EVENTS": "500"}], indirect=True)
+def test_events_and_waits_on_them_are_bounded_and_counted(daemon):
+    process, address = daemon
+    greedy = RawMaster(address, "greedy")
+    try:
+        before = status(process.pid, "VmRSS")
+        for seq in range(1, 11):  # 1,000 waits on events nobody records (fewer refusals than
+            # the reply queue's high-water mark, which would drop the rest unread)
+            greedy.batch(seq, [wire.EventQuery(seq * 1000 + i, 10**6 + seq * 1000 + i, True,
+                                               seq * 1000 + i) for i in range(100)])
+        refusals = []
+        while (reply := greedy.recv(timeout=5)) is not None:
+            if isinstance(reply, wire.Failed):
+                refusals.append(reply.info["message"])
+        assert len(refusals) == 500 and "MWRT_SESSION_EVENTS = 500" in refusals[0], \
+            refusals[:2]
+        stats = _stats(greedy, 100)
+        assert stats["events"] == 500 and stats["waits"] == 500, stats
+        figure("1,000 waits on unrecorded events, 500 allowed", before=before,
+               after=status(process.pid, "VmRSS"))
+        served(address)  # another master is served meanwhile
+        # Recorded events fire, and are kept as their time alone: they never fill the table.
+        greedy.batch(101, [wire.Record(200000 + i, -1, 5 * 10**6 + i, False)
+                           for i in range(2000)] + [wire.Sync(300000, -1, 300000)])
+        assert isinstance(greedy.recv(timeout=30), wire.Done)
+        stats = _stats(greedy, 102)
+        assert stats["events"] == 500 and stats["events_fired"] == 2000, stats
+        greedy.batch(103, [wire.EventQuery(400000, 5 * 10**6 + 7, True, 400000)])
+        reply = greedy.recv(timeout=10)
+        assert isinstance(reply, wire.Done) and reply.value["done"], reply
+    finally:
+        greedy.close()
+    assert process.poll() is None
+
+
+@pytest.mark.parametrize("daemon", [{"MWRT_MAX_JOINS": "3", "MWRT_MAX_WORLD": "64"}],
+                         indirect=True)
+def test_joins_are_bounded_in_world_size_in_number_and_in_threads(daemon):
+    process, address = daemon
+    silent = socket.socket()  # a store whose accept queue is full: connecting hangs
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(0)
+    store = f"127.0.0.1:{silent.getsockname()[1]}"
+    queued = [socket.socket() for _ in range(3)]
+    for sock in queued:  # fill the queue (a connection past it hangs: no wait here)
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", silent.getsockname()[1]))
+    masters = [RawMaster(address, f"joiner{i}") for i in range(5)]
+    try:
+        first = masters[0]
+        first.batch(1, [wire.Join(1, store, "j", 20_000_000, "tcp", 60.0, 11)])
+        reply = first.recv(timeout=10)
+        assert isinstance(reply, wire.Failed) and "MWRT_MAX_WORLD" in reply.info["message"], reply
+        threads = status_threads(process.pid)
+        first.batch(2, [wire.Join(2, store, "j", 2, "tcp", 8.0, 12)])  # waits on the store
+        first.batch(3, [wire.Join(3 + i, store, "j", 2, "tcp", 60.0, 13 + i) for i in range(300)])
+        refused = [first.recv(timeout=10) for _ in range(300)]
+        assert all(isinstance(r, wire.Failed) and "one Join at a time" in r.info["message"]
+                   for r in refused), refused[:2]
+        for i, master in enumerate(masters[1:3]):  # the daemon's other two Join slots
+            master.batch(1, [wire.Join(1, store, "j", 2, "tcp", 8.0, 20 + i)])
+            _stats(master, 2)  # answered after the Join started
+        masters[3].batch(1, [wire.Join(1, store, "j", 2, "tcp", 60.0, 30)])
+        reply = masters[3].recv(timeout=10)
+        assert isinstance(reply, wire.Failed) and "MWRT_MAX_JOINS" in reply.info["message"], reply
+        assert status_threads(process.pid) <= threads + 3
+        # The three Joins give up on the silent store within their 8 s, and their slots back.
+        for master in masters[:3]:
+            reply = master.recv(timeout=30)
+            assert isinstance(reply, wire.Failed) and store in reply.info["message"], reply
+        served(address)  # this master's own Join gets a slot
+    finally:
+        for master in masters:
+            master.close()
+        for sock in (silent, *queued):
+            sock.close()
+    assert process.poll() is None
+
+
+def status_threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def test_a_stores_values_are_bounded_in_all(monkeypatch):
+    from mwrt.store import TCPStore
+
+    monkeypatch.setenv("MWRT_STORE_MAX_BYTES", str(2 * MiB))
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=5, key=b"k" * 32)
+    client = TCPStore("127.0.0.1", store.port, timeout=5, key=b"k" * 32)
+    try:
+        client.set("a", b"x" * (MiB - 100))
+        client.set("b", b"x" * (MiB - 100))
+        with pytest.raises(mwrt.QuotaError, match="MWRT_STORE_MAX_BYTES"):
+            client.set("c", b"x" * (MiB - 100))
+        client.set("a", b"y" * (MiB - 100))  # a replacement takes no more room
+        client.delete_key("b")
+        client.set("c", b"x" * (MiB - 100))
+        assert client.get("c") == b"x" * (MiB - 100)
+    finally:
+        client.close()
+        store.close()

@@ -120,6 +120,28 @@ class BoundStore(HashStore):
     def __init__(self):
         super().__init__(timeout=0.0)
         self.owners: dict[str, str] = {}
+        self.max_bytes = int(config.get("store_max_bytes"))
+        self.nbytes = 0  # of keys and values held
+
+    def _size(self, key: str) -> int:
+        value = self._data.get(key)
+        return 0 if value is None else len(key) + len(value)
+
+    def _over(self, key: str, value: bytes):
+        """A refusal if writing `value` at `key` takes the store past MWRT_STORE_MAX_BYTES."""
+        total = self.nbytes - self._size(key) + len(key) + len(value)
+        if total <= self.max_bytes:
+            return None
+        return ["err", "quota", f"TCPStore: {key!r} of {len(value)} bytes would take the store "
+                f"to {total} bytes (got {self.nbytes} held, expected at most "
+                f"MWRT_STORE_MAX_BYTES = {self.max_bytes}); delete keys you no longer need"]
+
+    def _write(self, key: str, write):
+        """Run `write()` (a change of `key`), keeping self.nbytes the store's size."""
+        before = self._size(key)
+        result = write()
+        self.nbytes += self._size(key) - before
+        return result
 
     def _refuse(self, key: str, op: str, client: str):
         owner = self.owners.get(key)
@@ -132,10 +154,10 @@ class BoundStore(HashStore):
 
     def set_by(self, client: str, key: str, value: bytes):
         with self._cond:
-            refusal = self._refuse(key, "set", client)
+            refusal = self._refuse(key, "set", client) or self._over(key, value)
             if refusal is None:
                 self.owners.setdefault(key, client)
-                self.set(key, value)
+                self._write(key, lambda: self.set(key, value))
             return refusal or ["ok", None]
 
     def cas_by(self, client: str, key: str, expected: bytes, desired: bytes):
@@ -143,24 +165,25 @@ class BoundStore(HashStore):
             current = self._data.get(key)
             if current != expected and not (current is None and expected == b""):
                 return ["ok", current if current is not None else expected]  # no write
-            refusal = self._refuse(key, "compare_set", client)
+            refusal = self._refuse(key, "compare_set", client) or self._over(key, desired)
             if refusal is None:
                 self.owners.setdefault(key, client)
-            return refusal or ["ok", self.compare_set(key, expected, desired)]
+            return refusal or ["ok", self._write(
+                key, lambda: self.compare_set(key, expected, desired))]
 
     def add_by(self, client: str, key: str, amount: int):
         with self._cond:
             refusal = self._refuse(key, "add", client)
             if refusal is None:
                 self.owners.setdefault(key, "")
-            return refusal or ["ok", self.add(key, amount)]
+            return refusal or ["ok", self._write(key, lambda: self.add(key, amount))]
 
     def delete_by(self, client: str, key: str):
         with self._cond:
             refusal = self._refuse(key, "delete_key", client)
             if refusal is None:
                 self.owners.pop(key, None)
-            return refusal or ["ok", self.delete_key(key)]
+            return refusal or ["ok", self._write(key, lambda: self.delete_key(key))]
 
 
 def _arg(value, kind: type, what: str):

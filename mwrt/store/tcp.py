@@ -13,7 +13,7 @@ import threading
 import time
 
 from .. import config
-from ..errors import AuthError, RendezvousError, RendezvousTimeoutError, WireError
+from ..errors import AuthError, QuotaError, RendezvousError, RendezvousTimeoutError, WireError
 from ..protocol.auth import client_handshake
 from .server import (
     HANDSHAKE_SECONDS,
@@ -119,6 +119,8 @@ class TCPStore(Store):
             return reply[1]
         if reply[1] == "timeout":
             raise RendezvousTimeoutError(reply[2])
+        if reply[1] == "quota":
+            raise QuotaError(reply[2])
         raise RendezvousError(reply[2])
 
     def _wait(self, timeout, what: str) -> float:

@@ -65,6 +65,11 @@ def profile(daemon, session, cmd) -> None:
 def join(daemon, session, cmd) -> None:
     from .data import SessionData
 
+    refusal = _join_refusal(daemon, session, cmd)
+    if refusal:
+        daemon.send(session.identity, wire.Failed(cmd.token, {"kind": "quota",
+                                                              "message": refusal}))
+        return
     if session.data is not None:  # closing a channel may wait on its peers: not here
         lifecycle.off_thread(session.data.close, f"mwrt-rejoin-{session.node}")
     # Publish this node's channel address now: a peer must never wait on the store for a
@@ -73,19 +78,41 @@ def join(daemon, session, cmd) -> None:
     session.data.start()
 
 
+def _join_refusal(daemon, session, cmd) -> str:
+    """Why a Join may not start ('' if it may): its world is too large, this master's last
+    Join is still under way, or the daemon already runs MWRT_MAX_JOINS of them (a thread
+    each); the last takes a slot from daemon.joins, which the Join's thread gives back."""
+    world, limit = cmd.world, daemon.max_world
+    if type(world) is not int or not session.node < world <= limit:
+        return (f"Join: a world of {world!r:.20} ranks (expected node {session.node} < world <= "
+                f"{limit}, MWRT_MAX_WORLD); a master joins with its nodes and itself")
+    if session.data is not None and not session.data.ready.is_set():
+        return (f"Join: node {session.node} is still joining this master's previous data "
+                "channel (one Join at a time per master); wait for its answer")
+    if not daemon.joins.acquire(blocking=False):
+        return (f"Join: node {session.node} already runs {daemon.max_joins} Joins for its "
+                "masters (MWRT_MAX_JOINS); retry once one has finished")
+    return ""
+
+
 def stats(daemon, session, cmd) -> None:
     value = dict(session.stats(), worker=daemon.report())
     daemon.send(session.identity, wire.Done(token=cmd.token, value=value))
 
 
 def event_query(daemon, session, cmd) -> None:
-    state = session.event(cmd.event)
-    with session.lock:
-        if not state.fired.is_set() and cmd.wait:
-            session.event_waiters.setdefault(cmd.event, []).append(cmd.token)
-            return
+    try:
+        if cmd.wait and session.add_waiter(cmd.event, cmd.token):
+            return  # answered when it fires
+        when = session.fired_time(cmd.event)
+        state = session.event(cmd.event) if when is None else None
+    except QuotaError as exc:
+        daemon.send(session.identity, wire.Failed(cmd.token, {"kind": "quota",
+                                                              "message": str(exc)}))
+        return
+    done = when is not None or state.fired.is_set()
     daemon.send(session.identity, wire.Done(token=cmd.token, value={
-        "done": state.fired.is_set(), "time": state.time}))
+        "done": done, "time": when if when is not None else state.time}))
 
 
 def event_done(daemon, session, cmd) -> None:

@@ -103,6 +103,8 @@ class Daemon:
         self.parent_pid = parent_pid
         self.stopping = False
         self.max_functions = max(config.get("session_functions"), 1)
+        self.max_world, self.max_joins = config.get("max_world"), config.get("max_joins")
+        self.joins = threading.BoundedSemaphore(self.max_joins)  # Joins under way (a thread each)
         self._rejections = [0.0, 0, 0]  # window start, rejections in it, not logged
         self.refusals = RefusalLog(keys is not None, self._log_rejection, _REJECTION_WINDOW)
         self._ending: list[threading.Thread] = []  # sessions being freed off the socket thread

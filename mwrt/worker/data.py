@@ -63,6 +63,7 @@ class SessionData:
             answer = wire.Failed(self.join.token, {"kind": "channel", "message": str(self.error)})
         finally:
             self.ready.set()
+            self.session.daemon.joins.release()  # taken by control.join for this thread
         sock = self.session.daemon.reply_socket()
         try:
             wire.send(sock, self.session.identity, answer)

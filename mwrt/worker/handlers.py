@@ -249,6 +249,8 @@ def wait_event(ex, cmd, frames):
         ex.session.implicit.wait(cmd.event, config.get("sync_timeout"))
         cuda_events.wait_implicit(ex, cmd.event)
         return
+    if ex.session.fired_time(cmd.event) is not None:  # fired for good: nothing to wait on
+        return
     state = ex.session.event(cmd.event)
     # A GPU stream needs the record issued (by a GPU stream of this worker: then it waits on
     # the GPU, stream.wait_event; otherwise recorded means fired); a host stream, the firing.

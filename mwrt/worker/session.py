@@ -6,6 +6,8 @@ import threading
 import time
 
 from ..errors import QuotaError
+from .. import config
+from ..errors import QuotaError
 from ..protocol import wire
 from ..protocol.wire import DEFAULT_STREAM_LIMIT
 from .executor import StreamExecutor
@@ -17,6 +19,7 @@ _MAX_NAMES = 1 << 16
 # A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
 # it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
 TX, RX, HB = b"tx", b"rx", b"hb"
+FIRED_KEPT = 1 << 18  # fired events whose time a session keeps (~100 bytes each)
 
 
 class EventState:
@@ -46,6 +49,9 @@ class Session:
         self.events: dict[int, EventState] = {}
         self.pending_frees: dict[int, int] = {}
         self.event_waiters: dict[int, list] = {}
+        self.fired: dict[int, float] = {}  # events fired for good: their times, oldest first
+        self.max_events = config.get("session_events")
+        self.waits = 0  # tokens in event_waiters
         self.implicit = ImplicitEvents(self)
         self.graphs = GraphStore(self)
         self.functions: dict[bytes, object] = {}  # shipped functions, by content (an LRU)
@@ -98,15 +104,35 @@ class Session:
         return {"names": named, "last_id": self.max_id, "streams": streams}
 
     def event(self, event_id: int) -> EventState:
-        """The state of event `event_id`, created on first mention."""
+        """The state of event `event_id`, created on first mention; QuotaError past
+        MWRT_SESSION_EVENTS events not yet fired."""
         with self.lock:
             state = self.events.get(event_id)
             if state is None:
+                if len(self.events) >= self.max_events:
+                    raise QuotaError(
+                        f"event {event_id}: this master already has {len(self.events)} events "
+                        f"not yet fired on node {self.node} (MWRT_SESSION_EVENTS = "
+                        f"{self.max_events}); wait on or drop events before making more")
                 state = self.events[event_id] = EventState()
+                when = self.fired.pop(event_id, None)
+                if when is not None:  # fired before, and kept as its time alone
+                    state.time = when
+                    state.fired.set()
+                    state.recorded.set()
             return state
 
     def fire_event(self, event_id, when, send, error: str = "") -> None:
         """Mark an event done, answer its waiters, and tell the master (for relays)."""
+        with self.lock:
+            quiet = event_id not in self.events and not error  # nobody holds or waits on it
+            if quiet:
+                self._keep_fired(event_id, when if when is not None else
+                                 self.fired.get(event_id, 0.0))
+        if quiet:
+            if when is not None:
+                send(self.sid + b"/" + HB, wire.Fired(token=-1, event=event_id, time=when))
+            return
         state = self.event(event_id)
         with self.lock:
             state.error = error
@@ -115,10 +141,45 @@ class Session:
             state.fired.set()
             state.recorded.set()
             waiters = self.event_waiters.pop(event_id, [])
+            self.waits -= len(waiters)
+            if not error and self.events.get(event_id) is state:
+                # Fired for good: only its time is kept (a few bytes, not two locks), and
+                # the oldest such go first past the bound (asked again, they seem unfired).
+                del self.events[event_id]
+                self._keep_fired(event_id, state.time)
         for token in waiters:
             send(self.identity, wire.Done(token=token, value={"done": True, "time": state.time}))
         if when is not None:
             send(self.sid + b"/" + HB, wire.Fired(token=-1, event=event_id, time=state.time))
+
+    def _keep_fired(self, event_id: int, when: float) -> None:
+        """Remember that `event_id` fired at `when` (holding self.lock)."""
+        self.fired.pop(event_id, None)
+        self.fired[event_id] = when  # last: the newest
+        if len(self.fired) > FIRED_KEPT:
+            del self.fired[next(iter(self.fired))]
+
+    def fired_time(self, event_id: int) -> float | None:
+        """When event `event_id` fired, if it has for good (None if not, or not known)."""
+        return self.fired.get(event_id)
+
+    def add_waiter(self, event_id: int, token: int) -> bool:
+        """Answer `token` when event `event_id` fires; False if it has fired already.
+        QuotaError past MWRT_SESSION_EVENTS waits."""
+        if self.fired_time(event_id) is not None:
+            return False
+        state = self.event(event_id)
+        with self.lock:
+            if state.fired.is_set():
+                return False
+            if self.waits >= self.max_events:
+                raise QuotaError(
+                    f"event {event_id}: this master already waits on {self.waits} events on "
+                    f"node {self.node} (MWRT_SESSION_EVENTS = {self.max_events}); wait on "
+                    "fewer at once")
+            self.event_waiters.setdefault(event_id, []).append(token)
+            self.waits += 1
+            return True
 
     def free(self, ids, uses: int) -> None:
         """Drop tensors once each of the `uses` streams that were sent this free reached it."""
@@ -145,6 +206,7 @@ class Session:
         arrays = [t for t in list(self.tensors.values()) if hasattr(t, "nbytes")]
         return {"tensors": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)),
                 "streams": len(self.streams), "events": len(self.events),
+                "events_fired": len(self.fired), "waits": self.waits,
                 "functions": len(self.functions),
                 "queued_bytes": self.inflight.nbytes,
                 **(self.data.pool.stats() if self.data is not None else {})}
@@ -167,6 +229,7 @@ class Session:
         self.streams.clear()
         self.events.clear()
         self.event_waiters.clear()
+        self.fired.clear()
         self.pending_frees.clear()
         self.graphs.graphs.clear()
         self.functions.clear()
