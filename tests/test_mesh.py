@@ -391,3 +391,16 @@ def test_streams_and_profiles_hold_for_mesh_tensors(four):
         (X * 3).sum().item()
     table = prof.table()
     assert "multiply" in table and "sum" in table
+
+
+def test_more_places_than_rows(four):
+    mesh = mwrt.mesh()
+    x = data(3, 2)
+    X = mwrt.dist_send(x, mesh=mesh, shard=0)  # one place holds no row
+    assert [s.shape[0] for s in X.shards()] == [1, 1, 1, 0]
+    for name in ("sum", "mean", "max", "min", "prod"):
+        same(getattr(X, name)(axis=0), getattr(np, name)(x, axis=0), exact=False)
+    i = np.arange(3, dtype=np.int64)
+    same(mwrt.dist_send(i, mesh=mesh, shard=0).max(), i.max())
+    same(X.redistribute(shard=1), x)
+    same(X @ mwrt.dist_send(x.T, mesh=mesh), x @ x.T, exact=False)

@@ -196,6 +196,8 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
             scaled = scaled or name == "mean"
         else:
             out.append(Shard(p.axis if keepdims else p.axis - sum(a < p.axis for a in axes)))
+    if name in _NEEDS_INITIAL and any(type(p) is Partial for p in out):
+        return _with_initial(name, t, axes, tuple(out))
     if not scaled:
         return Plan(tuple(out))
     count = int(np.prod([t.shape[a] for a in axes]))
@@ -210,6 +212,32 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
         local = call("multiply", local, 1.0 / count)
         return local if local.dtype == dtype else call("astype", local, dtype.str)
     return Plan(tuple(out), adjust=as_sum, post=scale)
+
+
+_NEEDS_INITIAL = {"min": 1, "max": -1, "nanmin": 1, "nanmax": -1}  # identity: +-largest
+
+
+def _with_initial(name, t, axes, out) -> Plan:
+    """min/max over a sharded axis where a place's block is empty (more places than rows):
+    that place reduces with NumPy's `initial=`, the identity of the op for the dtype."""
+    mesh = t._mesh
+    empty = {i for i, c in enumerate(mesh.coords)
+             if any(hi == lo for a, (lo, hi) in
+                    enumerate(local_box(t.shape, t._placements, mesh.shape, c)) if a in axes)}
+    if not empty:
+        return Plan(out)
+    kind = t.dtype
+    if kind.kind == "f":
+        identity = float("inf") * _NEEDS_INITIAL[name]
+    elif kind.kind in "iu":
+        info = np.iinfo(kind)
+        identity = int(info.max if _NEEDS_INITIAL[name] > 0 else info.min)
+    else:
+        identity = _NEEDS_INITIAL[name] > 0
+
+    def initial(i, name, args, kwargs):
+        return name, args, (dict(kwargs, initial=identity) if i in empty else kwargs)
+    return Plan(out, adjust=initial)
 
 
 # -- matmul --------------------------------------------------------------------------------
