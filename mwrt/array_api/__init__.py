@@ -58,7 +58,9 @@ if getattr(np, "__array_api_version__", __array_api_version__) != __array_api_ve
     __array_api_version__ = np.__array_api_version__
 
 e, inf, nan, pi, newaxis = math.e, math.inf, math.nan, math.pi, None
-globals().update(DTYPES)  # bool, int8 … complex128: NumPy dtypes
+# bool, int8 … complex128: NumPy's scalar types, as NumPy's namespace has them (a tensor's
+# .dtype equals them; a dtype instance would also equal None, which NumPy reads as float64).
+globals().update({name: dtype.type for name, dtype in DTYPES.items()})
 
 # The standard's elementwise function -> NumPy's ufunc of that meaning (a registry op).
 _UFUNCS = [
