@@ -404,3 +404,13 @@ def test_more_places_than_rows(four):
     same(mwrt.dist_send(i, mesh=mesh, shard=0).max(), i.max())
     same(X.redistribute(shard=1), x)
     same(X @ mwrt.dist_send(x.T, mesh=mesh), x @ x.T, exact=False)
+
+
+def test_master_arrays_join_mesh_ops(m):
+    x, y, row = data(9, 4), data(9, 4, seed=1), data(4, seed=2)
+    X = mwrt.dist_send(x, mesh=m, shard=0)
+    same(X + y, x + y)  # cut into each place's block on the master
+    same(X * row, x * row)  # broadcast: sent whole
+    same(y - X, y - x)
+    X += y
+    same(X, x + y)

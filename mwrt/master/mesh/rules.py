@@ -106,7 +106,29 @@ def elementwise(name, operands, args, kwargs, spec, resolve) -> Plan:
                       "or the target")
     views = {k: v for k, t in enumerate(operands)
              if (v := _joined(name, t, operands, out, shape)) is not None}
-    return Plan(None if inplace else out, views)
+    return Plan(None if inplace else out, views, adjust=_cut_arrays(args, out, shape,
+                                                                    operands[0]._mesh))
+
+
+def _cut_arrays(args, out, shape, mesh):
+    """A master array operand spanning a sharded axis goes to each place as its block (cut
+    on the master, sent inline with the op); None if there is none."""
+    cut = [pos for pos, a in enumerate(args) if isinstance(a, np.ndarray) and any(
+        type(p) is Shard and 0 <= p.axis - (len(shape) - a.ndim) and
+        a.shape[p.axis - (len(shape) - a.ndim)] != 1 for p in out)]
+    if not cut:
+        return None
+
+    def block(i, name, largs, kwargs):
+        box = local_box(shape, out, mesh.shape, mesh.coords[i])
+        largs = list(largs)
+        for pos in cut:
+            a = largs[pos]
+            off = len(shape) - a.ndim
+            largs[pos] = a[tuple(slice(*box[ax + off]) if a.shape[ax] != 1 else slice(None)
+                                 for ax in range(a.ndim))]
+        return name, tuple(largs), kwargs
+    return block
 
 
 def _stays_partial(name, operands, args) -> bool:
