@@ -199,3 +199,26 @@ def _chromium(webdriver, tmp_path):
     browser = webdriver.Chrome(service=service, options=options)
     browser.set_page_load_timeout(60)
     return browser
+
+
+def test_gpu_memory_over_time_on_fake_gpus(monkeypatch):
+    """A worker's GPUs (two fake ones) are listed, and the bytes a GPU tensor takes show in
+    the GPU memory series."""
+    mwrt.shutdown()
+    monkeypatch.setenv("MWRT_FAKE_GPUS", "2")
+    mwrt.init_master_worker(local_workers=1, timeout=60)
+    board = mwrt.dashboard(port=0, interval=0.2, quiet=True, timeline=False)
+    try:
+        g = mwrt.ones(1_000_000, device=1)
+        assert float(g.sum()) == 1e6
+
+        def used():
+            now = state(board)
+            series = now["series"].get("0", {}).get("gpu_used", [])
+            return now if series and series[-1] >= g.nbytes else None
+
+        now = wait_for(used, "the GPU tensor's bytes in the series")
+        assert [gpu["index"] for gpu in now["nodes"][0]["gpus"]] == [0, 1]
+    finally:
+        board.close()
+        mwrt.shutdown()
