@@ -414,3 +414,18 @@ def test_master_arrays_join_mesh_ops(m):
     same(y - X, y - x)
     X += y
     same(X, x + y)
+
+
+def test_graph_inputs_on_a_mesh_are_rebound(four):
+    mesh = mwrt.mesh()
+    x, x2 = data(10, 3), data(10, 3, seed=5)
+    X = mwrt.dist_send(x, mesh=mesh, shard=0)
+    with mwrt.graph(X=X) as g:
+        total = (X * 2).sum(axis=0)
+        total.reduce()
+    g.replay()
+    same(total, (x * 2).sum(axis=0), exact=False)
+    g.replay(X=mwrt.dist_send(x2, mesh=mesh, shard=0))
+    same(total, (x2 * 2).sum(axis=0), exact=False)
+    with pytest.raises(ValueError, match="like the captured input"):
+        g.replay(X=mwrt.dist_send(x2[:4], mesh=mesh, shard=0))

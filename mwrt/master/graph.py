@@ -167,6 +167,7 @@ class Graph:
         """Run the recorded ops again; `name=tensor` rebinds the input given as `name`."""
         if self._capturing:
             raise MwrtError("graph: replay() inside its own capture block; call it after")
+        bindings = _by_place(bindings)
         bound = self._bind(bindings)
         for node in self._defined:  # all checks first: a replay runs on every node or none
             node.check_lost()
@@ -257,4 +258,18 @@ def _check_like(name: str, ext: _External, tensor) -> None:
 
 def graph(**inputs: DistributedTensor) -> Graph:
     """Capture the ops of a `with` block as a Graph; `inputs` name tensors replay() rebinds."""
-    return Graph(inputs)
+    return Graph(_by_place(inputs))
+
+
+def _by_place(tensors: dict) -> dict:
+    """A mesh tensor as its shards, one input each ("x[0]", "x[1]", ...): a replay rebinds
+    every place's block, each checked as any input is."""
+    if not any(getattr(t, "_sharded", False) for t in tensors.values()):
+        return tensors
+    out = {}
+    for name, tensor in tensors.items():
+        if getattr(tensor, "_sharded", False):
+            out.update({f"{name}[{i}]": shard for i, shard in enumerate(tensor.shards())})
+        else:
+            out[name] = tensor
+    return out
