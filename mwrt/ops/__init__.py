@@ -88,10 +88,14 @@ _SCALARS = (int, float, bool, complex)
 
 
 def infer(op: Op, args: tuple, kwargs: dict):
-    """`op`'s meta rule on Specs, remembered for ops whose result depends only on argument
-    types (the master runs it for every op it issues, the worker to size each result)."""
+    """`op`'s meta rule on Specs, remembered (the master runs it for every op it issues, the
+    worker to check each result): by argument types for ops whose result depends only on
+    them, else by the arguments' values where they are plain (axes, shapes, dtypes, ints)."""
     if not op.by_type or kwargs:
-        return op.meta(*args, **kwargs)
+        key = _value_key(op.name, args, kwargs)
+        if key is None:
+            return op.meta(*args, **kwargs)
+        return _remember(key, op, args, kwargs)
     key = (op.name, *(a if type(a) is Spec else type(a) for a in args))
     result = _MEMO.get(key)
     if result is None:
@@ -103,6 +107,45 @@ def infer(op: Op, args: tuple, kwargs: dict):
         if len(_MEMO) > 100_000:
             _MEMO.clear()
     return result or None
+
+
+def _remember(key, op: Op, args: tuple, kwargs: dict):
+    result = _MEMO.get(key)
+    if result is None:
+        result = _MEMO[key] = op.meta(*args, **kwargs) or False
+        if len(_MEMO) > 100_000:
+            _MEMO.clear()
+    return result or None
+
+
+# Values a meta rule may be remembered by; each with its type in the key (1, 1.0 and True
+# are equal and hash alike, but promote differently).
+_PLAIN = frozenset((int, float, bool, complex, str, type(None)))
+
+
+def _value_key(name: str, args: tuple, kwargs: dict):
+    """A hashable key of (name, args, kwargs), or None where a value is not plain."""
+    parts = [name]
+    for value in args:
+        part = _plain(value)
+        if part is None:
+            return None
+        parts.append(part)
+    for item in kwargs.items():
+        part = _plain(item[1])
+        if part is None:
+            return None
+        parts.append((item[0], part))
+    return tuple(parts)
+
+
+def _plain(value):
+    kind = type(value)
+    if kind is Spec or kind in _PLAIN:
+        return (kind, value)
+    if kind is tuple and all(type(v) in _PLAIN for v in value):
+        return (kind, tuple(map(type, value)), value)
+    return None
 
 
 def has(name: str) -> bool:

@@ -119,7 +119,8 @@ def _join_meta(name):
         probes = [np.ones((1,) * len(shape_of(arrays[0])),
                           a.dtype if isinstance(a, Spec) else np.asarray(a).dtype)
                   for a in arrays]
-        return Spec(shape, fn(probes, axis=0 if shape_of(arrays[0]) else None, **kwargs).dtype)
+        axis = 0 if shape_of(arrays[0]) or name == "stack" else None
+        return Spec(shape, fn(probes, axis=axis, **kwargs).dtype)
     return meta
 
 

@@ -106,16 +106,16 @@ register("numpy_", _inplace_impl, lambda target, path, *args, **kwargs: None, in
 
 # -- rules (nprules.py): shapes by hand, dtypes by NumPy on small probes ---------------
 
-def _probe(value):
+def _probe(value, n: int = 2):
     """A small well-behaved stand-in of a Spec's dtype and ndim: identity matrices (invertible,
-    positive definite), two elements on each axis (an inverse real FFT needs two)."""
+    positive definite), `n` elements on each axis (an inverse real FFT needs two)."""
     if isinstance(value, Spec):
         ndim = len(value.shape)
         if ndim < 2:
-            return np.ones((2,) * ndim, dtype=value.dtype)
-        return np.broadcast_to(np.eye(2, dtype=value.dtype), (2,) * ndim).copy()
+            return np.ones((n,) * ndim, dtype=value.dtype)
+        return np.broadcast_to(np.eye(n, dtype=value.dtype), (n,) * ndim).copy()
     if isinstance(value, (tuple, list)):
-        return type(value)(_probe(v) for v in value)
+        return type(value)(_probe(v, n) for v in value)
     return value
 
 
@@ -131,7 +131,10 @@ def _run_probe(path: str, args: tuple, kwargs: dict) -> tuple:
     fn = resolve(np, path)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        out = fn(*_probe(args), **{k: _probe(v) for k, v in kwargs.items()})
+        try:
+            out = fn(*_probe(args), **{k: _probe(v) for k, v in kwargs.items()})
+        except ValueError:  # sizes the function compares (vdot of 0-d and (1,)): one each
+            out = fn(*_probe(args, 1), **{k: _probe(v, 1) for k, v in kwargs.items()})
     outs = out if isinstance(out, tuple) else (out,)
     return tuple(np.asarray(o).dtype for o in outs)
 

@@ -110,6 +110,10 @@ def _matrix_transpose(x):
 
 @rule("vdot")
 def _vdot(a, b):
+    na, nb = math.prod(shape_of(a)), math.prod(shape_of(b))
+    if na != nb:
+        raise ValueError(f"np.vdot: the operands have {na} and {nb} elements (expected as "
+                         "many: vdot flattens both)")
     return ()
 
 

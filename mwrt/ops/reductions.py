@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 
 from . import Spec, register
@@ -30,37 +33,33 @@ def _meta(name):
             kwargs = bind(fn, a, args, kwargs, name)
         if "out" in kwargs:
             raise TypeError(f"{name}: pass out= by keyword (mwrt writes it in place)")
-        axis, keepdims = kwargs.pop("axis", None), kwargs.pop("keepdims", False)
         if not isinstance(a, Spec):
             raise TypeError(f"{name}: expected a tensor (got {type(a).__name__})")
-        if name in _SINGLE_AXIS and isinstance(axis, tuple):
-            raise TypeError(f"{name}: axis must be an int or None (got {axis!r})")
+        if name in _SINGLE_AXIS and isinstance(kwargs.get("axis"), tuple):
+            raise TypeError(f"{name}: axis must be an int or None (got {kwargs['axis']!r})")
+        # NumPy itself on a stand-in with every axis cut to at most one element: its dtype,
+        # its errors (an axis out of bounds, an empty min), and its shape where nothing was cut
+        probe = _run(fn, a, kwargs)
+        if all(d <= 1 for d in a.shape):
+            return Spec(probe.shape, probe.dtype)
+        axis, keepdims = kwargs.get("axis"), kwargs.get("keepdims", False)
         axes = normalize_axes(axis, len(a.shape), name)
-        extra = dict(kwargs, **({"keepdims": keepdims} if keepdims else {}))
-        probe_kwargs = dict(extra, axis=None if axis is None else
-                            (tuple(range(len(axes))) if name not in _SINGLE_AXIS else 0))
-        dtype = _probe_dtype(fn, a, probe_kwargs)
         if name in _SCANS:
-            size = int(np.prod(a.shape))
-            return Spec(a.shape if axis is not None else (size,), dtype)
+            return Spec(a.shape if axis is not None else (math.prod(a.shape),), probe.dtype)
         if keepdims:
-            shape = tuple(1 if i in axes else d for i, d in enumerate(a.shape))
-        else:
-            shape = tuple(d for i, d in enumerate(a.shape) if i not in axes)
-        return Spec(shape, dtype)
+            return Spec(tuple(1 if i in axes else d for i, d in enumerate(a.shape)), probe.dtype)
+        return Spec(tuple(d for i, d in enumerate(a.shape) if i not in axes), probe.dtype)
     return meta
 
 
-def _probe_dtype(fn, a, kwargs):
-    # A probe of ndim max(len(axes), 1) of size 1 gives NumPy's dtype for this reduction.
-    ndim = max(len(a.shape), 1)
-    probe = np.ones((1,) * ndim, dtype=a.dtype)
-    if kwargs.get("axis") is not None and not isinstance(kwargs["axis"], int):
-        kwargs = dict(kwargs, axis=tuple(range(min(len(kwargs["axis"]), ndim))))
+def _run(fn, a, kwargs) -> np.ndarray:
+    probe = np.ones(tuple(min(d, 1) for d in a.shape), dtype=a.dtype)
     # a tensor keyword (where=, mean=) as ones of its dtype and ndim: NumPy broadcasts it
     kwargs = {k: np.ones((1,) * len(v.shape), v.dtype) if type(v) is Spec else v
               for k, v in kwargs.items()}
-    return np.asarray(fn(probe, **kwargs)).dtype
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # the mean of nothing: NumPy warns, the worker too
+        return np.asarray(fn(probe, **kwargs))
 
 
 for _name in REDUCTIONS:
