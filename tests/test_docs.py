@@ -81,3 +81,14 @@ def test_every_error_class_has_its_troubleshooting_entry():
                if isinstance(obj, type) and issubclass(obj, Exception)]
     missing = [name for name in classes if f"## `{name}`" not in text]
     assert not missing, missing
+
+
+def test_the_developing_page_names_every_layer():
+    """docs/developing.md's table of layers names every package tests/test_layers.py knows."""
+    from test_layers import LAYERS
+
+    text = pathlib.Path(DOCS, "developing.md").read_text()
+    table = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in LAYERS if name != "__init__" and
+               not re.search(rf"[`\s]{re.escape(name)}[`\s]", table)]
+    assert not missing, f"add these packages to the layers table: {missing}"
