@@ -331,3 +331,76 @@ def test_ctrl_c_of_a_worker_daemon(script, tmp_path, kind):
                 process.kill()
                 process.wait()
         stop_worker(other)
+
+
+# -- a notebook's Ctrl-C: the interrupted transfer ends whole, and the session goes on -------
+
+# The script sends itself SIGINT (a Ctrl-C) as the k-th segment of its transfers goes out
+# (dist_send) or comes in (numpy): a point inside a large message, the same in every run.
+AFTER_CTRL_C = textwrap.dedent("""
+    import os, signal, sys, numpy as np, mwrt
+    from mwrt.channels.matching import MatchingChannel
+    from mwrt.channels.sockets import SocketChannel
+    kind, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    seen = [-1]  # armed at 0
+
+    def counting(original):
+        def at_segment(self, *args):
+            if seen[0] >= 0:
+                seen[0] += 1
+                if seen[0] == k:
+                    os.kill(os.getpid(), signal.SIGINT)
+            return original(self, *args)
+        return at_segment
+
+    if kind == "send":
+        SocketChannel._write = counting(SocketChannel._write)
+    else:
+        MatchingChannel._segment_done = counting(MatchingChannel._segment_done)
+    mwrt.init_master_worker(timeout=30)
+    big, host = mwrt.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32)
+    float(big[0])
+    seen[0] = 0
+    try:  # a notebook cell interrupted: the kernel catches the KeyboardInterrupt and goes on
+        while True:
+            big.numpy() if kind == "numpy" else mwrt.dist_send(host)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    seen[0] = -1
+    for what, call in (("numpy", lambda: big.numpy()[-1]),
+                       ("send", lambda: mwrt.dist_send(host).numpy()[-1]),
+                       ("op", lambda: (big + 1)[n - 2].item())):
+        try:
+            print(f"next {what}: {int(call())}", flush=True)
+        except Exception as exc:
+            print(f"next {what}: {type(exc).__name__}: {exc}", flush=True)
+    mwrt.shutdown()
+""")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("segment", [1, 9, 200])
+@pytest.mark.parametrize("kind", ["numpy", "send"])
+def test_a_session_works_after_a_ctrl_c_inside_a_large_transfer(tmp_path, kind, segment):
+    # 32 MB transfers in 64 KiB segments (512 each): a Ctrl-C after the first, inside, or
+    # several transfers on. The next calls in both directions must work: a message cut in
+    # two stalled the worker's receive, its stream and the calls behind it until the channel
+    # timeout, and then named the live worker lost.
+    path = tmp_path / "after_ctrl_c.py"
+    path.write_text(AFTER_CTRL_C)
+    env = dict(os.environ, MWRT_CHANNEL_TIMEOUT="60", MWRT_SYNC_TIMEOUT="60",
+               MWRT_SEGMENT_BYTES=str(64 << 10),
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, str(path), kind, str(ELEMENTS), str(segment)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        out.until("interrupted")
+        nexts = [out.next(EXIT_TIMEOUT).strip() for _ in range(3)]
+        assert nexts == [f"next numpy: {ELEMENTS - 1}", f"next send: {ELEMENTS - 1}",
+                         f"next op: {ELEMENTS - 1}"], f"{nexts}\n{err.rest()[-3000:]}"
+        assert proc.wait(EXIT_TIMEOUT) == 0, err.rest()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import threading
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -61,10 +62,30 @@ def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
                    "posting a receive for dist_send")
     with _naming_the_node(target):
         if staging.chunked(tag):  # to a GPU: chunks, which it copies while the next comes
-            staging.send_array(cluster.channel(), array, target.index, tag)
+            _whole(staging.send_array, cluster.channel(), array, target.index, tag)
         else:
-            cluster.channel().send(payload, target.index, tag)  # returns: `array` reusable
+            _whole(cluster.channel().send, payload, target.index, tag)  # `array` reusable
     return tensor
+
+
+def _whole(send, *args) -> None:
+    """Run send(*args) on a helper thread and wait for it here. A Ctrl-C lands in this wait,
+    while the helper finishes the message: the worker is left at a message boundary, where
+    half a message would stall its receive (and its stream) until the channel timeout."""
+    done, failed = threading.Event(), []
+
+    def run():
+        try:
+            send(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="mwrt-put", daemon=True).start()
+    done.wait()
+    if failed:
+        raise failed[0]
 
 
 def fetch(tensor) -> np.ndarray:
@@ -100,9 +121,11 @@ def fetch(tensor) -> np.ndarray:
             send = wire.SendTo(id=next(node.ids), stream=stream, ref=tensor._id,
                                peer=cluster.master_rank, tag=tag, token=next(node.tokens))
             node.request(send, f"numpy() of tensor {tensor._id}")
+        except KeyboardInterrupt:
+            raise  # the bytes may be on their way: the posted receive takes them, then goes
         except BaseException:
             if out is not None:
-                work.cancel()
+                work.cancel()  # nothing will come
             raise
         if out is None:
             out = np.empty(tensor.shape, tensor.dtype)
