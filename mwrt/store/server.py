@@ -132,9 +132,10 @@ class BoundStore(HashStore):
         total = self.nbytes - self._size(key) + len(key) + len(value)
         if total <= self.max_bytes:
             return None
-        return ["err", "quota", f"TCPStore: {key!r} of {len(value)} bytes would take the store "
-                f"to {total} bytes (got {self.nbytes} held, expected at most "
-                f"MWRT_STORE_MAX_BYTES = {self.max_bytes}); delete keys you no longer need"]
+        return ["err", "quota", (f"TCPStore: {key!r} of {len(value)} bytes would take the "
+                                 f"store to {total} bytes (got {self.nbytes} held, expected at "
+                                 f"most MWRT_STORE_MAX_BYTES = {self.max_bytes}); delete keys "
+                                 "you no longer need")]
 
     def _write(self, key: str, write):
         """Run `write()` (a change of `key`), keeping self.nbytes the store's size."""

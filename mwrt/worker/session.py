@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-from ..errors import QuotaError
 from .. import config
 from ..errors import QuotaError
 from ..protocol import wire
