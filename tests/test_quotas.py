@@ -501,3 +501,73 @@ def test_a_stores_values_are_bounded_in_all(monkeypatch):
     finally:
         client.close()
         store.close()
+
+
+def _graph(ops: int) -> bytes:
+    """A definition of `ops` additions on the default stream."""
+    return wire.encode_body([wire.Call(i, -1, (10**6 + i,), "add", (wire.Ref(1), 1.0), {})
+                             for i in range(ops)])
+
+
+@pytest.mark.parametrize("daemon", [{"MWRT_SESSION_GRAPH_BYTES": str(4 * MiB),
+                                     "MWRT_SESSION_GRAPHS": "64"}], indirect=True)
+def test_graph_definitions_are_bounded_and_decoded_off_the_socket_thread(daemon):
+    process, address = daemon
+    served(address)
+    greedy = RawMaster(address, "greedy")
+    try:
+        body = _graph(5000)  # ~190 KB: ~0.2 s of Python to decode on this machine
+        before = status(process.pid, "VmRSS")
+        greedy.batch(1, [wire.DefineGraph(1 + i, i, body, ()) for i in range(3)])
+        worst = 0.0
+        for seq in range(2, 42):  # 120 definitions (~23 MB), 4 MiB allowed
+            greedy.batch(seq, [wire.DefineGraph(seq * 10 + i, seq * 10 + i, body, ())
+                               for i in range(3)])
+            start = time.perf_counter()
+            served(address)  # another master's round trips meanwhile
+            worst = max(worst, time.perf_counter() - start)
+        refusals = []
+        while (reply := greedy.recv(timeout=5)) is not None:
+            if isinstance(reply, wire.Failed):
+                refusals.append(reply.info["message"])
+        assert refusals and "MWRT_SESSION_GRAPH_BYTES" in refusals[0], refusals[:1]
+        stats = _stats(greedy, 100)
+        assert stats["graph_bytes"] <= 4 * MiB and stats["graphs"] == 4 * MiB // len(body), stats
+        figure(f"120 graph definitions of {len(body) // 1000} KB, 4 MiB allowed (worst "
+               f"round trip of another master {worst * 1e3:.0f} ms)", before=before,
+               peak=status(process.pid, "VmHWM"), after=status(process.pid, "VmRSS"))
+        # A replay right after its definition waits for the decoding, in order.
+        greedy.drain()
+        greedy.batch(101, [wire.Create(5, -1, 1, "zeros", (4,), "<f8", -1, ()),
+                           wire.DropGraph(6, 0), wire.DefineGraph(7, 0, _graph(3), ()),
+                           wire.Replay(8, 0, ()), wire.Get(9, -1, 10**6 + 2, 77)])
+        reply = greedy.recv(timeout=30)
+        assert isinstance(reply, wire.Data) and reply.token == 77, reply
+    finally:
+        greedy.close()
+    assert process.poll() is None
+
+
+@pytest.mark.parametrize("daemon", [{"MWRT_SESSION_INFLIGHT_BYTES": str(4 * MiB)}],
+                         indirect=True)
+def test_a_flood_of_replays_is_bounded_like_a_flood_of_batches(daemon):
+    process, address = daemon
+    greedy = RawMaster(address, "greedy")
+    try:
+        body = _graph(1000)
+        greedy.batch(1, [wire.Create(1, -1, 1, "zeros", (4,), "<f8", -1, ()),
+                         wire.DefineGraph(2, 0, body, ())])
+        before = status(process.pid, "VmRSS")
+        for seq in range(2, 202):  # 20,000 replays of 1,000 ops: 20 M ops queued, unbounded
+            greedy.batch(seq, [wire.Replay(seq * 1000 + i, 0, ()) for i in range(100)])
+        served(address)
+        refusals = []
+        while (reply := greedy.recv(timeout=5)) is not None:
+            if isinstance(reply, wire.Failed):
+                refusals.append(reply.info["message"])
+        assert refusals and "MWRT_SESSION_INFLIGHT_BYTES" in refusals[0], refusals[:1]
+        figure("20,000 replays of a 1,000-op graph, 4 MiB of queue allowed", before=before,
+               peak=status(process.pid, "VmHWM"), after=status(process.pid, "VmRSS"))
+    finally:
+        greedy.close()
+    assert process.poll() is None

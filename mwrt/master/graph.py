@@ -64,6 +64,7 @@ class Graph:
         self._commands: dict = {}  # node -> recorded commands
         self._sites: dict = {}  # node -> [(command id, where it was recorded)]
         self._defined: dict = {}  # node -> graph id on that node
+        self._weight: dict = {}  # node -> (its definition's bytes, the streams it uses)
         self._saved: dict = {}
         self._capturing = False
 
@@ -153,9 +154,12 @@ class Graph:
                 continue
             gid = next(_GRAPH_IDS)
             inputs = tuple(ext.id for ext in self._inputs.values() if ext.node is node)
-            node.issue(wire.DefineGraph(id=next(node.ids), graph=gid,
-                                        body=wire.encode_body(commands), inputs=inputs))
+            body = wire.encode_body(commands)
+            node.issue(wire.DefineGraph(id=next(node.ids), graph=gid, body=body, inputs=inputs))
             self._defined[node] = gid
+            # A replay queues these commands again on the worker, which counts them as their
+            # bytes (MWRT_SESSION_INFLIGHT_BYTES): so does this master's backlog.
+            self._weight[node] = (len(body), {c.stream for c in commands})
         self._commands.clear()
         for node, made in self._made.items():  # storages made inside, with their uses
             self._made_order[node] = [(t, self._made_uses[t._id]) for t in made
@@ -178,6 +182,10 @@ class Graph:
             touched = self._order(node, tensors, now)
             rid = next(node.ids)
             node.issue(wire.Replay(id=rid, graph=gid, bindings=pairs))
+            nbytes, streams = self._weight.get(node, (0, ()))
+            node.limits.streams.update(streams)
+            with node.tx_lock:
+                node.limits.count(nbytes)
             mask = len(node.sites) - 1  # errors in the replay name the captured lines
             for cid, site in self._sites[node]:
                 node.sites[cid & mask] = site

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ..errors import QuotaError
 from ..protocol import wire
-from . import lifecycle
+from . import lifecycle, quotas
+from .graphs import NotDecoded
 
 
 def bye(daemon, session, cmd) -> None:
@@ -34,16 +35,33 @@ def new_stream(daemon, session, cmd) -> None:
 
 
 def define_graph(daemon, session, cmd) -> None:
-    session.graphs.define(cmd, daemon.max_frame)
+    try:
+        pending = session.graphs.define(cmd, daemon.max_frame)
+    except QuotaError as exc:  # reported at the master's next wait on this node
+        daemon.refuse(session, "quota", str(exc))
+        return
+    daemon.decoder.put(pending)  # decoded off this thread
 
 
 def replay(daemon, session, cmd) -> None:
     try:
-        groups = session.graphs.replay(cmd)
+        groups, nbytes = session.graphs.replay(cmd)
+    except NotDecoded as exc:  # this session's commands wait for it, in order
+        daemon.park(session, exc.args[0], cmd)
+        return
     except KeyError as exc:  # reported at the master's next wait on this node
         daemon.refuse(session, "graph", exc.args[0])
         return
-    daemon.submit(session, groups, ())
+    # A replay queues its graph's commands again: counted as their bytes, like a batch,
+    # until every stream has run them (a flood of Replays is bounded as one of batches is).
+    held = quotas.Frames()
+    try:
+        session.inflight.admit(nbytes)
+    except QuotaError as exc:
+        daemon.refuse(session, "quota", str(exc))
+        return
+    session.inflight.track(held, nbytes)
+    daemon.submit(session, groups, held)
 
 
 def drop_graph(daemon, session, cmd) -> None:

@@ -30,6 +30,7 @@ from ..procs import process_alive
 from ..protocol import auth, wire
 from ..protocol.refusals import RefusalLog
 from . import control, lifecycle, quotas, report
+from .graphs import GraphDecoder
 from .session import HB, RX, TX, Session
 
 log = logging.getLogger("mwrt.worker")
@@ -95,6 +96,7 @@ class Daemon:
         self.replies = self.context.socket(zmq.PULL)
         self.replies.bind(self._reply_address)
         self.sessions: dict[bytes, Session] = {}
+        self.decoder = GraphDecoder(self.context, self.incarnation)
         self.errors: deque = deque(maxlen=report.ERRORS_KEPT)  # the last ops that failed
         self.streams = quotas.StreamPool()
         self.lease_timeout = config.get("lease_timeout")
@@ -119,6 +121,8 @@ class Daemon:
         poller.register(self.replies, zmq.POLLIN)
         monitor = self.router.get_monitor_socket(RefusalLog.EVENTS)
         poller.register(monitor, zmq.POLLIN)
+        poller.register(self.decoder.wakes, zmq.POLLIN)
+        self.decoder.start()
         next_reap = time.monotonic() + 1.0
         lifecycle.off_thread(self._reap_segments, "mwrt-shm-reaper")
         spin, ready = config.get("worker_spin_us") * 1e-6, {}
@@ -134,6 +138,8 @@ class Daemon:
                 self._drain(self.router, self._on_message, copy=True)
             if monitor in ready:
                 self.refusals.note(recv_monitor_message(monitor))
+            if self.decoder.wakes in ready:
+                self._resume()
             if time.monotonic() >= next_reap:
                 self._reap()
                 self.refusals.flush()
@@ -192,6 +198,7 @@ class Daemon:
             session.close()
         self.sessions.clear()
         self.router.close(linger=0)
+        self.decoder.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
         deadline = time.monotonic() + grace
@@ -291,16 +298,42 @@ class Daemon:
             kind = "quota" if isinstance(exc, QuotaError) else "wire"
             self.refuse(session, kind, str(exc))
             return
+        if session.parked is not None:  # behind a Replay whose graph is being decoded
+            session.parked.append((commands, data))
+            return
         self._dispatch(session, commands, data)
+
+    def park(self, session, pending, replay) -> None:
+        """Hold `session`'s commands from `replay` on until `pending` is decoded."""
+        session.parked, session.waiting = [([replay], ())], pending
+
+    def _resume(self) -> None:
+        """Dispatch, in order, what sessions parked behind graphs now decoded."""
+        self.decoder.drain_wakes()
+        for session in list(self.sessions.values()):
+            if session.parked is None or not session.waiting.ready.is_set():
+                continue
+            parked, session.parked = session.parked, None
+            for i, (commands, data) in enumerate(parked):
+                self._dispatch(session, commands, data)
+                if self.sessions.get(session.sid) is not session:
+                    break
+                if session.parked is not None:  # another graph to wait for
+                    session.parked.extend(parked[i + 1:])
+                    break
 
     def _dispatch(self, session, commands, data) -> None:
         groups: dict[int, list] = {}
-        for command in commands:
+        for i, command in enumerate(commands):
             if not command.on_stream:  # answered here, in order with the streams' work
                 self.submit(session, groups, data)
                 groups = {}
                 control.HANDLERS[command.handler](self, session, command)
                 if self.sessions.get(session.sid) is not session:  # it ended (Bye)
+                    return
+                if session.parked is not None:  # a Replay waits for its graph: so does the rest
+                    if i + 1 < len(commands):
+                        session.parked.append((commands[i + 1:], data))
                     return
             elif not (command.sync_point and command.stream not in groups
                       and self._answer_now(session, command)):

@@ -17,7 +17,8 @@ import time
 
 from msgspec.structs import replace
 
-from ..errors import WireError
+from .. import config
+from ..errors import QuotaError, WireError
 from ..protocol import wire
 from .compiled import Prepared
 from .handlers import ref_ids
@@ -92,33 +93,128 @@ class Graph:
         return groups
 
 
+class Pending:
+    """A graph whose definition the decoder thread has not read yet."""
+
+    __slots__ = ("command", "max_bytes", "ready", "result")
+
+    def __init__(self, command, max_bytes: int):
+        self.command, self.max_bytes = command, max_bytes
+        self.ready = threading.Event()
+        self.result: Graph | str | None = None
+
+    def decode(self) -> None:
+        """Build the graph (decoder thread): a malformed one is kept as its error."""
+        try:
+            body = wire.decode_body(self.command.body, self.max_bytes)
+            self.result = Graph(list(body), tuple(self.command.inputs))
+        except (WireError, TypeError, ValueError) as exc:
+            self.result = str(exc)
+        self.ready.set()
+
+
+class GraphDecoder:
+    """The daemon's thread that decodes graph definitions; it wakes the socket thread (a
+    PULL socket, `wakes`, in its poller) after each, so Replays parked behind one go on."""
+
+    def __init__(self, context, name: str):
+        import queue
+
+        import zmq
+
+        self.context, self.address = context, f"inproc://mwrt-graphs-{name}"
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.wakes = context.socket(zmq.PULL)
+        self.wakes.bind(self.address)
+        self.thread = threading.Thread(target=self._run, daemon=True, name="mwrt-graphs")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def put(self, pending: Pending) -> None:
+        self.jobs.put(pending)
+
+    def _run(self) -> None:
+        import zmq
+
+        wake = self.context.socket(zmq.PUSH)  # a socket belongs to one thread: this one's
+        wake.connect(self.address)
+        try:
+            while (pending := self.jobs.get()) is not None:
+                pending.decode()
+                wake.send(b"")
+        finally:
+            wake.close(linger=0)
+
+    def drain_wakes(self) -> None:
+        import zmq
+
+        while self.wakes.poll(0):
+            self.wakes.recv(zmq.NOBLOCK)
+
+    def stop(self) -> None:
+        """End the thread (after the job it runs) and close the socket thread's end."""
+        self.jobs.put(None)
+        if self.thread.is_alive():
+            self.thread.join(2.0)
+        self.wakes.close(linger=0)
+
+
+class NotDecoded(Exception):
+    """A Replay of a graph still being decoded: the session waits for it, in order."""
+
+
 class GraphStore:
-    """The graphs one master defined on this worker, by id."""
+    """The graphs one master defined on this worker, by id, bounded in number and bytes
+    (MWRT_SESSION_GRAPHS, MWRT_SESSION_GRAPH_BYTES). Definitions are decoded off the socket
+    thread (a 1 MiB one takes ~0.5 s of Python), which only checks their size."""
 
     def __init__(self, session):
         self.session = session
-        self.graphs: dict[int, Graph | str] = {}
+        self.graphs: dict[int, Graph | str | Pending] = {}
+        self.sizes: dict[int, int] = {}  # graph id -> its definition's bytes
+        self.nbytes = 0
+        self.max_graphs = config.get("session_graphs")
+        self.max_bytes = config.get("session_graph_bytes")
 
-    def define(self, command, max_bytes: int) -> None:
-        """Keep a graph; a malformed one is kept as its error, raised at its replays."""
-        try:
-            body = wire.decode_body(command.body, max_bytes)
-            self.graphs[command.graph] = Graph(list(body), tuple(command.inputs))
-        except (WireError, TypeError, ValueError) as exc:
-            self.graphs[command.graph] = str(exc)
+    def define(self, command, max_bytes: int) -> Pending:
+        """Keep a graph, to be decoded by Pending.decode(); QuotaError past the bounds."""
+        self.drop(command.graph)
+        size = len(command.body) if isinstance(command.body, bytes) else 0
+        if len(self.graphs) >= self.max_graphs or self.nbytes + size > self.max_bytes:
+            raise QuotaError(
+                f"graph {command.graph}: this master already keeps {len(self.graphs)} graphs "
+                f"of {self.nbytes} bytes on node {self.session.node} (got {size} bytes more, "
+                f"expected at most MWRT_SESSION_GRAPHS = {self.max_graphs} graphs and "
+                f"MWRT_SESSION_GRAPH_BYTES = {self.max_bytes} bytes); drop graphs it no "
+                "longer replays (del g)")
+        pending = self.graphs[command.graph] = Pending(command, max_bytes)
+        self.sizes[command.graph], self.nbytes = size, self.nbytes + size
+        return pending
 
-    def replay(self, command) -> dict:
-        """The stream groups of one replay; KeyError naming the graph if it cannot run."""
+    def replay(self, command) -> tuple[dict, int]:
+        """The stream groups of one replay and the graph's bytes; KeyError naming the graph
+        if it cannot run, NotDecoded if it is not decoded yet."""
         graph = self.graphs.get(command.graph)
+        if isinstance(graph, Pending):
+            if not graph.ready.is_set():
+                raise NotDecoded(graph)
+            graph = self.graphs[command.graph] = graph.result
         if graph is None:
             raise KeyError(f"graph {command.graph}: not defined on node {self.session.node} "
-                           "(dropped, or its definition never arrived)")
+                           "(dropped, refused, or its definition never arrived)")
         if isinstance(graph, str):
             raise KeyError(f"graph {command.graph}: its definition was refused: {graph}")
-        return graph.bind(tuple(command.bindings))
+        return graph.bind(tuple(command.bindings)), self.sizes.get(command.graph, 0)
 
     def drop(self, graph_id: int) -> None:
-        self.graphs.pop(graph_id, None)
+        if self.graphs.pop(graph_id, None) is not None:
+            self.nbytes -= self.sizes.pop(graph_id, 0)
+
+    def clear(self) -> None:
+        self.graphs.clear()
+        self.sizes.clear()
+        self.nbytes = 0
 
 
 def _names(command, ids) -> bool:

@@ -54,6 +54,9 @@ class Session:
         self.implicit = ImplicitEvents(self)
         self.graphs = GraphStore(self)
         self.functions: dict[bytes, object] = {}  # shipped functions, by content (an LRU)
+        # While a Replay waits for its graph's decoding: what came after it, in order.
+        self.parked: list | None = None
+        self.waiting = None  # the graphs.Pending it waits for
         self.lock = threading.Lock()
         self.last_seen = time.monotonic()
         self.last_seq = -1
@@ -206,7 +209,8 @@ class Session:
         return {"tensors": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)),
                 "streams": len(self.streams), "events": len(self.events),
                 "events_fired": len(self.fired), "waits": self.waits,
-                "functions": len(self.functions),
+                "functions": len(self.functions), "graphs": len(self.graphs.graphs),
+                "graph_bytes": self.graphs.nbytes,
                 "queued_bytes": self.inflight.nbytes,
                 **(self.data.pool.stats() if self.data is not None else {})}
 
@@ -230,6 +234,7 @@ class Session:
         self.event_waiters.clear()
         self.fired.clear()
         self.pending_frees.clear()
-        self.graphs.graphs.clear()
+        self.graphs.clear()
+        self.parked = None
         self.functions.clear()
         self.trace = None
