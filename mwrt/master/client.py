@@ -10,6 +10,7 @@ issues no more.
 from __future__ import annotations
 
 import itertools
+import linecache
 import logging
 import os
 import sys
@@ -60,11 +61,28 @@ def issue_site() -> tuple | None:
 
 
 def site_text(site: tuple | str | None) -> str:
-    """'file:line in function' of an issue_site() (a str is already that), '' if none."""
+    """'file:line in function' of an issue_site() (a str is already that), '' if none; a
+    notebook cell's code as IPython names it, with its source line."""
     if site is None or isinstance(site, str):
         return site or ""
     code, line = site
-    return f"{code.co_filename}:{line} in {code.co_name}"
+    cell = cell_name(code.co_filename)
+    if cell is None:
+        return f"{code.co_filename}:{line} in {code.co_name}"
+    source = linecache.getline(code.co_filename, line).strip()
+    return f"{cell}, line {line} in {code.co_name}" + (f"\n    {source}" if source else "")
+
+
+def cell_name(filename: str) -> str | None:
+    """IPython's name for the code of a notebook cell or console input ('Cell In[7]'),
+    where the file is one of its temporary ones; None for any other file."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        named = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:  # noqa: BLE001 - an IPython without the call: name the file instead
+        return None
+    return None if named is None else f"{named[0]} {named[1]}"
 
 
 class Node:

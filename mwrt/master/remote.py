@@ -16,6 +16,7 @@ from ..arrays import as_dtype
 from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
+from .client import cell_name
 from .cluster import current
 
 
@@ -108,7 +109,9 @@ def restore_places(text: str) -> str:
             place = next((path for path, first, last in sorted(_SHIPPED.get(name, ()))
                           if first <= number <= last), None)
             if place is not None:
-                out.append(f'{indent}File "{place}", line {number}, in {name}')
+                cell = cell_name(place)
+                out.append(f'{indent}File "{place}", line {number}, in {name}' if cell is None
+                           else f"{indent}{cell}, line {number}, in {name}")
                 source = linecache.getline(place, number).strip()
                 if source:
                     out.append(f"{indent}  {source}")
