@@ -44,13 +44,8 @@ def call(name: str, *args, **kwargs):
     written = args[0] if op.inplace else None
     outs = _outputs(node, device, stream, result)
     now = next(node.ids)
-    if kwargs or (outs and name in _ALIASING):  # (in this order: x += 1 pays two tests)
-        into = _share(name, args, kwargs, outs)  # a view shares its base's record
-        if into:  # out= tensors are written: every use ordered in full
-            for tensor in place:
-                ordering.use(tensor, stream, now, tensor is written or any(
-                    tensor is out for out in into))
-            place = ()
+    if outs and name in _ALIASING:  # (in this order: x += 1 pays one test)
+        _share(name, args, outs)  # a view shares its base's record
     capturing = ordering.capture
     for tensor in place:  # a few comparisons each, unless another stream used the storage
         owner = tensor._base
@@ -76,26 +71,19 @@ def call(name: str, *args, **kwargs):
 _ALIASING = ordering.VIEWS | {"numpy"}
 
 
-def _share(name: str, args: tuple, kwargs: dict, outs: list) -> tuple:
-    """Results that may view an operand share its storage's record (see ordering.py), as
-    results written into `out=` share the record of `out`; returns the `out=` tensors."""
-    out = kwargs.get("out")
-    written = tuple(t for t in (out if isinstance(out, (tuple, list)) else (out,))
-                    if isinstance(t, DistributedTensor))
-    if written:
-        sources = written
-    elif name == "numpy" and args[0] in ordering.EACH_PATHS:
+def _share(name: str, args: tuple, outs: list) -> None:
+    """Results that may view an operand share its storage's record (see ordering.py)."""
+    if name == "numpy" and args[0] in ordering.EACH_PATHS:
         sources = args[2:]
     elif name == "numpy" and args[0] in ordering.VIEW_PATHS or name in ordering.VIEWS and (
             name != "getitem" or _basic(args[1])):
         first = next((a for a in args if isinstance(a, DistributedTensor)), None)
         sources = (first,) * len(outs)
     else:
-        return ()
+        return
     for tensor, source in zip(outs, sources):
         if isinstance(source, DistributedTensor):
             ordering.share(tensor, source)
-    return written
 
 
 def _basic(index) -> bool:

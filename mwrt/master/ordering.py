@@ -5,7 +5,7 @@ wrote it (`_writer`, at command id `_wtime`), the streams that used it (`_stream
 id of its last use (`_ltime`): fields of the handle that owns it, which a view points to
 (`_base`, as NumPy's ndarray.base), so a write through any view is ordered against every
 later use of the base and of its other views. An op whose result may be a view (VIEWS,
-VIEW_PATHS, or a result written into `out=`) shares its operand's record (`share`).
+VIEW_PATHS) shares its operand's record (`share`); `out=` is a write (issue.py).
 A read on stream S of a storage written on W waits for W (read after write); a write on S
 waits for every other stream that used it (write after read or write). A view is also
 used only after it was made: its own `_writer` and `_wtime` name the stream and command
