@@ -50,7 +50,7 @@ class Size(int):
         return self.shape if dim is None else self.shape[dim]
 
 
-def _operand(value):
+def operand(value):
     """A list or tuple operand as NumPy takes it: an array (t + [1, 2, 3])."""
     return np.asarray(value) if type(value) in (list, tuple) else value
 
@@ -69,13 +69,13 @@ def binary(op: str, py: str, call):
     sym, what = SYMBOLS.get(py, py), f"{_lower(op_doc(op)).rstrip('.')} (np.{op})"
 
     def forward(self, other):
-        return call(op, self, _operand(other))
+        return call(op, self, operand(other))
 
     def reverse(self, other):
-        return call(op, _operand(other), self)
+        return call(op, operand(other), self)
 
     def inplace(self, other):
-        call(op + "_", self, _operand(other))
+        call(op + "_", self, operand(other))
         return self
     return (_named(forward, f"__{py}__", f"self {sym} other: {what}, {_WHERE}."),
             _named(reverse, f"__r{py}__", f"other {sym} self: {what}, {_WHERE}."),
@@ -90,7 +90,7 @@ def method(name: str, op: str, call, nargs: int):
         return _named(fn, name, f"{op_doc(op).rstrip('.')} (np.{op}), {_WHERE}.")
 
     def fn2(self, other):
-        return call(op, self, _operand(other))
+        return call(op, self, operand(other))
     return _named(fn2, name, f"{op_doc(op).rstrip('.')} (np.{op}) with `other`, {_WHERE}.")
 
 

@@ -395,7 +395,7 @@ class DistributedTensor:
     def take(self, indices: Any, axis: int | None = None, out: Any = None,
              mode: str = "raise") -> DistributedTensor:
         """The elements at `indices` (along `axis`, or of the flattened tensor)."""
-        return call("take", self, _operand(indices), axis, **_out(out), mode=mode)
+        return call("take", self, methods.operand(indices), axis, **_out(out), mode=mode)
 
     def fill(self, value: Any) -> None:
         """Set every element to the scalar `value` in place (NumPy's ndarray.fill)."""
@@ -425,7 +425,7 @@ class DistributedTensor:
     def __getitem__(self, index: Any) -> DistributedTensor:
         """t[index] as NumPy indexes (ints, slices, ..., None, int/bool tensors), on the worker."""
         result = call("getitem", self, _index_arg(index))
-        if _is_element(index) and result._spec is not None and not result._spec.shape:
+        if is_element(index) and result._spec is not None and not result._spec.shape:
             result.__class__ = Element  # NumPy gives a scalar: `t[0] += 1` rebinds
         return result
 
@@ -436,15 +436,15 @@ class DistributedTensor:
     def __imatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """self @= other: the product written into this tensor (a view writes through), as
         NumPy's matmul(self, other, out=self)."""
-        return call("matmul", self, _operand(other), out=self)
+        return call("matmul", self, methods.operand(other), out=self)
 
     def __divmod__(self, other: Any) -> tuple:
         """divmod(self, other): (floor quotient, remainder), np.divmod on the worker."""
-        return call("divmod", self, _operand(other))
+        return call("divmod", self, methods.operand(other))
 
     def __rdivmod__(self, other: Any) -> tuple:
         """divmod(other, self), np.divmod on the worker."""
-        return call("divmod", _operand(other), self)
+        return call("divmod", methods.operand(other), self)
 
     def __matmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """self @ other: the matrix product (np.matmul), on the tensor's worker."""
@@ -476,53 +476,8 @@ def set_array_namespace(module: Any) -> None:
     _ARRAY_API[0] = module
 
 
-class Element(DistributedTensor):
-    """One element taken by integer indices (t[0], t[1, 2]), where NumPy gives a scalar: like
-    a scalar, augmented assignment makes a new value, so `t[0] += 2.5` and `b[0] |= 1` read,
-    compute and assign back with NumPy's promotion and its casting on assignment."""
-
-    __slots__ = ()
-
-
-def _rebinding(op):
-    def fn(self, other):
-        return call(op, self, _operand(other))
-    fn.__name__ = fn.__qualname__ = f"Element.__i{op}__"
-    return fn
-
-
-for _py, _ufunc in methods.BINARY_OPERATORS.items():
-    setattr(Element, f"__i{_py}__", _rebinding(_ufunc))
-Element.__imatmul__ = lambda self, other: call("matmul", self, _operand(other))
-
-
-def _round_element(self, ndigits=None):
-    """round(t[i]): a Python int as round() of a NumPy scalar gives (waits for the value),
-    or with `ndigits` a 0-d tensor rounded on the worker."""
-    return round(self.item()) if ndigits is None else self.round(ndigits)
-
-
-Element.__round__ = _round_element
-
-
-def _is_element(index) -> bool:
-    """True if `index` picks one element by integers alone (NumPy returns a scalar)."""
-    if isinstance(index, tuple):
-        return bool(index) and all(_is_int(i) for i in index)
-    return _is_int(index)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def _out(out) -> dict:
     return {} if out is None else {"out": out}
-
-
-def _operand(value):
-    """A list or tuple operand as NumPy takes it: an array."""
-    return np.asarray(value) if type(value) in (list, tuple) else value
 
 
 def _shape_arg(shape):
@@ -549,6 +504,7 @@ def _index_part(part):
 
 # Issuing an op (issue.py) needs the class; the class's methods need call(): both below.
 from .issue import call  # noqa: E402
+from .element import Element, is_element  # noqa: E402
 
 methods.install(DistributedTensor, call)
 # NumPy's protocols issue ops with call(), so they come last (arrayfunc imports this module).
