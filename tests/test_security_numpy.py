@@ -209,3 +209,17 @@ def test_every_listed_function_exists_and_every_bound_is_a_count():
     assert npallow.result_bytes("cov", (a,), {}) >= 3 * 3 * 8
     assert npallow.result_bytes("unique", (a,), {}) >= 12 * 8
     assert npallow.result_bytes("not.listed", (a,), {}) == 0
+
+
+def test_a_dist_send_over_the_limit_is_a_quota_error_and_the_session_goes_on(daemon):
+    process, address = daemon
+    mwrt.init_master_worker([address], timeout=30)
+    try:
+        for _ in range(2):  # refused before a byte is sent: the channel stays whole
+            with pytest.raises(mwrt.QuotaError, match="MWRT_MAX_TENSOR_BYTES"):
+                mwrt.dist_send(np.zeros(4 * MiB, dtype=np.uint8))
+        x = mwrt.dist_send(np.arange(1000.0))  # and the next op reports nothing earlier
+        np.testing.assert_array_equal((x + 1).numpy(), np.arange(1000.0) + 1)
+        assert process.poll() is None
+    finally:
+        mwrt.shutdown()

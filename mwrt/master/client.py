@@ -370,6 +370,8 @@ class Node:
                                    address=self.address)
         if info.get("kind") == "channel":
             return ChannelError(f"{self}: {info.get('message')}")
+        if info.get("kind") == "quota":  # over this master's share, refused before it ran
+            return QuotaError(f"{self}: {info.get('message')}")
         if info.get("kind") != "remote":
             return MwrtError(f"{self}: {info.get('message')}")
         from .remote import restore_places  # (remote.py imports this module's users)

@@ -338,6 +338,11 @@ class Daemon:
             elif not (command.sync_point and command.stream not in groups
                       and self._answer_now(session, command)):
                 if command.posts_receive and session.data is not None:
+                    refusal = session.data.refusal(command)
+                    if refusal:  # answered now: the sender never sends, the stream never waits
+                        self.send(session.identity, wire.Failed(command.token, {
+                            "kind": "quota", "message": refusal}))
+                        continue
                     session.data.post(command)
                     if command.token >= 0:
                         self.send(session.identity, wire.Done(token=command.token, value=None))

@@ -23,7 +23,7 @@ from ..channels.nccl import NcclUnsupportedError
 from ..collective import api as collectives
 from ..collective.group import ProcessGroup
 from ..collective.reduce_ops import ReduceOp
-from ..errors import ChannelError, ChannelTimeoutError
+from ..errors import ChannelError, ChannelTimeoutError, QuotaError
 from ..netaddr import split_host_port
 from ..protocol import wire
 from ..store import TCPStore
@@ -110,6 +110,21 @@ class SessionData:
         if self.error is not None:
             raise self.error
         return self.channel
+
+    def refusal(self, cmd: wire.RecvFrom) -> str:
+        """Why a receive may not be posted at all ('' if it may): its array would exceed
+        MWRT_MAX_TENSOR_BYTES or the session's quota. The sender is told before any byte
+        leaves, so nothing arrives that nobody receives, and the channel stays whole."""
+        from .handlers import check_size
+
+        try:
+            check_size(cmd.shape, np.dtype(cmd.dtype), "dist_send", self.session.tensors,
+                       cmd.device)
+        except (MemoryError, QuotaError) as exc:
+            return str(exc)
+        except (TypeError, ValueError):
+            return ""  # a malformed command: the stream's attempt fails and says why
+        return ""
 
     def post(self, cmd: wire.RecvFrom) -> None:
         """Post a RecvFrom's receive as soon as it arrives (socket thread), so the bytes land
