@@ -164,6 +164,7 @@ CASES = {
     "index_with_an_empty_list": lambda T: T(np.arange(3))[[]],
     "argsort_of_0d": lambda T: np.argsort(T(np.array(3))),
     "add_a_list": lambda T: T(np.arange(3)) + [1, 2, 3],
+    "add_a_range": lambda T: np.add(T(np.arange(3, dtype=np.int8)), range(3)),
     "divmod": lambda T: divmod(T(np.arange(7)), 3),
     "add_accumulate": lambda T: np.add.accumulate(T(M), axis=1),
     "multiply_outer": lambda T: np.multiply.outer(T(np.arange(3)), T(np.arange(2.0))),
