@@ -220,7 +220,7 @@ def _convert(value, place: list, name: str):
         pairs = {k: _convert(v, place, name) for k, v in value.items()}
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     if getattr(value, "_sharded", False):
-        from .mesh.rules import PlacementError
+        from .mesh.plan import PlacementError
 
         raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that one "
                              "on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or take "

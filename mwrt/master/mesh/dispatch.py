@@ -21,7 +21,7 @@ from ..client import issue_site
 from ..tensor import DistributedTensor
 from . import moves, rules
 from .placement import local_shape
-from .rules import PlacementError, Slot
+from .plan import PlacementError, Slot
 
 _SCALARS = (int, float, bool, complex)
 _LOCAL_SPECS: dict = {}  # (global Spec, placements, mesh) -> each place's Spec
@@ -113,25 +113,13 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
     """The op as one Call per place, built here from the global plan: what issue.call does
     for one node, less what the mesh already knows (the op, the operands' places, the
     result's shape); False where an argument needs issue.call's general conversion."""
-    template, slots = [], []
-    for pos, value in enumerate(margs):
-        if type(value) is Slot:
-            template.append(None)
-            slots.append((pos, value.k))
-        elif type(value) in _SCALARS or value is None or type(value) is str:
-            template.append(value)
-        else:
-            return False
-    kwargs = {}
-    for key, value in mkwargs.items():
-        if type(value) in _SCALARS or value is None or type(value) is str or (
-                type(value) is tuple and all(type(v) is int for v in value)):
-            kwargs[key] = value
-        else:
-            return False
+    wired = _wire_form(margs, mkwargs)
+    if wired is None:
+        return False
+    template, slots, kwargs = wired
     mesh = operands[0]._mesh
     inplace = placements is None
-    written = operands[0]._locals if inplace and slots and slots[0] == (0, 0) else None
+    written = inplace and bool(slots) and slots[0] == (0, 0)
     site = issue_site()
     outs = []
     specs = None if inplace else local_specs(spec, placements, mesh)
@@ -141,33 +129,55 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
         stream = context.stream_for(node.index, device) if chosen else device
         ids = ()
         if not inplace:
-            local = specs[i]
-            node.limits.check_result(name, local)
-            out = DistributedTensor(node, device, next(node.ids), local, stream)
+            node.limits.check_result(name, specs[i])
+            out = DistributedTensor(node, device, next(node.ids), specs[i], stream)
             outs.append(out)
             ids = (out._id,)
         now = next(node.ids)
         args = list(template)
-        for pos, k in slots:  # ordered as issue.call orders an operand
+        for pos, k in slots:
             tensor = operands[k]._locals[i]
-            write = written is not None and k == 0
-            owner = tensor._base
-            if owner is None:
-                owner = tensor
-            elif tensor._writer != stream:
-                ordering.use(tensor, stream, now, write)
-                args[pos] = tensor._ref
-                continue
-            if owner._writer != stream or (write and len(owner._streams) > 1):
-                ordering.use(tensor, stream, now, write)
-            elif write:
-                owner._wtime = owner._ltime = now
-            else:
-                owner._ltime = now
+            _order(tensor, stream, now, written and k == 0)
             args[pos] = tensor._ref
         node.issue(wire.Call(id=now, stream=stream, outs=ids, op=name, args=tuple(args),
                              kwargs=kwargs), site=site)
     return None if inplace else ShardedTensor(mesh, placements, outs, spec)
+
+
+def _wire_form(margs, mkwargs):
+    """(args with None where operands go, [(position, operand)], kwargs) when every other
+    argument goes on the wire as it is (scalars, strings, None, int tuples); else None."""
+    template, slots = [], []
+    for pos, value in enumerate(margs):
+        if type(value) is Slot:
+            template.append(None)
+            slots.append((pos, value.k))
+        elif type(value) in _SCALARS or value is None or type(value) is str:
+            template.append(value)
+        else:
+            return None
+    for value in mkwargs.values():
+        if not (type(value) in _SCALARS or value is None or type(value) is str or (
+                type(value) is tuple and all(type(v) is int for v in value))):
+            return None
+    return template, slots, mkwargs
+
+
+def _order(tensor, stream: int, now: int, write: bool) -> None:
+    """Order a use of `tensor` by command `now` on `stream`, as issue.call orders an operand:
+    a few comparisons, unless another stream used its storage."""
+    owner = tensor._base
+    if owner is None:
+        owner = tensor
+    elif tensor._writer != stream:  # a view made on another stream: after its making
+        ordering.use(tensor, stream, now, write)
+        return
+    if owner._writer != stream or (write and len(owner._streams) > 1):
+        ordering.use(tensor, stream, now, write)
+    elif write:
+        owner._wtime = owner._ltime = now
+    else:
+        owner._ltime = now
 
 
 def local_specs(spec: Spec, placements: tuple, mesh) -> tuple:

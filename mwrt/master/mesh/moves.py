@@ -16,7 +16,8 @@ from .. import collectives, issue
 from ..creation import _create
 from ..tensor import DistributedTensor
 from .placement import REPLICATE, Partial, Shard, bounds, describe, local_box
-from .rules import PlacementError
+from .plan import PlacementError
+from .shapes import _basic
 
 _OPS = {"sum": ("add", "SUM"), "max": ("maximum", "MAX"), "min": ("minimum", "MIN"),
         "prod": ("multiply", "PRODUCT")}
@@ -150,7 +151,6 @@ def _length(spec, placements, mesh, i, axis) -> int:
 
 def pick(t, index, spec):
     """t[index] with an int along a sharded axis: taken where it lies, broadcast to the rest."""
-    from .rules import _basic
     from .tensor import ShardedTensor
 
     resolve(t)

@@ -1,0 +1,176 @@
+"""Placement rules of shape ops and indexing: transposes, squeeze and reshape follow the
+sharded axis; getitem and setitem take basic indices (an int along the sharded axis is taken
+where it lies and broadcast); sort and argsort hold along an unsharded axis."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops._meta import normalize_axes
+from .placement import Shard, local_box
+from .plan import PlacementError, Plan, no_rule, replicated_only
+
+PERMUTING = {"transpose", "swapaxes", "moveaxis", "expand_dims"}
+
+
+def permuting(name, operands, args, kwargs, spec, resolve) -> Plan:
+    """transpose, swapaxes, moveaxis, expand_dims: the sharded axis goes where it goes."""
+    t = operands[0]
+    probe = np.empty(tuple(range(2, t.ndim + 2)), dtype=np.dtype([]))
+    rest = [a for a in args[1:]]
+    moved = getattr(np, name)(probe, *rest, **kwargs).shape
+    where = {size - 2: i for i, size in enumerate(moved) if size >= 2}
+    return Plan(tuple(Shard(where[p.axis]) if type(p) is Shard else p
+                      for p in t._placements))
+
+
+def squeeze(name, operands, args, kwargs, spec, resolve) -> Plan:
+    t = operands[0]
+    axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
+    gone = (tuple(a for a, n in enumerate(t.shape) if n == 1) if axis is None
+            else normalize_axes(axis, t.ndim, "squeeze"))
+    out = []
+    for p in t._placements:
+        if type(p) is Shard and p.axis in gone:
+            raise no_rule(name, operands, "squeezing the sharded axis: replicate first "
+                          "(t.replicate())")
+        out.append(Shard(p.axis - sum(a < p.axis for a in gone)) if type(p) is Shard else p)
+
+    def explicit(i, name, args, kwargs):
+        return name, args[:1], {"axis": gone}
+    return Plan(tuple(out), adjust=explicit)
+
+
+def reshape(name, operands, args, kwargs, spec, resolve) -> Plan:
+    t = operands[0]
+    new = spec.shape
+    sharded = {p.axis for p in t._placements if type(p) is Shard}
+    if name in ("flatten", "ravel") and t.ndim == 1:
+        return Plan(t._placements)
+    if not sharded:
+        return Plan(t._placements)
+    last = max(sharded)
+    if name != "reshape" or tuple(new[:last + 1]) != tuple(t.shape[:last + 1]):
+        raise no_rule(name, operands, f"a reshape keeps the sharded axis {last} and those "
+                      f"before it (got {t.shape} -> {new}); replicate first (t.replicate()) "
+                      "or shard axis 0")
+    mesh = t._mesh
+
+    def local_shape(i, name, args, kwargs):
+        box = local_box(t.shape, t._placements, mesh.shape, mesh.coords[i])
+        shape = list(new)
+        for a in sharded:
+            shape[a] = box[a][1] - box[a][0]
+        return name, (args[0], tuple(shape)), {}
+    return Plan(t._placements, adjust=local_shape)
+
+
+def axiswise(name, operands, args, kwargs, spec, resolve) -> Plan:
+    """sort, argsort: fine along an unsharded axis."""
+    t = operands[0]
+    resolve(t)
+    axis = kwargs.get("axis", args[1] if len(args) > 1 else -1)
+    if any(p == Shard(axis % t.ndim) for p in t._placements):
+        raise no_rule(name, operands, f"{name} along the sharded axis: replicate first "
+                      f"(t.replicate().{name}(...)) or shard another axis")
+    return Plan(t._placements)
+
+
+def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
+    """Basic indices across the sharded axis keep it sharded; an int along it takes the row
+    from the place that holds it and broadcasts it (worker to worker)."""
+    t = operands[0]
+    entries = _basic(args[1], t.ndim)
+    if entries is None or len(operands) > 1:
+        return replicated_only(name, operands, args, kwargs, spec, resolve)
+    sharded = {p.axis for p in t._placements if type(p) is Shard}
+    where, out_axis = {}, 0
+    for entry in entries:
+        if entry is None:
+            out_axis += 1
+            continue
+        ax, item = entry
+        if ax in sharded:
+            if isinstance(item, slice) and item == slice(None):
+                where[ax] = out_axis
+            elif isinstance(item, (int, np.integer)):
+                where[ax] = "int"
+            else:
+                raise no_rule(name, operands, "a slice along the sharded axis: replicate "
+                              "first (t.replicate()[...]) or index another axis")
+        if not isinstance(item, (int, np.integer)):
+            out_axis += 1
+    if "int" in where.values():
+        from .moves import pick
+
+        return Plan(None, whole=lambda: pick(t, args[1], spec))
+    return Plan(tuple(Shard(where[p.axis]) if type(p) is Shard else p
+                      for p in t._placements))
+
+
+def _basic(index, ndim):
+    """[(axis, item) or None (a new axis)] for a basic index; None for any other index."""
+    items = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
+               for i in items) or sum(i is Ellipsis for i in items) > 1:
+        return None
+    real = sum(i is not None and i is not Ellipsis for i in items)
+    out, ax = [], 0
+    for i in items:
+        if i is Ellipsis:
+            for _ in range(ndim - real):
+                out.append((ax, slice(None)))
+                ax += 1
+        elif i is None:
+            out.append(None)
+        else:
+            out.append((ax, i))
+            ax += 1
+    out += [(a, slice(None)) for a in range(ax, ndim)]
+    return out
+
+
+def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
+    """t[index] = scalar: each place writes the part of `index` in its block."""
+    t = operands[0]
+    resolve(t)
+    entries = _basic(args[1], t.ndim)
+    sharded = {p.axis for p in t._placements if type(p) is Shard}
+    if not sharded:
+        return replicated_only(name, operands, args, kwargs, spec, resolve)
+    if entries is None or len(operands) > 1 or None in entries:
+        raise no_rule(name, operands, "setting through a sharded tensor takes basic indices "
+                      "and a scalar; replicate first (t.replicate()) or set each shard "
+                      "(t.shards())")
+    mesh, skip, local_index = t._mesh, [], {}
+    for i, coord in enumerate(mesh.coords):
+        box = local_box(t.shape, t._placements, mesh.shape, coord)
+        index = []
+        for ax, item in entries:
+            if ax in sharded:
+                item = _localize(item, t.shape[ax], *box[ax])
+                if item is None:
+                    skip.append(i)
+                    break
+            index.append(item)
+        local_index[i] = tuple(index)
+
+    def local(i, name, args, kwargs):
+        return name, (args[0], local_index[i], *args[2:]), kwargs
+    return Plan(None, adjust=local, skip=set(skip))
+
+
+def _localize(item, length, lo, hi):
+    """`item` (an int or slice of an axis of `length`) within block [lo, hi), in block
+    coordinates; None if it misses the block."""
+    if isinstance(item, (int, np.integer)):
+        i = int(item) % length
+        return i - lo if lo <= i < hi else None
+    start, stop, step = item.indices(length)
+    if step < 0:
+        raise PlacementError("setitem: a negative step along the sharded axis; use a positive "
+                             "one")
+    first = max(start, lo + (start - lo) % step if start < lo else start)
+    if first >= min(stop, hi):
+        return None
+    return slice(first - lo, min(stop, hi) - lo, step)
