@@ -488,18 +488,19 @@ def _index_arg(index):
     """Lists in an index become arrays (the wire carries lists as tuples); tensors as slice
     bounds become ints (x[:n] with n a 0-d tensor: its value decides the shape)."""
     if isinstance(index, tuple):
-        return tuple(_index_part(i) for i in index)
+        return tuple([_index_part(i) for i in index])
     return _index_part(index)
 
 
 def _index_part(part):
-    if isinstance(part, list):  # an empty one indexes nothing (intp, not float, as NumPy's)
-        return np.asarray(part) if part else np.empty(0, np.intp)
-    if isinstance(part, slice) and any(isinstance(b, DistributedTensor)
-                                       for b in (part.start, part.stop, part.step)):
-        return slice(*(b if b is None else operator.index(b)
-                       for b in (part.start, part.stop, part.step)))
-    return part
+    kind = type(part)
+    if kind is slice:
+        start, stop, step = part.start, part.stop, part.step
+        if type(start) is DistributedTensor or type(stop) is DistributedTensor or \
+                type(step) is DistributedTensor:
+            return slice(*(b if b is None else operator.index(b) for b in (start, stop, step)))
+        return part
+    return np.asarray(part) if kind is list else part
 
 
 # Issuing an op (issue.py) needs the class; the class's methods need call(): both below.
