@@ -60,6 +60,7 @@ class Graph:
         self._made_ids: set = set()
         self._made_uses: dict = {}  # id of a storage made inside -> [(stream, write)]
         self._made_order: dict = {}  # node -> [(storage made inside, its uses)]
+        self._origins: dict = {}  # id of a view made inside -> the handle from before it views
         self._last: dict = {}  # node -> the id of its last Replay
         self._commands: dict = {}  # node -> recorded commands
         self._sites: dict = {}  # node -> [(command id, where it was recorded)]
@@ -99,10 +100,14 @@ class Graph:
         self._made_ids.add(tensor._id)
         self._made_uses[tensor._id] = [(tensor._writer, True)]
 
-    def shared(self, tensor) -> None:
-        """Called when a tensor made during the capture turns out a view: its storage's
-        record is its owner's, and making it wrote nothing."""
+    def shared(self, tensor, source) -> None:
+        """Called when a tensor made during the capture turns out a view of `source`: its
+        storage's record is its owner's, and making it wrote nothing."""
         self._made_uses.pop(tensor._id, None)
+        # Its uses are the handle's it views that was made before (an input, maybe rebound).
+        origin = self._origins.get(source._id) if source._id in self._made_ids else source
+        if origin is not None:
+            self._origins[tensor._id] = origin
 
     def used(self, tensor, stream: int, write: bool) -> None:
         """Called for each use of a tensor during the capture, before its ordering."""
@@ -116,8 +121,8 @@ class Graph:
                 uses.append((stream, write))
             return
         # A handle made before the capture is found again as itself (an input may be rebound);
-        # one made inside, through the owner of its storage.
-        key = owner if tensor._id in self._made_ids else tensor
+        # a view made inside, as the handle from before that it views.
+        key = self._origins[tensor._id] if tensor._id in self._made_ids else tensor
         ext = self._externals.get(key._id)
         if ext is None:
             ext = self._externals[key._id] = _External(key)

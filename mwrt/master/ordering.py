@@ -61,7 +61,7 @@ def share(result, source) -> None:
     """`result` may view `source`'s storage: from now on they share one record."""
     result._base = record(source)
     if capture:
-        capture[-1].shared(result)
+        capture[-1].shared(result, source)
 
 
 def use(tensor, stream: int, now: int, write: bool = False) -> None:
