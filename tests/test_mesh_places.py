@@ -66,6 +66,7 @@ def test_a_mesh_of_every_gpu(fake_gpus):
     mesh = mwrt.mesh(devices="gpu")
     assert mesh.dim_names == ("node", "gpu") and mesh.shape == (2, 2)
     assert mesh.places == ((0, 0), (0, 1), (1, 0), (1, 1))
+    assert mwrt.mesh({"node": 2, "gpu": 2}) == mesh  # a "gpu" dimension: the GPUs
     x = np.random.default_rng(0).standard_normal((9, 4)).astype(np.float32)
     X = mwrt.dist_send(x, mesh=mesh, shard=0)
     assert X.is_cuda and [s.get_device() for s in X.shards()] == [0, 1, 0, 1]

@@ -108,10 +108,13 @@ def current_mesh() -> Mesh | None:
 
 
 def mesh(dims: dict | Sequence[int] | int | None = None, *, nodes: Sequence[int] | None = None,
-         devices: str | int | Sequence[int] = "host") -> Mesh:
+         devices: str | int | Sequence[int] | None = None) -> Mesh:
     """A mesh of the places (node, device) of `nodes` (default: every node) on `devices`
-    ("host": host memory; "gpu": every GPU of each node; an index or a list of them), laid
-    out as `dims` ({"name": size, ...}, sizes, or None: one dimension, or node x gpu)."""
+    ("host": host memory, the default; "gpu": every GPU of each node, the default when a
+    dimension is named "gpu"; an index or a list of them), laid out as `dims`
+    ({"name": size, ...}, sizes, or None: one dimension, or node x gpu)."""
+    if devices is None:
+        devices = "gpu" if isinstance(dims, dict) and "gpu" in dims else "host"
     cluster = current()
     nodes = list(range(len(cluster.nodes))) if nodes is None else list(nodes)
     if not nodes:
