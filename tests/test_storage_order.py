@@ -91,13 +91,17 @@ def _streams(node):
     return mwrt.Stream(node=node), mwrt.Stream(node=node)
 
 
+def _placed(node):
+    """The base array on `node`, and two streams of that node."""
+    return mwrt.dist_send(_base(), node=node), *_streams(node)
+
+
 @pytest.mark.parametrize("node", [0, 1])
 @pytest.mark.parametrize("write", WRITES, ids=lambda f: f.__name__.lstrip("_"))
 def test_write_through_a_view_then_read_on_another_stream(cluster, write, node):
     expected = _base()
     write(expected)
-    x = mwrt.dist_send(_base(), node=node)
-    s1, s2 = _streams(node)
+    x, s1, s2 = _placed(node)
     with mwrt.stream(s1):
         _stall(x)
         write(x)
@@ -123,8 +127,7 @@ def test_base_written_then_read_through_a_view(cluster, node):
 @pytest.mark.parametrize("node", [0, 1])
 def test_augmented_slice_waits_for_an_earlier_copy(cluster, node):
     """x[1:] += 1 writes through a temporary view: a copy made before on s1 must not see it."""
-    x = mwrt.dist_send(_base(), node=node)
-    s1, s2 = _streams(node)
+    x, s1, s2 = _placed(node)
     with mwrt.stream(s1):
         _stall(x)
         y = x * 1
@@ -178,8 +181,7 @@ def test_move_of_the_base_waits_for_a_write_through_a_view(cluster):
 
 @pytest.mark.parametrize("node", [0, 1])
 def test_clip_out_is_a_write(cluster, node):
-    x = mwrt.dist_send(_base(), node=node)
-    s1, s2 = _streams(node)
+    x, s1, s2 = _placed(node)
     with mwrt.stream(s1):
         _stall(x)
         clipped = np.clip(x, 0, 5, out=x)
@@ -208,8 +210,7 @@ def test_dot_out_is_a_write(cluster, node):
 
 @pytest.mark.parametrize("node", [0, 1])
 def test_graph_writes_through_a_view_then_eager_read_on_another_stream(cluster, node):
-    x = mwrt.dist_send(_base(), node=node)
-    s1, s2 = _streams(node)
+    x, s1, s2 = _placed(node)
     with mwrt.graph(x=x) as g, mwrt.stream(s1):
         _stall(x)
         rows = x[1:]
@@ -222,8 +223,7 @@ def test_graph_writes_through_a_view_then_eager_read_on_another_stream(cluster, 
 
 @pytest.mark.parametrize("node", [0, 1])
 def test_eager_write_through_a_view_then_graph_read_on_another_stream(cluster, node):
-    x = mwrt.dist_send(_base(), node=node)
-    s1, s2 = _streams(node)
+    x, s1, s2 = _placed(node)
     with mwrt.graph(x=x) as g, mwrt.stream(s2):
         y = x[1:] * 2
     with mwrt.stream(s1):
@@ -237,8 +237,7 @@ def test_eager_write_through_a_view_then_graph_read_on_another_stream(cluster, n
 
 @pytest.mark.parametrize("node", [0, 1])
 def test_replay_writing_through_a_view_waits_for_reads_on_another_stream(cluster, node):
-    x = mwrt.dist_send(_base(), node=node)
-    s1, s2 = _streams(node)
+    x, s1, s2 = _placed(node)
     with mwrt.graph(x=x) as g, mwrt.stream(s1):
         rows = x[1:]
         rows += 1
@@ -251,8 +250,7 @@ def test_replay_writing_through_a_view_waits_for_reads_on_another_stream(cluster
 
 @pytest.mark.parametrize("node", [0, 1])
 def test_read_after_replay_waits_for_what_the_graph_made(cluster, node):
-    x = mwrt.dist_send(_base(), node=node)
-    s1, s2 = _streams(node)
+    x, s1, s2 = _placed(node)
     with mwrt.graph(x=x) as g, mwrt.stream(s1):
         _stall(x)
         y = x * 2
