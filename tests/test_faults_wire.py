@@ -14,6 +14,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from msgspec.structs import replace
 from conftest import stop_worker
 from faultkit import TALLY, fd_count, start_logged_worker, still_talks, wait_until
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +24,7 @@ import mwrt
 from mwrt import channels
 from mwrt.channels import sockets
 from mwrt.errors import WireError
+from mwrt.ops import npallow
 from mwrt.protocol import auth, wire
 from mwrt.store import HashStore
 
@@ -469,3 +471,75 @@ def test_live_data_channel_port_refuses_strangers_and_keeps_serving(monkeypatch)
             f"worker fds: {fd_count(pid)} (were {before})"
     finally:
         mwrt.shutdown()
+
+
+# -- the generic NumPy op: its paths and argument shapes (issue 27) -------------------------
+
+_NP_PATHS = [*sorted(npallow.ALLOWED)[::7], *npallow.DANGEROUS, "zeros_like", "full_like",
+             "histogram", "fft.fft", "fft.irfftn", "vander", "diag", "diagflat", "lib.stride_tricks.as_strided",
+             "ctypeslib.as_ctypes", "lib.format.open_memmap", "fromstring", "save", "loadtxt",
+             "memmap", "ndarray.__new__", "__class__", "", ".", "linalg", "fft", "_core",
+             "random.default_rng", "testing.assert_equal", "frompyfunc", "x" * 300]
+_NP_KWARGS = ["shape", "n", "s", "bins", "k", "axis", "axes", "dtype", "out", "N", "q",
+              "window_shape", "buffer", "offset", "strides", "like", "file"]
+
+
+def _np_value(rng: random.Random):
+    """An argument of the shapes a NumPy function takes, often past any size limit."""
+    return rng.choice([wire.Ref(rng.randrange(1, 8)), rng.randrange(-3, 4), 10**8, 10**12,
+                       -(10**9), 2.5, float("inf"), "V1048576", "<f8", "|O", "ij,jk->ik",
+                       "...i->i", "auto", (10**4, 10**4), (2, 2), (10**8,), (), (-1,),
+                       (wire.Ref(1), wire.Ref(2)), tuple(range(50)), b"\x00" * 32,
+                       {"a": wire.Ref(1)}, None, True])
+
+
+def numpy_call(rng: random.Random, seq: int) -> list:
+    """A batch making a few small tensors, then one numpy (or numpy_) op on fuzzed arguments,
+    then reading its result."""
+    made = [wire.Create(seq * 100 + i, -1, i, rng.choice(["ones", "arange", "zeros"]),
+                        rng.choice([(4,), (2, 3), (3, 3), (0,), (1, 1, 2)]), rng.choice(
+                            ["<f8", "<i4", "<c16", "|u1"]), -1, ()) for i in range(1, 8)]
+    made = [replace(c, kind="ones") if c.kind == "arange" else c for c in made]
+    path = rng.choice(_NP_PATHS)
+    args = tuple(_np_value(rng) for _ in range(rng.randrange(0, 4)))
+    if rng.random() < 0.7:  # most functions take an array first
+        args = (wire.Ref(rng.randrange(1, 8)), *args)
+    kwargs = {rng.choice(_NP_KWARGS): _np_value(rng) for _ in range(rng.randrange(0, 3))}
+    if rng.random() < 0.3:  # an argument that sizes the result, far past the limit
+        kwargs[rng.choice(["shape", "n", "bins", "k", "N", "s", "window_shape"])] = rng.choice(
+            [10**8, (10**8,), (10**4, 10**4)])
+    if rng.random() < 0.15:
+        call = wire.Call(seq * 100 + 50, -1, (), "numpy_", (wire.Ref(1), path, *args), kwargs)
+    else:
+        call = wire.Call(seq * 100 + 50, -1, (20,), "numpy", (path, rng.choice([0, -1, 2]),
+                                                              *args), kwargs)
+    return [*made, call, wire.Get(seq * 100 + 60, -1, 20, seq), wire.Free(seq * 100 + 70, -1,
+                                                                          (20,), 1)]
+
+
+def test_numpy_op_fuzzed_paths_and_arguments_stay_inside_the_session(daemon):
+    """Thousands of numpy ops on listed and unlisted paths with arguments that would read
+    memory, open files or allocate past the limit: each is refused or computes, the daemon
+    answers pings, its peak memory stays near MWRT_MAX_TENSOR_BYTES, no file appears."""
+    from test_quotas import status
+
+    process, address = daemon
+    total = int(os.environ.get("MWRT_FUZZ_NUMPY", "3000"))
+    rng = random.Random(int(os.environ.get("MWRT_FUZZ_SEED", "6")))
+    master = RawMaster(address, "numpy-fuzzer")
+    before, files = status(process.pid, "VmHWM"), set(os.listdir("."))  # the daemon's cwd
+    try:
+        for seq in range(1, total + 1):
+            master.batch(seq, numpy_call(rng, seq))
+            if seq % 200 == 0:
+                master.drain()
+                assert process.poll() is None and master.alive(timeout=20), seq
+        master.drain()
+        log = process.log.read_text()
+        assert "Traceback" not in log, log[log.index("Traceback") - 200:][:3000]
+        growth = status(process.pid, "VmHWM") - before
+        assert growth < 8 * int(FUZZ_ENV["MWRT_MAX_TENSOR_BYTES"]), growth
+        assert set(os.listdir(".")) == files
+        TALLY.frames(total, 0)
+    finally:
+        master.close()
