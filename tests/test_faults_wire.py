@@ -14,11 +14,11 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from msgspec.structs import replace
 from conftest import stop_worker
 from faultkit import TALLY, fd_count, start_logged_worker, still_talks, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 import mwrt
 from mwrt import channels

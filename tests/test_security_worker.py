@@ -162,3 +162,18 @@ def test_a_strangers_refused_connections_make_one_log_line_a_minute(caplog):
         channel.close()
     lines = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
     assert len(lines) == 1 and "from 127.0.0.1:" in lines[0], lines
+
+
+def test_mwrt_status_counts_every_bounded_table():
+    mwrt.shutdown()
+    process, address = start_worker()
+    try:
+        mwrt.init_master_worker([address], timeout=30)
+        mwrt.ones(2).numpy()
+        session = mwrt.status()[0]["worker"]["sessions"][0]
+        for table in ("tensors", "bytes", "streams", "events", "events_fired", "waits",
+                      "functions", "graphs", "graph_bytes", "queued_bytes"):
+            assert table in session, (table, session)
+    finally:
+        mwrt.shutdown()
+        stop_worker(process)
