@@ -96,6 +96,7 @@ def test_state_has_the_workers_their_series_errors_and_timeline(board):
     assert error["op"] == "remote" and error["message"] == "division by zero"
     series = now["series"]["0"]
     assert len(series["t"]) >= 2 and series["rss"][-1] > 0 and series["ops"][-1] is not None
+    assert all(isinstance(busy, int) and busy >= 0 for busy in series["busy"])
     assert {s["node"] for s in now["timeline"]} == {0}  # node 1 ran nothing
 
 

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 
-SERIES = ("t", "rss", "host_used", "gpu_used", "ops", "mb_in", "mb_out")
+SERIES = ("t", "rss", "host_used", "gpu_used", "busy", "ops", "mb_in", "mb_out")
 
 
 class History:
@@ -53,7 +53,8 @@ class History:
         point = {"t": now, "rss": worker.get("rss"), "host_used": _used(worker),
                  "gpu_used": sum((g.get("total_memory") or 0) - (g.get("free_memory") or 0)
                                  for g in gpus) if gpus else None,
-                 "ops": ops, "mb_in": mb_in, "mb_out": mb_out}
+                 "busy": worker.get("streams_busy"), "ops": ops, "mb_in": mb_in,
+                 "mb_out": mb_out}
         for name in SERIES:
             series[name].append(point[name])
         while series["t"] and series["t"][0] < now - self.keep_seconds:

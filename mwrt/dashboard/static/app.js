@@ -1,7 +1,7 @@
 // The mwrt dashboard's page: polls /state every second and redraws (plots by uPlot).
 "use strict";
 const TOKEN = document.body.dataset.token;
-const METRICS = { host_used: 1 << 20, rss: 1 << 20, gpu_used: 1 << 20, ops: 1, mb_in: 1, mb_out: 1 };
+const METRICS = { host_used: 1 << 20, rss: 1 << 20, gpu_used: 1 << 20, busy: 1, ops: 1, mb_in: 1, mb_out: 1 };
 const COLORS = ["#4a7fd4", "#d4664a", "#3a9a5b", "#9a5bd4", "#c9a227", "#2aa6a6", "#d44a9a", "#777"];
 const plots = {};
 
