@@ -176,20 +176,31 @@ class MwrtProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         one = isinstance(input_tensors, torch.Tensor)  # allgather(list, tensor)
-        inp = _dense(_listed(input_tensors), "all_gather")[0]
         outs = output_tensors if one else output_tensors[0]
-        _dense(outs, "all_gather")
+        inp = _listed(input_tensors)[0]
         if any(o.shape != inp.shape for o in outs) or len(outs) != self.size():
             raise ValueError(f"all_gather: tensor_list needs {self.size()} tensors shaped like "
                              f"the input {tuple(inp.shape)} (got "
                              f"{[tuple(o.shape) for o in outs]})")
-        buf = torch.empty((len(outs), *inp.shape), dtype=inp.dtype)
+        return self.allgather_coalesced([[o] for o in outs], _listed(input_tensors)[:1], opts,
+                                        value=outs)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None, value=None):
+        """all_gather of each input i: rank r's into output_lists[r][i]."""
+        inputs = _dense(input_list, "all_gather")
+        want = [tuple(t.shape) for t in inputs]
+        got = [[tuple(o.shape) for o in outs] for outs in output_lists]
+        if len(output_lists) != self.size() or any(shapes != want for shapes in got):
+            raise ValueError(f"all_gather: the outputs need {self.size()} lists (one per rank) "
+                             f"of tensors shaped like the inputs {want} (got {got})")
+        bufs = [torch.empty((self.size(), *inp.shape), dtype=inp.dtype) for inp in inputs]
 
         def run(g):
-            C.all_gather(g, buf, inp)
-            for o, part in zip(outs, buf):
-                o.copy_(part)
-        return self._run("all_gather", run, value=outs)
+            for i, (inp, buf) in enumerate(zip(inputs, bufs)):
+                C.all_gather(g, buf, inp)
+                for outs, part in zip(output_lists, buf):
+                    outs[i].copy_(part)
+        return self._run("all_gather", run, value=output_lists if value is None else value)
 
     def all_gather_single(self, output, input, opts=None):
         return self.allgather_into_tensor_coalesced([output], [input], opts)

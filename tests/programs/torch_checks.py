@@ -60,6 +60,13 @@ def all_reduce_coalesced(rank, n):
     return [a, b]
 
 
+def all_gather_coalesced(rank, n):
+    outs = [[torch.empty(2) for _ in range(2)] for _ in range(n)]  # gloo: of one shape
+    dist.all_gather_coalesced(outs, [torch.tensor([rank, -rank], dtype=torch.float32),
+                                     torch.arange(2.0) * rank])
+    return [torch.stack(outs[0]), torch.stack(outs[1])]
+
+
 def coalescing_manager(rank, n):
     a, b = torch.arange(4.0) + rank, torch.full((3,), float(rank))
     with dist._coalescing_manager():
@@ -174,7 +181,7 @@ def ddp_powersgd(rank, n):
                                    start_powerSGD_iter=2, min_compression_rate=0.5,
                                    use_error_feedback=True, warm_start=True)
     model.register_comm_hook(state, powerSGD.powerSGD_hook)
-    _train(model, rank, 4)
+    _train(model, rank, 5)  # compressed from the 3rd step on: 3 steps of nested collectives
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -283,7 +290,8 @@ def shape_mismatch(rank, n):
     return ""
 
 
-CHECKS = [recv_any, recv_order, all_to_all_list, all_reduce_coalesced, coalescing_manager,
+CHECKS = [recv_any, recv_order, all_to_all_list, all_reduce_coalesced, all_gather_coalesced,
+          coalescing_manager,
           all_to_all_in_place, group_name, non_contiguous, a2a_one_split, recv_larger,
           work_result, completed_after_wait, future_of_all_gather, callback_collective,
           ddp_powersgd, ddp_join, device_mesh_dtensor, functional_collectives, fsdp2,
