@@ -148,6 +148,7 @@ def test_tuple_results_are_the_standards_named_tuples(xp):
     np.testing.assert_allclose((q @ r).numpy(), A, atol=1e-12)
     assert xp.linalg.eigh(xp.asarray(A @ A.T)).eigenvalues.shape == (3,)
     assert xp.astype(values, xp.int64, copy=False) is values
+    assert xp.unstack(xp.zeros((2, 0)), axis=1) == ()
 
 
 def test_scalar_conversions_and_slices_by_tensors(xp):

@@ -115,6 +115,8 @@ def tile(x, repetitions, /):
 
 def unstack(x, /, *, axis=0) -> tuple:
     """The slices of `x` along `axis`, as a tuple of views."""
+    if not tensor(x, "unstack").shape[axis]:
+        return ()  # no slices: nothing to issue
     out = run("unstack", x, axis=axis)
     return out if isinstance(out, tuple) else (out,)
 
