@@ -55,6 +55,7 @@ function drawPlot(name, state) {
     const target = document.getElementById("plot-" + name);
     const opts = { width: 440, height: 160, legend: { show: true },
       axes: [{}, { size: 60, values: (u, ticks) => ticks.map(v => +v.toPrecision(3)) }],
+      scales: { y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } },  // from 0, honestly
       series: [{}, ...nodes.map((n, i) => ({ label: "node " + n, stroke: COLORS[i % COLORS.length],
         spanGaps: false }))] };
     p = plots[name] = { key, plot: new uPlot(opts, data, target) };
@@ -70,7 +71,7 @@ function drawTimeline(state) {
   const width = 900, lane = 18, left = 190, span = state.timeline_seconds, end = state.now;
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("width", width); svg.setAttribute("height", Math.max(lanes.length, 1) * lane + 4);
+  svg.setAttribute("width", width); svg.setAttribute("height", Math.max(lanes.length, 1) * lane + 20);
   lanes.forEach((name, i) => {
     const t = document.createElementNS(ns, "text");
     t.setAttribute("x", 0); t.setAttribute("y", i * lane + 13); t.textContent = name;
@@ -86,6 +87,12 @@ function drawTimeline(state) {
     const title = document.createElementNS(ns, "title");
     title.textContent = `${s.op} ${((s.end - s.start) * 1e6).toFixed(0)} µs ${JSON.stringify(s.shapes)}`;
     r.appendChild(title); svg.appendChild(r);
+  });
+  [[left, `−${span} s`, "start"], [width - 2, "now", "end"]].forEach(([x, label, anchor]) => {
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", x); t.setAttribute("y", lanes.length * lane + 14);
+    t.setAttribute("text-anchor", anchor); t.setAttribute("fill", "#777"); t.textContent = label;
+    svg.appendChild(t);
   });
   if (!lanes.length) svg.appendChild(Object.assign(document.createElementNS(ns, "text"),
     { textContent: "no ops in the last " + span + " s" })).setAttribute("y", 13);
