@@ -40,7 +40,8 @@ from .master.mesh.placement import Partial, Placement, Replicate, Shard
 from .master.mesh.plan import PlacementError
 from .master.mesh.tensor import ShardedTensor
 from .master.profile import profile
-from .master.queries import device_count, devices, memory_stats, num_nodes, status, synchronize
+from .master.queries import (cancel, device_count, devices, memory_stats, num_nodes, status,
+                             synchronize)
 from .master.remote import remote
 from .master.streams import Event, Stream, current_stream, stream
 from .master.tensor import DistributedTensor
@@ -55,7 +56,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init_master_worker", "shutdown", "is_initialized", "num_nodes", "node", "device",
     "current_node", "current_device", "DistributedTensor", "dist_send", "empty", "zeros", "ones",
-    "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "memory_stats",
+    "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "cancel", "memory_stats",
     "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce", "all_gather", "gather",
     "scatter", "Stream", "Event", "stream", "current_stream", "profile", "graph", "Graph",
     "devices", "status", "dashboard", "channels", "array_api", "Device", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",

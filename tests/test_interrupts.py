@@ -404,3 +404,51 @@ def test_a_session_works_after_a_ctrl_c_inside_a_large_transfer(tmp_path, kind, 
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+STUCK_BEHIND = textwrap.dedent("""
+    import os, signal, threading, numpy as np, mwrt
+    mwrt.init_master_worker(timeout=30)
+    x = mwrt.ones(4)
+    def slow(a):
+        import time
+        time.sleep(6)
+        return a + 1
+    y = mwrt.remote(slow, spec=((4,), np.float32))(x)
+    z = y * 2  # queued behind slow
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:  # a notebook cell waiting on y, interrupted
+        y.numpy()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    mwrt.cancel()
+    print("next", (x + 5).numpy().tolist(), flush=True)  # waits behind slow, and says so
+    try:
+        z.numpy()
+    except mwrt.RemoteError as exc:
+        print("z:", exc, flush=True)
+    print("y", y.numpy().tolist(), flush=True)
+    mwrt.shutdown()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_wait_behind_an_interrupted_op_says_what_it_waits_for(tmp_path):
+    # The Ctrl-C cuts the wait, not the op: the next wait behind it says which op it waits
+    # for, from which line, for how long; mwrt.cancel() drops what was queued behind it.
+    path = tmp_path / "stuck_behind.py"
+    path.write_text(STUCK_BEHIND)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+        ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env,
+                          timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout.splitlines()
+    assert out[0] == "interrupted" and out[1] == "next [6.0, 6.0, 6.0, 6.0]", done.stdout
+    assert out[2].startswith("z: node 0, device -1, stream -1: multiply") and \
+        "Cancelled: dropped by mwrt.cancel() before it ran" in out[2], done.stdout
+    assert out[-1] == "y [2.0, 2.0, 2.0, 2.0]", done.stdout
+    said = [line for line in done.stderr.splitlines() if "waits behind" in line]
+    assert len(said) == 1, done.stderr[-3000:]
+    assert f"waits behind remote on stream -1, issued at {path}:9 in <module>, running for" \
+        in said[0] and "mwrt.cancel() drops the commands queued behind it" in said[0], said

@@ -37,6 +37,7 @@ _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PR
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_AUTH_FAILURES)
 _READ_SLICE_MS = 50  # a wait notices a lost worker or a refused batch within this
+_SAY_AFTER = 2.0  # seconds a wait after an interrupted one goes before it says what it awaits
 
 
 def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zmq.Socket:
@@ -121,6 +122,7 @@ class Node:
         self.resumed: dict | None = None  # what a re-attached named session held
         self.closed = False
         self.torn = False  # a batch was cut off mid-send: no more messages on tx
+        self.interrupted = None  # (token, what, when) of a wait a Ctrl-C cut short
         self.limits = Limits(self)
 
     def __repr__(self):
@@ -285,25 +287,60 @@ class Node:
             self._raise_closed()
         self.flush()
         timeout = self.sync_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, asked = start + timeout, None
         with self.rx_lock:
-            while token not in self.replies:
-                self.check_lost()
-                self._raise_rejected()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
-                                       "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
-                try:  # small replies: bytes beat Frames
-                    frames = wire.recv_parts(self.rx)
-                except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, then read again
-                    continue
-                self._route(frames)
+            try:
+                while token not in self.replies:
+                    self.check_lost()
+                    self._raise_rejected()
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
+                                           "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
+                    if self.interrupted is not None and now - start > _SAY_AFTER:
+                        asked = self._after_interrupt(asked, what)
+                    try:  # small replies: bytes beat Frames
+                        frames = wire.recv_parts(self.rx)
+                    except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, read again
+                        continue
+                    self._route(frames)
+            except KeyboardInterrupt:  # what it awaited runs on: the next long wait says so
+                self.interrupted = (token, what, time.monotonic())
+                raise
             reply, frames = self.replies.pop(token)
             self._raise_rejected()  # a refusal routed with the answer: it came first
         if isinstance(reply, wire.Failed):
             raise self.remote_error(reply.info)
         return reply, frames
+
+    def _after_interrupt(self, asked: int | None, what: str) -> int | None:
+        """A wait that follows an interrupted one: ask the worker what its streams run (once),
+        and say what this wait is behind; the token asked, or None once said."""
+        token, cut, since = self.interrupted
+        if token in self.replies:  # what the interrupted wait awaited has finished since
+            self.replies.pop(token)
+            self.interrupted = None
+            return None
+        if asked is None:  # sent past issue(): its backpressure must not wait inside a wait
+            stats = wire.Stats(id=next(self.ids), token=next(self.tokens))
+            with self.tx_lock:
+                self.batch.append(stats)
+                self._flush_locked(time.monotonic())
+            return stats.token
+        if asked not in self.replies:
+            return asked
+        reply, _ = self.replies.pop(asked)
+        self.interrupted = None  # said once
+        running = reply.value.get("running", []) if isinstance(reply, wire.Done) else []
+        for busy in running:
+            site = site_text(self.sites[busy["command"] & (_SITES - 1)]) or "an unknown line"
+            log.warning("%s: %s waits behind %s on stream %s, issued at %s, running for %.0f s "
+                        "(a Ctrl-C interrupted the wait of %s %.0f s ago, not the op, which "
+                        "runs to its end); mwrt.cancel() drops the commands queued behind it",
+                        self, what, busy["op"], busy["stream"], site, busy["seconds"], cut,
+                        time.monotonic() - since)
+        return None
 
     def _route(self, frames) -> None:
         try:

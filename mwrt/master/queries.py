@@ -28,13 +28,29 @@ def synchronize(node: int | None = None) -> None:
         target.wait(token, f"synchronize() of stream {stream}")
 
 
+def cancel(node: int | None = None) -> None:
+    """Drop the commands queued on `node`'s streams (or every node's) behind the ones running
+    now, which run to their end (a remote() function cannot be stopped halfway): what the
+    dropped commands would make is an error naming mwrt.cancel() when read."""
+    cluster = current()
+    targets = cluster.nodes if node is None else [cluster.node(node)]
+    asked = []
+    for target in targets:
+        cancel = wire.Cancel(id=next(target.ids), token=next(target.tokens))
+        target.issue(cancel)
+        target.flush()
+        asked.append((target, cancel.token))
+    for target, token in asked:
+        target.wait(token, "mwrt.cancel()")
+
+
 def memory_stats(node: int = 0) -> dict:
     """Live tensors and bytes that this master holds on `node`, once its streams are done."""
     target = current().node(node)
     synchronize(node)
     reply, _ = target.request(wire.Stats(id=next(target.ids), token=next(target.tokens)),
                               "memory_stats()")
-    return {k: v for k, v in reply.value.items() if k != "worker"}  # this master's share
+    return {k: v for k, v in reply.value.items() if k not in ("worker", "running")}  # ours
 
 
 def device_count(node: int = 0) -> int:

@@ -356,6 +356,13 @@ class LoadTensors(StreamCommand, tag=35):
     expected: tuple
 
 
+class Cancel(Command, tag=37):
+    """Drop what is queued on this session's streams behind the commands running now (which
+    run to their end); answered once they are marked."""
+
+    token: int
+
+
 class Name(Command, tag=36):
     """Call tensor `ref` `name` in this session: a master that re-attaches finds it so."""
 

@@ -113,6 +113,12 @@ def _join_refusal(daemon, session, cmd) -> str:
     return ""
 
 
+def cancel(daemon, session, cmd) -> None:
+    for executor in list(session.streams.values()):
+        executor.cancel()
+    daemon.send(session.identity, wire.Done(token=cmd.token, value=None))
+
+
 def stats(daemon, session, cmd) -> None:
     value = dict(session.stats(), worker=daemon.report())
     daemon.send(session.identity, wire.Done(token=cmd.token, value=value))

@@ -30,6 +30,10 @@ class StreamExecutor:
         self.error: dict | None = None
         self.stopped = False
         self.pending = 0  # batches queued and not finished; changed under _lock
+        # Batches queued, batches taken, and the last one mwrt.cancel() dropped (the rest of
+        # the one running then included): under _lock.
+        self.submitted = self.taken = self.drop_through = 0
+        self.running = None  # (command, monotonic start) running now: what a wait waits on
         # For `mwrt status`: commands run and bytes moved (inline frames and data channel).
         # Plain ints, written by the thread running the stream's commands: no lock.
         self.ops = self.bytes_in = self.bytes_out = 0
@@ -44,7 +48,15 @@ class StreamExecutor:
         """Queue a list of commands (with the batch's data frames) for this stream."""
         with self._lock:
             self.pending += 1
+            self.submitted += 1
         self._queue.put((commands, frames))
+
+    def cancel(self) -> None:
+        """Drop the commands queued now (mwrt.cancel()), those of the batch running now that
+        have not started included: what they would make is poisoned as cancelled; frees,
+        events and answers still run. The command running now runs to its end."""
+        with self._lock:
+            self.drop_through = self.submitted
 
     def idle(self) -> bool:
         """True when everything submitted so far has run."""
@@ -75,17 +87,31 @@ class StreamExecutor:
                     if item is None:
                         break
                     commands, frames = item
+                    with self._lock:
+                        self.taken += 1
+                        number = self.taken
                     try:
                         if type(commands) is Prepared:  # a graph's replay
                             commands.run(self)
                         else:
                             for command in commands:
-                                self.execute_safely(command, frames)
+                                if number <= self.drop_through and not command.always_runs:
+                                    self._drop(command)
+                                else:
+                                    self.execute_safely(command, frames)
                     finally:
                         with self._lock:
                             self.pending -= 1
         finally:
             self._reply_socket.close(linger=1000)
+
+    def _drop(self, command) -> None:
+        """Skip a cancelled command: what it would make is poisoned, naming mwrt.cancel()."""
+        handlers.poison(self, command, {
+            "kind": "remote", "type": "Cancelled", "node": self.session.node,
+            "device": self.device, "stream": self.id, "op": handlers.op_name(command),
+            "shapes": (), "command": command.id, "traceback": "",
+            "message": "dropped by mwrt.cancel() before it ran"})
 
     def _device_stream(self):
         """On a GPU, this stream's kernels go to a CuPy stream of its own (CUDA semantics)."""
@@ -119,12 +145,15 @@ class StreamExecutor:
         trace = self.session.trace
         start = time.time() if trace is not None else 0.0
         self.ops += 1
+        self.running = (command, time.monotonic())
         try:
             handlers.HANDLERS[type(command)](self, command, frames)
         except handlers.PoisonedInput as exc:
             self.fail(command, exc.info)
         except Exception as exc:
             self.fail(command, self.describe(command, exc))
+        finally:
+            self.running = None
         if trace is not None:
             trace.append((self.device, self.id, handlers.op_name(command), start, time.time(),
                           handlers.arg_shapes(self, command)))

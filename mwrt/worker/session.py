@@ -211,8 +211,20 @@ class Session:
                 "events_fired": len(self.fired), "waits": self.waits,
                 "functions": len(self.functions), "graphs": len(self.graphs.graphs),
                 "graph_bytes": self.graphs.nbytes,
-                "queued_bytes": self.inflight.nbytes,
+                "queued_bytes": self.inflight.nbytes, "running": self.running(),
                 **(self.data.pool.stats() if self.data is not None else {})}
+
+    def running(self) -> list[dict]:
+        """What each busy stream runs now, and for how long."""
+        from .handlers import op_name
+
+        now, out = time.monotonic(), []
+        for executor in list(self.streams.values()):
+            running = executor.running
+            if running is not None:
+                out.append({"stream": executor.id, "command": running[0].id,
+                            "op": op_name(running[0]), "seconds": now - running[1]})
+        return out
 
     def close(self) -> None:
         """Stop the executors and drop every tensor, channel and event at once."""
