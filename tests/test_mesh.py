@@ -429,3 +429,14 @@ def test_graph_inputs_on_a_mesh_are_rebound(four):
     same(total, (x2 * 2).sum(axis=0), exact=False)
     with pytest.raises(ValueError, match="like the captured input"):
         g.replay(X=mwrt.dist_send(x2[:4], mesh=mesh, shard=0))
+
+
+def test_redistribute_inside_a_graph_gathers(four):
+    mesh = mwrt.mesh()
+    x = data(10, 6)
+    X = mwrt.dist_send(x, mesh=mesh, shard=0)
+    with mwrt.graph() as g:  # the pairwise exchange moves between nodes: the gather instead
+        Y = X.redistribute(shard=1)
+    g.replay()
+    assert Y.placement == Shard(1)
+    same(Y, x)

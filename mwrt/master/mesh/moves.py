@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops import Spec
-from .. import collectives, issue
+from .. import collectives, issue, ordering
 from ..creation import _create
 from ..tensor import DistributedTensor
 from .placement import REPLICATE, Partial, Shard, bounds, describe, local_box
@@ -90,6 +90,11 @@ def redistribute(t, wanted: tuple):
     resolve(t)
     mesh, spec = t._mesh, t.spec
     current, locals_, fresh = list(resolve_to), list(t._locals), False
+    # Shard(a) -> Shard(b) along one dimension: each place receives only its new block
+    for d in range(mesh.ndim):
+        if _exchangeable(current, wanted, d):
+            locals_ = _exchange_dim(mesh, spec, tuple(current), locals_, d, wanted[d].axis)
+            current[d], fresh = wanted[d], True
     # gather, innermost dimension first: an outer dimension's block is whole only then
     for d in reversed(range(mesh.ndim)):
         if type(current[d]) is Shard and current[d] != wanted[d]:
@@ -110,6 +115,34 @@ def redistribute(t, wanted: tuple):
     if not fresh:  # views of t's blocks: a new tensor, as DTensor's redistribute makes
         locals_ = [issue.call("copy", x) for x in locals_]
     return ShardedTensor(mesh, tuple(current), locals_, spec)
+
+
+def _exchangeable(current: list, wanted: tuple, d: int) -> bool:
+    """Whether dimension d goes Shard(a) -> Shard(b) with neither axis split by another
+    dimension, outside a graph capture (whose moves between nodes cannot be recorded)."""
+    now, then = current[d], wanted[d]
+    if type(now) is not Shard or type(then) is not Shard or now == then or ordering.capture:
+        return False
+    others = [p for e, p in enumerate(current) if e != d] + \
+        [p for e, p in enumerate(wanted) if e != d]
+    return not any(type(p) is Shard and p.axis in (now.axis, then.axis) for p in others)
+
+
+def _exchange_dim(mesh, spec, placements, locals_, d, new_axis) -> list:
+    """All-to-all along mesh dimension d, pairwise: place p takes from every place q of its
+    line the part of q's block in p's range of `new_axis` (moved worker to worker) and joins
+    the parts along the old axis. Each worker holds only its new block, never the whole."""
+    old_axis = placements[d].axis
+    length, parts = spec.shape[new_axis], mesh.shape[d]
+    out = [None] * mesh.size
+    for line in mesh.groups(d):
+        for k, p in enumerate(line):
+            node, device = mesh.places[p]
+            cut = (slice(None),) * new_axis + (slice(*bounds(length, parts, k)),)
+            pieces = [issue.call("getitem", locals_[q], cut).to(node=node, device=device)
+                      for q in line]
+            out[p] = issue.call("concatenate", pieces, axis=old_axis)
+    return out
 
 
 def _gather_dim(mesh, spec, placements, locals_, d) -> list:
