@@ -180,8 +180,11 @@ def test_the_page_in_chromium_shows_two_workers_then_one_lost(two_workers, tmp_p
 def _rows(browser, lost: str | None = None) -> dict[str, str] | None:
     """The workers table as the page shows it: node -> its state cell's text (None while
     node `lost` is not shown lost)."""
-    rows = {row.get_attribute("data-node"): row.find_elements("tag name", "td")[1].text
-            for row in browser.find_elements("css selector", "#workers tbody tr")}
+    # Read in one script: the page replaces the rows every second, so elements found one
+    # call earlier may be gone by the next.
+    rows = dict(browser.execute_script(
+        "return [...document.querySelectorAll('#workers tbody tr')]"
+        ".map(row => [row.dataset.node, row.cells[1].textContent])"))
     return None if lost is not None and not rows.get(lost, "").startswith("lost") else rows
 
 
