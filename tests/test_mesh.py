@@ -440,3 +440,19 @@ def test_redistribute_inside_a_graph_gathers(four):
     g.replay()
     assert Y.placement == Shard(1)
     same(Y, x)
+
+
+def test_concatenate_and_stack_along_an_unsharded_axis(m):
+    x, y = data(7, 3), data(7, 2, seed=1)
+    X, Y = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m, shard=0)
+    joined = np.concatenate([X, Y], axis=1)
+    assert joined.placement == Shard(0)
+    same(joined, np.concatenate([x, y], axis=1))
+    stacked = np.stack([X, X * 2], axis=0)
+    assert stacked.placement == Shard(1)
+    same(stacked, np.stack([x, x * 2], axis=0))
+    same(np.stack([X, X], axis=-1), np.stack([x, x], axis=-1))
+    same(np.concatenate([X.replicate(), X.replicate()]), np.concatenate([x, x]))
+    if m.size > 1:
+        with pytest.raises(mwrt.PlacementError, match="along the sharded axis"):
+            np.concatenate([X, X])

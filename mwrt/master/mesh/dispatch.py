@@ -209,8 +209,8 @@ def _mark(value, operands: list, name: str):
         raise PlacementError(
             f"{name}: a tensor on one node (node {value.get_node()}) meets a mesh tensor; put "
             "it on the mesh (mwrt.dist_send(t.numpy(), mesh=m), or make it with mesh=m)")
-    if type(value) in (tuple, list):
-        return type(value)(_mark(v, operands, name) for v in value)
+    if type(value) in (tuple, list):  # as issue.call converts them: the wire's tuples
+        return tuple(_mark(v, operands, name) for v in value)
     if type(value) is dict:
         return {k: _mark(v, operands, name) for k, v in value.items()}
     return value

@@ -18,6 +18,12 @@ class Slot:
     def __init__(self, k: int):
         self.k = k
 
+    def __eq__(self, other) -> bool:  # by position: remembered plans match on it
+        return type(other) is Slot and other.k == self.k
+
+    def __hash__(self) -> int:
+        return hash((Slot, self.k))
+
 
 class Plan:
     """What each place computes: the op on local operands (some replaced by `views`),

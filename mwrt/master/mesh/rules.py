@@ -277,7 +277,8 @@ def find(name: str):
         return shapes.axiswise
     return {"squeeze": shapes.squeeze, "reshape": shapes.reshape, "flatten": shapes.reshape,
             "ravel": shapes.reshape, "getitem": shapes.getitem,
-            "setitem": shapes.setitem}.get(name, replicated_only)
+            "setitem": shapes.setitem, "concatenate": shapes.join,
+            "stack": shapes.join}.get(name, replicated_only)
 
 
 __all__ = ["PlacementError", "Plan", "Slot", "find"]

@@ -130,6 +130,28 @@ def _basic(index, ndim):
     return out
 
 
+def join(name, operands, args, kwargs, spec, resolve) -> Plan:
+    """concatenate, stack: operands placed alike, joined along an axis none of them shards
+    (stack's new axis moves the sharded axes after it)."""
+    for t in operands:
+        resolve(t)
+    first = operands[0]._placements
+    if len(args) < 1 or type(args[0]) is not tuple or len(operands) != len(args[0]) or \
+            any(t._placements != first for t in operands):
+        return replicated_only(name, operands, args, kwargs, spec, resolve)
+    ndim = operands[0].ndim
+    axis = kwargs.get("axis", args[1] if len(args) > 1 else 0)
+    if axis is None:
+        return replicated_only(name, operands, args, kwargs, spec, resolve)
+    axis %= ndim + (name == "stack")
+    if name == "concatenate" and any(p == Shard(axis) for p in first):
+        raise no_rule(name, operands, "concatenate along the sharded axis: replicate first "
+                      "(t.replicate()) or join along another axis")
+    shift = name == "stack"
+    return Plan(tuple(Shard(p.axis + (shift and p.axis >= axis)) if type(p) is Shard else p
+                      for p in first))
+
+
 def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     """t[index] = scalar: each place writes the part of `index` in its block."""
     t = operands[0]
