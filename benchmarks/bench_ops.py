@@ -6,7 +6,9 @@ processes; the master's issue rate of a small in-place op and the rate they comp
 a 64 MiB dist_send, .numpy() and worker-to-worker .to(node=) over tcp (vs a raw loopback
 socket) and shm (vs a multiprocessing.shared_memory handoff between two processes, and
 np.copyto into a fresh array, the floor of .numpy(), and into a warm one, the ceiling of
-one same-host copy).
+one same-host copy). With --fresh: the sync round trip, the eager issue rate and the first
+64 MiB .numpy() of a session as a user measures them, each in fresh processes beside a
+baseline also in fresh processes (`fresh_rows`).
 """
 
 from __future__ import annotations
@@ -344,7 +346,150 @@ def print_graph_replay() -> None:
         print(f"{row[0]:46} {row[1]:>16}   {row[2]:30} {row[3]:>6}")
 
 
+# -- as a user measures it: every figure in fresh processes (--fresh) -------------------------
+
+_FRESH_SYNC = """
+import statistics, sys, time, mwrt
+mwrt.init_master_worker(local_workers=1)
+x = mwrt.ones(1)
+for _ in range(200):
+    x.numpy()
+times = []
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter(); x.numpy(); times.append(time.perf_counter() - t)
+print(statistics.median(times) * 1e6)
+mwrt.shutdown()
+"""
+
+_FRESH_ECHO = """
+import statistics, subprocess, sys, time, zmq
+echo = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True)
+ctx = zmq.Context(); dealer = ctx.socket(zmq.DEALER)
+dealer.connect(f"tcp://127.0.0.1:{int(echo.stdout.readline())}")
+times = []
+for i in range(200 + int(sys.argv[1])):
+    t = time.perf_counter(); dealer.send_multipart([b"x" * 16]); dealer.recv_multipart()
+    times.append(time.perf_counter() - t)
+dealer.send_multipart([b"stop"]); echo.wait(10)
+print(statistics.median(times[200:]) * 1e6)
+"""
+
+_FRESH_ISSUE = """
+import sys, time, mwrt
+mwrt.init_master_worker(local_workers=1)
+x = mwrt.zeros(16)
+x.numpy()
+n = int(sys.argv[1])
+t = time.perf_counter()
+for _ in range(n):
+    x += 1
+print(n / (time.perf_counter() - t))
+x.numpy()
+mwrt.shutdown()
+"""
+
+_FRESH_PUSH = """
+import subprocess, sys, time, zmq
+sink = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True)
+ctx = zmq.Context(); push = ctx.socket(zmq.PUSH)
+push.connect(f"tcp://127.0.0.1:{int(sink.stdout.readline())}")
+n, msg = int(sys.argv[1]), b"x" * 64
+t = time.perf_counter()
+for _ in range(n):
+    push.send(msg)
+print(n / (time.perf_counter() - t))
+push.send(b"stop"); sink.wait(30)
+"""
+
+_FRESH_NUMPY = """
+import sys, time, numpy as np, mwrt
+mwrt.init_master_worker(local_workers=1)
+t = mwrt.ones(int(sys.argv[1]) // 4)
+float(t[0])
+start = time.perf_counter()
+t.numpy()
+print(int(sys.argv[1]) / (time.perf_counter() - start) / 1e9)
+mwrt.shutdown()
+"""
+
+_FRESH_PAGES = """
+import sys, time, numpy as np
+src = np.ones(int(sys.argv[1]) // 4, np.float32)
+start = time.perf_counter()
+out = np.empty_like(src); np.copyto(out, src)
+print(int(sys.argv[1]) / (time.perf_counter() - start) / 1e9)
+"""
+
+_FRESH_RAY = """
+import sys, time, numpy as np, ray
+ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+ref = ray.put(np.ones(int(sys.argv[1]) // 4, np.float32))
+start = time.perf_counter()
+ray.get(ref)
+print(int(sys.argv[1]) / (time.perf_counter() - start) / 1e9)
+ray.shutdown()
+"""
+
+
+def _fresh(script: str, *args) -> float:
+    """Run `script` in a fresh Python process; the number it prints last."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, timeout=300,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_ops --fresh: a run failed: {done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def _spread(values: list) -> str:
+    return f"{min(values):,.2f}-{max(values):,.2f}"
+
+
+def fresh_rows(tries: int = 5) -> list:
+    """The sync round trip, the eager issue rate and a 64 MiB .numpy() as a user measures
+    them: each figure from fresh processes, its baseline from fresh processes run right
+    after it (never beside a live session), medians of `tries` alternating pairs."""
+    sync, echo, issue, push = [], [], [], []
+    for _ in range(tries):
+        sync.append(_fresh(_FRESH_SYNC, 2000))
+        echo.append(_fresh(_FRESH_ECHO, 2000, _ECHO))
+        issue.append(_fresh(_FRESH_ISSUE, 100_000))
+        push.append(_fresh(_FRESH_PUSH, 200_000, _SINK))
+    nbytes = 64 << 20
+    got = [_fresh(_FRESH_NUMPY, nbytes) for _ in range(2 * tries)]
+    pages = [_fresh(_FRESH_PAGES, nbytes) for _ in range(2 * tries)]
+    rows = [("sync round trip (fresh sessions)", f"{statistics.median(sync):.0f} us",
+             f"DEALER/ROUTER echo {statistics.median(echo):.0f} us",
+             f"{statistics.median(sync) / statistics.median(echo):.2f}x", "<= 1.2x"),
+            ("eager issue rate, x += 1 (fresh sessions)", f"{statistics.median(issue):,.0f}/s",
+             f"bare PUSH loop {statistics.median(push):,.0f}/s",
+             f"{statistics.median(issue) / statistics.median(push):.2f}x", ">= 0.25x"),
+            (".numpy() 64 MiB, first of a session", f"{statistics.median(got):.2f} GB/s",
+             f"copy into new pages {statistics.median(pages):.2f} GB/s",
+             f"{statistics.median(got) / statistics.median(pages):.2f}x", ">= 5 GB/s"),
+            ("  spread over the runs", _spread(got), _spread(pages), "", "")]
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        rows.append(("  Ray's ray.get of 64 MiB", "", "(ray not installed)", "", ""))
+    else:
+        ray_gbps = [_fresh(_FRESH_RAY, nbytes) for _ in range(tries)]
+        rows.append(("  Ray's ray.get of 64 MiB (fresh)", "", f"{statistics.median(ray_gbps):.2f}"
+                     " GB/s", f"{statistics.median(got) / statistics.median(ray_gbps):.2f}x", ""))
+    return rows
+
+
+def print_fresh() -> None:
+    print(f"{'what (fresh processes)':46} {'mwrt':>16}   {'baseline (same run)':32} {'ratio':>6}"
+          "   goal")
+    for row in fresh_rows():
+        print(f"{row[0]:46} {row[1]:>16}   {row[2]:32} {row[3]:>6}   {row[4]}")
+
+
 if __name__ == "__main__":
+    if "--fresh" in sys.argv[1:]:
+        print_fresh()
+        raise SystemExit
     main(shm_only="--shm" in sys.argv[1:])
     if "--shm" not in sys.argv[1:]:
         print_graph_replay()
