@@ -35,6 +35,7 @@ class ShardedTensor:
         self._locals, self._spec = list(local_tensors), spec
 
     def __reduce__(self) -> Any:
+        """Refuses: a handle is this master's, and means nothing pickled elsewhere."""
         raise TypeError("ShardedTensor: a handle cannot be pickled; pass the tensor as an "
                         "argument (remote(fn)(t)), or its value (t.numpy())")
 
@@ -94,6 +95,7 @@ class ShardedTensor:
     long, int = DistributedTensor.long, DistributedTensor.int
 
     def __repr__(self) -> str:
+        """Shape, dtype, placements and mesh, without asking the workers."""
         spec = "shape and dtype pending" if self._spec is None else \
             f"shape={self._spec.shape}, dtype={self._spec.dtype}"
         return (f"ShardedTensor({spec}, placements={describe(self._placements)}, "
@@ -143,82 +145,104 @@ class ShardedTensor:
     # -- shapes, copies, fills ------------------------------------------------------------
 
     def reshape(self, *shape: int | Sequence[int]) -> ShardedTensor:
+        """The same elements in `shape` (the sharded axis and those before it kept)."""
         return _call("reshape", self, _shape_arg(shape))
 
     view = reshape
 
     def flatten(self) -> ShardedTensor:
+        """A 1-D copy (of a 1-D or replicated tensor)."""
         return _call("flatten", self)
 
     def ravel(self) -> ShardedTensor:
+        """A 1-D view where NumPy can make one (of a 1-D or replicated tensor)."""
         return _call("ravel", self)
 
     def transpose(self, *axes: int | Sequence[int]) -> ShardedTensor:
+        """The axes permuted (reversed if none are given); the sharded axis follows."""
         return _call("transpose", self, *((_shape_arg(axes),) if axes else ()))
 
     def permute(self, *axes: int | Sequence[int]) -> ShardedTensor:
+        """The axes in the order given (torch's name for transpose(axes))."""
         return _call("transpose", self, _shape_arg(axes))
 
     def squeeze(self, axis: int | tuple[int, ...] | None = None) -> ShardedTensor:
+        """Without the length-1 axes (all, or those given); never the sharded one."""
         return _call("squeeze", self, **({} if axis is None else {"axis": axis}))
 
     def expand_dims(self, axis: int | tuple[int, ...]) -> ShardedTensor:
+        """With a new length-1 axis at `axis` (torch's unsqueeze)."""
         return _call("expand_dims", self, axis)
 
     unsqueeze = expand_dims
 
     def swapaxes(self, a: int, b: int) -> ShardedTensor:
+        """With axes `a` and `b` exchanged."""
         return _call("swapaxes", self, a, b)
 
     def moveaxis(self, source: Any, destination: Any) -> ShardedTensor:
+        """With axes moved from `source` to `destination`."""
         return _call("moveaxis", self, source, destination)
 
     def contiguous(self) -> ShardedTensor:
+        """Each block a C-contiguous array (a copy where it is not one)."""
         return _call("ascontiguousarray", self)
 
     def astype(self, dtype: DTypeLike) -> ShardedTensor:
+        """A copy converted to `dtype`, block by block."""
         return _call("astype", self, as_dtype(dtype).str)
 
 
 
 
     def clone(self) -> ShardedTensor:
+        """A copy, placed as this tensor is."""
         return _call("copy", self)
 
     copy = clone
 
     def copy_(self, src: Any) -> ShardedTensor:
+        """Copy `src` (broadcast to this shape) into this tensor; returns self."""
         _call("copy_", self, src)
         return self
 
     def fill_(self, value: complex) -> ShardedTensor:
+        """Set every element to the scalar `value`; returns self."""
         _call("fill_", self, value)
         return self
 
     def clip(self, a_min: Any = None, a_max: Any = None) -> ShardedTensor:
+        """The values limited to [a_min, a_max] (torch's clamp)."""
         return _call("clip", self, a_min, a_max)
 
     clamp = clip
 
     def round(self, decimals: int = 0) -> ShardedTensor:
+        """The values rounded to `decimals` decimals (halves to even, as NumPy)."""
         return _call("round", self, decimals)
 
     def sort(self, axis: int = -1) -> ShardedTensor:
+        """A sorted copy along `axis` (an unsharded one)."""
         return _call("sort", self, axis)
 
     def argsort(self, axis: int = -1) -> ShardedTensor:
+        """The indices that sort along `axis` (an unsharded one)."""
         return _call("argsort", self, axis)
 
     def __getitem__(self, index: Any) -> ShardedTensor:
+        """t[index]: basic indices (an int along the sharded axis gives a replicated row)."""
         return _call("getitem", self, _index_arg(index))
 
     def __setitem__(self, index: Any, value: Any) -> None:
+        """t[index] = value: each place sets the part of `index` in its block."""
         _call("setitem", self, _index_arg(index), value)
 
     def __matmul__(self, other: Any) -> ShardedTensor:
+        """self @ other, by matmul's placement rules."""
         return _call("matmul", self, other)
 
     def __rmatmul__(self, other: Any) -> ShardedTensor:
+        """other @ self, by matmul's placement rules."""
         return _call("matmul", other, self)
 
     # -- NumPy protocols ------------------------------------------------------------------
