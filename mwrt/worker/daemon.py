@@ -10,7 +10,6 @@ because a ZeroMQ socket belongs to one thread.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -23,7 +22,6 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
-from ..channels.shm import reap_orphan_segments
 from ..errors import ConfigError, QuotaError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
@@ -36,7 +34,6 @@ from .session import HB, RX, TX, Session
 log = logging.getLogger("mwrt.worker")
 
 _REJECTION_WINDOW, _REJECTIONS_LOGGED = 10.0, 20  # seconds, log lines per window
-REAP_EVERY = 5.0  # seconds between looks at /dev/shm for dead processes' segments
 _ROLES = {TX: "tx", RX: "rx", HB: "hb"}
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
 
@@ -124,7 +121,7 @@ class Daemon:
         poller.register(self.decoder.wakes, zmq.POLLIN)
         self.decoder.start()
         next_reap = time.monotonic() + 1.0
-        lifecycle.off_thread(self._reap_segments, "mwrt-shm-reaper")
+        lifecycle.off_thread(lambda: lifecycle.reap_segments(self), "mwrt-shm-reaper")
         spin, ready = config.get("worker_spin_us") * 1e-6, {}
         while not self.stopping:
             # After a message, a short spin: waking a sleeping thread costs more than the
@@ -436,37 +433,6 @@ class Daemon:
         sock = self.context.socket(zmq.PUSH)
         sock.connect(self._reply_address)
         return sock
-
-    def load_function(self, session, blob: bytes):
-        """Unpickle a user function (cloudpickle), cached by content for this session only:
-        module state one master's function leaves must not reach another's. Keyed only."""
-        if self.keys is None:  # handlers.py refuses needs_key commands first: defence in depth
-            raise PermissionError("remote: this worker has no key, so it runs no shipped code")
-        digest, functions = hashlib.sha256(blob).digest(), session.functions
-        with session.lock:  # the session's streams load concurrently
-            fn = functions.pop(digest, None)
-            if fn is not None:
-                functions[digest] = fn  # last: the most recently used
-                return fn
-        import cloudpickle
-
-        fn = cloudpickle.loads(blob)
-        with session.lock:
-            while len(functions) >= self.max_functions:
-                functions.pop(next(iter(functions)))  # the least recently used
-            functions[digest] = fn
-        return fn
-
-    def _reap_segments(self) -> None:
-        """Remove segments of this user's dead processes, every REAP_EVERY seconds, off the
-        socket thread: a /dev/shm anyone can fill must not stall masters' round trips."""
-        skip: set = set()
-        while not self.stopping:
-            reap_orphan_segments(skip=skip)
-            for _ in range(int(REAP_EVERY / 0.2)):
-                if self.stopping:
-                    return
-                time.sleep(0.2)
 
     def _reap(self) -> None:
         now = time.monotonic()

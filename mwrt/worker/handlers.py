@@ -225,7 +225,7 @@ def _checked(name: str, value, spec):
 
 
 def remote(ex, cmd, frames):
-    fn = ex.session.daemon.load_function(ex.session, cmd.fn)
+    fn = ex.session.load_function(cmd.fn)
     result = fn(*resolve(ex, cmd.args), **resolve(ex, cmd.kwargs))
     if len(cmd.outs) == 1:
         store(ex, cmd.outs[0], result)

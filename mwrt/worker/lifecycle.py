@@ -13,9 +13,9 @@ import threading
 import time
 
 from .. import config
+from ..channels.shm import reap_orphan_segments
 from ..protocol import wire
 from . import quotas
-
 
 MAX_GRACE = 7 * 86400.0  # a week: a named session's tensors are not kept forever
 _GONE_AFTER_PINGS = 4  # heartbeat intervals of silence after which a master is gone
@@ -71,3 +71,18 @@ def off_thread(fn, name: str) -> threading.Thread:
     thread = threading.Thread(target=fn, daemon=True, name=name)
     thread.start()
     return thread
+
+
+REAP_EVERY = 5.0  # seconds between looks at /dev/shm for dead processes' segments
+
+
+def reap_segments(daemon) -> None:
+    """Remove segments of this user's dead processes every REAP_EVERY seconds until the
+    daemon stops, off the socket thread: a /dev/shm anyone can fill must not stall masters."""
+    skip: set = set()
+    while not daemon.stopping:
+        reap_orphan_segments(skip=skip)
+        for _ in range(int(REAP_EVERY / 0.2)):
+            if daemon.stopping:
+                return
+            time.sleep(0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -182,6 +183,26 @@ class Session:
             self.event_waiters.setdefault(event_id, []).append(token)
             self.waits += 1
             return True
+
+    def load_function(self, blob: bytes):
+        """Unpickle a shipped function (cloudpickle), cached by content for this session only:
+        module state one master's function leaves must never reach another's. Keyed only."""
+        if self.daemon.keys is None:  # handlers.py refuses needs_key commands first
+            raise PermissionError("remote: this worker has no key, so it runs no shipped code")
+        digest, functions = hashlib.sha256(blob).digest(), self.functions
+        with self.lock:  # the session's streams load concurrently
+            fn = functions.pop(digest, None)
+            if fn is not None:
+                functions[digest] = fn  # last: the most recently used
+                return fn
+        import cloudpickle
+
+        fn = cloudpickle.loads(blob)
+        with self.lock:
+            while len(functions) >= self.daemon.max_functions:
+                functions.pop(next(iter(functions)))  # the least recently used
+            functions[digest] = fn
+        return fn
 
     def free(self, ids, uses: int) -> None:
         """Drop tensors once each of the `uses` streams that were sent this free reached it."""
