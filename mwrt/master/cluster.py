@@ -300,7 +300,8 @@ def start_local_workers(count: int, timeout: float):
         worker_keys.save(path)  # read by each daemon at start, removed right after
         try:
             env = local_spin_env(count)
-            with Progress(count, "starting local workers", "workers") as progress:
+            with Progress(count if count >= 8 else 0, "starting local workers",
+                          "workers") as progress:
                 for _ in range(count):
                     local.append(LocalWorker.start(timeout, key_file=path, env=env))
                     progress.update(1)

@@ -37,7 +37,7 @@ capture: list = []  # the graph being captured, if any (see graph.py)
 # view too: that costs a wait at most, never a value).
 VIEWS = frozenset({"getitem", "reshape", "transpose", "swapaxes", "squeeze", "expand_dims",
                    "ravel", "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d",
-                   "diagonal", "ascontiguousarray"})
+                   "diagonal", "ascontiguousarray", "real", "imag"})
 # NumPy functions (the `numpy` op, by path) whose results may view their first tensor
 # argument; those of EACH_PATHS view the tensor argument in the same position.
 VIEW_PATHS = frozenset({

@@ -129,6 +129,8 @@ def setitem_meta(a, index, value):
         return None
     target = standin(a)[stand_index].shape
     vshape = value.shape if isinstance(value, Spec) else np.shape(value)
+    while len(vshape) > len(target) and vshape[0] == 1:  # NumPy drops a value's leading 1s
+        vshape = vshape[1:]
     try:
         np.broadcast_to(np.empty(vshape, dtype=np.dtype([])), target)
     except ValueError:
