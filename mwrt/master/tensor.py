@@ -500,7 +500,10 @@ def _index_part(part):
                 type(step) is DistributedTensor:
             return slice(*(b if b is None else operator.index(b) for b in (start, stop, step)))
         return part
-    return np.asarray(part) if kind is list else part
+    if kind is not list:
+        return part
+    array = np.asarray(part)  # an empty list indexes as intp in NumPy, not as float64
+    return array.astype(np.intp) if array.size == 0 and array.dtype == np.float64 else array
 
 
 # Issuing an op (issue.py) needs the class; the class's methods need call(): both below.
