@@ -196,3 +196,36 @@ def test_shape_ops(dtype, shape, case):
     name, args, kwargs = case
     agree(lambda: ops.infer(ops.get(name), (Spec(shape, dtype), *args), kwargs),
           lambda: getattr(np, name)(np.ones(shape, dtype), *args, **kwargs))
+
+
+@SETTINGS
+@given(st.sampled_from(["add", "multiply", "subtract", "maximum", "logical_or", "bitwise_xor"]),
+       st.sampled_from(["reduce", "accumulate", "outer"]), dtypes, shapes,
+       st.sampled_from([{}, {"axis": -1}, {"axis": 0, "dtype": "<f8"}, {"keepdims": True}]))
+def test_ufunc_methods(name, method, dtype, shape, kwargs):
+    ufunc, array = getattr(np, name), np.ones(shape, dtype)
+    spec = Spec(shape, dtype)
+    if method == "outer":
+        agree(lambda: ops.infer(ops.get("ufunc_method"), (name, method, spec, spec), {}),
+              lambda: ufunc.outer(array, array))
+        return
+    if method == "accumulate":
+        kwargs = {k: v for k, v in kwargs.items() if k != "keepdims"}
+    agree(lambda: ops.infer(ops.get("ufunc_method"), (name, method, spec), kwargs),
+          lambda: getattr(ufunc, method)(array, **kwargs))
+
+
+@SETTINGS
+@given(st.sampled_from(["add", "multiply", "less"]), operands(), operands(),
+       st.sampled_from([{}, {"dtype": "<f4"}, {"where": "mask"}, {"casting": "unsafe",
+                                                                 "dtype": "<i2"}]))
+def test_ufunc_keywords(name, a, b, kwargs):
+    if not has_array(a[0], b[0]):
+        return
+    rule_kwargs, numpy_kwargs = dict(kwargs), dict(kwargs)
+    if "where" in kwargs:
+        shape = a[0].shape if type(a[0]) is Spec else b[0].shape
+        rule_kwargs["where"] = Spec(shape, np.dtype(bool))
+        numpy_kwargs["where"] = np.ones(shape, bool)
+    agree(lambda: ops.infer(ops.get(name), (a[0], b[0]), rule_kwargs),
+          lambda: getattr(np, name)(a[1], b[1], **numpy_kwargs))

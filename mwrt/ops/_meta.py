@@ -124,3 +124,20 @@ def _positional(fn) -> tuple:
     params = list(inspect.signature(fn).parameters.values())[1:]
     return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
                                                       p.POSITIONAL_OR_KEYWORD))
+
+
+def run_small(fn, a: Spec, *args, **kwargs) -> np.ndarray:
+    """NumPy's `fn` on a stand-in of `a` with every axis cut to at most one element (tensor
+    keywords, where= and mean=, as ones of their ndim): its dtype and its errors are NumPy's
+    for `a` (an axis out of bounds, an empty min), its shape too where nothing was cut."""
+    probe = np.ones(tuple(min(d, 1) for d in a.shape), dtype=a.dtype)
+    kwargs = {k: np.ones((1,) * len(v.shape), v.dtype) if type(v) is Spec else v
+              for k, v in kwargs.items()}
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # the mean of nothing: NumPy warns, the worker too
+        return np.asarray(fn(probe, *args, **kwargs))
+
+
+def uncut(a: Spec) -> bool:
+    """True if run_small's stand-in of `a` is `a`'s own shape (no axis longer than one)."""
+    return all(d <= 1 for d in a.shape)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Spec, register
-from ._meta import bind, normalize_axes, result_dtype, shape_of
+from ._meta import bind, normalize_axes, result_dtype, run_small, shape_of, uncut
 
 # Python operator -> ufunc name; the tensor class builds __op__/__rop__/__iop__ from this.
 BINARY_OPERATORS = {
@@ -122,22 +122,22 @@ def _method_meta(name, method, a, *args, **kwargs):
         b, = args
         return Spec(sa + shape_of(b), result_dtype(ufunc, (a, b), kwargs))
     kwargs = bind(fn, a, args, kwargs, f"{name}.{method}")
-    if not sa:
-        raise TypeError(f"{name}.{method}: cannot {method} a 0-d tensor")
-    axis = kwargs.pop("axis", 0)
+    if type(a) is not Spec:
+        raise TypeError(f"{name}.{method}: expected a tensor (got {type(a).__name__})")
+    indices = kwargs.pop("indices", None)
+    # NumPy itself on a stand-in of at most one element per axis: dtype, errors, small shapes
+    probe = run_small(fn, a, *(() if indices is None else (np.zeros(1, np.intp),)), **kwargs)
+    if uncut(a) and indices is None:
+        return Spec(probe.shape, probe.dtype)
+    axis = kwargs.get("axis", 0)
     axes = normalize_axes(axis, len(sa), f"{name}.{method}")
-    probe = np.ones((1,) * len(sa), a.dtype if type(a) is Spec else np.asarray(a).dtype)
     if method == "reduceat":
-        indices = kwargs.pop("indices")
-        dtype = fn(probe, np.zeros(1, np.intp), axis=axes[0], **kwargs).dtype
-        return Spec(sa[:axes[0]] + shape_of(indices)[:1] + sa[axes[0] + 1:], dtype)
-    keep = {k: v for k, v in kwargs.items() if k in ("dtype", "keepdims")}
-    dtype = np.asarray(fn(probe, axis=axes if method == "reduce" else axes[0], **keep)).dtype
+        return Spec(sa[:axes[0]] + shape_of(indices)[:1] + sa[axes[0] + 1:], probe.dtype)
     if method == "accumulate":
-        return Spec(sa, dtype)
+        return Spec(sa, probe.dtype)
     if kwargs.get("keepdims"):
-        return Spec(tuple(1 if i in axes else d for i, d in enumerate(sa)), dtype)
-    return Spec(tuple(d for i, d in enumerate(sa) if i not in axes), dtype)
+        return Spec(tuple(1 if i in axes else d for i, d in enumerate(sa)), probe.dtype)
+    return Spec(tuple(d for i, d in enumerate(sa) if i not in axes), probe.dtype)
 
 
 def _at_impl(xp, a, name, *args, **kwargs):

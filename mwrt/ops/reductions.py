@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
 from . import Spec, register
-from ._meta import bind, normalize_axes
+from ._meta import bind, normalize_axes, run_small, uncut
 
 REDUCTIONS = ["sum", "mean", "prod", "min", "max", "amin", "amax", "std", "var", "any", "all",
               "nansum", "nanmean", "nanprod", "nanmin", "nanmax", "nanstd", "nanvar",
@@ -39,8 +38,8 @@ def _meta(name):
             raise TypeError(f"{name}: axis must be an int or None (got {kwargs['axis']!r})")
         # NumPy itself on a stand-in with every axis cut to at most one element: its dtype,
         # its errors (an axis out of bounds, an empty min), and its shape where nothing was cut
-        probe = _run(fn, a, kwargs)
-        if all(d <= 1 for d in a.shape):
+        probe = run_small(fn, a, **kwargs)
+        if uncut(a):
             return Spec(probe.shape, probe.dtype)
         axis, keepdims = kwargs.get("axis"), kwargs.get("keepdims", False)
         axes = normalize_axes(axis, len(a.shape), name)
@@ -50,16 +49,6 @@ def _meta(name):
             return Spec(tuple(1 if i in axes else d for i, d in enumerate(a.shape)), probe.dtype)
         return Spec(tuple(d for i, d in enumerate(a.shape) if i not in axes), probe.dtype)
     return meta
-
-
-def _run(fn, a, kwargs) -> np.ndarray:
-    probe = np.ones(tuple(min(d, 1) for d in a.shape), dtype=a.dtype)
-    # a tensor keyword (where=, mean=) as ones of its dtype and ndim: NumPy broadcasts it
-    kwargs = {k: np.ones((1,) * len(v.shape), v.dtype) if type(v) is Spec else v
-              for k, v in kwargs.items()}
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")  # the mean of nothing: NumPy warns, the worker too
-        return np.asarray(fn(probe, **kwargs))
 
 
 for _name in REDUCTIONS:
