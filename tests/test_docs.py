@@ -92,3 +92,12 @@ def test_the_developing_page_names_every_layer():
     missing = [name for name in LAYERS if name != "__init__" and
                not re.search(rf"[`\s]{re.escape(name)}[`\s]", table)]
     assert not missing, f"add these packages to the layers table: {missing}"
+
+
+def test_the_performance_page_names_every_benchmark():
+    """docs/performance.md says how to run each file of benchmarks/."""
+    text = pathlib.Path(DOCS, "performance.md").read_text()
+    missing = [os.path.basename(path) for path in
+               glob.glob(os.path.join(ROOT, "benchmarks", "bench_*.py"))
+               if f"benchmarks/{os.path.basename(path)}" not in text]
+    assert not missing, f"add these benchmarks to docs/performance.md: {missing}"
