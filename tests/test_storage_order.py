@@ -300,12 +300,14 @@ _step = st.one_of(
     st.tuples(st.just("stall"), st.integers(0, 2)),
     st.tuples(st.just("write"), st.integers(0, 2), st.sampled_from(sorted(VIEWS)),
               st.sampled_from(sorted(UPDATES)), st.integers(-3, 3), st.booleans()),
-    st.tuples(st.just("read"), st.integers(0, 2), st.sampled_from(sorted(VIEWS)), st.booleans()),
+    st.tuples(st.just("read"), st.integers(0, 2), st.sampled_from(sorted(VIEWS)),
+              st.sampled_from(["copy", "move", "numpy"]), st.booleans()),
 )
 
 
-def _run(program, x, streams, kept):
-    """Run `program` on x (an ndarray or a tensor); returns the copies its reads made."""
+def _run(program, x, streams, kept, other=None):
+    """Run `program` on x (an ndarray or a tensor); returns the copies its reads made: with
+    `other`, a node, reads may also move a view there or copy it to the master."""
     seen = []
     for step in program:
         where = mwrt.stream(streams[step[1]]) if streams else _nothing()
@@ -317,8 +319,10 @@ def _run(program, x, streams, kept):
             view = kept[step[2]] if step[-1] else VIEWS[step[2]](x)  # made before, or now
             if step[0] == "write":
                 UPDATES[step[3]](view, float(step[4]))
-            else:
+            elif other is None or step[3] == "copy":
                 seen.append(view * 1)
+            else:
+                seen.append(view.to(node=other) if step[3] == "move" else view.numpy())
     return seen
 
 
@@ -338,9 +342,9 @@ _STREAMS: dict = {}
 @given(program=st.lists(_step, min_size=1, max_size=7), node=st.sampled_from([0, 1]),
        captured=st.booleans())
 def test_random_programs_of_views_and_streams_equal_numpy(cluster, program, node, captured):
-    """Writes and reads through views made before or in the program, on three streams with
-    slow ops among them, eagerly or as a graph replayed once; every copy and the base equal
-    NumPy's."""
+    """Writes and reads (copies, moves to the other node, copies to the master) through views
+    made before or in the program, on three streams with slow ops among them, eagerly or as a
+    graph replayed once; every copy and the base equal NumPy's."""
     expected = _base()
     want = _run(program, expected, None, {k: f(expected) for k, f in VIEWS.items()})
     x = mwrt.dist_send(_base(), node=node)
@@ -348,16 +352,16 @@ def test_random_programs_of_views_and_streams_equal_numpy(cluster, program, node
     if node not in _STREAMS:  # a session has a quota of streams: each example reuses three
         _STREAMS[node] = [mwrt.Stream(node=node) for _ in range(3)]
     streams = _STREAMS[node]
-    if captured:
+    if captured:  # (a graph can neither move nor copy to the master: its reads copy)
         with mwrt.graph(x=x) as g:
             got = _run(program, x, streams, kept)
         g.replay()
     else:
-        got = _run(program, x, streams, kept)
+        got = _run(program, x, streams, kept, other=1 - node)
     with mwrt.stream(streams[0]):
         last = kept["cols"] * 1  # a read through a view after the program, on a stream of it
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        np.testing.assert_array_equal(a.numpy(), b, err_msg=f"read {i} of {program}")
+        np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"read {i} of {program}")
     np.testing.assert_array_equal(x.numpy(), expected, err_msg=f"base after {program}")
     np.testing.assert_array_equal(last.numpy(), expected[:, 1:3])
 
