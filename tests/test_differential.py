@@ -302,6 +302,9 @@ FOUND = {
         {"v0": np.array(True)}, ["v1 = np.sum(v0, axis=-1)", "v2 = v0.max(0)"]),
     "setitem drops a value's leading 1s": (
         {"v0": np.zeros((1, 3))}, ["v0[0] = v0", "v0[0, 1:] = np.ones((1, 1, 2))"]),
+    "generalized ufuncs keep their core dimensions": (
+        {"v0": np.arange(12.0).reshape(3, 4), "v1": np.arange(4.0)},
+        ["v2 = np.vecdot(v0, v1)", "v3 = np.matvec(v0, v1)", "v4 = np.vecmat(v1, v0.T)"]),
     "an empty list indexes": ({"v0": np.arange(3.0)}, ["v1 = v0[[]]", "v0[[]] = 5"]),
     ".to() of a tensor already there is the tensor": (
         {"v0": np.arange(3.0)}, ["v1 = world.move(v0)", "v2 = world.move(v1)", "v1 += 1"]),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from . import Spec, register
@@ -65,6 +67,37 @@ def _ufunc_meta(ufunc):
     return meta
 
 
+def _gufunc_meta(ufunc):
+    """The meta rule of a generalized ufunc (vecdot, matvec, vecmat): loop dimensions
+    broadcast, core dimensions as its signature names them ("(m,n),(n)->(m)")."""
+    name = ufunc.__name__
+    ins, outs = (re.findall(r"\(([^)]*)\)", part) for part in ufunc.signature.split("->"))
+    ins, outs = [[d for d in g.split(",") if d] for g in ins], [[d for d in g.split(",") if d]
+                                                                for g in outs]
+
+    def probes(*values):  # 1-element probes with the core dimensions each operand needs
+        return ufunc(*[np.reshape(v, (1,) * len(core)) for v, core in zip(values, ins)])
+
+    def meta(*args, **kwargs):
+        if len(args) != ufunc.nin:
+            raise TypeError(f"{name}: takes {ufunc.nin} operands (got {len(args)})")
+        sizes, loops = {}, []
+        for i, (arg, core) in enumerate(zip(args, ins)):
+            shape = shape_of(arg)
+            if len(shape) < len(core):
+                raise ValueError(f"{name}: operand {i} has {len(shape)} dimensions (expected "
+                                 f"at least {len(core)}: {ufunc.signature})")
+            loops.append(shape[:len(shape) - len(core)])
+            for dim, size in zip(core, shape[len(shape) - len(core):]):
+                if sizes.setdefault(dim, size) != size:
+                    raise ValueError(f"{name}: core dimension {dim} of operand {i} is {size} "
+                                     f"(expected {sizes[dim]}: {ufunc.signature})")
+        shape = _broadcast(name, [np.broadcast_to(np.empty((), "V0"), s) for s in loops])
+        return Spec(tuple(shape) + tuple(sizes[d] for d in outs[0]),
+                    result_dtype(probes, args, kwargs))
+    return meta
+
+
 def _inplace_meta(ufunc):
     name = ufunc.__name__
 
@@ -84,7 +117,9 @@ def _inplace_meta(ufunc):
 
 for _name in UFUNCS:
     _ufunc = getattr(np, _name)
-    if _ufunc.nout == 1:
+    if _ufunc.signature:  # vecdot, matvec, vecmat (matmul has its own rule, in misc.py)
+        register(_name, _ufunc_impl(_ufunc.__name__), _gufunc_meta(_ufunc), by_type=True)
+    elif _ufunc.nout == 1:
         register(_name, _ufunc_impl(_ufunc.__name__), _ufunc_meta(_ufunc), by_type=True)
         register(_name + "_", _inplace_impl(_ufunc.__name__), _inplace_meta(_ufunc),
                  inplace=True, by_type=True)
