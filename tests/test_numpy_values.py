@@ -257,10 +257,20 @@ def test_out_of_the_wrong_shape_or_dtype_is_refused_at_issue(cluster):
     agree(t * 2, np.arange(4.0) * 2)
 
 
+def test_a_large_result_moved_to_another_node_keeps_its_dtype(cluster):
+    """The issue's reinterpreted bytes: the handle said int64 and the worker held float64."""
+    a = np.arange(100_000)
+    t = np.concatenate([cluster.dist_send(a), cluster.dist_send(a)], dtype=np.float64)
+    agree(t.to(node=1), np.concatenate([a, a], dtype=np.float64))
+    agree((cluster.dist_send(a) + np.uint64(1)).to(node=1), a + np.uint64(1))
+
+
 def test_results_inside_a_graph(cluster):
     x = cluster.dist_send(np.arange(6.0))
+    c = cluster.dist_send(np.zeros(1))
     with cluster.graph(x=x) as g:
         masked = x[x > 2].sum()
         top = np.amax(x) + 1
+        np.add(x[x > 4], 1.0, out=c)  # out= of a shape known on replay
     g.replay()
-    agree((masked, top), (np.float64(12.0), np.float64(6.0)))
+    agree((masked, top, c), (np.float64(12.0), np.float64(6.0), np.array([6.0])))

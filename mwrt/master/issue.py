@@ -107,10 +107,12 @@ def _call_out(name: str, args: tuple, kwargs: dict):
     spec_args, wire_args = _convert_args(args, place, name)
     rest = {k: v for k, v in kwargs.items() if k != "out"}
     spec_kwargs, wire_kwargs = _convert(rest, place, name)
-    for target in targets:
-        _convert(target, place, name)  # same place as the operands
-    result = ops.infer(op, spec_args, spec_kwargs)
-    _check_out(name, result, targets, op.by_type, kwargs.get("casting", "same_kind"))
+    out_specs = [_convert(target, place, name)[0] for target in targets]  # in the same place
+    if ordering.capture and _pending((spec_args, spec_kwargs, tuple(out_specs))):
+        result = UNKNOWN  # a shape known on replay: NumPy checks out= on the worker
+    else:
+        result = ops.infer(op, spec_args, spec_kwargs)
+    _check_out(name, result, out_specs, op.by_type, kwargs.get("casting", "same_kind"))
     node, device = place[0]._node, place[0]._device
     stream = context.stream_for(node.index, device)
     now = next(node.ids)
@@ -122,7 +124,7 @@ def _call_out(name: str, args: tuple, kwargs: dict):
     return out
 
 
-def _check_out(name: str, result, targets: tuple, ufunc: bool, casting: str) -> None:
+def _check_out(name: str, result, targets: list, ufunc: bool, casting: str) -> None:
     """NumPy's rule for out=: a ufunc's result broadcasts to out's shape and casts to its dtype
     (`casting`); any other function's has out's shape."""
     specs = result if type(result) is tuple else (result,)
@@ -130,7 +132,7 @@ def _check_out(name: str, result, targets: tuple, ufunc: bool, casting: str) -> 
         return  # shape known on the worker only: NumPy checks it there
     if len(specs) != len(targets):
         raise ValueError(f"{name}: out= needs {len(specs)} tensors (got {len(targets)})")
-    for spec, target in zip(specs, targets):
+    for spec, target in zip(specs, targets):  # target: out's Spec
         shape = target.shape
         fits = (spec.shape == shape if not ufunc else
                 len(spec.shape) <= len(shape) and all(
