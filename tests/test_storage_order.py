@@ -83,8 +83,15 @@ def _augmented_slice(x):
     x[1:] += 1
 
 
+def _real_part(x):
+    part = x.astype(np.complex128).real  # a copy's real part: x itself is not written
+    part += 1
+    re = x.real  # of a real array: the array itself, a view
+    re *= 3
+
+
 WRITES = [_add_row, _scale_slice, _view_of_view, _transpose, _reshape, _item_through_view,
-          _copyto_view, _ufunc_out_view, _ufunc_out_other_view, _augmented_slice]
+          _copyto_view, _ufunc_out_view, _ufunc_out_other_view, _augmented_slice, _real_part]
 
 
 def _streams(node):
