@@ -3,7 +3,8 @@ a tensor at least as large as the message, and withdrawn when their wait times o
 
 A send is one channel message of the tensor's bytes. A receive does not post the user's
 tensor to the channel, whose receives need the exact size and a named sender. Instead, for
-each (peer, tag) that some receive waits on, a pump (a thread of the group's pool) takes
+each (peer, tag) that some receive waits on, a pump (a daemon thread, so that one still
+blocked in a receive never holds up the interpreter's exit) takes
 the peer's next message of any size (`recv_message`) and hands it to the oldest receive
 still waiting that accepts that peer (it named it, or any rank), or keeps it for the next
 receive when none waits. So a receive from any source is a pump per peer, the first
@@ -19,13 +20,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 
 from ..errors import ChannelError, ChannelTimeoutError
 
-_PUMPS = 256  # threads a group may block in receives at once (peers x tags being received)
+_LINGER = 0.05  # seconds a pump waits for the next receive before its thread ends
 
 
 class _Recv:
@@ -47,11 +48,11 @@ class Receiver:
 
     def __init__(self, group):
         self.group, self.lock = group, threading.Lock()
+        self.posted = threading.Condition(self.lock)  # a lingering pump wakes for a receive
         self.waiting: dict[int, list[_Recv]] = {}  # by channel tag, oldest first
         self.kept: dict[int, deque] = {}  # by channel tag: (peer, bytes) no receive took yet
         self.pumping: set[tuple[int, int]] = set()
         self.gone: dict[int, BaseException] = {}  # peers whose pump found them gone
-        self.pool = ThreadPoolExecutor(_PUMPS, thread_name_prefix="mwrt-torch-recv")
 
     def post(self, dest: np.ndarray, peer: int | None, tag: int, timeout: float,
              done=None) -> _Recv:
@@ -68,13 +69,15 @@ class Receiver:
                     recv.future.set_exception(failed[0])
                     return recv
                 self.waiting.setdefault(tag, []).append(recv)
+                self.posted.notify_all()
                 start = [p for p in peers if (p, tag) not in self.pumping and p not in self.gone]
                 self.pumping.update((p, tag) for p in start)
         if kept is not None:
             _fill(recv, *kept, g)
             return recv
         for p in start:
-            self.pool.submit(self._pump, p, tag)
+            threading.Thread(target=self._pump, args=(p, tag), daemon=True,
+                             name=f"mwrt-torch-recv-{g.ranks[p]}").start()
         return recv
 
     def withdraw(self, recv: _Recv, tag: int) -> bool:
@@ -101,7 +104,9 @@ class Receiver:
         g = self.group
         while True:
             with self.lock:
-                wanted = [r for r in self.waiting.get(tag, ()) if r.takes(peer)]
+                # A receive posted soon after the last (a loop of them) finds us still here.
+                self.posted.wait_for(lambda: self._wanted(peer, tag), _LINGER)
+                wanted = self._wanted(peer, tag)
                 if not wanted:
                     self.pumping.discard((peer, tag))
                     return
@@ -123,6 +128,9 @@ class Receiver:
                     self.waiting[tag].remove(recv)
             if recv is not None:
                 _fill(recv, peer, data, g)
+
+    def _wanted(self, peer: int, tag: int) -> list[_Recv]:
+        return [r for r in self.waiting.get(tag, ()) if r.takes(peer)]
 
     def _expire(self, tag: int, exc: BaseException) -> None:
         """Fail the receives on `tag` past their deadline."""
@@ -148,9 +156,6 @@ class Receiver:
                 waiting.remove(r)
         for r in failed:
             r.future.set_exception(exc)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _fill(recv: _Recv, peer: int, data, group) -> None:

@@ -261,6 +261,11 @@ def irecv_timeout(rank, n):
     dist.barrier()
     second = torch.zeros(1)
     dist.recv(second, src=1)
+    idle = dist.irecv(torch.zeros(1), tag=7)  # from any rank: nothing comes
+    try:
+        idle.wait(timeout=timedelta(seconds=0.2))
+    except Exception:  # noqa: BLE001, S110 - withdrawn; its receivers stay blocked until the end
+        pass
     return [error, first.item(), second.item()]
 
 
