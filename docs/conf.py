@@ -54,6 +54,33 @@ class Settings(SphinxDirective):
         return self.parse_text_to_nodes("\n".join(rows))
 
 
+class Others(SphinxDirective):
+    """`mwrt-others MODULE`: the names of MODULE.__all__ autodoc's automodule leaves out,
+    modules (their docstring) and constants (their value), so a new one needs no edit here."""
+
+    required_arguments = 1
+    option_spec = {"skip": lambda text: text.split()}
+
+    def run(self) -> list:
+        import importlib
+        import inspect
+
+        name = self.arguments[0]
+        module = importlib.import_module(name)
+        data, modules = [], []
+        for member in module.__all__:
+            value = getattr(module, member)
+            if member in self.options.get("skip", ()):
+                continue
+            if inspect.ismodule(value):  # after the constants: automodule moves the context
+                modules += [f"## `{value.__name__}`", "", "```{eval-rst}",
+                            f".. automodule:: {value.__name__}", "   :no-members:", "```", ""]
+            elif not (inspect.isclass(value) or callable(value)):
+                data += ["```{eval-rst}", f".. py:data:: {name}.{member}",
+                         f"   :value: {value!r}", "```", ""]
+        return self.parse_text_to_nodes("\n".join(data + modules))
+
+
 class Examples(SphinxDirective):
     """`mwrt-examples`: every file of examples/ with the first paragraph of its docstring."""
 
@@ -74,3 +101,4 @@ def setup(app) -> None:
     app.connect("autodoc-process-docstring", _docstring)
     app.add_directive("mwrt-settings", Settings)
     app.add_directive("mwrt-examples", Examples)
+    app.add_directive("mwrt-others", Others)
