@@ -77,8 +77,10 @@ def _share(name: str, args: tuple, outs: list) -> None:
         sources = args[2:]
     elif name == "numpy" and args[0] in ordering.VIEW_PATHS or name in ordering.VIEWS and (
             name != "getitem" or _basic(args[1])):
-        first = next((a for a in args if isinstance(a, DistributedTensor)), None)
-        sources = (first,) * len(outs)
+        tensors = [a for a in args if isinstance(a, DistributedTensor)]
+        if name == "numpy" and args[0] == "einsum" and len(tensors) > 1:
+            return  # a product of several: a new array (one operand's may view it)
+        sources = tensors[:1] * len(outs)
     else:
         return
     for tensor, source in zip(outs, sources):
