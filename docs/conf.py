@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import ClassVar
 
 from sphinx.util.docutils import SphinxDirective
 
@@ -59,7 +60,7 @@ class Others(SphinxDirective):
     modules (their docstring) and constants (their value), so a new one needs no edit here."""
 
     required_arguments = 1
-    option_spec = {"skip": lambda text: text.split()}
+    option_spec: ClassVar[dict] = {"skip": lambda text: text.split()}
 
     def run(self) -> list:
         import importlib
