@@ -101,3 +101,14 @@ def test_the_performance_page_names_every_benchmark():
                glob.glob(os.path.join(ROOT, "benchmarks", "bench_*.py"))
                if f"benchmarks/{os.path.basename(path)}" not in text]
     assert not missing, f"add these benchmarks to docs/performance.md: {missing}"
+
+
+def test_the_readme_keeps_its_two_commands_and_links_to_pages_that_exist():
+    """The README is a first visit: the two commands as written, and links into docs/."""
+    readme = pathlib.Path(ROOT, "README.md").read_text()
+    for command in ("    pip install . && python examples/quickstart.py",
+                    "    pip install -e '.[test]' && python -m pytest -q"):
+        assert command + "\n" in readme, command
+    broken = [link for link in re.findall(r"\]\((docs/[^)#]+)", readme)
+              if not os.path.exists(os.path.join(ROOT, link))]
+    assert not broken, broken
