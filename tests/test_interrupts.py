@@ -336,11 +336,13 @@ def test_ctrl_c_of_a_worker_daemon(script, tmp_path, kind):
 # -- a notebook's Ctrl-C: the interrupted transfer ends whole, and the session goes on -------
 
 # The script sends itself SIGINT (a Ctrl-C) as the k-th segment of its transfers goes out
-# (dist_send) or comes in (numpy): a point inside a large message, the same in every run.
+# (dist_send) or comes in (numpy), or as dist_send waits for the worker to post its receive
+# (post): a point inside a large transfer, the same in every run.
 AFTER_CTRL_C = textwrap.dedent("""
     import os, signal, sys, numpy as np, mwrt
     from mwrt.channels.matching import MatchingChannel
     from mwrt.channels.sockets import SocketChannel
+    from mwrt.master.client import Node
     kind, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     seen = [-1]  # armed at 0
 
@@ -355,6 +357,8 @@ AFTER_CTRL_C = textwrap.dedent("""
 
     if kind == "send":
         SocketChannel._write = counting(SocketChannel._write)
+    elif kind == "post":
+        Node.wait = counting(Node.wait)
     else:
         MatchingChannel._segment_done = counting(MatchingChannel._segment_done)
     mwrt.init_master_worker(timeout=30)
@@ -378,9 +382,12 @@ AFTER_CTRL_C = textwrap.dedent("""
 """)
 
 
+INSIDE = [(kind, segment) for kind in ("numpy", "send") for segment in (1, 9, 200)] + [
+    ("post", 1)]
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("segment", [1, 9, 200])
-@pytest.mark.parametrize("kind", ["numpy", "send"])
+@pytest.mark.parametrize("kind,segment", INSIDE)
 def test_a_session_works_after_a_ctrl_c_inside_a_large_transfer(tmp_path, kind, segment):
     # 32 MB transfers in 64 KiB segments (512 each): a Ctrl-C after the first, inside, or
     # several transfers on. The next calls in both directions must work: a message cut in
@@ -441,7 +448,7 @@ def test_a_wait_behind_an_interrupted_op_says_what_it_waits_for(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
         ROOT, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env,
-                          timeout=90)
+                          timeout=90, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout.splitlines()
     assert out[0] == "interrupted" and out[1] == "next [6.0, 6.0, 6.0, 6.0]", done.stdout

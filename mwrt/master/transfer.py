@@ -22,6 +22,7 @@ from ..ops import Spec
 from ..protocol import wire
 from ..worker import staging
 from . import context, ordering
+from .client import issue_site
 from .cluster import current
 from .mesh.device_mesh import Mesh, current_mesh
 from .mesh.placement import ShardArg
@@ -56,27 +57,23 @@ def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
                      frame=payload)
         return tensor
     tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), array.nbytes, device != HOST)
-    target.request(wire.RecvFrom(id=next(target.ids), stream=stream, out=tensor._id,
-                                 shape=array.shape, dtype=array.dtype.str, device=device,
-                                 peer=cluster.master_rank, tag=tag, token=next(target.tokens)),
-                   "posting a receive for dist_send")
-    with _naming_the_node(target):
-        if staging.chunked(tag):  # to a GPU: chunks, which it copies while the next comes
-            _whole(staging.send_array, cluster.channel(), array, target.index, tag)
-        else:
-            _whole(cluster.channel().send, payload, target.index, tag)  # `array` reusable
+    post = wire.RecvFrom(id=next(target.ids), stream=stream, out=tensor._id, shape=array.shape,
+                         dtype=array.dtype.str, device=device, peer=cluster.master_rank,
+                         tag=tag, token=next(target.tokens))
+    _whole(_deliver, target, post, issue_site(), cluster.channel(), array, payload)
     return tensor
 
 
-def _whole(send, *args) -> None:
-    """Run send(*args) on a helper thread and wait for it here. A Ctrl-C lands in this wait,
-    while the helper finishes the message: the worker is left at a message boundary, where
-    half a message would stall its receive (and its stream) until the channel timeout."""
+def _whole(deliver, *args) -> None:
+    """Run deliver(*args) on a helper thread and wait for it here. A Ctrl-C lands in this
+    wait, while the helper finishes: the worker is left at a message boundary, where a
+    receive posted for bytes never sent, or half of them, would stall it (and its stream)
+    until the channel timeout."""
     done, failed = threading.Event(), []
 
     def run():
         try:
-            send(*args)
+            deliver(*args)
         except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
             failed.append(exc)
         finally:
@@ -86,6 +83,17 @@ def _whole(send, *args) -> None:
     done.wait()
     if failed:
         raise failed[0]
+
+
+def _deliver(target, post: wire.RecvFrom, site, channel, array, payload) -> None:
+    """Have the worker post its receive, then send the bytes: both, or neither."""
+    target.issue(post, site=site)
+    target.wait(post.token, "posting a receive for dist_send")
+    with _naming_the_node(target):
+        if staging.chunked(post.tag):  # to a GPU: chunks, which it copies as the next comes
+            staging.send_array(channel, array, target.index, post.tag)
+        else:
+            channel.send(payload, target.index, post.tag)  # returns: `array` reusable
 
 
 def fetch(tensor) -> np.ndarray:
