@@ -223,3 +223,25 @@ def test_a_dist_send_over_the_limit_is_a_quota_error_and_the_session_goes_on(dae
         assert process.poll() is None
     finally:
         mwrt.shutdown()
+
+
+def test_the_readmes_numpy_functions_run_by_name_on_an_unkeyed_worker(daemon):
+    """An unkeyed worker runs no shipped code: what README promises runs from the list."""
+    _, address = daemon
+    mwrt.init_master_worker([address], timeout=30)
+    try:
+        a = np.arange(16.0).reshape(4, 4) + np.eye(4) * 10
+        t = mwrt.dist_send(a)
+        for name, fn in [("linalg.inv", np.linalg.inv), ("linalg.eig", lambda x: np.linalg.eig(x)[0]),
+                         ("fft.fft", np.fft.fft), ("einsum", lambda x: np.einsum("ij,jk", x, x)),
+                         ("kron", lambda x: np.kron(x, x)), ("unique", np.unique),
+                         ("percentile", lambda x: np.percentile(x, 30)), ("cov", np.cov),
+                         ("histogram", lambda x: np.histogram(x, bins=5)[0]),
+                         ("sort_complex", np.sort_complex), ("diff", np.diff),
+                         ("nonzero", lambda x: np.nonzero(x)[1]), ("empty_like", np.zeros_like)]:
+            got = fn(t)
+            got = got.numpy() if hasattr(got, "numpy") else got
+            np.testing.assert_allclose(got, fn(a), err_msg=name)
+        assert not np.empty_like(t).numpy().any()
+    finally:
+        mwrt.shutdown()

@@ -75,6 +75,12 @@ def worker_refusal(event: int, value: int, worker_keyed: bool) -> str:
     return zmq.Event(event).name.lower().replace("_", " ")
 
 
+def _rank(reason: str) -> int:
+    """How much a refusal's reason tells: a key that does not decrypt says more than a
+    connection that offered none (a master's keyless probe follows its own failed key)."""
+    return 2 if "did not decrypt" in reason else 1 if "hung up" in reason else 0
+
+
 def peer_of_fd(fd: int) -> str:
     """'host:port' of the TCP connection on `fd` (a monitor's ACCEPTED event), else UNNAMED."""
     try:
@@ -111,8 +117,11 @@ class RefusalLog:
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self.keyed:
             return  # the ZAP handler (auth.MasterAdmission) logged it, with the master's key
         host = self.peer.rsplit(":", 1)[0] if self.peer != UNNAMED else UNNAMED
-        if host not in self.pending and len(self.pending) < self._MAX_PEERS:
-            self.pending[host] = (self.peer, worker_refusal(kind, value, self.keyed))
+        reason = worker_refusal(kind, value, self.keyed)
+        known = self.pending.get(host)
+        if (known is None and len(self.pending) < self._MAX_PEERS) or \
+                (known is not None and _rank(reason) > _rank(known[1])):
+            self.pending[host] = (self.peer if known is None else known[0], reason)
         self.peer = UNNAMED
 
     def drain(self, monitor) -> None:
@@ -124,7 +133,11 @@ class RefusalLog:
         """Log the refusals noted since the last flush: an unnamed one only if none is named."""
         pending, self.pending = self.pending, {}
         if len(pending) > 1:
-            pending.pop(UNNAMED, None)
+            unnamed = pending.pop(UNNAMED, None)
+            if unnamed is not None and len(pending) == 1:  # most likely the same peer: keep
+                (host, (peer, reason)), = pending.items()  # the more telling reason
+                if _rank(unnamed[1]) > _rank(reason):
+                    pending[host] = (peer, unnamed[1])
         now = time.monotonic()
         if len(self.logged) >= self._MAX_PEERS:
             self.logged.clear()
