@@ -226,3 +226,22 @@ def test_gpu_memory_over_time_on_fake_gpus(monkeypatch):
     finally:
         board.close()
         mwrt.shutdown()
+
+
+def test_the_dashboard_outlives_a_shutdown_and_follows_the_next_session():
+    """After mwrt.shutdown() the page says so once (with a count), and shows the workers of
+    the next init_master_worker()."""
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=2, timeout=60)
+    board = mwrt.dashboard(port=0, interval=0.1, quiet=True)
+    try:
+        wait_for(lambda: len(state(board)["nodes"]) == 2, "two nodes")
+        mwrt.shutdown()
+        notes = wait_for(lambda: [n for n in state(board)["notes"] if n["count"] >= 3],
+                         "the same note three times")
+        assert len(notes) == 1 and "not initialized" in notes[0]["message"], notes
+        mwrt.init_master_worker(local_workers=1, timeout=60)
+        wait_for(lambda: len(state(board)["nodes"]) == 1, "the new session's one node")
+    finally:
+        board.close()
+        mwrt.shutdown()

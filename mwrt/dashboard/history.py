@@ -42,7 +42,10 @@ class History:
     def note(self, message: str) -> None:
         """An error of the dashboard's own (a status() that failed), shown with the workers'."""
         with self.lock:
-            self.notes.append({"time": time.time(), "message": message})
+            if self.notes and self.notes[-1]["message"] == message:  # once, with its count
+                self.notes[-1].update(time=time.time(), count=self.notes[-1]["count"] + 1)
+            else:
+                self.notes.append({"time": time.time(), "message": message, "count": 1})
 
     def _extend(self, node: int, now: float, worker: dict) -> None:
         """Append one point to `node`'s series, dropping points older than keep_seconds."""

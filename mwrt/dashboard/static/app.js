@@ -106,7 +106,8 @@ function drawErrors(state) {
   const list = document.getElementById("errors");
   list.replaceChildren(...(items.length ? items.map(e => el("li",
     `${new Date(e.time * 1000).toLocaleTimeString()} ${e.where}` +
-    (e.op ? ` stream ${e.stream} ${e.op}: ${e.type || ""} ` : ": ") + e.message)) : [el("li", "none")]));
+    (e.op ? ` stream ${e.stream} ${e.op}: ${e.type || ""} ` : ": ") + e.message +
+    (e.count > 1 ? ` (${e.count} times)` : ""))) : [el("li", "none")]));
 }
 
 async function poll() {
