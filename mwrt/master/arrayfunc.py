@@ -51,7 +51,10 @@ def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: d
     registry op of the same name, on the worker (mesh tensors pass their own `call`); out= is
     written in place, as NumPy writes it (where= leaves its other places as they were)."""
     name = ufunc.__name__
-    inputs = tuple(np.asarray(v) if type(v) in (list, tuple) else v for v in inputs)
+    for value in inputs:  # a list operand is NumPy's array of it (rare: no generator else)
+        if type(value) is list or type(value) is tuple:
+            inputs = tuple(np.asarray(v) if type(v) in (list, tuple) else v for v in inputs)
+            break
     if out is not None:
         out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
         if call is not _call:  # a mesh's call: the result copied into out
