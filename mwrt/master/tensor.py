@@ -22,7 +22,7 @@ from ..protocol import wire
 from . import context, methods, ordering
 from .streams import Stream
 
-_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # handle -> its name
+_NAMES: dict[int, str] = {}  # id(handle) -> its name, while the handle lives
 
 
 class DistributedTensor:
@@ -89,7 +89,7 @@ class DistributedTensor:
     @property
     def name(self) -> str | None:
         """The name a master re-attaching to this named session finds it by (mwrt.attached())."""
-        return _NAMES.get(self)
+        return _NAMES.get(id(self))
 
     @name.setter
     def name(self, value: str) -> None:
@@ -97,7 +97,9 @@ class DistributedTensor:
             raise TypeError(f"name: must be a non-empty str (got {value!r})")
         node = self._node
         node.issue(wire.Name(id=next(node.ids), ref=self._id, name=value))
-        _NAMES[self] = value
+        if id(self) not in _NAMES:  # by id: a weak dict would compare handles with == (an op)
+            weakref.finalize(self, _NAMES.pop, id(self), None)
+        _NAMES[id(self)] = value
 
     @property
     def spec(self) -> Spec:
