@@ -24,7 +24,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from ..errors import ChannelError, ChannelTimeoutError
+from ..errors import ChannelTimeoutError
 
 _LINGER = 0.05  # seconds a pump waits for the next receive before its thread ends
 
@@ -58,8 +58,12 @@ class Receiver:
              done=None) -> _Recv:
         """Receive into `dest` (flat bytes) from group rank `peer` (None: any) on channel tag
         `tag`; done() runs after the bytes land (a copy back to a non-contiguous tensor)."""
-        recv = _Recv(dest, peer, time.monotonic() + timeout, done)
         g = self.group
+        if not g.channel.any_size_recv:
+            raise ValueError(f"recv: the {g.channel.name} channel cannot take a message of a "
+                             "size it is not told, which torch's recv needs; use "
+                             "MWRT_CHANNEL=auto, shm or tcp for the torch backend")
+        recv = _Recv(dest, peer, time.monotonic() + timeout, done)
         peers = [peer] if peer is not None else [p for p in range(g.size) if p != g.rank]
         with self.lock:
             kept = self._take_kept(tag, recv)
@@ -117,7 +121,7 @@ class Receiver:
             except ChannelTimeoutError as exc:
                 self._expire(tag, exc)
                 continue
-            except (ChannelError, ConnectionError, TimeoutError) as exc:
+            except Exception as exc:  # noqa: BLE001 - gone, closed, or broken: its receives say so
                 self._peer_failed(peer, tag, exc)
                 return
             with self.lock:
