@@ -32,7 +32,7 @@ ShardedTensor = None  # the result class, set by tensor.py (which imports this m
 def call(name: str, *args, **kwargs):
     """Issue registry op `name` on mesh tensors at every place; the result's handles."""
     operands: list = []
-    margs = tuple(_mark(a, operands, name) for a in args)
+    margs = tuple([_mark(a, operands, name) for a in args])
     mkwargs = {k: _mark(v, operands, name) for k, v in kwargs.items()} if kwargs else {}
     if not operands:
         raise TypeError(f"{name}: no ShardedTensor among the arguments")
@@ -47,7 +47,10 @@ def call(name: str, *args, **kwargs):
     op = ops.get(name)
     key = _plan_key(name, op, mesh, operands, margs, mkwargs)
     if key is not None:
-        known = _PLANS.get(key)
+        try:
+            known = _PLANS.get(key)
+        except TypeError:  # an argument that does not hash: planned every time
+            key = known = None
         if known is not None:
             return run(name, known[1], operands, margs, mkwargs, known[0])
     spec = ops.infer(op, _fill(margs, [t.spec for t in operands]),
@@ -66,18 +69,14 @@ def call(name: str, *args, **kwargs):
 
 def _plan_key(name, op, mesh, operands, margs, mkwargs):
     """What an op's plan depends on: the operands' placements and Specs, and the other
-    arguments (a ufunc's scalars by type only); None where it cannot be told (unhashable)."""
+    arguments (a ufunc's scalars by type only); None where a shape is not known yet."""
     if any(t._spec is None for t in operands):
         return None
-    args = tuple(a.k if type(a) is Slot else type(a) if op.by_type else (type(a), a)
-                 for a in margs)
-    key = (name, mesh, *[(t._placements, t._spec) for t in operands], args,
-           tuple(sorted(mkwargs.items())) if mkwargs else ())
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    by_type = op.by_type
+    args = tuple([a.k if type(a) is Slot else type(a) if by_type else (type(a), a)
+                  for a in margs])
+    return (name, mesh, *[(t._placements, t._spec) for t in operands], args,
+            tuple(sorted(mkwargs.items())) if mkwargs else ())
 
 
 def run(name, plan, operands, margs, mkwargs, spec):
