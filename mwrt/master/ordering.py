@@ -33,8 +33,9 @@ MANUAL: set = set()  # ids of streams made with order="manual"
 capture: list = []  # the graph being captured, if any (see graph.py)
 
 
-# Registry ops whose result may be a view of their first argument (a copy is ordered as a
-# view too: that costs a wait at most, never a value).
+# Registry ops whose result may be a view of their first argument. A copy one of them makes
+# (ravel of a transpose) is ordered as a view too: that costs a wait at most, never a value,
+# and keeps the base's handle, so its worker memory, while the copy lives.
 VIEWS = frozenset({"getitem", "reshape", "transpose", "swapaxes", "squeeze", "expand_dims",
                    "ravel", "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d",
                    "diagonal", "ascontiguousarray", "real", "imag"})
