@@ -12,7 +12,9 @@ message to come wins and the receive learns its sender; a tensor larger than the
 gets the message in its first bytes (as gloo's does); and a receive whose wait timed out
 is taken off the queue, so the peer's next message goes to the next receive and never
 into the abandoned tensor. The price is one copy, from the channel's buffer into the
-tensor.
+tensor (1 ms of a 4 MiB round trip here). A pump's own wait ends at the deadline of the
+receives it serves; a large message that is arriving at that very moment is dropped by the
+channel (its timeout withdraws the receive mid-message), as any channel receive's would be.
 """
 
 from __future__ import annotations
