@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -295,9 +296,7 @@ def start_local_workers(count: int, timeout: float):
     """Start `count` daemons on loopback with a fresh key: (them, the master's key, theirs)."""
     worker_keys, master_keys = auth.generate_cluster_keys()
     local: list[LocalWorker] = []
-    with tempfile.TemporaryDirectory(prefix="mwrt-keys-") as directory:
-        path = os.path.join(directory, "worker.key")
-        worker_keys.save(path)  # read by each daemon at start, removed right after
+    with _key_file(worker_keys) as path:
         try:
             env = local_spin_env(count)
             with Progress(count if count >= 8 else 0, "starting local workers",
@@ -314,10 +313,17 @@ def start_local_workers(count: int, timeout: float):
 
 def start_one_local_worker(worker_keys, timeout: float, count: int) -> LocalWorker:
     """One more local daemon with the session's worker key (a lost one's replacement)."""
+    with _key_file(worker_keys) as path:
+        return LocalWorker.start(timeout, key_file=path, env=local_spin_env(count))
+
+
+@contextlib.contextmanager
+def _key_file(worker_keys):
+    """The workers' key in a file of a private folder, removed once they have read it."""
     with tempfile.TemporaryDirectory(prefix="mwrt-keys-") as directory:
         path = os.path.join(directory, "worker.key")
         worker_keys.save(path)
-        return LocalWorker.start(timeout, key_file=path, env=local_spin_env(count))
+        yield path
 
 
 def replace_node(index: int, address: str | None = None, *,
