@@ -26,6 +26,7 @@ master share them, so wall times are the CPU's, not a cluster's.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -227,7 +228,8 @@ def kmeans_dask(points, start, n: int, iters: int, rows: int):
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, Client(cluster):
+                      dashboard_address=None, silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster):
         P = da.from_array(points, chunks=(rows, points.shape[1])).persist()
         P2 = (P ** 2).sum(axis=1, keepdims=True).persist()
         sums, counts = dask.compute(*kmeans_step(P, P2, start))
