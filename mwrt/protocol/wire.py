@@ -179,6 +179,32 @@ def decode_body(frame, max_bytes: int | None = None) -> list:
     return [_build(row) for row in rows]
 
 
+def iter_body(frame, max_bytes: int | None = None):
+    """decode_body one message at a time, each a short call: a thread decoding a long body
+    beside a busy one can let it run between messages."""
+    if max_bytes is not None and len(frame) > max_bytes:
+        raise WireError(f"wire: command frame too large (got {len(frame)} bytes, "
+                        f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
+    unpacker = msgpack.Unpacker(ext_hook=_ext_hook, use_list=False, raw=False,
+                                strict_map_key=False, max_buffer_size=max(len(frame), 1))
+    try:
+        unpacker.feed(frame)
+        count = unpacker.read_array_header()
+    except Exception as exc:
+        raise WireError(f"wire: body must be a list of messages ({type(exc).__name__}: "
+                        f"{exc})") from None
+    for _ in range(count):
+        try:
+            row = unpacker.unpack()
+        except WireError:
+            raise
+        except Exception as exc:
+            raise WireError(f"wire: malformed body ({type(exc).__name__}: {exc})") from None
+        yield _build(row)
+    if unpacker.tell() != len(frame):
+        raise WireError(f"wire: {len(frame) - unpacker.tell()} bytes after the last message")
+
+
 def _build(row):
     if not isinstance(row, tuple) or not row or not isinstance(row[0], int):
         raise WireError(f"wire: a message must be [code, *fields] (got {row!r:.80})")

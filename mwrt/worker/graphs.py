@@ -106,8 +106,12 @@ class Pending:
     def decode(self) -> None:
         """Build the graph (decoder thread): a malformed one is kept as its error."""
         try:
-            body = wire.decode_body(self.command.body, self.max_bytes)
-            self.result = Graph(list(body), tuple(self.command.inputs))
+            commands = []
+            for command in wire.iter_body(self.command.body, self.max_bytes):
+                commands.append(command)
+                if len(commands) % 64 == 0:
+                    time.sleep(0)  # lets the socket thread have the GIL between messages
+            self.result = Graph(commands, tuple(self.command.inputs))
         except (WireError, TypeError, ValueError) as exc:
             self.result = str(exc)
         self.ready.set()
