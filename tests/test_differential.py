@@ -305,6 +305,11 @@ FOUND = {
     "generalized ufuncs keep their core dimensions": (
         {"v0": np.arange(12.0).reshape(3, 4), "v1": np.arange(4.0)},
         ["v2 = np.vecdot(v0, v1)", "v3 = np.matvec(v0, v1)", "v4 = np.vecmat(v1, v0.T)"]),
+    "np.split and its kin give one tensor per part, views of the whole": (
+        {"v0": np.arange(9.0).reshape(3, 3)},
+        ["v1, v2, v3 = np.split(v0, 3)", "v4, v5 = np.array_split(v0, 2, axis=1)",
+         "v6, v7, v8 = np.hsplit(v0, 3)", "world.slow(v0)\nwith world.S1:\n    v2[0, 1] = -1",
+         "with world.S2:\n    v9 = v0 * 1"]),
     "an empty list indexes": ({"v0": np.arange(3.0)}, ["v1 = v0[[]]", "v0[[]] = 5"]),
     ".to() of a tensor already there is the tensor": (
         {"v0": np.arange(3.0)}, ["v1 = world.move(v0)", "v2 = world.move(v1)", "v1 += 1"]),

@@ -59,7 +59,8 @@ def _shaped(path: str, dtypes: str):
 _INDEXED = {"take", "take_along_axis"}
 for _path in ["flip", "roll", "tile", "take", "take_along_axis", "permute_dims",
               "matrix_transpose", "squeeze", "expand_dims", "moveaxis", "broadcast_to",
-              "unstack", "reshape", "tril", "triu"]:
+              "unstack", "reshape", "tril", "triu", "split", "array_split", "hsplit",
+              "vsplit", "dsplit"]:
     _shaped(_path, "first")
 for _path in ["concat", "stack"]:
     _shaped(_path, "promote")

@@ -310,7 +310,8 @@ ALLOWED = {
     "lib.stride_tricks.sliding_window_view": _windows,
     # the Array API standard's names (mwrt.array_api runs these by path)
     "concat": linear(), "permute_dims": linear(), "matrix_transpose": linear(),
-    "unstack": linear(), "take": _take, "tile": _tile, "repeat": _repeat,
+    "unstack": linear(), "split": linear(), "array_split": linear(), "hsplit": linear(),
+    "vsplit": linear(), "dsplit": linear(), "take": _take, "tile": _tile, "repeat": _repeat,
     "cumulative_sum": _cumulative, "cumulative_prod": _cumulative, "vecdot": _broadcast,
     "broadcast_to": _broadcast_to,
 }
