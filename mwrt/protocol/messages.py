@@ -381,8 +381,8 @@ class Welcome(Reply, tag=23):
     devices: int
     data_address: str
     gpus: tuple = ()  # a dict per GPU (arrays.devices()): index, name, memory, capability
-    # A named session re-attached: its named tensors, last command id and streams.
-    resumed: dict | None = None
+    # A named session re-attached: its named tensors, last command id and streams ({}: new).
+    resumed: dict = msgspec.field(default_factory=dict)
 
 
 class Pong(Reply, tag=24):

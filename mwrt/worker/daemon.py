@@ -410,7 +410,7 @@ class Daemon:
         self.send(identity, wire.Welcome(token=command.id, incarnation=self.incarnation,
                                          hostname=socket.gethostname(), pid=os.getpid(),
                                          devices=len(gpus), data_address="", gpus=tuple(gpus),
-                                         resumed=resumed))
+                                         resumed=resumed or {}))
         return session
 
     def end_session(self, session, answer=None) -> None:
