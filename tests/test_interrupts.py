@@ -459,3 +459,52 @@ def test_a_wait_behind_an_interrupted_op_says_what_it_waits_for(tmp_path):
     assert len(said) == 1, done.stderr[-3000:]
     assert f"waits behind remote on stream -1, issued at {path}:9 in <module>, running for" \
         in said[0] and "mwrt.cancel() drops the commands queued behind it" in said[0], said
+
+
+HALF_ISSUED = textwrap.dedent("""
+    import os, signal, numpy as np, mwrt
+    from mwrt.master.client import Node
+    issue, seen = Node.issue, []
+
+    def counting(self, command, *args, **kwargs):
+        if type(command).__name__ == "Collective":
+            seen.append(self.index)
+            if len(seen) == 2:  # node 0 has its part of the all_reduce, node 1 not yet
+                os.kill(os.getpid(), signal.SIGINT)
+        return issue(self, command, *args, **kwargs)
+
+    Node.issue = counting
+    mwrt.init_master_worker(local_workers=2, timeout=30)
+    a, b = mwrt.ones(1000, node=0), mwrt.ones(1000, node=1)
+    try:
+        mwrt.all_reduce([a, b])
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    Node.issue = issue
+    print("next", a.numpy()[0], b.numpy()[0], flush=True)
+    mwrt.all_reduce([a, b])
+    print("again", a.numpy()[0], b.numpy()[0], flush=True)
+    mwrt.shutdown()
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_ctrl_c_while_a_collective_is_issued_reaches_every_node_or_none(tmp_path):
+    # A Ctrl-C between two nodes' parts of an all_reduce left node 0 inside the collective,
+    # waiting for node 1 until the collective timeout, and every call on node 0 behind it.
+    path = tmp_path / "half_issued.py"
+    path.write_text(HALF_ISSUED)
+    env = dict(os.environ, MWRT_COLLECTIVE_TIMEOUT="100", MWRT_SYNC_TIMEOUT="100",
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        out.until("interrupted")
+        assert out.next(EXIT_TIMEOUT).strip() == "next 2.0 2.0", err.rest()[-3000:]
+        assert out.next(EXIT_TIMEOUT).strip() == "again 4.0 4.0", err.rest()[-3000:]
+        assert proc.wait(EXIT_TIMEOUT) == 0, err.rest()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -61,6 +61,28 @@ def issue_site() -> tuple | None:
     return None if frame is None else (frame.f_code, frame.f_lineno)
 
 
+def uninterrupted(fn, *args):
+    """Run fn(*args) on a helper thread and wait for it here: a Ctrl-C lands in this wait,
+    while the helper runs to the end, so what fn sends goes out whole (every node's part of
+    a collective, a transfer's receive and its bytes) and no worker waits for the rest."""
+    done, box = threading.Event(), []
+
+    def run():
+        try:
+            box.append((True, fn(*args)))
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="mwrt-uninterrupted", daemon=True).start()
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 def site_text(site: tuple | str | None) -> str:
     """'file:line in function' of an issue_site() (a str is already that), '' if none; a
     notebook cell's code as IPython names it, with its source line."""

@@ -17,6 +17,7 @@ from ..collective.reduce_ops import ReduceOp, reduce_op
 from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
+from .client import issue_site, uninterrupted
 from .cluster import current
 from .tensor import DistributedTensor
 
@@ -51,8 +52,9 @@ def _group_id(placements) -> int:
     return groups.setdefault(key, len(groups) + 1)
 
 
-def _issue(kind: str, tensor, node, device, ranks, group, args, out_spec=None):
-    """Queue the collective on one node; returns the new tensor it makes, if any."""
+def _issue(sends: list, kind: str, tensor, node, device, ranks, group, args, out_spec=None):
+    """Make one node's command of the collective, for _send(); the new tensor it makes, if
+    any."""
     from .tensor import DistributedTensor
 
     stream = context.stream_for(node.index, device)
@@ -62,13 +64,28 @@ def _issue(kind: str, tensor, node, device, ranks, group, args, out_spec=None):
     now = next(node.ids)
     if tensor is not None:  # collectives write their tensor in place: after all its uses
         ordering.use(tensor, stream, now, write=True)
-    node.issue(wire.Collective(id=now, stream=stream, kind=kind, group=group,
-                               ranks=ranks, ref=-1 if tensor is None else tensor._id, args=args,
-                               out=-1 if out is None else out._id,
-                               out_shape=() if out_spec is None else out_spec.shape))
-    # Sent now, not with a later batch: its peers may already wait in it on other nodes.
-    node.flush()
+    sends.append((node, wire.Collective(
+        id=now, stream=stream, kind=kind, group=group, ranks=ranks, args=args,
+        ref=-1 if tensor is None else tensor._id, out=-1 if out is None else out._id,
+        out_shape=() if out_spec is None else out_spec.shape), issue_site()))
     return out
+
+
+def _send(sends: list) -> None:
+    """Send every node its part now, not with a later batch (its peers may already wait in
+    it), and all of them: on a helper thread, so that a Ctrl-C (or a node's backpressure
+    wait it falls in) never leaves the nodes that got theirs waiting for the others."""
+    if ordering.capture:  # a graph records them (on this thread), nothing is sent
+        for node, command, _ in sends:
+            node.issue(command)
+        return
+
+    def send_all():
+        for node, command, site in sends:
+            node.issue(command, site=site)
+            node.flush()
+
+    uninterrupted(send_all)
 
 
 def all_reduce(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
@@ -77,8 +94,10 @@ def all_reduce(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
     tensors = _check(tensors, "all_reduce")
     op = reduce_op(op, tensors[0].dtype, "all_reduce")
     ranks, group = _placed(tensors)
+    sends = []
     for t in tensors:
-        _issue("all_reduce", t, t._node, t._device, ranks, group, {"op": op.name})
+        _issue(sends, "all_reduce", t, t._node, t._device, ranks, group, {"op": op.name})
+    _send(sends)
     return tensors
 
 
@@ -87,8 +106,10 @@ def broadcast(tensors: Tensors, src: int = 0) -> list[DistributedTensor]:
     tensors = _check(tensors, "broadcast")
     _check_index(src, tensors, "broadcast", "src")
     ranks, group = _placed(tensors)
+    sends = []
     for t in tensors:
-        _issue("broadcast", t, t._node, t._device, ranks, group, {"root": src})
+        _issue(sends, "broadcast", t, t._node, t._device, ranks, group, {"root": src})
+    _send(sends)
     return tensors
 
 
@@ -99,8 +120,11 @@ def reduce(tensors: Tensors, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM
     _check_index(dst, tensors, "reduce", "dst")
     op = reduce_op(op, tensors[0].dtype, "reduce")
     ranks, group = _placed(tensors)
+    sends = []
     for t in tensors:
-        _issue("reduce", t, t._node, t._device, ranks, group, {"root": dst, "op": op.name})
+        _issue(sends, "reduce", t, t._node, t._device, ranks, group,
+               {"root": dst, "op": op.name})
+    _send(sends)
     return tensors[dst]
 
 
@@ -109,8 +133,11 @@ def all_gather(tensors: Tensors) -> list[DistributedTensor]:
     tensors = _check(tensors, "all_gather")
     ranks, group = _placed(tensors)
     spec = Spec((len(tensors), *tensors[0].shape), tensors[0].dtype)
-    return [_issue("all_gather", t, t._node, t._device, ranks, group,
+    sends = []
+    outs = [_issue(sends, "all_gather", t, t._node, t._device, ranks, group,
                    {"dtype": spec.dtype.str}, spec) for t in tensors]
+    _send(sends)
+    return outs
 
 
 def gather(tensors: Tensors, dst: int = 0) -> DistributedTensor:
@@ -119,11 +146,12 @@ def gather(tensors: Tensors, dst: int = 0) -> DistributedTensor:
     _check_index(dst, tensors, "gather", "dst")
     ranks, group = _placed(tensors)
     spec = Spec((len(tensors), *tensors[0].shape), tensors[0].dtype)
-    result = None
+    result, sends = None, []
     for i, t in enumerate(tensors):
-        made = _issue("gather", t, t._node, t._device, ranks, group,
+        made = _issue(sends, "gather", t, t._node, t._device, ranks, group,
                       {"root": dst, "dtype": spec.dtype.str}, spec if i == dst else None)
         result = made if i == dst else result
+    _send(sends)
     return result
 
 
@@ -142,9 +170,12 @@ def scatter(tensor: DistributedTensor, nodes: Sequence[int]) -> list[Distributed
     root = ranks.index(tensor.get_node())
     spec = Spec(tensor.shape[1:], tensor.dtype)
     group = _group_id([(n, tensor._device) for n in ranks])
-    return [_issue("scatter", tensor if node is tensor._node else None, node, tensor._device,
-                   ranks, group, {"root": root, "dtype": spec.dtype.str}, spec)
+    sends = []
+    outs = [_issue(sends, "scatter", tensor if node is tensor._node else None, node,
+                   tensor._device, ranks, group, {"root": root, "dtype": spec.dtype.str}, spec)
             for node in nodes]
+    _send(sends)
+    return outs
 
 
 def _placed(tensors) -> tuple[tuple, int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import threading
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -22,7 +21,7 @@ from ..ops import Spec
 from ..protocol import wire
 from ..worker import staging
 from . import context, ordering
-from .client import issue_site
+from .client import issue_site, uninterrupted
 from .cluster import current
 from .mesh.device_mesh import Mesh, current_mesh
 from .mesh.placement import ShardArg
@@ -60,29 +59,10 @@ def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
     post = wire.RecvFrom(id=next(target.ids), stream=stream, out=tensor._id, shape=array.shape,
                          dtype=array.dtype.str, device=device, peer=cluster.master_rank,
                          tag=tag, token=next(target.tokens))
-    _whole(_deliver, target, post, issue_site(), cluster.channel(), array, payload)
+    # On a helper thread: a Ctrl-C must not leave a receive posted for bytes never sent, or
+    # half of them, which would stall the worker's stream until the channel timeout.
+    uninterrupted(_deliver, target, post, issue_site(), cluster.channel(), array, payload)
     return tensor
-
-
-def _whole(deliver, *args) -> None:
-    """Run deliver(*args) on a helper thread and wait for it here. A Ctrl-C lands in this
-    wait, while the helper finishes: the worker is left at a message boundary, where a
-    receive posted for bytes never sent, or half of them, would stall it (and its stream)
-    until the channel timeout."""
-    done, failed = threading.Event(), []
-
-    def run():
-        try:
-            deliver(*args)
-        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
-            failed.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="mwrt-put", daemon=True).start()
-    done.wait()
-    if failed:
-        raise failed[0]
 
 
 def _deliver(target, post: wire.RecvFrom, site, channel, array, payload) -> None:
