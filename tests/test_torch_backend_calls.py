@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(600)  # the first test waits for both spawns (1
 N = 3  # all_to_all_single in place goes wrong from 3 ranks; a third rank also joins late
 SAME_AS_GLOO = ["recv_any", "recv_order", "all_to_all_list", "all_reduce_coalesced",
                 "all_gather_coalesced", "coalescing_manager", "group_name", "non_contiguous", "a2a_one_split",
-                "recv_larger", "work_result", "completed_after_wait", "future_of_all_gather",
+                "recv_larger", "large_p2p", "work_result", "completed_after_wait", "future_of_all_gather",
                 "callback_collective", "ddp_powersgd", "ddp_join", "device_mesh_dtensor",
                 "functional_collectives", "fsdp2"]
 

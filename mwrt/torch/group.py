@@ -22,7 +22,7 @@ from ..collective import api as C
 from ..collective.buffers import as_flat
 from ..collective.reduce_ops import ReduceOp
 from ..errors import MwrtError
-from .p2p import Receiver
+from . import p2p
 from .work import MwrtWork, seconds
 
 BACKEND = "mwrt"
@@ -104,7 +104,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
         self.group, self.channel = group, channel
         self._name, self._desc = name, ""
         self._sends = ThreadPoolExecutor(4, thread_name_prefix="mwrt-torch-send")
-        self._receiver = Receiver(group)
+        self._receiver = p2p.Receiver(group)
         self._coalesced: list | None = None
         self._lock = threading.Lock()
         LIVE.append(self)
@@ -335,10 +335,14 @@ class MwrtProcessGroup(dist.ProcessGroup):
 
     def send(self, tensors, dst: int, tag: int = 0):
         dense = _dense(tensors, "send")
-        arr = as_flat(dense[0], "send", writable=False)
+        arr = as_flat(dense[0], "send", writable=False).view(np.uint8)
         g = self.group
-        work = self.channel.isend(arr, g.ranks[dst], g.p2p_tag(int(tag)), g.timeout)
-        return MwrtWork(self._sends.submit(work.wait, g.timeout), tensors, g.timeout,
+        works = p2p.send(g, arr, dst, g.p2p_tag(int(tag)))
+
+        def wait():
+            for w in works:
+                w.wait(g.timeout)
+        return MwrtWork(self._sends.submit(wait), tensors, g.timeout,
                         f"send to rank {g.ranks[dst]}")
 
     def recv(self, tensors, src: int, tag: int = 0):

@@ -1,8 +1,9 @@
 """Point-to-point of the "mwrt" backend: receives from a named rank or from any rank, into
 a tensor at least as large as the message, and withdrawn when their wait times out.
 
-A send is one channel message of the tensor's bytes. A receive does not post the user's
-tensor to the channel, whose receives need the exact size and a named sender. Instead, for
+A send opens with a header that says its size: up to 64 KiB ride in the header's message,
+larger ones follow it as a message of their own. A receive does not post the user's tensor
+to the channel, whose receives need the exact size and a named sender. Instead, for
 each (peer, tag) that some receive waits on, a pump (a daemon thread, so that one still
 blocked in a receive never holds up the interpreter's exit) takes
 the peer's next message of any size (`recv_message`) and hands it to the oldest receive
@@ -11,8 +12,9 @@ receive when none waits. So a receive from any source is a pump per peer, the fi
 message to come wins and the receive learns its sender; a tensor larger than the message
 gets the message in its first bytes (as gloo's does); and a receive whose wait timed out
 is taken off the queue, so the peer's next message goes to the next receive and never
-into the abandoned tensor. The price is one copy, from the channel's buffer into the
-tensor (1 ms of a 4 MiB round trip here). A pump's own wait ends at the deadline of the
+into the abandoned tensor. A large message's bytes, announced by its header, go straight
+into the tensor of the receive that took the header; a small one's are copied. A pump's own
+wait ends at the deadline of the
 receives it serves; a large message that is arriving at that very moment is dropped by the
 channel (its timeout withdraws the receive mid-message), as any channel receive's would be.
 """
@@ -26,9 +28,12 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from ..errors import ChannelTimeoutError
+from ..errors import ChannelTimeoutError, WireError
 
 _LINGER = 0.05  # seconds a pump waits for the next receive before its thread ends
+_INLINE = 1 << 16  # bytes that travel in their header's message; larger ones follow it
+_MAGIC = 0x6D77727474726368  # "mwrttrch": a message of the torch backend's point-to-point
+_HEAD = 16  # the header: _MAGIC, then the size in bytes
 
 
 class _Recv:
@@ -126,14 +131,47 @@ class Receiver:
             except Exception as exc:  # noqa: BLE001 - gone, closed, or broken: its receives say so
                 self._peer_failed(peer, tag, exc)
                 return
-            with self.lock:
-                recv = next((r for r in self.waiting.get(tag, ()) if r.takes(peer)), None)
-                if recv is None:
-                    self.kept.setdefault(tag, deque()).append((peer, data))
-                else:
-                    self.waiting[tag].remove(recv)
+            if not self._take(peer, tag, data):
+                return
+
+    def _take(self, peer: int, tag: int, data) -> bool:
+        """Give the message that `data` opens to the oldest receive that takes it, or keep
+        it; False if the peer broke the protocol."""
+        g = self.group
+        try:
+            size = _announced(data, g, peer)
+        except WireError as exc:
+            self._peer_failed(peer, tag, exc)
+            return False
+        with self.lock:
+            recv = next((r for r in self.waiting.get(tag, ()) if r.takes(peer)), None)
             if recv is not None:
-                _fill(recv, peer, data, g)
+                self.waiting[tag].remove(recv)
+        if size < 0:  # small: the bytes came with the header
+            self._deliver(recv, peer, tag, memoryview(data)[_HEAD:])
+            return True
+        # Large: the bytes follow, straight into the tensor where it is large enough.
+        fits = recv is not None and size <= recv.dest.nbytes
+        dest = recv.dest[:size] if fits else np.empty(size, np.uint8)
+        try:
+            g.channel.recv(dest, g.ranks[peer], tag, g.timeout)
+        except Exception as exc:  # noqa: BLE001 - this receive fails with it
+            if recv is not None:
+                recv.future.set_exception(exc)
+            return True
+        if fits:
+            _done(recv, peer)
+        else:
+            self._deliver(recv, peer, tag, dest)
+        return True
+
+    def _deliver(self, recv: _Recv | None, peer: int, tag: int, data) -> None:
+        """Hand a message to the receive chosen for it, or keep it for the next one."""
+        if recv is None:
+            with self.lock:
+                self.kept.setdefault(tag, deque()).append((peer, data))
+        else:
+            _fill(recv, peer, data, self.group)
 
     def _wanted(self, peer: int, tag: int) -> list[_Recv]:
         return [r for r in self.waiting.get(tag, ()) if r.takes(peer)]
@@ -164,6 +202,30 @@ class Receiver:
             r.future.set_exception(exc)
 
 
+def send(group, arr: np.ndarray, peer: int, tag: int) -> list:
+    """Start sending the bytes `arr` to group rank `peer` on channel tag `tag`: the channel
+    Works. Each message opens with a header that says its size; up to _INLINE bytes ride in
+    the header's message, larger ones follow it, so the receiver can put them in place."""
+    head = np.array([_MAGIC, arr.nbytes], np.uint64).view(np.uint8)
+    rank, ch, timeout = group.ranks[peer], group.channel, group.timeout
+    if arr.nbytes > _INLINE:
+        return [ch.isend(head, rank, tag, timeout), ch.isend(arr, rank, tag, timeout)]
+    msg = np.empty(_HEAD + arr.nbytes, np.uint8)
+    msg[:_HEAD], msg[_HEAD:] = head, arr
+    return [ch.isend(msg, rank, tag, timeout)]
+
+
+def _announced(data, group, peer: int) -> int:
+    """The size a large message's header announces, or -1 for a small one's own bytes."""
+    head = np.frombuffer(data, np.uint64, 2) if len(data) >= _HEAD else None
+    if head is None or int(head[0]) != _MAGIC:
+        raise WireError(f"recv on rank {group.channel.rank}: rank {group.ranks[peer]} sent a "
+                        f"message without the torch backend's header ({len(data)} bytes); is "
+                        "it running the same mwrt?")
+    size = int(head[1])
+    return -1 if len(data) == _HEAD + size else size
+
+
 def _fill(recv: _Recv, peer: int, data, group) -> None:
     """Put a message in its receive's tensor, or fail the receive if it does not fit."""
     size = len(data)
@@ -174,9 +236,13 @@ def _fill(recv: _Recv, peer: int, data, group) -> None:
             "large as the one sent"))
         return
     recv.dest[:size] = np.frombuffer(data, np.uint8)
+    _done(recv, peer)
+
+
+def _done(recv: _Recv, peer: int) -> None:
     if recv.done is not None:
         recv.done()
     recv.future.set_result(peer)
 
 
-__all__ = ["Receiver"]
+__all__ = ["Receiver", "send"]

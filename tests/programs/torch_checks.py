@@ -119,6 +119,20 @@ def recv_larger(rank, n):
     return None
 
 
+def large_p2p(rank, n):
+    """Messages past 64 KiB (they follow their header): into a larger tensor, from any rank."""
+    big = 200_000
+    if rank == 0:
+        dist.send(torch.arange(float(big)), dst=1)
+        dist.send(torch.arange(float(big)) * -1, dst=1)
+    if rank != 1:
+        return None
+    larger, exact = torch.zeros(big + 1000), torch.zeros(big)
+    dist.recv(larger, src=0)
+    src = dist.recv(exact)
+    return [larger[:3], larger[big - 2:big + 2], larger.sum(), src, exact.sum(), exact[-2:]]
+
+
 def work_result(rank, n):
     x = torch.ones(3) * rank
     w = dist.all_reduce(x, async_op=True)
@@ -297,7 +311,7 @@ def shape_mismatch(rank, n):
 
 CHECKS = [recv_any, recv_order, all_to_all_list, all_reduce_coalesced, all_gather_coalesced,
           coalescing_manager,
-          all_to_all_in_place, group_name, non_contiguous, a2a_one_split, recv_larger,
+          all_to_all_in_place, group_name, non_contiguous, a2a_one_split, recv_larger, large_p2p,
           work_result, completed_after_wait, future_of_all_gather, callback_collective,
           ddp_powersgd, ddp_join, device_mesh_dtensor, functional_collectives, fsdp2,
           irecv_timeout, recv_too_small, shape_mismatch]
