@@ -24,6 +24,7 @@ import numpy as np
 from ..protocol import wire
 from . import context, ordering
 from .cluster import current
+from .mesh import saving
 from .progress import Progress
 from .streams import Stream
 from .tensor import DistributedTensor
@@ -36,8 +37,9 @@ _SAVE_STREAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # node
 class SaveHandle:
     """A save in progress: wait() returns once the manifest is written; done() asks."""
 
-    def __init__(self, path: str, entries: dict, parts: list, generation: int, started: float):
-        self.path, self._entries, self._parts = path, entries, parts
+    def __init__(self, path: str, entries: dict, parts: list, generation: int, started: float,
+                 sharded: dict):
+        self.path, self._entries, self._parts, self._sharded = path, entries, parts, sharded
         self._generation, self._started = generation, started
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -77,7 +79,7 @@ class SaveHandle:
             "format": _FORMAT, "version": 1, "generation": self._generation,
             "files": sorted({rel for _, _, rel, _ in self._parts}),
             "seconds": round(time.monotonic() - self._started, 3),
-            "tensors": self._entries})
+            "tensors": self._entries, "sharded": self._sharded})
         self._parts = None
 
     def __repr__(self):
@@ -89,6 +91,7 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     """Have each worker write the tensors it holds under `path`; the master writes the manifest."""
     path = os.path.abspath(os.fspath(path))
     _check_tensors(tensors)
+    tensors, sharded = _blocks_of_sharded(tensors)
     previous = _read_manifest(path, missing_ok=True)
     generation = previous.get("generation", 0) + 1
     before = {tuple(e["where"]): e for e in previous.get("tensors", {}).values()}
@@ -107,7 +110,10 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
                              "where": list(where), "file": rel, "replaces": old.get("file")}
         stale = os.path.join(path, old["replaces"]) if old.get("replaces") else ""
         parts.append(_issue_save(path, rel, stale, members, wait))
-    handle = SaveHandle(path, entries, parts, generation, started)
+    for name, entry in sharded.items():
+        for block in entry["blocks"]:
+            entries[block["name"]]["part_of"] = name
+    handle = SaveHandle(path, entries, parts, generation, started, sharded)
     for node in {t._node for t in tensors.values()}:
         node.flush()  # every worker starts writing before the master waits on the first
     if wait:
@@ -117,48 +123,67 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     return handle
 
 
-def load(path: str | os.PathLike, *, node: int | None = None,
-         names: list | None = None) -> dict:
+def load(path: str | os.PathLike, *, node: int | None = None, names: list | None = None,
+         mesh=None) -> dict:
     """The tensors of the checkpoint at `path`, each read by the worker it goes to.
 
-    By default each goes back to the node and device it was saved from; `node=` puts them
-    all on that node (its workers must see the files: a shared filesystem).
+    By default each goes back to the node and device it was saved from, and a sharded
+    tensor onto its mesh; `node=` puts every plain tensor on that node, `mesh=` every
+    sharded one onto that mesh (resharded: each place reads the blocks it needs). Reading
+    a file on another node than the one that wrote it needs a filesystem both see.
     """
     path = os.path.abspath(os.fspath(path))
     manifest = _read_manifest(path)
-    wanted = manifest["tensors"] if names is None else _pick(manifest, names, path)
-    cluster = current()
-    groups: dict = {}
-    for name, entry in wanted.items():
-        where = (entry["where"][0] if node is None else node, entry["where"][1])
-        if where[0] >= len(cluster.nodes):
-            raise ValueError(f"mwrt.load: {name!r} was saved on node {where[0]}, and this "
+    sharded = manifest.get("sharded", {})
+    every = {n: e for n, e in manifest["tensors"].items() if "part_of" not in e}
+    every.update(dict.fromkeys(sharded))
+    wanted = every if names is None else _pick(every, names, path)
+    cluster, loaded, used = current(), {}, set()
+
+    def load_at(name: str, node_index: int, device: int) -> DistributedTensor:
+        entry = manifest["tensors"][name]
+        if node_index >= len(cluster.nodes):
+            raise ValueError(f"mwrt.load: {name!r} was saved on node {node_index}, and this "
                              f"session has {len(cluster.nodes)} nodes; load with node=...")
-        groups.setdefault((where, entry["file"]), []).append(name)
-    loaded, streams = {}, set()
-    for ((node_index, device), rel), members in groups.items():
-        target = cluster.node(node_index)
-        device = target.check_device(device)
-        stream = context.stream_for(node_index, device)
-        outs = []
-        for name in members:
-            entry = wanted[name]
-            spec = _spec(entry)
-            outs.append(DistributedTensor(target, device, next(target.ids), spec, stream))
-        target.issue(wire.LoadTensors(
-            id=next(target.ids), stream=stream, outs=tuple(t._id for t in outs),
-            file=os.path.join(path, rel), names=tuple(members),
-            expected=tuple((wanted[n]["dtype"], tuple(wanted[n]["shape"]),
-                            wanted[n].get("crc32")) for n in members)))
-        loaded.update(zip(members, outs))
-        streams.add((node_index, device))
-    total = sum(_nbytes(entry) for entry in wanted.values())
+        used.add((node_index, device))
+        return _issue_load(cluster.node(node_index), device, path, name, entry)
+
+    for name in wanted:
+        if name in sharded:
+            loaded[name] = saving.assemble(name, sharded[name], mesh, load_at)
+        else:
+            where = manifest["tensors"][name]["where"]
+            loaded[name] = load_at(name, where[0] if node is None else node, where[1])
+    total = sum(_nbytes(e) for n, e in manifest["tensors"].items()
+                if n in wanted or e.get("part_of") in wanted)
     with Progress(total, f"mwrt.load {path}") as progress:
-        for node_index, device in streams:  # a missing or damaged file is named now
+        for node_index, device in used:  # a missing or damaged file is named now
             Stream(node_index, device, _id=context.stream_for(node_index, device)).synchronize()
-            progress.update(sum(_nbytes(wanted[n]) for (where, _), members in groups.items()
-                                if where == (node_index, device) for n in members))
+            progress.update(total / len(used))
     return loaded
+
+
+def _issue_load(node, device: int, path: str, name: str, entry: dict) -> DistributedTensor:
+    """One LoadTensors: tensor `name` of its file, read by `node` onto `device`."""
+    device = node.check_device(device)
+    stream = context.stream_for(node.index, device)
+    out = DistributedTensor(node, device, next(node.ids), _spec(entry), stream)
+    node.issue(wire.LoadTensors(
+        id=next(node.ids), stream=stream, outs=(out._id,), file=os.path.join(path, entry["file"]),
+        names=(name,), expected=((entry["dtype"], tuple(entry["shape"]), entry.get("crc32")),)))
+    return out
+
+
+def _blocks_of_sharded(tensors: dict) -> tuple[dict, dict]:
+    """(every tensor to write, with sharded ones as their blocks; their manifest entries)."""
+    flat, sharded = {}, {}
+    for name, t in tensors.items():
+        if getattr(t, "_sharded", False):
+            sharded[name], parts = saving.blocks(name, t)
+            flat.update(parts)
+        else:
+            flat[name] = t
+    return flat, sharded
 
 
 def _issue_save(path: str, rel: str, stale: str, members: list, wait: bool):
@@ -205,20 +230,21 @@ def _check_tensors(tensors) -> None:
         raise TypeError(f"mwrt.save: tensors must be a non-empty dict of name -> "
                         f"DistributedTensor (got {type(tensors).__name__})")
     for name, t in tensors.items():
-        if not isinstance(name, str) or not name or name.startswith("__"):
-            raise ValueError(f"mwrt.save: tensor names must be non-empty strings not starting "
-                             f"with '__' (got {name!r})")
-        if not isinstance(t, DistributedTensor):
+        if not isinstance(name, str) or not name or name.startswith("__") or "#" in name:
+            raise ValueError(f"mwrt.save: tensor names must be non-empty strings without '#' "
+                             f"(a sharded tensor's blocks use it) not starting with '__' (got "
+                             f"{name!r})")
+        if not isinstance(t, DistributedTensor) and not getattr(t, "_sharded", False):
             raise TypeError(f"mwrt.save: {name!r} is a {type(t).__name__}, expected a "
                             "DistributedTensor (mwrt.dist_send it first)")
 
 
-def _pick(manifest: dict, names, path: str) -> dict:
-    missing = [n for n in names if n not in manifest["tensors"]]
+def _pick(every: dict, names, path: str) -> dict:
+    missing = [n for n in names if n not in every]
     if missing:
         raise KeyError(f"mwrt.load: {path} has no tensor {missing[0]!r} (it has "
-                       f"{', '.join(sorted(manifest['tensors']))})")
-    return {n: manifest["tensors"][n] for n in names}
+                       f"{', '.join(sorted(every))})")
+    return {n: every[n] for n in names}
 
 
 def _read_manifest(path: str, missing_ok: bool = False) -> dict:
