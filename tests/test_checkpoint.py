@@ -187,20 +187,6 @@ def test_progress_on_a_terminal_without_tqdm(monkeypatch):
     assert sys.stderr.getvalue().endswith("\rmwrt.save /x: 3.0 MiB of 3.0 MiB\n")
 
 
-def test_gpu_tensors_are_saved_and_loaded_on_their_gpus(gpu, tmp_path):
-    """On the fake GPU always, and on CuPy where CUDA exists (tests/test_gpu.py's fixture)."""
-    with mwrt.node(1):
-        w = mwrt.dist_send(CASES["f32"]).cuda(1 if mwrt.device_count(1) > 1 else 0)
-    host = mwrt.dist_send(CASES["c128"])
-    handle = mwrt.save(tmp_path, {"w": w, "host": host}, wait=False)
-    w += 1  # after the snapshot: not saved
-    handle.wait()
-    loaded = mwrt.load(tmp_path)
-    assert (loaded["w"].get_node(), loaded["w"].get_device()) == (1, w.get_device())
-    np.testing.assert_array_equal(loaded["w"].numpy(), CASES["f32"])
-    np.testing.assert_array_equal(loaded["host"].numpy(), CASES["c128"])
-
-
 def test_sharded_tensors_are_saved_by_block_and_resharded_on_load(cluster, tmp_path):
     rows = np.arange(15.0).reshape(5, 3)
     m = mwrt.mesh()
@@ -229,3 +215,18 @@ def test_sharded_tensors_are_saved_by_block_and_resharded_on_load(cluster, tmp_p
     grid = mwrt.mesh({"a": 1, "b": 2})  # another rank of mesh: rows along its first dim
     np.testing.assert_array_equal(mwrt.load(tmp_path, mesh=grid, names=["x"])["x"].numpy(),
                                   rows)
+
+
+def test_gpu_tensors_are_saved_and_loaded_on_their_gpus(gpu, tmp_path):
+    """On the fake GPU always, and on CuPy where CUDA exists (tests/test_gpu.py's fixture,
+    which ends the module's cluster: this test comes last)."""
+    with mwrt.node(1):
+        w = mwrt.dist_send(CASES["f32"]).cuda(1 if mwrt.device_count(1) > 1 else 0)
+    host = mwrt.dist_send(CASES["c128"])
+    handle = mwrt.save(tmp_path, {"w": w, "host": host}, wait=False)
+    w += 1  # after the snapshot: not saved
+    handle.wait()
+    loaded = mwrt.load(tmp_path)
+    assert (loaded["w"].get_node(), loaded["w"].get_device()) == (1, w.get_device())
+    np.testing.assert_array_equal(loaded["w"].numpy(), CASES["f32"])
+    np.testing.assert_array_equal(loaded["host"].numpy(), CASES["c128"])
