@@ -34,6 +34,7 @@ def _on(node: int, value) -> mwrt.DistributedTensor:
 def test_a_replaced_node_works_and_old_handles_say_what_happened(three, tmp_path):
     held = _on(1, np.arange(4.0))
     mwrt.save(tmp_path, {"held": held})
+    mesh = mwrt.mesh()
     survivor = _on(2, np.ones(3))
     _kill(three, 1)
     with pytest.raises(mwrt.WorkerLostError, match="node 1"):
@@ -46,6 +47,8 @@ def test_a_replaced_node_works_and_old_handles_say_what_happened(three, tmp_path
     mwrt.all_reduce(parts)  # the new node joined the data channel with the others
     for part in parts:
         np.testing.assert_array_equal(part.numpy(), np.full(2, 6.0))
+    # the mesh made before the loss reaches the new node
+    np.testing.assert_array_equal(mwrt.ones(3, mesh=mesh, shard=0).numpy(), np.ones(3))
     back = mwrt.load(tmp_path)["held"]
     assert back.get_node() == 1
     np.testing.assert_array_equal(back.numpy(), np.arange(4.0))

@@ -14,6 +14,7 @@ import socket
 import tempfile
 import threading
 import uuid
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,6 +56,7 @@ class Cluster:
         self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
         self.attached: dict | None = None  # handles of a re-attached session (naming.py)
+        self.meshes: "weakref.WeakSet" = weakref.WeakSet()  # meshes over these nodes
         self._channel_lock = threading.Lock()
         self.store = self._channel = None
         try:
@@ -139,6 +141,8 @@ class Cluster:
         old.replaced_by = new.address
         old.close(goodbye=False)
         self.nodes[index] = new
+        for mesh in list(self.meshes):  # new ops on a mesh go to the new node
+            mesh.nodes = tuple(self.nodes[n] for n, _ in mesh.places)
         self._swap_local(old, worker)
         if all(n.lost is None for n in self.nodes):  # collectives need every node of the world
             self._rejoin(timeout)

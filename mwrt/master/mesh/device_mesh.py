@@ -41,6 +41,7 @@ class Mesh:
                             for i in range(len(self.places)))
         self._groups: dict = {}
         self._hash = hash((self.places, self.shape))
+        cluster.meshes.add(self)  # replace_node gives it the new node of a lost place
 
     @property
     def ndim(self) -> int:
