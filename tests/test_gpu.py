@@ -7,6 +7,7 @@ the reason). The same worker code runs both: the fake fits CuPy's API.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -210,11 +211,14 @@ def test_gpu_events_are_cuda_events(gpu):
         x = mwrt.rand(256, 256, device=0)
         y = x @ x
         before = mwrt.remote(_stream_waits)(x)
+        # a holds its record back a while: b's wait must find the event unfired (a worker
+        # keeps only the time of an event fired for good, and a wait on one needs no GPU)
+        mwrt.remote(lambda t: time.sleep(0.3), outputs=0)(y)
     done = a.record_event(mwrt.Event(enable_timing=True))
     with mwrt.stream(a):
         after = mwrt.remote(_stream_waits)(x)
-    with mwrt.stream(b):
-        seen = mwrt.remote(_stream_waits)(x)
+    with mwrt.stream(b):  # on a tensor of b's own: a remote() on x would wait for a's `after`
+        seen = mwrt.remote(_stream_waits)(mwrt.zeros(1, device=0))
     b.wait_event(done)
     with mwrt.stream(b):
         z = y + 1  # also ordered after a's write of y, automatically
