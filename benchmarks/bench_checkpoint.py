@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import mwrt  # noqa: E402
+import mwrt
 
 _NUMPY_WRITER = """
 import os, sys, time, numpy as np
@@ -111,7 +111,7 @@ def main() -> None:
         save = timed_gbps(lambda: mwrt.save(ckpt, tensors), total)
         load = timed_gbps(lambda: mwrt.load(ckpt), total)
         master = through_master(directory, tensors)
-        del tensors
+        tensors.clear()  # their memory back before the training rows
         x, y, w = [], [], []
         for i in range(opts.workers):
             with mwrt.node(i):

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 import pytest
+from test_gpu import gpu  # noqa: F401  (fixture)
 
 import mwrt
-from test_gpu import gpu  # noqa: F401  (fixture)
 
 CASES = {
     "f32": np.arange(12, dtype=np.float32).reshape(3, 4),

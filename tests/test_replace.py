@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import quick_to_notice_losses
 
 import mwrt
-from conftest import quick_to_notice_losses
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import start_worker, stop_worker
 
 import mwrt
-from conftest import start_worker, stop_worker
 
 pytestmark = pytest.mark.timeout(120)
 

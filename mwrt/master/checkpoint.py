@@ -31,7 +31,7 @@ from .tensor import DistributedTensor
 
 MANIFEST = "manifest.json"
 _FORMAT = "mwrt-checkpoint"
-_SAVE_STREAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # node -> {dev: id}
+_SAVE_STREAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {dev: id}
 
 
 class SaveHandle:

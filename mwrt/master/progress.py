@@ -24,7 +24,7 @@ class Progress:
         self._bar = None
         self._shown = False
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -9,6 +9,7 @@ peers and a collection, so it runs on a thread of its own; the Bye is answered a
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -43,8 +44,8 @@ def may_reattach(session, command) -> bool:
 
 def grace(command) -> float:
     """The grace a Hello asks for, within the worker's bound."""
-    value = command.grace
-    return min(max(float(value), 0.0), MAX_GRACE) if value == value else 0.0  # NaN: none
+    value = float(command.grace)
+    return 0.0 if math.isnan(value) else min(max(value, 0.0), MAX_GRACE)
 
 
 def end(daemon, session, answer=None) -> threading.Thread:
