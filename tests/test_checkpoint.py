@@ -81,6 +81,17 @@ def test_a_background_save_keeps_what_was_there_when_it_was_called(cluster, tmp_
     np.testing.assert_array_equal(w.numpy(), np.full(1000, 5.0))
 
 
+def test_background_saves_to_one_folder_follow_each_other(cluster, tmp_path):
+    w = mwrt.dist_send(np.zeros(100_000))
+    for _ in range(4):  # each save waits for the one before it, whose manifest it reads
+        w += 1
+        handle = mwrt.save(tmp_path, {"w": w}, wait=False)
+    handle.wait()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["generation"] == 4
+    np.testing.assert_array_equal(mwrt.load(tmp_path)["w"].numpy(), np.full(100_000, 4.0))
+
+
 def test_older_generations_are_removed_and_the_last_two_kept(cluster, tmp_path):
     w = mwrt.dist_send(np.zeros(3))
     for step in range(4):

@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # the loss of data_parallel_training.py, eager and captured
     ("mesh_training.py", "captured: final loss 0.00010; same weights as eager: True"),
     ("mesh_kmeans.py", "centres found within 0.2 of the truth: True"),
+    ("mw_checkpoint.py", "same weights as the run that lost nothing: True"),
 ])
 def test_example_runs(name, expected):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT,

@@ -30,6 +30,7 @@ from .streams import Stream
 from .tensor import DistributedTensor
 
 MANIFEST = "manifest.json"
+_LAST: dict = {}  # folder -> its latest SaveHandle (a save waits for the one before it)
 _FORMAT = "mwrt-checkpoint"
 _SAVE_STREAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {dev: id}
 
@@ -92,6 +93,9 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     path = os.path.abspath(os.fspath(path))
     _check_tensors(tensors)
     tensors, sharded = _blocks_of_sharded(tensors)
+    prior = _LAST.get(path)
+    if prior is not None:  # one save per folder at a time: its manifest says what comes next
+        prior.wait()
     previous = _read_manifest(path, missing_ok=True)
     generation = previous.get("generation", 0) + 1
     before = {tuple(e["where"]): e for e in previous.get("tensors", {}).values()}
@@ -116,6 +120,7 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     handle = SaveHandle(path, entries, parts, generation, started, sharded)
     for node in {t._node for t in tensors.values()}:
         node.flush()  # every worker starts writing before the master waits on the first
+    _LAST[path] = handle
     if wait:
         handle.wait()
     else:

@@ -138,6 +138,7 @@ class Cluster:
                 worker.stop()
             raise
         self.heartbeat.stop()
+        self._settle(index)
         old.replaced_by = new.address
         old.close(goodbye=False)
         self.nodes[index] = new
@@ -153,6 +154,25 @@ class Cluster:
 
         self.heartbeat = Heartbeat(self)
         self.heartbeat.start()
+
+    def _settle(self, lost: int) -> None:
+        """Let the surviving nodes finish what was in flight when node `lost` went; what
+        failed with it (a collective it was part of) is logged, not left as a sticky error
+        to surprise the first sync after the replacement. Its results stay unreadable."""
+        pending = []
+        for node in self.nodes:
+            if node.lost is None and node.index != lost:
+                for stream in node.known_streams():
+                    sync = wire.Sync(id=next(node.ids), stream=stream, token=next(node.tokens))
+                    node.issue(sync)
+                    pending.append((node, sync.token, stream))
+        for node, token, stream in pending:
+            try:
+                node.wait(token, f"settling stream {stream} before replacing node {lost}")
+            except MwrtError as exc:
+                log.warning("replace_node: on %s, stream %d, work in flight when node %d was "
+                            "lost failed (its results are gone): %s", node, stream, lost,
+                            str(exc).splitlines()[0])
 
     def _swap_local(self, old, worker) -> None:
         """Stop the lost node's daemon if this master started it; keep the new one's."""
