@@ -1,6 +1,6 @@
 """GPU transfers beside CuPy's own calls, measured in the same run.
 
-  H2D / D2H: the worker's staging loops (mwrt.worker.staging: pinned buffers from the
+  H2D / D2H: the worker's staging loops (mwrt.staging: pinned buffers from the
       pool, chunks whose copies overlap) fed from / into host memory, beside CuPy's
       `cupy.asarray(host)` and `.get()` on the same array.
   D2D on one GPU: mwrt's `y.copy_(x)` issued from the master, 8 then one sync, beside
@@ -82,7 +82,7 @@ def median_seconds(fn, reps: int, sync) -> float:
 
 def staging_rows(xp, size: int, reps: int) -> list:
     """H2D and D2H: the staging loops against CuPy's own copies, in this process."""
-    from mwrt.worker import staging
+    from mwrt import staging
 
     host = np.random.default_rng(0).integers(0, 255, size, np.uint8)
     tag = staging.tag_for(1, size, True)

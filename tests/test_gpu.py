@@ -355,7 +355,7 @@ def test_a_copy_between_gpus_of_one_worker_stays_on_the_worker(gpu):
 
 def _staging_statistics(a):
     """This worker's pinned pool: buffers allocated so far, and those taken and not given back."""
-    from mwrt.worker import staging
+    from mwrt import staging
 
     stats = staging.pool().statistics()
     return np.array([stats["allocations"], stats["in_use"]], np.int64)
@@ -518,7 +518,7 @@ def test_the_staging_loops_over_a_channel(xp, ends, monkeypatch):
 
     from mwrt import channels
     from mwrt.store import HashStore
-    from mwrt.worker import staging
+    from mwrt import staging
 
     monkeypatch.setenv("MWRT_STAGING_CHUNK_BYTES", "4096")
     store = HashStore(timeout=10)

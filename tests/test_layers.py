@@ -4,7 +4,7 @@ depend on master-only state). Nor do modules reach around it by duck typing: a c
 never calls into a process group, the collective layer reads a channel's declared
 capabilities instead of probing for them, and `_private` names stay in their module.
 
-    foundation  errors, config, arrays, testing, netaddr, netio, procs, tensorfile
+    foundation  errors, config, arrays, testing, netaddr, netio, procs, tensorfile, staging
     protocol    messages, their codec, keys and handshakes        ops  the op registry
     store       key-value stores and rendezvous                   channels  bytes between ranks
     collective  process groups and the algorithms over channels
@@ -25,7 +25,7 @@ import mwrt
 ROOT = os.path.dirname(os.path.abspath(mwrt.__file__))
 
 FOUNDATION = {"errors", "config", "arrays", "testing", "netaddr", "netio", "procs",
-              "tensorfile"}
+              "tensorfile", "staging"}
 LAYERS = {**dict.fromkeys(FOUNDATION, 0),
           "protocol": 1, "ops": 1,
           "store": 2, "channels": 2,
@@ -101,6 +101,13 @@ def test_lower_layers_never_import_higher_ones():
             if too_high or (allowed is not None and imported not in allowed):
                 wrong.append(f"{module} imports {imported}")
     assert not wrong, "layering broken:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_master_never_imports_the_worker():
+    """What both sides use (the wire, staging's chunk tags and slots) lies below both."""
+    wrong = [f"{module} imports worker" for module, path, is_package in _modules()
+             if _top(module) == "master" and "worker" in set(_imports(module, path, is_package))]
+    assert not wrong, "the master reaches into the daemon:\n" + "\n".join(wrong)
 
 
 def test_the_foundation_imports_only_itself():

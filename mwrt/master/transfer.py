@@ -19,7 +19,7 @@ from ..arrays import HOST, as_dtype
 from ..errors import ChannelError, WorkerLostError
 from ..ops import Spec
 from ..protocol import wire
-from ..worker import staging
+from .. import staging
 from . import context, ordering
 from .client import issue_site, uninterrupted
 from .cluster import current

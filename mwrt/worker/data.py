@@ -27,7 +27,7 @@ from ..errors import ChannelError, ChannelTimeoutError, QuotaError
 from ..netaddr import split_host_port
 from ..protocol import wire
 from ..store import TCPStore
-from . import staging
+from .. import staging
 from .pool import ReceivePool
 
 log = logging.getLogger("mwrt.worker")

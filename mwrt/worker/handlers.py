@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
-from .. import arrays, config, ops
+from .. import arrays, config, ops, staging
 from ..protocol import wire
-from . import cuda_events, quotas, staging
+from . import cuda_events, quotas
 
 
 class Poisoned:

@@ -11,7 +11,7 @@ from ... import config
 from ...arrays import HOST
 from ...ops import Spec
 from ...protocol import wire
-from ...worker import staging
+from ... import staging
 from .. import ordering, transfer
 from ..cluster import current
 

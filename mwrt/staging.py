@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from .. import arrays, config
+from . import arrays, config
 
 CHUNK_SHIFT = 48  # tag bits 48..55: log2 of the chunk size; 0: one message
 _MIN_CHUNK, _MAX_CHUNK = 1 << 12, 1 << 30
