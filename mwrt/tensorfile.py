@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -45,13 +47,18 @@ def write(path: str, arrays: dict) -> list[int]:
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the format allows padding; aligned data reads faster
     temporary = f"{path}.partial-{os.getpid()}"
-    crcs = []
-    with open(temporary, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for a in stored.values():
-            crcs.append(_write_bytes(f, a))
-        f.flush()
-        os.fsync(f.fileno())
+    crcs: list = []  # summed on a thread of their own while the bytes go to the file
+    summing = threading.Thread(target=lambda: crcs.extend(map(_crc32, stored.values())),
+                               name="mwrt-crc32", daemon=True)
+    summing.start()
+    try:
+        with open(temporary, "wb", buffering=0) as f:
+            f.write(struct.pack("<Q", len(text)) + text)
+            for a in stored.values():
+                _write_bytes(f, a)
+            os.fsync(f.fileno())
+    finally:
+        summing.join()
     os.replace(temporary, path)
     return crcs
 
@@ -80,13 +87,43 @@ def _storable(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _write_bytes(f, a: np.ndarray) -> int:
+def _write_bytes(f, a: np.ndarray) -> None:
+    view = memoryview(a.reshape(-1).view(np.uint8))
+    while view:  # a raw file may write less than asked
+        view = view[f.write(view[:_CHUNK]):]
+
+
+def _crc32(a: np.ndarray) -> int:
     flat, crc = a.reshape(-1).view(np.uint8), 0
-    for start in range(0, flat.size, _CHUNK):
-        piece = flat[start:start + _CHUNK]
-        crc = zlib.crc32(piece, crc)
-        f.write(piece)
+    for start in range(0, flat.size, _CHUNK):  # zlib lets go of the GIL for each piece
+        crc = zlib.crc32(flat[start:start + _CHUNK], crc)
     return crc
+
+
+def _read_summing(f, flat: np.ndarray) -> tuple[int, int]:
+    """Read into `flat` in pieces, each summed (CRC32) on a thread while the next is read:
+    (bytes read, their CRC32)."""
+    pieces: queue.SimpleQueue = queue.SimpleQueue()
+    crc = [0]
+
+    def summing():
+        while (piece := pieces.get()) is not None:  # not iter(get, None): arrays compare
+            crc[0] = zlib.crc32(piece, crc[0])      # with == elementwise
+
+    thread = threading.Thread(target=summing, name="mwrt-crc32", daemon=True)
+    thread.start()
+    got, view = 0, memoryview(flat)
+    try:
+        while got < flat.size:
+            n = f.readinto(view[got:got + _CHUNK])
+            if not n:
+                break
+            pieces.put(flat[got:got + n])
+            got += n
+    finally:
+        pieces.put(None)
+        thread.join()
+    return got, crc[0]
 
 
 def _header(f, path: str) -> tuple[dict, int]:
@@ -121,11 +158,10 @@ def _read_one(f, path: str, start: int, header: dict, name: str, want: tuple, pa
         raise TensorFileError(f"{path}: tensor {name!r} has {end - begin} bytes (expected "
                               f"{flat.size})")
     f.seek(start + begin)
-    got = f.readinto(memoryview(flat)) if flat.size else 0
+    got, found = _read_summing(f, flat)
     if got != flat.size:
         raise TensorFileError(f"{path}: truncated in tensor {name!r} (read {got} of {flat.size} "
                               "bytes)")
-    found = zlib.crc32(flat)
     if crc is not None and found != crc:
         raise TensorFileError(f"{path}: tensor {name!r} fails its checksum (crc32 {found:#010x}, "
                               f"expected {crc:#010x}): the file was changed or damaged")
