@@ -18,7 +18,6 @@ import socket
 from ..errors import ChannelError, WireError
 from ..netaddr import host_identity
 from .shm import CMA, MAP, SHM, ShmChannel
-from .sockets import SocketChannel
 from .tcp import connect_tcp, listen_host, listen_tcp
 
 
@@ -56,11 +55,8 @@ class AutoChannel(ShmChannel):
                 "MWRT_INSECURE=1 on a private network")
         return connect_tcp(self, tcp, peer, timeout)
 
-    def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline):
-        if self._remote.get(peer):
-            return SocketChannel._send_segment(self, conn, peer, tag, total, offset, seg, desc,
-                                               deadline)
-        return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
+    def _through_memory(self, peer: int) -> bool:
+        return not self._remote.get(peer)  # set by _connect, before the first segment
 
     def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc):
         if kind in (MAP, SHM, CMA) and sock.family != socket.AF_UNIX:

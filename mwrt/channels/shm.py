@@ -131,6 +131,11 @@ class ShmChannel(SocketChannel):
     def shares_host(self, peer: int) -> bool:
         return True  # _connect refuses a peer on another host
 
+    def _through_memory(self, peer: int) -> bool:
+        """True if large segments to `peer` go through shared memory (slots, or read in
+        place), False where they ride the socket (the auto channel's peers on other hosts)."""
+        return True
+
     def _shown(self, record, sock):
         return "this host's shared memory" if sock.family == socket.AF_UNIX else \
             "%s:%d" % sock.getpeername()[:2]
@@ -138,7 +143,7 @@ class ShmChannel(SocketChannel):
     # -- sending -----------------------------------------------------------------------
 
     def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline):
-        if total <= self.inline_bytes:
+        if total <= self.inline_bytes or not self._through_memory(peer):
             return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
         out = self._out(peer)
         if total >= self.cma_bytes and out.cma is not False and \
