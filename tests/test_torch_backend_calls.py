@@ -61,6 +61,12 @@ def test_recv_from_any_rank_names_the_sender(results):
     assert results["mwrt"][0]["recv_order"] == [1, 1.0, 2.0]
 
 
+def test_coalescing_manager_with_a_device(results):
+    for rank in range(N):
+        a, b = results["mwrt"][rank]["coalescing_device"]
+        assert a.tolist() == [3.0, 6.0, 9.0, 12.0] and b.tolist() == [3.0] * 3, (rank, a, b)
+
+
 def test_all_to_all_single_in_place(results):
     for rank in range(N):
         got = results["mwrt"][rank]["all_to_all_in_place"]

@@ -18,21 +18,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mwrt.torch  # noqa: F401 - registers the "mwrt" backend
 
-MWRT_ONLY = ("all_to_all_in_place", "irecv_timeout", "recv_too_small", "shape_mismatch")
+MWRT_ONLY = ("coalescing_device", "all_to_all_in_place", "irecv_timeout", "recv_too_small", "shape_mismatch")
 
 
 def recv_any(rank, n):
     """recv without src: each sender's value, and the rank recv returned for it."""
+    got = []
     if rank != 0:
         dist.send(torch.tensor([float(rank)]), dst=0)
         dist.send(torch.tensor([float(rank) + 0.5]), dst=0)
-        return None
-    got = []
-    for _ in range(2 * (n - 1)):
+    for _ in range(2 * (n - 1) if rank == 0 else 0):
         t = torch.zeros(1)
         src = dist.recv(t)
         got.append((src, t.item()))
-    return sorted(got)
+    dist.barrier()  # else a receive from any rank may take the next check's messages
+    return sorted(got) if rank == 0 else None
 
 
 def recv_order(rank, n):
@@ -40,12 +40,12 @@ def recv_order(rank, n):
     if rank == 1:
         dist.send(torch.tensor([1.0]), dst=0)
         dist.send(torch.tensor([2.0]), dst=0)
-    if rank != 0:
-        return None
-    a, b = torch.zeros(1), torch.zeros(1)
-    src = dist.recv(a)
-    dist.recv(b, src=src)
-    return [src, a.item(), b.item()]
+    a, b, src = torch.zeros(1), torch.zeros(1), -1
+    if rank == 0:
+        src = dist.recv(a)
+        dist.recv(b, src=src)
+    dist.barrier()
+    return [src, a.item(), b.item()] if rank == 0 else None
 
 
 def all_to_all_list(rank, n):
@@ -78,6 +78,16 @@ def coalescing_manager(rank, n):
         dist.all_reduce(d)
     cm.wait()
     return [a, b, c, d]
+
+
+def coalescing_device(rank, n):
+    """The form that names a device (gloo refuses it): each call runs as it comes."""
+    a, b = torch.arange(4.0) + rank, torch.full((3,), float(rank))
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    return [a, b]
 
 
 def all_to_all_in_place(rank, n):
@@ -310,7 +320,7 @@ def shape_mismatch(rank, n):
 
 
 CHECKS = [recv_any, recv_order, all_to_all_list, all_reduce_coalesced, all_gather_coalesced,
-          coalescing_manager,
+          coalescing_manager, coalescing_device,
           all_to_all_in_place, group_name, non_contiguous, a2a_one_split, recv_larger, large_p2p,
           work_result, completed_after_wait, future_of_all_gather, callback_collective,
           ddp_powersgd, ddp_join, device_mesh_dtensor, functional_collectives, fsdp2,
