@@ -338,7 +338,7 @@ def test_master_killed(workers, keys, phase, sig):
     mwrt.shutdown()
     # Every socket, thread end and mapping of the dead session is gone again.
     for (process, _), before in zip(pairs, baseline):
-        assert wait_until(lambda: fd_count(process.pid) <= before + 2, 15) is not None, \
+        assert wait_until(lambda: fd_count(process.pid) <= before + 2, 30) is not None, \
             f"worker fds {fd_count(process.pid)}, were {before}"
     assert wait_until(lambda: not _segments_of(master.pid), 10) is not None, \
         f"the dead master's shm segments: {_segments_of(master.pid)}"

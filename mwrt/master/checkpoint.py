@@ -25,6 +25,7 @@ from ..protocol import wire
 from . import context, ordering
 from .cluster import current
 from .mesh import saving
+from .mesh.device_mesh import Mesh
 from .progress import Progress
 from .streams import Stream
 from .tensor import DistributedTensor
@@ -129,7 +130,7 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
 
 
 def load(path: str | os.PathLike, *, node: int | None = None, names: list | None = None,
-         mesh=None) -> dict:
+         mesh: Mesh | None = None) -> dict:
     """The tensors of the checkpoint at `path`, each read by the worker it goes to.
 
     By default each goes back to the node and device it was saved from, and a sharded

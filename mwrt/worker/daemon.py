@@ -53,6 +53,8 @@ def _check_socket(role: bytes, commands: list) -> None:
         if type(getattr(command, "stream", 0)) is not int:  # a thread per junk id, else
             raise WireError(f"wire: {type(command).__name__}.stream must be an int (got "
                             f"{command.stream!r:.40})")
+_RESUME_STEP = 4  # parked batches a session dispatches per turn of the socket loop
+
 
 
 class Daemon:
@@ -67,6 +69,7 @@ class Daemon:
                               "(a worker runs what masters send); pass --key-file (make one "
                               "with `mwrt-worker keygen DIR`), or listen on 127.0.0.1")
         self.keys = keys
+        self._more_parked = False  # sessions have parked batches left for the next turn
         self.incarnation = uuid.uuid4().hex
         self.started = time.monotonic()
         self.context = zmq.Context()
@@ -128,14 +131,14 @@ class Daemon:
             # rest of a round trip on a VM, and a sync loop's next request comes within it.
             # Only while no stream runs an op: one would contend with the spin for the GIL.
             if not (ready and spin and self._streams_idle() and self._spin(spin, ready)):
-                ready = dict(poller.poll(200))
+                ready = dict(poller.poll(0 if self._more_parked else 200))
             if self.replies in ready:
                 self._drain(self.replies, self._forward, copy=False)
             if self.router in ready:
                 self._drain(self.router, self._on_message, copy=True)
             if monitor in ready:
                 self.refusals.note(recv_monitor_message(monitor))
-            if self.decoder.wakes in ready:
+            if self.decoder.wakes in ready or self._more_parked:
                 self._resume()
             if time.monotonic() >= next_reap:
                 self._reap()
@@ -305,13 +308,19 @@ class Daemon:
         session.parked, session.waiting = [([replay], ())], pending
 
     def _resume(self) -> None:
-        """Dispatch, in order, what sessions parked behind graphs now decoded."""
+        """Dispatch, in order, what sessions parked behind graphs now decoded: a few batches
+        a session per turn of the loop, so a master that parked thousands (a flood of
+        Replays) does not keep the others' messages waiting."""
         self.decoder.drain_wakes()
+        self._more_parked = False
         for session in list(self.sessions.values()):
             if session.parked is None or not session.waiting.ready.is_set():
                 continue
             parked, session.parked = session.parked, None
             for i, (commands, data) in enumerate(parked):
+                if i == _RESUME_STEP:  # the rest next turn; new batches queue behind them
+                    session.parked, self._more_parked = parked[i:], True
+                    break
                 self._dispatch(session, commands, data)
                 if self.sessions.get(session.sid) is not session:
                     break
