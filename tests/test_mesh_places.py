@@ -95,3 +95,23 @@ def test_a_mesh_across_simulated_hosts(hosts3, tmp_path):  # noqa: F811
                         env=master_env(hosts3, tmp_path), timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ok mesh" in res.stdout, res.stdout[-2000:]
+
+
+def test_large_gpu_shards_come_to_the_master_at_once(monkeypatch):
+    """Shards past the inline limit, on GPUs, in several staging chunks each: every receive
+    is posted before the first shard is read, and the blocks land whole and in place."""
+    mwrt.shutdown()
+    monkeypatch.setenv("MWRT_FAKE_GPUS", "2")
+    monkeypatch.setenv("MWRT_FAKE_GPU_BYTES", str(64 << 20))
+    monkeypatch.setenv("MWRT_INLINE_BYTES", "4096")
+    monkeypatch.setenv("MWRT_STAGING_CHUNK_BYTES", str(1 << 14))
+    mwrt.init_master_worker(local_workers=2, timeout=30)
+    try:
+        mesh = mwrt.mesh(devices="gpu")
+        x = np.random.default_rng(1).standard_normal((1001, 37))  # uneven, 4 chunks a shard
+        X = mwrt.dist_send(x, mesh=mesh, shard=0)
+        np.testing.assert_array_equal(X.numpy(), x)
+        np.testing.assert_array_equal((X * 2).redistribute(shard=1).numpy(), x * 2)
+        assert X.numpy().dtype == x.dtype and X.numpy().shape == x.shape
+    finally:
+        mwrt.shutdown()

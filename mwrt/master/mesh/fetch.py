@@ -32,8 +32,8 @@ def fetch_many(tensors: list) -> list[np.ndarray]:
                                token=next(node.tokens))
                 node.issue(get)
                 pending.append((k, node, get.token, True))
-            elif t._device != HOST or nbytes > config.get("max_tensor_bytes"):
-                out[k] = transfer.fetch(t)  # GPU chunks, or refused: the one-by-one path
+            elif nbytes > config.get("max_tensor_bytes"):
+                out[k] = transfer.fetch(t)  # refused: the worker says why
                 continue
             else:
                 out[k] = _post_receive(t, node, pending, works, k)
@@ -47,9 +47,9 @@ def fetch_many(tensors: list) -> list[np.ndarray]:
                 if tensors[k]._spec is None:
                     tensors[k]._spec = Spec(shape, dtype)
                 out[k] = np.frombuffer(frames[0], dtype=dtype).reshape(shape).copy()
-        for node, work in works:
+        for node, work in list(works):
             with transfer._naming_the_node(node):
-                work.wait()
+                work.finish() if isinstance(work, staging.Receive) else work.wait()
             works = [w for w in works if w[1] is not work]
     finally:
         for _, work in works:  # an error above: no receive is left posted
@@ -58,13 +58,19 @@ def fetch_many(tensors: list) -> list[np.ndarray]:
 
 
 def _post_receive(t, node, pending: list, works: list, k: int) -> np.ndarray:
-    """Post the receive of t's bytes into a new array, then ask its worker to send them."""
+    """Post the receive of t's bytes into a new array (a GPU's come in chunks, each chunk's
+    receive posted as the one before lands), then ask its worker to send them."""
     cluster = current()
     node.check_lost()
-    tag = staging.tag_for(wire.TRANSFER_TAGS | next(transfer._TAGS), t.nbytes, False)
-    array = np.empty(t.shape, t.dtype)
+    tag = staging.tag_for(wire.TRANSFER_TAGS | next(transfer._TAGS), t.nbytes,
+                          t._device != HOST)
     with transfer._naming_the_node(node):
-        work = cluster.channel().irecv(array.reshape(-1).view(np.uint8), node.index, tag)
+        if staging.chunked(tag):
+            work = staging.Receive(cluster.channel(), t.shape, t.dtype, HOST, node.index, tag)
+            array = work.out
+        else:
+            array = np.empty(t.shape, t.dtype)
+            work = cluster.channel().irecv(array.reshape(-1).view(np.uint8), node.index, tag)
     works.append((node, work))
     stream = ordering.read_stream(t)
     send = wire.SendTo(id=next(node.ids), stream=stream, ref=t._id,
