@@ -149,7 +149,7 @@ def test_remote_error_names_place_op_and_line_and_is_sticky(cluster):
 
 def test_a_shipped_functions_file_and_line_are_put_back_in_a_workers_traceback():
     """cloudpickle >= 3.1.3 ships code as "<dynamic-code>"; the master names the place."""
-    from mwrt.master import remote
+    from mwrt.master import remote, sites
 
     def shipped(a):
         return a + 1
@@ -157,7 +157,7 @@ def test_a_shipped_functions_file_and_line_are_put_back_in_a_workers_traceback()
     line = shipped.__code__.co_firstlineno + 1
     worker_text = (f'Traceback (most recent call last):\n  File "<dynamic-code>", line {line}, '
                    'in shipped\nTypeError: no\n')
-    assert remote.restore_places(worker_text) == (
+    assert sites.restore_places(worker_text) == (
         f'Traceback (most recent call last):\n  File "{__file__}", line {line}, in shipped\n'
         '    return a + 1\nTypeError: no\n')
 

@@ -28,6 +28,7 @@ from ..errors import (AuthError, ChannelError, MwrtError, QuotaError, RemoteErro
 from ..protocol import auth, wire
 from ..protocol.refusals import master_refusal
 from .limits import Limits
+from .sites import cell_name, restore_places
 
 log = logging.getLogger("mwrt")
 
@@ -94,18 +95,6 @@ def site_text(site: tuple | str | None) -> str:
         return f"{code.co_filename}:{line} in {code.co_name}"
     source = linecache.getline(code.co_filename, line).strip()
     return f"{cell}, line {line} in {code.co_name}" + (f"\n    {source}" if source else "")
-
-
-def cell_name(filename: str) -> str | None:
-    """IPython's name for the code of a notebook cell or console input ('Cell In[7]'),
-    where the file is one of its temporary ones; None for any other file."""
-    ipython = sys.modules.get("IPython")
-    try:
-        shell = ipython.get_ipython() if ipython is not None else None
-        named = shell.compile.format_code_name(filename) if shell is not None else None
-    except Exception:  # noqa: BLE001 - an IPython without the call: name the file instead
-        return None
-    return None if named is None else f"{named[0]} {named[1]}"
 
 
 class Node:
@@ -433,8 +422,6 @@ class Node:
             return QuotaError(f"{self}: {info.get('message')}")
         if info.get("kind") != "remote":
             return MwrtError(f"{self}: {info.get('message')}")
-        from .remote import restore_places  # (remote.py imports this module's users)
-
         command = info.get("command")
         site = site_text(self.sites[command & (_SITES - 1)]) if isinstance(command, int) else ""
         message = (f"node {info.get('node')}, device {info.get('device')}, stream "

@@ -11,9 +11,10 @@ import sys
 import threading
 import time
 
-import mwrt
-
 from ..procs import stop_processes
+
+# The folder that holds the mwrt package (mwrt/master/local.py, three levels up).
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class LocalWorker:
@@ -26,7 +27,7 @@ class LocalWorker:
     def start(cls, timeout: float, key_file: str | None = None,
               env: dict | None = None) -> "LocalWorker":
         """Start `python -m mwrt.worker` on a free loopback port; wait for its address."""
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
+        package_root = _PACKAGE_ROOT
         child_env = dict(os.environ, **(env or {}))
         # The child imports the same mwrt as this master, installed or not.
         child_env["PYTHONPATH"] = os.pathsep.join(

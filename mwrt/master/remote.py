@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import functools
-import linecache
-import re
 import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +13,8 @@ from ..arrays import as_dtype
 from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
-from .client import cell_name
 from .cluster import current
+from .sites import remember_places
 
 
 class RemoteFunction:
@@ -73,51 +70,8 @@ def _pickle(fn) -> bytes:
     installed = any(path.startswith(p) for p in (sys.prefix, sys.base_prefix, *site_paths()))
     if module is not None and path and not installed:
         cloudpickle.register_pickle_by_value(module)
-    _remember_places(fn)
+    remember_places(fn)
     return cloudpickle.dumps(fn)
-
-
-# Code shipped by value reaches the worker as "<dynamic-code>" (cloudpickle >= 3.1.3), so a
-# worker's traceback cannot name its file; the master, which has the file, puts it back.
-_SHIPPED: dict[str, set] = {}  # code name -> {(file, first line, last line)}
-_DYNAMIC = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)$')
-
-
-def _remember_places(fn) -> None:
-    """Note the file and lines of `fn`'s code and of the code defined inside it."""
-    stack = [getattr(fn, "__code__", None)]
-    while stack:
-        code = stack.pop()
-        if code is None:
-            continue
-        lines = [line for _, _, line in code.co_lines() if line is not None]
-        _SHIPPED.setdefault(code.co_name, set()).add(
-            (code.co_filename, min(lines, default=code.co_firstlineno),
-             max(lines, default=code.co_firstlineno)))
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-
-
-def restore_places(text: str) -> str:
-    """A worker's traceback with each shipped function's file and source line put back."""
-    if "<dynamic-code>" not in text:
-        return text
-    out = []
-    for line in text.splitlines():
-        found = _DYNAMIC.match(line)
-        if found:
-            indent, number, name = found.group(1), int(found.group(2)), found.group(3)
-            place = next((path for path, first, last in sorted(_SHIPPED.get(name, ()))
-                          if first <= number <= last), None)
-            if place is not None:
-                cell = cell_name(place)
-                out.append(f'{indent}File "{place}", line {number}, in {name}' if cell is None
-                           else f"{indent}{cell}, line {number}, in {name}")
-                source = linecache.getline(place, number).strip()
-                if source:
-                    out.append(f"{indent}  {source}")
-                continue
-        out.append(line)
-    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def site_paths() -> list[str]:

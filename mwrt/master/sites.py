@@ -1,0 +1,68 @@
+"""Where the user's code is: a notebook cell's name, and the files of functions shipped by value.
+
+The master reports a worker's error at the user's line: a cell as IPython names it, and a
+function that mwrt.remote shipped by value at its own file and line, which the worker cannot
+know. Below the client (which formats errors) and remote.py (which ships the functions).
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import sys
+import types
+
+
+def cell_name(filename: str) -> str | None:
+    """IPython's name for the code of a notebook cell or console input ('Cell In[7]'),
+    where the file is one of its temporary ones; None for any other file."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        named = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:  # noqa: BLE001 - an IPython without the call: name the file instead
+        return None
+    return None if named is None else f"{named[0]} {named[1]}"
+
+
+# Code shipped by value reaches the worker as "<dynamic-code>" (cloudpickle >= 3.1.3), so a
+# worker's traceback cannot name its file; the master, which has the file, puts it back.
+_SHIPPED: dict[str, set] = {}  # code name -> {(file, first line, last line)}
+_DYNAMIC = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)$')
+
+
+def remember_places(fn) -> None:
+    """Note the file and lines of `fn`'s code and of the code defined inside it."""
+    stack = [getattr(fn, "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if code is None:
+            continue
+        lines = [line for _, _, line in code.co_lines() if line is not None]
+        _SHIPPED.setdefault(code.co_name, set()).add(
+            (code.co_filename, min(lines, default=code.co_firstlineno),
+             max(lines, default=code.co_firstlineno)))
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+def restore_places(text: str) -> str:
+    """A worker's traceback with each shipped function's file and source line put back."""
+    if "<dynamic-code>" not in text:
+        return text
+    out = []
+    for line in text.splitlines():
+        found = _DYNAMIC.match(line)
+        if found:
+            indent, number, name = found.group(1), int(found.group(2)), found.group(3)
+            place = next((path for path, first, last in sorted(_SHIPPED.get(name, ()))
+                          if first <= number <= last), None)
+            if place is not None:
+                cell = cell_name(place)
+                out.append(f'{indent}File "{place}", line {number}, in {name}' if cell is None
+                           else f"{indent}{cell}, line {number}, in {name}")
+                source = linecache.getline(place, number).strip()
+                if source:
+                    out.append(f"{indent}  {source}")
+                continue
+        out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
