@@ -36,8 +36,7 @@ from .master.creation import (
 from .master.graph import Graph, graph
 from .master.naming import attached
 from .master.mesh.device_mesh import Mesh, mesh
-from .master.mesh.placement import Partial, Placement, Replicate, Shard
-from .master.mesh.plan import PlacementError
+from .master.mesh.placement import Partial, Placement, PlacementError, Replicate, Shard
 from .master.mesh.tensor import ShardedTensor
 from .master.profile import profile
 from .master.queries import (cancel, device_count, devices, memory_stats, num_nodes, status,

@@ -17,18 +17,19 @@ from ..ops import Spec
 from ..protocol import wire
 from . import context
 from .cluster import current
-from .mesh.device_mesh import Mesh, current_mesh
+from .mesh.device_mesh import Mesh, current_mesh, wanted
 from .mesh.placement import ShardArg
 from .tensor import DistributedTensor
+from .upcalls import unbound
 
 Shape = int | Sequence[int]
+# A mesh tensor (a block at each place) is made by the layer above (see upcalls.py).
+create_on_mesh = unbound("create_on_mesh", "mwrt.master.mesh.creation.create")
 
 
 def _create(kind: str, shape: tuple, dtype, node, device, args=(), mesh=None, shard=None):
     if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
-        from .mesh import creation as on_mesh  # a mesh tensor: a block at each place
-
-        return on_mesh.create(kind, shape, dtype, on_mesh.wanted(mesh, shard), shard, args)
+        return create_on_mesh(kind, shape, dtype, wanted(mesh, shard), shard, args)
     dtype = as_dtype(dtype)
     target = current().node(context.current_node() if node is None else node)
     device = target.check_device(context.current_device() if device is None else device)

@@ -6,8 +6,6 @@ NumPy's casting on assignment (an int tensor keeps 3, a bool one True), as NumPy
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..ops.elementwise import BINARY_OPERATORS
 from .issue import call
 from .methods import operand
@@ -39,14 +37,3 @@ def _round_element(self, ndigits=None):
 
 
 Element.__round__ = _round_element
-
-
-def is_element(index) -> bool:
-    """True if `index` picks one element by integers alone (NumPy returns a scalar)."""
-    if isinstance(index, tuple):
-        return bool(index) and all(_is_int(i) for i in index)
-    return _is_int(index)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

@@ -19,6 +19,7 @@ from .. import ops
 from ..ops import UNKNOWN
 from ..protocol import wire
 from . import context, ordering
+from .mesh.placement import PlacementError
 from .tensor import DistributedTensor
 
 _SCALARS = (int, float, bool, complex)
@@ -31,7 +32,7 @@ def call(name: str, *args, **kwargs):
     op = ops.get(name)
     place: list = []
     spec_args, wire_args = _convert_args(args, place, name)
-    spec_kwargs, wire_kwargs = _convert(kwargs, place, name) if kwargs else ({}, {})
+    spec_kwargs, wire_kwargs = convert(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
     node, device = place[0]._node, place[0]._device
@@ -108,8 +109,8 @@ def _call_out(name: str, args: tuple, kwargs: dict):
     place: list = []
     spec_args, wire_args = _convert_args(args, place, name)
     rest = {k: v for k, v in kwargs.items() if k != "out"}
-    spec_kwargs, wire_kwargs = _convert(rest, place, name)
-    out_specs = [_convert(target, place, name)[0] for target in targets]  # in the same place
+    spec_kwargs, wire_kwargs = convert(rest, place, name)
+    out_specs = [convert(target, place, name)[0] for target in targets]  # in the same place
     if ordering.capture and _pending((spec_args, spec_kwargs, tuple(out_specs))):
         result = UNKNOWN  # a shape known on replay: NumPy checks out= on the worker
     else:
@@ -198,13 +199,13 @@ def _convert_args(args: tuple, place: list, name: str):
             specs.append(value)
             wires.append(value)
         else:
-            spec, wired = _convert(value, place, name)
+            spec, wired = convert(value, place, name)
             specs.append(spec)
             wires.append(wired)
     return tuple(specs), tuple(wires)
 
 
-def _convert(value, place: list, name: str):
+def convert(value, place: list, name: str):
     """(value with tensors as Specs, value with tensors as Refs); checks one (node, device)."""
     if type(value) in _SCALARS:
         return value, value
@@ -218,14 +219,12 @@ def _convert(value, place: list, name: str):
         place.append(value)
         return _spec_of(value), value._ref
     if isinstance(value, (tuple, list)):
-        pairs = [_convert(v, place, name) for v in value]
+        pairs = [convert(v, place, name) for v in value]
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
     if isinstance(value, dict):
-        pairs = {k: _convert(v, place, name) for k, v in value.items()}
+        pairs = {k: convert(v, place, name) for k, v in value.items()}
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     if getattr(value, "_sharded", False):
-        from .mesh.plan import PlacementError
-
         raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that one "
                              "on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or take "
                              "one of the mesh tensor's shards (t.shards()[i])")

@@ -14,7 +14,13 @@ from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
 from .cluster import current
+from .issue import convert
 from .sites import remember_places
+from .tensor import DistributedTensor
+from .upcalls import unbound
+
+# A call on mesh tensors runs at every place, by the layer above (see upcalls.py).
+remote_on_mesh = unbound("remote_on_mesh", "mwrt.master.mesh.dispatch.remote_call")
 
 
 class RemoteFunction:
@@ -32,16 +38,11 @@ class RemoteFunction:
 
     def __call__(self, *args, node: int | None = None, device: int | None = None, **kwargs):
         """Issue the call and return at once: result tensors, whose shapes resolve on first use."""
-        from .issue import _convert
-        from .tensor import DistributedTensor
-
         if any(getattr(a, "_sharded", False) for a in (*args, *kwargs.values())):
-            from .mesh.dispatch import remote_call  # at every place of the mesh
-
-            return remote_call(self, args, kwargs)
+            return remote_on_mesh(self, args, kwargs)  # at every place of the mesh
         place: list = []
-        _, wire_args = _convert(args, place, "remote")
-        _, wire_kwargs = _convert(kwargs, place, "remote")
+        _, wire_args = convert(args, place, "remote")
+        _, wire_kwargs = convert(kwargs, place, "remote")
         if place:
             target, device = place[0]._node, place[0]._device
         else:

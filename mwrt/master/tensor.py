@@ -21,6 +21,7 @@ from ..ops import Spec
 from ..protocol import wire
 from . import context, methods, ordering
 from .streams import Stream
+from .upcalls import unbound
 
 _NAMES: dict[int, str] = {}  # id(handle) -> its name, while the handle lives
 
@@ -180,8 +181,6 @@ class DistributedTensor:
 
     def numpy(self) -> np.ndarray:
         """Copy to the master as a NumPy array; waits for the stream that last wrote it."""
-        from .transfer import fetch
-
         return fetch(self)
 
     get = numpy
@@ -247,8 +246,6 @@ class DistributedTensor:
 
     def to(self, node: int | None = None, device: int | None = None) -> DistributedTensor:
         """This tensor on (node, device): a copy made worker-side, or self if already there."""
-        from .transfer import move
-
         return move(self, self._node.index if node is None else node,
                     self._device if device is None else device)
 
@@ -508,10 +505,23 @@ def _index_part(part):
     return array.astype(np.intp) if array.size == 0 and array.dtype == np.float64 else array
 
 
-# Issuing an op (issue.py) needs the class; the class's methods need call(): both below.
-from .issue import call  # noqa: E402
-from .element import Element, is_element  # noqa: E402
+def is_element(index: Any) -> bool:
+    """True if `index` picks one element by integers alone (NumPy returns a scalar)."""
+    if isinstance(index, tuple):
+        return bool(index) and all(_is_int(i) for i in index)
+    return _is_int(index)
 
-methods.install(DistributedTensor, call)
-# NumPy's protocols issue ops with call(), so they come last (arrayfunc imports this module).
-from .arrayfunc import array_function, array_ufunc  # noqa: E402
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+# -- up-calls (see upcalls.py) ------------------------------------------------------------
+# Issuing an op, copies and NumPy's protocols make handles of this class, so they stand
+# above it; mwrt.master binds them here as it loads (with the generated methods).
+call = unbound("call", "mwrt.master.issue")
+fetch = unbound("fetch", "mwrt.master.transfer")
+move = unbound("move", "mwrt.master.transfer")
+array_function = unbound("array_function", "mwrt.master.arrayfunc")
+array_ufunc = unbound("array_ufunc", "mwrt.master.arrayfunc")
+Element: Any = unbound("Element", "mwrt.master.element")  # the class of t[i]'s handle

@@ -23,11 +23,14 @@ from .. import staging
 from . import context, ordering
 from .client import issue_site, uninterrupted
 from .cluster import current
-from .mesh.device_mesh import Mesh, current_mesh
+from .mesh.device_mesh import Mesh, current_mesh, wanted
 from .mesh.placement import ShardArg
 from .tensor import DistributedTensor
+from .upcalls import unbound
 
 _TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.TRANSFER_TAGS
+# A mesh tensor's blocks are sent by the layer above (see upcalls.py).
+put_on_mesh = unbound("put_on_mesh", "mwrt.master.mesh.creation.put")
 
 
 def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
@@ -38,9 +41,7 @@ def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
     if not isinstance(array, (np.ndarray, np.generic)):
         array = _host_array(array)
     if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
-        from .mesh import creation as on_mesh
-
-        return on_mesh.put(array, on_mesh.wanted(mesh, shard), shard)
+        return put_on_mesh(array, wanted(mesh, shard), shard)
     array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
     as_dtype(array.dtype)
     cluster = current()

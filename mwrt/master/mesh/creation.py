@@ -8,26 +8,14 @@ from ...arrays import as_dtype
 from ...ops import Spec
 from ...protocol import wire
 from .. import creation, transfer
-from .device_mesh import Mesh, current_mesh
+from .device_mesh import Mesh
+from .moves import broadcast_group
 from .placement import REPLICATE, local_box, shard_arg
-
-
-def wanted(mesh, shard) -> Mesh | None:
-    """The mesh a constructor called with `mesh`/`shard` (or in a `with mesh:`) makes on."""
-    if mesh is None:
-        mesh = current_mesh()
-        if mesh is None and shard is not None:
-            raise ValueError("shard=: no mesh to shard over; pass mesh=mwrt.mesh(), or work "
-                             "inside `with mesh:`")
-    if mesh is not None and not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh=: expected a Mesh from mwrt.mesh() (got {type(mesh).__name__})")
-    return mesh
+from .tensor import ShardedTensor
 
 
 def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
     """A constructor's tensor of global `shape` laid over `mesh` as `shard` asks."""
-    from .tensor import ShardedTensor
-
     dtype = as_dtype(dtype)
     placements = shard_arg(shard, len(shape), mesh.ndim, kind)
     locals_ = []
@@ -56,9 +44,6 @@ def _local_args(kind: str, args: tuple, box: tuple, placements: tuple) -> tuple:
 def put(array: np.ndarray, mesh: Mesh, shard):
     """dist_send(array, mesh=, shard=): each place gets its block from the master; a large
     replicated array goes to one place and is broadcast from there, worker to worker."""
-    from .moves import broadcast_group
-    from .tensor import ShardedTensor
-
     array = np.asarray(array, order="C")
     placements = shard_arg(shard, array.ndim, mesh.ndim, "dist_send")
     spec = Spec(array.shape, array.dtype)

@@ -108,6 +108,18 @@ def current_mesh() -> Mesh | None:
     return stack[-1] if stack else None
 
 
+def wanted(mesh, shard) -> Mesh | None:
+    """The mesh a constructor called with `mesh`/`shard` (or in a `with mesh:`) makes on."""
+    if mesh is None:
+        mesh = current_mesh()
+        if mesh is None and shard is not None:
+            raise ValueError("shard=: no mesh to shard over; pass mesh=mwrt.mesh(), or work "
+                             "inside `with mesh:`")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh=: expected a Mesh from mwrt.mesh() (got {type(mesh).__name__})")
+    return mesh
+
+
 def mesh(dims: dict | Sequence[int] | int | None = None, *, nodes: Sequence[int] | None = None,
          devices: str | int | Sequence[int] | None = None) -> Mesh:
     """A mesh of the places (node, device) of `nodes` (default: every node) on `devices`

@@ -9,15 +9,19 @@ that share a node (its GPUs) combine with moves between their devices.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ...ops import Spec
 from .. import collectives, issue, ordering
 from ..creation import _create
 from ..tensor import DistributedTensor
-from .placement import REPLICATE, Partial, Shard, bounds, describe, local_box
+from .fetch import fetch_many
+from .placement import REPLICATE, Partial, Shard, basic_index, bounds, describe, local_box
 from .plan import PlacementError
-from .shapes import _basic
+
+ShardedTensor: Any = None  # the result class, set by tensor.py (which imports this module)
 
 _OPS = {"sum": ("add", "SUM"), "max": ("maximum", "MAX"), "min": ("minimum", "MIN"),
         "prod": ("multiply", "PRODUCT")}
@@ -81,8 +85,6 @@ def resolve(t) -> None:
 
 def redistribute(t, wanted: tuple):
     """A new tensor with placements `wanted`, moved worker to worker."""
-    from .tensor import ShardedTensor
-
     resolve_to = [REPLICATE if type(p) is Partial else p for p in t._placements]
     if any(type(p) is Partial for p in wanted):
         raise PlacementError(f"redistribute: Partial is made by reductions, not asked for "
@@ -184,11 +186,9 @@ def _length(spec, placements, mesh, i, axis) -> int:
 
 def pick(t, index, spec):
     """t[index] with an int along a sharded axis: taken where it lies, broadcast to the rest."""
-    from .tensor import ShardedTensor
-
     resolve(t)
     mesh = t._mesh
-    entries = _basic(index, t.ndim)
+    entries = basic_index(index, t.ndim)
     sharded = {p.axis for p in t._placements if type(p) is Shard}
     out_placements = []
     for p in t._placements:  # the picked axis is gone: every place gets the same row
@@ -227,8 +227,6 @@ def pick(t, index, spec):
 def per_place(label: str, operands: list, fn, keep: bool = False):
     """fn(local operands) at every place; on replicated operands (or, with `keep`, any that
     are placed alike), the results placed as the operands are."""
-    from .tensor import ShardedTensor
-
     for t in operands:
         resolve(t)
     placements = operands[0]._placements if operands else None
@@ -265,8 +263,6 @@ def global_spec(t) -> Spec:
 def gather_to_master(t) -> np.ndarray:
     """The whole value on the master; each distinct block fetched from one place, all at
     once (the requests go out to every node before the first reply is read)."""
-    from .fetch import fetch_many
-
     resolve(t)
     mesh, spec = t._mesh, t.spec
     wanted, boxes = [], []

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 PARTIAL_OPS = ("sum", "max", "min", "prod")
+
+
+class PlacementError(ValueError):
+    """An op whose operands' placements have no rule; redistribute one of them first."""
 
 
 @dataclass(frozen=True)
@@ -169,3 +175,25 @@ def _axis(axis: int, ndim: int, what: str) -> int:
         raise ValueError(f"{what}: shard={axis} is not an axis of a {ndim}-D tensor "
                          f"(expected {-ndim}..{ndim - 1})")
     return axis % ndim
+
+
+def basic_index(index, ndim):
+    """[(axis, item) or None (a new axis)] for a basic index; None for any other index."""
+    items = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
+               for i in items) or sum(i is Ellipsis for i in items) > 1:
+        return None
+    real = sum(i is not None and i is not Ellipsis for i in items)
+    out, ax = [], 0
+    for i in items:
+        if i is Ellipsis:
+            for _ in range(ndim - real):
+                out.append((ax, slice(None)))
+                ax += 1
+        elif i is None:
+            out.append(None)
+        else:
+            out.append((ax, i))
+            ax += 1
+    out += [(a, slice(None)) for a in range(ax, ndim)]
+    return out

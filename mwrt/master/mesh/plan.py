@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-from .placement import REPLICATE, Partial, Shard, describe
-
-
-class PlacementError(ValueError):
-    """An op whose operands' placements have no rule; redistribute one of them first."""
+from .placement import REPLICATE, Partial, PlacementError, Shard, describe
 
 
 class Slot:

@@ -22,6 +22,7 @@ import numpy as np
 from ...ops._meta import normalize_axes
 from ...ops.elementwise import UFUNCS
 from ...ops.reductions import REDUCTIONS
+from ..issue import call
 from . import shapes
 from .placement import REPLICATE, Partial, Shard, describe, local_box
 from .plan import (
@@ -148,8 +149,6 @@ def _joined(name, t, operands, out, shape):
 
 
 def _getitem(local, index):
-    from ..issue import call
-
     return call("getitem", local, index)
 
 
@@ -188,8 +187,6 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
         return "sum", args, kwargs
 
     def scale(i, local):
-        from ..issue import call
-
         local = call("multiply", local, 1.0 / count)
         return local if local.dtype == dtype else call("astype", local, dtype.str)
     return Plan(tuple(out), adjust=as_sum, post=scale)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops._meta import normalize_axes
-from .placement import Shard, local_box
+from .moves import pick
+from .placement import Shard, basic_index, local_box
 from .plan import PlacementError, Plan, no_rule, replicated_only
 
 PERMUTING = {"transpose", "swapaxes", "moveaxis", "expand_dims"}
@@ -80,7 +81,7 @@ def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     """Basic indices across the sharded axis keep it sharded; an int along it takes the row
     from the place that holds it and broadcasts it (worker to worker)."""
     t = operands[0]
-    entries = _basic(args[1], t.ndim)
+    entries = basic_index(args[1], t.ndim)
     if entries is None or len(operands) > 1:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
     sharded = {p.axis for p in t._placements if type(p) is Shard}
@@ -101,33 +102,9 @@ def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
         if not isinstance(item, (int, np.integer)):
             out_axis += 1
     if "int" in where.values():
-        from .moves import pick
-
         return Plan(None, whole=lambda: pick(t, args[1], spec))
     return Plan(tuple(Shard(where[p.axis]) if type(p) is Shard else p
                       for p in t._placements))
-
-
-def _basic(index, ndim):
-    """[(axis, item) or None (a new axis)] for a basic index; None for any other index."""
-    items = index if isinstance(index, tuple) else (index,)
-    if not all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
-               for i in items) or sum(i is Ellipsis for i in items) > 1:
-        return None
-    real = sum(i is not None and i is not Ellipsis for i in items)
-    out, ax = [], 0
-    for i in items:
-        if i is Ellipsis:
-            for _ in range(ndim - real):
-                out.append((ax, slice(None)))
-                ax += 1
-        elif i is None:
-            out.append(None)
-        else:
-            out.append((ax, i))
-            ax += 1
-    out += [(a, slice(None)) for a in range(ax, ndim)]
-    return out
 
 
 def join(name, operands, args, kwargs, spec, resolve) -> Plan:
@@ -156,7 +133,7 @@ def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     """t[index] = scalar: each place writes the part of `index` in its block."""
     t = operands[0]
     resolve(t)
-    entries = _basic(args[1], t.ndim)
+    entries = basic_index(args[1], t.ndim)
     sharded = {p.axis for p in t._placements if type(p) is Shard}
     if not sharded:
         return replicated_only(name, operands, args, kwargs, spec, resolve)

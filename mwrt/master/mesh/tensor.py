@@ -18,8 +18,13 @@ from numpy.typing import DTypeLike
 from ...arrays import HOST, as_dtype
 from ...ops import Spec
 from .. import methods
+from ..arrayfunc import array_ufunc
 from ..tensor import DistributedTensor
-from .placement import describe
+from . import dispatch, moves
+from .dispatch import array_function
+from .dispatch import call as _call
+from .moves import gather_to_master, global_spec, redistribute, resolve
+from .placement import describe, shard_arg
 
 
 class ShardedTensor:
@@ -67,8 +72,6 @@ class ShardedTensor:
     def spec(self) -> Spec:
         """Global shape and dtype; asks the workers once if they depend on data."""
         if self._spec is None:
-            from .moves import global_spec
-
             self._spec = global_spec(self)
         return self._spec
 
@@ -107,8 +110,6 @@ class ShardedTensor:
 
     def numpy(self) -> np.ndarray:
         """The whole value on the master: each shard sent straight here, all at once."""
-        from .moves import gather_to_master
-
         return gather_to_master(self)
 
     get = numpy
@@ -118,9 +119,6 @@ class ShardedTensor:
     def redistribute(self, *placements: Any, shard: Any = ...) -> ShardedTensor:
         """This tensor with other placements (`shard=axis`, `shard=None` to replicate, or
         Placements), moved worker to worker (all_reduce, all_gather, local slices)."""
-        from .moves import redistribute
-        from .placement import shard_arg
-
         if placements and shard is not ...:
             raise TypeError("redistribute: give placements or shard=, not both")
         if not placements and shard is ...:
@@ -137,8 +135,6 @@ class ShardedTensor:
 
     def reduce(self) -> ShardedTensor:
         """A Partial tensor made real: an all_reduce over the mesh, in place; returns self."""
-        from .moves import resolve
-
         resolve(self)
         return self
 
@@ -250,16 +246,12 @@ class ShardedTensor:
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, out: Any = None,
                         **kwargs: Any) -> Any:
         """NumPy ufuncs on mesh tensors run at every place, by the placement rules."""
-        from ..arrayfunc import array_ufunc
-
         return array_ufunc(ufunc, method, inputs, out, kwargs, call=_call)
 
     def __array_function__(self, func: Callable, types: Collection[type], args: tuple,
                            kwargs: dict) -> Any:
         """Other NumPy functions: registry ops by the placement rules; on replicated tensors
         any function, at every place."""
-        from .dispatch import array_function
-
         return array_function(func, args, kwargs)
 
 
@@ -275,8 +267,5 @@ def _index_arg(index):
     return index
 
 
-from . import dispatch
-from .dispatch import call as _call
-
-dispatch.ShardedTensor = ShardedTensor  # the class of the results it makes
+dispatch.ShardedTensor = moves.ShardedTensor = ShardedTensor  # the class of their results
 methods.install(ShardedTensor, _call)
