@@ -134,6 +134,7 @@ class Node:
         self.closed = False
         self.torn = False  # a batch was cut off mid-send: no more messages on tx
         self.interrupted = None  # (token, what, when) of a wait a Ctrl-C cut short
+        self.bye: int | None = None  # the id of the Bye sent, awaited by close()
         self.limits = Limits(self)
 
     def __repr__(self):
@@ -445,9 +446,17 @@ class Node:
         self.tx.close(linger=0)
         self.rx.close(linger=0)
 
-    def _bye(self) -> None:
+    def say_goodbye(self) -> None:
+        """Send Bye without waiting for its answer (close() waits for it): a cluster's nodes
+        free their sessions together (one after another, 32 took 1.5 s)."""
+        if self.bye is not None or self.closed or self.lost is not None or self.torn:
+            return
         bye = wire.Bye(id=next(self.ids))
         with self.tx_lock:
             self.batch.append(bye)
             self._flush_locked(time.monotonic())
-        self.wait(bye.id, "goodbye", timeout=2.0)
+        self.bye = bye.id
+
+    def _bye(self) -> None:
+        self.say_goodbye()
+        self.wait(self.bye, "goodbye", timeout=2.0)

@@ -27,7 +27,7 @@ from ..protocol import auth, wire
 from ..store import TCPStore
 from ..store.registry import wait_for as wait_for_workers
 from .client import Node
-from .local import LocalWorker
+from .local import LocalWorker, start_many, stop_all
 from .progress import Progress
 
 log = logging.getLogger("mwrt")
@@ -199,6 +199,12 @@ class Cluster:
         no socket is left open for context.term() to wait on."""
         heartbeat = getattr(self, "heartbeat", None)
         try:
+            for node in self.nodes if goodbye else ():
+                if node.info is not None:
+                    try:
+                        node.say_goodbye()
+                    except Exception as exc:  # a dying worker must not stop shutdown
+                        log.info("%s: goodbye not sent: %s", node, exc)
             for node in self.nodes:
                 node.close(goodbye=goodbye and node.info is not None)
         finally:
@@ -209,8 +215,7 @@ class Cluster:
             for closeable in (self._channel, self.store):
                 if closeable is not None:
                     closeable.close()
-            for worker in self.local:
-                worker.stop()
+            stop_all(self.local)
             self.context.term()
 
 
@@ -275,8 +280,7 @@ def init_master_worker(workers: str | Sequence[str] | None = None, *,
             _cluster = Cluster(addresses, local, timeout, keys, channel, session)
             _cluster.worker_keys = worker_keys if local else None
         except BaseException:
-            for worker in local:
-                worker.stop()
+            stop_all(local)
             raise
 
 
@@ -319,19 +323,9 @@ def _session_channel(backend: str | None, channel: str | None) -> str | None:
 def start_local_workers(count: int, timeout: float):
     """Start `count` daemons on loopback with a fresh key: (them, the master's key, theirs)."""
     worker_keys, master_keys = auth.generate_cluster_keys()
-    local: list[LocalWorker] = []
-    with _key_file(worker_keys) as path:
-        try:
-            env = local_spin_env(count)
-            with Progress(count if count >= 8 else 0, "starting local workers",
-                          "workers") as progress:
-                for _ in range(count):
-                    local.append(LocalWorker.start(timeout, key_file=path, env=env))
-                    progress.update(1)
-        except BaseException:
-            for worker in local:
-                worker.stop()
-            raise
+    with _key_file(worker_keys) as path, Progress(
+            count if count >= 8 else 0, "starting local workers", "workers") as progress:
+        local = start_many(count, timeout, path, local_spin_env(count), progress.update)
     return local, master_keys, worker_keys
 
 

@@ -25,8 +25,13 @@ class LocalWorker:
 
     @classmethod
     def start(cls, timeout: float, key_file: str | None = None,
-              env: dict | None = None) -> "LocalWorker":
+              env: dict | None = None) -> LocalWorker:
         """Start `python -m mwrt.worker` on a free loopback port; wait for its address."""
+        return start_many(1, timeout, key_file, env)[0]
+
+    @classmethod
+    def _spawn(cls, key_file: str | None, env: dict | None) -> LocalWorker:
+        """The daemon's process, started; its address comes with its first line."""
         package_root = _PACKAGE_ROOT
         child_env = dict(os.environ, **(env or {}))
         # The child imports the same mwrt as this master, installed or not.
@@ -39,30 +44,22 @@ class LocalWorker:
         # A session of its own: a terminal's Ctrl-C is for the master, which then frees its
         # sessions and stops the daemon; reaching the daemon too, it made the master's exit
         # report each node lost. A master that dies anyway is seen by --parent-pid.
-        process = None
-        try:
-            with _interrupt_held():  # inside Popen, it would leave a daemon nobody can stop
-                process = subprocess.Popen(
-                    command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env,
-                    text=True, start_new_session=True)
-            line = _read_line(process, timeout)
-        except BaseException:  # Ctrl-C while it starts: it is not in any list to stop yet
-            if process is not None:
-                stop_processes([process])
-            raise
-        prefix = "mwrt-worker: listening on "
-        if not line.startswith(prefix):
-            process.kill()
-            process.wait()
-            raise ConnectionError(f"local worker (pid {process.pid}): did not start within "
-                                  f"{timeout} s (said {line.strip()!r}); see its stderr")
-        return cls(process, line[len(prefix):].strip())
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                   env=child_env, text=True, start_new_session=True)
+        return cls(process, "")
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
-        stop_processes([self.process], timeout)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        stop_all([self], timeout)
+
+
+def stop_all(workers: list[LocalWorker], timeout: float = 5.0) -> None:
+    """SIGTERM every one, then SIGKILL those not gone within `timeout` seconds: all at once
+    (one after another, 32 daemons took 10 s to stop)."""
+    stop_processes([w.process for w in workers], timeout)
+    for worker in workers:
+        if worker.process.stdout is not None:
+            worker.process.stdout.close()
 
 
 @contextlib.contextmanager
@@ -82,12 +79,63 @@ def _interrupt_held():
         previous(*held[0])  # Python's own handler raises KeyboardInterrupt
 
 
-def _read_line(process: subprocess.Popen, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.1)
-        if ready:
-            return process.stdout.readline()
-        if process.poll() is not None:
-            return f"(exited with code {process.returncode})"
-    return "(no answer)"
+def start_many(count: int, timeout: float, key_file: str | None = None,
+               env: dict | None = None, started=None) -> list[LocalWorker]:
+    """Start `count` daemons, a few at a time (_starting_at_once), each given `timeout`
+    seconds from its own start to say its address; `started(k)` counts those that did.
+    A daemon that fails is named (its place in the count, pid, what it said), and every
+    daemon started so far is stopped."""
+    workers: list[LocalWorker] = []
+    waiting: dict = {}  # stdout -> (worker, its place, its deadline)
+    window = _starting_at_once()
+    try:
+        while len(workers) < count or waiting:
+            while len(workers) < count and len(waiting) < window:
+                # A Ctrl-C inside Popen would leave a daemon nobody can stop: held until
+                # the daemon is in the list that the handler below stops.
+                with _interrupt_held():
+                    worker = LocalWorker._spawn(key_file, env)
+                    workers.append(worker)
+                waiting[worker.process.stdout] = (worker, len(workers) - 1,
+                                                  time.monotonic() + timeout)
+            ready, _, _ = select.select(list(waiting), [], [], 0.1)
+            for stream in ready:
+                worker, place, _ = waiting.pop(stream)
+                worker.address = _address(worker, stream.readline(), place, count, timeout)
+                if started is not None:
+                    started(1)
+            for stream, (worker, place, deadline) in list(waiting.items()):
+                exited = worker.process.poll() is not None
+                if exited or time.monotonic() > deadline:
+                    del waiting[stream]
+                    _address(worker, "" if exited else "(no answer)", place, count, timeout)
+    except BaseException:  # a failure, or Ctrl-C while they start: stop every one
+        stop_all(workers)
+        raise
+    return workers
+
+
+def _starting_at_once() -> int:
+    """How many daemons start at once: their imports are CPU work, and 128 of them at once
+    on 2 cores would each take longer than a start's timeout; a few per core keep every
+    core busy and each start short."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(4, 4 * (cores or 1))
+
+
+def _address(worker: LocalWorker, line: str, place: int, count: int, timeout: float) -> str:
+    """The address in a daemon's first line, or a ConnectionError naming the daemon."""
+    prefix = "mwrt-worker: listening on "
+    if line.startswith(prefix):
+        return line[len(prefix):].strip()
+    which = f"local worker {place} of {count}" if count > 1 else "local worker"
+    if line == "" or worker.process.poll() is not None:  # its output ended: it exited
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.process.wait(5.0)
+        raise ConnectionError(f"{which} (pid {worker.process.pid}): exited with code "
+                              f"{worker.process.returncode} before listening; see its stderr "
+                              "above")
+    raise ConnectionError(f"{which} (pid {worker.process.pid}): did not start within "
+                          f"{timeout} s (said {line.strip()!r}); see its stderr above, or "
+                          "raise the timeout (init_master_worker(timeout=...), "
+                          "MWRT_CONNECT_TIMEOUT)")
