@@ -10,7 +10,8 @@ capabilities instead of probing for them, and `_private` names stay in their mod
     collective  process groups and the algorithms over channels
     distributed the torch-shaped SPMD facade                      worker  the daemon
     torch       the "mwrt" backend for torch.distributed itself
-    master      the user's side: cluster, tensors, streams, transfers
+    master      the user's side: cluster, tensors, streams, transfers (in layers of its
+                own, MASTER_LAYERS below)
     dashboard   the live web page over the master's status() (cli above the master too)
     array_api   the Array API standard's namespace over the master's tensors
 """
@@ -121,6 +122,139 @@ def test_the_root_holds_only_the_foundation_and_the_api():
     stray = sorted(name for name in os.listdir(ROOT) if name.endswith(".py")
                    and name[:-3] not in FOUNDATION | {"__init__"})
     assert not stray, f"put these modules in the package of their layer: {stray}"
+
+
+# -- import circles, and the master's own layers -------------------------------------------
+
+# master/'s layers, lowest first: a module imports its own layer and those below, never one
+# above; inside a layer the modules stand in some order too (no circles, tested below).
+# Where a lower module must call up, it names the function with upcalls.unbound() and the
+# package's __init__ (the last layer) binds it.
+MASTER_LAYERS = [
+    ("connection", {"limits", "progress", "sites", "upcalls", "client", "local", "heartbeat",
+                    "cluster"}),  # the nodes, their sockets and daemons
+    ("places", {"context", "ordering", "streams", "queries", "methods", "mesh.device_mesh",
+                "mesh.placement"}),  # where new work goes, and in which order
+    ("handles", {"tensor", "issue", "element", "remote", "arrayfunc", "transfer", "creation",
+                 "collectives", "naming"}),  # DistributedTensor and the ops it issues
+    ("meshes", {"mesh", "mesh.plan", "mesh.fetch", "mesh.moves", "mesh.shapes", "mesh.rules",
+                "mesh.dispatch", "mesh.tensor", "mesh.creation", "mesh.saving"}),
+    ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py
+]
+# Circles the `circles` step of issue 28 takes apart (ops, collective, worker, testing);
+# whoever lands second empties this, and the test below says "no circles anywhere".
+_LEFT_TO_THE_CIRCLES_STEP = {"ops", "collective", "worker", "testing"}
+
+
+def _module_imports(module: str, path: str, is_package: bool):
+    """The mwrt modules `module` imports, anywhere in the file ("a.b" for mwrt/a/b.py,
+    "__init__" for the package root): `from .x import name` counts x.name where that is a
+    module."""
+    known = {m for m, _, _ in _modules()}
+    package = [] if module == "__init__" else (
+        module.split(".") if is_package else module.split(".")[:-1])
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.ImportFrom) and (node.level or
+                                                 (node.module or "").startswith("mwrt")):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            names = (node.module or "").split(".") if node.module else []
+            target = base + (names if node.level else names[1:])
+            for alias in node.names:
+                yield _known(".".join([*target, alias.name]), known)
+        elif isinstance(node, ast.Import):
+            yield from (_known(".".join(a.name.split(".")[1:]), known)
+                        for a in node.names if a.name.startswith("mwrt"))
+
+
+def _known(name: str, known: set) -> str:
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or "__init__"
+
+
+def _circles() -> list[list[str]]:
+    """The import circles among mwrt's modules (strongly connected sets of more than one)."""
+    edges = {m: set(_module_imports(m, p, pkg)) - {m} for m, p, pkg in _modules()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part: list[str] = []
+            while not part or part[-1] != v:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_anywhere():
+    """Each module imports only what stands below it (imports inside functions count, and
+    the package root is a module like any other): a reader can tell what depends on what."""
+    circles = [c for c in _circles()
+               if not all(_top(m) in _LEFT_TO_THE_CIRCLES_STEP for m in c)]
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def _master_layer(module: str) -> int:
+    name = module.removeprefix("master").removeprefix(".")
+    for i, (_, names) in enumerate(MASTER_LAYERS):
+        if name in names:
+            return i
+    raise AssertionError(f"{module}: give it a layer in MASTER_LAYERS (tests/test_layers.py)")
+
+
+def test_the_master_imports_only_downward():
+    """connection < places < handles < meshes < programs: see MASTER_LAYERS."""
+    wrong = []
+    for module, path, is_package in _modules():
+        if _top(module) != "master":
+            continue
+        for imported in set(_module_imports(module, path, is_package)) - {module}:
+            if _top(imported) == "master" and _master_layer(imported) > _master_layer(module):
+                wrong.append(f"{module} ({MASTER_LAYERS[_master_layer(module)][0]}) imports "
+                             f"{imported} ({MASTER_LAYERS[_master_layer(imported)][0]})")
+    assert not wrong, ("master/ imports upward; move the name down, pass it in, or bind it "
+                       "with upcalls.unbound():\n" + "\n".join(sorted(wrong)))
+
+
+def test_the_layers_above_the_foundation_never_import_the_package_root():
+    """mwrt/__init__.py is the public API over everything: a module that needs a name
+    imports it from where it is defined (the cli, above the master, may use the API)."""
+    wrong = sorted(f"{module} imports the package root" for module, path, is_package
+                   in _modules() if module not in ("__init__", "cli") and _top(module) != "cli"
+                   and "__init__" in set(_module_imports(module, path, is_package)))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_up_call_is_bound_once_mwrt_is_imported():
+    """What a lower module names with upcalls.unbound(), mwrt.master binds as it loads."""
+    import importlib
+    import sys
+
+    from mwrt.master.upcalls import Unbound
+
+    for module, _, _ in _modules():
+        if _top(module) == "master":
+            importlib.import_module(f"mwrt.{module}" if module else "mwrt")
+    left = sorted(f"{name}.{attr}" for name, loaded in list(sys.modules.items())
+                  if name.startswith("mwrt.master") for attr, value in vars(loaded).items()
+                  if isinstance(value, Unbound))
+    assert not left, f"up-calls nobody binds (bind them in mwrt/master/__init__.py): {left}"
 
 
 # -- duck-typed reaches ----------------------------------------------------------------------
