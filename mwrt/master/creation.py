@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -24,7 +25,8 @@ from .upcalls import unbound
 
 Shape = int | Sequence[int]
 # A mesh tensor (a block at each place) is made by the layer above (see upcalls.py).
-create_on_mesh = unbound("create_on_mesh", "mwrt.master.mesh.creation.create")
+create_on_mesh: Callable[..., Any] = unbound("create_on_mesh",
+                                             "mwrt.master.mesh.creation.create")
 
 
 def _create(kind: str, shape: tuple, dtype, node, device, args=(), mesh=None, shard=None):

@@ -20,7 +20,8 @@ from .tensor import DistributedTensor
 from .upcalls import unbound
 
 # A call on mesh tensors runs at every place, by the layer above (see upcalls.py).
-remote_on_mesh = unbound("remote_on_mesh", "mwrt.master.mesh.dispatch.remote_call")
+remote_on_mesh: Callable[..., Any] = unbound("remote_on_mesh",
+                                            "mwrt.master.mesh.dispatch.remote_call")
 
 
 class RemoteFunction:

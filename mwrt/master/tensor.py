@@ -519,9 +519,9 @@ def _is_int(value: Any) -> bool:
 # -- up-calls (see upcalls.py) ------------------------------------------------------------
 # Issuing an op, copies and NumPy's protocols make handles of this class, so they stand
 # above it; mwrt.master binds them here as it loads (with the generated methods).
-call = unbound("call", "mwrt.master.issue")
-fetch = unbound("fetch", "mwrt.master.transfer")
-move = unbound("move", "mwrt.master.transfer")
-array_function = unbound("array_function", "mwrt.master.arrayfunc")
-array_ufunc = unbound("array_ufunc", "mwrt.master.arrayfunc")
+call: Callable[..., Any] = unbound("call", "mwrt.master.issue")
+fetch: Callable[..., Any] = unbound("fetch", "mwrt.master.transfer")
+move: Callable[..., Any] = unbound("move", "mwrt.master.transfer")
+array_function: Callable[..., Any] = unbound("array_function", "mwrt.master.arrayfunc")
+array_ufunc: Callable[..., Any] = unbound("array_ufunc", "mwrt.master.arrayfunc")
 Element: Any = unbound("Element", "mwrt.master.element")  # the class of t[i]'s handle

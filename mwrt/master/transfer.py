@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -30,7 +32,7 @@ from .upcalls import unbound
 
 _TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.TRANSFER_TAGS
 # A mesh tensor's blocks are sent by the layer above (see upcalls.py).
-put_on_mesh = unbound("put_on_mesh", "mwrt.master.mesh.creation.put")
+put_on_mesh: Callable[..., Any] = unbound("put_on_mesh", "mwrt.master.mesh.creation.put")
 
 
 def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,

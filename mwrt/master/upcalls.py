@@ -34,6 +34,6 @@ def bind(module: ModuleType, **functions: Any) -> None:
     """Give `module` the functions it named with unbound()."""
     for name, function in functions.items():
         if not isinstance(getattr(module, name, None), Unbound):
-            raise AttributeError(f"bind: {module.__name__}.{name} is not an up-call (expected "
-                                 "a name the module set with unbound())")
+            raise TypeError(f"bind: {module.__name__}.{name} is not an up-call (expected "
+                            "a name the module set with unbound())")
         setattr(module, name, function)
