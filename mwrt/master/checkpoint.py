@@ -21,6 +21,7 @@ import weakref
 
 import numpy as np
 
+from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
 from .cluster import current
@@ -227,7 +228,6 @@ def _nbytes(entry: dict) -> int:
 
 
 def _spec(entry: dict):
-    from ..ops import Spec
     return Spec(tuple(entry["shape"]), np.dtype(entry["dtype"]))
 
 

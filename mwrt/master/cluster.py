@@ -27,6 +27,7 @@ from ..protocol import auth, wire
 from ..store import TCPStore
 from ..store.registry import wait_for as wait_for_workers
 from .client import Node
+from .heartbeat import Heartbeat
 from .local import LocalWorker, start_many, stop_all
 from .progress import Progress
 
@@ -69,8 +70,6 @@ class Cluster:
         except BaseException:
             self.close(goodbye=False)
             raise
-        from .heartbeat import Heartbeat
-
         self.heartbeat = Heartbeat(self)
         self.heartbeat.start()
 
@@ -150,8 +149,6 @@ class Cluster:
         else:
             log.warning("replace_node: node %d is back; collectives and transfers between "
                         "nodes wait until every lost node is replaced", index)
-        from .heartbeat import Heartbeat
-
         self.heartbeat = Heartbeat(self)
         self.heartbeat.start()
 

@@ -25,8 +25,6 @@ Tensors = Sequence[DistributedTensor]
 
 
 def _check(tensors, what: str) -> list:
-    from .tensor import DistributedTensor
-
     tensors = list(tensors)
     if not tensors or not all(isinstance(t, DistributedTensor) for t in tensors):
         raise TypeError(f"{what}: expected a non-empty list of DistributedTensors, one per node")
@@ -55,8 +53,6 @@ def _group_id(placements) -> int:
 def _issue(sends: list, kind: str, tensor, node, device, ranks, group, args, out_spec=None):
     """Make one node's command of the collective, for _send(); the new tensor it makes, if
     any."""
-    from .tensor import DistributedTensor
-
     stream = context.stream_for(node.index, device)
     out = None
     if out_spec is not None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..arrays import HOST
+from .cluster import current
 
 _state = threading.local()
 
@@ -47,8 +48,6 @@ def current_device() -> int:
 @contextlib.contextmanager
 def node(index: int, device: int | None = None) -> Iterator[None]:
     """Create new tensors on node `index` (and `device`, if given) inside this block."""
-    from .cluster import current
-
     current().node(index)  # validates the index now, not at the first op
     nodes, devices = _stack("nodes"), _stack("devices")
     nodes.append(index)

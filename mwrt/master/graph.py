@@ -44,8 +44,6 @@ class Graph:
     """A recording of ops, replayed with `replay()`; made by `mwrt.graph()`."""
 
     def __init__(self, inputs: dict):
-        from .tensor import DistributedTensor
-
         for name, tensor in inputs.items():
             if not isinstance(tensor, DistributedTensor):
                 raise TypeError(f"graph: input {name!r} must be a DistributedTensor (got "
