@@ -18,8 +18,8 @@ CUDA_FIX = "pip install mwrt[cuda12] there (CuPy for CUDA 12)"
 
 
 def gpu_module():
-    """The module that makes GPU arrays here: mwrt.testing.fakegpu under MWRT_FAKE_GPUS (tests), else
-    cupy, or None when CuPy is not installed."""
+    """The module that makes GPU arrays here: mwrt.testing.fakegpu under MWRT_FAKE_GPUS
+    (tests), else cupy, or None when CuPy is not installed."""
     from . import config
 
     if config.get("fake_gpus") > 0:
@@ -35,7 +35,8 @@ def gpu_module():
 
 def in_host_memory(value) -> bool:
     """Whether `value` lives in host memory: a NumPy array or scalar, not a (fake) GPU array."""
-    return isinstance(value, (np.ndarray, np.generic)) and type(value).__module__ != "mwrt.testing.fakegpu"
+    return (isinstance(value, (np.ndarray, np.generic))
+            and type(value).__module__ != "mwrt.testing.fakegpu")
 
 
 def namespace(device: int):
@@ -93,7 +94,7 @@ def device_count() -> int:
     """Number of GPUs this process sees (0 without CuPy or CUDA)."""
     try:
         return gpu_module().cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy (None), no driver, no device: all mean no GPU here
+    except Exception:  # noqa: BLE001 - no CuPy (None), no driver, no device: no GPU here
         return 0
 
 
@@ -108,7 +109,7 @@ def _describe(xp, index: int) -> dict:
         with xp.cuda.Device(index):
             free, total = xp.cuda.runtime.memGetInfo()
         props = xp.cuda.runtime.getDeviceProperties(index)
-    except Exception as exc:  # the worker still starts; this GPU's use will name the error
+    except Exception as exc:  # noqa: BLE001 - the worker starts; this GPU's use names the error
         return {"index": index, "name": "", "total_memory": 0, "free_memory": 0,
                 "compute_capability": "", "error": f"{type(exc).__name__}: {exc}"}
     name = props["name"]

@@ -258,7 +258,8 @@ def get(name: str):
     try:
         setting = SETTINGS[name]
     except KeyError:
-        raise ConfigError(f"config: unknown setting {name!r} (known: {', '.join(SETTINGS)})")
+        raise ConfigError(f"config: unknown setting {name!r} (known: "
+                          f"{', '.join(SETTINGS)})") from None
     return _read(setting)
 
 

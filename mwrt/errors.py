@@ -49,6 +49,9 @@ class WorkerLostError(MwrtError, ConnectionError):
 class ChannelError(MwrtError):
     """A data-channel operation failed."""
 
+    peer: int | None = None  # the global rank it concerns, where known
+    group_peer: int | None = None  # that rank's place in the group that saw it, where known
+
 
 class ChannelClosedError(ChannelError, ConnectionError):
     """The peer closed the connection or died; names the peer."""

@@ -35,7 +35,7 @@ def split_host_port(address: str, what: str = "address") -> tuple[str, int]:
     return host, int(port)
 
 
-def join_host_port(host: str, port: int) -> str:
+def join_host_port(host: str, port: int | str) -> str:
     """The text form peers parse back with split_host_port: IPv6 hosts in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -61,7 +61,7 @@ def resolve(host: str, what: str) -> str:
     except ValueError:
         pass
     try:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror as exc:
         raise ConfigError(f"{what}: cannot resolve host name {host!r} ({exc.strerror}); use "
                           "an IP address or a name in DNS or /etc/hosts") from None

@@ -253,13 +253,15 @@ class Receive:
         self.shape, self.dtype, self.device = tuple(shape), np.dtype(dtype), device
         nbytes = math.prod(self.shape) * self.dtype.itemsize
         self.parts = spans(nbytes, tag)
+        self.pinned: PinnedSlots | None = None  # a device array's, bound to it at finish()
+        self.slots: HostSlots | PinnedSlots
         if device == arrays.HOST:
             self.out = np.empty(self.shape, self.dtype) if out is None else out
             self.slots = HostSlots(self.out.reshape(-1).view(np.uint8), len(self.parts))
         else:
             self.out = None
             chunk = self.parts[0][1] - self.parts[0][0]
-            self.slots = PinnedSlots(None, None, None, self.parts, chunk)
+            self.slots = self.pinned = PinnedSlots(None, None, None, self.parts, chunk)
         self.works = [self._post(k) for k in range(min(self.slots.window, len(self.parts)))]
 
     def _post(self, k: int):
@@ -269,9 +271,9 @@ class Receive:
         """Wait for every chunk, copying each to the device as it comes; return the array."""
         ok = False
         try:
-            if self.device != arrays.HOST:
+            if self.pinned is not None:
                 self.out = xp.empty(self.shape, self.dtype)
-                slots = self.slots
+                slots = self.pinned
                 slots.xp, slots.flat, slots.stream = xp, _flat_bytes(xp, self.out), stream
             for k, (a, b) in enumerate(self.parts):
                 self.works[k].wait(timeout)

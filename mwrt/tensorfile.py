@@ -66,7 +66,7 @@ def write(path: str, arrays: dict) -> list[int]:
 def read(path: str, expected: dict) -> dict:
     """The arrays named in `expected` (name -> (dtype, shape, crc)) from `path`, each checked."""
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 - the with below; only the open's miss is caught
     except FileNotFoundError:
         raise TensorFileError(f"{path}: checkpoint file missing (a save that never finished, "
                               "or a path other hosts cannot see?)") from None
@@ -88,7 +88,7 @@ def _storable(a: np.ndarray) -> np.ndarray:
 
 
 def _write_bytes(f, a: np.ndarray) -> None:
-    view = memoryview(a.reshape(-1).view(np.uint8))
+    view = a.reshape(-1).view(np.uint8).data
     while view:  # a raw file may write less than asked
         view = view[f.write(view[:_CHUNK]):]
 
@@ -96,7 +96,7 @@ def _write_bytes(f, a: np.ndarray) -> None:
 def _crc32(a: np.ndarray) -> int:
     flat, crc = a.reshape(-1).view(np.uint8), 0
     for start in range(0, flat.size, _CHUNK):  # zlib lets go of the GIL for each piece
-        crc = zlib.crc32(flat[start:start + _CHUNK], crc)
+        crc = zlib.crc32(flat[start:start + _CHUNK].data, crc)
     return crc
 
 
@@ -112,7 +112,7 @@ def _read_summing(f, flat: np.ndarray) -> tuple[int, int]:
 
     thread = threading.Thread(target=summing, name="mwrt-crc32", daemon=True)
     thread.start()
-    got, view = 0, memoryview(flat)
+    got, view = 0, flat.data
     try:
         while got < flat.size:
             n = f.readinto(view[got:got + _CHUNK])

@@ -8,7 +8,7 @@ from ..errors import ConfigError
 from .base import DataChannel, Work
 
 # name -> class, or "module:Class" imported on first use (keeps optional deps lazy).
-_REGISTRY: dict[str, object] = {
+_REGISTRY: dict[str, type[DataChannel] | str] = {
     "inproc": "mwrt.channels.inproc:InprocChannel",
     "tcp": "mwrt.channels.tcp:TcpChannel",
     "shm": "mwrt.channels.shm:ShmChannel",
@@ -32,7 +32,7 @@ _CONTRACT = ("send", "recv", "isend", "irecv", "recv_message", "close", "leave",
              "eager_bytes", "device_buffers", "native_collectives")
 
 
-def _checked(name: str, cls):
+def _checked(name: str, cls) -> type[DataChannel]:
     """`cls` if it is a concrete DataChannel subclass, else a TypeError naming what it lacks."""
     if not isinstance(cls, type):
         raise TypeError(f"channel {name!r}: expected a DataChannel subclass (got "
@@ -74,7 +74,8 @@ def get(name: str) -> type[DataChannel]:
 
 
 def create(name: str, rank: int, world_size: int, **kwargs) -> DataChannel:
-    """Construct the channel `name` for `rank` of `world_size` (kwargs: store, prefix, key, timeout)."""
+    """Construct the channel `name` for `rank` of `world_size` (kwargs: store, prefix, key,
+    timeout)."""
     return get(name)(rank, world_size, **kwargs)
 
 

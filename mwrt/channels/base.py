@@ -42,14 +42,14 @@ def byte_view(buf, *, writable: bool, what: str) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-_DESCRIPTIONS: dict = {}
+_DESCRIPTIONS: dict[tuple, str] = {}
 _UNMADE = object()  # an attachment whose make() has not returned yet
 
 
 def describe(buf) -> str:
     """Say what a buffer is, for error messages: dtype and shape when it has them."""
     dtype, shape = getattr(buf, "dtype", None), getattr(buf, "shape", None)
-    if dtype is None:
+    if dtype is None or shape is None:
         return f"{memoryview(buf).nbytes} bytes"
     # Every message carries this; str(dtype) alone costs microseconds, so remember it.
     key = (dtype, shape)
@@ -77,7 +77,7 @@ class Work:
         self._wait, self._done, self._cancel = wait, done, cancel
 
     @classmethod
-    def of_future(cls, future: Future, what: str) -> "Work":
+    def of_future(cls, future: Future, what: str) -> Work:
         """The Work of an operation a helper thread runs (it carries its own timeout)."""
         return cls(what, None, partial(_wait_future, future, what), future.done, future.cancel)
 
@@ -142,7 +142,7 @@ class DataChannel(abc.ABC):
     # The name of this channel's native collectives, registered with
     # mwrt.collective.native.register (or that class itself, for a channel outside
     # mwrt); None: the generic algorithms over send/recv run every collective.
-    native_collectives = None
+    native_collectives: str | type | None = None
 
     def __init__(self, rank: int, world_size: int, *, store, prefix: str = "mwrt",
                  key: bytes | None = None, timeout: float | None = None):
@@ -256,11 +256,11 @@ class DataChannel(abc.ABC):
         means (shared memory, cross-memory attach) can reach it."""
         return peer == self.rank
 
-    def fail_peer(self, peer: int, why: str) -> None:
+    def fail_peer(self, peer: int, why: str) -> None:  # noqa: B027 - a default: does nothing
         """Someone who knows (a master's heartbeat) says `peer` is gone: fail its receives now
         rather than at their timeout. A channel that cannot tell does nothing."""
 
-    def fail_tags(self, match, why: str) -> None:
+    def fail_tags(self, match, why: str) -> None:  # noqa: B027 - a default: does nothing
         """Someone who knows says the messages on every tag for which match(tag) holds will
         never come (a collective one of whose members was lost): fail those receives, from
         any peer, now and from now on. A channel that cannot tell does nothing."""
@@ -293,7 +293,7 @@ class DataChannel(abc.ABC):
         self._send(view, peer, tag, timeout, desc)
         return self._recv_message(peer, tag, timeout)
 
-    def _close(self) -> None:
+    def _close(self) -> None:  # noqa: B027 - a default: nothing of the subclass's to close
         pass
 
     # -- helpers -----------------------------------------------------------------------
@@ -319,7 +319,8 @@ class DataChannel(abc.ABC):
             if pool is None:
                 pool = ThreadPoolExecutor(1, thread_name_prefix=f"mwrt-{direction}-{peer}")
                 self._pools[(direction, peer)] = pool
-        what = f"{self.name} {direction} rank {self.rank}{'->' if direction == 'send' else '<-'}{peer}"
+        arrow = "->" if direction == "send" else "<-"
+        what = f"{self.name} {direction} rank {self.rank}{arrow}{peer}"
         return Work.of_future(pool.submit(fn, *args), what)
 
 

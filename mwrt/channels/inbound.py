@@ -186,7 +186,7 @@ class InboundChannel(MatchingChannel):
     def _read_frames(self, sock, peer: int) -> None:
         # Receives finished here wake their waiters just before this thread waits: a
         # waiter woken earlier would only wait again, for the GIL this thread still holds.
-        done = []
+        done: list = []
 
         def release():
             for post, error in done:
@@ -224,7 +224,10 @@ class InboundChannel(MatchingChannel):
         """Handle every frame that has arrived; False at the end of the stream."""
         reader.flush()  # answers owed since the socket was last full
         while (ready := reader.available()):
-            magic, kind, _, dlen, aux, tag, total, offset, seglen = reader.next_header()
+            header = reader.next_header()
+            if header is None:  # cannot be: available() saw bytes buffered; ended all the same
+                return False
+            magic, kind, _, dlen, aux, tag, total, offset, seglen = header
             if magic != MAGIC:
                 raise WireError(f"bad frame magic {magic:#x} (expected {MAGIC:#x})")
             if kind == DATA and offset == 0 and seglen == total and dlen + total <= WHOLE:

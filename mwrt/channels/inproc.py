@@ -11,7 +11,7 @@ from ..errors import ChannelClosedError, ChannelTimeoutError
 from .base import DataChannel, size_mismatch
 
 # One mailbox table per (store, prefix): every rank of a group built on that store shares it.
-_GROUPS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+_GROUPS: weakref.WeakKeyDictionary[object, dict] = weakref.WeakKeyDictionary()
 _GROUPS_LOCK = threading.Lock()
 
 

@@ -302,7 +302,7 @@ class MatchingChannel(DataChannel):
                             f"{limit} bytes (MWRT_MAX_TENSOR_BYTES)")
         # Uninitialized: its pages cost memory only as the bytes arrive, so a header that
         # announces much and sends nothing costs nothing.
-        return memoryview(np.empty(total, np.uint8))
+        return np.empty(total, np.uint8).data
 
     def _unclaimed_more(self, peer: int, nbytes: int) -> None:
         """Count a stashed message against `peer`'s allowance (under the lock)."""

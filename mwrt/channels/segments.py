@@ -41,10 +41,11 @@ class Segment:
             raise
         finally:
             os.close(fd)
-        self.slots = np.frombuffer(self.mm, np.uint8).reshape(nslots, slot_bytes)
+        self.slots: np.ndarray | None = np.frombuffer(self.mm, np.uint8).reshape(nslots,
+                                                                                  slot_bytes)
 
     @classmethod
-    def of_peer(cls, name: str, nslots: int, slot_bytes: int, sock) -> "Segment":
+    def of_peer(cls, name: str, nslots: int, slot_bytes: int, sock) -> Segment:
         """Map the segment a peer on the other end of unix socket `sock` named: only one
         that process made (its pid in the name, its uid owning the file), of the size said."""
         pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,

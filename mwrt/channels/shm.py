@@ -137,8 +137,10 @@ class ShmChannel(SocketChannel):
         return True
 
     def _shown(self, record, sock):
-        return "this host's shared memory" if sock.family == socket.AF_UNIX else \
-            "%s:%d" % sock.getpeername()[:2]
+        if sock.family == socket.AF_UNIX:
+            return "this host's shared memory"
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
 
     # -- sending -----------------------------------------------------------------------
 
@@ -355,7 +357,9 @@ def reap_orphan_segments(directory: str = DIR, skip: set | None = None) -> list[
     and another user's files are not ours to judge (their names go into `skip`, so a
     directory full of them costs one look each, not one per scan).
     """
-    reaped, alive, uid = [], {}, os.geteuid()
+    reaped: list[str] = []
+    alive: dict[int, bool] = {}
+    uid = os.geteuid()
     skip = set() if skip is None else skip
     try:
         entries = os.scandir(directory)

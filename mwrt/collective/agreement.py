@@ -174,8 +174,10 @@ def unpack(group, msg: memoryview, peer: int):
 def _aborted(group, peer: int, failed: int, flags: int, reason) -> ChannelError:
     """The error a rank raises when `peer` says the collective failed there."""
     text = f"rank {group.ranks[peer]} gave up on the collective: {str(reason, 'utf-8', 'replace')}"
+    err: ChannelError
     if flags & TIMED_OUT:  # we, too, waited for `peer` in vain
-        err, err.group_peer = ChannelTimeoutError(text), peer
+        err = ChannelTimeoutError(text)
+        err.group_peer = peer
         return err
     failed = failed if failed < group.size else peer
     err = ChannelClosedError(text, peer=group.ranks[failed])
@@ -285,7 +287,8 @@ class Carrier:
         self.rank, self.size = group.rank, group.size
         self.known = {group.rank: mine}
         self.entries = [_RANK.pack(group.rank) + mine]
-        self.poisoned, self.notified, self.sent = False, False, set()
+        self.poisoned, self.notified = False, False
+        self.sent: set[int] = set()
 
     def send(self, peer: int, payload=None) -> None:
         """Send every descriptor we know, then `payload` (a flat array or None), to `peer`."""

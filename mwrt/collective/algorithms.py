@@ -9,6 +9,8 @@ size 1 and count 0 and checked that ranks agree (mwrt.collectives does both).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .reduce_ops import ReduceOp, combine
@@ -96,8 +98,8 @@ def all_reduce_rd(g, arr: np.ndarray, op: ReduceOp, tag: int) -> None:
 def all_reduce_rd_carried(c, arr: np.ndarray | None, op: ReduceOp | None) -> None:
     """Recursive doubling whose messages also carry the agreement check; arr None: a barrier.
 
-    The steps of all_reduce_rd, but through a Carrier `c` (mwrt.collective.agreement): each message is
-    [every call descriptor its sender knows][its data], so the exchanges reduce the data
+    The steps of all_reduce_rd, but through a Carrier `c` (mwrt.collective.agreement): each
+    message is [every call descriptor its sender knows][its data], so the exchanges reduce the data
     and all-gather the descriptors at once, and a barrier is the all-gather alone. Once a
     received descriptor differs from ours, c.recv returns None and nothing is combined;
     the steps still run, so every rank learns every descriptor, and c.finish() raises.
@@ -106,16 +108,16 @@ def all_reduce_rd_carried(c, arr: np.ndarray | None, op: ReduceOp | None) -> Non
     fold, steps = _rd_schedule(c.size, r)
     if fold == "out":
         got = c.exchange(r - 1, arr, arr)
-        if got is not None:
+        if got is not None and arr is not None:  # a barrier's messages carry no data
             arr[:] = got
         return
     if fold == "in":
         got = c.recv(r + 1, arr)
-        if got is not None:
+        if got is not None and arr is not None and op is not None:
             combine(op, arr, got, mine_is_lower=True)
     for peer, lower in steps:
         got = c.exchange(peer, arr, arr)
-        if got is not None:
+        if got is not None and arr is not None and op is not None:
             combine(op, arr, got, mine_is_lower=lower)
     if fold == "in":
         c.send(r + 1, arr)
@@ -131,7 +133,7 @@ def chunk_bounds(count: int, parts: int) -> list[int]:
 
 def _segments(g, bounds: list[int], itemsize: int) -> int:
     """How many segments each ring chunk is cut into (the same on every rank)."""
-    largest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    largest = max(b - a for a, b in itertools.pairwise(bounds))
     return max(1, -(-largest * itemsize // g.segment_bytes))
 
 
@@ -268,7 +270,8 @@ def tree_reduce(g, arr, op, root, tag) -> None:
 
 
 def tree_broadcast(g, arr, root, tag) -> None:
-    """Binomial-tree broadcast from `root`: a rank receives from its parent, then feeds its children."""
+    """Binomial-tree broadcast from `root`: a rank receives from its parent, then feeds its
+    children."""
     n = g.size
     vr = (g.rank - root) % n
     mask = 1
@@ -292,7 +295,7 @@ def chain_broadcast(g, arr, root, tag) -> None:
     vr = (g.rank - root) % n
     nxt, prev = (g.rank + 1) % n, (g.rank - 1) % n
     bounds = chunk_bounds(arr.size, -(-arr.nbytes // g.segment_bytes) or 1)
-    segs = [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    segs = [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
     recvs = [g.irecv(arr[sl], prev, tag) for sl in segs] if vr else []
     sends = []
     for i, sl in enumerate(segs):

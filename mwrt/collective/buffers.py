@@ -79,7 +79,7 @@ class host_view:
         return self.arr
 
     def __exit__(self, exc_type, *_) -> None:
-        if self.staged and self.writable and exc_type is None:
+        if self.staged and self.writable and exc_type is None and self.arr is not None:
             if self.bits is not None:
                 self.bits[:] = narrow_to_bfloat16(self.arr)
             else:

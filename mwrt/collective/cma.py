@@ -132,7 +132,8 @@ class CmaGroup:
         return np.frombuffer(self.segments[rank].mm, dtype, count, offset=_CONTROL_BYTES)
 
     def close(self) -> None:
-        self.blocks = self.block = None  # views first: a mapping cannot close under them
+        # Views first: a mapping cannot close under them.
+        self.blocks, self.block = {}, np.empty(0, np.uint64)
         for segment in self.segments.values():
             segment.close()
         self.segments, self.stage_bytes = {}, 0

@@ -32,7 +32,7 @@ import itertools
 import os
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from .. import config
@@ -43,6 +43,12 @@ from .agreement import Agreement, Carrier, check, describe_call
 
 _DATA, _CONTROL, _P2P = 0, 1, 2
 _CHANNEL_ERRORS = (ChannelError, TimeoutError, ConnectionError)
+
+
+def _blame(e: BaseException, peer: int) -> None:
+    """Note on a channel's error which group rank it came from, for the group's message."""
+    # The socket's own TimeoutError and ConnectionError take the note too, as any exception.
+    e.group_peer = peer  # type: ignore[attr-defined]
 
 
 class GroupWork:
@@ -61,7 +67,7 @@ class GroupWork:
         try:
             self._work.wait(self._timeout if timeout is None else timeout)
         except _CHANNEL_ERRORS as e:
-            e.group_peer = self._peer
+            _blame(e, self._peer)
             raise
 
     def is_completed(self) -> bool:
@@ -116,7 +122,7 @@ class _Collective:
         self.rank, self.size, self.eager_bytes = group.rank, group.size, group.eager_bytes
         self.segment_bytes, self.posted_receives = group.segment_bytes, group.posted_receives
 
-    def __enter__(self) -> "_Collective":
+    def __enter__(self) -> _Collective:
         g = self.group
         self.seq = seq = next(g._seqs)  # atomic: two threads never draw the same number
         g.current = self  # for the hang watchdog, which looks every few seconds
@@ -168,7 +174,7 @@ class _Collective:
         try:
             work = g.channel.irecv(buf, g.ranks[peer], tag, g.timeout)
         except _CHANNEL_ERRORS as e:
-            e.group_peer = peer
+            _blame(e, peer)
             raise
         return GroupWork(work, peer, g.timeout, self.agreement)
 
@@ -262,7 +268,7 @@ class ProcessGroup:
         self.lost: int | None = None  # the channel rank abort() named: every call fails
         self.subgroups: dict = {}  # groups made from this one (mwrt.collective.hierarchy)
         self._pool: ThreadPoolExecutor | None = None
-        self._last = None
+        self._last: Future | None = None
         self._lock = threading.Lock()
         watchdog.watch(self)  # current, finished, p2p: what the hang reports look at
 
@@ -284,7 +290,7 @@ class ProcessGroup:
             self.channel.send(buf, self.ranks[peer], tag,
                               self.timeout if timeout is None else timeout)
         except _CHANNEL_ERRORS as e:
-            e.group_peer = peer
+            _blame(e, peer)
             raise
 
     def raw_recv(self, buf, peer: int, tag: int, timeout: float | None = None) -> None:
@@ -292,7 +298,7 @@ class ProcessGroup:
             self.channel.recv(buf, self.ranks[peer], tag,
                               self.timeout if timeout is None else timeout)
         except _CHANNEL_ERRORS as e:
-            e.group_peer = peer
+            _blame(e, peer)
             raise
 
     def raw_recv_message(self, peer: int, tag: int, timeout: float | None = None) -> memoryview:
@@ -300,14 +306,14 @@ class ProcessGroup:
             return self.channel.recv_message(self.ranks[peer], tag,
                                              self.timeout if timeout is None else timeout)
         except _CHANNEL_ERRORS as e:
-            e.group_peer = peer
+            _blame(e, peer)
             raise
 
     def raw_exchange_message(self, buf, peer: int, tag: int) -> memoryview:
         try:
             return self.channel.exchange_message(buf, self.ranks[peer], tag, self.timeout)
         except _CHANNEL_ERRORS as e:
-            e.group_peer = peer
+            _blame(e, peer)
             raise
 
     def raw_isend(self, buf, peer: int, tag: int) -> GroupWork:

@@ -74,9 +74,8 @@ class MpiCollectives(NativeCollectives):
         self._wait(self.comm.Iallgather(mine, every), kind, call, "the call check")
         call.check([row.tobytes() for row in every])
         getattr(self, "_" + kind)(*args)
-        if kind in ("all_reduce", "reduce") and args[1] is ReduceOp.AVG:
-            np.divide(args[0], self.group.size, out=args[0])
-        elif kind == "reduce_scatter" and args[2] is ReduceOp.AVG:
+        if (kind in ("all_reduce", "reduce") and args[1] is ReduceOp.AVG) or \
+                (kind == "reduce_scatter" and args[2] is ReduceOp.AVG):
             np.divide(args[0], self.group.size, out=args[0])
         return True
 

@@ -24,8 +24,14 @@ import threading
 
 import numpy as np
 
-from ..channels.nccl import NcclUnsupportedError, communicator, converted, device_pointer, \
-    host_refused, wait_event
+from ..channels.nccl import (
+    NcclUnsupportedError,
+    communicator,
+    converted,
+    device_pointer,
+    host_refused,
+    wait_event,
+)
 from ..errors import ChannelError
 from .native import NativeCollectives
 from .reduce_ops import ReduceOp

@@ -24,7 +24,7 @@ from .. import config
 log = logging.getLogger("mwrt.collective")
 _groups: weakref.WeakSet = weakref.WeakSet()
 _lock = threading.Lock()
-_thread: list = [None]
+_thread: list[threading.Thread | None] = [None]
 
 
 def watch(group) -> None:
@@ -36,9 +36,10 @@ def watch(group) -> None:
     with _lock:
         _groups.add(group)
         if _thread[0] is None:
-            _thread[0] = threading.Thread(target=_run, args=(max(warning, 0.0),),
-                                          name="mwrt-hang-watchdog", daemon=True)
-            _thread[0].start()
+            thread = threading.Thread(target=_run, args=(max(warning, 0.0),),
+                                      name="mwrt-hang-watchdog", daemon=True)
+            thread.start()
+            _thread[0] = thread
 
 
 def forget(group) -> None:

@@ -95,8 +95,14 @@ class Work:
 
 class _State:
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """As before init_process_group."""
         self.group: ProcessGroup | None = None
-        self.channel = self.store = self.backend = None
+        self.channel: channels.DataChannel | None = None
+        self.store: Store | None = None
+        self.backend = ""  # the name init_process_group was given
         self.groups: list[ProcessGroup] = []
         self.next_group_id = 1
         self.user_store_inits = 0
@@ -127,7 +133,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         channels.get(backend)  # an unknown name fails now, before the other ranks wait on us
         prefix, own_store = "mwrt/pg", store is None
         key = auth.job_secret()  # the store and the channel admit only ranks that prove it
-        if own_store:
+        if store is None:
             _inits[0] += 1  # SPMD: every rank counts its inits alike
             store, rank, world_size = store_from_url(init_method, rank, world_size, timeout,
                                                      generation=_inits[0], key=key)
@@ -179,9 +185,11 @@ def destroy_process_group(group: GroupLike = None) -> None:
         pg.close()
     if _state.any_source is not None:  # a receive still waiting there fails as the channel closes
         _state.any_source.shutdown(wait=False, cancel_futures=True)
-    _state.channel.close()
-    _state.store.close()
-    _state.__init__()
+    if _state.channel is not None:  # both are, with a default group
+        _state.channel.close()
+    if _state.store is not None:
+        _state.store.close()
+    _state.reset()
 
 
 @atexit.register
@@ -232,19 +240,29 @@ def get_backend(group: GroupLike = None) -> str:
     return _state.backend
 
 
+def _member_group(group: GroupLike, what: str) -> ProcessGroup:
+    """The group `group` names, for a question only its members can answer."""
+    g = resolve_group(group)
+    if g is None:
+        raise ValueError(f"{what}: this rank is not in the group (got "
+                         f"GroupMember.NON_GROUP_MEMBER); ask on the group's members, or pass "
+                         f"a group this rank belongs to")
+    return g
+
+
 def get_process_group_ranks(group: GroupLike) -> list[int]:
     """The global ranks of `group`, in group-rank order."""
-    return list(resolve_group(group).ranks)
+    return list(_member_group(group, "get_process_group_ranks").ranks)
 
 
 def get_group_rank(group: GroupLike, global_rank: int) -> int:
     """`global_rank`'s rank within `group`."""
-    return group_rank_of(resolve_group(group), global_rank, "get_group_rank")
+    return group_rank_of(_member_group(group, "get_group_rank"), global_rank, "get_group_rank")
 
 
 def get_global_rank(group: GroupLike, group_rank: int) -> int:
     """The global rank of `group_rank` within `group`."""
-    g = resolve_group(group)
+    g = _member_group(group, "get_global_rank")
     if not 0 <= group_rank < g.size:
         raise ValueError(f"get_global_rank: group rank must be in [0, {g.size}) (got "
                          f"{group_rank})")

@@ -1,7 +1,8 @@
 """mwrt-launch: start N ranks of a script per node, like torchrun (and THD's pytorch_exec).
 
     mwrt-launch --nproc-per-node 2 train.py --epochs 3
-    mwrt-launch --nnodes 2 --node-rank 0 --master-addr head --master-port 29500 --nproc-per-node 4 train.py
+    mwrt-launch --nnodes 2 --node-rank 0 --master-addr head --master-port 29500 \\
+        --nproc-per-node 4 train.py
     srun -N 2 --ntasks-per-node 4 mwrt-launch train.py      # one rank per SLURM task
 
 Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
@@ -62,7 +63,11 @@ def plan(opts, env=os.environ) -> list[dict[str, str]]:
     if opts.nproc_per_node is None and "SLURM_PROCID" in env:  # srun: one rank per task
         env = dict(env, **{k: str(v) for k, v in (("MASTER_ADDR", opts.master_addr),
                                                    ("MASTER_PORT", opts.master_port)) if v})
-        return [slurm_env(env)]
+        one = slurm_env(env)
+        if one is None:
+            raise SystemExit("mwrt-launch: SLURM_PROCID is set but SLURM_NTASKS is not; run "
+                             "the job with srun, or pass --nproc-per-node")
+        return [one]
     n = 1 if opts.nproc_per_node is None else opts.nproc_per_node
     if n < 1 or opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
         raise SystemExit(f"mwrt-launch: need --nproc-per-node >= 1 and 0 <= --node-rank < "
@@ -152,7 +157,8 @@ class _Calls:
     """The table of the ranks' current calls: printed on SIGUSR1, and once per hang."""
 
     def __init__(self, status: str, ranks: list[int]):
-        self.status, self.ranks, self.asked, self.shown = status, ranks, False, set()
+        self.status, self.ranks, self.asked = status, ranks, False
+        self.shown: set[tuple[int, str, float]] = set()  # (rank, call, since) warned of
         self.warning = config.get("hang_warning")
         if hasattr(signal, "SIGUSR1"):
             signal.signal(signal.SIGUSR1, self._ask)
@@ -206,7 +212,7 @@ def _run(opts, status: str) -> int:
         sys.stderr.flush()
 
 
-def _attempt(cmd: list, envs: list, calls: "_Calls") -> int:
+def _attempt(cmd: list, envs: list, calls: _Calls) -> int:
     """Start the local ranks once and wait; 0, the first failing rank's code, or 130."""
     ranks = [(env["RANK"], *_start(cmd, env)) for env in envs]
     exits = _exit_waiter([proc for _, proc, _, _ in ranks])

@@ -61,7 +61,7 @@ def _gather_object(g, obj, object_gather_list, dst) -> None:
     width = int(sizes.max())
     rows = np.empty((g.size, width), np.uint8) if g.rank == root else None
     C.gather(g, _padded([data], width)[0], rows, root)
-    if g.rank == root:
+    if rows is not None:  # the root's
         for i in range(g.size):
             object_gather_list[i] = pickle.loads(rows[i, :sizes[i]].tobytes())
 

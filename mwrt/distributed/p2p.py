@@ -28,7 +28,8 @@ _SMALL = 1 << 16  # data up to this size rides in its header's message
 _calls = itertools.count(1)  # p2p calls of this process, so the watchdog tells them apart
 
 
-_HEADERS: dict = {}  # (dtype, shape) -> header bytes, and header bytes -> what they say
+_HEADERS: dict[tuple, np.ndarray] = {}  # (dtype, shape) -> its header
+_PARSED: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}  # header -> what it says
 
 
 def _header(arr, tensor, combine: bool) -> np.ndarray:
@@ -57,18 +58,18 @@ def _combines(g, nbytes: int) -> bool:
     return nbytes <= _SMALL and bool(g.channel.any_size_recv)
 
 
-def _parse(header) -> tuple[np.dtype, tuple, int]:
+def _parse(header) -> tuple[np.dtype, tuple[int, ...], int]:
     raw = bytes(header[:_HEADER])
-    got = _HEADERS.get(raw)
+    got = _PARSED.get(raw)
     if got is None:
-        dtype, *shape = raw.rstrip(b"\0").decode().split(" ")
-        dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        name, *dims = raw.rstrip(b"\0").decode().split(" ")
+        dtype, shape = np.dtype(name), tuple(int(d) for d in dims)
         n = dtype.itemsize
         for d in shape:
             n *= d
-        if len(_HEADERS) > 4096:
-            _HEADERS.clear()
-        got = _HEADERS[raw] = (dtype, shape, n)
+        if len(_PARSED) > 4096:
+            _PARSED.clear()
+        got = _PARSED[raw] = (dtype, shape, n)
     return got
 
 
@@ -78,7 +79,7 @@ def _first(g, src: int, t: int) -> memoryview:
         return g.channel.recv_message(src, t, g.timeout)
     header = np.empty(_HEADER, np.uint8)
     g.channel.recv(header, src, t, g.timeout)
-    return memoryview(header)
+    return header.data
 
 
 def _p2p_args(peer, tag, what, group):

@@ -62,7 +62,9 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     procs, secret = [], job_secret_env()
     for rank in range(nprocs):
         env = dict(rank_env(rank, nprocs, rank, nprocs, addr, port), **secret)
-        p = ctx.Process(target=_entry, args=(fn, rank, args, env, errors), daemon=daemon)
+        # Every context has Process; typeshed's BaseContext (what a str method gives) omits it.
+        p = ctx.Process(target=_entry, args=(fn, rank, args, env, errors),  # type: ignore[attr-defined]
+                        daemon=daemon)
         p.start()
         procs.append(p)
     context = SpawnContext(procs, errors)
@@ -111,7 +113,7 @@ def _join(procs, errors, timeout) -> None:
 
 def _failed(failed: dict[int, int], errors) -> RankFailedError:
     """The error naming the first of the `failed` ranks (rank -> exit code) to fail."""
-    reports = {}
+    reports: dict[int, str] = {}
     while not errors.empty():
         r, tb = errors.get()
         reports.setdefault(r, tb)

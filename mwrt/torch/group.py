@@ -301,7 +301,8 @@ class MwrtProcessGroup(dist.ProcessGroup):
         _dense(output_tensors + input_tensors, what)
         dtypes = {t.dtype for t in output_tensors + input_tensors}
         if len(dtypes) > 1:
-            raise ValueError(f"{what}: every tensor must have one dtype (got {sorted(map(str, dtypes))})")
+            raise ValueError(f"{what}: every tensor must have one dtype (got "
+                             f"{sorted(map(str, dtypes))})")
         src = torch.cat([t.reshape(-1) for t in input_tensors])
         buf = torch.empty(sum(t.numel() for t in output_tensors), dtype=src.dtype)
         send, recv = [t.numel() for t in input_tensors], [t.numel() for t in output_tensors]

@@ -30,6 +30,8 @@ import numpy as np
 
 from ..errors import ChannelTimeoutError, WireError
 
+Message = memoryview | np.ndarray  # what a channel received
+
 _LINGER = 0.05  # seconds a pump waits for the next receive before its thread ends
 _INLINE = 1 << 16  # bytes that travel in their header's message; larger ones follow it
 _MAGIC = 0x6D77727474726368  # "mwrttrch": a message of the torch backend's point-to-point
@@ -57,7 +59,8 @@ class Receiver:
         self.group, self.lock = group, threading.Lock()
         self.posted = threading.Condition(self.lock)  # a lingering pump wakes for a receive
         self.waiting: dict[int, list[_Recv]] = {}  # by channel tag, oldest first
-        self.kept: dict[int, deque] = {}  # by channel tag: (peer, bytes) no receive took yet
+        # By channel tag: (peer, bytes) no receive took yet.
+        self.kept: dict[int, deque[tuple[int, Message]]] = {}
         self.pumping: set[tuple[int, int]] = set()
         self.gone: dict[int, BaseException] = {}  # peers whose pump found them gone
 
@@ -101,10 +104,12 @@ class Receiver:
                 return True
         return False
 
-    def _take_kept(self, tag: int, recv: _Recv):
+    def _take_kept(self, tag: int, recv: _Recv) -> tuple[int, Message] | None:
         """The oldest kept message that `recv` takes (under the lock), or None."""
         kept = self.kept.get(tag)
-        for i, (peer, data) in enumerate(kept or ()):
+        if kept is None:
+            return None
+        for i, (peer, data) in enumerate(kept):
             if recv.takes(peer):
                 del kept[i]
                 return peer, data
@@ -151,16 +156,16 @@ class Receiver:
             self._deliver(recv, peer, tag, memoryview(data)[_HEAD:])
             return True
         # Large: the bytes follow, straight into the tensor where it is large enough.
-        fits = recv is not None and size <= recv.dest.nbytes
-        dest = recv.dest[:size] if fits else np.empty(size, np.uint8)
+        into = recv if recv is not None and size <= recv.dest.nbytes else None
+        dest = into.dest[:size] if into is not None else np.empty(size, np.uint8)
         try:
             g.channel.recv(dest, g.ranks[peer], tag, g.timeout)
         except Exception as exc:  # noqa: BLE001 - this receive fails with it
             if recv is not None:
                 recv.future.set_exception(exc)
             return True
-        if fits:
-            _done(recv, peer)
+        if into is not None:
+            _done(into, peer)
         else:
             self._deliver(recv, peer, tag, dest)
         return True

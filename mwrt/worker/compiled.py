@@ -28,26 +28,27 @@ class Prepared:
 
     def run(self, ex) -> None:
         """Run every step on executor `ex`, as its generic loop would."""
-        if self.steps is None:
-            self.steps = [_step(command, ex.xp) for command in self.commands]
+        steps = self.steps
+        if steps is None:
+            steps = self.steps = [_step(command, ex.xp) for command in self.commands]
         if ex.error is not None or ex.session.trace is not None:
             for command in self.commands:  # poisoning and timelines: the generic path
                 ex.execute_safely(command, ())
             return
-        ex.ops += len(self.steps)  # for `mwrt status`; a rare failure's poisoned rest too
+        ex.ops += len(steps)  # for `mwrt status`; a rare failure's poisoned rest too
         tensors, start = ex.session.tensors, 0
-        while start < len(self.steps):
-            start = self._run_from(ex, tensors, start)
+        while start < len(steps):
+            start = self._run_from(ex, steps, tensors, start)
 
-    def _run_from(self, ex, tensors, start: int) -> int:
+    def _run_from(self, ex, steps: list, tensors, start: int) -> int:
         """Run steps from `start` until one fails; the index after the failed one, or the end."""
         i = start
         try:
-            for i in range(start, len(self.steps)):  # noqa: B007 (i names the failed step)
+            for i in range(start, len(steps)):
                 if ex.stopped:
-                    return len(self.steps)
-                self.steps[i](ex, tensors)
-        except Exception as exc:
+                    return len(steps)
+                steps[i](ex, tensors)
+        except Exception as exc:  # noqa: BLE001 - the op's error, as the generic path reports it
             command = self.commands[i]
             if type(exc) is _Failed:
                 pass  # the generic path already made its failure the stream's error
@@ -58,9 +59,9 @@ class Prepared:
             if ex.error is not None:  # the rest is poisoned, as after any failure
                 for command in self.commands[i + 1:]:
                     ex.execute_safely(command, ())
-                return len(self.steps)
+                return len(steps)
             return i + 1
-        return len(self.steps)
+        return len(steps)
 
 
 class _Failed(Exception):
@@ -97,10 +98,10 @@ def _inplace_ufunc(ufunc, args: tuple):
     if len(args) == 2 and type(args[1]) is not wire.Ref:
         operand = args[1]
 
-        def step(ex, tensors):
+        def scalar_step(ex, tensors):
             t = tensors[target]
             ufunc(t, operand, out=t)
-        return step
+        return scalar_step
     refs = [(i, a.id) for i, a in enumerate(args) if type(a) is wire.Ref]
     template = list(args)
 

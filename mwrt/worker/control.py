@@ -134,9 +134,9 @@ def event_query(daemon, session, cmd) -> None:
         daemon.send(session.identity, wire.Failed(cmd.token, {"kind": "quota",
                                                               "message": str(exc)}))
         return
-    done = when is not None or state.fired.is_set()
+    done = state is None or state.fired.is_set()  # None: fired for good, at `when`
     daemon.send(session.identity, wire.Done(token=cmd.token, value={
-        "done": done, "time": when if when is not None else state.time}))
+        "done": done, "time": when if state is None else state.time}))
 
 
 def event_done(daemon, session, cmd) -> None:

@@ -24,8 +24,8 @@ import weakref
 from ..protocol import wire
 
 _lock = threading.Lock()
-_implicit: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # session -> queues
-_watchers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # executor -> Watcher
+_implicit: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # session -> queues
+_watchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # executor -> Watcher
 _clocks: dict = {}  # (GPU module, device) -> (reference event, its host time)
 
 
@@ -55,8 +55,8 @@ def wait_implicit(ex, event_id: int) -> None:
     if ex.session not in _implicit:  # no GPU stream of this session recorded one
         return
     with _lock:
-        queues = _implicit.get(ex.session)
-        pending = queues.get(event_id) if queues is not None else None
+        queues = _implicit.get(ex.session, {})
+        pending = queues.get(event_id)
         event = pending.popleft() if pending else None
         if pending is not None and not pending:
             del queues[event_id]

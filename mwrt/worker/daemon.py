@@ -125,7 +125,8 @@ class Daemon:
         self.decoder.start()
         next_reap = time.monotonic() + 1.0
         lifecycle.off_thread(lambda: lifecycle.reap_segments(self), "mwrt-shm-reaper")
-        spin, ready = config.get("worker_spin_us") * 1e-6, {}
+        spin = config.get("worker_spin_us") * 1e-6
+        ready: dict[zmq.Socket, int] = {}
         while not self.stopping:
             # After a message, a short spin: waking a sleeping thread costs more than the
             # rest of a round trip on a VM, and a sync loop's next request comes within it.
@@ -157,9 +158,10 @@ class Daemon:
         ready.clear()
         deadline = clock() + seconds
         while clock() < deadline:
-            if router.getsockopt(_EVENTS) & _POLLIN:
+            # EVENTS is an int option (getsockopt's bytes are other options').
+            if router.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
                 ready[router] = _POLLIN
-            if replies.getsockopt(_EVENTS) & _POLLIN:
+            if replies.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
                 ready[replies] = _POLLIN
             if ready:
                 return True
@@ -246,7 +248,7 @@ class Daemon:
             return
         try:
             self._route(identity, sid, role, seq, commands, frames)
-        except Exception as exc:  # well-formed but ill-typed fields: the loop must outlive them
+        except Exception as exc:  # noqa: BLE001 - ill-typed fields: the loop must outlive them
             self._log_rejection("rejected a message from %r: %s: %s", identity[:40],
                         type(exc).__name__, exc)
             reply_to = sid + b"/" + RX if role == TX else identity
@@ -314,7 +316,8 @@ class Daemon:
         self.decoder.drain_wakes()
         self._more_parked = False
         for session in list(self.sessions.values()):
-            if session.parked is None or not session.waiting.ready.is_set():
+            waiting = session.waiting
+            if session.parked is None or waiting is None or not waiting.ready.is_set():
                 continue
             parked, session.parked = session.parked, None
             for i, (commands, data) in enumerate(parked):
@@ -328,7 +331,7 @@ class Daemon:
                     session.parked.extend(parked[i + 1:])
                     break
 
-    def _dispatch(self, session, commands, data) -> None:
+    def _dispatch(self, session: Session, commands, data) -> None:
         groups: dict[int, list] = {}
         for i, command in enumerate(commands):
             if not command.on_stream:  # answered here, in order with the streams' work
@@ -377,7 +380,7 @@ class Daemon:
         for stream_id, commands in groups.items():
             try:
                 executor = session.stream(stream_id)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any refusal is answered; the loop goes on
                 self.refuse(session, "quota" if isinstance(exc, QuotaError) else "remote", str(exc))
                 continue
             executor.submit(commands, data)
@@ -445,7 +448,7 @@ class Daemon:
 
     def _reap(self) -> None:
         now = time.monotonic()
-        for sid, session in list(self.sessions.items()):
+        for session in list(self.sessions.values()):
             if now - session.last_seen > self.lease_timeout + session.grace:
                 log.warning("session %s of %s: no word for %.1f s, freeing it", session.id,
                             session.master, now - session.last_seen)

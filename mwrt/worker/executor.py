@@ -33,7 +33,8 @@ class StreamExecutor:
         # Batches queued, batches taken, and the last one mwrt.cancel() dropped (the rest of
         # the one running then included): under _lock.
         self.submitted = self.taken = self.drop_through = 0
-        self.running = None  # (command, monotonic start) running now: what a wait waits on
+        # (command, monotonic start) running now: what a wait waits on
+        self.running: tuple[wire.Command, float] | None = None
         # For `mwrt status`: commands run and bytes moved (inline frames and data channel).
         # Plain ints, written by the thread running the stream's commands: no lock.
         self.ops = self.bytes_in = self.bytes_out = 0
@@ -79,7 +80,7 @@ class StreamExecutor:
         wire.send(self._reply_socket, identity, message, frames)
 
     def _run(self) -> None:
-        self._reply_socket = self.session.daemon.reply_socket()
+        sock = self._reply_socket = self.session.daemon.reply_socket()
         try:
             with arrays.use_device(self.device), self._device_stream():
                 while True:
@@ -103,7 +104,7 @@ class StreamExecutor:
                         with self._lock:
                             self.pending -= 1
         finally:
-            self._reply_socket.close(linger=1000)
+            sock.close(linger=1000)
 
     def _drop(self, command) -> None:
         """Skip a cancelled command: what it would make is poisoned, naming mwrt.cancel()."""
@@ -131,7 +132,7 @@ class StreamExecutor:
         """execute(), but a command too malformed even to report on must not end the stream."""
         try:
             self.execute(command, frames)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged; the stream must outlive any command
             log.warning("node %s stream %s: dropped a malformed %s (%s: %s)", self.session.node,
                         self.id, type(command).__name__, type(exc).__name__, exc)
 
@@ -150,7 +151,7 @@ class StreamExecutor:
             handlers.HANDLERS[type(command)](self, command, frames)
         except handlers.PoisonedInput as exc:
             self.fail(command, exc.info)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the op's error, sent to the master
             self.fail(command, self.describe(command, exc))
         finally:
             self.running = None

@@ -101,7 +101,7 @@ class Pending:
     def __init__(self, command, max_bytes: int):
         self.command, self.max_bytes = command, max_bytes
         self.ready = threading.Event()
-        self.result: Graph | str | None = None
+        self.result: Graph | str = "not decoded yet"  # the graph, or why it is malformed
 
     def decode(self) -> None:
         """Build the graph (decoder thread): a malformed one is kept as its error."""

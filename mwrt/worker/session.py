@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from typing import Any
 
 from .. import config
 from ..errors import QuotaError
 from ..protocol import wire
 from ..protocol.wire import DEFAULT_STREAM_LIMIT
 from .executor import StreamExecutor
-from .graphs import GraphStore, ImplicitEvents
+from .graphs import GraphStore, ImplicitEvents, Pending
 from .quotas import Inflight, TensorTable
 
 _MAX_NAMES = 1 << 16
@@ -57,7 +58,7 @@ class Session:
         self.functions: dict[bytes, object] = {}  # shipped functions, by content (an LRU)
         # While a Replay waits for its graph's decoding: what came after it, in order.
         self.parked: list | None = None
-        self.waiting = None  # the graphs.Pending it waits for
+        self.waiting: Pending | None = None  # the graph's decoding it waits for
         self.lock = threading.Lock()
         self.last_seen = time.monotonic()
         self.last_seq = -1
@@ -99,7 +100,7 @@ class Session:
 
         named = {}
         for name, ref in self.names.items():
-            value = self.tensors.get(ref)
+            value: Any = self.tensors.get(ref)  # an array, or what a remote function returned
             if value is not None and hasattr(value, "shape"):
                 device = -1 if arrays.in_host_memory(value) else int(value.device.id)
                 named[name] = [ref, list(value.shape), value.dtype.str, device]
@@ -239,7 +240,8 @@ class Session:
         """What each busy stream runs now, and for how long."""
         from .handlers import op_name
 
-        now, out = time.monotonic(), []
+        now = time.monotonic()
+        out: list[dict] = []
         for executor in list(self.streams.values()):
             running = executor.running
             if running is not None:
