@@ -68,7 +68,7 @@ def all_reduce(group, buf, op=ReduceOp.SUM) -> None:
                               count=arr.size) as call:
             if two is not None:  # several hosts, several ranks on one: inside hosts first
                 call.settle()  # every rank, before the subgroups move anything
-                return hierarchy.all_reduce(two, arr, op, group.size)
+                return _two_level_all_reduce(two, arr, op, group.size)
             if call.run_native("all_reduce", arr, op) or arr.size == 0:
                 return
             small = arr.nbytes <= group.small_bytes or arr.size < group.size
@@ -98,7 +98,7 @@ def broadcast(group, buf, root: int = 0) -> None:
                               count=arr.size) as call:
             if two is not None:
                 call.settle()
-                return hierarchy.broadcast(two, arr, root, group.rank)
+                return _two_level_broadcast(two, arr, root, group.rank)
             if call.run_native("broadcast", arr, root) or arr.size == 0:
                 return
             if arr.nbytes <= group.small_bytes:
@@ -183,7 +183,7 @@ def all_gather(group, out, buf) -> None:
                               count=arr.size) as call:
             if two is not None:
                 call.settle()
-                return hierarchy.all_gather(two, dst, arr, group.rank)
+                return _two_level_all_gather(two, dst, arr, group.rank)
             if call.run_native("all_gather", dst, arr) or arr.size == 0:
                 return
             if dst.nbytes <= group.small_bytes:
@@ -348,3 +348,45 @@ def _collect_arrivals(group, tag, timeout, wait_all, mine, verdict) -> None:
                 group.raw_send(verdict, r, tag, timeout=timeout)
             except ChannelError:
                 pass  # it left after arriving: its own wait says so
+
+
+# -- two levels: inside hosts, then across them (the layout: hierarchy.py) --------------
+
+
+def _two_level_all_reduce(lv: hierarchy.Levels, arr: np.ndarray, op: ReduceOp, size: int) -> None:
+    """Reduce on each host, all_reduce across the leaders, broadcast on each host."""
+    inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+    reduce(lv.host, arr, root=0, op=inner)
+    if lv.leaders is not None:
+        all_reduce(lv.leaders, arr, inner)
+    broadcast(lv.host, arr, root=0)
+    if op is ReduceOp.AVG:
+        np.divide(arr, size, out=arr)
+
+
+def _two_level_broadcast(lv: hierarchy.Levels, arr: np.ndarray, root: int, rank: int) -> None:
+    """Out on the root's host, across the leaders from the root's leader, out on the others."""
+    root_host = lv.host_of_rank[root]
+    if lv.host_of_rank[rank] == root_host:
+        broadcast(lv.host, arr, root=lv.host.ranks.index(lv.ranks[root]))
+    if lv.leaders is not None:
+        broadcast(lv.leaders, arr, root=root_host)
+    if lv.host_of_rank[rank] != root_host:
+        broadcast(lv.host, arr, root=0)
+
+
+def _two_level_all_gather(lv: hierarchy.Levels, dst: np.ndarray, arr: np.ndarray,
+                          rank: int) -> None:
+    """Gather on each host, all_gather the hosts' blocks among the leaders, broadcast."""
+    c, order = arr.size, [r for members in lv.members for r in members]
+    staged = dst if order == sorted(order) else np.empty_like(dst)  # host-major order
+    mine = lv.host_of_rank[rank]
+    start = sum(len(m) for m in lv.members[:mine]) * c
+    block = staged[start:start + len(lv.members[mine]) * c]
+    gather(lv.host, arr, block if lv.leaders is not None else None, root=0)
+    if lv.leaders is not None:
+        all_gather_v(lv.leaders, staged, block, [len(m) * c for m in lv.members])
+    broadcast(lv.host, staged, root=0)
+    if staged is not dst:
+        for i, r in enumerate(order):
+            dst[r * c:(r + 1) * c] = staged[i * c:(i + 1) * c]

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import Spec
+from .registry import Spec
 
 # A dtype of item size 0: an array of any shape made of it takes no memory, so NumPy's own
 # shape logic (reshape, indexing, concatenate…) can run on the master at no cost.

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import UNKNOWN, Spec
 from ._meta import normalize_axes, shape_of, standin
 from .npfunc import RULES, rule
+from .registry import UNKNOWN, Spec
 
 
 def _stand(value):

@@ -6,8 +6,8 @@ import re
 
 import numpy as np
 
-from . import Spec, register
 from ._meta import bind, normalize_axes, result_dtype, run_small, shape_of, uncut
+from .registry import Spec, register
 
 # Python operator -> ufunc name; the tensor class builds __op__/__rop__/__iop__ from this.
 BINARY_OPERATORS = {
@@ -111,7 +111,6 @@ def _inplace_meta(ufunc):
             raise TypeError(f"{name}_: cannot cast the result to the target's dtype in place "
                             f"(got {dtype}, expected a dtype castable to {target.dtype}); "
                             f"use the out-of-place form")
-        return None
     return meta
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import arrays
-
-from . import Spec, register
 from ._meta import result_dtype, shape_of, standin
+from .registry import Spec, register
 
 
 def matmul_meta(a, b, **kwargs):
@@ -83,7 +82,7 @@ def where_meta(cond, x, y):
 
 def _bounds(a_min=None, a_max=None, *, min=None, max=None):
     """np.clip's bounds, given as a_min/a_max or (NumPy 2.1's) min/max."""
-    if a_min is not None and min is not None or a_max is not None and max is not None:
+    if (a_min is not None and min is not None) or (a_max is not None and max is not None):
         raise ValueError("clip: pass a_min/a_max or min/max, not both")
     return (a_min if min is None else min), (a_max if max is None else max)
 

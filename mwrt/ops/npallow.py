@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from . import Spec
+from .registry import Spec
 
 # Results are sized at 16 bytes per element (complex128) or the widest dtype among the
 # arguments, whichever is more: the dtype of a function's result is not known unrun.

@@ -2,10 +2,10 @@
 
 One op, `numpy`, runs `xp.<path>(*args, **kwargs)` on the worker: numpy.linalg.inv becomes
 cupy.linalg.inv on a GPU. Its meta rule is the function's entry in RULES when it has one (a
-shape rule in nprules.py, the dtype found by running NumPy on probes of two elements per axis), so the
-result's shape is known at once; any other public NumPy function runs with its shape left to
-the worker (UNKNOWN), asked for when first needed. The master passes the number of results
-(`outputs`) of those, so a function returning a tuple gets one tensor per array.
+shape rule in nprules.py, the dtype found by running NumPy on probes of two elements per
+axis), so the result's shape is known at once; any other public NumPy function runs with its
+shape left to the worker (UNKNOWN), asked for when first needed. The master passes the number
+of results (`outputs`) of those, so a function returning a tuple gets one tensor per array.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import UNKNOWN, Spec, npallow, register
+from . import npallow
 from ._meta import shape_of
+from .registry import UNKNOWN, Spec, register
 
 # Which paths the master names a function by (it ships the others); a worker runs only
 # those npallow.py lists.

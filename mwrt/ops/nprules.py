@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 
-from . import UNKNOWN, Spec
 from ._meta import normalize_axes, shape_of, standin
 from .misc import matmul_meta
 from .npfunc import RULES, rule
+from .registry import UNKNOWN, Spec
 
 
 def _matrix(name: str, a, square: bool = False) -> tuple:

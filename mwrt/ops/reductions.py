@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from . import Spec, register
 from ._meta import bind, normalize_axes, run_small, uncut
+from .registry import Spec, register
 
 REDUCTIONS = ["sum", "mean", "prod", "min", "max", "amin", "amax", "std", "var", "any", "all",
               "nansum", "nanmean", "nanprod", "nanmin", "nanmax", "nanstd", "nanvar",

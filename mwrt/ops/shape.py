@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import UNKNOWN, Spec, register
 from ._meta import standin
+from .registry import UNKNOWN, Spec, register
 
 
 def _impl(name):
@@ -126,7 +126,7 @@ def setitem_impl(xp, a, index, value):
 def setitem_meta(a, index, value):
     stand_index = _index_standin(index)
     if _has_unknown(stand_index):
-        return None
+        return
     target = standin(a)[stand_index].shape
     vshape = value.shape if isinstance(value, Spec) else np.shape(value)
     while len(vshape) > len(target) and vshape[0] == 1:  # NumPy drops a value's leading 1s
@@ -136,7 +136,7 @@ def setitem_meta(a, index, value):
     except ValueError:
         raise ValueError(f"setitem: could not broadcast input array from shape {vshape} "
                          f"into shape {target}") from None
-    return None
+    return
 
 
 register("getitem", getitem_impl, getitem_meta, doc="Index like NumPy: a view or a copy.")

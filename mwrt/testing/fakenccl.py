@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import config, netaddr
 from ..errors import ConfigError
-from . import fakegpu
+from . import fakecuda
 
 NCCL_INT8, NCCL_CHAR, NCCL_UINT8, NCCL_INT32, NCCL_INT, NCCL_UINT32 = 0, 0, 1, 2, 2, 3
 NCCL_INT64, NCCL_UINT64, NCCL_FLOAT16, NCCL_HALF, NCCL_FLOAT32, NCCL_FLOAT = 4, 5, 6, 6, 7, 7
@@ -295,12 +295,12 @@ def get_unique_id() -> bytes:
 _group = threading.local()  # calls deferred between groupStart and groupEnd, per thread
 
 
-def groupStart() -> None:  # noqa: N802 - NCCL's and CuPy's name
+def groupStart() -> None:
     _group.depth = getattr(_group, "depth", 0) + 1
     _group.calls = getattr(_group, "calls", None) or []
 
 
-def groupEnd() -> None:  # noqa: N802
+def groupEnd() -> None:
     depth = getattr(_group, "depth", 0)
     if depth == 0:
         raise NcclError(_USAGE, "groupEnd without groupStart")
@@ -316,7 +316,7 @@ def groupEnd() -> None:  # noqa: N802
 class NcclCommunicator:
     """One rank of a communicator: NcclCommunicator(nranks, unique_id, rank), as CuPy's."""
 
-    def __init__(self, ndev: int, commId: bytes | tuple, rank: int):  # noqa: N803 - CuPy's names
+    def __init__(self, ndev: int, commId: bytes | tuple, rank: int):
         if len(commId) != NCCL_UNIQUE_ID_BYTES:
             raise NcclError(_ARGUMENT, f"unique id: expected {NCCL_UNIQUE_ID_BYTES} chars "
                                        f"(got {len(commId)})")
@@ -325,7 +325,7 @@ class NcclCommunicator:
         found = json.loads(bytes(c & 0xFF for c in commId).rstrip(b"\0"))
         self._hub = next((h for h in _hubs if h.secret == found["secret"]), None)
         self._rank, self._size, self._seq = rank, ndev, 0
-        self._device = fakegpu.Device().id
+        self._device = fakecuda.Device().id
         self._timeout = config.get("channel_timeout")
         self._lock = threading.Lock()
         try:
@@ -368,7 +368,7 @@ class NcclCommunicator:
 
     # -- calls ------------------------------------------------------------------------------
 
-    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
         self._collective(stream, "allReduce", sendbuf, count, recvbuf, count, datatype, op)
 
     def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
@@ -383,11 +383,11 @@ class NcclCommunicator:
     def bcast(self, buff, count, datatype, root, stream):
         self.broadcast(buff, buff, count, datatype, root, stream)
 
-    def allGather(self, sendbuf, recvbuf, count, datatype, stream):  # noqa: N802
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream):
         self._collective(stream, "allGather", sendbuf, count, recvbuf, count * self._size,
                          datatype)
 
-    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):  # noqa: N802
+    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
         self._collective(stream, "reduceScatter", sendbuf, recvcount * self._size, recvbuf,
                          recvcount, datatype, op, count=recvcount)
 
@@ -408,7 +408,7 @@ class NcclCommunicator:
     def _call(self, stream: int, kind: str, fn, *args) -> None:
         if self._sock is None:
             raise NcclError(_USAGE, f"rank {self._rank}: {kind} on a destroyed communicator")
-        fakegpu.launch_on(stream, f"nccl.{kind}")  # as a kernel would be, on that stream
+        fakecuda.launch_on(stream, f"nccl.{kind}")  # as a kernel would be, on that stream
         if getattr(_group, "depth", 0):
             _group.calls.append((kind, fn, *args))
         else:
@@ -437,7 +437,7 @@ class NcclCommunicator:
             try:
                 _send(self._sock, head, payload)
                 reply, data = _recv(self._sock)
-            except socket.timeout:
+            except TimeoutError:
                 raise NcclError(_REMOTE, f"rank {self._rank}: {what}: no answer from the "
                                          f"root after {self._timeout} s") from None
             except (OSError, ValueError):
@@ -468,7 +468,7 @@ class NcclCommunicator:
         """The bytes at device pointer `ptr`, which must be a fake-GPU array of our device."""
         if nbytes == 0:
             return np.empty(0, np.uint8)
-        arr = fakegpu.device_array_at(ptr)
+        arr = fakecuda.device_array_at(ptr)
         if arr is None:
             raise NcclError(_ARGUMENT, f"rank {self._rank}: {what}: pointer {ptr:#x} is not "
                                        "device memory (not a fake-GPU array's)")

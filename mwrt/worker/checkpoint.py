@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from .. import arrays, tensorfile
-from .handlers import check_size, resolve, store
+from .tensors import check_size, resolve, store
 
 
 def save_tensors(ex, cmd, frames):

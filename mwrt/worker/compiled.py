@@ -15,6 +15,7 @@ import functools
 from .. import ops
 from ..protocol import wire
 from . import handlers
+from .tensors import Poisoned, ref_ids
 
 
 class Prepared:
@@ -115,6 +116,5 @@ def _inplace_ufunc(ufunc, args: tuple):
 
 def _inputs_missing(command, tensors) -> bool:
     """True if a tensor `command` reads is not in the table, or was poisoned."""
-    return any(tid not in tensors or type(tensors[tid]) is handlers.Poisoned
-               for tid in handlers.ref_ids((getattr(command, "args", ()),
-                                            getattr(command, "kwargs", {}))))
+    return any(tid not in tensors or type(tensors[tid]) is Poisoned
+               for tid in ref_ids((getattr(command, "args", ()), getattr(command, "kwargs", {}))))

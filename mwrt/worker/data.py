@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from .. import arrays, channels
+from .. import arrays, channels, staging
 from ..channels.nccl import NcclUnsupportedError
 from ..collective import api as collectives
 from ..collective.group import ProcessGroup
@@ -27,8 +27,8 @@ from ..errors import ChannelError, ChannelTimeoutError, QuotaError
 from ..netaddr import split_host_port
 from ..protocol import wire
 from ..store import TCPStore
-from .. import staging
 from .pool import ReceivePool
+from .tensors import PoisonedInput, check_size, resolve, store
 
 log = logging.getLogger("mwrt.worker")
 
@@ -115,8 +115,6 @@ class SessionData:
         """Why a receive may not be posted at all ('' if it may): its array would exceed
         MWRT_MAX_TENSOR_BYTES or the session's quota. The sender is told before any byte
         leaves, so nothing arrives that nobody receives, and the channel stays whole."""
-        from .handlers import check_size
-
         try:
             check_size(cmd.shape, np.dtype(cmd.dtype), "dist_send", self.session.tensors,
                        cmd.device)
@@ -129,8 +127,6 @@ class SessionData:
     def post(self, cmd: wire.RecvFrom) -> None:
         """Post a RecvFrom's receive as soon as it arrives (socket thread), so the bytes land
         in their array at once instead of a stash, even while the stream is still busy."""
-        from .handlers import check_size
-
         if self.channel is None:  # still joining (or failed): the stream's attempt waits
             return
         if staging.staged(cmd):  # a GPU at one end: chunks, through pinned buffers
@@ -261,8 +257,6 @@ def _data(ex) -> SessionData:
 
 
 def send_to(ex, cmd, frames):
-    from .handlers import PoisonedInput, resolve
-
     if cmd.token >= 0 and ex.raise_sticky(cmd.token):
         return  # the master asked (numpy()): it gets the stream's error instead of bytes
     try:
@@ -287,8 +281,6 @@ def send_to(ex, cmd, frames):
 
 
 def recv_from(ex, cmd, frames):
-    from .handlers import check_size, store
-
     data = _data(ex)
     posted = data.posted.pop(cmd.id, None)
     if staging.staged(cmd):
@@ -313,8 +305,6 @@ def recv_from(ex, cmd, frames):
 
 def _recv_staged(ex, cmd, data, posted):
     """A RecvFrom with a GPU at one end: its chunks, copied to the device as they come."""
-    from .handlers import check_size
-
     channel = data.get_channel()
     try:
         if posted is None:
@@ -341,8 +331,6 @@ _IN_PLACE = {"all_reduce": collectives.all_reduce, "broadcast": collectives.broa
 
 
 def collective(ex, cmd, frames):
-    from .handlers import PoisonedInput, check_size, resolve, store
-
     data = _data(ex)
     group = data.gpu_group(cmd.group, cmd.ranks, ex.device) or data.group(cmd.group, cmd.ranks)
     try:

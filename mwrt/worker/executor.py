@@ -15,7 +15,7 @@ import traceback
 
 from .. import arrays
 from ..protocol import wire
-from . import handlers, report
+from . import handlers, report, tensors
 from .compiled import Prepared
 
 log = logging.getLogger("mwrt.worker")
@@ -149,7 +149,7 @@ class StreamExecutor:
         self.running = (command, time.monotonic())
         try:
             handlers.HANDLERS[type(command)](self, command, frames)
-        except handlers.PoisonedInput as exc:
+        except tensors.PoisonedInput as exc:
             self.fail(command, exc.info)
         except Exception as exc:  # noqa: BLE001 - the op's error, sent to the master
             self.fail(command, self.describe(command, exc))

@@ -21,7 +21,7 @@ from .. import config
 from ..errors import QuotaError, WireError
 from ..protocol import wire
 from .compiled import Prepared
-from .handlers import ref_ids
+from .tensors import ref_ids
 
 _TENSOR_FIELDS = ("ref", "out")  # int fields naming a tensor (besides Refs in args)
 

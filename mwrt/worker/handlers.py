@@ -12,76 +12,8 @@ import numpy as np
 
 from .. import arrays, config, ops, staging
 from ..protocol import wire
-from . import cuda_events, quotas
-
-
-class Poisoned:
-    """Table entry for a tensor whose producing op failed or was skipped."""
-
-    __slots__ = ("info",)
-
-    def __init__(self, info: dict):
-        self.info = info
-
-
-class PoisonedInput(Exception):
-    """An argument was produced by a failed op: carries that op's error report."""
-
-    def __init__(self, info: dict):
-        super().__init__(info.get("message", ""))
-        self.info = info
-
-
-def resolve(ex, value):
-    """Replace tensor Refs (also inside tuples and dicts) by the session's arrays."""
-    kind = type(value)
-    if kind is wire.Ref:
-        try:
-            found = ex.session.tensors[value.id]
-        except KeyError:
-            raise KeyError(f"tensor {value.id}: not on node {ex.session.node} (freed, never "
-                           "created on this node, or made on another stream not ordered "
-                           "before this one)") from None
-        if type(found) is Poisoned:
-            raise PoisonedInput(found.info)
-        return found
-    if kind is tuple:  # the args of nearly every op: scalars and Refs, looked at once each
-        return tuple([resolve(ex, v) if type(v) in _NESTED else v for v in value])
-    if kind is dict:
-        return {k: resolve(ex, v) if type(v) in _NESTED else v for k, v in value.items()} \
-            if value else value
-    return value
-
-
-_NESTED = frozenset((wire.Ref, tuple, dict))  # what resolve() looks inside
-
-
-def ref_ids(value) -> set:
-    """The ids of the tensor Refs in `value` (also inside tuples and dicts)."""
-    if type(value) is wire.Ref:
-        return {value.id}
-    if isinstance(value, dict):
-        value = tuple(value.values())
-    if isinstance(value, tuple):
-        return set().union(*map(ref_ids, value))
-    return set()
-
-
-def store(ex, out: int, value) -> None:
-    """Keep a result as tensor `out`, as an array of the stream's namespace."""
-    kind = type(value).__name__
-    if not hasattr(value, "shape") or isinstance(value, np.generic):
-        value = ex.xp.asarray(value)
-    if value.dtype.hasobject:  # a dict, a list of mixed things: nothing the wire can carry
-        raise TypeError(f"the result is a {kind}, which is not an array of numbers; return "
-                        "NumPy/CuPy arrays or numbers")
-    ex.session.tensors[out] = value
-
-
-def check_size(shape, dtype, what: str = "create", table=None, device=arrays.HOST) -> None:
-    """Refuse an oversized host tensor before it is made (MWRT_MAX_TENSOR_BYTES, session
-    quota); a GPU's own memory bounds a device tensor."""
-    quotas.check_tensor(shape, dtype, what, table, device)
+from . import checkpoint, cuda_events, data, quotas
+from .tensors import Poisoned, check_size, resolve, store
 
 
 def create(ex, cmd, frames):
@@ -317,8 +249,6 @@ def expect(ex, cmd, frames):
             "MWRT_STREAM_ORDER unset (and Stream(order='safe')) to order them automatically")
 
 
-from . import checkpoint, data  # noqa: E402  (their handlers use the helpers above)
-
 
 def _keyed(handler):
     """`handler` of a needs_key command: refused by a daemon without a key (any local user
@@ -361,7 +291,7 @@ def explain(ex, exc: BaseException) -> tuple[str, str]:
         with ex.xp.cuda.Device(ex.device):
             free, total = ex.xp.cuda.runtime.memGetInfo()
         room = f" (free {_bytes(free)} of {_bytes(total)})"
-    except Exception:  # the report goes on without the figures
+    except Exception:  # noqa: BLE001 - the report goes on without the figures
         room = ""
     return type(exc).__name__, (f"node {ex.session.node} GPU {ex.device}: out of memory "
                                 f"allocating {size}{room}; free tensors or use another device")

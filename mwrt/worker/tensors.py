@@ -1,0 +1,83 @@
+"""The session's table of tensors as stream handlers see it: resolving the Refs of a command,
+storing a result, sizing a new tensor before it is made, and the entry a failed op leaves.
+
+Every handler module (handlers, data, checkpoint) and the graph replay use these, so they
+sit below all of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import arrays
+from ..protocol import wire
+from . import quotas
+
+
+class Poisoned:
+    """Table entry for a tensor whose producing op failed or was skipped."""
+
+    __slots__ = ("info",)
+
+    def __init__(self, info: dict):
+        self.info = info
+
+
+class PoisonedInput(Exception):
+    """An argument was produced by a failed op: carries that op's error report."""
+
+    def __init__(self, info: dict):
+        super().__init__(info.get("message", ""))
+        self.info = info
+
+
+def resolve(ex, value):
+    """Replace tensor Refs (also inside tuples and dicts) by the session's arrays."""
+    kind = type(value)
+    if kind is wire.Ref:
+        try:
+            found = ex.session.tensors[value.id]
+        except KeyError:
+            raise KeyError(f"tensor {value.id}: not on node {ex.session.node} (freed, never "
+                           "created on this node, or made on another stream not ordered "
+                           "before this one)") from None
+        if type(found) is Poisoned:
+            raise PoisonedInput(found.info)
+        return found
+    if kind is tuple:  # the args of nearly every op: scalars and Refs, looked at once each
+        return tuple([resolve(ex, v) if type(v) in _NESTED else v for v in value])
+    if kind is dict:
+        return {k: resolve(ex, v) if type(v) in _NESTED else v for k, v in value.items()} \
+            if value else value
+    return value
+
+
+_NESTED = frozenset((wire.Ref, tuple, dict))  # what resolve() looks inside
+
+
+def ref_ids(value) -> set:
+    """The ids of the tensor Refs in `value` (also inside tuples and dicts)."""
+    if type(value) is wire.Ref:
+        return {value.id}
+    if isinstance(value, dict):
+        value = tuple(value.values())
+    if isinstance(value, tuple):
+        return set().union(*map(ref_ids, value))
+    return set()
+
+
+def store(ex, out: int, value) -> None:
+    """Keep a result as tensor `out`, as an array of the stream's namespace."""
+    kind = type(value).__name__
+    if not hasattr(value, "shape") or isinstance(value, np.generic):
+        value = ex.xp.asarray(value)
+    if value.dtype.hasobject:  # a dict, a list of mixed things: nothing the wire can carry
+        raise TypeError(f"the result is a {kind}, which is not an array of numbers; return "
+                        "NumPy/CuPy arrays or numbers")
+    ex.session.tensors[out] = value
+
+
+def check_size(shape, dtype, what: str = "create", table=None, device=arrays.HOST) -> None:
+    """Refuse an oversized host tensor before it is made (MWRT_MAX_TENSOR_BYTES, session
+    quota); a GPU's own memory bounds a device tensor."""
+    quotas.check_tensor(shape, dtype, what, table, device)
