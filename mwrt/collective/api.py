@@ -23,6 +23,7 @@ computed once and copied, so results are bitwise identical on every rank.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -137,16 +138,22 @@ def _gather_chunks(call, arr, bounds, root, tag) -> None:
                   for p in range(call.size) if p != root and bounds[p + 1] > bounds[p]])
 
 
+def _on_root(group, root: int, buf, what: str,
+             writable: bool = True) -> host_view | nullcontext[None]:
+    """host_view(buf) on `root`, nothing on the other ranks (gather's out, scatter's src)."""
+    return host_view(buf, group, what, writable) if group.rank == root else nullcontext()
+
+
 def gather(group, buf, out=None, root: int = 0) -> None:
     """Gather every rank's `buf` into `out` (world size x buf's elements) on `root`."""
     _check_root(group, root, "gather")
     with host_view(buf, group, "gather", writable=False) as arr, \
-            host_view(out if group.rank == root else None, group, "gather out") as dst:
-        if group.rank == root:
+            _on_root(group, root, out, "gather out") as dst:
+        if dst is not None:
             _check_size(dst, group.size * arr.size, "gather", "out")
-        if group.size == 1:
-            dst[:] = arr
-            return
+            if group.size == 1:
+                dst[:] = arr
+                return
         with group.collective("gather", root=root, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as call:
             if not call.run_native("gather", arr, dst, root) and arr.size:
@@ -157,13 +164,12 @@ def scatter(group, buf, src=None, root: int = 0) -> None:
     """Send row p of `src` (world size x buf's elements, on `root`) into `buf` on rank p."""
     _check_root(group, root, "scatter")
     with host_view(buf, group, "scatter") as arr, \
-            host_view(src if group.rank == root else None, group, "scatter src",
-                      writable=False) as source:
-        if group.rank == root:
+            _on_root(group, root, src, "scatter src", writable=False) as source:
+        if source is not None:
             _check_size(source, group.size * arr.size, "scatter", "src")
-        if group.size == 1:
-            arr[:] = source
-            return
+            if group.size == 1:
+                arr[:] = source
+                return
         with group.collective("scatter", root=root, dtype=arr.dtype, shape=np.shape(buf),
                               count=arr.size) as call:
             if not call.run_native("scatter", arr, source, root) and arr.size:

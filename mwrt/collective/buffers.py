@@ -56,10 +56,10 @@ class host_view:
     __slots__ = ("arr", "bits", "buf", "staged", "writable")
 
     def __init__(self, buf, group, what: str, writable: bool = True, reduces: bool = False):
-        self.buf, self.writable, self.staged, self.bits = buf, writable, False, None
-        if buf is None:
-            self.arr = None
-        elif hasattr(buf, "__cuda_array_interface__") and group.device_buffers:
+        self.buf, self.writable, self.staged = buf, writable, False
+        self.bits: np.ndarray | None = None
+        self.arr: np.ndarray
+        if hasattr(buf, "__cuda_array_interface__") and group.device_buffers:
             if not buf.flags.c_contiguous:  # a reshape would copy: results would be lost
                 raise ValueError(f"{what}: array is not C-contiguous (shape {buf.shape}); pass "
                                  "cupy.ascontiguousarray(arr) and copy the result back")
@@ -75,11 +75,11 @@ class host_view:
         else:
             self.arr = as_flat(buf, what, writable)
 
-    def __enter__(self) -> np.ndarray | None:
+    def __enter__(self) -> np.ndarray:
         return self.arr
 
     def __exit__(self, exc_type, *_) -> None:
-        if self.staged and self.writable and exc_type is None and self.arr is not None:
+        if self.staged and self.writable and exc_type is None:
             if self.bits is not None:
                 self.bits[:] = narrow_to_bfloat16(self.arr)
             else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -72,7 +74,8 @@ def worker_refusal(event: int, value: int, worker_keyed: bool) -> str:
     if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         return ("it hung up during the handshake (a master whose key does not fit this "
                 "worker's, or not a master at all)")
-    return zmq.Event(event).name.lower().replace("_", " ")
+    # A flag's name is None for a combination of events; monitor events come one at a time.
+    return (zmq.Event(event).name or f"event {event}").lower().replace("_", " ")
 
 
 def _rank(reason: str) -> int:
@@ -106,7 +109,7 @@ class RefusalLog:
         self.pending: dict[str, tuple[str, str]] = {}  # host -> (peer, why), for flush()
         self.logged: dict[str, float] = {}  # host -> when last logged
 
-    def note(self, event: dict) -> None:
+    def note(self, event: Mapping[str, Any]) -> None:
         """Take one monitor event; a refusal is logged at the next flush()."""
         kind, value = event["event"], event["value"]
         if kind == zmq.EVENT_ACCEPTED:
