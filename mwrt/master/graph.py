@@ -51,9 +51,10 @@ class Graph:
         self._inputs = {name: _External(t) for name, t in inputs.items()}
         for name, ext in self._inputs.items():
             ext.name = name
-        self._externals = {ext.id: ext for ext in self._inputs.values()}
+        # By (node, id): a mesh tensor's blocks may share one id, one at each node.
+        self._externals = {(ext.node, ext.id): ext for ext in self._inputs.values()}
         self._uses: list = []  # (external, stream, write), in the capture's order
-        self._states: dict = {}  # storage owner's id -> (its weakref, its record before)
+        self._states: dict = {}  # (node, owner's id) -> (its weakref, its record before)
         self._made: dict = {}  # node -> tensors made inside: kept alive, replays rewrite them
         self._made_ids: set = set()
         self._made_uses: dict = {}  # id of a storage made inside -> [(stream, write)]
@@ -110,8 +111,8 @@ class Graph:
     def used(self, tensor, stream: int, write: bool) -> None:
         """Called for each use of a tensor during the capture, before its ordering."""
         owner = ordering.record(tensor)
-        if owner._id not in self._made_ids and owner._id not in self._states:
-            self._states[owner._id] = (weakref.ref(owner),
+        if owner._id not in self._made_ids and (owner._node, owner._id) not in self._states:
+            self._states[owner._node, owner._id] = (weakref.ref(owner),
                                        (owner._writer, owner._wtime, owner._ltime, owner._streams))
         if owner._id in self._made_ids:
             uses = self._made_uses[owner._id]
@@ -121,9 +122,9 @@ class Graph:
         # A handle made before the capture is found again as itself (an input may be rebound);
         # a view made inside, as the handle from before that it views.
         key = self._origins[tensor._id] if tensor._id in self._made_ids else tensor
-        ext = self._externals.get(key._id)
+        ext = self._externals.get((key._node, key._id))
         if ext is None:
-            ext = self._externals[key._id] = _External(key)
+            ext = self._externals[key._node, key._id] = _External(key)
         if not self._uses or self._uses[-1] != (ext, stream, write):
             self._uses.append((ext, stream, write))
 

@@ -49,6 +49,21 @@ class DistributedTensor:
         if ordering.capture:
             ordering.capture[-1].made(self)
 
+    @classmethod
+    def at_places(cls, nodes, devices, tensor_id: int, specs, streams) -> list:
+        """One handle per place to tensor `tensor_id`, the id every place's worker gives its
+        block of a mesh op's result: __init__'s fields, with one pre-encoded reference for
+        all (not while a graph is captured: its records would not see them)."""
+        ref, new, handles = wire.ref(tensor_id), cls.__new__, []
+        for node, device, spec, stream in zip(nodes, devices, specs, streams):
+            t = new(cls)
+            t._node, t._device, t._id, t._spec, t._streams = node, device, tensor_id, spec, \
+                (stream,)
+            t._writer, t._wtime, t._ltime, t._base, t._ref = stream, tensor_id, tensor_id, \
+                None, ref
+            handles.append(t)
+        return handles
+
     def __reduce__(self) -> Any:
         """Refuses: a handle is this master's, and means nothing pickled elsewhere."""
         raise TypeError("DistributedTensor: a handle cannot be pickled, nor captured by a "

@@ -163,6 +163,12 @@ def encode_body(messages: list) -> bytes:
     return _pack(messages)
 
 
+def encode_message(message) -> bytes:
+    """One message's bytes, to be queued as msgspec.Raw in batches (the same bytes for
+    every node of a mesh op)."""
+    return _pack(message)
+
+
 def decode_body(frame, max_bytes: int | None = None) -> list:
     """Unpack a body frame into messages; any malformation is a WireError."""
     if max_bytes is not None and len(frame) > max_bytes:

@@ -7,7 +7,8 @@ import numpy as np
 from ...arrays import as_dtype
 from ...ops import Spec
 from ...protocol import wire
-from .. import creation, transfer
+from .. import context, creation, ordering, transfer
+from ..tensor import DistributedTensor
 from .device_mesh import Mesh
 from .moves import broadcast_group
 from .placement import REPLICATE, local_box, shard_arg
@@ -18,6 +19,10 @@ def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
     """A constructor's tensor of global `shape` laid over `mesh` as `shard` asks."""
     dtype = as_dtype(dtype)
     placements = shard_arg(shard, len(shape), mesh.ndim, kind)
+    counter = mesh.shared_ids()
+    if counter is not None and not ordering.capture:  # one id for every place's block
+        return ShardedTensor(mesh, placements, _create_everywhere(
+            kind, shape, dtype, mesh, placements, args, counter), Spec(shape, dtype))
     locals_ = []
     for (node, device), coord in zip(mesh.places, mesh.coords):
         box = local_box(shape, placements, mesh.shape, coord)
@@ -25,6 +30,23 @@ def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
         local_args = _local_args(kind, args, box, placements)
         locals_.append(creation._create(kind, local_shape, dtype, node, device, local_args))
     return ShardedTensor(mesh, placements, locals_, Spec(shape, dtype))
+
+
+def _create_everywhere(kind, shape, dtype, mesh, placements, args, counter) -> list:
+    """Each place's block, all named by one id (mesh ops then encode one command for all)."""
+    tensor_id, now = next(counter), next(counter)
+    devices = [d for _, d in mesh.places]
+    streams = [context.stream_for(node.index, d) for node, d in zip(mesh.nodes, devices)]
+    boxes = [local_box(shape, placements, mesh.shape, c) for c in mesh.coords]
+    shapes = [tuple(hi - lo for lo, hi in box) for box in boxes]
+    blocks = DistributedTensor.at_places(mesh.nodes, devices, tensor_id,
+                                         [Spec(s, dtype) for s in shapes], streams)
+    for node, device, stream, box, local_shape in zip(mesh.nodes, devices, streams, boxes,
+                                                      shapes):
+        node.issue(wire.Create(id=now, stream=stream, out=tensor_id, kind=kind,
+                               shape=local_shape, dtype=dtype.str, device=device,
+                               args=tuple(_local_args(kind, args, box, placements))))
+    return blocks
 
 
 def _local_args(kind: str, args: tuple, box: tuple, placements: tuple) -> tuple:

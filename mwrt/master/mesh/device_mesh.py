@@ -40,8 +40,23 @@ class Mesh:
         self.coords = tuple(tuple(int(c) for c in np.unravel_index(i, self.shape))
                             for i in range(len(self.places)))
         self._groups: dict = {}
+        devices = {d for _, d in self.places}
+        # The device of every place when they share one (a mesh op's one command), else None.
+        self.devices = devices.pop() if len(devices) == 1 else None
         self._hash = hash((self.places, self.shape))
         cluster.meshes.add(self)  # replace_node gives it the new node of a lost place
+
+    def shared_ids(self):
+        """The id counter every node of the mesh draws from, so that one id can name a block
+        at every place; None where two places share a node (its GPUs) or a re-attached
+        session numbers each node on from its own earlier commands."""
+        cached = self.__dict__.get("_counter")
+        if cached is None or cached[0] is not self.nodes:  # replace_node makes a new tuple
+            ids = self.nodes[0].ids
+            shared = len(set(self.nodes)) == len(self.nodes) and all(
+                n.ids is ids for n in self.nodes)
+            cached = self._counter = (self.nodes, ids if shared else None)
+        return cached[1]
 
     @property
     def ndim(self) -> int:

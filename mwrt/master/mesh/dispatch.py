@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from msgspec import Raw
 
 from ... import ops
 from ...ops import UNKNOWN, Spec
 from ...protocol import wire
 from .. import context, issue, ordering
-from ..client import issue_site
+from ..client import issue_site, queue_everywhere
 from ..tensor import DistributedTensor
 from . import moves, rules
 from .placement import local_shape
@@ -109,12 +110,139 @@ def run(name, plan, operands, margs, mkwargs, spec):
 
 
 def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
-    """The op as one Call per place, built here from the global plan: what issue.call does
-    for one node, less what the mesh already knows (the op, the operands' places, the
-    result's shape); False where an argument needs issue.call's general conversion."""
+    """The op encoded once and its bytes queued at every place (one command id, and one
+    result id that every place's worker gives its block), what issue.call does for one node
+    less what the mesh knows (the op, the operands' places, the result's shape); False
+    where an argument needs issue.call's general conversion."""
     wired = _wire_form(margs, mkwargs)
     if wired is None:
         return False
+    mesh = operands[0]._mesh
+    counter = mesh.shared_ids()
+    if counter is None or context.stream_stack():  # chosen streams: each place's own
+        return _place_by_place(name, placements, operands, wired, spec)
+    template, slots, kwargs = wired
+    nodes, places = mesh.nodes, mesh.places
+    inplace = placements is None
+    written = inplace and bool(slots) and slots[0] == (0, 0)
+    site = issue_site()
+    if not inplace:
+        specs = local_specs(spec, placements, mesh)
+        nodes[0].limits.check_result(name, specs[0])  # place 0's block is the largest
+        out_id = next(counter)
+        devices = [d for _, d in places]
+        outs = DistributedTensor.at_places(nodes, devices, out_id, specs, devices)
+    now = next(counter)
+    # An operand made by this path has one id at every place (the same bytes everywhere);
+    # another's reference is spliced into the bytes at each place.
+    varying = [k for _, k in slots if not _one_id(operands[k])]
+    outs_ids = () if inplace else (out_id,)
+    devices = mesh.devices
+    if type(devices) is int and not varying:  # one device everywhere: one command
+        for _, k in slots:  # the waits it needs go out before it
+            _order_all(operands[k]._locals, devices, now, written and k == 0)
+        body = _encode(wire.Call(id=now, stream=devices, outs=outs_ids, op=name,
+                                 args=_sentinel_args(template, slots, operands, varying),
+                                 kwargs=kwargs), 0)
+        bodies, streams = [body] * len(nodes), [devices] * len(nodes)
+    else:
+        bodies, streams = _bodies(name, template, slots, operands, varying, now, outs_ids,
+                                  kwargs, places, written)
+    queue_everywhere(nodes, bodies, now, streams, site, _WINDOW * max(1.0, len(nodes) / 8))
+    return None if inplace else ShardedTensor(mesh, placements, outs, spec)
+
+
+def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, places,
+            written):
+    """Each place's bytes of the op (its device's stream; varying references spliced in)."""
+    bodies, streams, encoded = [], [], {}  # device (its default stream) -> bytes, in pieces
+    for i, (_, device) in enumerate(places):
+        for _, k in slots:  # the waits it needs go out before it
+            _order(operands[k]._locals[i], device, now, written and k == 0)
+        pieces = encoded.get(device)
+        if pieces is None:
+            pieces = encoded[device] = _encode(wire.Call(
+                id=now, stream=device, outs=outs_ids, op=name,
+                args=_sentinel_args(template, slots, operands, varying), kwargs=kwargs),
+                len(varying))
+        if not varying:
+            bodies.append(pieces)
+        elif pieces is False:  # a sentinel not found once: this place's command built whole
+            args = list(template)
+            for pos, k in slots:
+                args[pos] = operands[k]._locals[i]._ref
+            bodies.append(Raw(wire.encode_message(wire.Call(
+                id=now, stream=device, outs=outs_ids, op=name, args=tuple(args),
+                kwargs=kwargs))))
+        else:
+            bodies.append(_splice(pieces, [operands[k]._locals[i]._ref.data for k in varying]))
+        streams.append(device)
+    return bodies, streams
+
+
+def _order_all(blocks, stream: int, now: int, write: bool) -> None:
+    """_order for every place's block, its common case (used last on this stream, not a
+    view) inline."""
+    for tensor in blocks:
+        if tensor._base is None and tensor._writer == stream and not (
+                write and len(tensor._streams) > 1):
+            if write:
+                tensor._wtime = now
+            tensor._ltime = now
+        else:
+            _order(tensor, stream, now, write)
+
+
+# How long a place's batch gathers a mesh op's commands before it goes out, at 8 nodes
+# and fewer; more nodes, longer in proportion (node.issue_encoded says why).
+_WINDOW = 1e-3
+_SENTINEL = 0x5EED_0000_0000_0000  # + k: where varying operand k's reference goes
+
+
+def _sentinel_args(template, slots, operands, varying) -> tuple:
+    args = list(template)
+    for pos, k in slots:
+        args[pos] = wire.ref(_SENTINEL + varying.index(k)) if k in varying else \
+            operands[k]._locals[0]._ref
+    return tuple(args)
+
+
+def _encode(command, varying: int):
+    """The command's bytes (msgspec.Raw) with no varying operand; else the pieces between
+    the sentinels' 8 bytes, or False if a sentinel is not found exactly once."""
+    encoded = wire.encode_message(command)
+    if not varying:
+        return Raw(encoded)
+    pieces, rest = [], encoded
+    for j in range(varying):
+        mark = (_SENTINEL + j).to_bytes(8, "little", signed=True)
+        if rest.count(mark) != 1:
+            return False
+        head, rest = rest.split(mark)
+        pieces.append(head)
+    pieces.append(rest)
+    return pieces
+
+
+def _splice(pieces: list, refs: list):
+    """The command's bytes with each operand's reference in its place."""
+    if len(refs) == 1:
+        return Raw(pieces[0] + refs[0] + pieces[1])
+    parts = [pieces[0]]
+    for ref, piece in zip(refs, pieces[1:]):
+        parts += (ref, piece)
+    return Raw(b"".join(parts))
+
+
+def _one_id(tensor) -> bool:
+    """True if every place's block has one id: a mesh tensor's blocks either all share the
+    id (made by _issue_at_every_place) or all have their own (made place by place)."""
+    blocks = tensor._locals
+    return blocks[0]._id == blocks[-1]._id
+
+
+def _place_by_place(name, placements, operands, wired, spec):
+    """The op as one Call per place, each with its own ids, stream and encoding."""
     template, slots, kwargs = wired
     mesh = operands[0]._mesh
     inplace = placements is None
