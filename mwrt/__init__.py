@@ -20,7 +20,8 @@ from .errors import (
 from .dashboard import dashboard
 from .master.checkpoint import SaveHandle, load, save
 from .master.cluster import init_master_worker, is_initialized, replace_node, shutdown
-from .master.collectives import all_gather, all_reduce, broadcast, gather, reduce, scatter
+from .master.collectives import (all_gather, all_reduce, broadcast, gather, reduce,
+                                 reduce_scatter, scatter)
 from .master.context import Device, current_device, current_node, device, node
 from .master.creation import (
                        TYPED_CONSTRUCTORS,
@@ -61,7 +62,7 @@ __all__ = [
     "devices", "status", "dashboard", "channels", "array_api", "Device", "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
     "mesh", "Mesh", "ShardedTensor", "Shard", "Replicate", "Partial", "Placement",
-    "PlacementError",
+    "PlacementError", "reduce_scatter",
     *TYPED_CONSTRUCTORS,
 ]
 __all__ += ["save", "load", "SaveHandle", "replace_node", "attached"]  # going on after a failure

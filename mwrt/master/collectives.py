@@ -19,6 +19,7 @@ from ..protocol import wire
 from . import context, ordering
 from .client import issue_site, uninterrupted
 from .cluster import current
+from .mesh.placement import bounds
 from .tensor import DistributedTensor
 
 Tensors = Sequence[DistributedTensor]
@@ -71,6 +72,8 @@ def _send(sends: list) -> None:
     """Send every node its part now, not with a later batch (its peers may already wait in
     it), and all of them: on a helper thread, so that a Ctrl-C (or a node's backpressure
     wait it falls in) never leaves the nodes that got theirs waiting for the others."""
+    for node, _, _ in sends:  # a node known lost refuses it before any peer waits in it
+        node.check_lost()
     if ordering.capture:  # a graph records them (on this thread), nothing is sent
         for node, command, _ in sends:
             node.issue(command)
@@ -132,6 +135,29 @@ def all_gather(tensors: Tensors) -> list[DistributedTensor]:
     sends = []
     outs = [_issue(sends, "all_gather", t, t._node, t._device, ranks, group,
                    {"dtype": spec.dtype.str}, spec) for t in tensors]
+    _send(sends)
+    return outs
+
+
+def reduce_scatter(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
+                   ) -> list[DistributedTensor]:
+    """Combine the tensors with `op` and split the result along axis 0 as np.array_split
+    does: on node i (tensors[i]'s), a new tensor holding part i (uneven lengths: the first
+    parts one row longer; a part may be empty). The tensors themselves are left intact."""
+    tensors = _check(tensors, "reduce_scatter")
+    first = tensors[0]
+    if first.ndim == 0:
+        raise ValueError(f"reduce_scatter: 0-d tensors have no axis 0 to split (nodes "
+                         f"{[t.get_node() for t in tensors]}); reshape them to (1,) or use "
+                         "all_reduce")
+    op = reduce_op(op, first.dtype, "reduce_scatter")
+    ranks, group = _placed(tensors)
+    rows, rest, sends, outs = first.shape[0], first.shape[1:], [], []
+    for i, t in enumerate(tensors):
+        start, stop = bounds(rows, len(tensors), i)
+        spec = Spec((stop - start, *rest), first.dtype)
+        outs.append(_issue(sends, "reduce_scatter", t, t._node, t._device, ranks, group,
+                           {"op": op.name, "dtype": spec.dtype.str}, spec))
     _send(sends)
     return outs
 

@@ -366,8 +366,32 @@ def collective(ex, cmd, frames):
         collectives.gather(group, array, out, **args)
     elif kind == "scatter":
         collectives.scatter(group, out, array, **args)
+    elif kind == "reduce_scatter":
+        out = _reduce_scatter(ex, group, array, out, xp, args["op"])
     else:
         raise ValueError(f"collective: unknown kind {kind!r}")
     if out is not None:
         ex.bytes_in += out.nbytes
-        store(ex, cmd.out, out)
+        # staged through host memory (no nccl): the result goes back to the stream's GPU
+        store(ex, cmd.out, out if ex.device == arrays.HOST or xp is not np
+              else ex.xp.asarray(out))
+
+
+def _reduce_scatter(ex, group, array, out, xp, op):
+    """`array` (n rows) combined over the group into `out`, this rank's part of the rows as
+    np.array_split cuts them. Uneven parts travel padded to the longest (part p at row
+    p * ceil(n / size), its missing rows zero), so a native collective serves them too."""
+    size, n = group.size, array.shape[0]
+    top = -(-n // size)
+    source = ex.xp.ascontiguousarray(array)  # a view the master made (moveaxis) is strided
+    whole = out
+    if n != top * size:
+        source = ex.xp.zeros((top * size, *array.shape[1:]), array.dtype)
+        for p in range(size):
+            lo = p * (n // size) + min(p, n % size)  # np.array_split's bounds
+            hi = lo + n // size + (p < n % size)
+            source[p * top:p * top + hi - lo] = array[lo:hi]
+        whole = xp.empty((top, *out.shape[1:]), out.dtype)
+    collectives.reduce_scatter(group, whole, source, op)
+    return whole if whole is out else whole[:out.shape[0]]
+

@@ -1,6 +1,7 @@
-"""Moving mesh tensors' data: Partial resolved by all_reduce, shards gathered (all_gather)
-or cut (local slices) by redistribute(), an int index broadcast from the place that holds
-it, and the whole value gathered to the master, every shard straight and at once.
+"""Moving mesh tensors' data: Partial resolved by all_reduce (or, where a Shard is wanted,
+reduce_scatter), shards gathered (all_gather) or cut (local slices) by redistribute(), an
+int index broadcast from the place that holds it, and the whole value gathered to the
+master, every shard straight and at once.
 
 Along a mesh dimension whose places are on distinct nodes these are the master-issued
 collectives (master/collectives.py: one command per node, the data worker to worker); places
@@ -59,6 +60,34 @@ def all_gather_group(mesh, tensors: list, group: list) -> list:
     return stacked
 
 
+def reduce_scatter_group(mesh, tensors: list, group: list, op: str, axis: int) -> list:
+    """At place k of the group, a new tensor: part k (as np.array_split cuts `axis`) of the
+    `op` of the group's tensors, which are left intact."""
+    if len(group) == 1:
+        return [issue.call("copy", tensors[0])]
+    ufunc, name = _OPS[op]
+    if _distinct(mesh, group):
+        if axis == 0:
+            return collectives.reduce_scatter(tensors, op=name)
+        # the collective splits axis 0: the parts come back with the axis where it was, and
+        # contiguous (an all_reduce along another mesh dimension may take them next)
+        fronts = [issue.call("moveaxis", t, axis, 0) for t in tensors]
+        return [issue.call("ascontiguousarray", issue.call("moveaxis", p, 0, axis))
+                for p in collectives.reduce_scatter(fronts, op=name)]
+    first = tensors[0]
+    home = (first.get_node(), first.get_device())
+    total = first.copy()
+    for t in tensors[1:]:  # same node, other devices: moves between them
+        issue.call(f"{ufunc}_", total, t.to(*home))
+    parts = []
+    for k, t in enumerate(tensors):
+        cut = (slice(None),) * axis + (slice(*bounds(total.shape[axis], len(tensors), k)),)
+        part = issue.call("getitem", total, cut)
+        place = (t.get_node(), t.get_device())
+        parts.append(issue.call("copy", part) if place == home else part.to(*place))
+    return parts
+
+
 def broadcast_group(mesh, tensors: list, root: int) -> None:
     """tensors[root] copied into the others, in place."""
     if len({t.get_node() for t in tensors}) == len(tensors):
@@ -72,34 +101,45 @@ def broadcast_group(mesh, tensors: list, root: int) -> None:
 
 def resolve(t) -> None:
     """Make a Partial tensor real (all_reduce along its Partial dimensions), in place."""
-    if not any(type(p) is Partial for p in t._placements):
-        return
-    mesh, placements = t._mesh, list(t._placements)
+    if any(type(p) is Partial for p in t._placements):
+        t._placements = _all_reduce_dims(t._mesh, t._locals, t._placements)
+
+
+def _all_reduce_dims(mesh, locals_: list, placements: tuple) -> tuple:
+    """all_reduce along each Partial dimension, in place; the placements then (Replicate)."""
+    placements = list(placements)
     for d, p in enumerate(placements):
         if type(p) is Partial:
             for group in mesh.groups(d):
-                all_reduce_group(mesh, t._locals, group, p.op)
+                all_reduce_group(mesh, locals_, group, p.op)
             placements[d] = REPLICATE
-    t._placements = tuple(placements)
+    return tuple(placements)
 
 
 def redistribute(t, wanted: tuple):
     """A new tensor with placements `wanted`, moved worker to worker."""
-    resolve_to = [REPLICATE if type(p) is Partial else p for p in t._placements]
     if any(type(p) is Partial for p in wanted):
         raise PlacementError(f"redistribute: Partial is made by reductions, not asked for "
                              f"(got {describe(wanted)}); use Shard or Replicate")
-    resolve(t)
     mesh, spec = t._mesh, t.spec
-    current, locals_, fresh = list(resolve_to), list(t._locals), False
+    scattered = _scatter_dims(t._placements, wanted)
+    if scattered:  # t stays Partial: each place receives only its reduced block
+        current, locals_ = _reduce_scatter_dims(t, scattered, wanted)
+        fresh = True
+    else:
+        resolve(t)
+        current, locals_, fresh = list(t._placements), list(t._locals), False
     # Shard(a) -> Shard(b) along one dimension: each place receives only its new block
     for d in range(mesh.ndim):
         if _exchangeable(current, wanted, d):
             locals_ = _exchange_dim(mesh, spec, tuple(current), locals_, d, wanted[d].axis)
             current[d], fresh = wanted[d], True
-    # gather, innermost dimension first: an outer dimension's block is whole only then
+    # gather, innermost dimension first: an outer dimension's block is whole only then (and
+    # an inner one that stays, where an outer one cuts its axis anew: it splits the outer's)
     for d in reversed(range(mesh.ndim)):
-        if type(current[d]) is Shard and current[d] != wanted[d]:
+        if type(current[d]) is Shard and (current[d] != wanted[d] or any(
+                current[d] in (current[e], wanted[e]) and current[e] != wanted[e]
+                for e in range(d))):
             locals_ = _gather_dim(mesh, spec, tuple(current), locals_, d)
             current[d], fresh = REPLICATE, True
     # cut, outermost first, as local_box splits
@@ -117,6 +157,41 @@ def redistribute(t, wanted: tuple):
     if not fresh:  # views of t's blocks: a new tensor, as DTensor's redistribute makes
         locals_ = [issue.call("copy", x) for x in locals_]
     return ShardedTensor(mesh, tuple(current), locals_, spec)
+
+
+def _scatter_dims(placements: tuple, wanted: tuple) -> list[int]:
+    """The mesh dimensions that go Partial -> Shard(axis) by reduce_scatter, in order: each
+    one splits its axis inside the blocks of the dimensions before it, as local_box nests
+    them, so none may follow a dimension that shards the axis differently before and after,
+    nor precede one that shards it already. Mixed Partial ops: none (all_reduce in order)."""
+    if len({p.op for p in placements if type(p) is Partial}) != 1:
+        return []
+    now, dims = list(placements), []
+    for d, (p, w) in enumerate(zip(placements, wanted)):
+        if type(p) is not Partial or type(w) is not Shard:
+            continue
+        axis = Shard(w.axis)
+        if axis in placements[d + 1:] or any(
+                axis in (now[e], wanted[e]) and now[e] != wanted[e] for e in range(d)):
+            continue
+        now[d] = w
+        dims.append(d)
+    return dims
+
+
+def _reduce_scatter_dims(t, dims: list, wanted: tuple) -> tuple[list, list]:
+    """New blocks of t: reduce_scatter along `dims`, then all_reduce along its other Partial
+    dimensions (on the smaller blocks); their placements then."""
+    mesh, current, locals_ = t._mesh, list(t._placements), list(t._locals)
+    for d in dims:
+        out = [None] * mesh.size
+        for group in mesh.groups(d):
+            parts = reduce_scatter_group(mesh, [locals_[i] for i in group], group,
+                                         current[d].op, wanted[d].axis)
+            for i, part in zip(group, parts):
+                out[i] = part
+        locals_, current[d] = out, wanted[d]
+    return list(_all_reduce_dims(mesh, locals_, tuple(current))), locals_
 
 
 def _exchangeable(current: list, wanted: tuple, d: int) -> bool:

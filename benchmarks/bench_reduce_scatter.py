@@ -1,0 +1,93 @@
+"""Partial -> Shard(0) on a mesh: reduce_scatter beside the all_reduce and cut it replaced.
+
+A Partial(sum) tensor of `--mib` MiB (float32; each node holds a whole part, as a gradient
+after a local matmul does) on a mesh of `--nodes` local daemons is redistributed to
+Shard(0) two ways, in turns in the same session, `--reps` times each: `P.redistribute(
+shard=0)` (reduce_scatter: each node receives only its block, reduced) and the old path
+(an all_reduce in place, every node then holding the whole sum, and a copy of its block).
+Printed: the median wall time of each from issue to every node done, the ratio, and the
+bytes each node receives by the algorithms (a ring or a shared-memory reduce_scatter takes
+(n-1)/n of the tensor; an all_reduce twice that).
+
+Both run on this machine's cores (local daemons; the default channel reads peers' memory
+on one host, `--channel tcp` runs the ring over loopback): wall times are the CPU's, not a
+network's.
+
+    python benchmarks/bench_reduce_scatter.py [--nodes 4] [--mib 64] [--reps 5] [--channel tcp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import mwrt  # noqa: E402  (after the path above)
+from mwrt.master.mesh import moves  # noqa: E402
+
+
+def timed(P, how) -> tuple[float, object]:
+    """Seconds from issuing `how(P)` until every node has run it, and its result."""
+    mwrt.synchronize()
+    start = time.perf_counter()
+    out = how(P)
+    mwrt.synchronize()
+    return time.perf_counter() - start, out
+
+
+def scatter(P):
+    return P.redistribute(shard=0)
+
+
+def all_reduce_and_cut(P):
+    moves.resolve(P)  # the old path: every node ends with the whole sum, then cuts its block
+    return P.redistribute(shard=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--channel", default=None, help="the data channel (default: the "
+                        "session's, MWRT_CHANNEL); tcp runs the ring algorithms")
+    args = parser.parse_args()
+    n, length = args.nodes, args.mib * (1 << 20) // 4
+    mwrt.init_master_worker(local_workers=n, timeout=120, channel=args.channel)
+    try:
+        mesh = mwrt.mesh()
+        X = mwrt.ones((n, length), dtype=np.float32, mesh=mesh, shard=0)
+        times: dict = {"reduce_scatter": [], "all_reduce + cut": []}
+        for _ in range(args.reps):
+            for name, how in (("reduce_scatter", scatter),
+                              ("all_reduce + cut", all_reduce_and_cut)):
+                P = X.sum(axis=0)  # a fresh Partial(sum) each time: (length,), one row a node
+                seconds, out = timed(P, how)
+                times[name].append(seconds)
+                del P, out
+        check = X.sum(axis=0).redistribute(shard=0)
+        np.testing.assert_array_equal(check.shards()[-1].numpy()[:4], np.full(4, n, np.float32))
+    finally:
+        mwrt.shutdown()
+    size = args.mib
+    received = {"reduce_scatter": (n - 1) / n * size, "all_reduce + cut": 2 * (n - 1) / n * size}
+    print(f"Partial(sum) -> Shard(0) of {size} MiB float32 on {n} local daemons, channel "
+          f"{args.channel or 'default'}, median of {args.reps} in turns")
+    print(f"{'path':<18} {'wall ms':>9} {'MiB in/node':>12}")
+    for name, values in times.items():
+        print(f"{name:<18} {statistics.median(values) * 1e3:9.1f} {received[name]:12.1f}")
+    ratio = statistics.median(times["reduce_scatter"]) / statistics.median(
+        times["all_reduce + cut"])
+    print(f"reduce_scatter / all_reduce + cut: {ratio:.2f}x wall time, "
+          f"{received['reduce_scatter'] / received['all_reduce + cut']:.2f}x bytes received")
+
+
+if __name__ == "__main__":
+    main()
