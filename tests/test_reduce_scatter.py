@@ -156,6 +156,29 @@ def test_zero_style_step_takes_its_shard_of_the_gradient(four):
     same(w, ref, exact=False)
 
 
+def test_a_partial_operand_joining_a_sharded_result_takes_only_its_blocks(four):
+    """w_shard -= lr * grad: the Partial gradient is reduce_scattered to w's blocks."""
+    mesh = mwrt.mesh(nodes=[0, 1, 2])
+    x, y = data(31, 7), data(31, seed=1)
+    X, Y = mwrt.dist_send(x, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+    w = mwrt.zeros(7, mesh=mesh, shard=0)
+    ref = np.zeros(7, np.float32)
+    for _ in range(3):
+        step = 0.01 * (X.T @ (X @ w.replicate() - Y))
+        w -= step
+        assert step.placement == Partial("sum")  # not all_reduced: it stays as it was
+        ref = ref - 0.01 * (x.T @ (x @ ref - y))
+    assert w.placement == Shard(0)
+    same(w, ref, exact=False)
+    grad = X.T @ (X @ mwrt.ones(7, mesh=mesh) - Y)
+    Z = mwrt.dist_send(data(4, 7, seed=2), mesh=mesh, shard=1)
+    same(Z * grad, Z.numpy() * (x.T @ (x @ np.ones(7, np.float32) - y)), exact=False)
+    assert grad.placement == Partial("sum")  # broadcast against Z's rows, cut along its axis
+    G = mwrt.dist_send(data(5, 7, seed=3), mesh=mesh, shard=0)
+    same(G + grad, G.numpy() + (x.T @ (x @ np.ones(7, np.float32) - y)), exact=False)
+    assert grad.placement == Replicate()  # its axis is not G's sharded one: all_reduced
+
+
 # -- beyond one healthy host ---------------------------------------------------------------
 
 def test_a_mesh_of_fake_gpus(monkeypatch):

@@ -159,6 +159,21 @@ def redistribute(t, wanted: tuple):
     return ShardedTensor(mesh, tuple(current), locals_, spec)
 
 
+def scatter_for(t, out: tuple, shape: tuple):
+    """Partial t redistributed to the blocks of a result placed `out` of `shape` that it
+    joins (broadcast axes whole), if a reduce_scatter takes it there; else None."""
+    off = len(shape) - t.ndim
+    wanted = []
+    for p, o in zip(t._placements, out):
+        ax = o.axis - off if type(o) is Shard else -1
+        if ax >= 0 and t.shape[ax] == shape[o.axis]:
+            wanted.append(Shard(ax))
+        else:
+            wanted.append(REPLICATE if type(p) is Partial else p)
+    target = tuple(wanted)
+    return redistribute(t, target) if _scatter_dims(t._placements, target) else None
+
+
 def _scatter_dims(placements: tuple, wanted: tuple) -> list[int]:
     """The mesh dimensions that go Partial -> Shard(axis) by reduce_scatter, in order: each
     one splits its axis inside the blocks of the dimensions before it, as local_box nests

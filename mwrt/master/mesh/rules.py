@@ -5,7 +5,8 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
 
 - elementwise (ufuncs, where, clip, astype, in-place forms): operands sharded on one result
   axis per mesh dimension; a replicated operand joins, sliced to each place's block; a
-  Partial(sum) operand stays Partial under a scalar multiply/divide or a sum with its like.
+  Partial(sum) operand stays Partial under a scalar multiply/divide or a sum with its like;
+  one that joins a sharded result is reduce_scattered to its blocks, others all_reduced.
 - reductions: over unsharded axes keep the shards; over a sharded axis give Partial(sum, max,
   min, prod) (mean: a sum scaled by the global count).
 - matmul: Shard(row) @ Replicate -> Shard(row); Replicate @ Shard(col) -> Shard(col);
@@ -23,7 +24,7 @@ from ...ops._meta import normalize_axes
 from ...ops.elementwise import UFUNCS
 from ...ops.reductions import REDUCTIONS
 from ..issue import call
-from . import shapes
+from . import moves, shapes
 from .placement import REPLICATE, Partial, Shard, describe, local_box
 from .plan import (
     PlacementError,
@@ -52,29 +53,53 @@ PARTIAL_OF = {"sum": "sum", "nansum": "sum", "count_nonzero": "sum", "mean": "su
 def elementwise(name, operands, args, kwargs, spec, resolve) -> Plan:
     inplace = name in IN_PLACE
     target = operands[0] if inplace else None
+    shape = target.shape if inplace else (spec[0] if type(spec) is tuple else spec).shape
+    scattered: dict = {}
     if any(is_partial(t) for t in operands):
         if _stays_partial(name, operands, args):
             return Plan(None if inplace else operands[0]._placements)
-        for t in operands:
-            resolve(t)
-    shape = target.shape if inplace else (spec[0] if type(spec) is tuple else spec).shape
+        scattered = _resolve_partials(operands, target, _agreed(name, operands, len(shape)),
+                                      shape, resolve)
     out = _agreed(name, operands, len(shape))
     if inplace and out != target._placements:
         wanted = target._placements
         raise no_rule(name, operands, f"an in-place result keeps its target's placements "
                       f"{describe(wanted)}: redistribute the other operand ({fix_text(wanted)}) "
                       "or the target")
-    views = {k: v for k, t in enumerate(operands)
-             if (v := _joined(name, t, operands, out, shape)) is not None}
+    views = {}
+    for k, t in enumerate(operands):
+        t = scattered.get(k, t)
+        v = _joined(name, t, operands, out, shape)
+        if v is not None or k in scattered:
+            views[k] = t._locals if v is None else v
     return Plan(None if inplace else out, views, adjust=_cut_arrays(args, out, shape,
                                                                     operands[0]._mesh))
+
+
+def _resolve_partials(operands, target, out, shape, resolve) -> dict:
+    """Make the Partial operands real: one that joins a result sharded along its axes takes
+    only the blocks it needs, by reduce_scatter ({operand index: that new tensor}, the
+    operand left Partial); the others (and an in-place target) are all_reduced in place."""
+    scattered: dict = {}
+    made: dict = {}  # one reduce_scatter for an operand that appears twice
+    for k, t in enumerate(operands):
+        if not is_partial(t) or t is target:
+            resolve(t)
+            continue
+        if id(t) not in made:
+            made[id(t)] = moves.scatter_for(t, out, shape)
+        if made[id(t)] is None:
+            resolve(t)
+        else:
+            scattered[k] = made[id(t)]
+    return scattered
 
 
 def _cut_arrays(args, out, shape, mesh):
     """A master array operand spanning a sharded axis goes to each place as its block (cut
     on the master, sent inline with the op); None if there is none."""
     cut = [pos for pos, a in enumerate(args) if isinstance(a, np.ndarray) and any(
-        type(p) is Shard and 0 <= p.axis - (len(shape) - a.ndim) and
+        type(p) is Shard and p.axis - (len(shape) - a.ndim) >= 0 and
         a.shape[p.axis - (len(shape) - a.ndim)] != 1 for p in out)]
     if not cut:
         return None
