@@ -367,14 +367,19 @@ def collective(ex, cmd, frames):
     elif kind == "scatter":
         collectives.scatter(group, out, array, **args)
     elif kind == "reduce_scatter":
-        out = _reduce_scatter(ex, group, array, out, xp, args["op"])
+        try:
+            out = _reduce_scatter(ex, group, array, out, xp, args["op"])
+        except NcclUnsupportedError:  # every node alike, after the call check: host staging
+            host = np.empty(cmd.out_shape, dtype)
+            out = _reduce_scatter(ex, data.group(cmd.group, cmd.ranks), array, host, np,
+                                  args["op"])
     else:
         raise ValueError(f"collective: unknown kind {kind!r}")
     if out is not None:
         ex.bytes_in += out.nbytes
-        # staged through host memory (no nccl): the result goes back to the stream's GPU
-        store(ex, cmd.out, out if ex.device == arrays.HOST or xp is not np
-              else ex.xp.asarray(out))
+        if ex.device != arrays.HOST and type(out) is np.ndarray:  # staged through the host
+            out = ex.xp.asarray(out)
+        store(ex, cmd.out, out)
 
 
 def _reduce_scatter(ex, group, array, out, xp, op):
