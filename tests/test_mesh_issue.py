@@ -100,3 +100,23 @@ def test_many_ops_without_a_read_all_reach_the_workers(cluster):
     for _ in range(1000):  # batches gathered past the quiet rule go out when full or old
         U += 1.0
     same(U, np.full(6, 1000.0, np.float32))
+
+
+def test_a_graph_result_read_on_another_stream_is_ordered_after_each_replay(cluster):
+    mesh = mwrt.mesh()
+    x = data(8, 2)
+    U = mwrt.dist_send(x, mesh=mesh, shard=0) * 1.0
+    with mwrt.graph() as g:
+        t = U * 2.0
+        for _ in range(20):  # temporaries only the graph holds
+            t = t + 1.0
+        kept = t * 1.0
+    side = [mwrt.Stream(node=n) for n, _ in mesh.places]
+    for k in range(1, 4):
+        U += 1.0
+        g.replay()
+        with contextlib.ExitStack() as stack:
+            for s in side:
+                stack.enter_context(mwrt.stream(s))
+            seen = kept * 1.0  # on the side streams: after this replay's write of `kept`
+        same(seen, (x + k) * 2.0 + 20.0)

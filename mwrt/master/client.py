@@ -111,12 +111,13 @@ def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: floa
     spell, else when full or `window` seconds old: a mesh of N nodes sends N batches per
     window, so a window that grows with N keeps that cost per op from growing with N."""
     now, slot = time.monotonic(), command_id & (_SITES - 1)
-    for node, body, stream in zip(nodes, bodies, streams):
+    for node, body, stream in zip(nodes, bodies, streams or itertools.repeat(None)):
         if node.closed or node.torn or node.lost is not None:
             node._refuse_issue()
         node.sites[slot] = site
-        node.streams.add(stream)
-        node.limits.streams.add(stream)
+        if stream is not None:  # (a graph's Replay runs on the streams it recorded)
+            node.streams.add(stream)
+            node.limits.streams.add(stream)
         with node.tx_lock:
             batch = node.batch
             if batch:
@@ -161,6 +162,7 @@ class Node:
         self.tokens = itertools.count(1)
         self.replies: dict[int, tuple] = {}
         self.sites: list = [None] * _SITES
+        self.graph_sites: dict = {}  # command id -> its line, for the graphs defined here
         self.streams: set[int] = set()  # every stream this master has used on the node
         self.lost: str | None = None
         self.lost_at = ""  # the wall-clock time of the loss, for the errors that name it
@@ -320,6 +322,12 @@ class Node:
                 self.batch.append(wire.Free(id=next(self.ids), stream=stream, ids=tuple(ids),
                                            uses=len(streams)))
 
+    def site_of(self, command_id: int) -> str:
+        """The line that issued command `command_id` (or captured it in a graph), '' if not
+        remembered."""
+        site = self.graph_sites.get(command_id)
+        return site if site is not None else site_text(self.sites[command_id & (_SITES - 1)])
+
     def known_streams(self) -> list[int]:
         """Streams used on this node so far."""
         return sorted(self.streams)
@@ -383,7 +391,7 @@ class Node:
         self.interrupted = None  # said once
         running = reply.value.get("running", []) if isinstance(reply, wire.Done) else []
         for busy in running:
-            site = site_text(self.sites[busy["command"] & (_SITES - 1)]) or "an unknown line"
+            site = self.site_of(busy["command"]) or "an unknown line"
             log.warning("%s: %s waits behind %s on stream %s, issued at %s, running for %.0f s "
                         "(a Ctrl-C interrupted the wait of %s %.0f s ago, not the op, which "
                         "runs to its end); mwrt.cancel() drops the commands queued behind it",
@@ -461,7 +469,7 @@ class Node:
         if info.get("kind") != "remote":
             return MwrtError(f"{self}: {info.get('message')}")
         command = info.get("command")
-        site = site_text(self.sites[command & (_SITES - 1)]) if isinstance(command, int) else ""
+        site = self.site_of(command) if isinstance(command, int) else ""
         message = (f"node {info.get('node')}, device {info.get('device')}, stream "
                    f"{info.get('stream')}: {info.get('op')} on shapes {info.get('shapes')} "
                    f"failed: {info.get('type')}: {info.get('message')}")

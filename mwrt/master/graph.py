@@ -18,14 +18,17 @@ captured, through any view.
 from __future__ import annotations
 
 import itertools
+import sys
 import weakref
+
+from msgspec import Raw
 
 from ..errors import MwrtError
 from ..protocol import wire
 from . import ordering
-from .tensor import DistributedTensor
-from .client import issue_site, site_text
+from .client import issue_site, queue_everywhere, site_text
 from .cluster import current
+from .tensor import DistributedTensor
 
 _GRAPH_IDS = itertools.count(1)
 
@@ -53,17 +56,21 @@ class Graph:
             ext.name = name
         # By (node, id): a mesh tensor's blocks may share one id, one at each node.
         self._externals = {(ext.node, ext.id): ext for ext in self._inputs.values()}
-        self._uses: list = []  # (external, stream, write), in the capture's order
+        # node -> [[external, stream, write]]: a storage's uses in the capture's order, a run
+        # of uses on one stream kept as one (a write orders all a read does, and more)
+        self._uses: dict = {}
+        self._last_use: dict = {}  # (node, storage owner's id) -> its last entry in _uses
         self._states: dict = {}  # (node, owner's id) -> (its weakref, its record before)
         self._made: dict = {}  # node -> tensors made inside: kept alive, replays rewrite them
         self._made_ids: set = set()
         self._made_uses: dict = {}  # id of a storage made inside -> [(stream, write)]
         self._made_order: dict = {}  # node -> [(storage made inside, its uses)]
+        self._made_held: dict = {}  # node -> tensors made inside that a handle outside holds
         self._origins: dict = {}  # id of a view made inside -> the handle from before it views
         self._last: dict = {}  # node -> the id of its last Replay
         self._commands: dict = {}  # node -> recorded commands
-        self._sites: dict = {}  # node -> [(command id, where it was recorded)]
-        self._defined: dict = {}  # node -> graph id on that node
+        self._sites: dict = {}  # node -> {command id: where it was recorded}
+        self._defined: dict = {}  # node -> graph id on that node (one id for every node)
         self._weight: dict = {}  # node -> (its definition's bytes, the streams it uses)
         self._saved: dict = {}
         self._capturing = False
@@ -116,8 +123,10 @@ class Graph:
                                        (owner._writer, owner._wtime, owner._ltime, owner._streams))
         if owner._id in self._made_ids:
             uses = self._made_uses[owner._id]
-            if uses[-1] != (stream, write):
+            if uses[-1][0] != stream:
                 uses.append((stream, write))
+            elif write and not uses[-1][1]:
+                uses[-1] = (stream, True)
             return
         # A handle made before the capture is found again as itself (an input may be rebound);
         # a view made inside, as the handle from before that it views.
@@ -125,11 +134,15 @@ class Graph:
         ext = self._externals.get((key._node, key._id))
         if ext is None:
             ext = self._externals[key._node, key._id] = _External(key)
-        if not self._uses or self._uses[-1] != (ext, stream, write):
-            self._uses.append((ext, stream, write))
+        last = self._last_use.get((owner._node, owner._id))
+        if last is not None and last[0] is ext and last[1] == stream:
+            last[2] = last[2] or write
+            return
+        last = self._last_use[owner._node, owner._id] = [ext, stream, write]
+        self._uses.setdefault(ext.node, []).append(last)
 
     def _recorder(self, node):
-        commands, sites = self._commands.setdefault(node, []), self._sites.setdefault(node, [])
+        commands, sites = self._commands.setdefault(node, []), self._sites.setdefault(node, {})
         issue = type(node).issue
 
         def record(command, frame=None) -> None:
@@ -149,24 +162,29 @@ class Graph:
                                 "which a captured graph cannot; read values (numpy(), shape "
                                 "of remote() results, synchronize) after g.replay()")
             commands.append(command)
-            sites.append((command.id, f"{site_text(issue_site())} (captured by mwrt.graph)"))
+            sites[command.id] = f"{site_text(issue_site())} (captured by mwrt.graph)"
         return record
 
     def _define(self) -> None:
+        gid = next(_GRAPH_IDS)  # (each node numbers its graphs apart: one id serves them all)
         for node, commands in self._commands.items():
             if not commands:
                 continue
-            gid = next(_GRAPH_IDS)
             inputs = tuple(ext.id for ext in self._inputs.values() if ext.node is node)
             body = wire.encode_body(commands)
             node.issue(wire.DefineGraph(id=next(node.ids), graph=gid, body=body, inputs=inputs))
             self._defined[node] = gid
+            node.graph_sites.update(self._sites[node])  # errors in a replay name these lines
             # A replay queues these commands again on the worker, which counts them as their
             # bytes (MWRT_SESSION_INFLIGHT_BYTES): so does this master's backlog.
             self._weight[node] = (len(body), {c.stream for c in commands})
         self._commands.clear()
         for node, made in self._made.items():  # storages made inside, with their uses
-            self._made_order[node] = [(t, self._made_uses[t._id]) for t in made
+            # Only a tensor some handle outside holds can be used between replays; the rest
+            # (held by this list alone: the list, the loop and the call count 3) are not
+            # looked at again.
+            held = self._made_held[node] = [t for t in made if sys.getrefcount(t) > 3]
+            self._made_order[node] = [(t, self._made_uses[t._id]) for t in held
                                       if t._id in self._made_uses]
 
     # -- replay ---------------------------------------------------------------------------
@@ -180,26 +198,49 @@ class Graph:
         for node in self._defined:  # all checks first: a replay runs on every node or none
             node.check_lost()
         tensors = self._tensors(bindings)
-        for node, gid in self._defined.items():
+        nodes = list(self._defined)
+        counter = nodes[0].ids if nodes else None
+        if not all(node.ids is counter for node in nodes):  # a re-attached session
+            counter = None
+        now = next(counter) if counter is not None else 0
+        touched, nows = {}, {}
+        for node in nodes:  # the waits each node's replay needs go out before it
+            nows[node] = now if counter is not None else next(node.ids)
+            touched[node] = self._order(node, tensors, nows[node])
+        rid = next(counter) if counter is not None else 0
+        bodies, rids = [], []
+        for node in nodes:
+            if counter is None:
+                rid = next(node.ids)
             pairs = bound.get(node, ())
-            now = next(node.ids)
-            touched = self._order(node, tensors, now)
-            rid = next(node.ids)
-            node.issue(wire.Replay(id=rid, graph=gid, bindings=pairs))
-            nbytes, streams = self._weight.get(node, (0, ()))
-            node.limits.streams.update(streams)
-            with node.tx_lock:
-                node.limits.count(nbytes)
-            mask = len(node.sites) - 1  # errors in the replay name the captured lines
-            for cid, site in self._sites[node]:
-                node.sites[cid & mask] = site
-            for owner in touched:  # their uses are this replay's, issued after its waits
-                owner._ltime = rid
-                if owner._wtime == now:
-                    owner._wtime = rid
-            for tensor in self._made.get(node, ()):  # made again by this replay
-                tensor._wtime = tensor._ltime = rid  # (a view's _ltime is never read)
-            self._last[node] = rid
+            if pairs or not bodies or counter is None:  # one command's bytes for the others
+                body = Raw(wire.encode_message(wire.Replay(id=rid, graph=self._defined[node],
+                                                           bindings=pairs)))
+            bodies.append(body)
+            rids.append(rid)
+        site = issue_site()
+        if counter is None:
+            for node, body, rid in zip(nodes, bodies, rids):
+                queue_everywhere([node], [body], rid, None, site, 1e-3)
+        else:
+            queue_everywhere(nodes, bodies, rid, None, site, 1e-3 * max(1.0, len(nodes) / 8))
+        for node, rid in zip(nodes, rids):
+            self._replayed(node, nows[node], rid, touched[node])
+
+    def _replayed(self, node, now: int, rid: int, touched: list) -> None:
+        """What the master records of a node's replay `rid`: the bytes it queued, the
+        streams it used, and its writes and uses of the storages it touched."""
+        nbytes, streams = self._weight.get(node, (0, ()))
+        node.limits.streams.update(streams)
+        with node.tx_lock:
+            node.limits.count(nbytes)
+        for owner in touched:  # their uses are this replay's, issued after its waits
+            owner._ltime = rid
+            if owner._wtime == now:
+                owner._wtime = rid
+        for tensor in self._made_held.get(node, ()):  # made again by this replay
+            tensor._wtime = tensor._ltime = rid  # (a view's _ltime is never read)
+        self._last[node] = rid
 
     def _bind(self, bindings: dict) -> dict:
         """Check `bindings` against the inputs; node -> (captured id, new id, ...)."""
@@ -234,12 +275,11 @@ class Graph:
         """Order the graph's uses of storages after their uses since (made before the graph,
         in the order captured; made by its last replay and used since); returns the owners."""
         touched = {}
-        for ext, stream, write in self._uses:
-            if ext.node is node:
-                tensor = tensors[ext]
-                ordering.use(tensor, stream, now, write)
-                owner = ordering.record(tensor)
-                touched[id(owner)] = owner
+        for ext, stream, write in self._uses.get(node, ()):
+            tensor = tensors[ext]
+            ordering.use(tensor, stream, now, write)
+            owner = ordering.record(tensor)
+            touched[id(owner)] = owner
         last = self._last.get(node)  # none exists on the worker before the first replay
         for tensor, uses in self._made_order.get(node, ()) if last is not None else ():
             if tensor._ltime != last:  # else nothing used it since the last replay
@@ -251,6 +291,8 @@ class Graph:
     def __del__(self):
         for node, gid in self._defined.items():
             try:
+                for cid in self._sites.get(node, ()):
+                    node.graph_sites.pop(cid, None)
                 type(node).issue(node, wire.DropGraph(id=next(node.ids), graph=gid))
             except Exception:  # the session ended: its graphs went with it
                 pass
