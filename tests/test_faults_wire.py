@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 
-import msgpack
+import msgspec
 import numpy as np
 import pytest
 import zmq
@@ -132,10 +132,10 @@ def test_a_resent_batch_is_not_run_twice(daemon):
 
 # -- the command decoder, fuzzed in-process ------------------------------------------------
 
-EXTS = st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=64))
+EXTS = st.builds(msgspec.msgpack.Ext, st.integers(0, 127), st.binary(max_size=64))
 ARRAY_EXTS = st.builds(
-    lambda dtype, shape, raw: msgpack.ExtType(wire.EXT_ARRAY, msgpack.packb(
-        [dtype, shape, raw], use_bin_type=True)),
+    lambda dtype, shape, raw: msgspec.msgpack.Ext(wire.EXT_ARRAY, msgspec.msgpack.encode(
+        [dtype, shape, raw])),
     st.one_of(st.sampled_from(["<f4", "|O", "O", "V8", "<U3", "i8,O", "(2,3)f4", "M8[s]", "zz",
                                "S0", "<f4\x00"]), st.text(max_size=8)),
     st.lists(st.integers(-(1 << 62), 1 << 62), max_size=4),
@@ -173,7 +173,7 @@ def test_decoders_raise_only_wire_errors_on_any_bytes(data):
 @FUZZ_STRUCTURED
 @given(VALUES)
 def test_decoders_raise_only_wire_errors_on_any_msgpack_value(value):
-    data = msgpack.packb(value, use_bin_type=True)
+    data = msgspec.msgpack.encode(value)
     _only_wire_errors(wire.decode_header, data)
     _only_wire_errors(wire.decode_body, data)
 
@@ -181,7 +181,7 @@ def test_decoders_raise_only_wire_errors_on_any_msgpack_value(value):
 @FUZZ_STRUCTURED
 @given(ROWS, st.integers(0, 64), st.integers(0, 7))
 def test_decoders_raise_only_wire_errors_on_mutated_batches(rows, cut, flip):
-    data = bytearray(msgpack.packb(rows, use_bin_type=True))
+    data = bytearray(msgspec.msgpack.encode(rows))
     _only_wire_errors(wire.decode_body, bytes(data))
     if data:
         data[cut % len(data)] ^= 1 << flip
@@ -203,17 +203,17 @@ class Canary:
 
 @pytest.mark.parametrize("dtype", ["a", "O", "|O", "V8", "i8,O", "(2,3)f4", "f", "int32", 7])
 def test_inline_arrays_need_a_canonical_dtype(dtype):
-    ext = msgpack.ExtType(wire.EXT_ARRAY, msgpack.packb([dtype, [0], b""], use_bin_type=True))
+    ext = msgspec.msgpack.Ext(wire.EXT_ARRAY, msgspec.msgpack.encode([dtype, [0], b""]))
     with pytest.raises(wire.WireError, match="arrays need a dtype like"):
-        wire._unpack(msgpack.packb(ext))
+        wire._unpack(msgspec.msgpack.encode(ext))
 
 
 def test_decoding_never_unpickles(tmp_path):
     Canary.path = str(tmp_path / "canary")
     blob = pickle.dumps(Canary())
-    packed = msgpack.packb([[wire.code(wire.Call), 1, -1, (), "add", (blob,), {}]])
-    for data in (blob, packed, msgpack.packb([msgpack.ExtType(wire.EXT_ARRAY, blob)]),
-                 msgpack.packb([[wire.code(wire.Remote), 1, -1, (), blob, (), {}]])):
+    packed = msgspec.msgpack.encode([[wire.code(wire.Call), 1, -1, (), "add", (blob,), {}]])
+    for data in (blob, packed, msgspec.msgpack.encode([msgspec.msgpack.Ext(wire.EXT_ARRAY, blob)]),
+                 msgspec.msgpack.encode([[wire.code(wire.Remote), 1, -1, (), blob, (), {}]])):
         for decode in (wire.decode_header, wire.decode_body):
             try:
                 decode(data)
@@ -270,9 +270,9 @@ def bad_message(rng: random.Random, seq: int) -> list:
         return [header, _confused_rows(rng), *([b"\x00" * rng.randrange(64)]
                                                  if rng.random() < 0.3 else [])]
     if kind < 0.97:
-        bad = rng.choice([msgpack.packb([b"mwrt", 2, seq]), msgpack.packb([b"mwrT", 1, seq]),
-                          msgpack.packb([b"mwrt", 1, "seq"]), msgpack.packb([b"mwrt", 1]),
-                          msgpack.packb(None), b""])
+        pack = msgspec.msgpack.encode
+        bad = rng.choice([pack([b"mwrt", 2, seq]), pack([b"mwrT", 1, seq]),
+                          pack([b"mwrt", 1, "seq"]), pack([b"mwrt", 1]), pack(None), b""])
         return [bad, wire.encode_body(_valid_batch(rng))]
     return [header, b"\x91" + b"\xda\xff\xff" + b"x" * 65535 * rng.randrange(1, 40)]
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import ast
 import os
 
-import msgpack
 import msgspec
+import numpy as np
 import pytest
 from conftest import stop_worker
 from test_faults_wire import RawMaster
 
 import mwrt
+from mwrt.errors import WireError
 from mwrt.protocol import wire
 from mwrt.worker import control, handlers
 
@@ -22,7 +23,10 @@ pytestmark = pytest.mark.timeout(60)
 
 ROOT = os.path.dirname(os.path.abspath(mwrt.__file__))
 _SAMPLES = {int: -7, str: "s", tuple: (1, (2, "x")), dict: {"k": (1,), "n": None}, bool: True,
-            bytes: b"\x00\xff", float: 2.5, object: {"shape": (2, 3), "dtype": "<f4"}}
+            bytes: b"\x00\xff", float: 2.5, object: {"shape": (2, 3), "dtype": "<f4"},
+            tuple[int, ...]: (3, -1), tuple[str, ...]: ("a", "b"),
+            tuple[tuple[str, tuple[int, ...], int | None], ...]: (("<f4", (2, 3), 7),
+                                                                   ("<i8", (), None))}
 COMMANDS = [cls for cls in wire.MESSAGES if cls.socket]
 REPLIES = [cls for cls in wire.MESSAGES if not cls.socket]
 
@@ -39,9 +43,52 @@ def test_every_message_round_trips_with_its_traits(cls):
     (back,) = wire.decode_body(body)
     assert type(back) is cls and back == message
     assert wire.traits(type(back)) == wire.traits(cls)
-    (row,) = msgpack.unpackb(body)  # the wire row: [code, *fields], as before the schema
+    (row,) = msgspec.msgpack.decode(body)  # the wire row: [code, *fields], as before the schema
     assert row[0] == wire.code(cls) and len(row) == 1 + len(cls.__struct_fields__)
 
+
+
+NESTED = (wire.Ref(3), (slice(0, 4, None), 2, (Ellipsis, None)), [[1, 2], {"a": [3, (4,)]}],
+          {"k": [5, [6]]}, np.float32(0.5), np.arange(3))
+
+
+@pytest.mark.parametrize("decode", [wire.decode_body, lambda body: list(wire.iter_body(body))])
+def test_arrays_arrive_as_tuples_at_every_depth(decode):
+    """msgspec decodes arrays as lists where a field's type does not say tuple; the wire
+    gives tuples everywhere, as a list index must not become a fancy one on the worker."""
+    sent = [wire.Call(1, -1, (7,), "getitem", NESTED, {"axis": [0, [1]], "keep": True}),
+            wire.Call(2, -1, (8,), "add", (wire.Ref(1), wire.Ref(2)), {}),
+            wire.Done(3, {"shape": [2, 3], "dtype": "<f4"}), wire.Failed(4, {"shapes": [[1]]})]
+    got = decode(wire.encode_body(sent))
+    first = got[0]
+    assert first.args[1] == (slice(0, 4, None), 2, (Ellipsis, None))
+    assert first.args[2] == ((1, 2), {"a": (3, (4,))}) and first.args[3] == {"k": (5, (6,))}
+    assert type(first.args[4]) is np.float32 and first.args[5].tolist() == [0, 1, 2]
+    assert first.kwargs == {"axis": (0, (1,)), "keep": True}
+    assert got[1] == sent[1] and got[2].value["shape"] == (2, 3)
+    assert got[3].info == {"shapes": ((1,),)}
+
+
+def test_a_message_outside_the_fast_schema_decodes_as_before():
+    """Fields the schema types narrowly (outs: tuple[int, ...]) still take what the field
+    check takes (any tuple; a bool is an int), read by the field-by-field path."""
+    body = msgspec.msgpack.encode([[wire.code(wire.Call), True, -1, (True, "x"), "add", (), {}]])
+    for got in (wire.decode_body(body), list(wire.iter_body(body))):
+        assert got == [wire.Call(True, -1, (True, "x"), "add", (), {})]
+
+
+@pytest.mark.parametrize("row, error", [
+    ([wire.code(wire.Sync), 1, -1, 2, 99], "Sync takes 3 fields"),
+    ([wire.code(wire.Sync), 1, -1], "Sync takes 3 fields"),
+    ([wire.code(wire.Sync), 1, "s", 2], "Sync.stream has the wrong type"),
+    ([99, 1], "unknown message code 99"),
+    ("x", "a message must be"),
+])
+def test_malformed_rows_are_named(row, error):
+    body = msgspec.msgpack.encode([row])
+    for decode in (wire.decode_body, lambda body: list(wire.iter_body(body))):
+        with pytest.raises(WireError, match=error):
+            decode(body)
 
 def test_codes_are_dense_and_every_class_is_frozen():
     assert [wire.code(cls) for cls in wire.MESSAGES] == list(range(len(wire.MESSAGES)))

@@ -8,7 +8,7 @@ import stat
 import subprocess
 import sys
 
-import msgpack
+import msgspec
 import numpy as np
 import pytest
 import zmq
@@ -109,7 +109,7 @@ def test_plain_zmq_client_gets_nothing_and_daemon_serves_on(keyed):
     sock.setsockopt(zmq.IDENTITY, b"intruder/tx")
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(keyed[1])
-    body = msgpack.packb([[wire.code(wire.Hello), 1, "s", "intruder", 0]])
+    body = msgspec.msgpack.encode([[wire.code(wire.Hello), 1, "s", "intruder", 0]])
     sock.send_multipart([wire.encode_header(1), body])
     assert not sock.poll(1000)
     sock.close(0)

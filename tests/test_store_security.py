@@ -20,7 +20,7 @@ import threading
 import time
 from datetime import timedelta
 
-import msgpack
+import msgspec
 import pytest
 from faultkit import reap
 
@@ -106,7 +106,7 @@ def test_a_stranger_without_the_secret_is_refused_before_any_request(keyed, monk
     with pytest.raises(AuthError):
         TCPStore("127.0.0.1", keyed.port, timeout=5)  # no key: the public one, also wrong
     # A request sent straight away is read as a (failed) challenge answer, never obeyed.
-    payload = msgpack.packb(["set", "mwrt/pg/addr/1", b"evil:1", None], use_bin_type=True)
+    payload = msgspec.msgpack.encode(["set", "mwrt/pg/addr/1", b"evil:1", None])
     with _raw(keyed.port) as sock:
         sock.sendall(struct.pack(">I", len(payload)) + payload + b"\0" * 64)
         assert _closed_by_server(sock)
@@ -367,7 +367,7 @@ def _fuzz_frame(rng: random.Random) -> bytes:
     req = [rng.choice(_OPS)] + [rng.choice(_VALUES) for _ in range(3)]
     if kind == 3:
         req = req[: rng.randrange(0, 6)] if rng.random() < 0.3 else req
-    body = msgpack.packb(req, use_bin_type=True)
+    body = msgspec.msgpack.encode(req)
     return struct.pack(">I", len(body)) + body
 
 

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-import msgpack
+import msgspec
 import numpy as np
 import pytest
 import zmq
@@ -51,11 +51,11 @@ def raw_exchange(address, parts, identity=b"x/tx", reply_to=None):
 BAD_FRAMES = [
     [b"garbage"],
     [b"\x93\xa4xxxx\x01\x00", b"body"],  # wrong magic
-    [msgpack.packb([b"mwrt", 99, 1]), b"\x90"],  # another protocol version
+    [msgspec.msgpack.encode([b"mwrt", 99, 1]), b"\x90"],  # another protocol version
     [wire.encode_header(1), b"\xc1"],  # invalid msgpack
-    [wire.encode_header(1), msgpack.packb([[999, 1, 2]])],  # unknown message code
-    [wire.encode_header(1), msgpack.packb([[wire.code(wire.Call), 1]])],  # missing fields
-    [wire.encode_header(1), msgpack.packb({"a": 1})],  # not a list
+    [wire.encode_header(1), msgspec.msgpack.encode([[999, 1, 2]])],  # unknown message code
+    [wire.encode_header(1), msgspec.msgpack.encode([[wire.code(wire.Call), 1]])],  # missing fields
+    [wire.encode_header(1), msgspec.msgpack.encode({"a": 1})],  # not a list
 ]
 
 

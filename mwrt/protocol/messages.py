@@ -2,9 +2,11 @@
 
 The master builds these messages and the worker decodes them into the same classes. Each is
 a frozen msgspec Struct packed as the array `[code, *fields]` (its code is its struct tag):
-building one costs about what a tuple does, and msgpack needs no hook for it. The field
+building one costs about what a tuple does, and the encoder needs no hook for it. The field
 order is the wire order; `id` is a command's number, `stream` (when present) the stream it
-runs on, `token` the number its answer carries.
+runs on, `token` the number its answer carries. A field's type is what the decoder checks:
+a `tuple[int, ...]` arrives as a tuple of ints, a bare tuple, dict or object may hold any
+value the wire carries (wire.py), its arrays as tuples.
 
 What the daemon does with a command is read from its traits (class attributes, below), not
 from lists of codes kept elsewhere; a worker handler has the command's name in snake case.
@@ -35,7 +37,7 @@ TRANSFER_TAGS = 3 << TAG_SPACE_SHIFT
 IMPLICIT_EVENTS = -(1 << 48)
 
 
-class Message(msgspec.Struct, array_like=True, frozen=True, gc=False):
+class Message(msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
     """A message: packed as [code, *fields]; the traits below say how the daemon treats it."""
 
     # The master's socket that carries it: tx (batched commands), rx (the Hello), hb
@@ -179,7 +181,7 @@ class Create(StreamCommand, tag=3):
 
     out: int
     kind: str
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: str
     device: int
     args: tuple
@@ -190,7 +192,7 @@ class Put(StreamCommand, tag=4):
 
     data_frame = True
     out: int
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: str
     device: int
     frame: int
@@ -199,7 +201,7 @@ class Put(StreamCommand, tag=4):
 class Call(StreamCommand, tag=5):
     """Run registry op `op` on args (Refs resolved on the worker); results to ids `outs`."""
 
-    outs: tuple
+    outs: tuple[int, ...]
     op: str
     args: tuple
     kwargs: dict
@@ -209,7 +211,7 @@ class Remote(StreamCommand, tag=6):
     """Run a cloudpickled user function; array results become tensors `outs`."""
 
     needs_key = True
-    outs: tuple
+    outs: tuple[int, ...]
     fn: bytes
     args: tuple
     kwargs: dict
@@ -219,7 +221,7 @@ class Free(StreamCommand, tag=7):
     """Drop tensors `ids` once `uses` streams (each sent this Free) have reached it."""
 
     always_runs = True
-    ids: tuple
+    ids: tuple[int, ...]
     uses: int
 
 
@@ -279,7 +281,7 @@ class RecvFrom(StreamCommand, tag=20):
 
     posts_receive = True
     out: int
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: str
     device: int
     peer: int
@@ -297,11 +299,11 @@ class Collective(StreamCommand, tag=21):
     always_runs = True
     kind: str
     group: int
-    ranks: tuple
+    ranks: tuple[int, ...]
     ref: int
     args: dict
     out: int
-    out_shape: tuple
+    out_shape: tuple[int, ...]
 
 
 class Expect(StreamCommand, tag=30):
@@ -317,14 +319,14 @@ class DefineGraph(Command, tag=31):
 
     graph: int
     body: bytes
-    inputs: tuple
+    inputs: tuple[int, ...]
 
 
 class Replay(Command, tag=32):
     """Run graph `graph` on its recorded streams; `bindings` pairs captured and new ids."""
 
     graph: int
-    bindings: tuple
+    bindings: tuple[int, ...]
 
 
 class DropGraph(Command, tag=33):
@@ -340,8 +342,8 @@ class SaveTensors(StreamCommand, tag=34):
     needs_key = True  # it writes files as the worker's user: what shipped code could do
     out: int
     file: str
-    names: tuple
-    refs: tuple
+    names: tuple[str, ...]
+    refs: tuple[int, ...]
     stale: str
 
 
@@ -350,10 +352,10 @@ class LoadTensors(StreamCommand, tag=35):
     its manifest entry in `expected` ([dtype, shape, crc32] per name)."""
 
     needs_key = True
-    outs: tuple
+    outs: tuple[int, ...]
     file: str
-    names: tuple
-    expected: tuple
+    names: tuple[str, ...]
+    expected: tuple[tuple[str, tuple[int, ...], int | None], ...]
 
 
 class Cancel(Command, tag=37):
@@ -400,7 +402,7 @@ class Done(Reply, tag=25):
 class Data(Reply, tag=26):
     """A tensor's bytes: in data frame 0."""
 
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: str
 
 

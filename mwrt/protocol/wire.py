@@ -1,11 +1,12 @@
-"""The command and reply format: the messages of messages.py, msgpack-encoded.
+"""The command and reply format: the messages of messages.py, as MessagePack (msgspec).
 
 A message is a ZeroMQ multipart: [header, body, *data frames]. The header is
 (MAGIC, VERSION, batch sequence); the body a list of messages, each `[code, *fields]`.
 Array bytes ride in the data frames (or on a data channel), never inside the body.
-Encoding is msgspec's (a message Struct packs itself); decoding is msgpack's, into plain
-values and the message classes only, after checking every field's type: it never runs
-code. Lists arrive as tuples: a list index must be sent as an array. NumPy scalars
+Both ways are msgspec's: a message Struct packs itself, and a body decodes straight into the
+message classes, each field's type checked as it is read (a body that fails that check is
+read again as plain values, to name what is wrong). Decoding never runs code. Lists arrive
+as tuples, at any depth: a list index must be sent as an array. NumPy scalars
 (np.int64(100), np.float32(0.5)) and 0-d arrays travel typed, so the worker promotes them as
 NumPy does (NEP 50: NumPy scalars are typed, Python scalars weak).
 """
@@ -13,8 +14,10 @@ NumPy does (NEP 50: NumPy scalars are typed, Python scalars weak).
 from __future__ import annotations
 
 import re
+import struct
+from operator import attrgetter
+from typing import Any, Union, get_origin
 
-import msgpack
 import msgspec
 import numpy as np
 import zmq
@@ -24,14 +27,15 @@ from ..errors import WireError
 from .messages import *  # noqa: F403  (the message classes and constants, as wire.Call etc.)
 from .messages import MESSAGES
 
+_int64 = struct.Struct("<q").unpack
 _ARRAY_DTYPE = re.compile(r"[<>|=][biufcSUmM]\d{1,3}(\[\w+\])?\Z")
 
 _FIELDS = [cls.__struct_fields__ for cls in MESSAGES]
 # What each field must decode to: a command with a dict for a stream id is refused here,
 # not deep inside a handler.
 _TYPES = {float: (int, float)}
-_FIELD_TYPES = [tuple(_TYPES.get(f.type, f.type) for f in msgspec.structs.fields(cls))
-                for cls in MESSAGES]
+_FIELD_TYPES = [tuple(_TYPES.get(f.type, get_origin(f.type) or f.type)
+                      for f in msgspec.structs.fields(cls)) for cls in MESSAGES]
 
 MAGIC = b"mwrt"
 VERSION = 1
@@ -91,24 +95,25 @@ def _default(value):
 
 
 def _ext_hook(code, data):
-    if code == EXT_REF:
-        return Ref(int.from_bytes(data, "little", signed=True))
+    if code == EXT_REF:  # the common case, and struct reads a memoryview fastest
+        return Ref(_int64(data)[0] if len(data) == 8 else int.from_bytes(data, "little",
+                                                                         signed=True))
     if code == EXT_SLICE:
-        return slice(*_unpack(data))
+        return slice(*_values(data))
     if code == EXT_ELLIPSIS:
         return Ellipsis
     if code == EXT_ARRAY:
-        dtype, shape, raw = _unpack(data)
+        dtype, shape, raw = _values(data)
         return np.frombuffer(raw, dtype=_dtype(dtype)).reshape(shape).copy()
     if code == EXT_SCALAR:
-        dtype, raw = _unpack(data)
+        dtype, raw = _values(data)
         dt = _dtype(dtype)
         if not isinstance(raw, bytes) or len(raw) != dt.itemsize:
             raise WireError(f"wire: a {dt} scalar needs {dt.itemsize} bytes (got "
                             f"{len(raw) if isinstance(raw, bytes) else type(raw).__name__})")
         return np.frombuffer(raw, dtype=dt)[0]
     if code == EXT_COMPLEX:
-        return complex(*_unpack(data))
+        return complex(*_values(data))
     raise WireError(f"wire: unknown extension type {code}")
 
 
@@ -121,13 +126,35 @@ def _dtype(dtype) -> np.dtype:
 
 
 _Ext = msgspec.msgpack.Ext
-# One encoder for every thread: each call keeps its state on its own stack.
+# One encoder and decoder of each kind for every thread: each call keeps its state on its
+# own stack.
 _pack = msgspec.msgpack.Encoder(enc_hook=_default).encode
+_values = msgspec.msgpack.Decoder(ext_hook=_ext_hook).decode  # arrays as lists
+# Any one message class, by the code in its first field (a Union made at run time: no type
+# for mypy to read, so it is Any to it).
+_MESSAGE: Any = Union[tuple(MESSAGES)]  # noqa: UP007 - a Union of a tuple of types needs the name
+_messages = msgspec.msgpack.Decoder(list[_MESSAGE], ext_hook=_ext_hook).decode
+_message = msgspec.msgpack.Decoder(_MESSAGE, ext_hook=_ext_hook).decode
+_rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode  # a body's messages, not read yet
+_NESTED = frozenset((list, tuple, dict))
 
 
 def _unpack(data):
-    return msgpack.unpackb(data, ext_hook=_ext_hook, use_list=False, raw=False,
-                           strict_map_key=False)
+    """A msgpack value, its arrays as tuples at every depth."""
+    return _tuples(_values(data))
+
+
+def _tuples(value):
+    """`value` with every list a tuple, inside tuples and dict values too (a value that
+    holds none is returned as it is)."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        if _NESTED.isdisjoint(map(type, value)):
+            return value if kind is tuple else tuple(value)
+        return tuple([_tuples(v) if type(v) in _NESTED else v for v in value])
+    if kind is dict and not _NESTED.isdisjoint(map(type, value.values())):
+        return {k: _tuples(v) if type(v) in _NESTED else v for k, v in value.items()}
+    return value
 
 
 def ref(tensor_id: int) -> msgspec.msgpack.Ext:
@@ -145,8 +172,8 @@ def encode_header(seq: int) -> bytes:
 def decode_header(frame) -> int:
     """Check magic and version of a header frame; return its batch sequence number."""
     try:
-        magic, version, seq = _unpack(frame)
-    except Exception as exc:
+        magic, version, seq = _values(frame)
+    except Exception as exc:  # noqa: BLE001 - garbage of any kind is a malformed header
         raise WireError(f"wire: malformed header ({type(exc).__name__}: {exc})") from None
     if type(magic) is not bytes or magic != MAGIC:
         raise WireError(f"wire: not an mwrt message (got magic {magic!r}, expected {MAGIC!r})")
@@ -171,44 +198,44 @@ def encode_message(message) -> bytes:
 
 def decode_body(frame, max_bytes: int | None = None) -> list:
     """Unpack a body frame into messages; any malformation is a WireError."""
-    if max_bytes is not None and len(frame) > max_bytes:
-        raise WireError(f"wire: command frame too large (got {len(frame)} bytes, "
-                        f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
+    _check_size(frame, max_bytes)
     try:
-        rows = _unpack(frame)
-    except WireError:
+        return [_settled(message) for message in _messages(frame)]
+    except WireError:  # an extension's own check
         raise
-    except Exception as exc:
-        raise WireError(f"wire: malformed body ({type(exc).__name__}: {exc})") from None
+    except Exception:  # noqa: BLE001 - not well-typed messages: read again to say what is wrong
+        rows = _read_again(frame)
     if not isinstance(rows, tuple):
         raise WireError(f"wire: body must be a list of messages (got {type(rows).__name__})")
     return [_build(row) for row in rows]
 
 
 def iter_body(frame, max_bytes: int | None = None):
-    """decode_body one message at a time, each a short call: a thread decoding a long body
-    beside a busy one can let it run between messages."""
-    if max_bytes is not None and len(frame) > max_bytes:
-        raise WireError(f"wire: command frame too large (got {len(frame)} bytes, "
-                        f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
-    unpacker = msgpack.Unpacker(ext_hook=_ext_hook, use_list=False, raw=False,
-                                strict_map_key=False, max_buffer_size=max(len(frame), 1))
+    """decode_body a few messages at a time, each few a short call: a thread decoding a long
+    body beside a busy one can let it run between them."""
+    _check_size(frame, max_bytes)
     try:
-        unpacker.feed(frame)
-        count = unpacker.read_array_header()
-    except Exception as exc:
+        rows = _rows(frame)  # where each message lies: one quick pass in C, nothing decoded
+    except Exception as exc:  # noqa: BLE001 - whatever msgspec finds wrong with the frame
         raise WireError(f"wire: body must be a list of messages ({type(exc).__name__}: "
                         f"{exc})") from None
-    for _ in range(count):
-        try:
-            row = unpacker.unpack()
-        except WireError:
-            raise
-        except Exception as exc:
-            raise WireError(f"wire: malformed body ({type(exc).__name__}: {exc})") from None
-        yield _build(row)
-    if unpacker.tell() != len(frame):
-        raise WireError(f"wire: {len(frame) - unpacker.tell()} bytes after the last message")
+    for start in range(0, len(rows), _CHUNK):
+        part = rows[start:start + _CHUNK]
+        yield from decode_body(_ARRAY16.pack(0xDC, len(part)) + b"".join(part))
+
+
+_CHUNK = 64  # messages per call of iter_body's decoder
+_ARRAY16 = struct.Struct(">BH")  # a MessagePack array header (array 16) for `_CHUNK` of them
+
+
+def _read_again(data):
+    """`data` as plain values (arrays as tuples), for _build to say what is wrong with it."""
+    try:
+        return _unpack(data)
+    except WireError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - garbage, truncation, too deep: the sender's
+        raise WireError(f"wire: malformed body ({type(exc).__name__}: {exc})") from None
 
 
 def _build(row):
@@ -226,6 +253,61 @@ def _build(row):
             raise WireError(f"wire: {cls.__name__}.{name} has the wrong type (got "
                             f"{type(value).__name__}, expected {getattr(kind, '__name__', kind)})")
     return cls(*row[1:])
+
+
+def _check_size(frame, max_bytes: int | None) -> None:
+    if max_bytes is not None and len(frame) > max_bytes:
+        raise WireError(f"wire: command frame too large (got {len(frame)} bytes, "
+                        f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
+
+
+def _settled(message):
+    """A decoded message with the lists in its bare tuple, dict and object fields as tuples
+    (msgspec gives arrays as lists wherever a field's type does not say tuple)."""
+    flat = _FLAT.get(type(message))
+    if flat is None or flat(message):
+        return message
+    for name in _DEEP[type(message)]:  # a message decoded just now: no one else holds it
+        value = getattr(message, name)
+        if type(value) in _NESTED:
+            _force_setattr(message, name, _tuples(value))
+    return message
+
+
+def _flat_test(cls):
+    """A function telling whether a decoded `cls` holds no array or map inside its bare
+    tuple, dict and object fields (None where it has none): one test per message of a
+    batch, so the common shapes get a test of their own."""
+    fields = msgspec.structs.fields(cls)
+    tuples = [attrgetter(f.name) for f in fields if f.type is tuple]
+    others = [attrgetter(f.name) for f in fields if f.type in (dict, object)]
+    if not tuples and not others:
+        return None
+    if len(tuples) == 1 and len(others) <= 1:  # Call, Remote, Create: args (and kwargs)
+        items, value = tuples[0], others[0] if others else (lambda message: None)
+        return lambda message: (_disjoint(map(type, items(message)))
+                                and _flat_value(value(message)))
+    if not tuples and len(others) == 1:  # Done, Failed, Collective
+        return lambda message, value=others[0]: _flat_value(value(message))
+    return lambda message: (all(_disjoint(map(type, get(message))) for get in tuples)
+                            and all(_flat_value(get(message)) for get in others))
+
+
+def _flat_value(value) -> bool:
+    """Whether a dict or object field's value holds no array (a dict's values no array or
+    map); None and an empty dict are flat."""
+    kind = type(value)
+    if kind is dict:
+        return not value or _disjoint(map(type, value.values()))
+    return kind not in _NESTED
+
+
+_disjoint = _NESTED.isdisjoint
+_force_setattr = msgspec.structs.force_setattr
+_FLAT = {cls: _flat_test(cls) for cls in MESSAGES}
+# Per message class, the fields whose values may hold lists (any array below the top is one).
+_DEEP = {cls: tuple(f.name for f in msgspec.structs.fields(cls)
+                    if f.type in (tuple, dict, object)) for cls in MESSAGES}
 
 
 def rides_inline(nbytes: int) -> bool:

@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 
-import msgpack
+import msgspec
 
 from .. import config
 from ..errors import AuthError, ConfigError, RendezvousError, RendezvousTimeoutError, WireError
@@ -46,6 +46,9 @@ FRAME_SECONDS = 30.0  # to finish a frame whose length has arrived
 _MAX_PENDING = 64
 _MAX_PENDING_PER_ADDRESS = 8
 _MAX_CLAIM = 256
+# Plain values both ways: arrays decode as lists, extension types as msgspec's Ext (inert).
+_pack = msgspec.msgpack.Encoder().encode
+_unpack = msgspec.msgpack.Decoder().decode
 _warned_insecure = False
 
 
@@ -55,7 +58,7 @@ def frame_limit() -> int:
 
 
 def send_frame(sock: socket.socket, obj) -> None:
-    payload = msgpack.packb(obj, use_bin_type=True)
+    payload = _pack(obj)
     sock.sendall(_FRAME.pack(len(payload)) + payload)
 
 
@@ -78,8 +81,8 @@ def recv_frame(sock: socket.socket, limit: int, started=None):
         parts.append(part)
         got += len(part)
     try:
-        return msgpack.unpackb(b"".join(parts), raw=False)
-    except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, bad UTF-8, garbage
+        return _unpack(b"".join(parts))
+    except (ValueError, RecursionError) as exc:  # DecodeError (extra data, garbage), bad UTF-8
         raise WireError(f"frame is not msgpack ({type(exc).__name__}: {exc})") from None
 
 
