@@ -63,8 +63,8 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     for rank in range(nprocs):
         env = dict(rank_env(rank, nprocs, rank, nprocs, addr, port), **secret)
         # Every context has Process; typeshed's BaseContext (what a str method gives) omits it.
-        p = ctx.Process(target=_entry, args=(fn, rank, args, env, errors),  # type: ignore[attr-defined]
-                        daemon=daemon)
+        process = ctx.Process  # type: ignore[attr-defined]
+        p = process(target=_entry, args=(fn, rank, args, env, errors), daemon=daemon)
         p.start()
         procs.append(p)
     context = SpawnContext(procs, errors)

@@ -18,6 +18,7 @@ Adding a function is adding its line, with a bound that holds for every argument
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -167,6 +168,8 @@ def _dot(a, b, out=None) -> int:
 
 def _tensordot(a, b, axes=2) -> int:
     sa, sb = _shape(a), _shape(b)
+    free_a: Sequence[int]
+    free_b: Sequence[int]
     if isinstance(axes, int):
         free_a, free_b = sa[:len(sa) - axes], sb[axes:]
     else:

@@ -317,7 +317,7 @@ class StoreServer:
     def _make_room(self, address: str) -> None:
         """Cut off the oldest connection in the challenge of `address` when it has its share,
         or of the busiest address when all slots are taken (holding self.cond)."""
-        mine = self.pending.get(address, ())
+        mine = self.pending.get(address, [])
         if len(mine) < _MAX_PENDING_PER_ADDRESS:
             if sum(map(len, self.pending.values())) < _MAX_PENDING:
                 return

@@ -77,12 +77,13 @@ class TCPStore(Store):
                     return sock
                 e = f"the server there belongs to another init than generation {self.generation}"
             except AuthError as exc:
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 raise AuthError(f"{exc}; this job's store is at {self.host}:{self.port} (is "
                                 "MWRT_JOB_SECRET or MWRT_KEY_FILE the same on every rank?)"
                                 ) from None
             except (OSError, WireError) as exc:
-                e = exc
+                e = str(exc)
             if sock is not None:
                 sock.close()
             if time.monotonic() >= deadline:

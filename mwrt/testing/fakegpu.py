@@ -50,7 +50,7 @@ class ndarray(np.ndarray):
             self._device = current_device()
 
     @property
-    def device(self) -> Device:
+    def device(self) -> Device:  # type: ignore[override]  # its GPU, as CuPy's: not NumPy's "cpu"
         return Device(self._device)
 
     @property
@@ -139,7 +139,8 @@ def _launch(func, args, kwargs, name: str):
 def asarray(a, dtype=None, order=None, blocking=False) -> ndarray:
     """`a` on the current device (a host-to-device copy unless it is there already)."""
     if isinstance(a, ndarray) and a._device == current_device():
-        return a if dtype is None else a.astype(dtype, copy=False)
+        # astype keeps the subclass (NumPy's stubs say ndarray).
+        return a if dtype is None else a.astype(dtype, copy=False)  # type: ignore[return-value]
     return array(a, dtype, order=order or "K")
 
 

@@ -66,7 +66,8 @@ def get_version() -> int:
 # -- framing ------------------------------------------------------------------------------------
 
 def _send(sock: socket.socket, head: dict, payload=b"") -> None:
-    data = _HEADER.pack(len(head := json.dumps(head).encode()), len(payload)) + head
+    text = json.dumps(head).encode()
+    data = _HEADER.pack(len(text), len(payload)) + text
     if len(payload) <= 1 << 16:  # one segment: no wait for the peer's delayed ACK
         sock.sendall(data + bytes(payload))
     else:
@@ -328,6 +329,7 @@ class NcclCommunicator:
         self._device = fakecuda.Device().id
         self._timeout = config.get("channel_timeout")
         self._lock = threading.Lock()
+        self._sock: socket.socket | None
         try:
             self._sock = _connected(socket.create_connection((found["host"], found["port"]),
                                                              timeout=10))
@@ -433,10 +435,13 @@ class NcclCommunicator:
 
     def _request(self, head: dict, payload, what: str, expect: int):
         """Send one request to the hub and return its answer's payload (`expect` bytes)."""
+        sock = self._sock
+        if sock is None:  # destroyed after the call was queued in a group
+            raise NcclError(_USAGE, f"rank {self._rank}: {what} on a destroyed communicator")
         with self._lock:
             try:
-                _send(self._sock, head, payload)
-                reply, data = _recv(self._sock)
+                _send(sock, head, payload)
+                reply, data = _recv(sock)
             except TimeoutError:
                 raise NcclError(_REMOTE, f"rank {self._rank}: {what}: no answer from the "
                                          f"root after {self._timeout} s") from None

@@ -39,11 +39,13 @@ class SessionData:
     def __init__(self, session, join: wire.Join):
         self.session, self.join = session, join
         self.lock = threading.Lock()
-        self.store = self.channel = None
+        self.store: TCPStore | None = None
+        self.channel: channels.DataChannel | None = None
         self.error: Exception | None = None
         self.ready = threading.Event()
         self.groups: dict[int, ProcessGroup] = {}
-        self.posted: dict[int, tuple] = {}  # RecvFrom command id -> (array, Work)
+        # RecvFrom command id -> (array, Work), or a staged receive's chunks (a GPU's).
+        self.posted: dict[int, tuple[np.ndarray, channels.Work] | staging.Receive] = {}
         self.gpu_groups: dict[int, ProcessGroup | None] = {}  # group id -> over nccl, or None
         self.pool = ReceivePool(session.tensors)  # warm destinations for large receives
 
@@ -55,8 +57,8 @@ class SessionData:
     def _join(self) -> None:
         try:
             self._open()
-            answer = wire.Done(self.join.token, None)
-        except Exception as exc:
+            answer: wire.Reply = wire.Done(self.join.token, None)
+        except Exception as exc:  # noqa: BLE001 - any failure is the Join's answer
             self.error = exc if isinstance(exc, ChannelError) else ChannelError(
                 f"node {self.session.node}: cannot open its data channel ({exc})")
             log.warning("session %s: %s", self.session.id, self.error)
@@ -76,7 +78,7 @@ class SessionData:
         try:
             store = TCPStore(host, port, timeout=self.join.timeout,
                              key=keys.hmac_key if keys else None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - _unreachable names any failure to reach it
             raise self._unreachable(exc) from None
         try:
             channel = channels.create(
@@ -102,14 +104,21 @@ class SessionData:
             f"{self.join.store} from {here} ({type(exc).__name__}: {exc}); set MWRT_MASTER_ADDR "
             "or MWRT_IFNAME on the master to an address this worker can reach")
 
-    def get_channel(self):
+    def get_channel(self) -> channels.DataChannel:
         """The channel, once joined; the join's error if it failed."""
+        return self._joined()[0]
+
+    def _joined(self) -> tuple[channels.DataChannel, TCPStore]:
         if not self.ready.wait(self.join.timeout + 5.0):
             raise ChannelTimeoutError(f"node {self.session.node}: still joining the master's "
                                       f"data channel at {self.join.store}")
         if self.error is not None:
             raise self.error
-        return self.channel
+        channel, store = self.channel, self.store
+        if channel is None or store is None:
+            raise ChannelError(f"node {self.session.node}: the session's data channel is "
+                               "closed (the session ended)")
+        return channel, store
 
     def refusal(self, cmd: wire.RecvFrom) -> str:
         """Why a receive may not be posted at all ('' if it may): its array would exceed
@@ -134,7 +143,7 @@ class SessionData:
                 check_size(cmd.shape, np.dtype(cmd.dtype), device=cmd.device)
                 self.posted[cmd.id] = staging.Receive(self.channel, cmd.shape, cmd.dtype,
                                                       cmd.device, cmd.peer, cmd.tag)
-            except Exception:  # the stream's own attempt will fail and report it
+            except Exception:  # noqa: BLE001, S110 - the stream's own attempt reports it
                 pass
             return
         try:
@@ -142,7 +151,7 @@ class SessionData:
             check_size(cmd.shape, dtype)
             host = self.pool.empty(cmd.shape, dtype)
             work = self.channel.irecv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
-        except Exception:  # the stream's own attempt will fail and report it
+        except Exception:  # noqa: BLE001 - the stream's own attempt will fail and say why
             return
         self.posted[cmd.id] = (host, work)
 
@@ -180,20 +189,21 @@ class SessionData:
         with self.lock:
             if group_id in self.gpu_groups:
                 return self.gpu_groups[group_id]
-        self.get_channel()  # joined: the store is up
+        _, store = self._joined()
         node, key = self.session.node, f"{self.join.prefix}/nccl/{group_id}"
         mine = _nccl_gpu(device)
-        self.store.set(f"{key}/gpu/{node}", mine or "")
+        store.set(f"{key}/gpu/{node}", mine or "")
         keys = [f"{key}/gpu/{r}" for r in ranks]
         group = None
-        if mine:  # a node that cannot needs no answer: the others learn it from its key
-            self.store.wait(keys, timeout=self.join.timeout)
-            gpus = [self.store.get(k) for k in keys]
+        usable = bool(mine)
+        if usable:  # a node that cannot needs no answer: the others learn it from its key
+            store.wait(keys, timeout=self.join.timeout)
+            gpus = [store.get(k) for k in keys]
             # NCCL refuses two ranks on one GPU (local workers sharing a host's only one).
-            mine = all(gpus) and len(set(gpus)) == len(gpus)
-        if mine:
+            usable = all(gpus) and len(set(gpus)) == len(gpus)
+        if usable:
             channel = channels.create("nccl", list(ranks).index(node), len(ranks),
-                                      store=self.store, prefix=key, timeout=self.join.timeout)
+                                      store=store, prefix=key, timeout=self.join.timeout)
             group = ProcessGroup(channel)
         with self.lock:
             self.gpu_groups[group_id] = group
@@ -218,7 +228,7 @@ def _close_all(closeables) -> None:
         if closeable is not None:
             try:
                 closeable.close()
-            except Exception:  # a peer already gone must not stop the session's close
+            except Exception:  # noqa: BLE001, S110 - a peer gone must not stop the close
                 pass
 
 
@@ -232,8 +242,8 @@ def _nccl_gpu(device: int) -> str | None:
     try:
         nccl_module()
         bus = getattr(arrays.namespace(device).cuda.Device(device), "pci_bus_id", None)
-    except Exception:  # no NCCL, or a GPU that cannot be asked: the session channel serves
-        return None
+    except Exception:  # noqa: BLE001 - no NCCL, or a GPU that cannot be asked: the session's
+        return None  # channel serves
     where = bus or f"{os.getpid()}/{device}"  # the fake GPU has no bus: a process's own
     return f"{socket.gethostname()}/{where}"
 
@@ -244,8 +254,8 @@ def _abort(group) -> None:
     channel timeout for data that will never come."""
     try:
         collectives.barrier(group)
-    except Exception:  # the mismatch it provokes is the point; our own error is raised
-        pass
+    except Exception:  # noqa: BLE001, S110 - the mismatch it provokes is the point; our
+        pass  # own error is raised
 
 
 def _data(ex) -> SessionData:
