@@ -47,7 +47,7 @@ from ._creation import (
     zeros,
     zeros_like,
 )
-from ._functions import *
+from ._functions import *  # noqa: F403 - the standard's functions, named in its __all__
 from ._functions import __all__ as _function_names
 from ._info import DTYPES, Device, Info
 from ._run import run
@@ -83,7 +83,9 @@ def _elementwise(name: str):
         return call(op, *args)
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"np.{op} elementwise, on the tensors' worker."
-    fn.__text_signature__ = "($x1, x2, /)" if ufunc.nin == 2 else "($x, /)"
+    # inspect.signature (help(), Sphinx) reads the attribute, which functions do not declare.
+    fn.__text_signature__ = (  # type: ignore[attr-defined]
+        "($x1, x2, /)" if ufunc.nin == 2 else "($x, /)")
     return fn
 
 

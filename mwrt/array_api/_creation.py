@@ -10,7 +10,7 @@ import numpy as np
 from ..master import creation
 from ..master.tensor import DistributedTensor
 from ..master.transfer import put
-from ._info import Device, place
+from ._info import place
 from ._run import op, run, tensor
 
 _FLOAT, _COMPLEX, _INT = np.dtype(np.float64), np.dtype(np.complex128), np.dtype(np.int64)
@@ -37,12 +37,19 @@ def to_device(x: DistributedTensor, device, /, *, stream=None) -> DistributedTen
     return x.to(node=node, device=dev)
 
 
+def _is_on(x: DistributedTensor, device) -> bool:
+    """Whether `x` lives on `device` already ("cpu": its own node's host memory)."""
+    node, dev = place(device)
+    here = x.device
+    return (here.node if node is None else node, dev) == (here.node, here.device)
+
+
 def asarray(obj, /, *, dtype=None, device=None, copy=None) -> DistributedTensor:
     """A tensor of `obj`: a tensor as it is (or converted, moved, copied as asked), else a
     value of the master's (scalar, nested lists, NumPy array, buffer) sent to `device`."""
     if isinstance(obj, DistributedTensor):
         out = obj
-        if device is not None and out.device != Device(*place(device)):
+        if device is not None and not _is_on(out, device):
             if copy is False:
                 raise ValueError("asarray: copy=False, but the tensor lives on another device")
             out, copy = to_device(out, device), None

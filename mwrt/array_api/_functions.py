@@ -9,11 +9,13 @@ from remote ops. Nothing here copies values to the master.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..master import creation
 from ..master.tensor import DistributedTensor
-from ._run import named, op, run, tensor, wire_dtype
+from ._run import op, run, tensor, wire_dtype
 
-__all__ = [  # noqa: RUF022 (by the standard's sections)
+__all__ = [
     "broadcast_arrays", "broadcast_to", "concat", "expand_dims", "flip", "moveaxis",
     "permute_dims", "repeat", "reshape", "roll", "squeeze", "stack", "tile", "unstack", "take",
     "take_along_axis", "argmax", "argmin", "count_nonzero", "nonzero", "searchsorted", "where",
@@ -21,9 +23,28 @@ __all__ = [  # noqa: RUF022 (by the standard's sections)
     "min", "all", "any", "mean", "sum", "prod", "std", "var", "cumulative_sum",
     "cumulative_prod", "diff", "matmul", "matrix_transpose", "tensordot", "vecdot"]
 
-UniqueAllResult = named("UniqueAllResult", "values indices inverse_indices counts")
-UniqueCountsResult = named("UniqueCountsResult", "values counts")
-UniqueInverseResult = named("UniqueInverseResult", "values inverse_indices")
+
+class UniqueAllResult(NamedTuple):
+    """unique_all's result."""
+
+    values: DistributedTensor
+    indices: DistributedTensor
+    inverse_indices: DistributedTensor
+    counts: DistributedTensor
+
+
+class UniqueCountsResult(NamedTuple):
+    """unique_counts's result."""
+
+    values: DistributedTensor
+    counts: DistributedTensor
+
+
+class UniqueInverseResult(NamedTuple):
+    """unique_inverse's result."""
+
+    values: DistributedTensor
+    inverse_indices: DistributedTensor
 
 
 def _axis(axis):

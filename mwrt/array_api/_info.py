@@ -59,7 +59,8 @@ class Info:
         out = []
         for node in current().nodes:
             out.append(Device(node.index, HOST))
-            out.extend(Device(node.index, g) for g in range(node.info.devices))
+            count = node.info.devices if node.info is not None else 0
+            out.extend(Device(node.index, g) for g in range(count))
         return out
 
     def default_dtypes(self, *, device=None) -> dict:

@@ -4,8 +4,6 @@ the worker that holds the arguments (the `numpy` op)."""
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 import numpy as np
 
 from ..master.issue import call
@@ -36,8 +34,3 @@ def tensor(x, what: str) -> DistributedTensor:
 def wire_dtype(dtype) -> str | None:
     """A dtype argument as the wire carries it (NumPy's string), None staying None."""
     return None if dtype is None else np.dtype(dtype).str
-
-
-def named(name: str, fields: str):
-    """A named-tuple type of the standard's (UniqueAllResult, EighResult…)."""
-    return namedtuple(name, fields)

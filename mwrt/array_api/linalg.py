@@ -4,18 +4,45 @@ tuples."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from ..master.tensor import DistributedTensor
 from ._functions import matmul, matrix_transpose, tensordot, vecdot
-from ._run import named, run, wire_dtype
+from ._run import run, wire_dtype
 
 __all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "matmul",
            "matrix_norm", "matrix_power", "matrix_rank", "matrix_transpose", "outer", "pinv",
            "qr", "slogdet", "solve", "svd", "svdvals", "tensordot", "trace", "vecdot",
            "vector_norm"]
 
-EighResult = named("EighResult", "eigenvalues eigenvectors")
-QRResult = named("QRResult", "Q R")
-SlogdetResult = named("SlogdetResult", "sign logabsdet")
-SVDResult = named("SVDResult", "U S Vh")
+
+class EighResult(NamedTuple):
+    """eigh's result."""
+
+    eigenvalues: DistributedTensor
+    eigenvectors: DistributedTensor
+
+
+class QRResult(NamedTuple):
+    """qr's result."""
+
+    Q: DistributedTensor
+    R: DistributedTensor
+
+
+class SlogdetResult(NamedTuple):
+    """slogdet's result."""
+
+    sign: DistributedTensor
+    logabsdet: DistributedTensor
+
+
+class SVDResult(NamedTuple):
+    """svd's result."""
+
+    U: DistributedTensor
+    S: DistributedTensor
+    Vh: DistributedTensor
 
 
 def cholesky(x, /, *, upper=False):

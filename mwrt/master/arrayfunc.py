@@ -98,15 +98,15 @@ def path_of(func: Callable) -> str | None:
                     _PATHS[obj] = prefix + name
     path = _PATHS.get(func)
     if path is None:
-        module, name = getattr(func, "__module__", "") or "", getattr(func, "__name__", "")
-        path = ".".join([*module.split(".")[1:], name])
-        if module.split(".")[0] != "numpy" or _lookup(path) is not func:
+        where, name = getattr(func, "__module__", "") or "", getattr(func, "__name__", "")
+        path = ".".join([*where.split(".")[1:], name])
+        if where.split(".")[0] != "numpy" or _lookup(path) is not func:
             return None
     return path if npfunc.public(path) else None
 
 
 def _lookup(path: str):
-    obj = np
+    obj: Any = np
     for part in path.split("."):
         if part.startswith("_"):
             return None
@@ -131,7 +131,7 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
             return func(*_values(args), **_values(kwargs))
         call("numpy_", args[0], path, *args[1:], **kwargs)
         return None
-    if _is_registry_function(path, args, kwargs):
+    if path is not None and _is_registry_function(path, args, kwargs):
         return call(path, *args, **kwargs)
     if path is None or not npfunc.allowed(path):  # not run by name: ship the function
         return RemoteFunction(func)(*args, **kwargs)

@@ -27,6 +27,7 @@ from . import context, ordering
 from .cluster import current
 from .mesh import saving
 from .mesh.device_mesh import Mesh
+from .mesh.tensor import ShardedTensor
 from .progress import Progress
 from .streams import Stream
 from .tensor import DistributedTensor
@@ -43,13 +44,14 @@ class SaveHandle:
     def __init__(self, path: str, entries: dict, parts: list, generation: int, started: float,
                  sharded: dict):
         self.path, self._entries, self._parts, self._sharded = path, entries, parts, sharded
+        self._written = False  # the manifest is in place
         self._generation, self._started = generation, started
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def done(self) -> bool:
         """True once every worker wrote its part and the manifest is in place."""
-        return self._parts is None or (self._thread is not None and not self._thread.is_alive())
+        return self._written or (self._thread is not None and not self._thread.is_alive())
 
     def wait(self) -> str:
         """Wait for every worker's part and the manifest; returns the manifest's path."""
@@ -57,7 +59,7 @@ class SaveHandle:
             self._thread.join()
             if self._error is not None:
                 raise self._error
-        elif self._parts is not None:
+        elif not self._written:
             self._finish()
         return os.path.join(self.path, MANIFEST)
 
@@ -66,7 +68,7 @@ class SaveHandle:
         def run():
             try:
                 self._finish()
-            except BaseException as exc:  # raised by wait()
+            except BaseException as exc:  # noqa: BLE001 - raised by wait(), on the caller
                 self._error = exc
         self._thread = threading.Thread(target=run, name="mwrt-save", daemon=True)
         self._thread.start()
@@ -83,7 +85,7 @@ class SaveHandle:
             "files": sorted({rel for _, _, rel, _ in self._parts}),
             "seconds": round(time.monotonic() - self._started, 3),
             "tensors": self._entries, "sharded": self._sharded})
-        self._parts = None
+        self._parts, self._written = [], True  # the CRC tensors may go
 
     def __repr__(self):
         state = "written" if self.done() else "in progress"
@@ -145,7 +147,8 @@ def load(path: str | os.PathLike, *, node: int | None = None, names: list | None
     every = {n: e for n, e in manifest["tensors"].items() if "part_of" not in e}
     every.update(dict.fromkeys(sharded))
     wanted = every if names is None else _pick(every, names, path)
-    cluster, loaded, used = current(), {}, set()
+    cluster, used = current(), set()
+    loaded: dict[str, DistributedTensor | ShardedTensor] = {}
 
     def load_at(name: str, node_index: int, device: int) -> DistributedTensor:
         entry = manifest["tensors"][name]
@@ -183,7 +186,8 @@ def _issue_load(node, device: int, path: str, name: str, entry: dict) -> Distrib
 
 def _blocks_of_sharded(tensors: dict) -> tuple[dict, dict]:
     """(every tensor to write, with sharded ones as their blocks; their manifest entries)."""
-    flat, sharded = {}, {}
+    flat: dict = {}
+    sharded: dict = {}
     for name, t in tensors.items():
         if getattr(t, "_sharded", False):
             sharded[name], parts = saving.blocks(name, t)

@@ -33,7 +33,7 @@ from .progress import Progress
 
 log = logging.getLogger("mwrt")
 
-_cluster: "Cluster | None" = None
+_cluster: Cluster | None = None
 _lock = threading.Lock()
 
 
@@ -57,9 +57,10 @@ class Cluster:
         self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
         self.attached: dict | None = None  # handles of a re-attached session (naming.py)
-        self.meshes: "weakref.WeakSet" = weakref.WeakSet()  # meshes over these nodes
+        self.meshes: weakref.WeakSet = weakref.WeakSet()  # meshes over these nodes
         self._channel_lock = threading.Lock()
-        self.store = self._channel = None
+        self.store: TCPStore | None = None
+        self._channel: channels.DataChannel | None = None
         try:
             for node in self.nodes:
                 node.connect(timeout)
@@ -82,12 +83,12 @@ class Cluster:
         given = config.get("master_addr")
         toward = [given or advertise_address(split_host_port(n.address)[0]) for n in self.nodes]
         bind = toward[0] if len(set(toward)) == 1 else "0.0.0.0"
-        self.store = TCPStore(toward[0], 0, len(self.nodes) + 1, is_master=True, bind=bind,
-                              key=self.keys.hmac_key if self.keys else None)
+        store = self.store = TCPStore(toward[0], 0, len(self.nodes) + 1, is_master=True,
+                                      bind=bind, key=self.keys.hmac_key if self.keys else None)
         tokens = []
         for node, host in zip(self.nodes, toward):
             tokens.append(next(node.tokens))
-            node.issue(wire.Join(id=next(node.ids), store=join_host_port(host, self.store.port),
+            node.issue(wire.Join(id=next(node.ids), store=join_host_port(host, store.port),
                                  prefix=self.session_id, world=len(self.nodes) + 1, channel=name,
                                  timeout=timeout, token=tokens[-1]))
             node.flush()
@@ -200,7 +201,7 @@ class Cluster:
                 if node.info is not None:
                     try:
                         node.say_goodbye()
-                    except Exception as exc:  # a dying worker must not stop shutdown
+                    except Exception as exc:  # noqa: BLE001 - a dying worker must not stop it
                         log.info("%s: goodbye not sent: %s", node, exc)
             for node in self.nodes:
                 node.close(goodbye=goodbye and node.info is not None)
@@ -216,7 +217,7 @@ class Cluster:
             self.context.term()
 
 
-def _named_id(name: str, keys) -> str:
+def _named_id(name: str | None, keys) -> str:
     """The session id of a named session: the same for every master with its name and key."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"init_master_worker: session must be a non-empty str (got {name!r})")

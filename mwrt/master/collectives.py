@@ -17,12 +17,13 @@ from ..collective.reduce_ops import ReduceOp, reduce_op
 from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
-from .client import issue_site, uninterrupted
+from .client import Node, issue_site, uninterrupted
 from .cluster import current
 from .mesh.placement import bounds
 from .tensor import DistributedTensor
 
 Tensors = Sequence[DistributedTensor]
+Sends = list[tuple[Node, wire.Collective, tuple | None]]  # (node, its part, the user's line)
 
 
 def _check(tensors, what: str) -> list:
@@ -51,7 +52,7 @@ def _group_id(placements) -> int:
     return groups.setdefault(key, len(groups) + 1)
 
 
-def _issue(sends: list, kind: str, tensor, node, device, ranks, group, args, out_spec=None):
+def _issue(sends: Sends, kind: str, tensor, node, device, ranks, group, args, out_spec=None):
     """Make one node's command of the collective, for _send(); the new tensor it makes, if
     any."""
     stream = context.stream_for(node.index, device)
@@ -68,7 +69,7 @@ def _issue(sends: list, kind: str, tensor, node, device, ranks, group, args, out
     return out
 
 
-def _send(sends: list) -> None:
+def _send(sends: Sends) -> None:
     """Send every node its part now, not with a later batch (its peers may already wait in
     it), and all of them: on a helper thread, so that a Ctrl-C (or a node's backpressure
     wait it falls in) never leaves the nodes that got theirs waiting for the others."""
@@ -93,7 +94,7 @@ def all_reduce(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
     tensors = _check(tensors, "all_reduce")
     op = reduce_op(op, tensors[0].dtype, "all_reduce")
     ranks, group = _placed(tensors)
-    sends = []
+    sends: Sends = []
     for t in tensors:
         _issue(sends, "all_reduce", t, t._node, t._device, ranks, group, {"op": op.name})
     _send(sends)
@@ -105,7 +106,7 @@ def broadcast(tensors: Tensors, src: int = 0) -> list[DistributedTensor]:
     tensors = _check(tensors, "broadcast")
     _check_index(src, tensors, "broadcast", "src")
     ranks, group = _placed(tensors)
-    sends = []
+    sends: Sends = []
     for t in tensors:
         _issue(sends, "broadcast", t, t._node, t._device, ranks, group, {"root": src})
     _send(sends)
@@ -119,7 +120,7 @@ def reduce(tensors: Tensors, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM
     _check_index(dst, tensors, "reduce", "dst")
     op = reduce_op(op, tensors[0].dtype, "reduce")
     ranks, group = _placed(tensors)
-    sends = []
+    sends: Sends = []
     for t in tensors:
         _issue(sends, "reduce", t, t._node, t._device, ranks, group,
                {"root": dst, "op": op.name})
@@ -132,7 +133,7 @@ def all_gather(tensors: Tensors) -> list[DistributedTensor]:
     tensors = _check(tensors, "all_gather")
     ranks, group = _placed(tensors)
     spec = Spec((len(tensors), *tensors[0].shape), tensors[0].dtype)
-    sends = []
+    sends: Sends = []
     outs = [_issue(sends, "all_gather", t, t._node, t._device, ranks, group,
                    {"dtype": spec.dtype.str}, spec) for t in tensors]
     _send(sends)
@@ -152,7 +153,8 @@ def reduce_scatter(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
                          "all_reduce")
     op = reduce_op(op, first.dtype, "reduce_scatter")
     ranks, group = _placed(tensors)
-    rows, rest, sends, outs = first.shape[0], first.shape[1:], [], []
+    rows, rest, outs = first.shape[0], first.shape[1:], []
+    sends: Sends = []
     for i, t in enumerate(tensors):
         start, stop = bounds(rows, len(tensors), i)
         spec = Spec((stop - start, *rest), first.dtype)
@@ -168,34 +170,33 @@ def gather(tensors: Tensors, dst: int = 0) -> DistributedTensor:
     _check_index(dst, tensors, "gather", "dst")
     ranks, group = _placed(tensors)
     spec = Spec((len(tensors), *tensors[0].shape), tensors[0].dtype)
-    result, sends = None, []
-    for i, t in enumerate(tensors):
-        made = _issue(sends, "gather", t, t._node, t._device, ranks, group,
-                      {"root": dst, "dtype": spec.dtype.str}, spec if i == dst else None)
-        result = made if i == dst else result
+    sends: Sends = []
+    made = [_issue(sends, "gather", t, t._node, t._device, ranks, group,
+                   {"root": dst, "dtype": spec.dtype.str}, spec if i == dst else None)
+            for i, t in enumerate(tensors)]
     _send(sends)
-    return result
+    return made[dst]
 
 
 def scatter(tensor: DistributedTensor, nodes: Sequence[int]) -> list[DistributedTensor]:
     """Split `tensor` (shape (len(nodes), *rest)) along axis 0: part i goes to nodes[i]."""
     if not isinstance(tensor, DistributedTensor):
         raise TypeError(f"scatter: expected a DistributedTensor (got {type(tensor).__name__})")
-    nodes = [current().node(n) for n in nodes]
-    ranks = tuple(n.index for n in nodes)
+    places = [current().node(n) for n in nodes]
+    ranks = tuple(n.index for n in places)
     if len(set(ranks)) != len(ranks) or tensor.get_node() not in ranks:
         raise ValueError(f"scatter: nodes must be distinct and include the tensor's node "
                          f"{tensor.get_node()} (got {list(ranks)})")
-    if not tensor.shape or tensor.shape[0] != len(nodes):
+    if not tensor.shape or tensor.shape[0] != len(places):
         raise ValueError(f"scatter: the tensor's first axis must have one part per node (got "
-                         f"shape {tensor.shape}, expected ({len(nodes)}, ...))")
+                         f"shape {tensor.shape}, expected ({len(places)}, ...))")
     root = ranks.index(tensor.get_node())
     spec = Spec(tensor.shape[1:], tensor.dtype)
     group = _group_id([(n, tensor._device) for n in ranks])
-    sends = []
+    sends: Sends = []
     outs = [_issue(sends, "scatter", tensor if node is tensor._node else None, node,
                    tensor._device, ranks, group, {"root": root, "dtype": spec.dtype.str}, spec)
-            for node in nodes]
+            for node in places]
     _send(sends)
     return outs
 

@@ -63,7 +63,7 @@ def ones(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
     return _create("ones", as_shape(shape), dtype, node, device, (), mesh, shard)
 
 
-def full(shape: Shape, fill_value: complex, dtype: DTypeLike = None, node: int | None = None,
+def full(shape: Shape, fill_value: complex, dtype: DTypeLike | None = None, node: int | None = None,
          device: int | None = None, mesh: Mesh | None = None,
          shard: ShardArg = None) -> DistributedTensor:
     """A tensor of `shape` filled with `fill_value`; dtype from it if not given, float32 for a
@@ -77,7 +77,7 @@ def full(shape: Shape, fill_value: complex, dtype: DTypeLike = None, node: int |
     return _create("full", shape, dtype, node, device, (fill_value,), mesh, shard)
 
 
-def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike = None,
+def arange(start: float, stop: float | None = None, step: float = 1, dtype: DTypeLike | None = None,
            node: int | None = None, device: int | None = None, mesh: Mesh | None = None,
            shard: ShardArg = None) -> DistributedTensor:
     """Evenly spaced values in [start, stop), like np.arange."""
@@ -98,7 +98,7 @@ def eye(n_rows: int, n_cols: int | None = None, k: int = 0, dtype: DTypeLike = n
     return _create("eye", shape, dtype, node, device, (int(k),))
 
 
-def linspace(start: complex, stop: complex, num: int, dtype: DTypeLike = None,
+def linspace(start: complex, stop: complex, num: int, dtype: DTypeLike | None = None,
              endpoint: bool = True, node: int | None = None,
              device: int | None = None) -> DistributedTensor:
     """`num` evenly spaced values from `start` to `stop` (included if `endpoint`), like

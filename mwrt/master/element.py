@@ -6,6 +6,8 @@ NumPy's casting on assignment (an int tensor keeps 3, a bool one True), as NumPy
 
 from __future__ import annotations
 
+from numpy.typing import ArrayLike
+
 from ..ops.elementwise import BINARY_OPERATORS
 from .issue import call
 from .methods import operand
@@ -17,6 +19,14 @@ class Element(DistributedTensor):
 
     __slots__ = ()
 
+    def __imatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
+        return call("matmul", self, operand(other))
+
+    def __round__(self, ndigits: int | None = None) -> int | DistributedTensor:
+        """round(t[i]): a Python int as round() of a NumPy scalar gives (waits for the value),
+        or with `ndigits` a 0-d tensor rounded on the worker."""
+        return round(self.item()) if ndigits is None else self.round(ndigits)
+
 
 def _rebinding(op):
     def fn(self, other):
@@ -27,13 +37,3 @@ def _rebinding(op):
 
 for _py, _ufunc in BINARY_OPERATORS.items():
     setattr(Element, f"__i{_py}__", _rebinding(_ufunc))
-Element.__imatmul__ = lambda self, other: call("matmul", self, operand(other))
-
-
-def _round_element(self, ndigits=None):
-    """round(t[i]): a Python int as round() of a NumPy scalar gives (waits for the value),
-    or with `ndigits` a 0-d tensor rounded on the worker."""
-    return round(self.item()) if ndigits is None else self.round(ndigits)
-
-
-Element.__round__ = _round_element

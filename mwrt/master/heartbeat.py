@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import weakref
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -36,8 +37,9 @@ class Heartbeat(threading.Thread):
         self.timeout = config.get("heartbeat_timeout")
         self.relays: dict[int, tuple[int, list[int]]] = {}  # event -> (its node, waiting nodes)
         # Recorded events by id, held weakly: the master learns when each fires, and forgets
-        # events the program dropped, so a long run does not accumulate them.
-        self.recorded: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+        # events the program dropped, so a long run does not accumulate them. (streams.Event,
+        # a layer above: read here by its _id and _fired only.)
+        self.recorded: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.lock = threading.Lock()
         self._stop_event = threading.Event()
         self._outbox: list = []  # (node index, message), sent by this thread
@@ -129,7 +131,7 @@ class Heartbeat(threading.Thread):
                 return
             try:
                 (message,) = wire.decode_body(frames[1])
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - logged; the heartbeat goes on
                 log.error("node %d: undecodable heartbeat reply: %s", index, exc)
                 continue
             self._on_message(index, message)

@@ -13,6 +13,8 @@ that cannot be encoded would fail every later command of the session.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .. import ops
@@ -74,10 +76,11 @@ _ALIASING = ordering.VIEWS | {"numpy"}
 
 def _share(name: str, args: tuple, outs: list) -> None:
     """Results that may view an operand share its storage's record (see ordering.py)."""
+    sources: Sequence
     if name == "numpy" and args[0] in ordering.EACH_PATHS:
         sources = args[2:]
-    elif name == "numpy" and args[0] in ordering.VIEW_PATHS or name in ordering.VIEWS and (
-            name != "getitem" or _basic(args[1])):
+    elif (name == "numpy" and args[0] in ordering.VIEW_PATHS) or (name in ordering.VIEWS and (
+            name != "getitem" or _basic(args[1]))):
         tensors = [a for a in args if isinstance(a, DistributedTensor)]
         if name == "numpy" and args[0] == "einsum" and len(tensors) > 1:
             return  # a product of several: a new array (one operand's may view it)
@@ -143,7 +146,9 @@ def _check_out(name: str, result, targets: list, ufunc: bool, casting: str) -> N
         if not fits:
             raise ValueError(f"{name}: out= has the wrong shape (got {shape}, expected "
                              f"{spec.shape})")
-        if ufunc and not np.can_cast(spec.dtype, target.dtype, casting=casting):
+        # casting= is the user's str, checked by NumPy (which names a wrong one).
+        if ufunc and not np.can_cast(spec.dtype, target.dtype,
+                                     casting=casting):  # type: ignore[arg-type]
             raise TypeError(f"{name}: cannot cast the result to out='s dtype (got {spec.dtype},"
                             f" expected a dtype {spec.dtype} casts to with casting={casting!r}); "
                             "pass casting='unsafe' to NumPy's rule, or an out of another dtype")
@@ -222,8 +227,8 @@ def convert(value, place: list, name: str):
         pairs = [convert(v, place, name) for v in value]
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
     if isinstance(value, dict):
-        pairs = {k: convert(v, place, name) for k, v in value.items()}
-        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+        named = {k: convert(v, place, name) for k, v in value.items()}
+        return {k: p[0] for k, p in named.items()}, {k: p[1] for k, p in named.items()}
     if getattr(value, "_sharded", False):
         raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that one "
                              "on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or take "

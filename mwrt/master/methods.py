@@ -40,6 +40,8 @@ class Size(int):
     """A tensor's element count (NumPy's t.size) that, called, gives its shape (torch's
     t.size()) or one dimension (t.size(dim))."""
 
+    shape: tuple
+
     def __new__(cls, count: int, shape: tuple) -> Size:
         self = super().__new__(cls, count)
         self.shape = shape
@@ -100,7 +102,9 @@ def reduction(name: str, call):
     def fn(self, *args, **kwargs):
         return call(name, self, *args, **kwargs)
     params = list(inspect.signature(getattr(np, name)).parameters.values())
-    fn.__signature__ = inspect.Signature([params[0].replace(name="self"), *params[1:]])
+    # inspect.signature (help(), Sphinx) reads the attribute, which functions do not declare.
+    fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [params[0].replace(name="self"), *params[1:]])
     return _named(fn, name, f"{op_doc(name).rstrip('.')} (np.{name}), {_WHERE}; arguments "
                             f"as np.{name}'s.")
 

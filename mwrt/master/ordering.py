@@ -28,7 +28,7 @@ from .. import config
 from ..protocol import wire
 
 _IMPLICIT = itertools.count(wire.IMPLICIT_EVENTS, -1)  # never the user's nor checkpoints
-_ORDERED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # node -> {(S, W): id}
+_ORDERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {(S, W): id}
 MANUAL: set = set()  # ids of streams made with order="manual"
 capture: list = []  # the graph being captured, if any (see graph.py)
 

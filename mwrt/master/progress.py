@@ -34,7 +34,7 @@ class Progress:
         """Count `amount` more units done; show the bar if the wait has lasted long enough
         (never for a total of 0: a wait too small to report)."""
         self.done += amount
-        if not self.total or not self._shown and time.monotonic() - self.started < self.after:
+        if not self.total or (not self._shown and time.monotonic() - self.started < self.after):
             return
         self._show()
 

@@ -55,13 +55,15 @@ def memory_stats(node: int = 0) -> dict:
 
 def device_count(node: int = 0) -> int:
     """How many GPUs the worker of `node` has (0: host memory only)."""
-    return current().node(node).info.devices
+    info = current().node(node).info  # None only before the worker's hello
+    return info.devices if info is not None else 0
 
 
 def devices(node: int = 0) -> list[dict]:
     """The GPUs of `node`'s worker, as it found them when this master connected: a dict each
     with index, name, total_memory and free_memory (bytes), compute_capability ("8.0")."""
-    return [dict(gpu) for gpu in current().node(node).info.gpus]
+    info = current().node(node).info
+    return [dict(gpu) for gpu in info.gpus] if info is not None else []
 
 
 def status() -> list[dict]:

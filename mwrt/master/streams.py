@@ -42,7 +42,7 @@ class Stream:
         self.id = _id
 
     @classmethod
-    def default(cls, node: int | None = None, device: int | None = None) -> "Stream":
+    def default(cls, node: int | None = None, device: int | None = None) -> Stream:
         """The default stream of (node, device)."""
         device = context.current_device() if device is None else device
         return cls(node, device, _id=device)
@@ -70,15 +70,15 @@ class Stream:
                                            token=next(node.tokens)), f"query() of {self!r}")
         return bool(reply.value)
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait for `event` (the master does not block)."""
         event.wait(self)
 
-    def wait_stream(self, stream: "Stream") -> None:
+    def wait_stream(self, stream: Stream) -> None:
         """Make later work on this stream wait for all work issued to `stream` so far."""
         self.wait_event(stream.record_event())
 
-    def record_event(self, event: "Event | None" = None) -> "Event":
+    def record_event(self, event: Event | None = None) -> Event:
         """Record `event` (or a new one) at this point of the stream."""
         event = Event() if event is None else event
         event.record(self)
@@ -121,7 +121,7 @@ class Event:
     def wait(self, stream: Stream | None = None) -> None:
         """Make later work on `stream` wait for this event, across nodes too."""
         stream = current_stream() if stream is None else stream
-        if self._stream is None:
+        if self._stream is None or self._id is None:  # never recorded: nothing to wait for
             return
         target, source = stream._node, self._stream._node
         if target is not source and ordering.capture:
@@ -135,7 +135,7 @@ class Event:
             ordering.note(target, stream.id, self._stream.id, self._time)
         target.issue(wire.WaitEvent(id=next(target.ids), stream=stream.id, event=self._id))
 
-    def elapsed_time(self, end: "Event") -> float:
+    def elapsed_time(self, end: Event) -> float:
         """Milliseconds between this event and `end` (both synchronized first)."""
         if not (self.enable_timing and end.enable_timing):
             raise ValueError("elapsed_time: both events need Event(enable_timing=True)")
@@ -144,6 +144,8 @@ class Event:
         return (end._ask(True)["time"] - self._ask(True)["time"]) * 1000.0
 
     def _ask(self, wait: bool) -> dict:
+        if self._stream is None or self._id is None:  # its callers ask recorded events only
+            raise ValueError(f"{self!r}: not recorded; call record() first")
         node = self._stream._node
         query = wire.EventQuery(id=next(node.ids), event=self._id, wait=wait,
                                 token=next(node.tokens))
@@ -163,7 +165,8 @@ def current_stream(node: int | None = None, device: int | None = None) -> Stream
 
 @contextlib.contextmanager
 def stream(s: Stream) -> Iterator[Stream]:
-    """Send ops issued inside (on s's node and device) to stream `s`; also makes s's place current."""
+    """Send ops issued inside (on s's node and device) to stream `s`; also makes s's place
+    current."""
     stack = context.stream_stack()
     stack.append(s)
     try:

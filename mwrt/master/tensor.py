@@ -8,8 +8,8 @@ to the master (`numpy()`, `item()`, `float()`…) wait for the worker.
 from __future__ import annotations
 
 import math
-import weakref
 import operator
+import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,7 @@ class DistributedTensor:
         try:
             owner = self._base  # (inline: a free follows nearly every op)
             self._node.release(self._id, (self if owner is None else owner)._streams)
-        except Exception:  # interpreter shutdown: nothing left to free
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
             pass
 
     if TYPE_CHECKING:  # what methods.install generates, declared for type checkers
@@ -200,7 +200,7 @@ class DistributedTensor:
 
     get = numpy
 
-    def __array__(self, dtype: DTypeLike = None, copy: bool | None = None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """The value as a NumPy array on the master (np.asarray(t)); waits, as numpy() does."""
         array = self.numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
@@ -343,22 +343,6 @@ class DistributedTensor:
         """A copy converted to `dtype` (a NumPy dtype, its name, or a Python type)."""
         return call("astype", self, as_dtype(dtype).str)
 
-    def float(self) -> DistributedTensor:
-        """A float32 copy (torch's float())."""
-        return self.astype(np.float32)
-
-    def double(self) -> DistributedTensor:
-        """A float64 copy (torch's double())."""
-        return self.astype(np.float64)
-
-    def long(self) -> DistributedTensor:
-        """An int64 copy (torch's long())."""
-        return self.astype(np.int64)
-
-    def int(self) -> DistributedTensor:
-        """An int32 copy (torch's int())."""
-        return self.astype(np.int32)
-
     def clone(self) -> DistributedTensor:
         """A copy on the same (node, device)."""
         return call("copy", self)
@@ -480,6 +464,24 @@ class DistributedTensor:
         """Other NumPy functions (np.linalg.inv(t), np.fft.fft(t), np.concatenate) on the
         worker that holds every tensor argument (see mwrt.master.arrayfunc)."""
         return array_function(func, args, kwargs)
+
+    # -- torch's casts (last: above other methods, float and int would name these) --------
+
+    def float(self) -> DistributedTensor:
+        """A float32 copy (torch's float())."""
+        return self.astype(np.float32)
+
+    def double(self) -> DistributedTensor:
+        """A float64 copy (torch's double())."""
+        return self.astype(np.float64)
+
+    def long(self) -> DistributedTensor:
+        """An int64 copy (torch's long())."""
+        return self.astype(np.int64)
+
+    def int(self) -> DistributedTensor:
+        """An int32 copy (torch's int())."""
+        return self.astype(np.int32)
 
 
 _ARRAY_API: list = [None]  # mwrt.array_api, which stands above the master, puts itself here

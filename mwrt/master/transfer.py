@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .. import config
+from .. import config, staging
 from ..arrays import HOST, as_dtype
+from ..channels import Work
 from ..errors import ChannelError, WorkerLostError
 from ..ops import Spec
 from ..protocol import wire
-from .. import staging
 from . import context, ordering
 from .client import issue_site, uninterrupted
 from .cluster import current
@@ -96,6 +96,7 @@ def fetch(tensor) -> np.ndarray:
     tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), tensor.nbytes,
                           tensor._device != HOST)
     node.check_lost()
+    work: staging.Receive | Work
     with _naming_the_node(node):
         if tensor.nbytes > config.get("max_tensor_bytes"):  # never made: the worker says why
             out = None
@@ -121,7 +122,7 @@ def fetch(tensor) -> np.ndarray:
         if out is None:
             out = np.empty(tensor.shape, tensor.dtype)
             cluster.channel().recv(out.reshape(-1).view(np.uint8), node.index, tag)
-        elif staging.chunked(tag):
+        elif isinstance(work, staging.Receive):  # from a GPU, in chunks
             work.finish()
         else:
             work.wait()
@@ -152,7 +153,7 @@ def move(tensor, node_index: int, device: int):
     stream = context.stream_for(target.index, device)
     out = DistributedTensor(target, device, next(target.ids), tensor.spec, stream)
     tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), tensor.nbytes,
-                          HOST != device or HOST != tensor._device)
+                          device != HOST or tensor._device != HOST)
     # Worker to worker over the data channel: the master only sends the two commands. A large
     # receive is posted before the send is issued, so the bytes land in place, not a stash.
     large = not wire.rides_inline(tensor.nbytes)

@@ -56,12 +56,14 @@ def server_handshake(sock: socket.socket, key: bytes | None, timeout: float,
         client_nonce = recv_exact(sock, _NONCE)
         (claim_len,) = struct.unpack("<H", recv_exact(sock, 2))
         if claim_len > _MAX_CLAIM:
-            raise AuthError(f"handshake: claim too long (got {claim_len} bytes, at most {_MAX_CLAIM})")
+            raise AuthError(f"handshake: claim too long (got {claim_len} bytes, at most "
+                            f"{_MAX_CLAIM})")
         claim = recv_exact(sock, claim_len)
         answer = recv_exact(sock, _DIGEST)
         if not hmac.compare_digest(answer, _mac(key, b"client", server_nonce, client_nonce, claim)):
             sock.sendall(_REFUSED)
-            raise AuthError(f"handshake: wrong HMAC from {claim!r}; the two sides use different keys")
+            raise AuthError(f"handshake: wrong HMAC from {claim!r}; the two sides use "
+                            "different keys")
         if check is not None:
             try:
                 check(claim)
@@ -139,7 +141,6 @@ class KeyFile:
 def load_key_file(path: str) -> KeyFile:
     """Read a key file written by `mwrt-worker keygen`; errors name the file and the field."""
     import json
-    import os
 
     from .. import config
 

@@ -102,7 +102,7 @@ class Mesh:
             found = self._groups[dim] = [[int(i) for i in line] for line in lines]
         return found
 
-    def __enter__(self) -> Mesh:  # noqa: PYI034  (Self is 3.11's; we support 3.10)
+    def __enter__(self) -> Mesh:
         _stack().append(self)
         return self
 

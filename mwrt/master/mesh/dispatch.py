@@ -27,7 +27,7 @@ from .plan import PlacementError, Slot
 _SCALARS = (int, float, bool, complex)
 _LOCAL_SPECS: dict = {}  # (global Spec, placements, mesh) -> each place's Spec
 _PLANS: dict = {}  # (op, mesh, operands' placements and Specs, argument kinds) -> (Spec, Plan)
-ShardedTensor = None  # the result class, set by tensor.py (which imports this module)
+ShardedTensor: Any = None  # the result class, set by tensor.py (which imports this module)
 
 
 def call(name: str, *args, **kwargs):

@@ -7,11 +7,10 @@ import math
 
 import numpy as np
 
-from ... import config
+from ... import config, staging
 from ...arrays import HOST
 from ...ops import Spec
 from ...protocol import wire
-from ... import staging
 from .. import ordering, transfer
 from ..cluster import current
 
@@ -21,7 +20,9 @@ def fetch_many(tensors: list) -> list[np.ndarray]:
     for t in tensors:  # a lost node is named before any request goes out
         t._node.check_lost()
     out: list = [None] * len(tensors)
-    pending, works, touched = [], [], []
+    pending: list[tuple] = []  # (index, node, token, inline) of each request
+    works: list[tuple] = []  # (node, receive) of each large one
+    touched: list = []  # the nodes asked
     try:
         for k, t in enumerate(tensors):
             node, spec = t._node, t._spec

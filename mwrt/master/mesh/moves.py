@@ -19,7 +19,16 @@ from .. import collectives, issue, ordering
 from ..creation import _create
 from ..tensor import DistributedTensor
 from .fetch import fetch_many
-from .placement import REPLICATE, Partial, Shard, basic_index, bounds, describe, local_box
+from .placement import (
+    REPLICATE,
+    Partial,
+    Placement,
+    Shard,
+    basic_index,
+    bounds,
+    describe,
+    local_box,
+)
 from .plan import PlacementError
 
 ShardedTensor: Any = None  # the result class, set by tensor.py (which imports this module)
@@ -107,13 +116,13 @@ def resolve(t) -> None:
 
 def _all_reduce_dims(mesh, locals_: list, placements: tuple) -> tuple:
     """all_reduce along each Partial dimension, in place; the placements then (Replicate)."""
-    placements = list(placements)
+    after = list(placements)
     for d, p in enumerate(placements):
         if type(p) is Partial:
             for group in mesh.groups(d):
                 all_reduce_group(mesh, locals_, group, p.op)
-            placements[d] = REPLICATE
-    return tuple(placements)
+            after[d] = REPLICATE
+    return tuple(after)
 
 
 def redistribute(t, wanted: tuple):
@@ -163,7 +172,7 @@ def scatter_for(t, out: tuple, shape: tuple):
     """Partial t redistributed to the blocks of a result placed `out` of `shape` that it
     joins (broadcast axes whole), if a reduce_scatter takes it there; else None."""
     off = len(shape) - t.ndim
-    wanted = []
+    wanted: list[Placement] = []
     for p, o in zip(t._placements, out):
         ax = o.axis - off if type(o) is Shard else -1
         if ax >= 0 and t.shape[ax] == shape[o.axis]:

@@ -159,7 +159,7 @@ def shard_arg(shard, ndim: int, mesh_ndim: int, what: str) -> tuple:
         return normalize(shard, ndim, mesh_ndim, what)
     if isinstance(shard, int):
         return normalize(Shard(_axis(shard, ndim, what)), ndim, mesh_ndim, what)
-    items = []
+    items: list[Placement] = []
     for s in shard:
         if s is None:
             items.append(REPLICATE)

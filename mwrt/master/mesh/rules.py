@@ -25,7 +25,7 @@ from ...ops.elementwise import UFUNCS
 from ...ops.reductions import REDUCTIONS
 from ..issue import call
 from . import moves, shapes
-from .placement import REPLICATE, Partial, Shard, describe, local_box
+from .placement import REPLICATE, Partial, Placement, Shard, describe, local_box
 from .plan import (
     PlacementError,
     Plan,
@@ -53,7 +53,8 @@ PARTIAL_OF = {"sum": "sum", "nansum": "sum", "count_nonzero": "sum", "mean": "su
 def elementwise(name, operands, args, kwargs, spec, resolve) -> Plan:
     inplace = name in IN_PLACE
     target = operands[0] if inplace else None
-    shape = target.shape if inplace else (spec[0] if type(spec) is tuple else spec).shape
+    shape = target.shape if target is not None else (
+        spec[0] if type(spec) is tuple else spec).shape
     scattered: dict = {}
     if any(is_partial(t) for t in operands):
         if _stays_partial(name, operands, args):
@@ -61,7 +62,7 @@ def elementwise(name, operands, args, kwargs, spec, resolve) -> Plan:
         scattered = _resolve_partials(operands, target, _agreed(name, operands, len(shape)),
                                       shape, resolve)
     out = _agreed(name, operands, len(shape))
-    if inplace and out != target._placements:
+    if target is not None and out != target._placements:
         wanted = target._placements
         raise no_rule(name, operands, f"an in-place result keeps its target's placements "
                       f"{describe(wanted)}: redistribute the other operand ({fix_text(wanted)}) "
@@ -256,7 +257,7 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
     row = na - 2 if na >= 2 else None
     col = nb - 1 if nb >= 2 else None
     row_out = r - 2 if nb >= 2 else r - 1
-    out = []
+    out: list[Placement] = []
     for pa, pb in zip(ta._placements, tb._placements):
         if pa == REPLICATE and pb == REPLICATE:
             out.append(REPLICATE)

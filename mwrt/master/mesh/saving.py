@@ -11,6 +11,7 @@ itself, and nothing passes through the master.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,9 @@ def blocks(name: str, t: ShardedTensor) -> tuple[dict, list]:
     if any(p.is_partial() for p in t.placements):
         t = t.reduce()  # the value is what is saved, not its parts
     mesh, spec = t.mesh, t.spec
-    seen, parts, listed = set(), [], []
+    seen: set[tuple] = set()
+    parts: list[tuple[str, Any]] = []  # (block name, local tensor)
+    listed: list[dict] = []
     for coord, local in zip(mesh.coords, t.shards()):
         box = local_box(tuple(spec.shape), t.placements, mesh.shape, coord)
         if box in seen:
@@ -54,7 +57,8 @@ def assemble(name: str, entry: dict, mesh: Mesh | None, load_at) -> ShardedTenso
     shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
     blocks_ = [(b["name"], tuple(tuple(x) for x in b["box"])) for b in entry["blocks"]]
     writers = {b["name"]: tuple(p) for b, p in zip(entry["blocks"], _writers(entry))}
-    locals_, read = [], {}
+    locals_: list = []
+    read: dict = {}  # block -> where _exact read it, for the other places to copy
     for coord, (node, device) in zip(mesh.coords, mesh.places):
         box = local_box(shape, placements, mesh.shape, coord)
         exact = [block for block, b in blocks_ if b == box]
@@ -88,7 +92,7 @@ def _writers(entry: dict) -> list:
     places, shape = [tuple(p) for p in entry["mesh"]["places"]], tuple(entry["mesh"]["shape"])
     placements = tuple(_placement(t, "") for t in entry["placements"])
     coords = [tuple(int(c) for c in np.unravel_index(i, shape)) for i in range(len(places))]
-    found = {}
+    found: dict[tuple, tuple] = {}
     for coord, place in zip(coords, places):
         found.setdefault(local_box(tuple(entry["shape"]), placements, shape, coord), place)
     return [found[tuple(tuple(x) for x in b["box"])] for b in entry["blocks"]]

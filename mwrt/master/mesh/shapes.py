@@ -18,7 +18,7 @@ def permuting(name, operands, args, kwargs, spec, resolve) -> Plan:
     """transpose, swapaxes, moveaxis, expand_dims: the sharded axis goes where it goes."""
     t = operands[0]
     probe = np.empty(tuple(range(2, t.ndim + 2)), dtype=np.dtype([]))
-    rest = [a for a in args[1:]]
+    rest = list(args[1:])
     moved = getattr(np, name)(probe, *rest, **kwargs).shape
     where = {size - 2: i for i, size in enumerate(moved) if size >= 2}
     return Plan(tuple(Shard(where[p.axis]) if type(p) is Shard else p
@@ -85,7 +85,8 @@ def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     if entries is None or len(operands) > 1:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
     sharded = {p.axis for p in t._placements if type(p) is Shard}
-    where, out_axis = {}, 0
+    where: dict[int, int] = {}  # sharded axis -> its axis in the result
+    out_axis, takes_row = 0, False  # an int along a sharded axis: one place's row
     for entry in entries:
         if entry is None:
             out_axis += 1
@@ -95,13 +96,13 @@ def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
             if isinstance(item, slice) and item == slice(None):
                 where[ax] = out_axis
             elif isinstance(item, (int, np.integer)):
-                where[ax] = "int"
+                takes_row = True
             else:
                 raise no_rule(name, operands, "a slice along the sharded axis: replicate "
                               "first (t.replicate()[...]) or index another axis")
         if not isinstance(item, (int, np.integer)):
             out_axis += 1
-    if "int" in where.values():
+    if takes_row:
         return Plan(None, whole=lambda: pick(t, args[1], spec))
     return Plan(tuple(Shard(where[p.axis]) if type(p) is Shard else p
                       for p in t._placements))

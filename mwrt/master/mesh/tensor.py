@@ -94,8 +94,6 @@ class ShardedTensor:
     __float__, __int__, __bool__ = (DistributedTensor.__float__, DistributedTensor.__int__,
                                     DistributedTensor.__bool__)
     __iter__, zero_ = DistributedTensor.__iter__, DistributedTensor.zero_
-    float, double = DistributedTensor.float, DistributedTensor.double
-    long, int = DistributedTensor.long, DistributedTensor.int
 
     def __repr__(self) -> str:
         """Shape, dtype, placements and mesh, without asking the workers."""
@@ -253,6 +251,10 @@ class ShardedTensor:
         """Other NumPy functions: registry ops by the placement rules; on replicated tensors
         any function, at every place."""
         return array_function(func, args, kwargs)
+
+    # Last: above, the name int would be this method in the others' annotations.
+    float, double = DistributedTensor.float, DistributedTensor.double
+    long, int = DistributedTensor.long, DistributedTensor.int
 
 
 def _shape_arg(shape):
