@@ -5,9 +5,11 @@ after a local matmul does) on a mesh of `--nodes` local daemons is redistributed
 Shard(0) two ways, in turns in the same session, `--reps` times each: `P.redistribute(
 shard=0)` (reduce_scatter: each node receives only its block, reduced) and the old path
 (an all_reduce in place, every node then holding the whole sum, and a copy of its block).
-Printed: the median wall time of each from issue to every node done, the ratio, and the
-bytes each node receives by the algorithms (a ring or a shared-memory reduce_scatter takes
-(n-1)/n of the tensor; an all_reduce twice that).
+Printed: the median wall time of each from issue to every node done, the ratio, the bytes
+each node receives by the algorithms (a ring or a shared-memory reduce_scatter takes
+(n-1)/n of the tensor; an all_reduce twice that), and the bytes each daemon's TCP sockets
+sent meanwhile, measured (`ss`: what the tcp channel moved; the default channel reads its
+peers' memory on one host, which no socket counts).
 
 Both run on this machine's cores (local daemons; the default channel reads peers' memory
 on one host, `--channel tcp` runs the ring over loopback): wall times are the CPU's, not a
@@ -19,8 +21,10 @@ network's.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -33,13 +37,36 @@ import mwrt  # noqa: E402  (after the path above)
 from mwrt.master.mesh import moves  # noqa: E402
 
 
-def timed(P, how) -> tuple[float, object]:
-    """Seconds from issuing `how(P)` until every node has run it, and its result."""
+def sent_by_daemons() -> list[int]:
+    """The bytes each local daemon's TCP sockets have sent so far (`ss -tinp`'s bytes_sent,
+    per process), or [] where ss cannot say. Reads of a peer's memory (the default channel
+    on one host) are not counted: only what the tcp channel moves."""
+    pids = [w.process.pid for w in mwrt.master.cluster.current().local]
+    try:
+        lines = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30,
+                               check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    sent = dict.fromkeys(pids, 0)
+    for line, info in itertools.pairwise(lines):  # a socket's line, then its tcp_info line
+        pid = next((p for p in pids if f"pid={p}," in line), None)
+        if pid is not None and "bytes_sent:" in info:
+            sent[pid] += int(info.split("bytes_sent:")[1].split()[0])
+    return list(sent.values())
+
+
+def timed(P, how) -> tuple[float, float | None, object]:
+    """Seconds from issuing `how(P)` until every node has run it, the MiB each daemon sent
+    over TCP meanwhile (mean), and the result."""
     mwrt.synchronize()
+    before = sent_by_daemons()
     start = time.perf_counter()
     out = how(P)
     mwrt.synchronize()
-    return time.perf_counter() - start, out
+    seconds, after = time.perf_counter() - start, sent_by_daemons()
+    if not before or len(after) != len(before) or not any(after):
+        return seconds, None, out
+    return seconds, sum(a - b for a, b in zip(after, before)) / len(before) / 2**20, out
 
 
 def scatter(P):
@@ -65,12 +92,15 @@ def main() -> None:
         mesh = mwrt.mesh()
         X = mwrt.ones((n, length), dtype=np.float32, mesh=mesh, shard=0)
         times: dict = {"reduce_scatter": [], "all_reduce + cut": []}
+        sent: dict = {name: [] for name in times}
         for _ in range(args.reps):
             for name, how in (("reduce_scatter", scatter),
                               ("all_reduce + cut", all_reduce_and_cut)):
                 P = X.sum(axis=0)  # a fresh Partial(sum) each time: (length,), one row a node
-                seconds, out = timed(P, how)
+                seconds, mib, out = timed(P, how)
                 times[name].append(seconds)
+                if mib is not None and args.channel == "tcp":  # others read peers' memory
+                    sent[name].append(mib)
                 del P, out
         check = X.sum(axis=0).redistribute(shard=0)
         np.testing.assert_array_equal(check.shards()[-1].numpy()[:4], np.full(4, n, np.float32))
@@ -80,9 +110,11 @@ def main() -> None:
     received = {"reduce_scatter": (n - 1) / n * size, "all_reduce + cut": 2 * (n - 1) / n * size}
     print(f"Partial(sum) -> Shard(0) of {size} MiB float32 on {n} local daemons, channel "
           f"{args.channel or 'default'}, median of {args.reps} in turns")
-    print(f"{'path':<18} {'wall ms':>9} {'MiB in/node':>12}")
+    print(f"{'path':<18} {'wall ms':>9} {'MiB in/node':>12} {'MiB sent/node':>14}")
     for name, values in times.items():
-        print(f"{name:<18} {statistics.median(values) * 1e3:9.1f} {received[name]:12.1f}")
+        wrote = f"{statistics.median(sent[name]):14.1f}" if sent[name] else f"{'-':>14}"
+        print(f"{name:<18} {statistics.median(values) * 1e3:9.1f} {received[name]:12.1f} "
+              f"{wrote}")
     ratio = statistics.median(times["reduce_scatter"]) / statistics.median(
         times["all_reduce + cut"])
     print(f"reduce_scatter / all_reduce + cut: {ratio:.2f}x wall time, "

@@ -33,6 +33,7 @@ from . import hierarchy
 from .agreement import check
 from .buffers import host_view
 from .reduce_ops import ReduceOp, reduce_op
+from .scratch import scratch
 
 # -- the collectives -----------------------------------------------------------------------
 
@@ -232,10 +233,13 @@ def reduce_scatter(group, out, src, op=ReduceOp.SUM) -> None:
                               count=c) as call:
             if call.run_native("reduce_scatter", dst, source, op) or c == 0:
                 return
-            work = source.copy()  # the ring reduces in place; the caller's input stays intact
             bounds = [c * i for i in range(group.size + 1)]
-            alg.ring_reduce_scatter(call, work, op, bounds, call.tag)
-            dst[:] = work[r * c:(r + 1) * c]
+            # the ring reduces in place: in a reused copy (fresh pages fault on first write),
+            # so the caller's input stays intact
+            with scratch(source.size, source.dtype) as work:
+                work[:] = source
+                alg.ring_reduce_scatter(call, work, op, bounds, call.tag)
+                dst[:] = work[r * c:(r + 1) * c]
             if op is ReduceOp.AVG:
                 np.divide(dst, group.size, out=dst)
 

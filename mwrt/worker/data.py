@@ -369,7 +369,10 @@ def collective(ex, cmd, frames):
         return
     dtype = args.pop("dtype")
     xp = ex.xp if group.device_buffers else np  # nccl: results stay on the GPU
-    out = xp.empty(cmd.out_shape, dtype) if cmd.out >= 0 else None
+    out = None
+    if cmd.out >= 0:  # in host memory: a warm buffer (a fresh one faults on every page)
+        out = data.pool.empty(cmd.out_shape, dtype) if xp is np else xp.empty(cmd.out_shape,
+                                                                                dtype)
     if kind == "all_gather":
         collectives.all_gather(group, out, array)
     elif kind == "gather":
