@@ -199,6 +199,11 @@ def test_a_mesh_of_fake_gpus(monkeypatch):
             C = mwrt.dist_send(x.astype(dtype), mesh=mesh, shard=0).sum(axis=0)
             same(C.redistribute(shard=(0, None)), x.astype(dtype).sum(axis=0, dtype=C.dtype),
                  exact=False)
+        X = mwrt.dist_send(x, mesh=mesh, shard=0)
+        with mwrt.graph(X=X) as g:  # the node lines' collective and the GPU lines' moves
+            Y = (X * 2).sum(axis=0).redistribute(shard=(0, 1))
+        g.replay()
+        same(Y, (x * 2).sum(axis=0), exact=False)
         parts = mwrt.reduce_scatter([s for s in P.shards() if s.get_device() == 1])
         assert [(p.get_node(), p.get_device()) for p in parts] == [(0, 1), (1, 1)]
         local = [np.asarray(s.numpy()) for s in P.shards()]
