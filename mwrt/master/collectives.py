@@ -52,16 +52,17 @@ def _group_id(placements) -> int:
     return groups.setdefault(key, len(groups) + 1)
 
 
-def _issue(sends: Sends, kind: str, tensor, node, device, ranks, group, args, out_spec=None):
+def _issue(sends: Sends, kind: str, tensor, node, device, ranks, group, args, out_spec=None,
+           write: bool = True):
     """Make one node's command of the collective, for _send(); the new tensor it makes, if
-    any."""
+    any. `write`: the collective writes `tensor` (False: it only reads it)."""
     stream = context.stream_for(node.index, device)
     out = None
     if out_spec is not None:
         out = DistributedTensor(node, device, next(node.ids), out_spec, stream)
     now = next(node.ids)
-    if tensor is not None:  # collectives write their tensor in place: after all its uses
-        ordering.use(tensor, stream, now, write=True)
+    if tensor is not None:  # most write their tensor in place: after all its uses
+        ordering.use(tensor, stream, now, write=write)
     sends.append((node, wire.Collective(
         id=now, stream=stream, kind=kind, group=group, ranks=ranks, args=args,
         ref=-1 if tensor is None else tensor._id, out=-1 if out is None else out._id,
@@ -159,7 +160,7 @@ def reduce_scatter(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
         start, stop = bounds(rows, len(tensors), i)
         spec = Spec((stop - start, *rest), first.dtype)
         outs.append(_issue(sends, "reduce_scatter", t, t._node, t._device, ranks, group,
-                           {"op": op.name, "dtype": spec.dtype.str}, spec))
+                           {"op": op.name, "dtype": spec.dtype.str}, spec, write=False))
     _send(sends)
     return outs
 
