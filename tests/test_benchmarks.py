@@ -24,7 +24,8 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("bench_mesh.py", ["--quick"]),  # skips its hosts table itself where hosts cannot be made
     ("bench_reduce_scatter.py", ["--nodes", "2", "--mib", "1", "--reps", "1"]),
     ("bench_gpu.py", ["--quick", "--fake"]),
-    ("bench_checkpoint.py", ["--mb", "4"]),  # its table on the fake GPU; on a GPU: real
+    ("bench_checkpoint.py", ["--mb", "4"]),
+    ("bench_wire.py", ["--quick"]),  # its table on the fake GPU; on a GPU: real
 ])
 def test_benchmark_runs_and_prints_its_table(script, args):
     if script == "bench_hosts.py" and unavailable():
