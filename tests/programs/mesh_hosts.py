@@ -1,5 +1,6 @@
 """A mesh program run by a master on one simulated host over workers on others (MWRT_WORKERS):
-shards, Partial sums, redistribution and a large replicated send, checked against NumPy."""
+shards, Partial sums (read, and reduce_scattered to a Shard), redistribution and a large
+replicated send, checked against NumPy."""
 
 import socket
 
@@ -17,6 +18,8 @@ checks = {
     "values": np.array_equal(X.numpy(), x),
     "matmul": np.allclose((X @ W).numpy(), x @ x[:256].T, rtol=1e-4, atol=1e-3),
     "partial": np.allclose((X.T @ X).numpy(), x.T @ x, rtol=1e-4, atol=1e-2),
+    "reduce_scatter": np.allclose((X.T @ X).redistribute(shard=1).numpy(), x.T @ x, rtol=1e-4,
+                                  atol=1e-2),
     "redistribute": np.array_equal(X.redistribute(shard=1).numpy(), x),
     "replicate": all(np.array_equal(s.numpy(), x) for s in X.replicate().shards()),
     "sum": np.isclose(float(X.sum()), float(x.sum()), rtol=1e-3),
