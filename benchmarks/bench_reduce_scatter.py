@@ -16,16 +16,19 @@ on one host, `--channel tcp` runs the ring over loopback): wall times are the CP
 network's.
 
     python benchmarks/bench_reduce_scatter.py [--nodes 4] [--mib 64] [--reps 5] [--channel tcp]
+    python benchmarks/bench_reduce_scatter.py --hosts   # as root: workers on simulated hosts
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -78,6 +81,65 @@ def all_reduce_and_cut(P):
     return P.redistribute(shard=0)
 
 
+def measure(n: int, mib: int, reps: int, channel: str | None, remote: bool) -> tuple:
+    """Each path's wall times and MiB sent per node, in turns on one session of n nodes
+    (local daemons, or the workers MWRT_WORKERS names when `remote`)."""
+    length = mib * (1 << 20) // 4
+    if remote:
+        mwrt.init_master_worker(timeout=120, channel=channel)
+    else:
+        mwrt.init_master_worker(local_workers=n, timeout=120, channel=channel)
+    try:
+        mesh = mwrt.mesh()
+        X = mwrt.ones((len(mesh), length), dtype=np.float32, mesh=mesh, shard=0)
+        times: dict = {"reduce_scatter": [], "all_reduce + cut": []}
+        sent: dict = {name: [] for name in times}
+        for how in (scatter, all_reduce_and_cut):  # warm: groups, connections, buffers
+            timed(X.sum(axis=0), how)
+        for _ in range(reps):
+            for name, how in (("reduce_scatter", scatter),
+                              ("all_reduce + cut", all_reduce_and_cut)):
+                P = X.sum(axis=0)  # a fresh Partial(sum) each time: (length,), one row a node
+                seconds, mib_sent, out = timed(P, how)
+                times[name].append(seconds)
+                if mib_sent is not None and channel == "tcp":  # others read peers' memory
+                    sent[name].append(mib_sent)
+                del P, out
+        check = X.sum(axis=0).redistribute(shard=0)
+        np.testing.assert_array_equal(check.shards()[-1].numpy()[:4],
+                                      np.full(4, len(mesh), np.float32))
+    finally:
+        mwrt.shutdown()
+    return times, sent
+
+
+def on_hosts(args) -> tuple:
+    """measure() run by a master on one simulated host (tests/hosts.py, root) over keyed
+    workers on `--nodes` others: the bytes cross veth pairs and a bridge, as between
+    machines (the channel between hosts is tcp)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from bench_hosts import WORKER_PORT, start_workers
+    from hosts import make_hosts, unavailable
+
+    reason = unavailable()
+    if reason:
+        raise SystemExit(f"bench_reduce_scatter --hosts: {reason}")
+    with tempfile.TemporaryDirectory(prefix="mwrt-bench-rs-") as home, \
+            make_hosts(args.nodes + 1) as hosts:
+        keys = os.path.join(home, "keys")
+        start_workers(hosts, keys, home)
+        env = {"MWRT_KEY_FILE": os.path.join(keys, "master.key"), "PYTHONPATH": ROOT,
+               "MWRT_WORKERS": ",".join(f"{h.addr}:{WORKER_PORT}" for h in hosts[1:])}
+        cmd = [sys.executable, os.path.abspath(__file__), "--remote", "--nodes",
+               str(args.nodes), "--mib", str(args.mib), "--reps", str(args.reps)]
+        res = hosts[0].run(cmd, env=env, timeout=600)
+        if res.returncode != 0:
+            raise SystemExit(f"bench_reduce_scatter --hosts: the master failed:\n"
+                             f"{res.stderr[-3000:]}")
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4)
@@ -85,31 +147,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--channel", default=None, help="the data channel (default: the "
                         "session's, MWRT_CHANNEL); tcp runs the ring algorithms")
+    parser.add_argument("--hosts", action="store_true", help="workers on simulated hosts")
+    parser.add_argument("--remote", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    n, length = args.nodes, args.mib * (1 << 20) // 4
-    mwrt.init_master_worker(local_workers=n, timeout=120, channel=args.channel)
-    try:
-        mesh = mwrt.mesh()
-        X = mwrt.ones((n, length), dtype=np.float32, mesh=mesh, shard=0)
-        times: dict = {"reduce_scatter": [], "all_reduce + cut": []}
-        sent: dict = {name: [] for name in times}
-        for _ in range(args.reps):
-            for name, how in (("reduce_scatter", scatter),
-                              ("all_reduce + cut", all_reduce_and_cut)):
-                P = X.sum(axis=0)  # a fresh Partial(sum) each time: (length,), one row a node
-                seconds, mib, out = timed(P, how)
-                times[name].append(seconds)
-                if mib is not None and args.channel == "tcp":  # others read peers' memory
-                    sent[name].append(mib)
-                del P, out
-        check = X.sum(axis=0).redistribute(shard=0)
-        np.testing.assert_array_equal(check.shards()[-1].numpy()[:4], np.full(4, n, np.float32))
-    finally:
-        mwrt.shutdown()
-    size = args.mib
+    if args.remote:  # the master on a simulated host: its figures to the parent, as JSON
+        print(json.dumps(measure(args.nodes, args.mib, args.reps, args.channel, True)))
+        return
+    if args.hosts:
+        times, sent = on_hosts(args)
+        where = f"{args.nodes} simulated hosts (the master on another)"
+    else:
+        times, sent = measure(args.nodes, args.mib, args.reps, args.channel, False)
+        where = f"{args.nodes} local daemons, channel {args.channel or 'default'}"
+    n, size = args.nodes, args.mib
     received = {"reduce_scatter": (n - 1) / n * size, "all_reduce + cut": 2 * (n - 1) / n * size}
-    print(f"Partial(sum) -> Shard(0) of {size} MiB float32 on {n} local daemons, channel "
-          f"{args.channel or 'default'}, median of {args.reps} in turns")
+    print(f"Partial(sum) -> Shard(0) of {size} MiB float32 on {where}, median of {args.reps} "
+          "in turns")
     print(f"{'path':<18} {'wall ms':>9} {'MiB in/node':>12} {'MiB sent/node':>14}")
     for name, values in times.items():
         wrote = f"{statistics.median(sent[name]):14.1f}" if sent[name] else f"{'-':>14}"
