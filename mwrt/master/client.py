@@ -12,11 +12,13 @@ from __future__ import annotations
 import itertools
 import linecache
 import logging
+import math
 import os
 import sys
 import threading
 import time
 from collections import deque
+from types import FrameType
 
 import zmq
 from msgspec.structs import replace
@@ -63,7 +65,7 @@ def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zm
 
 def issue_site() -> tuple | None:
     """(code, line) of the first caller outside mwrt: formatted by site_text() on error only."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     return None if frame is None else (frame.f_code, frame.f_lineno)
@@ -167,12 +169,14 @@ class Node:
         self.lost: str | None = None
         self.lost_at = ""  # the wall-clock time of the loss, for the errors that name it
         self.replaced_by = ""  # the address of the node that took this one's place
-        self.rejected: str | None = None  # why the worker refused a batch, until reported
+        # Why the worker refused a batch, until reported (a QuotaError: over this master's share).
+        self.rejected: str | QuotaError | None = None
         self.info: wire.Welcome | None = None
         self.resumed: dict | None = None  # what a re-attached named session held
         self.closed = False
         self.torn = False  # a batch was cut off mid-send: no more messages on tx
-        self.interrupted = None  # (token, what, when) of a wait a Ctrl-C cut short
+        # (token, what, when) of a wait a Ctrl-C cut short.
+        self.interrupted: tuple[int, str, float] | None = None
         self.bye: int | None = None  # the id of the Bye sent, awaited by close()
         self.limits = Limits(self)
 
@@ -211,7 +215,7 @@ class Node:
         poller.register(monitor, zmq.POLLIN)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ready = dict(poller.poll(max(deadline - time.monotonic(), 0) * 1000))
+            ready = dict(poller.poll(math.ceil(max(deadline - time.monotonic(), 0) * 1000)))
             if self.rx in ready:
                 return
             if monitor in ready:
@@ -374,6 +378,8 @@ class Node:
     def _after_interrupt(self, asked: int | None, what: str) -> int | None:
         """A wait that follows an interrupted one: ask the worker what its streams run (once),
         and say what this wait is behind; the token asked, or None once said."""
+        if self.interrupted is None:  # asked after an interrupted wait only
+            return None
         token, cut, since = self.interrupted
         if token in self.replies:  # what the interrupted wait awaited has finished since
             self.replies.pop(token)
@@ -389,7 +395,8 @@ class Node:
             return asked
         reply, _ = self.replies.pop(asked)
         self.interrupted = None  # said once
-        running = reply.value.get("running", []) if isinstance(reply, wire.Done) else []
+        value = reply.value if isinstance(reply, wire.Done) else None
+        running = value.get("running", []) if isinstance(value, dict) else []
         for busy in running:
             site = self.site_of(busy["command"]) or "an unknown line"
             log.warning("%s: %s waits behind %s on stream %s, issued at %s, running for %.0f s "
@@ -485,7 +492,7 @@ class Node:
         if goodbye and self.lost is None and not self.torn:  # torn: the worker's lease frees it
             try:
                 self._bye()
-            except Exception as exc:  # a dying worker must not stop shutdown
+            except Exception as exc:  # noqa: BLE001 - a dying worker must not stop shutdown
                 log.info("%s: goodbye not answered: %s", self, exc)
         self.closed = True
         self.tx.close(linger=0)
@@ -504,4 +511,5 @@ class Node:
 
     def _bye(self) -> None:
         self.say_goodbye()
-        self.wait(self.bye, "goodbye", timeout=2.0)
+        if self.bye is not None:  # sent, now or before
+            self.wait(self.bye, "goodbye", timeout=2.0)

@@ -77,12 +77,14 @@ class Graph:
 
     # -- capture --------------------------------------------------------------------------
 
-    def __enter__(self) -> "Graph":
+    def __enter__(self) -> Graph:
         if ordering.capture:
             raise MwrtError("graph: already capturing a graph; captures do not nest")
         for node in current().nodes:
             self._saved[node] = ordering.snapshot(node)
-            node.issue = self._recorder(node)  # this node's commands go to the recording
+            # This node's commands go to the recording: the instance's issue shadows the
+            # class's until __exit__ deletes it.
+            node.issue = self._recorder(node)  # type: ignore[method-assign]
         ordering.capture.append(self)
         self._capturing = True
         return self
@@ -208,7 +210,8 @@ class Graph:
             nows[node] = now if counter is not None else next(node.ids)
             touched[node] = self._order(node, tensors, nows[node])
         rid = next(counter) if counter is not None else 0
-        bodies, rids = [], []
+        bodies: list[Raw] = []  # each node's Replay, encoded (one for all without bindings)
+        rids: list[int] = []
         for node in nodes:
             if counter is None:
                 rid = next(node.ids)
@@ -294,7 +297,7 @@ class Graph:
                 for cid in self._sites.get(node, ()):
                     node.graph_sites.pop(cid, None)
                 type(node).issue(node, wire.DropGraph(id=next(node.ids), graph=gid))
-            except Exception:  # the session ended: its graphs went with it
+            except Exception:  # noqa: BLE001, S110 - the session ended: its graphs went with it
                 pass
 
 
@@ -303,7 +306,7 @@ def _check_like(name: str, ext: _External, tensor) -> None:
     captured = ext.ref()
     if tensor._node is not ext.node or (captured is not None and (
             tensor._device != captured._device or tensor.spec != captured.spec)):
-        was = ("node {}, device {}, {}".format(ext.node.index, captured._device, captured.spec)
+        was = (f"node {ext.node.index}, device {captured._device}, {captured.spec}"
                if captured is not None else f"node {ext.node.index}")
         raise ValueError(f"graph.replay: {name} must be like the captured input (got node "
                          f"{tensor._node.index}, device {tensor._device}, {tensor.spec}; "

@@ -64,21 +64,23 @@ class Message(msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unk
     handler: ClassVar[str] = ""
 
 
-class Command(Message):
+# Each subclass says frozen=True as well: msgspec inherits it, but type checkers read
+# dataclass_transform's keywords per class (PEP 681) and would take the subclass as mutable.
+class Command(Message, frozen=True):
     """Master -> worker, numbered by the master."""
 
     socket = "tx"  # answered on the socket thread unless on_stream
     id: int
 
 
-class StreamCommand(Command):
+class StreamCommand(Command, frozen=True):
     """A command that runs on stream `stream`, in issue order."""
 
     on_stream = True
     stream: int
 
 
-class Reply(Message):
+class Reply(Message, frozen=True):
     """Worker -> master: the answer to the command that asked with `token`."""
 
     token: int
@@ -86,7 +88,7 @@ class Reply(Message):
 
 # -- commands answered on the daemon's socket thread ----------------------------------------
 
-class Hello(Command, tag=0):
+class Hello(Command, tag=0, frozen=True):
     """Open a session: the worker answers with a Welcome."""
 
     socket = "rx"
@@ -98,31 +100,31 @@ class Hello(Command, tag=0):
     grace: float = 0.0
 
 
-class Bye(Command, tag=1):
+class Bye(Command, tag=1, frozen=True):
     """Close the session and free everything it holds."""
 
 
-class Ping(Command, tag=2):
+class Ping(Command, tag=2, frozen=True):
     """Liveness probe; the worker answers Pong at once from its socket thread."""
 
     socket = "hb"
 
 
-class Query(Command, tag=11):
+class Query(Command, tag=11, frozen=True):
     """Answer at once whether `stream` has finished everything issued before this."""
 
     stream: int
     token: int
 
 
-class NewStream(Command, tag=12):
+class NewStream(Command, tag=12, frozen=True):
     """Create stream `stream` on `device`, with its own executor."""
 
     stream: int
     device: int
 
 
-class EventQuery(Command, tag=15):
+class EventQuery(Command, tag=15, frozen=True):
     """Answer whether event `event` is done; with `wait`, answer once it is."""
 
     event: int
@@ -130,7 +132,7 @@ class EventQuery(Command, tag=15):
     token: int
 
 
-class EventDone(Command, tag=16):
+class EventDone(Command, tag=16, frozen=True):
     """Relay: event `event` (recorded on another node) is done, or will never be (`error`)."""
 
     socket = "hb"
@@ -138,14 +140,14 @@ class EventDone(Command, tag=16):
     error: str
 
 
-class Profile(Command, tag=17):
+class Profile(Command, tag=17, frozen=True):
     """Start (`on`) or stop recording a timeline of this session; stopping answers with it."""
 
     on: bool
     token: int
 
 
-class Join(Command, tag=18):
+class Join(Command, tag=18, frozen=True):
     """The session's data channel: rendezvous store, key prefix, size, channel name.
 
     The master is the last rank (`world` - 1); node i is rank i. The worker joins off its
@@ -160,13 +162,13 @@ class Join(Command, tag=18):
     token: int  # answered (Done, or Failed naming what it could not reach) once joined
 
 
-class Stats(Command, tag=22):
+class Stats(Command, tag=22, frozen=True):
     """Report live tensors and bytes of this session."""
 
     token: int
 
 
-class PeerLost(Command, tag=29):
+class PeerLost(Command, tag=29, frozen=True):
     """Node `rank` is gone (`reason`): fail every receive from it on the data channel now."""
 
     socket = "hb"
@@ -176,7 +178,7 @@ class PeerLost(Command, tag=29):
 
 # -- commands run by a stream's executor ----------------------------------------------------
 
-class Create(StreamCommand, tag=3):
+class Create(StreamCommand, tag=3, frozen=True):
     """Allocate tensor `out` on `device`: kind in empty/zeros/ones/full/arange/rand/randn."""
 
     out: int
@@ -187,7 +189,7 @@ class Create(StreamCommand, tag=3):
     args: tuple
 
 
-class Put(StreamCommand, tag=4):
+class Put(StreamCommand, tag=4, frozen=True):
     """Tensor `out` from bytes in data frame `frame` (or channel tag when frame < 0)."""
 
     data_frame = True
@@ -198,7 +200,7 @@ class Put(StreamCommand, tag=4):
     frame: int
 
 
-class Call(StreamCommand, tag=5):
+class Call(StreamCommand, tag=5, frozen=True):
     """Run registry op `op` on args (Refs resolved on the worker); results to ids `outs`."""
 
     outs: tuple[int, ...]
@@ -207,7 +209,7 @@ class Call(StreamCommand, tag=5):
     kwargs: dict
 
 
-class Remote(StreamCommand, tag=6):
+class Remote(StreamCommand, tag=6, frozen=True):
     """Run a cloudpickled user function; array results become tensors `outs`."""
 
     needs_key = True
@@ -217,7 +219,7 @@ class Remote(StreamCommand, tag=6):
     kwargs: dict
 
 
-class Free(StreamCommand, tag=7):
+class Free(StreamCommand, tag=7, frozen=True):
     """Drop tensors `ids` once `uses` streams (each sent this Free) have reached it."""
 
     always_runs = True
@@ -225,7 +227,7 @@ class Free(StreamCommand, tag=7):
     uses: int
 
 
-class Get(StreamCommand, tag=8):
+class Get(StreamCommand, tag=8, frozen=True):
     """Send tensor `ref`'s bytes back once `stream` reaches this point."""
 
     sync_point = answered = always_runs = True
@@ -233,7 +235,7 @@ class Get(StreamCommand, tag=8):
     token: int
 
 
-class Meta(StreamCommand, tag=9):
+class Meta(StreamCommand, tag=9, frozen=True):
     """Report tensor `ref`'s shape and dtype once `stream` reaches this point."""
 
     sync_point = answered = always_runs = True
@@ -241,14 +243,14 @@ class Meta(StreamCommand, tag=9):
     token: int
 
 
-class Sync(StreamCommand, tag=10):
+class Sync(StreamCommand, tag=10, frozen=True):
     """Answer once `stream` reaches this point (raising its sticky error, if any)."""
 
     sync_point = answered = always_runs = True
     token: int
 
 
-class Record(StreamCommand, tag=13):
+class Record(StreamCommand, tag=13, frozen=True):
     """Mark event `event` done when `stream` reaches this point (timing if asked)."""
 
     always_runs = True
@@ -256,13 +258,13 @@ class Record(StreamCommand, tag=13):
     timing: bool
 
 
-class WaitEvent(StreamCommand, tag=14):
+class WaitEvent(StreamCommand, tag=14, frozen=True):
     """Hold `stream` until event `event` is done (the master relays events of other nodes)."""
 
     event: int
 
 
-class SendTo(StreamCommand, tag=19):
+class SendTo(StreamCommand, tag=19, frozen=True):
     """Send tensor `ref` to channel rank `peer` with `tag`; token >= 0: say Done first."""
 
     answered = always_runs = True
@@ -272,7 +274,7 @@ class SendTo(StreamCommand, tag=19):
     token: int
 
 
-class RecvFrom(StreamCommand, tag=20):
+class RecvFrom(StreamCommand, tag=20, frozen=True):
     """Receive tensor `out` (shape, dtype, device) from channel rank `peer` with `tag`.
 
     The receive is posted when the command arrives; token >= 0: say Done once posted, so
@@ -289,7 +291,7 @@ class RecvFrom(StreamCommand, tag=20):
     token: int
 
 
-class Collective(StreamCommand, tag=21):
+class Collective(StreamCommand, tag=21, frozen=True):
     """Run collective `kind` over the nodes `ranks` (group `group`) on tensor `ref`.
 
     `args` holds the collective's options (op, root); `out`, when not -1, names a new
@@ -306,14 +308,14 @@ class Collective(StreamCommand, tag=21):
     out_shape: tuple[int, ...]
 
 
-class Expect(StreamCommand, tag=30):
+class Expect(StreamCommand, tag=30, frozen=True):
     """Manual stream order: fail naming stream `made_on` unless tensor `ref` exists by now."""
 
     ref: int
     made_on: int
 
 
-class DefineGraph(Command, tag=31):
+class DefineGraph(Command, tag=31, frozen=True):
     """Keep graph `graph`: the stream commands packed in `body`, replayed as one; `inputs`
     are the tensor ids a Replay may rebind."""
 
@@ -322,20 +324,20 @@ class DefineGraph(Command, tag=31):
     inputs: tuple[int, ...]
 
 
-class Replay(Command, tag=32):
+class Replay(Command, tag=32, frozen=True):
     """Run graph `graph` on its recorded streams; `bindings` pairs captured and new ids."""
 
     graph: int
     bindings: tuple[int, ...]
 
 
-class DropGraph(Command, tag=33):
+class DropGraph(Command, tag=33, frozen=True):
     """Forget graph `graph`."""
 
     graph: int
 
 
-class SaveTensors(StreamCommand, tag=34):
+class SaveTensors(StreamCommand, tag=34, frozen=True):
     """Write tensors `refs` as `names` to safetensors file `file` on this worker's disk; their
     CRC32s become tensor `out`; then remove file `stale` (an older checkpoint's), if named."""
 
@@ -347,7 +349,7 @@ class SaveTensors(StreamCommand, tag=34):
     stale: str
 
 
-class LoadTensors(StreamCommand, tag=35):
+class LoadTensors(StreamCommand, tag=35, frozen=True):
     """Read tensors `names` from safetensors file `file` into ids `outs`, each checked against
     its manifest entry in `expected` ([dtype, shape, crc32] per name)."""
 
@@ -358,14 +360,14 @@ class LoadTensors(StreamCommand, tag=35):
     expected: tuple[tuple[str, tuple[int, ...], int | None], ...]
 
 
-class Cancel(Command, tag=37):
+class Cancel(Command, tag=37, frozen=True):
     """Drop what is queued on this session's streams behind the commands running now (which
     run to their end); answered once they are marked."""
 
     token: int
 
 
-class Name(Command, tag=36):
+class Name(Command, tag=36, frozen=True):
     """Call tensor `ref` `name` in this session: a master that re-attaches finds it so."""
 
     ref: int
@@ -374,7 +376,7 @@ class Name(Command, tag=36):
 
 # -- replies: worker -> master --------------------------------------------------------------
 
-class Welcome(Reply, tag=23):
+class Welcome(Reply, tag=23, frozen=True):
     """Answer to Hello: who the worker is."""
 
     incarnation: str
@@ -387,32 +389,32 @@ class Welcome(Reply, tag=23):
     resumed: dict = msgspec.field(default_factory=dict)
 
 
-class Pong(Reply, tag=24):
+class Pong(Reply, tag=24, frozen=True):
     """Answer to Ping."""
 
     incarnation: str
 
 
-class Done(Reply, tag=25):
+class Done(Reply, tag=25, frozen=True):
     """A sync point was reached; `value` is the answer (None, bool, dict)."""
 
     value: object
 
 
-class Data(Reply, tag=26):
+class Data(Reply, tag=26, frozen=True):
     """A tensor's bytes: in data frame 0."""
 
     shape: tuple[int, ...]
     dtype: str
 
 
-class Failed(Reply, tag=27):
+class Failed(Reply, tag=27, frozen=True):
     """An error: `info` holds kind, message, node, device, stream, op, shapes, traceback."""
 
     info: dict
 
 
-class Fired(Reply, tag=28):
+class Fired(Reply, tag=28, frozen=True):
     """Event `event` (one another node waits on) is done; the master relays it."""
 
     event: int
