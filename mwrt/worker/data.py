@@ -369,10 +369,7 @@ def collective(ex, cmd, frames):
         return
     dtype = args.pop("dtype")
     xp = ex.xp if group.device_buffers else np  # nccl: results stay on the GPU
-    out = None
-    if cmd.out >= 0:  # in host memory: a warm buffer (a fresh one faults on every page)
-        out = data.pool.empty(cmd.out_shape, dtype) if xp is np else xp.empty(cmd.out_shape,
-                                                                                dtype)
+    out = _warm(ex, xp, cmd.out_shape, dtype) if cmd.out >= 0 else None
     if kind == "all_gather":
         collectives.all_gather(group, out, array)
     elif kind == "gather":
@@ -401,15 +398,21 @@ def _reduce_scatter(ex, group, array, out, xp, op):
     p * ceil(n / size), its missing rows zero), so a native collective serves them too."""
     size, n = group.size, array.shape[0]
     top = -(-n // size)
-    source = ex.xp.ascontiguousarray(array)  # a view the master made (moveaxis) is strided
-    whole = out
-    if n != top * size:
-        source = ex.xp.zeros((top * size, *array.shape[1:]), array.dtype)
+    whole, source = out, array
+    if n != top * size or not array.flags.c_contiguous:  # uneven, or a strided view (moveaxis)
+        source = _warm(ex, ex.xp, (top * size, *array.shape[1:]), array.dtype)
         for p in range(size):
             lo = p * (n // size) + min(p, n % size)  # np.array_split's bounds
             hi = lo + n // size + (p < n % size)
             source[p * top:p * top + hi - lo] = array[lo:hi]
-        whole = xp.empty((top, *out.shape[1:]), out.dtype)
+            source[p * top + hi - lo:(p + 1) * top] = 0
+        if n != top * size:
+            whole = _warm(ex, xp, (top, *out.shape[1:]), out.dtype)
     collectives.reduce_scatter(group, whole, source, op)
     return whole if whole is out else whole[:out.shape[0]]
 
+
+def _warm(ex, xp, shape, dtype):
+    """An empty array of `xp`: in host memory, from the session's warm pool (a fresh one
+    faults on every page as it is first written)."""
+    return _data(ex).pool.empty(shape, dtype) if xp is np else xp.empty(shape, dtype)
