@@ -170,6 +170,12 @@ def test_a_partial_operand_joining_a_sharded_result_takes_only_its_blocks(four):
         ref = ref - 0.01 * (x.T @ (x @ ref - y))
     assert w.placement == Shard(0)
     same(w, ref, exact=False)
+    with mwrt.graph() as g:  # the same step captured: its collectives replay
+        w -= 0.01 * (X.T @ (X @ w.replicate() - Y))
+    for _ in range(2):
+        g.replay()
+        ref = ref - 0.01 * (x.T @ (x @ ref - y))
+    same(w, ref, exact=False)
     grad = X.T @ (X @ mwrt.ones(7, mesh=mesh) - Y)
     Z = mwrt.dist_send(data(4, 7, seed=2), mesh=mesh, shard=1)
     same(Z * grad, Z.numpy() * (x.T @ (x @ np.ones(7, np.float32) - y)), exact=False)
