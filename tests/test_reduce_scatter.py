@@ -126,6 +126,16 @@ def test_two_dimensional_mesh_every_way(four, source):
         same(Y, x.sum(axis=0), exact=False)
 
 
+def test_an_outer_dimension_cutting_an_axis_an_inner_one_shards(four):
+    """(Replicate, Shard(0)) -> (Shard(0), Shard(0)): the inner split is gathered first, as
+    the outer dimension splits the axis outermost (it gave wrong blocks before)."""
+    mesh = mwrt.mesh({"dp": 2, "tp": 2})
+    x = data(11, 3)
+    for source, target in [((None, 0), (0, 0)), ((0, 0), (None, 0)), ((None, 1), (1, 1))]:
+        Y = mwrt.dist_send(x, mesh=mesh, shard=source).redistribute(shard=target)
+        same(Y, x, exact=True)
+
+
 def test_inside_a_graph(four):
     mesh = mwrt.mesh()
     x, x2 = data(9, 2, 6), data(9, 2, 6, seed=3)
