@@ -151,10 +151,28 @@ def _tuples(value):
     if kind is list or kind is tuple:
         if _NESTED.isdisjoint(map(type, value)):
             return value if kind is tuple else tuple(value)
-        return tuple([_tuples(v) if type(v) in _NESTED else v for v in value])
+        return _sequence(value)
     if kind is dict and not _NESTED.isdisjoint(map(type, value.values())):
-        return {k: _tuples(v) if type(v) in _NESTED else v for k, v in value.items()}
+        return _mapping(value)
     return value
+
+
+def _sequence(value) -> tuple:
+    """A list or tuple that holds an array or map, as a tuple of settled items."""
+    return tuple([_tuples(v) if type(v) in _NESTED else v for v in value])
+
+
+def _mapping(value: dict) -> dict:
+    """A dict whose values hold an array or map, its values settled."""
+    settled = {}
+    for key, item in value.items():  # a reply's dict of shapes: a flat list, made a tuple here
+        kind = type(item)
+        if kind is list and _NESTED.isdisjoint(map(type, item)):
+            item = tuple(item)
+        elif kind in _NESTED:
+            item = _tuples(item)
+        settled[key] = item
+    return settled
 
 
 def ref(tensor_id: int) -> msgspec.msgpack.Ext:
@@ -264,50 +282,45 @@ def _check_size(frame, max_bytes: int | None) -> None:
 def _settled(message):
     """A decoded message with the lists in its bare tuple, dict and object fields as tuples
     (msgspec gives arrays as lists wherever a field's type does not say tuple)."""
-    flat = _FLAT.get(type(message))
-    if flat is None or flat(message):
-        return message
-    for name in _DEEP[type(message)]:  # a message decoded just now: no one else holds it
-        value = getattr(message, name)
-        if type(value) in _NESTED:
-            _force_setattr(message, name, _tuples(value))
-    return message
+    settle = _SETTLE.get(type(message))
+    return message if settle is None else settle(message)
 
 
-def _flat_test(cls):
-    """A function telling whether a decoded `cls` holds no array or map inside its bare
-    tuple, dict and object fields (None where it has none): one test per message of a
-    batch, so the common shapes get a test of their own."""
+def _settler(cls):
+    """The function that settles a decoded `cls` in place (a message decoded just now: no
+    one else holds it), or None where no field can hold a list. Every message class has at
+    most one bare tuple field (args) and one dict or object field (kwargs, a reply's value):
+    one short function per message of a batch, as most messages hold no list at all."""
     fields = msgspec.structs.fields(cls)
-    tuples = [attrgetter(f.name) for f in fields if f.type is tuple]
-    others = [attrgetter(f.name) for f in fields if f.type in (dict, object)]
+    tuples = [f.name for f in fields if f.type is tuple]
+    others = [f.name for f in fields if f.type in (dict, object)]
     if not tuples and not others:
         return None
-    if len(tuples) == 1 and len(others) <= 1:  # Call, Remote, Create: args (and kwargs)
-        items, value = tuples[0], others[0] if others else (lambda message: None)
-        return lambda message: (_disjoint(map(type, items(message)))
-                                and _flat_value(value(message)))
-    if not tuples and len(others) == 1:  # Done, Failed, Collective
-        return lambda message, value=others[0]: _flat_value(value(message))
-    return lambda message: (all(_disjoint(map(type, get(message))) for get in tuples)
-                            and all(_flat_value(get(message)) for get in others))
+    if len(tuples) > 1 or len(others) > 1:
+        raise TypeError(f"wire: {cls.__name__} has more than one field of each kind that may "
+                        "hold lists; give _settler() a case for it")
+    items_name, value_name = (tuples or [None])[0], (others or [None])[0]
+    items = attrgetter(items_name) if items_name else None
+    value_of = attrgetter(value_name) if value_name else None
 
-
-def _flat_value(value) -> bool:
-    """Whether a dict or object field's value holds no array (a dict's values no array or
-    map); None and an empty dict are flat."""
-    kind = type(value)
-    if kind is dict:
-        return not value or _disjoint(map(type, value.values()))
-    return kind not in _NESTED
+    def settle(message):
+        if items is not None and not _disjoint(map(type, items(message))):
+            _force_setattr(message, items_name, _sequence(items(message)))
+        if value_of is not None:
+            value = value_of(message)
+            kind = type(value)
+            if kind is dict:
+                if value and not _disjoint(map(type, value.values())):
+                    _force_setattr(message, value_name, _mapping(value))
+            elif kind is list:
+                _force_setattr(message, value_name, _tuples(value))
+        return message
+    return settle
 
 
 _disjoint = _NESTED.isdisjoint
 _force_setattr = msgspec.structs.force_setattr
-_FLAT = {cls: _flat_test(cls) for cls in MESSAGES}
-# Per message class, the fields whose values may hold lists (any array below the top is one).
-_DEEP = {cls: tuple(f.name for f in msgspec.structs.fields(cls)
-                    if f.type in (tuple, dict, object)) for cls in MESSAGES}
+_SETTLE = {cls: _settler(cls) for cls in MESSAGES}
 
 
 def rides_inline(nbytes: int) -> bool:
