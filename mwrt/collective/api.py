@@ -35,6 +35,8 @@ from .buffers import host_view
 from .reduce_ops import ReduceOp, reduce_op
 from .scratch import scratch
 
+_SCRATCH_COPY_BYTES = 256 << 20  # reduce_scatter's copy of its input: reused up to this size
+
 # -- the collectives -----------------------------------------------------------------------
 
 
@@ -234,9 +236,12 @@ def reduce_scatter(group, out, src, op=ReduceOp.SUM) -> None:
             if call.run_native("reduce_scatter", dst, source, op) or c == 0:
                 return
             bounds = [c * i for i in range(group.size + 1)]
-            # the ring reduces in place: in a reused copy (fresh pages fault on first write),
-            # so the caller's input stays intact
-            with scratch(source.size, source.dtype) as work:
+            # the ring reduces in place: in a copy, so the caller's input stays intact; a
+            # reused one up to a size (fresh pages fault on first write), beyond it a fresh
+            # one (the scratch keeps its largest buffers: a process must not keep GiBs)
+            copy = scratch(source.size, source.dtype) if source.nbytes <= _SCRATCH_COPY_BYTES \
+                else nullcontext(np.empty_like(source))
+            with copy as work:
                 work[:] = source
                 alg.ring_reduce_scatter(call, work, op, bounds, call.tag)
                 dst[:] = work[r * c:(r + 1) * c]
