@@ -88,10 +88,12 @@ class InConn:
     def arm(self) -> None:
         """Let the next bytes wake the receiver thread (at once if some are waiting), or
         room for the answers it owes the peer."""
+        if self._epoll is None:  # no epoll here
+            return
         try:
             self._epoll.modify(self._fd, _ARMED | (select.EPOLLOUT if self.reader.owed else 0))
-        except (OSError, ValueError, AttributeError):
-            pass  # closing (its receiver thread is on its way out), or no epoll here
+        except (OSError, ValueError):
+            pass  # closing: its receiver thread is on its way out
 
     def kick(self) -> None:
         try:
@@ -313,7 +315,7 @@ class InboundChannel(MatchingChannel):
         try:
             got = self._claim_arrived(peer, tag)
             self._send(view, peer, tag, timeout, desc)
-            if got is None and getattr(self._role, "conn", None) is conn:
+            if got is None and self._holds_role(conn):
                 got = self._read_small(conn, peer, deadline, tag=tag)
         finally:
             self._yield_role(lend=got is not None)
@@ -333,6 +335,10 @@ class InboundChannel(MatchingChannel):
     def _connected(self, peer: int) -> bool:
         """True once our own connection to `peer` is up (a first send may wait on it)."""
         return False
+
+    def _holds_role(self, conn: InConn) -> bool:
+        """True while this thread holds the read role of `conn` (a send may yield it)."""
+        return getattr(self._role, "conn", None) is conn
 
     def _yield_role(self, lend: bool = False) -> None:
         """Give back the read role this thread holds, if any (lend: keep it on a lease)."""

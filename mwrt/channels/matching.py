@@ -63,7 +63,9 @@ class _Box:
     __slots__ = ("arrived", "current", "posted")
 
     def __init__(self):
-        self.posted, self.arrived, self.current = deque(), deque(), None
+        self.posted: deque[_Post] = deque()
+        self.arrived: deque[_Msg] = deque()
+        self.current: _Msg | None = None
 
 
 class MatchingChannel(DataChannel):
@@ -171,7 +173,7 @@ class MatchingChannel(DataChannel):
                 post.release(self._timeout_error(post.peer, post.tag, post.desc, timeout))
             post.ready.acquire()  # released by us, or by whoever is completing it right now
         post.ready.release()  # leave it open: a second wait returns at once
-        if post.error is not None:
+        if isinstance(post.error, BaseException):  # else None: it arrived
             raise post.error
 
     def _timeout_error(self, peer, tag, desc, timeout) -> ChannelTimeoutError:
@@ -319,6 +321,8 @@ class MatchingChannel(DataChannel):
         with self._lock:
             box = self._boxes[(peer, tag)]
             msg = box.current
+            if msg is None:  # _segment_target made it current for this segment
+                raise WireError(f"tag {tag}: a segment ended that no message began")
             msg.got += seglen
             if msg.got < msg.total:
                 return
@@ -332,7 +336,7 @@ class MatchingChannel(DataChannel):
         post.release()
 
     def _peer_gone(self, peer: int, why: str) -> None:
-        failed = []
+        failed: list[tuple[_Post, int | None, int | None]] = []  # (post, bytes got, of total)
         with self._lock:
             self._gone[peer] = why
             for (p, tag), box in list(self._boxes.items()):

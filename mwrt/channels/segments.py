@@ -41,8 +41,7 @@ class Segment:
             raise
         finally:
             os.close(fd)
-        self.slots: np.ndarray | None = np.frombuffer(self.mm, np.uint8).reshape(nslots,
-                                                                                  slot_bytes)
+        self.slots = np.frombuffer(self.mm, np.uint8).reshape(nslots, slot_bytes)
 
     @classmethod
     def of_peer(cls, name: str, nslots: int, slot_bytes: int, sock) -> Segment:
@@ -59,7 +58,8 @@ class Segment:
             pass  # the other side unlinked it after mapping, as intended
 
     def close(self) -> None:
-        self.slots = None  # drop our view first: mmap refuses to close while exported
+        # Drop our view first: mmap refuses to close while exported.
+        self.slots = np.empty((0, 0), np.uint8)
         try:
             self.mm.close()
         except BufferError:

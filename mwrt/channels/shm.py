@@ -151,10 +151,11 @@ class ShmChannel(SocketChannel):
         if total >= self.cma_bytes and out.cma is not False and \
                 self._send_cma(out, conn, peer, tag, total, offset, seg, desc, deadline):
             return
-        if not self._mapped(out, conn, peer, deadline):  # no shared memory to be had
+        segment = self._mapped(out, conn, peer, deadline)
+        if segment is None:  # no shared memory to be had
             return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
         slot = self._acquire_slot(out, conn, peer, deadline)
-        np.copyto(out.segment.slots[slot, : seg.nbytes], np.frombuffer(seg, np.uint8))
+        np.copyto(segment.slots[slot, : seg.nbytes], np.frombuffer(seg, np.uint8))
         head = HEADER.pack(MAGIC, SHM, 0, len(desc), slot, tag, total, offset, seg.nbytes)
         self._write(conn, peer, [head + desc], deadline)
 
@@ -171,8 +172,8 @@ class ShmChannel(SocketChannel):
                 out = self._out_slots[peer] = _Out()
             return out
 
-    def _mapped(self, out: _Out, conn, peer, deadline) -> bool:
-        """Our slots toward `peer`, made on first use; False while /dev/shm has no room."""
+    def _mapped(self, out: _Out, conn, peer, deadline) -> Segment | None:
+        """Our slots toward `peer`, made on first use; None while /dev/shm has no room."""
         with self._slots_lock:
             if out.segment is None:
                 name = new_name()
@@ -180,12 +181,12 @@ class ShmChannel(SocketChannel):
                     out.segment = Segment(name, self.nslots, self.segment_bytes, create=True)
                 except OSError as exc:  # ENOSPC: a full (or capped) /dev/shm
                     self._warn_no_shm(peer, exc)
-                    return False
+                    return None
                 out.free.extend(range(self.nslots))
                 head = HEADER.pack(MAGIC, MAP, 0, len(name), self.nslots, 0,
                                    self.segment_bytes, 0, 0)
                 self._write(conn, peer, [head + name.encode()], deadline)
-            return True
+            return out.segment
 
     def _send_cma(self, out: _Out, conn, peer, tag, total, offset, seg, desc, deadline) -> bool:
         """Announce `seg` for the peer to read in place; False if the peer cannot read us."""
@@ -290,13 +291,13 @@ class ShmChannel(SocketChannel):
             return
         if kind == CMA:
             return self._on_cma(sock, peer, tag, total, offset, seglen, desc)
-        segment = self._in_segments.get(peer)
-        if kind != SHM or segment is None or aux >= segment.slots.shape[0] or \
-                seglen > segment.slots.shape[1]:
+        mapped = self._in_segments.get(peer)
+        if kind != SHM or mapped is None or aux >= mapped.slots.shape[0] or \
+                seglen > mapped.slots.shape[1]:
             return super()._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
         target = self._segment_target(peer, tag, total, offset, seglen, desc)
         if target is not None:
-            np.copyto(np.frombuffer(target, np.uint8), segment.slots[aux, :seglen])
+            np.copyto(np.frombuffer(target, np.uint8), mapped.slots[aux, :seglen])
         sock.sendall(_ACK.pack(aux))
         self._segment_done(peer, tag, seglen)
 

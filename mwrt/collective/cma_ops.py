@@ -151,9 +151,6 @@ def barrier(c, group):
     """Publishing and the closing stage are the whole barrier."""
 
 
-_UNSET = object()
-
-
 class CmaCollectives(NativeCollectives):
     """Every collective of a group whose ranks share this host, by cross-memory access."""
 
@@ -163,14 +160,15 @@ class CmaCollectives(NativeCollectives):
 
     def __init__(self, channel, group):
         super().__init__(channel, group)
-        self._state = _UNSET
+        self._state: cma.CmaGroup | None = None
+        self._made = False
 
     @property
     def state(self) -> cma.CmaGroup | None:
         """The group's CMA state, set up with every rank on first use; None where refused."""
-        if self._state is _UNSET:
+        if not self._made:
             key = ("cma", self.group.group_id, tuple(self.group.ranks))
-            self._state = self.channel.attachment(key, self._setup)
+            self._state, self._made = self.channel.attachment(key, self._setup), True
         return self._state
 
     def _setup(self) -> cma.CmaGroup | None:

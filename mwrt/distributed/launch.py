@@ -113,7 +113,7 @@ def _pump(stream, out, prefix, tail):
 def _start(cmd, env):
     full = dict(os.environ, **env, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    tail = collections.deque(maxlen=_TAIL)
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL)  # the last lines, to show
     prefix = f"[rank {env['RANK']}] "
     pumps = [threading.Thread(target=_pump, args=(s, o, prefix, tail), daemon=True)
              for s, o in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]

@@ -17,7 +17,12 @@ _VOID0 = np.dtype([])
 
 def standin(spec: Spec) -> np.ndarray:
     """An array with `spec`'s shape and zero bytes."""
-    return np.empty(spec.shape, dtype=_VOID0)
+    return shaped(spec.shape)
+
+
+def shaped(shape) -> np.ndarray:
+    """An array of `shape` and zero bytes, for NumPy's shape rules."""
+    return np.empty(shape, dtype=_VOID0)
 
 
 def probe(value):

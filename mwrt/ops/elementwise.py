@@ -33,7 +33,9 @@ def _ufunc_impl(name):
 def _inplace_impl(name):
     def impl(xp, target, *args, **kwargs):
         getattr(xp, name)(target, *args, out=target, **kwargs)
-    impl.ufunc = name  # a replayed graph calls xp's ufunc directly (worker/compiled.py)
+    # A replayed graph calls xp's ufunc directly (worker/compiled.py): functions take
+    # attributes, which their type does not declare.
+    impl.ufunc = name  # type: ignore[attr-defined]
     return impl
 
 
@@ -45,9 +47,9 @@ def _broadcast(name, args):
     try:
         return np.broadcast_shapes(*shapes)
     except ValueError:
-        shapes = " ".join(str(shape_of(a)) for a in args)
+        said = " ".join(str(shape_of(a)) for a in args)
         raise ValueError(f"{name}: operands could not be broadcast together with shapes "
-                         f"{shapes}") from None
+                         f"{said}") from None
 
 
 def _ufunc_meta(ufunc):
@@ -81,7 +83,8 @@ def _gufunc_meta(ufunc):
     def meta(*args, **kwargs):
         if len(args) != ufunc.nin:
             raise TypeError(f"{name}: takes {ufunc.nin} operands (got {len(args)})")
-        sizes, loops = {}, []
+        sizes: dict[str, int] = {}  # core dimension name -> its size
+        loops = []
         for i, (arg, core) in enumerate(zip(args, ins)):
             shape = shape_of(arg)
             if len(shape) < len(core):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import arrays
-from ._meta import result_dtype, shape_of, standin
+from ._meta import result_dtype, shape_of, shaped, standin
 from .registry import Spec, register
 
 
@@ -53,7 +53,7 @@ def astype_meta(a, dtype):
 
 def copy_meta(target, src):
     try:
-        np.broadcast_to(standin(Spec(shape_of(src), None)), target.shape)
+        np.broadcast_to(shaped(shape_of(src)), target.shape)
     except ValueError:
         raise ValueError(f"copy_: source shape {shape_of(src)} cannot be broadcast to the "
                          f"target's {target.shape}") from None
@@ -113,7 +113,7 @@ def _join_meta(name):
     def meta(arrays, axis=0, **kwargs):
         if not isinstance(arrays, tuple) or not arrays:
             raise ValueError(f"{name}: need a non-empty sequence of tensors")
-        shape = fn([standin(Spec(shape_of(a), None)) for a in arrays], axis=axis).shape
+        shape = fn([shaped(shape_of(a)) for a in arrays], axis=axis).shape
         # NumPy's own dtype rule (dtype=, casting=) on one-element arrays of the same dtypes
         probes = [np.ones((1,) * len(shape_of(arrays[0])),
                           a.dtype if isinstance(a, Spec) else np.asarray(a).dtype)

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 
-from ._meta import normalize_axes, shape_of, standin
+from ._meta import normalize_axes, shape_of, shaped
 from .misc import matmul_meta
 from .npfunc import RULES, rule
-from .registry import UNKNOWN, Spec
+from .registry import UNKNOWN
 
 
 def _matrix(name: str, a, square: bool = False) -> tuple:
@@ -254,4 +254,4 @@ def _diag(v, k=0):
     shape = shape_of(v)
     if len(shape) == 1:
         return (shape[0] + abs(k),) * 2
-    return np.diagonal(standin(Spec(shape, None)), k).shape
+    return np.diagonal(shaped(shape), k).shape

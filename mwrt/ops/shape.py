@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._meta import standin
+from ._meta import shaped, standin
 from .registry import UNKNOWN, Spec, register
 
 
@@ -70,8 +70,8 @@ def _setpart(xp, a, part, value):
 def _setpart_meta(a, part, value):
     if part not in ("real", "imag"):
         raise ValueError(f"setpart_: part must be 'real' or 'imag' (got {part!r})")
-    np.broadcast_to(standin(Spec(value.shape if isinstance(value, Spec) else np.shape(value),
-                                 None)), a.shape)
+    np.broadcast_to(shaped(value.shape if isinstance(value, Spec) else np.shape(value)),
+                    a.shape)
 
 
 register("setpart_", _setpart, _setpart_meta, inplace=True,

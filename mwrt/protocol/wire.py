@@ -299,7 +299,8 @@ def _settler(cls):
     if len(tuples) > 1 or len(others) > 1:
         raise TypeError(f"wire: {cls.__name__} has more than one field of each kind that may "
                         "hold lists; give _settler() a case for it")
-    items_name, value_name = (tuples or [None])[0], (others or [None])[0]
+    items_name = tuples[0] if tuples else ""  # "": no such field
+    value_name = others[0] if others else ""
     items = attrgetter(items_name) if items_name else None
     value_of = attrgetter(value_name) if value_name else None
 

@@ -176,7 +176,7 @@ class FileStore(Store):
         self.timeout = config.seconds(timeout, config.get("rendezvous_timeout"))
         self._data: dict[str, bytes] = {}
         self._offset = 0
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd, self._closed = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600), False
         if os.fstat(self._fd).st_mode & 0o022:
             log.warning("FileStore %s: others may write this file (so rewrite ranks' "
                         "addresses); chmod 600 it, or use a private directory", self.path)
@@ -185,7 +185,7 @@ class FileStore(Store):
 
     def _locked(self, fn):
         with self._lock:
-            if self._fd is None:
+            if self._closed:
                 raise RendezvousError(f"FileStore {self.path}: store is closed")
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
@@ -273,7 +273,7 @@ class FileStore(Store):
         return self._locked(lambda: len(self._data) - 1)
 
     def close(self):
-        if self._fd is None:
+        if self._closed:
             return
         try:
             left = self.add("__users__", -1)
@@ -282,5 +282,7 @@ class FileStore(Store):
         except (OSError, RendezvousError):
             pass
         with self._lock:
-            fd, self._fd = self._fd, None
-        os.close(fd)
+            if self._closed:  # by another thread meanwhile
+                return
+            self._closed = True
+        os.close(self._fd)

@@ -107,7 +107,8 @@ class _Hub:
         self.secret = os.urandom(8).hex()
         self.cond = threading.Condition()
         self.conns: dict[int, socket.socket] = {}
-        self.size, self.timeout = None, config.get("channel_timeout")
+        # Ranks in the communicator, as the first hello says (0 before it).
+        self.size, self.timeout = 0, config.get("channel_timeout")
         self.gone: dict[int, str] = {}  # rank -> why it can no longer answer
         self.pending: dict[int, dict] = defaultdict(dict)  # collective seq -> rank -> call
         self.started: dict[int, float] = {}  # collective seq -> when its first rank came
@@ -359,9 +360,10 @@ class NcclCommunicator:
             pass
         self._sock.close()
         self._sock = None
-        if self._hub is not None:  # the root's process: answer the others before it exits
-            with self._hub.cond:
-                self._hub.cond.wait_for(lambda: len(self._hub.gone) == self._size, 5.0)
+        hub = self._hub
+        if hub is not None:  # the root's process: answer the others before it exits
+            with hub.cond:
+                hub.cond.wait_for(lambda: len(hub.gone) == self._size, 5.0)
 
     abort = destroy
 

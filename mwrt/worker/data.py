@@ -299,7 +299,7 @@ def recv_from(ex, cmd, frames):
         store(ex, cmd.out, value)
         return
     try:
-        if posted is not None:
+        if isinstance(posted, tuple):  # its receive was posted as the command arrived
             host, work = posted
             work.wait(data.get_channel().timeout)
         else:

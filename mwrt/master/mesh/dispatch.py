@@ -155,7 +155,9 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
 def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, places,
             written):
     """Each place's bytes of the op (its device's stream; varying references spliced in)."""
-    bodies, streams, encoded = [], [], {}  # device (its default stream) -> bytes, in pieces
+    bodies: list = []
+    streams: list = []
+    encoded: dict = {}  # device (its default stream) -> bytes, in pieces
     for i, (_, device) in enumerate(places):
         for _, k in slots:  # the waits it needs go out before it
             _order(operands[k]._locals[i], device, now, written and k == 0)
@@ -249,12 +251,12 @@ def _place_by_place(name, placements, operands, wired, spec):
     written = inplace and bool(slots) and slots[0] == (0, 0)
     site = issue_site()
     outs = []
-    specs = None if inplace else local_specs(spec, placements, mesh)
+    specs = () if placements is None else local_specs(spec, placements, mesh)
     chosen = context.stream_stack()  # empty: every place on its device's default stream
     for i, node in enumerate(mesh.nodes):
         device = mesh.places[i][1]
         stream = context.stream_for(node.index, device) if chosen else device
-        ids = ()
+        ids: tuple[int, ...] = ()
         if not inplace:
             node.limits.check_result(name, specs[i])
             out = DistributedTensor(node, device, next(node.ids), specs[i], stream)
@@ -274,7 +276,8 @@ def _place_by_place(name, placements, operands, wired, spec):
 def _wire_form(margs, mkwargs):
     """(args with None where operands go, [(position, operand)], kwargs) when every other
     argument goes on the wire as it is (scalars, strings, None, int tuples); else None."""
-    template, slots = [], []
+    template: list = []  # the arguments, None where an operand goes
+    slots: list[tuple[int, Any]] = []  # (position, operand)
     for pos, value in enumerate(margs):
         if type(value) is Slot:
             template.append(None)

@@ -300,7 +300,8 @@ def pick(t, index, spec):
     locals_, holders = [], []
     for i, coord in enumerate(mesh.coords):
         box = local_box(t.shape, t._placements, mesh.shape, coord)
-        local_index, mine = [], True
+        local_index: list = []  # this place's part of the index
+        mine = True
         for entry in entries:
             if entry is None:
                 local_index.append(None)

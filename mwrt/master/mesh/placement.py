@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -184,7 +185,8 @@ def basic_index(index, ndim):
                for i in items) or sum(i is Ellipsis for i in items) > 1:
         return None
     real = sum(i is not None and i is not Ellipsis for i in items)
-    out, ax = [], 0
+    out: list[tuple[int, Any] | None] = []
+    ax = 0
     for i in items:
         if i is Ellipsis:
             for _ in range(ndim - real):
