@@ -1,17 +1,20 @@
 """Mesh tensors' cost on the master, each row beside its baseline measured in the same run.
 
-1. N local daemons (1, 2, 4, 8; --full adds 16 and 32): the master's CPU per op for
-   `X += 1.0` and `Y = X * 2.0` on a tensor sharded over the N nodes, beside the same op
-   written as a loop over the N shards (`for x in X.shards(): x += 1.0`), the ratio, and the
-   master's CPU per op per node; the fan-out round (the op, then every node synchronized)
-   beside one 16-byte pyzmq DEALER/ROUTER echo to each of N echo processes (all sent, then
-   all received).
-2. examples/mesh_training.py's step on 4 nodes (1024 x 8 float64 rows split over them):
+1. N local daemons (1, 2, 4, 8; --full: 1 to 128; --nodes picks): the master's CPU per op
+   for `X += 1.0` and `Y = X * 2.0` on a tensor sharded over the N nodes, beside the same
+   op written as a loop over the N shards (`for x in X.shards(): x += 1.0`), the ratio, and
+   the master's CPU per op per node beside its floor in Python (appending one bytes object
+   to N lists); the fan-out round (the op, then every node synchronized) beside one 16-byte
+   pyzmq DEALER/ROUTER echo to each of N echo processes (all sent, then all received).
+2. A captured step of 100 mesh ops (50 times `t = X * 1.0001; w += t`) on 64 nodes (--full;
+   8 otherwise): the master's CPU per replay beside the same 100 ops issued eagerly.
+3. examples/mesh_training.py's step on 4 nodes (1024 x 8 float64 rows split over them):
    steps/s and the master's CPU per step, eager and captured (mwrt.graph, replayed), beside
    the hand-placed program (a tensor per node, a loop over nodes for every line, and
-   mwrt.all_reduce of the gradient list).
-3. k-means (8 clusters of 8-D float64 points, one chunk per worker of 1 MiB and of 16 MiB;
-   --full adds 64 MiB) on a 2-node mesh, beside the same iteration with dask.array on a
+   mwrt.all_reduce of the gradient list), and beside torch's DistributedDataParallel over
+   gloo on as many processes (each its block of rows), where torch is installed.
+4. k-means (8 clusters of 8-D float64 points, one chunk per worker of 1 MiB and of 64 MiB)
+   on a 2-node mesh, beside the same iteration with dask.array on a
    distributed.LocalCluster of 2 single-threaded worker processes, where Dask is installed:
    iterations/s (Dask computes each iteration's counts and sums to the client, its usual
    loop; the mesh keeps the centres on the workers and reads them at the end). Both start
@@ -20,7 +23,7 @@
 Everything runs on this machine's cores: with more daemons than cores the workers and the
 master share them, so wall times are the CPU's, not a cluster's.
 
-    python benchmarks/bench_mesh.py [--quick | --full]
+    python benchmarks/bench_mesh.py [--quick | --full] [--nodes 1,2,64] [--only ops,...]
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from bench_scale import EchoFarm
+from bench_scale import EchoFarm  # noqa: E402
 
-import mwrt
+import mwrt  # noqa: E402
 
 
 def cpu_per_op(fn, ops: int) -> float:
@@ -98,9 +101,27 @@ def op_row(n: int, echoes: EchoFarm, reps: int, ops: int) -> dict:
 
         row.update(in_turns({"round": fan_out, "echo": lambda: echoes.round(n)}, reps * 5,
                             timed))
+        row["floor"] = append_floor(n)
     finally:
         mwrt.shutdown()
     return row
+
+
+def append_floor(n: int, ops: int = 2000) -> float:
+    """Seconds per op of the least a mesh op can do in Python: one bytes object appended to
+    each of n lists (each node's batch), the lists emptied as batches are."""
+    body, batches = b"x" * 48, [[] for _ in range(n)]
+    best = float("inf")
+    for _ in range(5):
+        cpu = time.thread_time()
+        for i in range(ops):
+            for batch in batches:
+                batch.append(body)
+            if i % 64 == 63:
+                for batch in batches:
+                    batch.clear()
+        best = min(best, (time.thread_time() - cpu) / ops)
+    return best
 
 
 def timed(fn) -> float:
@@ -113,14 +134,16 @@ def op_table(sizes: list, reps: int, ops: int) -> None:
     echoes = EchoFarm(max(sizes))
     try:
         print("| N | mesh `X += 1.0` us | loop over shards us | ratio | per node us | "
-              "mesh `X * 2.0` us | loop us | ratio | fan-out round ms | N pyzmq echoes ms |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "mesh `X * 2.0` us | loop us | ratio | per node us | floor per node us | "
+              "fan-out round ms | N pyzmq echoes ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for n in sizes:
             r = op_row(n, echoes, reps, ops)
             print(f"| {n} | {r['mesh +='] * 1e6:.1f} | {r['loop +='] * 1e6:.1f} | "
                   f"{r['mesh +='] / r['loop +=']:.2f}x | {r['mesh +='] / n * 1e6:.2f} | "
                   f"{r['mesh *'] * 1e6:.1f} | {r['loop *'] * 1e6:.1f} | "
-                  f"{r['mesh *'] / r['loop *']:.2f}x | {r['round'] * 1e3:.2f} | "
+                  f"{r['mesh *'] / r['loop *']:.2f}x | {r['mesh *'] / n * 1e6:.2f} | "
+                  f"{r['floor'] / n * 1e6:.3f} | {r['round'] * 1e3:.2f} | "
                   f"{r['echo'] * 1e3:.2f} |", flush=True)
     finally:
         echoes.close()
@@ -175,6 +198,7 @@ def training(n: int, steps: int, reps: int) -> None:
         same = np.allclose(w.numpy(), ws[0].numpy()) and np.allclose(wg.numpy(), w.numpy())
     finally:
         mwrt.shutdown()
+    ddp = ddp_steps(n, x, y, steps, reps)
     print(f"\n{n} nodes, {steps} steps a run, median of {reps} runs; the three reach the "
           f"same weights: {same}")
     print("| step | steps/s | master CPU per step ms | vs hand-placed (CPU) |")
@@ -184,6 +208,99 @@ def training(n: int, steps: int, reps: int) -> None:
         wall = statistics.median(s for s, _ in runs)
         cpu = statistics.median(c for _, c in runs) / steps
         print(f"| {name} | {steps / wall:,.0f} | {cpu * 1e3:.3f} | {cpu / base:.2f}x |")
+    if ddp is None:
+        print("(torch DDP: skipped, torch is not installed)")
+        return
+    seconds, weights = ddp
+    ref = np.zeros(x.shape[1])
+    for _ in range((reps + 1) * steps):  # what DDP's processes ran, in NumPy
+        ref -= 0.1 * (2 * x.T @ (x @ ref - y) / len(y))
+    print(f"| torch DDP (gloo), {n} processes | {1 / seconds:,.0f} | (its own processes) | "
+          f"- |\n(DDP ends at NumPy's weights: {np.allclose(weights, ref)})")
+
+
+def captured_step(n: int, reps: int) -> None:
+    """Table 2: a 100-op step on an n-node mesh, captured and replayed, beside eager."""
+    mwrt.init_master_worker(local_workers=n, timeout=300)
+    try:
+        mesh = mwrt.mesh()
+        X = mwrt.zeros(16 * n, mesh=mesh, shard=0)
+        w = mwrt.zeros(16 * n, mesh=mesh, shard=0)
+
+        def step():
+            for _ in range(50):
+                t = X * 1.0001
+                w.__iadd__(t)
+
+        with mwrt.graph() as g:
+            step()
+        got = in_turns({"captured": g.replay, "eager": step}, reps,
+                       lambda fn: cpu_per_op(fn, 10))
+    finally:
+        mwrt.shutdown()
+    print(f"\n100 mesh ops on {n} nodes, master CPU per step (median of {reps} runs of 10)")
+    print("| step | master CPU ms | per node us | vs eager |")
+    print("|---|---|---|---|")
+    for name, cpu in got.items():
+        print(f"| {name} | {cpu * 1e3:.3f} | {cpu / n * 1e6:.2f} | "
+              f"{cpu / got['eager']:.2f}x |", flush=True)
+
+
+def _ddp_rank(rank: int, world: int, store: str, x, y, steps: int, reps: int, queue) -> None:
+    """One DDP process: its block of rows, the mesh example's model and step."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    rows = np.array_split(np.arange(len(y)), world)[rank]
+    X, Y = torch.from_numpy(x[rows]), torch.from_numpy(y[rows])
+    linear = nn.Linear(x.shape[1], 1, bias=False, dtype=torch.float64)
+    nn.init.zeros_(linear.weight)
+    model = nn.parallel.DistributedDataParallel(linear)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    times = []
+    for rep in range(reps + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            opt.zero_grad()
+            ((model(X)[:, 0] - Y) ** 2).mean().backward()  # DDP averages over the blocks
+            opt.step()
+        dist.barrier()
+        if rep:  # the first run warms up
+            times.append(time.perf_counter() - start)
+    if rank == 0:
+        queue.put((statistics.median(times), linear.weight.detach().numpy()[0].copy()))
+    dist.destroy_process_group()
+
+
+def ddp_steps(n: int, x, y, steps: int, reps: int):
+    """(seconds per step, final weights) of torch DDP over gloo on n processes, or None."""
+    try:
+        import torch.multiprocessing as tmp
+    except ImportError:
+        return None
+    import tempfile
+
+    ctx = tmp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        procs = [ctx.Process(target=_ddp_rank, args=(r, n, os.path.join(folder, "store"), x,
+                                                      y, steps, reps, queue))
+                 for r in range(n)]
+        for p in procs:
+            p.start()
+        try:
+            seconds, weights = queue.get(timeout=600)
+        finally:
+            for p in procs:
+                p.join(60)
+                if p.exitcode is None:
+                    p.kill()
+    return seconds / steps, weights
 
 
 def kmeans_step(P, P2, C):
@@ -262,17 +379,28 @@ def kmeans_table(sizes: list, n: int, iters: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N <= 2, few repetitions")
-    ap.add_argument("--full", action="store_true", help="N up to 32")
+    ap.add_argument("--full", action="store_true", help="N up to 128, the step at 64 nodes")
+    ap.add_argument("--nodes", help="the op table's N, comma-separated (e.g. 64,128)")
+    ap.add_argument("--only", help="tables to run: ops,step,training,kmeans")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else {"ops", "step", "training", "kmeans"}
     started = time.monotonic()
     if args.quick:
-        op_table([1, 2], reps=3, ops=300)
-        training(2, steps=20, reps=2)
-        kmeans_table([1], 2, iters=3)
+        sizes, reps, ops, step_n, train, mibs, iters = [1, 2], 3, 300, 2, (2, 20, 2), [1], 3
     else:
-        op_table([1, 2, 4, 8, 16, 32] if args.full else [1, 2, 4, 8], reps=5, ops=3000)
-        training(4, steps=100, reps=5)
-        kmeans_table([1, 16, 64] if args.full else [1, 16], 2, iters=20)
+        sizes = [1, 2, 4, 8, 16, 32, 64, 128] if args.full else [1, 2, 4, 8]
+        reps, ops, step_n, train, mibs, iters = 5, 3000, 64 if args.full else 8, \
+            (4, 100, 5), [1, 64], 10
+    if args.nodes:
+        sizes = [int(v) for v in args.nodes.split(",")]
+    if "ops" in only:
+        op_table(sizes, reps=reps, ops=ops)
+    if "step" in only:
+        captured_step(step_n, reps=reps)
+    if "training" in only:
+        training(*train)
+    if "kmeans" in only:
+        kmeans_table(mibs, 2, iters=iters)
     print(f"# {time.monotonic() - started:.1f} s in all", file=sys.stderr)
 
 
