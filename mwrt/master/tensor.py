@@ -55,10 +55,14 @@ class DistributedTensor:
         block of a mesh op's result: __init__'s fields, with one pre-encoded reference for
         all (not while a graph is captured: its records would not see them)."""
         ref, new, handles = wire.ref(tensor_id), cls.__new__, []
+        # Places on one stream share one (stream,): fewer objects for the GC to trace (it
+        # took a quarter of a new result's cost per place at 32 nodes).
+        last = used = None
         for node, device, spec, stream in zip(nodes, devices, specs, streams):
+            if stream != last:
+                last, used = stream, (stream,)
             t = new(cls)
-            t._node, t._device, t._id, t._spec, t._streams = node, device, tensor_id, spec, \
-                (stream,)
+            t._node, t._device, t._id, t._spec, t._streams = node, device, tensor_id, spec, used
             t._writer, t._wtime, t._ltime, t._base, t._ref = stream, tensor_id, tensor_id, \
                 None, ref
             handles.append(t)
