@@ -41,7 +41,8 @@ class DistributedTensor:
                  stream: int) -> None:
         """A handle to tensor `tensor_id` (made by mwrt's constructors and ops, not users)."""
         self._node, self._device, self._id = node, device, tensor_id
-        self._spec, self._streams = spec, (stream,)
+        self._spec = spec
+        self._streams: tuple[int, ...] = (stream,)
         self._writer, self._wtime = stream, tensor_id
         self._ltime = tensor_id  # below its command's id, above every earlier command's
         self._base: DistributedTensor | None = None  # a view: the owner of its storage
@@ -57,7 +58,8 @@ class DistributedTensor:
         ref, new, handles = wire.ref(tensor_id), cls.__new__, []
         # Places on one stream share one (stream,): fewer objects for the GC to trace (it
         # took a quarter of a new result's cost per place at 32 nodes).
-        last = used = None
+        last = None  # the stream of the place before, and its (stream,)
+        used: tuple[int, ...] = ()
         for node, device, spec, stream in zip(nodes, devices, specs, streams):
             if stream != last:
                 last, used = stream, (stream,)
