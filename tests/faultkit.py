@@ -112,6 +112,17 @@ def fd_count(pid: int | str = "self") -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def fd_targets(pid: int | str = "self") -> list[str]:
+    """What a process's descriptors point at (sockets, pipes, files), for a leak's message."""
+    out = []
+    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+        try:
+            out.append(f"{fd}->{os.readlink(f'/proc/{pid}/fd/{fd}')}")
+        except OSError:
+            pass
+    return out
+
+
 def kill(process, sig: int) -> None:
     os.kill(process.pid, sig)
 

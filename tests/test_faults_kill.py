@@ -17,6 +17,7 @@ from faultkit import (
     SIGNALS,
     TALLY,
     fd_count,
+    fd_targets,
     names,
     python,
     read_line,
@@ -339,6 +340,6 @@ def test_master_killed(workers, keys, phase, sig):
     # Every socket, thread end and mapping of the dead session is gone again.
     for (process, _), before in zip(pairs, baseline):
         assert wait_until(lambda: fd_count(process.pid) <= before + 2, 30) is not None, \
-            f"worker fds {fd_count(process.pid)}, were {before}"
+            f"worker fds {fd_count(process.pid)}, were {before}: {fd_targets(process.pid)}"
     assert wait_until(lambda: not _segments_of(master.pid), 10) is not None, \
         f"the dead master's shm segments: {_segments_of(master.pid)}"
