@@ -279,6 +279,8 @@ class InboundChannel(MatchingChannel):
             now = time.monotonic()
             if (deadline is not None and now >= deadline) or peer in self._gone or self.closed:
                 return None
+            if post is None and self._failed_tags and self._tag_failed(tag):
+                return None  # fail_tags: the usual receive it falls back to raises why
             got = conn.next_small(now + _SLICE if deadline is None else
                                   min(deadline, now + _SLICE))
             if got is HAND_BACK:
