@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 from conftest import quick_to_notice_losses
-from test_mesh import data, same
+from test_mesh import data, four, same  # noqa: F401 - four: the module's fixture
 
 import mwrt
 from mwrt import Partial, Replicate, Shard
@@ -19,15 +19,6 @@ from mwrt import Partial, Replicate, Shard
 pytestmark = pytest.mark.timeout(180)
 
 NUMPY_OF = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
-
-
-@pytest.fixture(scope="module")
-def four():
-    """Four local worker daemons for the module."""
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=4, timeout=30)
-    yield mwrt
-    mwrt.shutdown()
 
 
 # -- the master-issued collective ----------------------------------------------------------
