@@ -4,7 +4,8 @@ depend on master-only state). Nor do modules reach around it by duck typing: a c
 never calls into a process group, the collective layer reads a channel's declared
 capabilities instead of probing for them, and `_private` names stay in their module.
 
-    foundation  errors, config, arrays, testing, netaddr, netio, procs, tensorfile, staging
+    foundation  errors, config, arrays, testing, netaddr, netio, procs, tensorfile, staging,
+                unkeyed
     protocol    messages, their codec, keys and handshakes        ops  the op registry
     store       key-value stores and rendezvous                   channels  bytes between ranks
     collective  process groups and the algorithms over channels
@@ -26,7 +27,7 @@ import mwrt
 ROOT = os.path.dirname(os.path.abspath(mwrt.__file__))
 
 FOUNDATION = {"errors", "config", "arrays", "testing", "netaddr", "netio", "procs",
-              "tensorfile", "staging"}
+              "tensorfile", "staging", "unkeyed"}
 LAYERS = {**dict.fromkeys(FOUNDATION, 0),
           "protocol": 1, "ops": 1,
           "store": 2, "channels": 2,

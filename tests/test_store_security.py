@@ -24,6 +24,7 @@ import msgspec
 import pytest
 from faultkit import reap
 
+from mwrt import unkeyed
 from mwrt.errors import AuthError, ConfigError, RendezvousError
 from mwrt.protocol.auth import client_handshake
 from mwrt.store import FileStore, HashStore, TCPStore, server
@@ -204,7 +205,7 @@ def test_unkeyed_stores_stay_on_loopback_unless_insecure(monkeypatch, caplog):
     with pytest.raises(ConfigError, match="will not use 192.0.2.1"):
         TCPStore("192.0.2.1", 29500, timeout=2)  # refused before any packet leaves
     monkeypatch.setenv("MWRT_INSECURE", "1")
-    monkeypatch.setattr(server, "_warned_insecure", False)
+    monkeypatch.setattr(unkeyed, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="mwrt.store"):
         s = TCPStore("127.0.0.1", 0, is_master=True, timeout=2, bind="0.0.0.0")
     s.close()

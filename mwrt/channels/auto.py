@@ -17,6 +17,7 @@ import socket
 
 from ..errors import ChannelError, WireError
 from ..netaddr import host_identity
+from ..unkeyed import FIX
 from .shm import CMA, MAP, SHM, ShmChannel
 from .tcp import connect_tcp, listen_host, listen_tcp
 
@@ -50,9 +51,7 @@ class AutoChannel(ShmChannel):
         if not tcp:
             raise ChannelError(
                 f"auto send rank {self.rank}->{peer}: rank {peer} is on another host but "
-                "listens on this host's shared memory only: the job has no secret; set "
-                "MWRT_JOB_SECRET to the same value on every rank (or MWRT_KEY_FILE), or "
-                "MWRT_INSECURE=1 on a private network")
+                f"listens on this host's shared memory only: the job has no secret; {FIX}")
         return connect_tcp(self, tcp, peer, timeout)
 
     def _through_memory(self, peer: int) -> bool:

@@ -14,14 +14,15 @@ import socket
 
 from .. import config
 from ..errors import ChannelClosedError, ConfigError
-from ..netaddr import advertise_address, bind_listener, is_loopback, join_host_port, split_host_port
+from ..netaddr import advertise_address, bind_listener, join_host_port, split_host_port
+from ..unkeyed import may_listen, refusal
 from .sockets import SocketChannel
 
 log = logging.getLogger("mwrt.channels")
 
 # Loopback tops out near 1.7 GB/s with 4 MiB buffers (BASELINE.md); the kernel caps the value.
 _BUFFER_BYTES = 4 << 20
-_warned_insecure = False
+_RISK = "could read or feed this job's tensors"
 
 
 def tune(sock: socket.socket) -> None:
@@ -32,29 +33,15 @@ def tune(sock: socket.socket) -> None:
 
 
 def listen_host(store, key, host: str | None = None) -> tuple[str, bool]:
-    """Where a channel listens for tcp peers, and whether it may: unkeyed, only on loopback
-    (or anywhere under MWRT_INSECURE=1)."""
-    global _warned_insecure
+    """Where a channel listens for tcp peers, and whether it may (unkeyed.may_listen)."""
     if host is None:
         host = advertise_address(getattr(store, "host", None))
-    if key is not None or is_loopback(host):
-        return host, True
-    if config.get("insecure"):
-        if not _warned_insecure:
-            _warned_insecure = True
-            log.warning("MWRT_INSECURE=1: an unkeyed data channel listens on %s; anyone who "
-                        "reaches it can read and feed this job's tensors", host)
-        return host, True
-    return host, False
+    return host, may_listen(host, key, "an unkeyed data channel", _RISK)
 
 
 def no_secret(what: str, host: str) -> ConfigError:
     """The refusal of an unkeyed listener beyond loopback, with the fixes."""
-    return ConfigError(
-        f"{what}: this job has no secret, so it will not listen on {host} (beyond loopback, "
-        "where anyone who reaches the port could read or feed its tensors); set "
-        "MWRT_JOB_SECRET to the same value on every rank (or MWRT_KEY_FILE to a key file from "
-        "`mwrt-worker keygen`), or MWRT_INSECURE=1 on a private network")
+    return refusal(what, host, _RISK)
 
 
 def listen_tcp(host: str, backlog: int, what: str) -> tuple[socket.socket, str]:

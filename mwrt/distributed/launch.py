@@ -37,6 +37,7 @@ from ..collective import watchdog
 from ..netaddr import is_loopback
 from ..procs import stop_processes
 from ..store.launchers import free_port, job_secret_env, rank_env, slurm_env
+from ..unkeyed import FIX, insecure
 
 _TAIL = 20
 _INTERRUPT_GRACE = 5.0  # seconds the ranks get to unwind after Ctrl-C, before SIGTERM
@@ -91,14 +92,11 @@ def _need_secret(rank: dict[str, str], env=os.environ) -> None:
     (with SLURM each task has its own launcher: none can make a secret for all)."""
     addr, across = rank["MASTER_ADDR"], rank["WORLD_SIZE"] != rank["LOCAL_WORLD_SIZE"]
     if not across or rank.get("MWRT_JOB_SECRET") or env.get("MWRT_JOB_SECRET") or \
-            env.get("MWRT_KEY_FILE") or env.get("MWRT_INSECURE", "0") not in ("", "0") or \
-            is_loopback(addr):
+            env.get("MWRT_KEY_FILE") or insecure(env) or is_loopback(addr):
         return
     raise SystemExit(
         f"mwrt-launch: a job across hosts (its store at {addr}) needs a secret, or anyone "
-        "who reaches the store could join it; set MWRT_JOB_SECRET to the same value on every "
-        "node (or MWRT_KEY_FILE to a key file from `mwrt-worker keygen`), or MWRT_INSECURE=1 "
-        "on a private network")
+        f"who reaches the store could join it; {FIX}")
 
 
 def _pump(stream, out, prefix, tail):

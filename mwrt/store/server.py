@@ -26,11 +26,11 @@ import time
 import msgspec
 
 from .. import config
-from ..errors import AuthError, ConfigError, RendezvousError, RendezvousTimeoutError, WireError
-from ..netaddr import is_loopback
+from ..errors import AuthError, RendezvousError, RendezvousTimeoutError, WireError
 from ..netio import recv_exact
 from ..protocol.auth import server_handshake
 from ..protocol.refusals import PeerLog
+from ..unkeyed import may_listen, refusal
 from .stores import HashStore
 
 log = logging.getLogger("mwrt.store")
@@ -49,7 +49,6 @@ _MAX_CLAIM = 256
 # Plain values both ways: arrays decode as lists, extension types as msgspec's Ext (inert).
 _pack = msgspec.msgpack.Encoder().encode
 _unpack = msgspec.msgpack.Decoder().decode
-_warned_insecure = False
 
 
 def frame_limit() -> int:
@@ -89,20 +88,9 @@ def recv_frame(sock: socket.socket, limit: int, started=None):
 def check_secure(host: str, key: bytes | None, what: str) -> None:
     """Refuse an unkeyed store beyond loopback (anyone reaching it could join the job),
     unless MWRT_INSECURE=1 says the network is private."""
-    global _warned_insecure
-    if key is not None or is_loopback(host):
-        return
-    if config.get("insecure"):
-        if not _warned_insecure:
-            _warned_insecure = True
-            log.warning("MWRT_INSECURE=1: the job's store at %s has no secret; anyone who "
-                        "reaches it can join the job or rewrite its ranks' addresses", host)
-        return
-    raise ConfigError(
-        f"{what}: this job has no secret, so its store will not use {host} (beyond loopback, "
-        "where anyone who reaches the port could join the job); set MWRT_JOB_SECRET to the "
-        "same value on every rank (or MWRT_KEY_FILE to a key file from `mwrt-worker keygen`), "
-        "or MWRT_INSECURE=1 on a private network")
+    risk = "could join the job or rewrite its ranks' addresses"
+    if not may_listen(host, key, "the job's store", risk):
+        raise refusal(what, host, risk, verb="use")
 
 
 def who(claim: str) -> str:
