@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 
 import numpy as np
@@ -91,3 +93,28 @@ def test_training_resumes_after_a_lost_worker_to_the_same_weights(three, tmp_pat
     uninterrupted = _train(10)
     resumed = _train(10, tmp_path, kill_after=4)
     np.testing.assert_array_equal(resumed, uninterrupted)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("after", [0.0, 0.03, 0.08])
+def test_a_replacement_that_dies_mid_replace_leaves_the_others_going(three, after):
+    from mwrt.master.cluster import start_one_local_worker
+
+    survivors = {i: _on(i, np.arange(3.0) + i) for i in (0, 2)}
+    _kill(three, 1)
+    doomed = start_one_local_worker(three.worker_keys, 30, 3)
+    killer = threading.Timer(after, doomed.process.kill)
+    killer.start()
+    try:
+        with pytest.raises(mwrt.WorkerLostError, match=rf"node 1 not replaced by the worker at "
+                           rf"{re.escape(doomed.address)}: .*(died|lost).*nodes 0, 2 go on"):
+            mwrt.replace_node(1, doomed.address)
+    finally:
+        killer.join()
+        doomed.stop()
+    mwrt.replace_node(1)
+    parts = [_on(i, np.full(2, float(i + 1))) for i in range(3)]
+    mwrt.all_reduce(parts)
+    np.testing.assert_array_equal(parts[1].numpy(), np.full(2, 6.0))
+    for i, tensor in survivors.items():
+        np.testing.assert_array_equal(tensor.numpy(), np.arange(3.0) + i)

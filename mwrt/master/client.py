@@ -35,7 +35,7 @@ from ..errors import (
     WorkerLostError,
 )
 from ..protocol import auth, wire
-from ..protocol.refusals import master_refusal
+from ..protocol.refusals import listening, master_refusal
 from .limits import Limits
 from .sites import cell_name, restore_places
 
@@ -45,7 +45,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SITES = 1 << 16  # issue sites remembered per node, for error reports
 _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-_HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_AUTH_FAILURES)
+_HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | sum(_AUTH_FAILURES)
 _READ_SLICE_MS = 50  # a wait notices a lost worker or a refused batch within this
 _SAY_AFTER = 2.0  # seconds a wait after an interrupted one goes before it says what it awaits
 
@@ -220,6 +220,13 @@ class Node:
                 return
             if monitor in ready:
                 event = recv_monitor_message(monitor)
+                gone = event["event"] == zmq.EVENT_DISCONNECTED or (
+                    event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                    and not listening(self.address))
+                if gone:  # a worker that dies mid-handshake hangs up as a refusing one does
+                    raise ConnectionError(f"worker {self.address} (node {self.index}): closed "
+                                          "the connection before answering the Hello (it died "
+                                          "or was stopped); start it again, or use another")
                 if event["event"] in _AUTH_FAILURES:
                     raise AuthError(master_refusal(
                         event["event"], event["value"], self.cluster.keys,

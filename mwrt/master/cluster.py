@@ -21,7 +21,7 @@ import numpy as np
 import zmq
 
 from .. import channels, config
-from ..errors import ConfigError, MwrtError
+from ..errors import AuthError, ConfigError, MwrtError, WorkerLostError
 from ..netaddr import advertise_address, join_host_port, resolve, split_host_port
 from ..protocol import auth, wire
 from ..store import TCPStore
@@ -92,8 +92,14 @@ class Cluster:
                                  prefix=self.session_id, world=len(self.nodes) + 1, channel=name,
                                  timeout=timeout, token=tokens[-1]))
             node.flush()
+        failed = []
         for node, token in zip(self.nodes, tokens):  # the worker answers within `timeout`
-            node.wait(token, "joining the data channel", timeout + 5.0)
+            try:  # every answer is read, so none is left behind when one node fails
+                node.wait(token, "joining the data channel", timeout + 5.0)
+            except Exception as exc:  # noqa: BLE001 - the first is raised once all are read
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     @property
     def master_rank(self) -> int:
@@ -129,29 +135,40 @@ class Cluster:
                                 f"{index}'s place (this session did not start its own workers)")
             worker = start_one_local_worker(self.worker_keys, timeout, len(self.nodes))
             address = worker.address
-        new = Node(self, index, address)
+        try:
+            self._take_place(index, Node(self, index, address), worker, timeout)
+        except BaseException as exc:
+            if worker is not None and self.nodes[index] is old:
+                worker.stop()
+            raise _not_replaced(self, index, address, exc) from exc
+
+    def _take_place(self, index: int, new: Node, worker, timeout: float) -> None:
+        """Connect `new`, then swap it in for lost node `index` and rejoin the data channel.
+        The heartbeat stops only for the swap itself: the survivors' sessions must never
+        go silent past the workers' lease, whatever the new worker does."""
         try:
             new.connect(timeout)
         except BaseException:
             new.close(goodbye=False)
-            if worker is not None:
-                worker.stop()
             raise
-        self.heartbeat.stop()
         self._settle(index)
-        old.replaced_by = new.address
-        old.close(goodbye=False)
-        self.nodes[index] = new
-        for mesh in list(self.meshes):  # new ops on a mesh go to the new node
-            mesh.nodes = tuple(self.nodes[n] for n, _ in mesh.places)
-        self._swap_local(old, worker)
+        old = self.nodes[index]
+        self.heartbeat.stop()
+        try:
+            old.replaced_by = new.address
+            old.close(goodbye=False)
+            self.nodes[index] = new
+            for mesh in list(self.meshes):  # new ops on a mesh go to the new node
+                mesh.nodes = tuple(self.nodes[n] for n, _ in mesh.places)
+            self._swap_local(old, worker)
+        finally:
+            self.heartbeat = Heartbeat(self)  # it watches the new node from here on
+            self.heartbeat.start()
         if all(n.lost is None for n in self.nodes):  # collectives need every node of the world
             self._rejoin(timeout)
         else:
             log.warning("replace_node: node %d is back; collectives and transfers between "
                         "nodes wait until every lost node is replaced", index)
-        self.heartbeat = Heartbeat(self)
-        self.heartbeat.start()
 
     def _settle(self, lost: int) -> None:
         """Let the surviving nodes finish what was in flight when node `lost` went; what
@@ -215,6 +232,20 @@ class Cluster:
                     closeable.close()
             stop_all(self.local)
             self.context.term()
+
+
+def _not_replaced(cluster, index: int, address: str, exc: BaseException) -> BaseException:
+    """The error of a replace_node that failed: what became of the new worker, and that the
+    other nodes go on (node `index` stays lost, to be replaced again)."""
+    if not isinstance(exc, Exception):  # a Ctrl-C stays one
+        return exc
+    what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    others = [str(n.index) for n in cluster.nodes if n.index != index and n.lost is None]
+    message = (f"replace_node: node {index} not replaced by the worker at {address}: {what}; "
+               f"node {index} is still lost and nodes {', '.join(others) or 'none'} go on; "
+               f"call replace_node({index}, ADDRESS) with a live worker")
+    cls = type(exc) if isinstance(exc, (AuthError, WorkerLostError)) else WorkerLostError
+    return cls(message)
 
 
 def _named_id(name: str | None, keys) -> str:

@@ -40,6 +40,17 @@ def speaks_curve(context, address: str, timeout: float = 2.0) -> bool:
         probe.close(linger=0)
 
 
+def listening(address: str, timeout: float = 2.0) -> bool:
+    """Whether anything accepts TCP connections at `address` (tcp://host:port) now: a worker
+    that dies during a handshake hangs up just as one refusing the key does."""
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def master_refusal(event: int, value: int, keys, worker: str, context, address: str) -> str:
     """The master's error for a failed handshake: which side lacks a key, or that they differ
     (a keyed master hung up on learns which by a keyless probe)."""
