@@ -17,7 +17,7 @@ from test_faults_wire import RawMaster
 import mwrt
 from mwrt.errors import WireError
 from mwrt.protocol import wire
-from mwrt.worker import control, handlers
+from mwrt.worker import routes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,13 +117,13 @@ def test_traits_agree_with_the_fields():
 
 def test_every_command_has_a_handler_named_like_it():
     stream = {cls for cls in COMMANDS if cls.on_stream}
-    assert set(handlers.HANDLERS) == stream
-    for cls, handler in handlers.HANDLERS.items():
+    assert set(routes.STREAM) == stream
+    for cls, handler in routes.STREAM.items():
         assert handler.__name__ == cls.handler, cls
-    for cls in COMMANDS:  # Hello and Ping come before a session: the daemon answers them
-        if not cls.on_stream and cls not in (wire.Hello, wire.Ping):
-            assert control.HANDLERS[cls.handler].__name__ == cls.handler, cls
-    assert wire.WaitEvent.handler == "wait_event" and wire.SendTo.handler == "send_to"
+    session = {cls for cls in COMMANDS if not cls.on_stream} - set(routes.BEFORE_SESSION)
+    assert set(routes.SESSION) == session
+    for cls, handler in routes.SESSION.items():
+        assert handler.__name__ == cls.handler, cls
 
 
 def test_a_command_on_the_wrong_socket_is_refused_naming_it():

@@ -145,21 +145,3 @@ def event_done(daemon, session, cmd) -> None:
 
 def peer_lost(daemon, session, cmd) -> None:
     session.peer_lost(cmd.rank, cmd.reason)
-
-
-def _handlers() -> dict:
-    """Every session command's function, by its handler name (Hello and Ping come before
-    any session, so the daemon answers those two itself)."""
-    found = {}
-    for cls in wire.MESSAGES:
-        if cls.on_stream or not cls.socket or cls.handler in ("hello", "ping"):
-            continue
-        handler = globals().get(cls.handler)
-        if handler is None:
-            raise ImportError(f"worker: no handler {cls.handler}() for {cls.__name__} (add "
-                              "one to mwrt/worker/control.py)")
-        found[cls.handler] = handler
-    return found
-
-
-HANDLERS = _handlers()

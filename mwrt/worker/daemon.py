@@ -27,7 +27,7 @@ from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
 from ..protocol.refusals import RefusalLog
-from . import control, lifecycle, quotas, report
+from . import lifecycle, quotas, report, routes
 from .graphs import GraphDecoder
 from .session import HB, RX, TX, Session
 
@@ -278,7 +278,7 @@ class Daemon:
             if isinstance(command, wire.Ping):  # answered even to a master without a session
                 self.send(identity, wire.Pong(token=command.id, incarnation=self.incarnation))
             elif session is not None:
-                control.HANDLERS[command.handler](self, session, command)
+                routes.SESSION[type(command)](self, session, command)
 
     def _on_batch(self, sid, seq, commands, body, data) -> None:
         session = self.sessions.get(sid)
@@ -337,7 +337,7 @@ class Daemon:
             if not command.on_stream:  # answered here, in order with the streams' work
                 self.submit(session, groups, data)
                 groups = {}
-                control.HANDLERS[command.handler](self, session, command)
+                routes.SESSION[type(command)](self, session, command)
                 if self.sessions.get(session.sid) is not session:  # it ended (Bye)
                     return
                 if session.parked is not None:  # a Replay waits for its graph: so does the rest

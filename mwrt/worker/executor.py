@@ -15,7 +15,7 @@ import traceback
 
 from .. import arrays
 from ..protocol import wire
-from . import handlers, report, tensors
+from . import handlers, report, routes, tensors
 from .compiled import Prepared
 
 log = logging.getLogger("mwrt.worker")
@@ -148,7 +148,7 @@ class StreamExecutor:
         self.ops += 1
         self.running = (command, time.monotonic())
         try:
-            handlers.HANDLERS[type(command)](self, command, frames)
+            routes.STREAM[type(command)](self, command, frames)
         except tensors.PoisonedInput as exc:
             self.fail(command, exc.info)
         except Exception as exc:  # noqa: BLE001 - the op's error, sent to the master

@@ -3,7 +3,6 @@ they run on stream executors."""
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import time
@@ -12,7 +11,7 @@ import numpy as np
 
 from .. import arrays, config, ops, staging
 from ..protocol import wire
-from . import checkpoint, cuda_events, data, quotas
+from . import cuda_events, quotas
 from .tensors import Poisoned, check_size, resolve, store
 
 
@@ -247,38 +246,6 @@ def expect(ex, cmd, frames):
             f"tensor {cmd.ref} was made on stream {cmd.made_on} and is not finished; order the "
             f"streams with an event (stream.wait_stream(), event.wait()), or leave "
             "MWRT_STREAM_ORDER unset (and Stream(order='safe')) to order them automatically")
-
-
-
-def _keyed(handler):
-    """`handler` of a needs_key command: refused by a daemon without a key (any local user
-    could send it code), before anything is unpickled."""
-
-    @functools.wraps(handler)
-    def run(ex, cmd, frames):
-        if ex.session.daemon.keys is None:
-            raise PermissionError(
-                f"{cmd.handler}: this worker has no key, so it does not run shipped code (any "
-                "local user could send it); start it with --key-file (see `mwrt-worker keygen`)")
-        return handler(ex, cmd, frames)
-    return run
-
-
-def _handlers() -> dict:
-    """Every stream command's handler, found by its name here or in data.py."""
-    found = {}
-    for cls in wire.MESSAGES:
-        if cls.on_stream:
-            handler = globals().get(cls.handler) or getattr(data, cls.handler, None) or \
-                getattr(checkpoint, cls.handler, None)
-            if handler is None:
-                raise ImportError(f"worker: no handler {cls.handler}() for {cls.__name__} (add "
-                                  "one to mwrt/worker/handlers.py)")
-            found[cls] = _keyed(handler) if cls.needs_key else handler
-    return found
-
-
-HANDLERS = _handlers()
 
 
 def explain(ex, exc: BaseException) -> tuple[str, str]:
