@@ -43,7 +43,14 @@ from .master.creation import (
 )
 from .master.graph import Graph, graph
 from .master.mesh.device_mesh import Mesh, mesh
-from .master.mesh.placement import Partial, Placement, PlacementError, Replicate, Shard
+from .master.mesh.placement import (
+    Partial,
+    Placement,
+    PlacementError,
+    PlacementWarning,
+    Replicate,
+    Shard,
+)
 from .master.mesh.tensor import ShardedTensor
 from .master.naming import attached
 from .master.profile import profile
@@ -77,7 +84,7 @@ __all__ = [
     "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
     "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
     "mesh", "Mesh", "ShardedTensor", "Shard", "Replicate", "Partial", "Placement",
-    "PlacementError", "reduce_scatter",
+    "PlacementError", "PlacementWarning", "reduce_scatter",
 ]
 __all__ += list(TYPED_CONSTRUCTORS)  # float32, int64...: zeros and kin of one dtype
 __all__ += ["save", "load", "SaveHandle", "replace_node", "attached"]  # going on after a failure

@@ -181,6 +181,11 @@ SETTINGS = {
     "stream_order": Setting("MWRT_STREAM_ORDER", "safe", str,
                             "safe: a tensor used on another stream than the one that wrote or "
                             "read it is ordered automatically; manual: CUDA's rule (events)"),
+    "strict_placement": Setting("MWRT_STRICT_PLACEMENT", 0, int,
+                                "1: a mesh op with no local plan for its operands' placements "
+                                "raises PlacementError; 0: the workers redistribute the "
+                                "operands to a placement that has one (a PlacementWarning "
+                                "once per call site)"),
     # -- hang reports and the collective timeout (issue 17) --
     "collective_timeout": Setting("MWRT_COLLECTIVE_TIMEOUT", 300.0, float,
                                   "seconds a collective or a process group's send/recv waits for "

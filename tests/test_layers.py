@@ -139,6 +139,7 @@ MASTER_LAYERS = [
     ("handles", {"tensor", "issue", "element", "remote", "arrayfunc", "transfer", "creation",
                  "collectives", "naming"}),  # DistributedTensor and the ops it issues
     ("meshes", {"mesh", "mesh.plan", "mesh.fetch", "mesh.moves", "mesh.shapes", "mesh.rules",
+                "mesh.fallback",
                 "mesh.dispatch", "mesh.tensor", "mesh.creation", "mesh.saving"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py
 ]

@@ -4,6 +4,8 @@ read and on combine, the error for an op without a rule, graphs over meshes."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -38,6 +40,14 @@ def same(t, expected, exact=True):
         np.testing.assert_array_equal(got, expected)
     else:
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@contextlib.contextmanager
+def strict():
+    """MWRT_STRICT_PLACEMENT=1 inside the block: an op with no local plan raises."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MWRT_STRICT_PLACEMENT", "1")
+        yield
 
 
 def data(*shape, dtype=np.float32, seed=0):
@@ -127,7 +137,7 @@ def test_in_place_ops(m):
     same(X, np.full_like(x, 3))
     R = mwrt.dist_send(y, mesh=m)
     if m.size > 1:
-        with pytest.raises(mwrt.PlacementError, match="redistribute"):
+        with strict(), pytest.raises(mwrt.PlacementError, match="redistribute"):
             R += X  # a replicated target cannot take sharded values in place
 
 
@@ -184,7 +194,7 @@ def test_matmul_rules(m):
         assert got.placement == placement
         same(got, expected, exact=False)
     if m.size > 1:
-        with pytest.raises(mwrt.PlacementError, match=r"Shard\(0\) and Shard\(1\)"):
+        with strict(), pytest.raises(mwrt.PlacementError, match=r"Shard\(0\) and Shard\(1\)"):
             A0 @ B1
 
 
@@ -258,7 +268,7 @@ def test_shape_ops_follow_the_sharded_axis(m):
     same(X.expand_dims(0), x[None])
     same(X.reshape(6, 4, 2, 1).squeeze(3), x)
     same(X.reshape(6, 4, 1, 2), x.reshape(6, 4, 1, 2))
-    with pytest.raises(mwrt.PlacementError, match="replicate"):
+    with strict(), pytest.raises(mwrt.PlacementError, match="replicate"):
         X.reshape(-1)
 
 
@@ -275,7 +285,7 @@ def test_indexing_along_and_across_the_sharded_axis(m):
         same(row, x[i])
     same(X[-2, 3], x[-2, 3])
     if m.size > 1:
-        with pytest.raises(mwrt.PlacementError, match="replicate"):
+        with strict(), pytest.raises(mwrt.PlacementError, match="replicate"):
             X[2:5]
     same(X.replicate()[2:5], x[2:5])
     X[:, 1] = 0.0
@@ -295,14 +305,15 @@ def test_remote_and_numpy_functions(m):
     same(np.linalg.norm(R, axis=1), np.linalg.norm(x, axis=1), exact=False)
     same(np.sum(X, axis=0), x.sum(axis=0), exact=False)
     assert np.shape(X) == x.shape
-    with pytest.raises(mwrt.PlacementError, match="replicate"):
+    with strict(), pytest.raises(mwrt.PlacementError, match="replicate"):
         np.linalg.norm(X, axis=1) if m.size > 1 else (_ for _ in ()).throw(
             mwrt.PlacementError("replicate"))
 
 
-def test_no_rule_is_an_error_naming_placements_and_fix(m):
+def test_no_rule_is_an_error_naming_placements_and_fix(m, monkeypatch):
     if m.size == 1:
         pytest.skip("one place: every placement agrees")
+    monkeypatch.setenv("MWRT_STRICT_PLACEMENT", "1")
     X0 = mwrt.dist_send(data(4, 4), mesh=m, shard=0)
     X1 = mwrt.dist_send(data(4, 4), mesh=m, shard=1)
     with pytest.raises(mwrt.PlacementError) as info:
@@ -454,5 +465,5 @@ def test_concatenate_and_stack_along_an_unsharded_axis(m):
     same(np.stack([X, X], axis=-1), np.stack([x, x], axis=-1))
     same(np.concatenate([X.replicate(), X.replicate()]), np.concatenate([x, x]))
     if m.size > 1:
-        with pytest.raises(mwrt.PlacementError, match="along the sharded axis"):
+        with strict(), pytest.raises(mwrt.PlacementError, match="along the sharded axis"):
             np.concatenate([X, X])

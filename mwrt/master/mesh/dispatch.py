@@ -20,11 +20,13 @@ from ...protocol import wire
 from .. import context, issue, ordering
 from ..client import issue_site, queue_everywhere
 from ..tensor import DistributedTensor
-from . import moves, rules
+from . import fallback, moves, rules
 from .placement import local_shape
 from .plan import PlacementError, Slot
 
 _SCALARS = (int, float, bool, complex)
+_WRITES = rules.IN_PLACE | {"setitem"}  # ops that write their first operand
+_WRITING_FUNCTIONS = {"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis"}
 _LOCAL_SPECS: dict = {}  # (global Spec, placements, mesh) -> each place's Spec
 _PLANS: dict = {}  # (op, mesh, operands' placements and Specs, argument kinds) -> (Spec, Plan)
 ShardedTensor: Any = None  # the result class, set by tensor.py (which imports this module)
@@ -57,9 +59,16 @@ def call(name: str, *args, **kwargs):
     spec = ops.infer(op, _fill(margs, [t.spec for t in operands]),
                      _fill(mkwargs, [t.spec for t in operands]))
     before = [t._placements for t in operands]
-    plan = rules.find(name)(name, operands, margs, mkwargs, spec, moves.resolve)
-    if plan.whole is not None:
-        return plan.whole()
+    try:
+        plan = rules.find(name)(name, operands, margs, mkwargs, spec, moves.resolve)
+        if plan.whole is not None:
+            return plan.whole()
+    except PlacementError as error:
+        if not fallback.applies(error):
+            raise
+        return fallback.run(name, operands, operands[0] if name in _WRITES else None,
+                            lambda local: call(name, *_fill(margs, local),
+                                               **_fill(mkwargs, local)), call, error)
     if key is not None and not (plan.views or plan.adjust or plan.post or plan.skip) and \
             before == [t._placements for t in operands]:  # nothing resolved on the way
         if len(_PLANS) > 10_000:
@@ -373,8 +382,17 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if path is not None and arrayfunc._is_registry_function(path, args, kwargs):
         return call(path, *args, **kwargs)
     label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
-    return moves.per_place(label, operands, lambda local: arrayfunc.array_function(
-        func, _fill(margs, local), _fill(mkwargs, local)))
+
+    def again(local):
+        return moves.per_place(label, local, lambda blocks: arrayfunc.array_function(
+            func, _fill(margs, blocks), _fill(mkwargs, blocks)))
+    try:
+        return again(operands)
+    except PlacementError as error:
+        # a function that writes an argument would write a copy: it stays an error
+        if name in _WRITING_FUNCTIONS or "out" in kwargs or not fallback.applies(error):
+            raise
+        return fallback.run(label, operands, None, again, call, error)
 
 
 def remote_call(fn, args: tuple, kwargs: dict):

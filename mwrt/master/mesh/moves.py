@@ -29,7 +29,7 @@ from .placement import (
     describe,
     local_box,
 )
-from .plan import PlacementError
+from .plan import PlacementError, no_plan
 
 ShardedTensor: Any = None  # the result class, set by tensor.py (which imports this module)
 
@@ -294,7 +294,7 @@ def pick(t, index, spec):
         out_placements.append(REPLICATE if type(p) is Shard and isinstance(
             dict(e for e in entries if e is not None)[p.axis], (int, np.integer)) else p)
     if any(type(p) is Shard for p in out_placements):
-        raise PlacementError(f"getitem: an int along one sharded axis of a tensor placed "
+        raise no_plan(f"getitem: an int along one sharded axis of a tensor placed "
                              f"{describe(t._placements)} is not supported; replicate first "
                              "(t.replicate()[...])")
     locals_, holders = [], []
@@ -331,7 +331,7 @@ def per_place(label: str, operands: list, fn, keep: bool = False):
         resolve(t)
     placements = operands[0]._placements if operands else None
     if not keep and any(p != REPLICATE for t in operands for p in t._placements):
-        raise PlacementError(f"{label}: no placement rule for sharded operands ("
+        raise no_plan(f"{label}: no placement rule for sharded operands ("
                              + " and ".join(describe(t._placements) for t in operands)
                              + "); replicate them first (t.replicate()), or run it on each "
                              "shard with mwrt.remote(fn)")

@@ -24,6 +24,11 @@ class PlacementError(ValueError):
     """An op whose operands' placements have no rule; redistribute one of them first."""
 
 
+class PlacementWarning(UserWarning):
+    """An op with no local plan ran on redistributed operands (worker to worker); once per
+    call site. Redistribute explicitly to say so, or set MWRT_STRICT_PLACEMENT=1 to raise."""
+
+
 @dataclass(frozen=True)
 class Placement:
     """How a tensor lies along one mesh dimension."""

@@ -42,11 +42,20 @@ def fix_text(placements: tuple) -> str:
     return "t.redistribute(" + ", ".join(map(repr, placements)) + ")"
 
 
+def no_plan(message: str, fix: str = "") -> PlacementError:
+    """The error of an op with no local plan for its operands' placements: one that runs
+    anyway, on redistributed operands, unless MWRT_STRICT_PLACEMENT is set (fallback.py)."""
+    error = PlacementError(message)
+    error.no_plan = True  # type: ignore[attr-defined]  # read by fallback.applies
+    error.fix = fix or message  # type: ignore[attr-defined]  # what the warning quotes
+    return error
+
+
 def no_rule(name: str, operands, fix: str) -> PlacementError:
     placed = " and ".join(describe(t._placements) for t in operands)
-    return PlacementError(f"{name}: no placement rule for operands placed {placed} on "
-                          f"{operands[0]._mesh!r}; {fix} (mwrt never gathers a tensor "
-                          "silently)")
+    return no_plan(f"{name}: no placement rule for operands placed {placed} on "
+                   f"{operands[0]._mesh!r}; {fix} (mwrt never gathers a tensor silently; "
+                   "MWRT_STRICT_PLACEMENT=0 runs it on redistributed operands)", fix)
 
 
 def is_partial(t) -> bool:

@@ -9,7 +9,7 @@ import numpy as np
 from ...ops._meta import normalize_axes
 from .moves import pick
 from .placement import Shard, basic_index, local_box
-from .plan import PlacementError, Plan, no_rule, replicated_only
+from .plan import Plan, no_plan, no_rule, replicated_only
 
 PERMUTING = {"transpose", "swapaxes", "moveaxis", "expand_dims"}
 
@@ -168,8 +168,7 @@ def _localize(item, length, lo, hi):
         return i - lo if lo <= i < hi else None
     start, stop, step = item.indices(length)
     if step < 0:
-        raise PlacementError("setitem: a negative step along the sharded axis; use a positive "
-                             "one")
+        raise no_plan("setitem: a negative step along the sharded axis; use a positive one")
     first = max(start, lo + (start - lo) % step if start < lo else start)
     if first >= min(stop, hi):
         return None
