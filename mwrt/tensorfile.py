@@ -8,13 +8,20 @@ the header's `__metadata__`, so other readers still get the numbers.
 
 Every tensor's CRC32 is computed as it is written and checked as it is read: a truncated
 or corrupted file is an error naming the file and the tensor, never wrong numbers.
+
+Checkpoints are shared and downloaded, so a file's place comes from a manifest nobody here
+wrote: it is a path relative to the checkpoint's folder, opened one folder at a time from
+the folder's descriptor without following a link (O_NOFOLLOW), and a header's length is
+admitted against the reader's memory bound before it is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import stat
 import struct
 import threading
 import zlib
@@ -27,14 +34,20 @@ CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": 
 DTYPES = {code: np.dtype(name) for name, code in CODES.items()}
 _PAIRS = "mwrt.complex128"  # __metadata__ key: tensors stored as float64 pairs
 _CHUNK = 64 << 20  # CRC32 and write in pieces, so a GB tensor never needs a second GB
+MAX_HEADER = 100_000_000  # the safetensors library's own bound on a header's length
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# Non-blocking: a FIFO planted in the folder must not hang the reader in open().
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class TensorFileError(ValueError):
     """A checkpoint file that cannot give what its manifest promised."""
 
 
-def write(path: str, arrays: dict) -> list[int]:
-    """Write `arrays` (name -> host array) to `path` atomically; returns each one's CRC32."""
+def write(folder: str, rel: str, arrays: dict) -> list[int]:
+    """Write `arrays` (name -> host array) to file `rel` of `folder` atomically; returns each
+    one's CRC32."""
     pairs = [name for name, a in arrays.items() if a.dtype == np.complex128]
     stored = {name: _storable(a) for name, a in arrays.items()}
     header, offset = {}, 0
@@ -46,35 +59,123 @@ def write(path: str, arrays: dict) -> list[int]:
         header["__metadata__"] = {_PAIRS: ",".join(pairs)}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the format allows padding; aligned data reads faster
-    temporary = f"{path}.partial-{os.getpid()}"
-    crcs: list = []  # summed on a thread of their own while the bytes go to the file
-    summing = threading.Thread(target=lambda: crcs.extend(map(_crc32, stored.values())),
-                               name="mwrt-crc32", daemon=True)
-    summing.start()
-    try:
-        with open(temporary, "wb", buffering=0) as f:
-            f.write(struct.pack("<Q", len(text)) + text)
-            for a in stored.values():
-                _write_bytes(f, a)
-            os.fsync(f.fileno())
-    finally:
-        summing.join()
-    os.replace(temporary, path)
+    os.makedirs(folder, exist_ok=True)
+    with _parent(folder, rel, _of(arrays), create=True) as (fd, name):
+        temporary = f"{name}.partial-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):  # a crashed save's, or a planted link:
+            os.unlink(temporary, dir_fd=fd)           # unlinked, never written through
+        crcs: list = []  # summed on a thread of their own while the bytes go to the file
+        summing = threading.Thread(target=lambda: crcs.extend(map(_crc32, stored.values())),
+                                   name="mwrt-crc32", daemon=True)
+        summing.start()
+        try:
+            with open(os.open(temporary, _NEW, 0o666, dir_fd=fd), "wb", buffering=0) as f:
+                f.write(struct.pack("<Q", len(text)) + text)
+                for a in stored.values():
+                    _write_bytes(f, a)
+                os.fsync(f.fileno())
+        finally:
+            summing.join()
+        os.replace(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)  # a link there is replaced
     return crcs
 
 
-def read(path: str, expected: dict) -> dict:
-    """The arrays named in `expected` (name -> (dtype, shape, crc)) from `path`, each checked."""
+def read(folder: str, rel: str, expected: dict, admit=None) -> dict:
+    """The arrays named in `expected` (name -> (dtype, shape, crc)) from file `rel` of
+    `folder`, each checked; `admit(nbytes)` may refuse the header's length before it is read."""
+    path, what = os.path.join(folder, rel), _of(expected)
     try:
-        f = open(path, "rb")  # noqa: SIM115 - the with below; only the open's miss is caught
+        with _parent(folder, rel, what) as (fd, name):
+            f = _open_regular(fd, name, path, what)
     except FileNotFoundError:
         raise TensorFileError(f"{path}: checkpoint file missing (a save that never finished, "
                               "or a path other hosts cannot see?)") from None
     with f:
-        header, start = _header(f, path)
-        pairs = set(header.get("__metadata__", {}).get(_PAIRS, "").split(","))
-        return {name: _read_one(f, path, start, header, name, want, name in pairs)
-                for name, want in expected.items()}
+        header, start = _header(f, path, admit)
+        try:
+            pairs = set(header.get("__metadata__", {}).get(_PAIRS, "").split(","))
+            return {name: _read_one(f, path, start, header, name, want, name in pairs)
+                    for name, want in expected.items()}
+        except (KeyError, TypeError, AttributeError) as exc:  # a header of another shape
+            raise TensorFileError(f"{path}: corrupted header ({type(exc).__name__}: {exc}, "
+                                  "expected safetensors' layout)") from None
+
+
+def remove(folder: str, rel: str) -> None:
+    """Remove file `rel` of `folder`, and the folder holding it once empty, following no link
+    (a file already gone is no error)."""
+    with contextlib.suppress(FileNotFoundError), _parent(folder, rel, "a stale file") as at:
+        os.unlink(at[1], dir_fd=at[0])  # removes a link itself, never what it points to
+    if "/" in rel:  # the older save's folder, once empty
+        with contextlib.suppress(OSError), _parent(folder, rel.rpartition("/")[0], "") as at:
+            os.rmdir(at[1], dir_fd=at[0])
+
+
+def outside(rel) -> str:
+    """Why `rel` is not a relative path inside a folder, or "" when it is one."""
+    if not isinstance(rel, str) or not rel:
+        return "not a path"
+    if rel.startswith("/"):
+        return "an absolute path"
+    if "\0" in rel or any(part in ("", ".", "..") for part in rel.split("/")):
+        return "a path with a '..', '.' or empty part"
+    return ""
+
+
+@contextlib.contextmanager
+def _parent(folder: str, rel: str, what: str, create: bool = False):
+    """(descriptor of the folder that holds `rel`, its last part): each folder on the way is
+    opened from the one before without following a link, so nothing outside is reached."""
+    reason = outside(rel)
+    if reason:
+        raise TensorFileError(f"{folder}: {what} is {reason} (got {rel!r}, expected a relative "
+                              "path inside the checkpoint folder)")
+    *dirs, name = rel.split("/")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in dirs:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            try:
+                inner = os.open(part, _DIR, dir_fd=fd)
+            except OSError as exc:
+                raise _linked(exc, fd, part, os.path.join(folder, rel), what) from None
+            os.close(fd)
+            fd = inner
+        yield fd, name
+    finally:
+        os.close(fd)
+
+
+def _open_regular(fd: int, name: str, path: str, what: str):
+    """File `name` of folder `fd`, opened for reading if it is a regular file (not a link)."""
+    try:
+        f = os.open(name, _READ, dir_fd=fd)
+    except OSError as exc:
+        raise _linked(exc, fd, name, path, what) from None
+    if not stat.S_ISREG(os.fstat(f).st_mode):
+        os.close(f)
+        raise TensorFileError(f"{path}: {what} is not a regular file (expected the "
+                              "safetensors file mwrt.save wrote)")
+    os.set_blocking(f, True)
+    return open(f, "rb")
+
+
+def _linked(exc: OSError, fd: int, part: str, path: str, what: str) -> Exception:
+    """`exc` of opening `part` in folder `fd`, named as a link where one stood in the way."""
+    try:
+        target = os.readlink(part, dir_fd=fd)
+    except OSError:
+        return exc
+    return TensorFileError(f"{path}: {what} passes through a symbolic link (got {part!r} -> "
+                           f"{target!r}, expected a file or folder of the checkpoint itself); a "
+                           "checkpoint never follows links: put the file itself in its place")
+
+
+def _of(names) -> str:
+    listed = ", ".join(repr(n) for n in names)
+    return f"the file of tensor{'s' if len(names) > 1 else ''} {listed}"
 
 
 def _storable(a: np.ndarray) -> np.ndarray:
@@ -126,11 +227,16 @@ def _read_summing(f, flat: np.ndarray) -> tuple[int, int]:
     return got, crc[0]
 
 
-def _header(f, path: str) -> tuple[dict, int]:
+def _header(f, path: str, admit) -> tuple[dict, int]:
     head = f.read(8)
     if len(head) < 8:
         raise TensorFileError(f"{path}: truncated (no safetensors header)")
     (length,) = struct.unpack("<Q", head)
+    if length > MAX_HEADER:
+        raise TensorFileError(f"{path}: header of {length} bytes (expected at most "
+                              f"{MAX_HEADER}, as safetensors allows): not a checkpoint file")
+    if admit is not None:
+        admit(length)
     size = os.fstat(f.fileno()).st_size
     if length > size - 8:
         raise TensorFileError(f"{path}: truncated (header of {length} bytes, file of {size})")
@@ -154,9 +260,9 @@ def _read_one(f, path: str, start: int, header: dict, name: str, want: tuple, pa
     begin, end = entry["data_offsets"]
     out = np.empty(shape, dtype)
     flat = out.reshape(-1).view(np.uint8)
-    if end - begin != flat.size:
-        raise TensorFileError(f"{path}: tensor {name!r} has {end - begin} bytes (expected "
-                              f"{flat.size})")
+    if type(begin) is not int or begin < 0 or end - begin != flat.size:
+        raise TensorFileError(f"{path}: tensor {name!r} has bytes [{begin}, {end}) (expected "
+                              f"{flat.size} from an offset of 0 or more)")
     f.seek(start + begin)
     got, found = _read_summing(f, flat)
     if got != flat.size:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -21,6 +22,7 @@ import weakref
 
 import numpy as np
 
+from .. import tensorfile
 from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
@@ -35,6 +37,7 @@ from .tensor import DistributedTensor
 MANIFEST = "manifest.json"
 _LAST: dict = {}  # folder -> its latest SaveHandle (a save waits for the one before it)
 _FORMAT = "mwrt-checkpoint"
+_PART = re.compile(r"generation-\d+/node\d+-device-?\d+\.safetensors")  # what a save writes
 _SAVE_STREAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {dev: id}
 
 
@@ -100,9 +103,8 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     prior = _LAST.get(path)
     if prior is not None:  # one save per folder at a time: its manifest says what comes next
         prior.wait()
-    previous = _read_manifest(path, missing_ok=True)
-    generation = previous.get("generation", 0) + 1
-    before = {tuple(e["where"]): e for e in previous.get("tensors", {}).values()}
+    generation, before = _previous(path)
+    generation += 1
     groups: dict = {}
     for name, t in tensors.items():
         groups.setdefault((t._node.index, t._device), []).append((name, t))
@@ -116,8 +118,7 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
         for name, t in members:  # "replaces": the file the save after this one removes
             entries[name] = {"dtype": np.dtype(t.dtype).str, "shape": list(t.shape),
                              "where": list(where), "file": rel, "replaces": old.get("file")}
-        stale = os.path.join(path, old["replaces"]) if old.get("replaces") else ""
-        parts.append(_issue_save(path, rel, stale, members, wait))
+        parts.append(_issue_save(path, rel, old.get("replaces") or "", members, wait))
     for name, entry in sharded.items():
         for block in entry["blocks"]:
             entries[block["name"]]["part_of"] = name
@@ -156,6 +157,7 @@ def load(path: str | os.PathLike, *, node: int | None = None, names: list | None
             raise ValueError(f"mwrt.load: {name!r} was saved on node {node_index}, and this "
                              f"session has {len(cluster.nodes)} nodes; load with node=...")
         used.add((node_index, device))
+        _inside(path, name, entry.get("file"))
         return _issue_load(cluster.node(node_index), device, path, name, entry)
 
     for name in wanted:
@@ -179,7 +181,7 @@ def _issue_load(node, device: int, path: str, name: str, entry: dict) -> Distrib
     stream = context.stream_for(node.index, device)
     out = DistributedTensor(node, device, next(node.ids), _spec(entry), stream)
     node.issue(wire.LoadTensors(
-        id=next(node.ids), stream=stream, outs=(out._id,), file=os.path.join(path, entry["file"]),
+        id=next(node.ids), stream=stream, outs=(out._id,), folder=path, file=entry["file"],
         names=(name,), expected=((entry["dtype"], tuple(entry["shape"]), entry.get("crc32")),)))
     return out
 
@@ -212,10 +214,9 @@ def _issue_save(path: str, rel: str, stale: str, members: list, wait: bool):
         ordering.use(t, stream, now)
     crcs = DistributedTensor(node, device, next(node.ids), _spec(
         {"dtype": "<i8", "shape": [len(tensors)]}), stream)
-    node.issue(wire.SaveTensors(id=now, stream=stream, out=crcs._id,
-                                file=os.path.join(path, rel),
+    node.issue(wire.SaveTensors(id=now, stream=stream, out=crcs._id, folder=path, file=rel,
                                 names=tuple(name for name, _ in members),
-                                refs=tuple(t._ref for t in tensors), stale=stale or ""))
+                                refs=tuple(t._ref for t in tensors), stale=stale))
     return [name for name, _ in members], crcs, rel, Stream(node.index, device, _id=stream)
 
 
@@ -255,6 +256,45 @@ def _pick(every: dict, names, path: str) -> dict:
         raise KeyError(f"mwrt.load: {path} has no tensor {missing[0]!r} (it has "
                        f"{', '.join(sorted(every))})")
     return {n: every[n] for n in names}
+
+
+def _previous(path: str) -> tuple[int, dict]:
+    """(the generation of the checkpoint at `path`, 0 for none; its entries by place), every
+    file it names checked to be one a save wrote: the next save removes the older ones."""
+    previous = _read_manifest(path, missing_ok=True)
+    where = os.path.join(path, MANIFEST)
+    generation, tensors = previous.get("generation", 0), previous.get("tensors", {})
+    if type(generation) is not int or generation < 0 or not isinstance(tensors, dict):
+        raise ValueError(f"mwrt.save: {where}: not a manifest mwrt.save wrote (got generation "
+                         f"{generation!r:.40} and tensors of type {type(tensors).__name__}, "
+                         "expected an int >= 0 and a dict); save to a new folder")
+    before = {}
+    for name, entry in tensors.items():
+        place = entry.get("where") if isinstance(entry, dict) else None
+        if not isinstance(place, list):
+            raise ValueError(f"mwrt.save: {where}: tensor {name!r} has no place (got "
+                             f"{entry!r:.80}, expected a dict with 'where': [node, device]); "
+                             "save to a new folder")
+        for key in ("file", "replaces"):  # the file this save removes, and the next one
+            rel = entry.get(key)
+            if rel is not None and not (isinstance(rel, str) and _PART.fullmatch(rel)):
+                raise ValueError(
+                    f"mwrt.save: {where}: tensor {name!r} names a file that a later save would "
+                    f"remove, and mwrt.save did not write it (got {key} {rel!r:.200}, expected "
+                    "one like 'generation-1/node0-device-1.safetensors'); a save removes only "
+                    "older files of its own folder: restore the manifest, or save elsewhere")
+        before[tuple(place)] = entry
+    return generation, before
+
+
+def _inside(path: str, name: str, rel) -> None:
+    """Refuse a manifest entry whose file is not a path inside the checkpoint's folder."""
+    reason = tensorfile.outside(rel)
+    if reason:
+        raise ValueError(f"mwrt.load: {os.path.join(path, MANIFEST)}: tensor {name!r} names a "
+                         f"file outside the checkpoint's folder (got file {rel!r:.200}, {reason}; "
+                         f"expected a relative path inside {path}); a checkpoint reads the files "
+                         "of its own folder only: restore the manifest, or load one you trust")
 
 
 def _read_manifest(path: str, missing_ok: bool = False) -> dict:

@@ -338,11 +338,13 @@ class DropGraph(Command, tag=33, frozen=True):
 
 
 class SaveTensors(StreamCommand, tag=34, frozen=True):
-    """Write tensors `refs` as `names` to safetensors file `file` on this worker's disk; their
-    CRC32s become tensor `out`; then remove file `stale` (an older checkpoint's), if named."""
+    """Write tensors `refs` as `names` to safetensors file `file` of checkpoint folder `folder`
+    on this worker's disk; their CRC32s become tensor `out`; then remove file `stale` of the
+    folder (an older checkpoint's), if named. Both paths are relative, and inside `folder`."""
 
     needs_key = True  # it writes files as the worker's user: what shipped code could do
     out: int
+    folder: str
     file: str
     names: tuple[str, ...]
     refs: tuple[int, ...]
@@ -350,11 +352,13 @@ class SaveTensors(StreamCommand, tag=34, frozen=True):
 
 
 class LoadTensors(StreamCommand, tag=35, frozen=True):
-    """Read tensors `names` from safetensors file `file` into ids `outs`, each checked against
-    its manifest entry in `expected` ([dtype, shape, crc32] per name)."""
+    """Read tensors `names` from safetensors file `file` (relative, inside checkpoint folder
+    `folder`) into ids `outs`, each checked against its manifest entry in `expected`
+    ([dtype, shape, crc32] per name)."""
 
     needs_key = True
     outs: tuple[int, ...]
+    folder: str
     file: str
     names: tuple[str, ...]
     expected: tuple[tuple[str, tuple[int, ...], int | None], ...]

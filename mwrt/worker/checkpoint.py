@@ -7,35 +7,35 @@ wrote, and a load's tensors exist for every later one.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
 
 from .. import arrays, tensorfile
+from . import quotas
 from .tensors import check_size, resolve, store
 
 
 def save_tensors(ex, cmd, frames):
     host = {name: _host_copy(ex, value) for name, value in
             zip(cmd.names, resolve(ex, cmd.refs), strict=True)}
-    os.makedirs(os.path.dirname(cmd.file) or ".", exist_ok=True)
-    crcs = tensorfile.write(cmd.file, host)
+    crcs = tensorfile.write(cmd.folder, cmd.file, host)
     ex.bytes_out += sum(a.nbytes for a in host.values())
     store(ex, cmd.out, np.array(crcs, np.int64))
     if cmd.stale and cmd.stale != cmd.file:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(cmd.stale)
-            with contextlib.suppress(OSError):  # the older save's folder, once empty
-                os.rmdir(os.path.dirname(cmd.stale))
+        tensorfile.remove(cmd.folder, cmd.stale)
 
 
 def load_tensors(ex, cmd, frames):
-    expected = {}
+    expected, table = {}, ex.session.tensors
     for name, (dtype, shape, crc) in zip(cmd.names, cmd.expected, strict=True):
-        check_size(tuple(shape), np.dtype(dtype), "load", ex.session.tensors, ex.device)
+        check_size(tuple(shape), np.dtype(dtype), "load", table, ex.device)
         expected[name] = (dtype, shape, crc)
-    found = tensorfile.read(cmd.file, expected)
+
+    def admit(nbytes: int) -> None:  # the header is read into host memory, whatever the device
+        quotas.check_bytes(nbytes, f"load of {', '.join(map(repr, cmd.names))} from "
+                           f"{os.path.join(cmd.folder, cmd.file)}", table, "its header")
+    found = tensorfile.read(cmd.folder, cmd.file, expected, admit)
     for out, name in zip(cmd.outs, cmd.names, strict=True):
         value = found[name]
         ex.bytes_in += value.nbytes
