@@ -343,16 +343,24 @@ _IN_PLACE = {"all_reduce": collectives.all_reduce, "broadcast": collectives.broa
 def collective(ex, cmd, frames):
     data = _data(ex)
     group = data.gpu_group(cmd.group, cmd.ranks, ex.device) or data.group(cmd.group, cmd.ranks)
+    before = getattr(group, "current", None)  # the call it is in, once it begins
     try:
-        if ex.error is not None:
-            raise PoisonedInput(ex.error)
-        array = resolve(ex, wire.Ref(cmd.ref)) if cmd.ref >= 0 else None
-        if cmd.out >= 0:  # an oversized result fails here, and its peers at once
-            check_size(cmd.out_shape, np.dtype(cmd.args.get("dtype")), cmd.kind,
-                       ex.session.tensors, ex.device)
+        _collective(ex, cmd, data, group)
     except Exception:
-        _abort(group)
+        if getattr(group, "current", None) is before:
+            # It failed here before its call began (a poisoned stream, a size over quota, a
+            # bad buffer): its peers wait in that call, so fail them now.
+            _abort(group)
         raise
+
+
+def _collective(ex, cmd, data, group) -> None:
+    if ex.error is not None:
+        raise PoisonedInput(ex.error)
+    array = resolve(ex, wire.Ref(cmd.ref)) if cmd.ref >= 0 else None
+    if cmd.out >= 0:  # an oversized result fails here, and its peers at once
+        check_size(cmd.out_shape, np.dtype(cmd.args.get("dtype")), cmd.kind,
+                   ex.session.tensors, ex.device)
     args = dict(cmd.args)
     if "op" in args:
         args["op"] = ReduceOp[args["op"]]
@@ -361,21 +369,24 @@ def collective(ex, cmd, frames):
     if array is not None:  # the payload, for `mwrt status` (the algorithm's traffic varies)
         ex.bytes_out += array.nbytes
     if in_place is not None:
+        work = _c_order(array, writes=True)
         try:
-            in_place(group, array, **args)
+            in_place(group, work, **args)
         except NcclUnsupportedError:  # on every node alike, after the call check: together,
-            in_place(data.group(cmd.group, cmd.ranks), array, **args)  # stage through host
+            in_place(data.group(cmd.group, cmd.ranks), work, **args)  # stage through host
+        if work is not array and array is not None:  # a strided view (a block's columns)
+            array[...] = work
         ex.bytes_in += array.nbytes if array is not None else 0
         return
     dtype = args.pop("dtype")
     xp = ex.xp if group.device_buffers else np  # nccl: results stay on the GPU
     out = _warm(ex, xp, cmd.out_shape, dtype) if cmd.out >= 0 else None
     if kind == "all_gather":
-        collectives.all_gather(group, out, array)
+        collectives.all_gather(group, out, _c_order(array))
     elif kind == "gather":
-        collectives.gather(group, array, out, **args)
+        collectives.gather(group, _c_order(array), out, **args)
     elif kind == "scatter":
-        collectives.scatter(group, out, array, **args)
+        collectives.scatter(group, out, _c_order(array), **args)
     elif kind == "reduce_scatter":
         try:
             out = _reduce_scatter(ex, group, array, out, xp, args["op"])
@@ -390,6 +401,19 @@ def collective(ex, cmd, frames):
         if ex.device != arrays.HOST and type(out) is np.ndarray:  # staged through the host
             out = ex.xp.asarray(out)
         store(ex, cmd.out, out)
+
+
+def _c_order(array, writes: bool = False):
+    """`array` where it is C-contiguous (the collectives move flat buffers), else a
+    C-contiguous copy; one that `writes` must be writable, as the result goes back in it."""
+    flags = getattr(array, "flags", None)
+    if flags is None or flags.c_contiguous:  # None: no array; torch's tensors are checked
+        return array  # by the collective
+    if writes and not flags.writeable:
+        raise ValueError(f"collective: array is read-only (shape {array.shape}): a "
+                         "broadcast_to view, or NumPy's own read-only memory; pass a copy "
+                         "(t.copy())")
+    return array.copy(order="C")  # NumPy's and CuPy's
 
 
 def _reduce_scatter(ex, group, array, out, xp, op):
