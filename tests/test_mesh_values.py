@@ -3,15 +3,71 @@ writes it, every result compared with NumPy (value, dtype, shape of handle and c
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from test_mesh import four, same  # noqa: F401 - four: the module's fixture
 
 import mwrt
+from mwrt import Shard
 
 pytestmark = pytest.mark.timeout(120)
 
 x12 = np.arange(12.).reshape(4, 3)
+
+
+@pytest.fixture
+def X(four):
+    """The 4 x 3 tensor of the issue, row-sharded on nodes 0 and 1."""
+    return mwrt.dist_send(x12, mesh=mwrt.mesh(nodes=[0, 1]), shard=0)
+
+
+def test_a_0d_array_sent_onto_a_mesh_stays_0d(four):
+    mesh = mwrt.mesh(nodes=[0, 1])
+    t = mwrt.dist_send(np.array(2.5), mesh=mesh)
+    same(t, np.array(2.5))
+    same(t + 1, np.array(3.5))
+    same(mwrt.dist_send(np.array(3, np.int32), mesh=mesh) * 2, np.array(6, np.int32))
+
+
+def test_cumsum_along_an_unsharded_axis_keeps_the_shards(four):
+    mesh = mwrt.mesh(nodes=[0, 1])
+    Y = mwrt.dist_send(x12, mesh=mesh, shard=1)
+    c = Y.cumsum(axis=0)
+    assert c.placements == (Shard(1),)
+    same(c, x12.cumsum(axis=0))
+    same(mwrt.dist_send(x12, mesh=mesh, shard=0).cumprod(axis=1), x12.cumprod(axis=1))
+
+
+def test_mean_over_an_empty_sharded_axis_is_nan(four):
+    mesh = mwrt.mesh(nodes=[0, 1])
+    z = np.zeros((0, 3))
+    Z = mwrt.dist_send(z, mesh=mesh, shard=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = z.mean(axis=0)
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+        got = Z.mean(axis=0)
+    same(got, expected)
+    i = mwrt.dist_send(np.arange(6).reshape(2, 3), mesh=mesh, shard=0)
+    same(i.mean(axis=0), np.arange(6).reshape(2, 3).mean(axis=0))  # ints: a float64 mean
+
+
+@pytest.mark.parametrize("index", [(slice(None), 1), (slice(1, None), 0), (slice(None, None, 2),),
+                                   (slice(None), slice(0, 2)), (Ellipsis, 2), 3, -4])
+def test_setitem_of_an_array_spanning_shards(X, index):
+    x = x12.copy()
+    value = np.arange(x[index].size, dtype=float).reshape(x[index].shape) + 100
+    x[index] = value
+    X[index] = value
+    same(X, x)
+    first = value[:1] - 50 if value.ndim else value - 50  # broadcast along the first axis
+    x[index] = first
+    X[index] = first
+    same(X, x)
+    x[index] = X[index] = list(np.ravel(first)) if value.ndim == 1 else 7.0
+    same(X, x)
 
 
 def test_collectives_on_strided_blocks(four):

@@ -82,5 +82,6 @@ def put(array: np.ndarray, mesh: Mesh, shard):
     for (node, device), coord in zip(mesh.places, mesh.coords):
         box = local_box(array.shape, placements, mesh.shape, coord)
         block = array[tuple(slice(lo, hi) for lo, hi in box)]
-        locals_.append(transfer.put(np.ascontiguousarray(block), node, device))
+        # np.asarray, not np.ascontiguousarray: that makes a 0-d block 1-d
+        locals_.append(transfer.put(np.asarray(block, order="C"), node, device))
     return ShardedTensor(mesh, placements, locals_, spec)

@@ -18,6 +18,8 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ...ops._meta import normalize_axes
@@ -46,6 +48,7 @@ _LINEAR_SUM = {"add", "subtract", "add_", "subtract_"}
 PARTIAL_OF = {"sum": "sum", "nansum": "sum", "count_nonzero": "sum", "mean": "sum",
               "prod": "prod", "nanprod": "prod", "min": "min", "nanmin": "min", "max": "max",
               "nanmax": "max", "any": "max", "all": "min"}
+_SCANS = ("cumsum", "cumprod")  # their result keeps the input's axes
 
 
 # -- elementwise ---------------------------------------------------------------------------
@@ -186,7 +189,8 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
     keepdims = bool(kwargs.get("keepdims", False))
     if is_partial(t) and not (name in ("sum", "mean") and all_sum(t)):
         resolve(t)
-    if name in ("cumsum", "cumprod") and axis is None:
+    scan = name in _SCANS
+    if scan and axis is None:
         axes = tuple(range(t.ndim))
     else:
         axes = normalize_axes(axis, t.ndim, name) if not isinstance(axis, Slot) else ()
@@ -201,19 +205,22 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
             out.append(Partial(PARTIAL_OF[name]))
             scaled = scaled or name == "mean"
         else:
-            out.append(Shard(p.axis if keepdims else p.axis - sum(a < p.axis for a in axes)))
+            kept = keepdims or scan
+            out.append(Shard(p.axis if kept else p.axis - sum(a < p.axis for a in axes)))
     if name in _NEEDS_INITIAL and any(type(p) is Partial for p in out):
         return _with_initial(name, t, axes, tuple(out))
     if not scaled:
         return Plan(tuple(out))
     count = int(np.prod([t.shape[a] for a in axes]))
     dtype = spec.dtype
+    if count == 0:  # the places divide 0 by 0, quietly: NumPy's warning is raised here
+        warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=4)
 
     def as_sum(i, name, args, kwargs):
         return "sum", args, kwargs
 
-    def scale(i, local):
-        local = call("multiply", local, 1.0 / count)
+    def scale(i, local):  # as NumPy's mean: the sum divided by the count
+        local = call("true_divide", local, count)
         return local if local.dtype == dtype else call("astype", local, dtype.str)
     return Plan(tuple(out), adjust=as_sum, post=scale)
 

@@ -131,7 +131,8 @@ def join(name, operands, args, kwargs, spec, resolve) -> Plan:
 
 
 def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
-    """t[index] = scalar: each place writes the part of `index` in its block."""
+    """t[index] = value (a scalar or a master array): each place writes the part of `index`
+    in its block, from its part of `value`."""
     t = operands[0]
     resolve(t)
     entries = basic_index(args[1], t.ndim)
@@ -140,24 +141,50 @@ def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
     if entries is None or len(operands) > 1 or None in entries:
         raise no_rule(name, operands, "setting through a sharded tensor takes basic indices "
-                      "and a scalar; replicate first (t.replicate()) or set each shard "
-                      "(t.shards())")
-    mesh, skip, local_index = t._mesh, [], {}
+                      "and a scalar or an array; replicate first (t.replicate()) or set each "
+                      "shard (t.shards())")
+    value = args[2]
+    if isinstance(value, (tuple, list)):
+        value = np.asarray(value)
+    mesh, skip, local_index, parts = t._mesh, [], {}, {}
     for i, coord in enumerate(mesh.coords):
         box = local_box(t.shape, t._placements, mesh.shape, coord)
-        index = []
+        index, cut = [], []  # cut: per axis of t[index], the place's part of it
         for ax, item in entries:
+            mine = item
             if ax in sharded:
-                item = _localize(item, t.shape[ax], *box[ax])
-                if item is None:
+                mine = _localize(item, t.shape[ax], *box[ax])
+                if mine is None:
                     skip.append(i)
                     break
-            index.append(item)
+            if isinstance(item, slice):
+                cut.append(_positions(item, t.shape[ax], mine, box[ax][0])
+                           if ax in sharded else slice(None))
+            index.append(mine)
         local_index[i] = tuple(index)
+        parts[i] = _part(value, cut)
 
     def local(i, name, args, kwargs):
-        return name, (args[0], local_index[i], *args[2:]), kwargs
+        return name, (args[0], local_index[i], parts[i], *args[3:]), kwargs
     return Plan(None, adjust=local, skip=set(skip))
+
+
+def _positions(item: slice, length: int, local: slice, lo: int) -> slice:
+    """Where the elements that slice `local` of a block starting at `lo` takes stand among
+    those global slice `item` takes."""
+    start, _, step = item.indices(length)
+    first = (local.start + lo - start) // step
+    return slice(first, first + len(range(local.start, local.stop, local.step)))
+
+
+def _part(value, cut: list):
+    """The part of `value` (broadcast to t[index], whose axes `cut` slices) one place sets;
+    an axis along which it broadcasts is kept whole."""
+    if not isinstance(value, np.ndarray) or value.ndim == 0:
+        return value
+    off = len(cut) - value.ndim
+    return value[tuple(cut[a + off] if value.shape[a] != 1 and a + off >= 0 else slice(None)
+                       for a in range(value.ndim))]
 
 
 def _localize(item, length, lo, hi):
