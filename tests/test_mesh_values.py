@@ -10,7 +10,7 @@ import pytest
 from test_mesh import four, same  # noqa: F401 - four: the module's fixture
 
 import mwrt
-from mwrt import Shard
+from mwrt import Replicate, Shard
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,6 +68,29 @@ def test_setitem_of_an_array_spanning_shards(X, index):
     same(X, x)
     x[index] = X[index] = list(np.ravel(first)) if value.ndim == 1 else 7.0
     same(X, x)
+
+
+@pytest.mark.parametrize("nodes", [[0, 1], [0, 1, 2, 3]])
+def test_a_shard_of_a_length_one_axis_that_broadcasts(four, nodes):
+    mesh = mwrt.mesh(nodes=nodes)
+    one = mwrt.dist_send(np.ones((1, 3)) * 2, mesh=mesh, shard=0)
+    R = mwrt.dist_send(x12, mesh=mesh)
+    same(one + R, 2 + x12)
+    same(R * one, x12 * 2)
+    S = mwrt.dist_send(x12, mesh=mesh, shard=0)
+    same(S - one, x12 - 2)
+    same((S * 2).sum(), (x12 * 2).sum())  # and the session goes on
+
+
+def test_a_shard_of_a_length_one_axis_on_a_2d_mesh(four):
+    mesh = mwrt.mesh({"a": 2, "b": 2})
+    row = np.arange(4.)[None] + 1
+    x = np.arange(16.).reshape(4, 4)
+    one = mwrt.dist_send(row, mesh=mesh, shard=(0, 1))  # axis 0 split where it broadcasts
+    total = one + mwrt.dist_send(x, mesh=mesh, shard=(None, 1))
+    assert total.placements == (Replicate(), Shard(1))
+    same(total, row + x)
+    same(mwrt.dist_send(x, mesh=mesh, shard=(0, None)) * one, x * row)
 
 
 def test_collectives_on_strided_blocks(four):

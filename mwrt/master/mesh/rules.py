@@ -58,26 +58,44 @@ def elementwise(name, operands, args, kwargs, spec, resolve) -> Plan:
     target = operands[0] if inplace else None
     shape = target.shape if target is not None else (
         spec[0] if type(spec) is tuple else spec).shape
-    scattered: dict = {}
-    if any(is_partial(t) for t in operands):
-        if _stays_partial(name, operands, args):
+    moved = _unbroadcast(operands, shape)  # {operand index: its new tensor}
+    placed = [moved.get(k, t) for k, t in enumerate(operands)]
+    scattered: dict = dict(moved)
+    if any(is_partial(t) for t in placed):
+        if _stays_partial(name, placed, args):
             return Plan(None if inplace else operands[0]._placements)
-        scattered = _resolve_partials(operands, target, _agreed(name, operands, len(shape)),
-                                      shape, resolve)
-    out = _agreed(name, operands, len(shape))
+        scattered.update(_resolve_partials(placed, target, _agreed(name, placed, len(shape)),
+                                           shape, resolve))
+    out = _agreed(name, placed, len(shape))
     if target is not None and out != target._placements:
         wanted = target._placements
         raise no_rule(name, operands, f"an in-place result keeps its target's placements "
                       f"{describe(wanted)}: redistribute the other operand ({fix_text(wanted)}) "
                       "or the target")
     views = {}
-    for k, t in enumerate(operands):
+    for k, t in enumerate(placed):
         t = scattered.get(k, t)
         v = _joined(name, t, operands, out, shape)
         if v is not None or k in scattered:
             views[k] = t._locals if v is None else v
     return Plan(None if inplace else out, views, adjust=_cut_arrays(args, out, shape,
                                                                     operands[0]._mesh))
+
+
+def _unbroadcast(operands, shape) -> dict:
+    """Operands sharded along an axis they broadcast along (length 1, the result's longer)
+    replicated along it (and made real), as each place needs that axis's one element and
+    some places' blocks of it are empty: {operand index: the new tensor}."""
+    moved: dict = {}
+    for k, t in enumerate(operands):
+        off = len(shape) - t.ndim
+        spread = [type(p) is Shard and t.shape[p.axis] == 1 and shape[p.axis + off] != 1
+                  for p in t._placements]
+        if any(spread):
+            moved[k] = moves.redistribute(t, tuple(
+                REPLICATE if wide or type(p) is Partial else p
+                for p, wide in zip(t._placements, spread)))
+    return moved
 
 
 def _resolve_partials(operands, target, out, shape, resolve) -> dict:
