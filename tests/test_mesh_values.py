@@ -10,7 +10,7 @@ import pytest
 from test_mesh import four, same  # noqa: F401 - four: the module's fixture
 
 import mwrt
-from mwrt import Replicate, Shard
+from mwrt import Partial, Replicate, Shard
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,6 +29,63 @@ def test_a_0d_array_sent_onto_a_mesh_stays_0d(four):
     same(t, np.array(2.5))
     same(t + 1, np.array(3.5))
     same(mwrt.dist_send(np.array(3, np.int32), mesh=mesh) * 2, np.array(6, np.int32))
+
+
+def _reshape(p):
+    return p.reshape(3, 1)
+
+
+@pytest.mark.parametrize("view", [lambda p: p[None], _reshape,
+                                  lambda p: p.T, lambda p: p[0:], lambda p: p[None][:, 1:]],
+                         ids=["newaxis", "reshape", "T", "slice", "view of a view"])
+def test_views_of_a_partial_tensor_share_its_all_reduce(X, view):
+    p = X.sum(axis=0)
+    v = view(p)
+    assert p.placements == (Partial("sum"),) or view is _reshape  # may copy: made real first
+    assert v.placements == p.placements
+    same(p, x12.sum(axis=0))  # the base first
+    same(v, view(x12.sum(axis=0)))
+    same(p, x12.sum(axis=0))
+    q = X.sum(axis=0)
+    w = view(q)
+    same(w, view(x12.sum(axis=0)))  # the view first
+    same(q, x12.sum(axis=0))
+    same(view(X.sum(axis=0)) * 2.0, view(x12.sum(axis=0)) * 2.0)  # a view stays Partial
+
+
+def test_a_write_through_a_partial_view_resolves_the_base_once(X):
+    p = X.sum(axis=0)
+    v = p[None]
+    v += 1.0  # not linear: the parts are combined first, through the base
+    same(p, x12.sum(axis=0) + 1)
+    same(v, x12.sum(axis=0)[None] + 1)
+
+
+def test_a_partial_result_of_a_graph_is_partial_after_every_replay(X):
+    with mwrt.graph() as g:
+        p = X.sum(axis=0)
+        v = p[None]
+    for _ in range(3):
+        g.replay()
+        same(p, x12.sum(axis=0))
+        same(v, x12.sum(axis=0)[None])
+    w = p[:, None]  # made of a real p: Partial again after the next replay
+    g.replay()
+    assert w.placements == (Partial("sum"),)
+    same(w, x12.sum(axis=0)[:, None])
+
+
+def test_a_partial_made_before_a_graph_is_combined_once(X):
+    p = X.sum(axis=0)
+    r = X.sum(axis=0)
+    with mwrt.graph() as g:
+        q = p + 1
+        r += 1  # in place: r is made real before the graph, the graph adds 1
+    for n in range(1, 4):
+        g.replay()
+        same(q, x12.sum(axis=0) + 1)
+        same(r, x12.sum(axis=0) + n)
+    same(p, x12.sum(axis=0))
 
 
 def test_cumsum_along_an_unsharded_axis_keeps_the_shards(four):

@@ -17,6 +17,7 @@ captured, through any view.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import weakref
@@ -28,6 +29,7 @@ from ..protocol import wire
 from . import ordering
 from .client import issue_site, queue_everywhere, site_text
 from .cluster import current
+from .mesh.moves import place
 from .tensor import DistributedTensor
 
 _GRAPH_IDS = itertools.count(1)
@@ -73,6 +75,8 @@ class Graph:
         self._defined: dict = {}  # node -> graph id on that node (one id for every node)
         self._weight: dict = {}  # node -> (its definition's bytes, the streams it uses)
         self._saved: dict = {}
+        self._recorders: dict = {}  # node -> what records its commands during the capture
+        self._placed: list = []  # Partial mesh tensors made inside: weakref, placements
         self._capturing = False
 
     # -- capture --------------------------------------------------------------------------
@@ -84,7 +88,7 @@ class Graph:
             self._saved[node] = ordering.snapshot(node)
             # This node's commands go to the recording: the instance's issue shadows the
             # class's until __exit__ deletes it.
-            node.issue = self._recorder(node)  # type: ignore[method-assign]
+            node.issue = self._recorders[node] = self._recorder(node)  # type: ignore[method-assign]
         ordering.capture.append(self)
         self._capturing = True
         return self
@@ -101,6 +105,33 @@ class Graph:
                 owner._writer, owner._wtime, owner._ltime, owner._streams = state
         if kind is None:
             self._define()
+        # What a replay leaves them as (a later all_reduce outside makes them real)
+        self._placed = [(ref, t._placements) for ref in self._placed if (t := ref()) is not None]
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Commands issued in the block run now, unrecorded (a Partial tensor made before the
+        capture is made real once, not at every replay)."""
+        ordering.capture.pop()
+        for node in self._recorders:
+            del node.issue
+        try:
+            yield
+        finally:
+            for node, recorder in self._recorders.items():
+                node.issue = recorder
+            ordering.capture.append(self)
+
+    def makes(self, tensor) -> bool:
+        """True if `tensor` was made during the capture (a replay makes it again)."""
+        return tensor._id in self._made_ids
+
+    def placed(self, tensor) -> None:
+        """Called for a Partial mesh tensor made during the capture: each replay makes its
+        parts anew, so it is Partial again, whatever made it real since."""
+        self._placed.append(weakref.ref(tensor))
+        if tensor._partial_views is None:  # its views, made now or later, follow it
+            tensor._partial_views = ()
 
     def made(self, tensor) -> None:
         """Called for each tensor made during the capture: its making is a write."""
@@ -229,6 +260,10 @@ class Graph:
             queue_everywhere(nodes, bodies, rid, None, site, 1e-3 * max(1.0, len(nodes) / 8))
         for node, rid in zip(nodes, rids):
             self._replayed(node, nows[node], rid, touched[node])
+        for ref, placements in self._placed:
+            tensor = ref()
+            if tensor is not None and tensor._placements != placements:
+                place(tensor, placements)
 
     def _replayed(self, node, now: int, rid: int, touched: list) -> None:
         """What the master records of a node's replay `rid`: the bytes it queued, the

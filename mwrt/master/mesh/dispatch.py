@@ -22,7 +22,7 @@ from ..client import issue_site, queue_everywhere
 from ..tensor import DistributedTensor
 from . import fallback, moves, rules
 from .placement import local_shape
-from .plan import PlacementError, Slot
+from .plan import PlacementError, Slot, is_partial
 
 _SCALARS = (int, float, bool, complex)
 _WRITES = rules.IN_PLACE | {"setitem"}  # ops that write their first operand
@@ -47,6 +47,8 @@ def call(name: str, *args, **kwargs):
     for node in mesh.nodes:  # all or none: a lost node is named before any place runs it
         if node.lost is not None:
             node.check_lost()
+    if name in ordering.VIEWS:  # before the plan: a Partial operand it may copy is made real
+        moves.before_view(name, operands[0], margs)
     op = ops.get(name)
     key = _plan_key(name, op, mesh, operands, margs, mkwargs)
     if key is not None:
@@ -115,7 +117,12 @@ def run(name, plan, operands, margs, mkwargs, spec):
         return tuple(ShardedTensor(mesh, plan.placements, [r[j] for r in results],
                                    _known(specs[j]))
                      for j in range(len(results[0])))
-    return ShardedTensor(mesh, plan.placements, results, _known(spec))
+    result = ShardedTensor(mesh, plan.placements, results, _known(spec))
+    if name in ordering.VIEWS:
+        moves.share(result, operands[0])
+    if ordering.capture and is_partial(result):  # a replay makes it Partial again
+        ordering.capture[-1].placed(result)
+    return result
 
 
 def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):

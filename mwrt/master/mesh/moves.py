@@ -10,6 +10,7 @@ that share a node (its GPUs) combine with moves between their devices.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -109,9 +110,66 @@ def broadcast_group(mesh, tensors: list, root: int) -> None:
 
 
 def resolve(t) -> None:
-    """Make a Partial tensor real (all_reduce along its Partial dimensions), in place."""
-    if any(type(p) is Partial for p in t._placements):
-        t._placements = _all_reduce_dims(t._mesh, t._locals, t._placements)
+    """Make a Partial tensor real (all_reduce along its Partial dimensions), in place: a view
+    through its base, whose all_reduce makes every view of it real. Inside a graph capture, a
+    tensor made before it is made real now, once: the graph would combine its parts again at
+    every replay."""
+    if not any(type(p) is Partial for p in t._placements):
+        return
+    base = t if t._partial_base is None else t._partial_base
+    graph = ordering.capture[-1] if ordering.capture else None
+    if graph is not None and not graph.makes(base._locals[0]):
+        with graph.paused():
+            place(base, _all_reduce_dims(base._mesh, base._locals, base._placements))
+        return
+    place(base, _all_reduce_dims(base._mesh, base._locals, base._placements))
+
+
+def place(t, placements: tuple) -> None:
+    """Set t's placements; its views' follow (along the mesh dimensions that shard neither,
+    a view is placed as its base: Partial, or Replicate once the base is real)."""
+    t._placements = placements
+    for ref in t._partial_views or ():
+        view = ref()
+        if view is not None:
+            view._placements = tuple(v if type(v) is Shard else p
+                                     for v, p in zip(view._placements, placements))
+
+
+# View ops whose result is always a view of the operand's storage, as NumPy makes them: a
+# view of a Partial tensor shares its base's all_reduce. The others of ordering.VIEWS may
+# copy (a reshape of a transpose), so their Partial operand is made real first.
+SURE_VIEWS = frozenset({"getitem", "transpose", "swapaxes", "moveaxis", "expand_dims",
+                        "squeeze", "broadcast_to", "flip", "diagonal", "atleast_1d",
+                        "atleast_2d"})
+
+
+def before_view(name: str, t, args: tuple) -> None:
+    """Before view op `name` on `t`: a Partial t is made real unless the result surely
+    views it (a getitem of ints alone copies, as NumPy's scalars do)."""
+    if not any(type(p) is Partial for p in t._placements):
+        return
+    if name == "getitem":
+        index = args[1] if len(args) > 1 else ()
+        items = index if isinstance(index, tuple) else (index,)
+        entries = basic_index(index, t.ndim)
+        if entries is not None and any(not isinstance(i, (int, np.integer)) for i in items):
+            return
+    elif name in SURE_VIEWS:
+        return
+    resolve(t)
+
+
+def share(view, t) -> None:
+    """`view`, made from t by a view op, is made real with t's base (a Partial view, or one
+    of a base a graph makes anew at each replay)."""
+    base = t if t._partial_base is None else t._partial_base
+    if base._partial_views is None and not any(type(p) is Partial
+                                               for p in view._placements):
+        return
+    views = [r for r in base._partial_views or () if r() is not None]  # the dead dropped
+    base._partial_views = (*views, weakref.ref(view))
+    view._partial_base = base
 
 
 def _all_reduce_dims(mesh, locals_: list, placements: tuple) -> tuple:

@@ -30,7 +30,8 @@ from .placement import describe, shard_arg
 class ShardedTensor:
     """A tensor laid over a mesh: a local DistributedTensor per place, and placements."""
 
-    __slots__ = ("__weakref__", "_locals", "_mesh", "_placements", "_spec")
+    __slots__ = ("__weakref__", "_locals", "_mesh", "_partial_base", "_partial_views",
+                 "_placements", "_spec")
     __array_priority__ = 1001  # above DistributedTensor's: NumPy defers to this class
     _sharded = True  # what issue.py and remote.py look for, without importing this module
 
@@ -38,6 +39,9 @@ class ShardedTensor:
         """A handle over `local_tensors` (made by mwrt's mesh ops, not users)."""
         self._mesh, self._placements = mesh, placements
         self._locals, self._spec = list(local_tensors), spec
+        # A view of a Partial tensor is made real by its base's all_reduce (moves.resolve):
+        # the base it views, and, on a base, weak references to its views.
+        self._partial_base = self._partial_views = None
 
     def __reduce__(self) -> Any:
         """Refuses: a handle is this master's, and means nothing pickled elsewhere."""
