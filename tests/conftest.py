@@ -11,6 +11,32 @@ import pytest
 import mwrt
 
 
+# The slow tier: whole modules that cross simulated hosts, run the benchmarks, kill or stall
+# processes and wait out timeouts by design, start SPMD jobs, launchers or outside tools
+# (mpiexec, a notebook kernel, Chromium, Sphinx). `pytest -m "not slow"` is the fast tier an
+# engineer runs after each change; CI runs both. A slow test in another module says
+# @pytest.mark.slow itself.
+SLOW_MODULES = {
+    "test_benchmarks", "test_bulk", "test_cli", "test_concurrent_groups", "test_dashboard",
+    "test_distributed", "test_docs", "test_examples_mw", "test_faults_kill", "test_faults_load",
+    "test_faults_wire", "test_gpu", "test_hangs", "test_hosts", "test_hosts_checkpoint",
+    "test_hosts_faults", "test_hosts_mw", "test_hosts_slurm", "test_hosts_spmd",
+    "test_interrupts", "test_large_reads", "test_local_workers", "test_mpi", "test_mw_faults",
+    "test_nccl", "test_notebook", "test_quotas", "test_random_collectives",
+    "test_random_faults", "test_replace", "test_restarts", "test_security",
+    "test_security_hosts", "test_security_worker", "test_sessions", "test_status",
+    "test_store_security", "test_torch_backend", "test_torch_backend_calls",
+    "test_worker_daemon",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test of a SLOW_MODULES module slow."""
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """Two local worker daemons for the tests of one module."""
