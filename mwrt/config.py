@@ -63,6 +63,11 @@ SETTINGS = {
                              "seconds a worker keeps a silent master's session"),
     "session_grace": Setting("MWRT_SESSION_GRACE", 0.0, float,
                              "seconds workers keep a named session after its master is gone"),
+    "max_session_grace": Setting("MWRT_MAX_SESSION_GRACE", 3600.0, float,
+                                 "the longest grace a worker grants a named session (a keyed "
+                                 "worker; an unkeyed one keeps no session past its master)"),
+    "max_sessions": Setting("MWRT_MAX_SESSIONS", 64, int,
+                            "sessions a worker holds at once, live or kept for a grace"),
     "progress_after": Setting("MWRT_PROGRESS_AFTER", 2.0, float,
                               "seconds a save, load or start of local workers waits before "
                               "it shows its progress"),

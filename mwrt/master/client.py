@@ -143,7 +143,7 @@ class Node:
     def __init__(self, cluster, index: int, address: str):
         self.cluster, self.index = cluster, index
         self.address = address if address.startswith("tcp://") else f"tcp://{address}"
-        sid = cluster.session_id.encode()
+        sid = cluster.connection_id.encode()
         self.tx = dealer(cluster.context, sid + b"/tx", self.address, cluster.keys)
         self.rx = dealer(cluster.context, sid + b"/rx", self.address, cluster.keys)
         # A wait reads replies with this timeout, checking for a loss between reads: one
@@ -200,6 +200,11 @@ class Node:
             monitor.close(linger=0)
         self._route(self.rx.recv_multipart())
         reply, _ = self.replies.pop(token, (None, None))
+        if isinstance(reply, wire.Failed) and reply.info.get("kind") == "session":
+            name = self.cluster.session_name
+            raise ConnectionError(f"worker {self.address} (node {self.index}) refused this "
+                                  f"master{f' (session {name!r})' if name else ''}: "
+                                  f"{reply.info.get('message')}")
         if not isinstance(reply, wire.Welcome):
             raise ConnectionError(f"worker {self.address} (node {self.index}): unexpected answer "
                                   f"to Hello ({reply!r:.200})")

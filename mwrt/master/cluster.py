@@ -50,6 +50,9 @@ class Cluster:
         self.worker_keys = None  # the local daemons' key, kept to start a replacement
         # Without a grace there is nothing to re-attach to: a fresh id, as for any session.
         self.session_id = _named_id(session, keys) if self.grace > 0 else uuid.uuid4().hex
+        # The workers know this master's connections by a nonce of its own: no other master,
+        # even one with the key and the session's name, can speak or keep the session alive.
+        self.connection_id = f"{self.session_id}/{uuid.uuid4().hex}"
         self.master_name = f"{socket.gethostname()}:{os.getpid()}"
         self.context = _context_for(len(addresses))
         self.local = local

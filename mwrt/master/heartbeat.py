@@ -43,7 +43,7 @@ class Heartbeat(threading.Thread):
         self.lock = threading.Lock()
         self._stop_event = threading.Event()
         self._outbox: list = []  # (node index, message), sent by this thread
-        sid = cluster.session_id.encode()
+        sid = cluster.connection_id.encode()
         self.sockets = [dealer(cluster.context, sid + b"/hb", n.address, cluster.keys)
                         for n in cluster.nodes]
         self.monitors = [s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)

@@ -106,6 +106,7 @@ class Daemon:
         self.stopping = False
         self.max_functions = max(config.get("session_functions"), 1)
         self.max_world, self.max_joins = config.get("max_world"), config.get("max_joins")
+        self.max_sessions = max(config.get("max_sessions"), 1)
         self.joins = threading.BoundedSemaphore(self.max_joins)  # Joins under way (a thread each)
         self._rejections = [0.0, 0, 0]  # window start, rejections in it, not logged
         self.refusals = RefusalLog(keys is not None, self._log_rejection, _REJECTION_WINDOW)
@@ -397,25 +398,26 @@ class Daemon:
 
     def _hello(self, sid, command) -> Session | None:
         identity = sid + b"/" + RX
-        session, resumed = self.sessions.get(sid), None
-        if session is not None and lifecycle.may_reattach(session, command):
-            session.master, session.last_seq, session.last_seen = \
-                command.master, -1, time.monotonic()
+        session, resumed = lifecycle.named(self, lifecycle.session_of(sid)), None
+        if session is not None and session.sid != sid and lifecycle.may_reattach(session):
+            del self.sessions[session.sid]
+            self.sessions[sid] = session
+            session.attach(sid, command.master)
             resumed = session.resumed()
             log.info("session %s re-attached by %s as node %d", command.session,
                      command.master, command.node)
         else:
-            refusal = lifecycle.refuse_hello(self.sessions, sid, command)
+            refusal = lifecycle.refuse_hello(self, sid, command)
             if refusal:
                 self._log_rejection("refused a Hello from %r: %s", identity[:40], refusal)
                 self.send(identity, wire.Failed(command.id, {"kind": "session",
                                                              "message": refusal}))
                 return None
-            session = Session(self, identity, command.session, command.master, command.node)
+            session = Session(self, sid, command.session, command.master, command.node)
             self.sessions[sid] = session
             log.info("session %s opened by %s as node %d", command.session, command.master,
                      command.node)
-        session.grace = lifecycle.grace(command)
+        session.grace = lifecycle.grace(self, command)
         from .. import arrays
 
         gpus = arrays.devices()

@@ -40,7 +40,7 @@ def _session(session) -> dict:
     executors = list(session.streams.values())
     return {"id": session.id[:8], "master": session.master, "node": session.node,
             **session.stats(), "streams_busy": sum(not ex.idle() for ex in executors),
-            "idle": time.monotonic() - session.last_seen}
+            "idle": time.monotonic() - session.last_seen, "grace": session.grace}
 
 
 def note_error(session, info: dict) -> None:

@@ -40,9 +40,9 @@ class EventState:
 class Session:
     """State kept for one master; every stream of the session has its own executor."""
 
-    def __init__(self, daemon, identity: bytes, session_id: str, master: str, node: int):
-        self.daemon, self.identity, self.id = daemon, identity, session_id
-        self.sid = session_id.encode()
+    def __init__(self, daemon, sid: bytes, session_id: str, master: str, node: int):
+        self.daemon, self.id = daemon, session_id
+        self.sid, self.identity = sid, sid + b"/" + RX  # its master's connections (SESSION/NONCE)
         self.master, self.node = master, node
         self.tensors: dict[int, object] = TensorTable(node)
         self.inflight = Inflight(node)
@@ -68,6 +68,11 @@ class Session:
         self.grace = 0.0  # seconds kept after the master's silence, to be re-attached
         self.names: dict[str, int] = {}  # tensor ids by the names the master gave them
         self.max_id = 0  # the highest command id seen: a re-attaching master counts on
+
+    def attach(self, sid: bytes, master: str) -> None:
+        """Pass this session to the master of connections `sid` (a re-attach)."""
+        self.sid, self.identity, self.master = sid, sid + b"/" + RX, master
+        self.last_seq, self.last_seen = -1, time.monotonic()
 
     def stream(self, stream_id: int, device: int | None = None) -> StreamExecutor:
         """The executor of `stream_id`; default streams (id == device) start on first use."""
