@@ -184,3 +184,18 @@ def test_a_place_that_fails_before_a_collective_fails_its_peers_at_once(four):
     b = [mwrt.dist_send(np.full(4, float(n)), node=n) for n in range(3)]
     mwrt.all_reduce(b)  # the group goes on
     np.testing.assert_array_equal(b[2].numpy(), np.full(4, 3.0))
+
+
+def _fails(block):
+    raise ValueError("fails at every place")
+
+
+def test_a_mesh_op_that_fails_at_every_place_is_raised_once(four):
+    mesh = mwrt.mesh(nodes=[0, 1, 2])
+    R = mwrt.dist_send(np.arange(6.), mesh=mesh)  # replicated: a read asks one place
+    S = mwrt.dist_send(np.arange(6.), mesh=mesh, shard=0)  # a read asks every place
+    failed = mwrt.remote(_fails)(R)
+    with pytest.raises(mwrt.RemoteError, match="fails at every place"):
+        failed.numpy()
+    same(S * 3, np.arange(6.) * 3)  # the other places' errors of it are not raised here
+    same(R + 1, np.arange(6.) + 1)

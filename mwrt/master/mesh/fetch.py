@@ -9,6 +9,7 @@ import numpy as np
 
 from ... import config, staging
 from ...arrays import HOST
+from ...errors import MwrtError
 from ...ops import Spec
 from ...protocol import wire
 from .. import ordering, transfer
@@ -79,3 +80,24 @@ def _post_receive(t, node, pending: list, works: list, k: int) -> np.ndarray:
     node.issue(send)
     pending.append((k, node, send.token, False))
     return array
+
+
+def settle(tensors: list) -> None:
+    """After a failed read of a mesh tensor: each block's stream reports its error now (and
+    clears it), so a failure at every place of a mesh op is raised once, not again at the
+    next op that reads another of its places. Errors are dropped: the one raised names the
+    op."""
+    asked = []
+    for t in tensors:
+        node = t._node
+        if node.lost is not None:
+            continue
+        sync = wire.Sync(id=next(node.ids), stream=ordering.read_stream(t),
+                         token=next(node.tokens))
+        node.issue(sync)
+        asked.append((node, sync.token))
+    for node, token in asked:
+        try:
+            node.wait(token, f"the streams of a failed read, on node {node.index}")
+        except MwrtError:
+            pass

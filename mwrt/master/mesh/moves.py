@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import MwrtError
 from ...ops import Spec
 from .. import collectives, issue, ordering
 from ..creation import _create
 from ..tensor import DistributedTensor
-from .fetch import fetch_many
+from .fetch import fetch_many, settle
 from .placement import (
     REPLICATE,
     Partial,
@@ -420,7 +421,16 @@ def global_spec(t) -> Spec:
 
 def gather_to_master(t) -> np.ndarray:
     """The whole value on the master; each distinct block fetched from one place, all at
-    once (the requests go out to every node before the first reply is read)."""
+    once (the requests go out to every node before the first reply is read). A failure is
+    raised once: every place's stream reports its own error of the same ops meanwhile."""
+    try:
+        return _gather(t)
+    except MwrtError:
+        settle(t._locals)
+        raise
+
+
+def _gather(t) -> np.ndarray:
     resolve(t)
     mesh, spec = t._mesh, t.spec
     wanted, boxes = [], []
