@@ -47,8 +47,8 @@ def call(name: str, *args, **kwargs):
     for node in mesh.nodes:  # all or none: a lost node is named before any place runs it
         if node.lost is not None:
             node.check_lost()
-    if name in ordering.VIEWS:  # before the plan: a Partial operand it may copy is made real
-        moves.before_view(name, operands[0], margs)
+    if name in ordering.VIEWS and _views_first(margs):  # before the plan: a Partial
+        moves.before_view(name, operands[0], margs)  # operand it may copy is made real
     op = ops.get(name)
     key = _plan_key(name, op, mesh, operands, margs, mkwargs)
     if key is not None:
@@ -77,6 +77,11 @@ def call(name: str, *args, **kwargs):
             _PLANS.clear()
         _PLANS[key] = (spec, plan)
     return run(name, plan, operands, margs, mkwargs, spec)
+
+
+def _views_first(margs) -> bool:
+    """True if a view op's first argument is operand 0 (the tensor it views)."""
+    return bool(margs) and type(margs[0]) is Slot and margs[0].k == 0
 
 
 def _plan_key(name, op, mesh, operands, margs, mkwargs):
@@ -118,7 +123,7 @@ def run(name, plan, operands, margs, mkwargs, spec):
                                    _known(specs[j]))
                      for j in range(len(results[0])))
     result = ShardedTensor(mesh, plan.placements, results, _known(spec))
-    if name in ordering.VIEWS:
+    if name in ordering.VIEWS and _views_first(margs):
         moves.share(result, operands[0])
     if ordering.capture and is_partial(result):  # a replay makes it Partial again
         ordering.capture[-1].placed(result)
