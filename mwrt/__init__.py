@@ -39,8 +39,10 @@ from .master.creation import (
     ones,
     rand,
     randn,
+    remote,
     zeros,
 )
+from .master.creation import put as dist_send
 from .master.graph import Graph, graph
 from .master.mesh.device_mesh import Mesh, mesh
 from .master.mesh.placement import (
@@ -51,7 +53,6 @@ from .master.mesh.placement import (
     Replicate,
     Shard,
 )
-from .master.mesh.tensor import ShardedTensor
 from .master.naming import attached
 from .master.profile import profile
 from .master.queries import (
@@ -63,10 +64,8 @@ from .master.queries import (
     status,
     synchronize,
 )
-from .master.remote import remote
 from .master.streams import Event, Stream, current_stream, stream
-from .master.tensor import DistributedTensor
-from .master.transfer import put as dist_send
+from .master.tensor import DistributedTensor, ShardedTensor
 
 # isort: split
 from . import array_api  # over the master's modules above, after them

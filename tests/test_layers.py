@@ -128,19 +128,18 @@ def test_the_root_holds_only_the_foundation_and_the_api():
 # -- import circles, and the master's own layers -------------------------------------------
 
 # master/'s layers, lowest first: a module imports its own layer and those below, never one
-# above; inside a layer the modules stand in some order too (no circles, tested below).
-# Where a lower module must call up, it names the function with upcalls.unbound() and the
-# package's __init__ (the last layer) binds it.
+# above; inside a layer the modules stand in some order too (no circles, tested below). No
+# module binds names into another while the program runs (tested below): a lower module that
+# must make a handle makes it of its operands' class (Handle.results) or of a class it is given.
 MASTER_LAYERS = [
-    ("connection", {"limits", "progress", "sites", "upcalls", "client", "local", "heartbeat",
+    ("connection", {"limits", "progress", "sites", "client", "local", "heartbeat",
                     "cluster"}),  # the nodes, their sockets and daemons
     ("places", {"context", "ordering", "streams", "queries", "methods", "mesh.device_mesh",
-                "mesh.placement"}),  # where new work goes, and in which order
-    ("handles", {"tensor", "issue", "element", "remote", "arrayfunc", "transfer", "creation",
-                 "collectives", "naming"}),  # DistributedTensor and the ops it issues
-    ("meshes", {"mesh", "mesh.plan", "mesh.fetch", "mesh.moves", "mesh.shapes", "mesh.rules",
-                "mesh.fallback",
-                "mesh.dispatch", "mesh.tensor", "mesh.creation", "mesh.saving"}),
+                "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
+    ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
+               "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.dispatch",
+               "remote", "arrayfunc"}),  # a handle's fields, and the ops, copies and moves it issues
+    ("handles", {"tensor", "mesh.creation", "creation", "naming", "mesh.saving"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py
 ]
 
@@ -218,7 +217,7 @@ def _master_layer(module: str) -> int:
 
 
 def test_the_master_imports_only_downward():
-    """connection < places < handles < meshes < programs: see MASTER_LAYERS."""
+    """connection < places < verbs < handles < programs: see MASTER_LAYERS."""
     wrong = []
     for module, path, is_package in _modules():
         if _top(module) != "master":
@@ -227,8 +226,8 @@ def test_the_master_imports_only_downward():
             if _top(imported) == "master" and _master_layer(imported) > _master_layer(module):
                 wrong.append(f"{module} ({MASTER_LAYERS[_master_layer(module)][0]}) imports "
                              f"{imported} ({MASTER_LAYERS[_master_layer(imported)][0]})")
-    assert not wrong, ("master/ imports upward; move the name down, pass it in, or bind it "
-                       "with upcalls.unbound():\n" + "\n".join(sorted(wrong)))
+    assert not wrong, ("master/ imports upward; move the name down, or pass it in:\n"
+                       + "\n".join(sorted(wrong)))
 
 
 def test_the_layers_above_the_foundation_never_import_the_package_root():
@@ -240,20 +239,74 @@ def test_the_layers_above_the_foundation_never_import_the_package_root():
     assert not wrong, "\n".join(wrong)
 
 
-def test_every_up_call_is_bound_once_mwrt_is_imported():
-    """What a lower module names with upcalls.unbound(), mwrt.master binds as it loads."""
-    import importlib
-    import sys
+# Names bound while the program runs, which no import shows: the late-binding tables these
+# tests refuse. The one left: mwrt.array_api, above the master, gives tensors their Array API
+# namespace (its constructors make tensors, so tensor.py cannot import it).
+LATE_BINDING_ALLOWED = {("array_api", "set_array_namespace")}
 
-    from mwrt.master.upcalls import Unbound
 
-    for module, _, _ in _modules():
-        if _top(module) == "master":
-            importlib.import_module(f"mwrt.{module}" if module else "mwrt")
-    left = sorted(f"{name}.{attr}" for name, loaded in list(sys.modules.items())
-                  if name.startswith("mwrt.master") for attr, value in vars(loaded).items()
-                  if isinstance(value, Unbound))
-    assert not left, f"up-calls nobody binds (bind them in mwrt/master/__init__.py): {left}"
+def _late_bindings(module: str, tree: ast.AST):
+    """Where `module` assigns into another module's attributes (`other.name = ...`,
+    setattr(other, ...)), or binds names through a table (unbound()/bind() up-calls, a
+    module-level list filled from outside, an install() that sets a class's methods)."""
+    modules = {m.rpartition(".")[2] for m, _, _ in _modules()}  # mwrt's, by their last name
+    imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+                if (isinstance(node, ast.ImportFrom) and (node.level or (
+                    node.module or "").startswith("mwrt"))) or (
+                    isinstance(node, ast.Import) and node.names[0].name.startswith("mwrt"))
+                for alias in node.names if alias.name.rpartition(".")[2] in modules}
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                    target.value.id in imported:
+                yield node.lineno, f"assigns {ast.unparse(target)}"
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute) \
+                    and isinstance(target.value.value, ast.Name) and \
+                    target.value.value.id in imported:
+                yield node.lineno, f"assigns into {ast.unparse(target.value)}"
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            last = name.rpartition(".")[2]
+            if last == "setattr" and node.args and isinstance(node.args[0], ast.Name) and \
+                    node.args[0].id in imported:
+                yield node.lineno, f"setattr on {node.args[0].id}"
+            elif last in ("unbound", "install", "set_array_namespace") and \
+                    (_top(module), last) not in LATE_BINDING_ALLOWED:
+                yield node.lineno, f"binds through {name}()"
+            elif last == "bind" and "upcalls" in name:
+                yield node.lineno, f"binds through {name}()"
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and \
+                len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and \
+                node.args[1].value in ("_sharded",):
+            yield node.lineno, f"reads the marker {node.args[1].value!r} by duck typing"
+
+
+def test_no_module_binds_names_into_another_while_running():
+    """Every edge is an import a reader (and test_no_import_circles_anywhere) can see: no
+    up-call tables, no module attributes patched from outside, no methods installed on a
+    class from another module, no duck-typed marker attributes."""
+    wrong = [f"{module}:{line} {what}" for module, path, _ in _modules()
+             for line, what in _late_bindings(module, _tree(path))]
+    assert not wrong, ("late binding (import the name from below instead, or pass it in):\n"
+                       + "\n".join(sorted(wrong)))
+
+
+def test_the_late_binding_check_sees_each_mechanism():
+    """The check above fails on each way the master's circles were once hidden."""
+    samples = {
+        "from . import dispatch\ndispatch.ShardedTensor = object\n": "assigns",
+        "from . import tensor\ntensor._ARRAY_API[0] = 1\n": "assigns into",
+        "from .upcalls import unbound\ncall = unbound('call', 'issue')\n": "binds through",
+        "from . import upcalls, tensor\nupcalls.bind(tensor, call=1)\n": "binds through",
+        "from . import methods\nmethods.install(object, print)\n": "binds through",
+        "from . import tensor\nsetattr(tensor, 'x', 1)\n": "setattr",
+        "x = getattr(object(), '_sharded', False)\n": "marker",
+    }
+    for source, what in samples.items():
+        found = list(_late_bindings("master.sample", ast.parse(source)))
+        assert found and what in found[0][1], (source, found)
 
 
 # -- duck-typed reaches ----------------------------------------------------------------------

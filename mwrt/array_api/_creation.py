@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..master import creation
+from ..master.creation import put
 from ..master.tensor import DistributedTensor
-from ..master.transfer import put
 from ._info import place
 from ._run import op, run, tensor
 

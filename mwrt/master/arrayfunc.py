@@ -21,10 +21,12 @@ import numpy as np
 
 from .. import ops
 from ..ops import npfunc
+from .handle import Handle
 from .issue import call
 from .issue import call as _call
+from .mesh import dispatch, fallback, moves
+from .mesh.placement import PlacementError
 from .remote import RemoteFunction
-from .tensor import DistributedTensor
 
 # Asked of shape and dtype only: answered on the master from broadcast one-element stand-ins.
 _SPEC_ONLY = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type",
@@ -116,6 +118,8 @@ def _lookup(path: str):
 
 def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run NumPy function `func` for tensors among `args`/`kwargs` (see the module's doc)."""
+    if _on_mesh((args, kwargs)):
+        return _on_every_place(func, args, kwargs)
     path = path_of(func)
     label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
     _one_place(label, (args, kwargs))
@@ -127,7 +131,7 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if path in _ON_MASTER:
         return func(*_values(args), **_values(kwargs))
     if path in _IN_PLACE:
-        if not isinstance(args[0] if args else None, DistributedTensor):  # a master array
+        if not isinstance(args[0] if args else None, Handle):  # a master array
             return func(*_values(args), **_values(kwargs))
         call("numpy_", args[0], path, *args[1:], **kwargs)
         return None
@@ -139,6 +143,42 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if path in npfunc.OUTPUTS:
         count = npfunc.outputs(path, _specs(args), _specs(kwargs))
     return call("numpy", path, count, *args, **kwargs)
+
+
+def _on_mesh(value) -> bool:
+    """True if a mesh tensor is among `value`'s tensors."""
+    found: list = []
+    _walk(value, found.append)
+    return any(t._mesh is not None for t in found)
+
+
+def _on_every_place(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """A NumPy function on mesh tensors: a registry op by its placement rule; any other
+    function at every place on replicated tensors (or a PlacementError naming the fix)."""
+    path = path_of(func)
+    operands: list = []
+    margs, mkwargs = dispatch.mark(args, operands, "np.function"), \
+        dispatch.mark(kwargs, operands, "")
+    name = getattr(func, "__name__", "")
+    if name in _SPEC_ONLY or name in _ON_MASTER:  # shapes; printing
+        known = [np.broadcast_to(np.zeros((), t.dtype), t.shape)
+                 if name in _SPEC_ONLY else t.numpy() for t in operands]
+        return func(*dispatch.fill(margs, known), **dispatch.fill(mkwargs, known))
+    if path is not None and _is_registry_function(path, args, kwargs):
+        return dispatch.call(path, *args, **kwargs)
+    label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
+
+    def again(local):
+        return moves.per_place(label, local, lambda blocks: array_function(
+            func, dispatch.fill(margs, blocks), dispatch.fill(mkwargs, blocks)))
+    try:
+        return again(operands)
+    except PlacementError as error:
+        # a function that writes an argument would write a copy: it stays an error
+        if name in dispatch.WRITING_FUNCTIONS or "out" in kwargs or \
+                not fallback.applies(error):
+            raise
+        return fallback.run(label, operands, None, again, dispatch.call, error)
 
 
 def _is_registry_function(path: str, args: tuple, kwargs: dict) -> bool:
@@ -161,7 +201,7 @@ def _is_registry_function(path: str, args: tuple, kwargs: dict) -> bool:
 def _walk(value, leaf):
     """`value` with every DistributedTensor in it (in tuples, lists, dicts) replaced by
     leaf(tensor)."""
-    if isinstance(value, DistributedTensor):
+    if isinstance(value, Handle):
         return leaf(value)
     if isinstance(value, (tuple, list)):
         return type(value)(_walk(v, leaf) for v in value)

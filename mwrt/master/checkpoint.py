@@ -29,7 +29,6 @@ from . import context, ordering
 from .cluster import current
 from .mesh import saving
 from .mesh.device_mesh import Mesh
-from .mesh.tensor import ShardedTensor
 from .progress import Progress
 from .streams import Stream
 from .tensor import DistributedTensor
@@ -149,7 +148,7 @@ def load(path: str | os.PathLike, *, node: int | None = None, names: list | None
     every.update(dict.fromkeys(sharded))
     wanted = every if names is None else _pick(every, names, path)
     cluster, used = current(), set()
-    loaded: dict[str, DistributedTensor | ShardedTensor] = {}
+    loaded: dict[str, DistributedTensor] = {}
 
     def load_at(name: str, node_index: int, device: int) -> DistributedTensor:
         entry = manifest["tensors"][name]
@@ -191,7 +190,7 @@ def _blocks_of_sharded(tensors: dict) -> tuple[dict, dict]:
     flat: dict = {}
     sharded: dict = {}
     for name, t in tensors.items():
-        if getattr(t, "_sharded", False):
+        if isinstance(t, DistributedTensor) and t._mesh is not None:
             sharded[name], parts = saving.blocks(name, t)
             flat.update(parts)
         else:
@@ -245,7 +244,7 @@ def _check_tensors(tensors) -> None:
             raise ValueError(f"mwrt.save: tensor names must be non-empty strings without '#' "
                              f"(a sharded tensor's blocks use it) not starting with '__' (got "
                              f"{name!r})")
-        if not isinstance(t, DistributedTensor) and not getattr(t, "_sharded", False):
+        if not isinstance(t, DistributedTensor):
             raise TypeError(f"mwrt.save: {name!r} is a {type(t).__name__}, expected a "
                             "DistributedTensor (mwrt.dist_send it first)")
 

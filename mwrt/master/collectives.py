@@ -19,16 +19,16 @@ from ..protocol import wire
 from . import context, ordering
 from .client import Node, issue_site, uninterrupted
 from .cluster import current
+from .handle import Handle
 from .mesh.placement import bounds
-from .tensor import DistributedTensor
 
-Tensors = Sequence[DistributedTensor]
+Tensors = Sequence[Handle]
 Sends = list[tuple[Node, wire.Collective, tuple | None]]  # (node, its part, the user's line)
 
 
 def _check(tensors, what: str) -> list:
     tensors = list(tensors)
-    if not tensors or not all(isinstance(t, DistributedTensor) for t in tensors):
+    if not tensors or not all(isinstance(t, Handle) and t._mesh is None for t in tensors):
         raise TypeError(f"{what}: expected a non-empty list of DistributedTensors, one per node")
     nodes = [t.get_node() for t in tensors]
     if len(set(nodes)) != len(nodes):
@@ -53,13 +53,15 @@ def _group_id(placements) -> int:
 
 
 def _issue(sends: Sends, kind: str, tensor, node, device, ranks, group, args, out_spec=None,
-           write: bool = True):
+           write: bool = True, like=None):
     """Make one node's command of the collective, for _send(); the new tensor it makes, if
-    any. `write`: the collective writes `tensor` (False: it only reads it)."""
+    any, of the class of `like` (else of `tensor`). `write`: the collective writes `tensor`
+    (False: it only reads it)."""
     stream = context.stream_for(node.index, device)
     out = None
     if out_spec is not None:
-        out = DistributedTensor(node, device, next(node.ids), out_spec, stream)
+        out = (tensor if like is None else like).results(node, device, next(node.ids), out_spec,
+                                                         stream)
     now = next(node.ids)
     if tensor is not None:  # most write their tensor in place: after all its uses
         ordering.use(tensor, stream, now, write=write)
@@ -90,7 +92,7 @@ def _send(sends: Sends) -> None:
 
 
 def all_reduce(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
-               ) -> list[DistributedTensor]:
+               ) -> list[Handle]:
     """Combine the tensors with `op`, in place: every node ends with the same result."""
     tensors = _check(tensors, "all_reduce")
     op = reduce_op(op, tensors[0].dtype, "all_reduce")
@@ -102,7 +104,7 @@ def all_reduce(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
     return tensors
 
 
-def broadcast(tensors: Tensors, src: int = 0) -> list[DistributedTensor]:
+def broadcast(tensors: Tensors, src: int = 0) -> list[Handle]:
     """Copy tensors[src] into every other tensor, in place."""
     tensors = _check(tensors, "broadcast")
     _check_index(src, tensors, "broadcast", "src")
@@ -115,7 +117,7 @@ def broadcast(tensors: Tensors, src: int = 0) -> list[DistributedTensor]:
 
 
 def reduce(tensors: Tensors, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM
-           ) -> DistributedTensor:
+           ) -> Handle:
     """Combine the tensors with `op` into tensors[dst] (the others are scratch space)."""
     tensors = _check(tensors, "reduce")
     _check_index(dst, tensors, "reduce", "dst")
@@ -129,7 +131,7 @@ def reduce(tensors: Tensors, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM
     return tensors[dst]
 
 
-def all_gather(tensors: Tensors) -> list[DistributedTensor]:
+def all_gather(tensors: Tensors) -> list[Handle]:
     """On every node, a new tensor stacking all the tensors: shape (len(tensors), *shape)."""
     tensors = _check(tensors, "all_gather")
     ranks, group = _placed(tensors)
@@ -142,7 +144,7 @@ def all_gather(tensors: Tensors) -> list[DistributedTensor]:
 
 
 def reduce_scatter(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
-                   ) -> list[DistributedTensor]:
+                   ) -> list[Handle]:
     """Combine the tensors with `op` and split the result along axis 0 as np.array_split
     does: on node i (tensors[i]'s), a new tensor holding part i (uneven lengths: the first
     parts one row longer; a part may be empty). The tensors themselves are left intact."""
@@ -165,7 +167,7 @@ def reduce_scatter(tensors: Tensors, op: ReduceOp | str = ReduceOp.SUM
     return outs
 
 
-def gather(tensors: Tensors, dst: int = 0) -> DistributedTensor:
+def gather(tensors: Tensors, dst: int = 0) -> Handle:
     """A new tensor on tensors[dst]'s node stacking all the tensors."""
     tensors = _check(tensors, "gather")
     _check_index(dst, tensors, "gather", "dst")
@@ -179,9 +181,9 @@ def gather(tensors: Tensors, dst: int = 0) -> DistributedTensor:
     return made[dst]
 
 
-def scatter(tensor: DistributedTensor, nodes: Sequence[int]) -> list[DistributedTensor]:
+def scatter(tensor: Handle, nodes: Sequence[int]) -> list[Handle]:
     """Split `tensor` (shape (len(nodes), *rest)) along axis 0: part i goes to nodes[i]."""
-    if not isinstance(tensor, DistributedTensor):
+    if not isinstance(tensor, Handle) or tensor._mesh is not None:
         raise TypeError(f"scatter: expected a DistributedTensor (got {type(tensor).__name__})")
     places = [current().node(n) for n in nodes]
     ranks = tuple(n.index for n in places)
@@ -196,7 +198,8 @@ def scatter(tensor: DistributedTensor, nodes: Sequence[int]) -> list[Distributed
     group = _group_id([(n, tensor._device) for n in ranks])
     sends: Sends = []
     outs = [_issue(sends, "scatter", tensor if node is tensor._node else None, node,
-                   tensor._device, ranks, group, {"root": root, "dtype": spec.dtype.str}, spec)
+                   tensor._device, ranks, group, {"root": root, "dtype": spec.dtype.str}, spec,
+                   like=tensor)
             for node in places]
     _send(sends)
     return outs

@@ -1,45 +1,66 @@
-"""Making tensors on workers: typed constructors, empty/zeros/ones/full/arange/rand/randn.
+"""Making tensors on workers: typed constructors, empty/zeros/ones/full/arange/rand/randn,
+dist_send (copies of the master's arrays) and remote() functions.
 
-Each takes `mesh=` and `shard=` (or works inside `with mesh:`) to make a ShardedTensor: a
-block at every place of the mesh, replicated unless `shard=` names the axis to split.
+Each takes `mesh=` and `shard=` (or works inside `with mesh:`) to make a mesh tensor: a
+block at every place of the mesh (mesh/creation.py), replicated unless `shard=` names the
+axis to split.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-from numpy.typing import DTypeLike
+from numpy.typing import ArrayLike, DTypeLike
 
 from ..arrays import TYPED, as_dtype, as_shape
-from ..ops import Spec
-from ..protocol import wire
-from . import context
+from . import context, transfer
 from .cluster import current
+from .mesh import creation as on_mesh
 from .mesh.device_mesh import Mesh, current_mesh, wanted
 from .mesh.placement import ShardArg
+from .remote import RemoteFunction
 from .tensor import DistributedTensor
-from .upcalls import unbound
 
 Shape = int | Sequence[int]
-# A mesh tensor (a block at each place) is made by the layer above (see upcalls.py).
-create_on_mesh: Callable[..., Any] = unbound("create_on_mesh",
-                                             "mwrt.master.mesh.creation.create")
 
 
 def _create(kind: str, shape: tuple, dtype, node, device, args=(), mesh=None, shard=None):
     if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
-        return create_on_mesh(kind, shape, dtype, wanted(mesh, shard), shard, args)
+        return on_mesh.create(kind, shape, dtype, cast(Mesh, wanted(mesh, shard)), shard, args)
     dtype = as_dtype(dtype)
     target = current().node(context.current_node() if node is None else node)
     device = target.check_device(context.current_device() if device is None else device)
-    stream = context.stream_for(target.index, device)
-    tensor = DistributedTensor(target, device, next(target.ids), Spec(shape, dtype), stream)
-    target.issue(wire.Create(id=next(target.ids), stream=stream, out=tensor._id, kind=kind,
-                             shape=shape, dtype=dtype.str, device=device, args=tuple(args)))
-    return tensor
+    return on_mesh.create_at(kind, shape, dtype, target, device, args)
+
+
+def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
+        mesh: Mesh | None = None, shard: ShardArg = None) -> DistributedTensor:
+    """Copy a NumPy array from the master to (node, device); returns its DistributedTensor.
+    With `mesh=` (or inside `with mesh:`), a mesh tensor: split along axis `shard` over
+    the mesh's places (uneven as np.array_split), or replicated without it."""
+    if not isinstance(array, (np.ndarray, np.generic)):
+        array = transfer.host_array(array)
+    if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
+        return on_mesh.put(np.asarray(array), cast(Mesh, wanted(mesh, shard)), shard)
+    array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
+    as_dtype(array.dtype)
+    target = current().node(context.current_node() if node is None else node)
+    device = context.current_device() if device is None else device
+    return on_mesh.put_at(array, target, device)
+
+
+def remote(fn: Callable | None = None, *, outputs: int = 1, spec: Any = None) -> Any:
+    """Decorator or call: `mwrt.remote(fn)(t)` runs fn(t's array) on t's worker.
+
+    Results' shapes and dtypes resolve when first needed; give them up front as
+    `spec=(shape, dtype)` (a list of them for several outputs) and nothing ever waits.
+    """
+    if fn is None:
+        return lambda f: RemoteFunction(f, outputs, spec, DistributedTensor)
+    return RemoteFunction(fn, outputs, spec, DistributedTensor)
 
 
 def empty(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,

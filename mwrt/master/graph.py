@@ -356,11 +356,12 @@ def graph(**inputs: DistributedTensor) -> Graph:
 def _by_place(tensors: dict) -> dict:
     """A mesh tensor as its shards, one input each ("x[0]", "x[1]", ...): a replay rebinds
     every place's block, each checked as any input is."""
-    if not any(getattr(t, "_sharded", False) for t in tensors.values()):
+    if not any(isinstance(t, DistributedTensor) and t._mesh is not None
+               for t in tensors.values()):
         return tensors
     out = {}
     for name, tensor in tensors.items():
-        if getattr(tensor, "_sharded", False):
+        if isinstance(tensor, DistributedTensor) and tensor._mesh is not None:
             out.update({f"{name}[{i}]": shard for i, shard in enumerate(tensor.shards())})
         else:
             out[name] = tensor

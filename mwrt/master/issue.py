@@ -21,8 +21,8 @@ from .. import ops
 from ..ops import UNKNOWN
 from ..protocol import wire
 from . import context, ordering
+from .handle import Handle
 from .mesh.placement import PlacementError
-from .tensor import DistributedTensor
 
 _SCALARS = (int, float, bool, complex)
 
@@ -37,7 +37,8 @@ def call(name: str, *args, **kwargs):
     spec_kwargs, wire_kwargs = convert(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
-    node, device = place[0]._node, place[0]._device
+    first = place[0]
+    node, device = first._node, first._device
     if ordering.capture and _pending((spec_args, spec_kwargs)):
         result = _pending_result(op, spec_args)
     else:
@@ -45,7 +46,7 @@ def call(name: str, *args, **kwargs):
     node.limits.check_result(name, result)
     stream = context.stream_for(node.index, device)
     written = args[0] if op.inplace else None
-    outs = _outputs(node, device, stream, result)
+    outs = _outputs(first.results, node, device, stream, result)
     now = next(node.ids)
     if outs and name in _ALIASING:  # (in this order: x += 1 pays one test)
         _share(name, args, outs)  # a view shares its base's record
@@ -71,6 +72,17 @@ def call(name: str, *args, **kwargs):
     return outs[0] if type(result) is not tuple else tuple(outs)
 
 
+def create(cls: type, kind: str, shape: tuple, dtype: np.dtype, node, device: int,
+           args: tuple = ()):
+    """A new tensor (a handle of class `cls`) of `shape` on (node, device), made by
+    constructor `kind` (empty, zeros, rand, ...) with `args`."""
+    stream = context.stream_for(node.index, device)
+    tensor = cls(node, device, next(node.ids), ops.Spec(shape, dtype), stream)
+    node.issue(wire.Create(id=next(node.ids), stream=stream, out=tensor._id, kind=kind,
+                           shape=shape, dtype=dtype.str, device=device, args=tuple(args)))
+    return tensor
+
+
 _ALIASING = ordering.VIEWS | {"numpy"}
 
 
@@ -81,14 +93,14 @@ def _share(name: str, args: tuple, outs: list) -> None:
         sources = args[2:]
     elif (name == "numpy" and args[0] in ordering.VIEW_PATHS) or (name in ordering.VIEWS and (
             name != "getitem" or _basic(args[1]))):
-        tensors = [a for a in args if isinstance(a, DistributedTensor)]
+        tensors = [a for a in args if isinstance(a, Handle)]
         if name == "numpy" and args[0] == "einsum" and len(tensors) > 1:
             return  # a product of several: a new array (one operand's may view it)
         sources = tensors[:1] * len(outs)
     else:
         return
     for tensor, source in zip(outs, sources):
-        if isinstance(source, DistributedTensor):
+        if isinstance(source, Handle):
             ordering.share(tensor, source)
 
 
@@ -104,7 +116,7 @@ def _call_out(name: str, args: tuple, kwargs: dict):
     keeps their other places); returns `out` as given, as NumPy does."""
     out = kwargs["out"]
     targets = out if isinstance(out, tuple) else (out,)
-    if not all(isinstance(t, DistributedTensor) for t in targets):
+    if not all(isinstance(t, Handle) and t._mesh is None for t in targets):
         got = ", ".join(type(t).__name__ for t in targets)
         raise TypeError(f"{name}: out= must be DistributedTensors in the operands' place (got "
                         f"{got}); write to a NumPy array with out=t.numpy() after the op")
@@ -183,11 +195,12 @@ def _pending_result(op, spec_args):
     return UNKNOWN if nout == 1 else (UNKNOWN,) * nout
 
 
-def _outputs(node, device, stream, result) -> list:
+def _outputs(cls, node, device, stream, result) -> list:
+    """The handles (of class `cls`) of an op's results."""
     if result is None:
         return []
     specs = result if type(result) is tuple else (result,)
-    return [DistributedTensor(node, device, next(node.ids), None if s is UNKNOWN else s, stream)
+    return [cls(node, device, next(node.ids), None if s is UNKNOWN else s, stream)
             for s in specs]
 
 
@@ -195,14 +208,14 @@ def _convert_args(args: tuple, place: list, name: str):
     """_convert over positional args, with tensors and scalars (nearly every arg) inline."""
     specs, wires = [], []
     for value in args:
-        if type(value) is DistributedTensor and (not place or (
+        if type(value) in _SCALARS:
+            specs.append(value)
+            wires.append(value)
+        elif isinstance(value, Handle) and value._mesh is None and (not place or (
                 place[0]._node is value._node and place[0]._device == value._device)):
             place.append(value)
             specs.append(value._spec or _spec_of(value))
             wires.append(value._ref)
-        elif type(value) in _SCALARS:
-            specs.append(value)
-            wires.append(value)
         else:
             spec, wired = convert(value, place, name)
             specs.append(spec)
@@ -214,7 +227,11 @@ def convert(value, place: list, name: str):
     """(value with tensors as Specs, value with tensors as Refs); checks one (node, device)."""
     if type(value) in _SCALARS:
         return value, value
-    if isinstance(value, DistributedTensor):
+    if isinstance(value, Handle):
+        if value._mesh is not None:
+            raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that "
+                                 "one on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or "
+                                 "take one of the mesh tensor's shards (t.shards()[i])")
         if place and (place[0]._node is not value._node or place[0]._device != value._device):
             first = place[0]
             raise ValueError(
@@ -229,10 +246,6 @@ def convert(value, place: list, name: str):
     if isinstance(value, dict):
         named = {k: convert(v, place, name) for k, v in value.items()}
         return {k: p[0] for k, p in named.items()}, {k: p[1] for k, p in named.items()}
-    if getattr(value, "_sharded", False):
-        raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that one "
-                             "on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or take "
-                             "one of the mesh tensor's shards (t.shards()[i])")
     if isinstance(value, _PASSED):
         if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "OV":
             raise TypeError(f"{name}: arrays of {value.dtype} cannot be sent to a worker; "

@@ -1,12 +1,15 @@
 """DistributedTensor's generated methods: operators, reductions and elementwise methods, built
-from the op registry with a name, a signature and a one-line docstring taken from the op.
+from the op registry with a name, a signature and a one-line docstring taken from the op;
+and how its methods take their arguments (shapes, indices, operands).
 
-`install(cls, call)` puts them on the class; `call(name, *args, **kwargs)` issues an op.
+`generated(call, mesh_call)` makes them for the class's body; each issues its op with
+`call(name, *args, **kwargs)` on one place, `mesh_call` on a mesh.
 """
 
 from __future__ import annotations
 
 import inspect
+import operator
 from typing import Any
 
 import numpy as np
@@ -66,41 +69,42 @@ def _lower(text: str) -> str:
     return text[0].lower() + text[1:] if text else text
 
 
-def binary(op: str, py: str, call):
+def binary(op: str, py: str, call, mesh_call):
     """(forward, reverse, in-place) methods of Python operator `py` over op `op`."""
     sym, what = SYMBOLS.get(py, py), f"{_lower(op_doc(op)).rstrip('.')} (np.{op})"
+    op_ = op + "_"
 
     def forward(self, other):
-        return call(op, self, operand(other))
+        return (call if self._mesh is None else mesh_call)(op, self, operand(other))
 
     def reverse(self, other):
-        return call(op, operand(other), self)
+        return (call if self._mesh is None else mesh_call)(op, operand(other), self)
 
     def inplace(self, other):
-        call(op + "_", self, operand(other))
+        (call if self._mesh is None else mesh_call)(op_, self, operand(other))
         return self
     return (_named(forward, f"__{py}__", f"self {sym} other: {what}, {_WHERE}."),
             _named(reverse, f"__r{py}__", f"other {sym} self: {what}, {_WHERE}."),
             _named(inplace, f"__i{py}__", f"self {sym}= other: {what}, in place; returns self."))
 
 
-def method(name: str, op: str, call, nargs: int):
+def method(name: str, op: str, call, mesh_call, nargs: int):
     """Named method `name` over op `op` with `nargs` tensor operands (1: self only, 2: other)."""
     if nargs == 1:
         def fn(self):
-            return call(op, self)
+            return (call if self._mesh is None else mesh_call)(op, self)
         return _named(fn, name, f"{op_doc(op).rstrip('.')} (np.{op}), {_WHERE}.")
 
     def fn2(self, other):
-        return call(op, self, operand(other))
+        return (call if self._mesh is None else mesh_call)(op, self, operand(other))
     return _named(fn2, name, f"{op_doc(op).rstrip('.')} (np.{op}) with `other`, {_WHERE}.")
 
 
-def reduction(name: str, call):
+def reduction(name: str, call, mesh_call):
     """Method `name(*args, **kwargs)` over reduction op `name`: arguments as NumPy's
     np.<name>(a, *args, **kwargs) takes them (axis, dtype, out=, keepdims, where=)."""
     def fn(self, *args, **kwargs):
-        return call(name, self, *args, **kwargs)
+        return (call if self._mesh is None else mesh_call)(name, self, *args, **kwargs)
     params = list(inspect.signature(getattr(np, name)).parameters.values())
     # inspect.signature (help(), Sphinx) reads the attribute, which functions do not declare.
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -109,33 +113,86 @@ def reduction(name: str, call):
                             f"as np.{name}'s.")
 
 
-def install(cls, call) -> None:
-    """Put the generated operators and methods on `cls` (DistributedTensor)."""
+def generated(call, mesh_call) -> dict:
+    """The generated operators and methods of DistributedTensor, by name, for its body."""
+    made: dict = {}
+
     def put(fn):
-        fn.__qualname__ = f"{cls.__name__}.{fn.__name__}"
+        fn.__qualname__ = f"DistributedTensor.{fn.__name__}"
         params = list(inspect.signature(fn).parameters)[1:]
-        fn.__annotations__ = {**{p: _HINTS.get(p, Any) for p in params}, "return": cls}
-        setattr(cls, fn.__name__, fn)
+        fn.__annotations__ = {**{p: _HINTS.get(p, Any) for p in params}, "return": Any}
+        made[fn.__name__] = fn
 
     for py, uf in BINARY_OPERATORS.items():
-        forward, reverse, inplace = binary(uf, py, call)
+        forward, reverse, inplace = binary(uf, py, call, mesh_call)
         put(forward)
         put(reverse)
         put(inplace)
-        put(_named(binary(uf, py, call)[2], f"{uf}_", inplace.__doc__))
+        put(_named(binary(uf, py, call, mesh_call)[2], f"{uf}_", inplace.__doc__))
     for py, uf in COMPARISONS.items():
-        put(binary(uf, py, call)[0])
+        put(binary(uf, py, call, mesh_call)[0])
     for py, uf in UNARY_OPERATORS.items():
-        fn = method(f"__{py}__", uf, call, 1)
+        fn = method(f"__{py}__", uf, call, mesh_call, 1)
         fn.__doc__ = f"{'abs(self)' if py == 'abs' else SYMBOLS[py] + 'self'}: {fn.__doc__}"
         put(fn)
     for name in REDUCTIONS:
-        put(reduction(name, call))
+        put(reduction(name, call, mesh_call))
     for name, op in UNARY_METHODS.items():
-        put(method(name, op, call, 1))
+        put(method(name, op, call, mesh_call, 1))
     for name, op in BINARY_METHODS.items():
-        put(method(name, op, call, 2))
+        put(method(name, op, call, mesh_call, 2))
     for name, py in [("add_", "add"), ("sub_", "sub"), ("mul_", "mul"), ("div_", "truediv"),
                      ("pow_", "pow")]:
-        inplace = getattr(cls, f"__i{py}__")
-        put(_named(binary(BINARY_OPERATORS[py], py, call)[2], name, inplace.__doc__))
+        inplace = made[f"__i{py}__"]
+        put(_named(binary(BINARY_OPERATORS[py], py, call, mesh_call)[2], name, inplace.__doc__))
+    return made
+
+
+def shape_arg(shape: tuple) -> tuple:
+    """A shape given as ints or as one tuple or list: the ints."""
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+
+
+def index_arg(index):
+    """Lists in an index become arrays (the wire carries lists as tuples); tensors as slice
+    bounds become ints (x[:n] with n a 0-d tensor: its value decides the shape)."""
+    if isinstance(index, tuple):
+        return tuple([_index_part(i) for i in index])
+    return _index_part(index)
+
+
+def _index_part(part):
+    kind = type(part)
+    if kind is slice:
+        bounds = (part.start, part.stop, part.step)
+        if any(b is not None and type(b) is not int for b in bounds):
+            return slice(*(b if b is None else operator.index(b) for b in bounds))
+        return part
+    if kind is not list:
+        return part
+    array = np.asarray(part)  # an empty list indexes as intp in NumPy, not as float64
+    return array.astype(np.intp) if array.size == 0 and array.dtype == np.float64 else array
+
+
+def is_element(index: Any) -> bool:
+    """True if `index` picks one element by integers alone (NumPy returns a scalar)."""
+    if isinstance(index, tuple):
+        return bool(index) and all(_is_int(i) for i in index)
+    return _is_int(index)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def out_arg(out) -> dict:
+    """out= as keyword arguments: none when it is None."""
+    return {} if out is None else {"out": out}
+
+
+def rebinding(op: str, call):
+    """An element's augmented assignment over op `op`: a new value, as a scalar's is."""
+    def fn(self, other):
+        return call(op, self, operand(other))
+    fn.__name__, fn.__qualname__ = f"__i{op}__", f"Element.__i{op}__"
+    return fn

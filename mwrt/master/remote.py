@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import cloudpickle
 
@@ -14,45 +12,48 @@ from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
 from .cluster import current
+from .handle import Handle
 from .issue import convert
+from .mesh.dispatch import remote_call
 from .sites import remember_places
-from .tensor import DistributedTensor
-from .upcalls import unbound
-
-# A call on mesh tensors runs at every place, by the layer above (see upcalls.py).
-remote_on_mesh: Callable[..., Any] = unbound("remote_on_mesh",
-                                            "mwrt.master.mesh.dispatch.remote_call")
 
 
 class RemoteFunction:
     """A function shipped (cloudpickle) to run where its tensor arguments live."""
 
-    def __init__(self, fn, outputs: int = 1, spec=None):
+    def __init__(self, fn, outputs: int = 1, spec=None, results: type | None = None):
+        """`fn` with `outputs` results (their `spec`s, if known), handles of class `results`
+        (else of its tensor arguments' class)."""
         if not callable(fn):
             raise TypeError(f"remote: expected a callable (got {type(fn).__name__})")
         if not isinstance(outputs, int) or outputs < 0:
             raise ValueError(f"remote: outputs must be an int >= 0 (got {outputs!r})")
         self.specs = _specs(spec, outputs)
-        self.fn, self.outputs = fn, outputs
+        self.fn, self.outputs, self.results = fn, outputs, results
         self._blob: bytes | None = None
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, node: int | None = None, device: int | None = None, **kwargs):
         """Issue the call and return at once: result tensors, whose shapes resolve on first use."""
-        if any(getattr(a, "_sharded", False) for a in (*args, *kwargs.values())):
-            return remote_on_mesh(self, args, kwargs)  # at every place of the mesh
+        if any(isinstance(a, Handle) and a._mesh is not None
+               for a in (*args, *kwargs.values())):
+            return remote_call(self, args, kwargs)  # at every place of the mesh
         place: list = []
         _, wire_args = convert(args, place, "remote")
         _, wire_kwargs = convert(kwargs, place, "remote")
+        results = self.results
         if place:
-            target, device = place[0]._node, place[0]._device
+            target, device, results = place[0]._node, place[0]._device, place[0].results
+        elif results is None:
+            raise TypeError("remote: a function without tensor arguments needs a place; call "
+                            "it as mwrt.remote(fn)(node=i)")
         else:
             target = current().node(context.current_node() if node is None else node)
             device = context.current_device() if device is None else device
         if self._blob is None:
             self._blob = _pickle(self.fn)
         stream = context.stream_for(target.index, device)
-        outs = [DistributedTensor(target, device, next(target.ids), spec, stream)
+        outs = [results(target, device, next(target.ids), spec, stream)
                 for spec in self.specs]
         now = next(target.ids)
         for tensor in place:  # read: in-place side effects are the function's own business
@@ -80,17 +81,6 @@ def site_paths() -> list[str]:
     import site
 
     return [*site.getsitepackages(), site.getusersitepackages()]
-
-
-def remote(fn: Callable | None = None, *, outputs: int = 1, spec: Any = None) -> Any:
-    """Decorator or call: `mwrt.remote(fn)(t)` runs fn(t's array) on t's worker.
-
-    Results' shapes and dtypes resolve when first needed; give them up front as
-    `spec=(shape, dtype)` (a list of them for several outputs) and nothing ever waits.
-    """
-    if fn is None:
-        return lambda f: RemoteFunction(f, outputs, spec)
-    return RemoteFunction(fn, outputs, spec)
 
 
 def _specs(spec, outputs: int) -> list:

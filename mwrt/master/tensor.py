@@ -1,14 +1,17 @@
-"""DistributedTensor: the master's handle to an array that lives on a worker.
+"""DistributedTensor: the master's handle to an array that lives on a worker, or to one laid
+over a mesh (one block at each place, placed Shard, Replicate or Partial per mesh dimension).
 
 Every op returns at once: the master computes the result's shape and dtype with the
-op's meta rule, names the result with a fresh id, and queues one command. Only copies
-to the master (`numpy()`, `item()`, `float()`…) wait for the worker.
+op's meta rule, names the result with a fresh id, and queues one command (one per place on
+a mesh). Only copies to the master (`numpy()`, `item()`, `float()`…) wait for the workers.
+The handle's placement decides how an op is issued: on one place by issue.call, over a mesh
+by mesh/dispatch.call (its placement rules, then every place). Each method is written once,
+here, above the verbs it calls; they make results of the class of their operands.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,69 +23,32 @@ from ..arrays import HOST, as_dtype
 from ..ops import Spec
 from ..protocol import wire
 from . import context, methods, ordering
+from .arrayfunc import array_function, array_ufunc
+from .handle import Handle
+from .issue import call
+from .mesh.device_mesh import Mesh
+from .mesh.dispatch import call as mesh_call
+from .mesh.moves import gather_to_master, redistribute, resolve
+from .mesh.placement import REPLICATE, Shard, describe, shard_arg
+from .methods import index_arg, is_element, operand, out_arg, shape_arg
 from .streams import Stream
-from .upcalls import unbound
+from .transfer import fetch, move
 
 _NAMES: dict[int, str] = {}  # id(handle) -> its name, while the handle lives
 
 
-class DistributedTensor:
-    """A handle to an array on (node, device); dropping the last handle frees it."""
+def _via(tensor: Handle) -> Callable[..., Any]:
+    """How an op on `tensor` is issued: on its one place, or at every place of its mesh."""
+    return call if tensor._mesh is None else mesh_call
 
-    # The record of its storage's uses (see ordering.py): _writer, the stream that last wrote
-    # it, at command id _wtime; _streams, every stream that used it (its free waits for them
-    # all); _ltime, its last use. A view keeps them on _base, the handle that owns the storage
-    # (as NumPy's ndarray.base), and its own _writer and _wtime say where it was made.
-    __slots__ = ("_node", "_device", "_id", "_spec", "_streams", "_writer", "_wtime", "_ltime",
-                 "_base", "_ref", "__weakref__")
+
+class DistributedTensor(Handle):
+    """A handle to an array on (node, device), or over a mesh; dropping the last handle
+    frees it."""
+
+    __slots__ = ()
     __array_priority__ = 1000
-
-    def __init__(self, node: Any, device: int, tensor_id: int, spec: Spec | None,
-                 stream: int) -> None:
-        """A handle to tensor `tensor_id` (made by mwrt's constructors and ops, not users)."""
-        self._node, self._device, self._id = node, device, tensor_id
-        self._spec = spec
-        self._streams: tuple[int, ...] = (stream,)
-        self._writer, self._wtime = stream, tensor_id
-        self._ltime = tensor_id  # below its command's id, above every earlier command's
-        self._base: DistributedTensor | None = None  # a view: the owner of its storage
-        self._ref = wire.ref(tensor_id)  # pre-encoded, so messages carry it at no cost
-        if ordering.capture:
-            ordering.capture[-1].made(self)
-
-    @classmethod
-    def at_places(cls, nodes, devices, tensor_id: int, specs, streams) -> list:
-        """One handle per place to tensor `tensor_id`, the id every place's worker gives its
-        block of a mesh op's result: __init__'s fields, with one pre-encoded reference for
-        all (not while a graph is captured: its records would not see them)."""
-        ref, new, handles = wire.ref(tensor_id), cls.__new__, []
-        # Places on one stream share one (stream,): fewer objects for the GC to trace (it
-        # took a quarter of a new result's cost per place at 32 nodes).
-        last = None  # the stream of the place before, and its (stream,)
-        used: tuple[int, ...] = ()
-        for node, device, spec, stream in zip(nodes, devices, specs, streams):
-            if stream != last:
-                last, used = stream, (stream,)
-            t = new(cls)
-            t._node, t._device, t._id, t._spec, t._streams = node, device, tensor_id, spec, used
-            t._writer, t._wtime, t._ltime, t._base, t._ref = stream, tensor_id, tensor_id, \
-                None, ref
-            handles.append(t)
-        return handles
-
-    def __reduce__(self) -> Any:
-        """Refuses: a handle is this master's, and means nothing pickled elsewhere."""
-        raise TypeError("DistributedTensor: a handle cannot be pickled, nor captured by a "
-                        "function shipped with mwrt.remote; pass the tensor as an argument "
-                        "(remote(fn)(t)), or its value (t.numpy())")
-
-    def __del__(self) -> None:
-        """Free the worker's array once the streams that used it are done with it."""
-        try:
-            owner = self._base  # (inline: a free follows nearly every op)
-            self._node.release(self._id, (self if owner is None else owner)._streams)
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
-            pass
+    vars().update(methods.generated(call, mesh_call))  # operators, reductions, exp, add_, …
 
     if TYPE_CHECKING:  # what methods.install generates, declared for type checkers
         def _op(self, other: Any) -> DistributedTensor: ...
@@ -100,76 +66,59 @@ class DistributedTensor:
 
     # -- what the master knows without asking ---------------------------------------------
 
-    def get_node(self) -> int:
-        """The index of the node (worker) that holds this tensor."""
-        return self._node.index
-
-    def get_device(self) -> int:
-        """The device on its node that holds this tensor (-1, HOST: host memory)."""
-        return self._device
+    @property
+    def mesh(self) -> Any:
+        """The mesh the tensor lies on (a one-place mesh for a tensor on one place)."""
+        if self._mesh is None:
+            return Mesh([(self._node.index, self._device)], (1,), ("node",))
+        return self._mesh
 
     @property
-    def name(self) -> str | None:
-        """The name a master re-attaching to this named session finds it by (mwrt.attached())."""
-        return _NAMES.get(id(self))
+    def placements(self) -> tuple:
+        """One placement per mesh dimension: Shard(axis), Replicate() or Partial(op)."""
+        return (REPLICATE,) if self._mesh is None else self._placements
 
-    @name.setter
-    def name(self, value: str) -> None:
-        if not isinstance(value, str) or not value:
-            raise TypeError(f"name: must be a non-empty str (got {value!r})")
-        node = self._node
-        node.issue(wire.Name(id=next(node.ids), ref=self._id, name=value))
-        if id(self) not in _NAMES:  # by id: a weak dict would compare handles with == (an op)
-            weakref.finalize(self, _NAMES.pop, id(self), None)
-        _NAMES[id(self)] = value
+    @property
+    def placement(self) -> Any:
+        """The placement on a 1-D mesh (the tuple of them on an n-D mesh)."""
+        placements = self.placements
+        return placements[0] if len(placements) == 1 else placements
+
+    def shards(self) -> list:
+        """The one-place tensors, one per place of the mesh (row-major): [self] on one place."""
+        return [self] if self._mesh is None else list(self._locals)
 
     @property
     def spec(self) -> Spec:
-        """Shape and dtype; asks the worker once if they depend on data (masks, remote())."""
+        """Shape and dtype; asks the worker(s) once if they depend on data (masks, remote())."""
         if self._spec is None:
-            node = self._node
-            stream = ordering.read_stream(self)
-            meta = wire.Meta(id=next(node.ids), stream=stream, ref=self._id,
-                             token=next(node.tokens))
-            reply, _ = node.request(meta, f"shape of tensor {self._id}")
-            self._spec = Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
+            self._spec = _asked_spec(self) if self._mesh is None else _global_spec(self)
         return self._spec
 
     shape = property(lambda self: self.spec.shape, doc="The shape, a tuple of ints.")
     dtype = property(lambda self: self.spec.dtype, doc="The NumPy dtype of the elements.")
     ndim = property(lambda self: len(self.spec.shape), doc="The number of dimensions.")
-    # exact, and 10x np.prod's speed
-    size = property(lambda self: methods.Size(math.prod(self.spec.shape), self.spec.shape),
-                    doc="The number of elements (NumPy's); called, size() or size(dim) gives "
-                        "the shape or one dimension (torch's).")
-    nbytes = property(lambda self: self.size * self.spec.dtype.itemsize,
-                      doc="The bytes its elements take on the worker.")
     itemsize = property(lambda self: self.spec.dtype.itemsize, doc="The bytes of one element.")
-    T = property(lambda self: self.transpose(), doc="The transpose (axes reversed), a view.")
-    is_cuda = property(lambda self: self._device != HOST, doc="True if it lives on a GPU.")
-    mT = property(lambda self: self.swapaxes(-1, -2),
-                  doc="The last two axes swapped (the Array API's matrix transpose), a view.")
+
+    def get_node(self) -> int:
+        """The index of the node (worker) that holds this tensor."""
+        return self._one_place("get_node")._node.index
+
+    def get_device(self) -> int:
+        """The device on its node that holds this tensor (-1, HOST: host memory)."""
+        return self._one_place("get_device")._device
 
     @property
-    def device(self) -> context.Device:
-        """Where it lives, as an Array API device: mwrt.Device(node, device)."""
-        return context.Device(self._node.index, self._device)
+    def is_cuda(self) -> bool:
+        """True if it lives on a GPU (on GPUs, for a mesh tensor)."""
+        return (self._device if self._mesh is None else self._mesh.places[0][1]) != HOST
 
-    def to_device(self, device: context.Device, /, *, stream: Any = None) -> DistributedTensor:
-        """This tensor on `device` (an mwrt.Device, such as another tensor's .device)."""
-        if not isinstance(device, context.Device):
-            raise TypeError(f"to_device: expected an mwrt.Device such as t.device (got "
-                            f"{device!r})")
-        return self.to(node=device.node, device=device.device)
-
-    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
-        """The Array API namespace of mwrt tensors (mwrt.array_api)."""
-        namespace = _ARRAY_API[0]
-        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
-            raise ValueError(f"__array_namespace__: unsupported api_version {api_version!r} "
-                             f"(expected None or a version up to "
-                             f"{namespace.__array_api_version__})")
-        return namespace
+    def _one_place(self, what: str) -> DistributedTensor:
+        if self._mesh is not None:
+            raise TypeError(f"{what}: a mesh tensor lies on {self._mesh.size} places (got a "
+                            f"tensor placed {describe(self._placements)}); ask one of its "
+                            "shards (t.shards()[i])")
+        return self
 
     def numel(self) -> int:
         """The number of elements (torch's name for size)."""
@@ -190,19 +139,68 @@ class DistributedTensor:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        """Shape, dtype and place, without asking the worker."""
+        """Shape, dtype and place (placements and mesh), without asking the worker."""
         spec = "shape and dtype pending" if self._spec is None else \
             f"shape={self._spec.shape}, dtype={self._spec.dtype}"
+        if self._mesh is not None:
+            return (f"DistributedTensor({spec}, placements={describe(self._placements)}, "
+                    f"mesh={self._mesh!r})")
         return (f"DistributedTensor({spec}, node={self._node.index}, device={self._device}, "
                 f"id={self._id})")
 
     __hash__ = object.__hash__
 
+    @property
+    def name(self) -> str | None:
+        """The name a master re-attaching to this named session finds it by (mwrt.attached())."""
+        return _NAMES.get(id(self))
+
+    @name.setter
+    def name(self, value: str) -> None:
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"name: must be a non-empty str (got {value!r})")
+        node = self._one_place("name")._node
+        node.issue(wire.Name(id=next(node.ids), ref=self._id, name=value))
+        if id(self) not in _NAMES:  # by id: a weak dict would compare handles with == (an op)
+            weakref.finalize(self, _NAMES.pop, id(self), None)
+        _NAMES[id(self)] = value
+
+    size = property(lambda self: methods.Size(math.prod(self.spec.shape), self.spec.shape),
+                    doc="The number of elements (NumPy's); called, size() or size(dim) gives "
+                        "the shape or one dimension (torch's).")
+    nbytes = property(lambda self: self.size * self.spec.dtype.itemsize,
+                      doc="The bytes its elements take on the worker.")
+    T = property(lambda self: self.transpose(), doc="The transpose (axes reversed), a view.")
+    mT = property(lambda self: self.swapaxes(-1, -2),
+                  doc="The last two axes swapped (the Array API's matrix transpose), a view.")
+
+    @property
+    def device(self) -> context.Device:
+        """Where it lives, as an Array API device: mwrt.Device(node, device)."""
+        return context.Device(self._one_place("device")._node.index, self._device)
+
+    def to_device(self, device: context.Device, /, *, stream: Any = None) -> DistributedTensor:
+        """This tensor on `device` (an mwrt.Device, such as another tensor's .device)."""
+        if not isinstance(device, context.Device):
+            raise TypeError(f"to_device: expected an mwrt.Device such as t.device (got "
+                            f"{device!r})")
+        return self.to(node=device.node, device=device.device)
+
+    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
+        """The Array API namespace of mwrt tensors (mwrt.array_api)."""
+        namespace = _ARRAY_API[0]
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"__array_namespace__: unsupported api_version {api_version!r} "
+                             f"(expected None or a version up to "
+                             f"{namespace.__array_api_version__})")
+        return namespace
+
     # -- copies to the master (sync points) -----------------------------------------------
 
     def numpy(self) -> np.ndarray:
-        """Copy to the master as a NumPy array; waits for the stream that last wrote it."""
-        return fetch(self)
+        """Copy to the master as a NumPy array; waits for the stream that last wrote it (a mesh
+        tensor: each block sent straight here, all at once)."""
+        return fetch(self) if self._mesh is None else gather_to_master(self)
 
     get = numpy
 
@@ -267,6 +265,7 @@ class DistributedTensor:
 
     def to(self, node: int | None = None, device: int | None = None) -> DistributedTensor:
         """This tensor on (node, device): a copy made worker-side, or self if already there."""
+        self._one_place("to")
         return move(self, self._node.index if node is None else node,
                     self._device if device is None else device)
 
@@ -288,81 +287,112 @@ class DistributedTensor:
         """Keep the memory until `stream` has run what was issued so far (CUDA's rule; safe
         streams do this for every stream that used the tensor, so it is needed only for
         uses the master cannot see, such as a remote() function's side effects)."""
-        record = ordering.record(self)
-        if stream.id not in record._streams:
-            record._streams = record._streams + (stream.id,)
+        for block in self.shards():
+            record = ordering.record(block)
+            if stream.id not in record._streams:
+                record._streams = record._streams + (stream.id,)
+
+    # -- placements -----------------------------------------------------------------------
+
+    def redistribute(self, *placements: Any, shard: Any = ...) -> DistributedTensor:
+        """This tensor with other placements (`shard=axis`, `shard=None` to replicate, or
+        Placements), moved worker to worker (all_reduce, all_gather, local slices)."""
+        if self._mesh is None:
+            raise TypeError(f"redistribute: a tensor on one place has no mesh to lay out (got "
+                            f"a tensor on node {self._node.index}); put it on a mesh first "
+                            "(mwrt.dist_send(t.numpy(), mesh=m, shard=axis))")
+        if placements and shard is not ...:
+            raise TypeError("redistribute: give placements or shard=, not both")
+        if not placements and shard is ...:
+            raise TypeError("redistribute: say where to (shard=axis, shard=None to replicate, "
+                            "or Placements)")
+        wanted = shard_arg(shard if shard is not ... else
+                           (placements[0] if len(placements) == 1 else placements),
+                           self.ndim, self._mesh.ndim, "redistribute")
+        return redistribute(self, wanted)
+
+    def replicate(self) -> DistributedTensor:
+        """The whole tensor at every place (all_gather of shards, all_reduce of parts); a
+        tensor on one place is itself."""
+        return self if self._mesh is None else self.redistribute(shard=None)
+
+    def reduce(self) -> DistributedTensor:
+        """A Partial tensor made real: an all_reduce over the mesh, in place; returns self."""
+        if self._mesh is not None:
+            resolve(self)
+        return self
 
     # -- shapes, copies, fills ------------------------------------------------------------
 
     def reshape(self, *shape: int | Sequence[int], order: str = "C") -> DistributedTensor:
         """The same elements in `shape` (ints or one tuple; -1 once inferred), read and
         placed in `order` ("C": last axis fastest, "F": first), a view where NumPy makes one."""
-        return call("reshape", self, _shape_arg(shape), **({} if order == "C" else
+        return _via(self)("reshape", self, shape_arg(shape), **({} if order == "C" else
                                                           {"order": order}))
 
     view = reshape
 
     def flatten(self, order: str = "C") -> DistributedTensor:
         """A 1-D copy, its elements in `order` ("C" or "F", as NumPy's)."""
-        return call("flatten", self, *(() if order == "C" else (order,)))
+        return _via(self)("flatten", self, *(() if order == "C" else (order,)))
 
     def ravel(self) -> DistributedTensor:
         """A 1-D view where NumPy can make one, else a copy."""
-        return call("ravel", self)
+        return _via(self)("ravel", self)
 
     def transpose(self, *axes: int | Sequence[int]) -> DistributedTensor:
         """The axes permuted (reversed if none are given), a view."""
-        return call("transpose", self, *((_shape_arg(axes),) if axes else ()))
+        return _via(self)("transpose", self, *((shape_arg(axes),) if axes else ()))
 
     def permute(self, *axes: int | Sequence[int]) -> DistributedTensor:
         """The axes in the order given (torch's name for transpose(axes)), a view."""
-        return call("transpose", self, _shape_arg(axes))
+        return _via(self)("transpose", self, shape_arg(axes))
 
     def squeeze(self, axis: int | tuple[int, ...] | None = None) -> DistributedTensor:
         """Without the length-1 axes (all of them, or those given), a view."""
-        return call("squeeze", self, **({} if axis is None else {"axis": axis}))
+        return _via(self)("squeeze", self, **({} if axis is None else {"axis": axis}))
 
     def expand_dims(self, axis: int | tuple[int, ...]) -> DistributedTensor:
         """With a new length-1 axis at `axis` (torch's unsqueeze), a view."""
-        return call("expand_dims", self, axis)
+        return _via(self)("expand_dims", self, axis)
 
     unsqueeze = expand_dims
 
     def swapaxes(self, a: int, b: int) -> DistributedTensor:
         """With axes `a` and `b` exchanged, a view."""
-        return call("swapaxes", self, a, b)
+        return _via(self)("swapaxes", self, a, b)
 
     def moveaxis(self, source: int | Sequence[int], destination: int | Sequence[int]
                  ) -> DistributedTensor:
         """With axes moved from `source` to `destination`, a view."""
-        return call("moveaxis", self, source, destination)
+        return _via(self)("moveaxis", self, source, destination)
 
     def expand(self, *shape: int | Sequence[int]) -> DistributedTensor:
         """Broadcast to `shape` (torch's expand, NumPy's broadcast_to), a read-only view."""
-        return call("broadcast_to", self, _shape_arg(shape))
+        return _via(self)("broadcast_to", self, shape_arg(shape))
 
     def contiguous(self) -> DistributedTensor:
         """A C-contiguous array: self's array if it is one, else a copy (worker-side)."""
-        return call("ascontiguousarray", self)
+        return _via(self)("ascontiguousarray", self)
 
     def astype(self, dtype: DTypeLike) -> DistributedTensor:
         """A copy converted to `dtype` (a NumPy dtype, its name, or a Python type)."""
-        return call("astype", self, as_dtype(dtype).str)
+        return _via(self)("astype", self, as_dtype(dtype).str)
 
     def clone(self) -> DistributedTensor:
         """A copy on the same (node, device)."""
-        return call("copy", self)
+        return _via(self)("copy", self)
 
     copy = clone
 
     def copy_(self, src: DistributedTensor | ArrayLike) -> DistributedTensor:
         """Copy `src` (broadcast to this shape) into this tensor; returns self."""
-        call("copy_", self, src)
+        _via(self)("copy_", self, src)
         return self
 
     def fill_(self, value: complex) -> DistributedTensor:
         """Set every element to the scalar `value`; returns self."""
-        call("fill_", self, value)
+        _via(self)("fill_", self, value)
         return self
 
     def zero_(self) -> DistributedTensor:
@@ -374,96 +404,101 @@ class DistributedTensor:
         """The values limited to [min, max] (either may be None; torch's clamp); `out=`
         writes them into a tensor, as NumPy's."""
         bounds = {k: v for k, v in (("min", min), ("max", max)) if v is not None}
-        return call("clip", self, **bounds, **_out(out), **kwargs)
+        return _via(self)("clip", self, **bounds, **out_arg(out), **kwargs)
 
     clamp = clip
 
     def round(self, decimals: int = 0, out: Any = None) -> DistributedTensor:
         """The values rounded to `decimals` decimals (halves to even, as NumPy)."""
-        return call("round", self, decimals, **_out(out))
+        return _via(self)("round", self, decimals, **out_arg(out))
 
     def sort(self, axis: int = -1, kind: str | None = None, order: Any = None, **kwargs: Any
              ) -> None:
         """Sort in place along `axis` (NumPy's ndarray.sort; np.sort(t) makes a copy)."""
+        if self._mesh is not None:  # along an axis each block holds whole
+            self.copy_(mesh_call("sort", self, axis, kind, order, **kwargs))
+            return
         call("sort_", self, axis, kind, order, **kwargs)
 
     def argsort(self, axis: int | None = -1, kind: str | None = None, order: Any = None,
                 **kwargs: Any) -> DistributedTensor:
         """The indices that sort along `axis` (NumPy's arguments)."""
-        return call("argsort", self, axis, kind, order, **kwargs)
+        return _via(self)("argsort", self, axis, kind, order, **kwargs)
 
     def repeat(self, repeats: Any, axis: int | None = None) -> DistributedTensor:
         """Each element repeated `repeats` times (an int, or one count per element)."""
-        return call("repeat", self, repeats, axis)
+        return _via(self)("repeat", self, repeats, axis)
 
     def take(self, indices: Any, axis: int | None = None, out: Any = None,
              mode: str = "raise") -> DistributedTensor:
         """The elements at `indices` (along `axis`, or of the flattened tensor)."""
-        return call("take", self, methods.operand(indices), axis, **_out(out), mode=mode)
+        return _via(self)("take", self, operand(indices), axis, **out_arg(out), mode=mode)
 
     def fill(self, value: Any) -> None:
         """Set every element to the scalar `value` in place (NumPy's ndarray.fill)."""
-        call("fill_", self, value)
+        _via(self)("fill_", self, value)
 
     def nonzero(self) -> tuple:
         """The indices of the non-zero elements, one tensor per axis (np.nonzero)."""
         return np.nonzero(self)
 
-    real = property(lambda self: call("real", self),
-                    lambda self, value: call("setpart_", self, "real", value),
+    real = property(lambda self: _via(self)("real", self),
+                    lambda self, value: _via(self)("setpart_", self, "real", value),
                     doc="The real part (a view of a complex tensor, the tensor if real); "
                         "assigned, writes it in place.")
-    imag = property(lambda self: call("imag", self),
-                    lambda self, value: call("setpart_", self, "imag", value),
+    imag = property(lambda self: _via(self)("imag", self),
+                    lambda self, value: _via(self)("setpart_", self, "imag", value),
                     doc="The imaginary part (a view of a complex tensor, zeros if real); "
                         "assigned, writes it in place.")
 
     def diagonal(self, offset: int = 0, axis1: int = 0, axis2: int = 1) -> DistributedTensor:
         """The diagonal of axes (axis1, axis2), offset above (>0) or below (<0) the main one."""
-        return call("diagonal", self, offset, axis1, axis2)
+        return _via(self)("diagonal", self, offset, axis1, axis2)
 
     def trace(self, offset: int = 0, axis1: int = 0, axis2: int = 1) -> DistributedTensor:
         """The sum of the diagonal (see diagonal)."""
-        return call("trace", self, offset, axis1, axis2)
+        return _via(self)("trace", self, offset, axis1, axis2)
 
     def __getitem__(self, index: Any) -> DistributedTensor:
         """t[index] as NumPy indexes (ints, slices, ..., None, int/bool tensors), on the worker."""
-        result = call("getitem", self, _index_arg(index))
+        if self._mesh is not None:
+            return mesh_call("getitem", self, index_arg(index))
+        result = call("getitem", self, index_arg(index))
         if is_element(index) and result._spec is not None and not result._spec.shape:
             result.__class__ = Element  # NumPy gives a scalar: `t[0] += 1` rebinds
         return result
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """t[index] = value (a scalar, a tensor in the same place, or a small array)."""
-        call("setitem", self, _index_arg(index), value)
+        _via(self)("setitem", self, index_arg(index), value)
 
     def __imatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """self @= other: the product written into this tensor (a view writes through), as
         NumPy's matmul(self, other, out=self)."""
-        return call("matmul", self, methods.operand(other), out=self)
+        return _via(self)("matmul", self, operand(other), out=self)
 
     def __divmod__(self, other: Any) -> tuple:
         """divmod(self, other): (floor quotient, remainder), np.divmod on the worker."""
-        return call("divmod", self, methods.operand(other))
+        return _via(self)("divmod", self, operand(other))
 
     def __rdivmod__(self, other: Any) -> tuple:
         """divmod(other, self), np.divmod on the worker."""
-        return call("divmod", methods.operand(other), self)
+        return _via(self)("divmod", operand(other), self)
 
     def __matmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """self @ other: the matrix product (np.matmul), on the tensor's worker."""
-        return call("matmul", self, other)
+        return _via(self)("matmul", self, other)
 
     def __rmatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """other @ self: the matrix product (np.matmul), on the tensor's worker."""
-        return call("matmul", other, self)
+        return _via(self)("matmul", other, self)
 
     # -- NumPy protocols ------------------------------------------------------------------
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, out: Any = None,
                         **kwargs: Any) -> Any:
         """NumPy ufuncs on tensors (np.exp(t), np.add(t, 1, out=t)) run on the worker."""
-        return array_ufunc(ufunc, method, inputs, out, kwargs)
+        return array_ufunc(ufunc, method, inputs, out, kwargs, call=_via(self))
 
     def __array_function__(self, func: Callable, types: Collection[type], args: tuple,
                            kwargs: dict) -> Any:
@@ -498,53 +533,45 @@ def set_array_namespace(module: Any) -> None:
     _ARRAY_API[0] = module
 
 
-def _out(out) -> dict:
-    return {} if out is None else {"out": out}
+class Element(DistributedTensor, element=True):
+    """One element taken by integer indices (t[0], t[1, 2]), where NumPy gives a scalar: a
+    scalar is immutable, so augmented assignment makes a new value. `t[0] += 2.5` and `b[0]
+    |= 1` read the element, compute with NumPy's promotion, and assign back with NumPy's
+    casting on assignment (an int tensor keeps 3, a bool one True), as NumPy does."""
+
+    __slots__ = ()
+    vars().update({f"__i{py}__": methods.rebinding(op, call)
+                   for py, op in methods.BINARY_OPERATORS.items()})
+
+    def __imatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
+        return call("matmul", self, operand(other))
+
+    def __round__(self, ndigits: int | None = None) -> Any:
+        """round(t[i]): a Python int as round() of a NumPy scalar gives (waits for the value),
+        or with `ndigits` a 0-d tensor rounded on the worker."""
+        return round(self.item()) if ndigits is None else self.round(ndigits)
 
 
-def _shape_arg(shape):
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+ShardedTensor = DistributedTensor  # the name mesh tensors had: one class holds both
 
 
-def _index_arg(index):
-    """Lists in an index become arrays (the wire carries lists as tuples); tensors as slice
-    bounds become ints (x[:n] with n a 0-d tensor: its value decides the shape)."""
-    if isinstance(index, tuple):
-        return tuple([_index_part(i) for i in index])
-    return _index_part(index)
+def _asked_spec(tensor: DistributedTensor) -> Spec:
+    """The shape and dtype of a one-place tensor, asked of its worker."""
+    node = tensor._node
+    meta = wire.Meta(id=next(node.ids), stream=ordering.read_stream(tensor), ref=tensor._id,
+                     token=next(node.tokens))
+    reply, _ = node.request(meta, f"shape of tensor {tensor._id}")
+    return Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
 
 
-def _index_part(part):
-    kind = type(part)
-    if kind is slice:
-        start, stop, step = part.start, part.stop, part.step
-        if type(start) is DistributedTensor or type(stop) is DistributedTensor or \
-                type(step) is DistributedTensor:
-            return slice(*(b if b is None else operator.index(b) for b in (start, stop, step)))
-        return part
-    if kind is not list:
-        return part
-    array = np.asarray(part)  # an empty list indexes as intp in NumPy, not as float64
-    return array.astype(np.intp) if array.size == 0 and array.dtype == np.float64 else array
-
-
-def is_element(index: Any) -> bool:
-    """True if `index` picks one element by integers alone (NumPy returns a scalar)."""
-    if isinstance(index, tuple):
-        return bool(index) and all(_is_int(i) for i in index)
-    return _is_int(index)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-# -- up-calls (see upcalls.py) ------------------------------------------------------------
-# Issuing an op, copies and NumPy's protocols make handles of this class, so they stand
-# above it; mwrt.master binds them here as it loads (with the generated methods).
-call: Callable[..., Any] = unbound("call", "mwrt.master.issue")
-fetch: Callable[..., Any] = unbound("fetch", "mwrt.master.transfer")
-move: Callable[..., Any] = unbound("move", "mwrt.master.transfer")
-array_function: Callable[..., Any] = unbound("array_function", "mwrt.master.arrayfunc")
-array_ufunc: Callable[..., Any] = unbound("array_ufunc", "mwrt.master.arrayfunc")
-Element: Any = unbound("Element", "mwrt.master.element")  # the class of t[i]'s handle
+def _global_spec(tensor: DistributedTensor) -> Spec:
+    """The global shape of a mesh tensor whose blocks' shapes the workers know: the blocks'
+    lengths summed along each sharded axis."""
+    mesh: Mesh = tensor._mesh
+    specs = [x.spec for x in tensor._locals]
+    shape = list(specs[0].shape)
+    for d, p in enumerate(tensor._placements):
+        if type(p) is Shard:
+            line = mesh.groups(d)[0]
+            shape[p.axis] = sum(specs[i].shape[p.axis] for i in line)
+    return Spec(tuple(shape), specs[0].dtype)

@@ -1,4 +1,5 @@
-"""Moving bytes: master to worker (dist_send), worker to master (numpy), between places (to).
+"""Moving bytes: master to worker (send, for dist_send), worker to master (numpy), between
+places (to).
 
 Arrays up to `MWRT_INLINE_BYTES` ride beside the command as ZeroMQ frames. Larger ones
 go over the session's data channel: straight into a preallocated array on the other
@@ -10,14 +11,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from .. import config, staging
-from ..arrays import HOST, as_dtype
+from ..arrays import HOST
 from ..channels import Work
 from ..errors import ChannelError, WorkerLostError
 from ..ops import Spec
@@ -25,39 +23,20 @@ from ..protocol import wire
 from . import context, ordering
 from .client import issue_site, uninterrupted
 from .cluster import current
-from .mesh.device_mesh import Mesh, current_mesh, wanted
-from .mesh.placement import ShardArg
-from .tensor import DistributedTensor
-from .upcalls import unbound
 
 _TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.TRANSFER_TAGS
-# A mesh tensor's blocks are sent by the layer above (see upcalls.py).
-put_on_mesh: Callable[..., Any] = unbound("put_on_mesh", "mwrt.master.mesh.creation.put")
 
-
-def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
-        mesh: Mesh | None = None, shard: ShardArg = None) -> DistributedTensor:
-    """Copy a NumPy array from the master to (node, device); returns its DistributedTensor.
-    With `mesh=` (or inside `with mesh:`), a ShardedTensor: split along axis `shard` over
-    the mesh's places (uneven as np.array_split), or replicated without it."""
-    if not isinstance(array, (np.ndarray, np.generic)):
-        array = _host_array(array)
-    if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
-        return put_on_mesh(array, wanted(mesh, shard), shard)
-    array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
-    as_dtype(array.dtype)
-    cluster = current()
-    target = cluster.node(context.current_node() if node is None else node)
-    device = context.current_device() if device is None else device
-    stream = context.stream_for(target.index, device)
-    tensor = DistributedTensor(target, device, next(target.ids), Spec(array.shape, array.dtype),
-                               stream)
+def send(tensor, array: np.ndarray) -> None:
+    """Copy NumPy `array` (C-contiguous) from the master into the new one-place `tensor`,
+    made for it by the caller (dist_send) with its shape and dtype."""
+    target, device, stream = tensor._node, tensor._device, tensor._writer
     payload = array.reshape(-1).view(np.uint8) if array.size else b""
     if wire.rides_inline(array.nbytes):
         target.issue(wire.Put(id=next(target.ids), stream=stream, out=tensor._id,
                               shape=array.shape, dtype=array.dtype.str, device=device, frame=-1),
                      frame=payload)
-        return tensor
+        return
+    cluster = current()
     tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), array.nbytes, device != HOST)
     post = wire.RecvFrom(id=next(target.ids), stream=stream, out=tensor._id, shape=array.shape,
                          dtype=array.dtype.str, device=device, peer=cluster.master_rank,
@@ -65,7 +44,6 @@ def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
     # On a helper thread: a Ctrl-C must not leave a receive posted for bytes never sent, or
     # half of them, which would stall the worker's stream until the channel timeout.
     uninterrupted(_deliver, target, post, issue_site(), cluster.channel(), array, payload)
-    return tensor
 
 
 def _deliver(target, post: wire.RecvFrom, site, channel, array, payload) -> None:
@@ -151,7 +129,7 @@ def move(tensor, node_index: int, device: int):
         return _to_device(tensor, device)
     source.check_lost()  # before the receive is posted: it would wait for bytes never sent
     stream = context.stream_for(target.index, device)
-    out = DistributedTensor(target, device, next(target.ids), tensor.spec, stream)
+    out = tensor.results(target, device, next(target.ids), tensor.spec, stream)
     tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), tensor.nbytes,
                           device != HOST or tensor._device != HOST)
     # Worker to worker over the data channel: the master only sends the two commands. A large
@@ -176,7 +154,7 @@ def _to_device(tensor, device: int):
     """A copy on another device of the same node, made on the destination device's stream."""
     node = tensor._node
     stream = context.stream_for(node.index, device)
-    out = DistributedTensor(node, device, next(node.ids), tensor.spec, stream)
+    out = tensor.results(node, device, next(node.ids), tensor.spec, stream)
     now = next(node.ids)
     ordering.use(tensor, stream, now)
     node.issue(wire.Call(id=now, stream=stream, outs=(out._id,), op="to_device",
@@ -184,7 +162,7 @@ def _to_device(tensor, device: int):
     return out
 
 
-def _host_array(array) -> np.ndarray:
+def host_array(array) -> np.ndarray:
     """A NumPy view of a host tensor of another library (torch's CPU tensors, through
     DLPack, with no copy); a TypeError naming what to pass otherwise."""
     if hasattr(array, "__dlpack__") and not hasattr(array, "__cuda_array_interface__"):

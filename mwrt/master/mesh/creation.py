@@ -1,4 +1,5 @@
-"""Mesh tensors from the constructors (mesh=, shard=) and from the master (dist_send)."""
+"""Mesh tensors from the constructors (mesh=, shard=) and from the master (dist_send), and
+the one-place blocks they are made of."""
 
 from __future__ import annotations
 
@@ -7,12 +8,25 @@ import numpy as np
 from ...arrays import as_dtype
 from ...ops import Spec
 from ...protocol import wire
-from .. import context, creation, ordering, transfer
+from .. import context, issue, ordering, transfer
 from ..tensor import DistributedTensor
 from .device_mesh import Mesh
 from .moves import broadcast_group
 from .placement import REPLICATE, local_box, shard_arg
-from .tensor import ShardedTensor
+
+
+def create_at(kind: str, shape: tuple, dtype: np.dtype, target, device: int, args=()):
+    """A constructor's tensor of `shape` at one place (node `target`, `device`)."""
+    return issue.create(DistributedTensor, kind, shape, dtype, target, device, args)
+
+
+def put_at(array: np.ndarray, target, device: int):
+    """A copy of the master's C-contiguous `array` at one place (node `target`, `device`)."""
+    stream = context.stream_for(target.index, device)
+    tensor = DistributedTensor(target, device, next(target.ids), Spec(array.shape, array.dtype),
+                               stream)
+    transfer.send(tensor, array)
+    return tensor
 
 
 def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
@@ -21,15 +35,15 @@ def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
     placements = shard_arg(shard, len(shape), mesh.ndim, kind)
     counter = mesh.shared_ids()
     if counter is not None and not ordering.capture:  # one id for every place's block
-        return ShardedTensor(mesh, placements, _create_everywhere(
+        return DistributedTensor.on_mesh(mesh, placements, _create_everywhere(
             kind, shape, dtype, mesh, placements, args, counter), Spec(shape, dtype))
     locals_ = []
-    for (node, device), coord in zip(mesh.places, mesh.coords):
+    for node, (_, device), coord in zip(mesh.nodes, mesh.places, mesh.coords):
         box = local_box(shape, placements, mesh.shape, coord)
         local_shape = tuple(hi - lo for lo, hi in box)
         local_args = _local_args(kind, args, box, placements)
-        locals_.append(creation._create(kind, local_shape, dtype, node, device, local_args))
-    return ShardedTensor(mesh, placements, locals_, Spec(shape, dtype))
+        locals_.append(create_at(kind, local_shape, dtype, node, device, local_args))
+    return DistributedTensor.on_mesh(mesh, placements, locals_, Spec(shape, dtype))
 
 
 def _create_everywhere(kind, shape, dtype, mesh, placements, args, counter) -> list:
@@ -72,16 +86,16 @@ def put(array: np.ndarray, mesh: Mesh, shard):
     whole = all(p == REPLICATE for p in placements)
     nodes = [n for n, _ in mesh.places]
     if whole and not wire.rides_inline(array.nbytes) and len(set(nodes)) == len(nodes) > 1:
-        first = transfer.put(array, *mesh.places[0])
-        rest = [creation._create("empty", array.shape, array.dtype, n, d)
-                for n, d in mesh.places[1:]]
+        first = put_at(array, mesh.nodes[0], mesh.places[0][1])
+        rest = [create_at("empty", array.shape, array.dtype, n, d)
+                for n, (_, d) in zip(mesh.nodes[1:], mesh.places[1:])]
         locals_ = [first, *rest]
         broadcast_group(mesh, locals_, 0)
-        return ShardedTensor(mesh, placements, locals_, spec)
+        return DistributedTensor.on_mesh(mesh, placements, locals_, spec)
     locals_ = []
-    for (node, device), coord in zip(mesh.places, mesh.coords):
+    for node, (_, device), coord in zip(mesh.nodes, mesh.places, mesh.coords):
         box = local_box(array.shape, placements, mesh.shape, coord)
         block = array[tuple(slice(lo, hi) for lo, hi in box)]
         # np.asarray, not np.ascontiguousarray: that makes a 0-d block 1-d
-        locals_.append(transfer.put(np.asarray(block, order="C"), node, device))
-    return ShardedTensor(mesh, placements, locals_, spec)
+        locals_.append(put_at(np.asarray(block, order="C"), node, device))
+    return DistributedTensor.on_mesh(mesh, placements, locals_, spec)

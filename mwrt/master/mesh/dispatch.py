@@ -8,10 +8,8 @@ streams, safe ordering, graphs and profiles hold for mesh programs unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from msgspec import Raw
 
 from ... import ops
@@ -19,26 +17,26 @@ from ...ops import UNKNOWN, Spec
 from ...protocol import wire
 from .. import context, issue, ordering
 from ..client import issue_site, queue_everywhere
-from ..tensor import DistributedTensor
+from ..handle import Handle
 from . import fallback, moves, rules
 from .placement import local_shape
 from .plan import PlacementError, Slot, is_partial
 
 _SCALARS = (int, float, bool, complex)
 _WRITES = rules.IN_PLACE | {"setitem"}  # ops that write their first operand
-_WRITING_FUNCTIONS = {"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis"}
+# NumPy functions that write an argument: on mesh tensors with no plan they would write a copy
+WRITING_FUNCTIONS = {"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis"}
 _LOCAL_SPECS: dict = {}  # (global Spec, placements, mesh) -> each place's Spec
 _PLANS: dict = {}  # (op, mesh, operands' placements and Specs, argument kinds) -> (Spec, Plan)
-ShardedTensor: Any = None  # the result class, set by tensor.py (which imports this module)
 
 
 def call(name: str, *args, **kwargs):
     """Issue registry op `name` on mesh tensors at every place; the result's handles."""
     operands: list = []
-    margs = tuple([_mark(a, operands, name) for a in args])
-    mkwargs = {k: _mark(v, operands, name) for k, v in kwargs.items()} if kwargs else {}
+    margs = tuple([mark(a, operands, name) for a in args])
+    mkwargs = {k: mark(v, operands, name) for k, v in kwargs.items()} if kwargs else {}
     if not operands:
-        raise TypeError(f"{name}: no ShardedTensor among the arguments")
+        raise TypeError(f"{name}: no mesh tensor among the arguments")
     mesh = operands[0]._mesh
     for t in operands[1:]:
         if t._mesh is not mesh and t._mesh != mesh:
@@ -58,8 +56,8 @@ def call(name: str, *args, **kwargs):
             key = known = None
         if known is not None:
             return run(name, known[1], operands, margs, mkwargs, known[0])
-    spec = ops.infer(op, _fill(margs, [t.spec for t in operands]),
-                     _fill(mkwargs, [t.spec for t in operands]))
+    spec = ops.infer(op, fill(margs, [t.spec for t in operands]),
+                     fill(mkwargs, [t.spec for t in operands]))
     before = [t._placements for t in operands]
     try:
         plan = rules.find(name)(name, operands, margs, mkwargs, spec, moves.resolve)
@@ -69,8 +67,8 @@ def call(name: str, *args, **kwargs):
         if not fallback.applies(error):
             raise
         return fallback.run(name, operands, operands[0] if name in _WRITES else None,
-                            lambda local: call(name, *_fill(margs, local),
-                                               **_fill(mkwargs, local)), call, error)
+                            lambda local: call(name, *fill(margs, local),
+                                               **fill(mkwargs, local)), call, error)
     if key is not None and not (plan.views or plan.adjust or plan.post or plan.skip) and \
             before == [t._placements for t in operands]:  # nothing resolved on the way
         if len(_PLANS) > 10_000:
@@ -97,8 +95,8 @@ def _plan_key(name, op, mesh, operands, margs, mkwargs):
 
 
 def run(name, plan, operands, margs, mkwargs, spec):
-    """Issue the planned op at every place; wrap the results as ShardedTensors."""
-    mesh = operands[0]._mesh
+    """Issue the planned op at every place; the results' handles over the mesh."""
+    mesh, make = operands[0]._mesh, operands[0].results.on_mesh
     views, adjust, post, skip = plan.views, plan.adjust, plan.post, plan.skip
     if not (views or adjust or post or skip or ordering.capture) and (
             plan.placements is None or type(spec) is Spec) and name not in issue._ALIASING:
@@ -110,7 +108,7 @@ def run(name, plan, operands, margs, mkwargs, spec):
         if i in skip:
             continue
         local = [views[k][i] if k in views else t._locals[i] for k, t in enumerate(operands)]
-        lname, largs, lkwargs = name, _fill(margs, local), _fill(mkwargs, local)
+        lname, largs, lkwargs = name, fill(margs, local), fill(mkwargs, local)
         if adjust is not None:
             lname, largs, lkwargs = adjust(i, lname, largs, lkwargs)
         result = issue.call(lname, *largs, **lkwargs)
@@ -119,10 +117,9 @@ def run(name, plan, operands, margs, mkwargs, spec):
         return None
     if type(results[0]) is tuple:
         specs = spec if type(spec) is tuple else (None,) * len(results[0])
-        return tuple(ShardedTensor(mesh, plan.placements, [r[j] for r in results],
-                                   _known(specs[j]))
+        return tuple(make(mesh, plan.placements, [r[j] for r in results], _known(specs[j]))
                      for j in range(len(results[0])))
-    result = ShardedTensor(mesh, plan.placements, results, _known(spec))
+    result = make(mesh, plan.placements, results, _known(spec))
     if name in ordering.VIEWS and _views_first(margs):
         moves.share(result, operands[0])
     if ordering.capture and is_partial(result):  # a replay makes it Partial again
@@ -152,7 +149,7 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
         nodes[0].limits.check_result(name, specs[0])  # place 0's block is the largest
         out_id = next(counter)
         devices = [d for _, d in places]
-        outs = DistributedTensor.at_places(nodes, devices, out_id, specs, devices)
+        outs = operands[0].results.at_places(nodes, devices, out_id, specs, devices)
     now = next(counter)
     # An operand made by this path has one id at every place (the same bytes everywhere);
     # another's reference is spliced into the bytes at each place.
@@ -170,7 +167,7 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
         bodies, streams = _bodies(name, template, slots, operands, varying, now, outs_ids,
                                   kwargs, places, written)
     queue_everywhere(nodes, bodies, now, streams, site, _WINDOW * max(1.0, len(nodes) / 8))
-    return None if inplace else ShardedTensor(mesh, placements, outs, spec)
+    return None if inplace else operands[0].results.on_mesh(mesh, placements, outs, spec)
 
 
 def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, places,
@@ -280,7 +277,7 @@ def _place_by_place(name, placements, operands, wired, spec):
         ids: tuple[int, ...] = ()
         if not inplace:
             node.limits.check_result(name, specs[i])
-            out = DistributedTensor(node, device, next(node.ids), specs[i], stream)
+            out = operands[0].results(node, device, next(node.ids), specs[i], stream)
             outs.append(out)
             ids = (out._id,)
         now = next(node.ids)
@@ -291,7 +288,7 @@ def _place_by_place(name, placements, operands, wired, spec):
             args[pos] = tensor._ref
         node.issue(wire.Call(id=now, stream=stream, outs=ids, op=name, args=tuple(args),
                              kwargs=kwargs), site=site)
-    return None if inplace else ShardedTensor(mesh, placements, outs, spec)
+    return None if inplace else operands[0].results.on_mesh(mesh, placements, outs, spec)
 
 
 def _wire_form(margs, mkwargs):
@@ -348,78 +345,49 @@ def _known(spec):
     return spec if type(spec) is Spec else None
 
 
-def _mark(value, operands: list, name: str):
-    """`value` with each ShardedTensor replaced by a Slot; a one-node tensor is refused."""
+def mark(value, operands: list, name: str):
+    """`value` with each mesh tensor replaced by a Slot; a one-node tensor is refused."""
     kind = type(value)
     if kind in _SCALARS:
         return value
-    if kind is ShardedTensor:
-        operands.append(value)
-        return Slot(len(operands) - 1)
-    if kind is DistributedTensor:
+    if isinstance(value, Handle):
+        if value._mesh is not None:
+            operands.append(value)
+            return Slot(len(operands) - 1)
         raise PlacementError(
             f"{name}: a tensor on one node (node {value.get_node()}) meets a mesh tensor; put "
             "it on the mesh (mwrt.dist_send(t.numpy(), mesh=m), or make it with mesh=m)")
     if type(value) in (tuple, list):  # as issue.call converts them: the wire's tuples
-        return tuple(_mark(v, operands, name) for v in value)
+        return tuple(mark(v, operands, name) for v in value)
     if type(value) is dict:
-        return {k: _mark(v, operands, name) for k, v in value.items()}
+        return {k: mark(v, operands, name) for k, v in value.items()}
     return value
 
 
-def _fill(value, items: list):
+def fill(value, items: list):
     """`value` with each Slot replaced by items[slot.k]."""
     if type(value) is Slot:
         return items[value.k]
     if type(value) in (tuple, list):
-        return type(value)(_fill(v, items) for v in value)
+        return type(value)(fill(v, items) for v in value)
     if type(value) is dict:
-        return {k: _fill(v, items) for k, v in value.items()}
+        return {k: fill(v, items) for k, v in value.items()}
     return value
-
-
-def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
-    """A NumPy function on mesh tensors: a registry op by its placement rule; any other
-    function at every place on replicated tensors (or a PlacementError naming the fix)."""
-    from .. import arrayfunc
-
-    path = arrayfunc.path_of(func)
-    operands: list = []
-    margs, mkwargs = _mark(args, operands, "np.function"), _mark(kwargs, operands, "")
-    name = getattr(func, "__name__", "")
-    if name in arrayfunc._SPEC_ONLY or name in arrayfunc._ON_MASTER:  # shapes; printing
-        known = [np.broadcast_to(np.zeros((), t.dtype), t.shape)
-                 if name in arrayfunc._SPEC_ONLY else t.numpy() for t in operands]
-        return func(*_fill(margs, known), **_fill(mkwargs, known))
-    if path is not None and arrayfunc._is_registry_function(path, args, kwargs):
-        return call(path, *args, **kwargs)
-    label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
-
-    def again(local):
-        return moves.per_place(label, local, lambda blocks: arrayfunc.array_function(
-            func, _fill(margs, blocks), _fill(mkwargs, blocks)))
-    try:
-        return again(operands)
-    except PlacementError as error:
-        # a function that writes an argument would write a copy: it stays an error
-        if name in _WRITING_FUNCTIONS or "out" in kwargs or not fallback.applies(error):
-            raise
-        return fallback.run(label, operands, None, again, call, error)
 
 
 def remote_call(fn, args: tuple, kwargs: dict):
     """mwrt.remote(fn) on mesh tensors: fn runs on each place's block; the results keep the
     first operand's placements (fn must keep the layout, as elementwise code does)."""
     operands: list = []
-    margs, mkwargs = _mark(args, operands, "remote"), _mark(kwargs, operands, "remote")
+    margs, mkwargs = mark(args, operands, "remote"), mark(kwargs, operands, "remote")
     placements = {t._placements for t in operands}
     if len(placements) > 1:
         raise PlacementError("remote: mesh operands placed differently ("
                              + " and ".join(map(str, placements)) + "); redistribute them "
                              "alike first")
-    return moves.per_place("remote", operands, lambda local: fn(*_fill(margs, local),
-                                                             **_fill(mkwargs, local)),
+    return moves.per_place("remote", operands, lambda local: fn(*fill(margs, local),
+                                                             **fill(mkwargs, local)),
                      keep=True)
 
 
-__all__ = ["UNKNOWN", "array_function", "call", "remote_call"]
+__all__ = ["UNKNOWN", "call", "mark", "fill", "remote_call"]

@@ -11,15 +11,12 @@ that share a node (its GPUs) combine with moves between their devices.
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import numpy as np
 
 from ...errors import MwrtError
-from ...ops import Spec
 from .. import collectives, issue, ordering
-from ..creation import _create
-from ..tensor import DistributedTensor
+from ..handle import Handle
 from .fetch import fetch_many, settle
 from .placement import (
     REPLICATE,
@@ -32,8 +29,6 @@ from .placement import (
     local_box,
 )
 from .plan import PlacementError, no_plan
-
-ShardedTensor: Any = None  # the result class, set by tensor.py (which imports this module)
 
 _OPS = {"sum": ("add", "SUM"), "max": ("maximum", "MAX"), "min": ("minimum", "MIN"),
         "prod": ("multiply", "PRODUCT")}
@@ -224,7 +219,7 @@ def redistribute(t, wanted: tuple):
             current[d] = wanted[d]
     if not fresh:  # views of t's blocks: a new tensor, as DTensor's redistribute makes
         locals_ = [issue.call("copy", x) for x in locals_]
-    return ShardedTensor(mesh, tuple(current), locals_, spec)
+    return t.results.on_mesh(mesh, tuple(current), locals_, spec)
 
 
 def scatter_for(t, out: tuple, shape: tuple):
@@ -318,8 +313,8 @@ def _gather_dim(mesh, spec, placements, locals_, d) -> list:
             if n != top:
                 shape = list(part.shape)
                 shape[axis] = top
-                padded = _create("zeros", tuple(shape), part.dtype, part.get_node(),
-                                 part.get_device())
+                padded = issue.create(part.results, "zeros", tuple(shape), part.dtype,
+                                      part._node, part._device)
                 issue.call("setitem", padded, (slice(None),) * axis + (slice(0, n),), part)
                 part = padded
             parts.append(part)
@@ -376,11 +371,11 @@ def pick(t, index, spec):
             locals_.append(issue.call("getitem", local, tuple(local_index)))
             holders.append(i)
         else:
-            locals_.append(_create("empty", spec.shape, spec.dtype, local.get_node(),
-                                   local.get_device()))
+            locals_.append(issue.create(local.results, "empty", spec.shape, spec.dtype,
+                                        local._node, local._device))
     holder = holders[0]
     broadcast_group(mesh, locals_, holder)
-    return ShardedTensor(mesh, (REPLICATE,) * mesh.ndim, locals_, spec)
+    return t.results.on_mesh(mesh, (REPLICATE,) * mesh.ndim, locals_, spec)
 
 
 def per_place(label: str, operands: list, fn, keep: bool = False):
@@ -397,26 +392,14 @@ def per_place(label: str, operands: list, fn, keep: bool = False):
     mesh = operands[0]._mesh
     results = [fn([t._locals[i] for t in operands]) for i in range(mesh.size)]
     first = results[0]
-    if isinstance(first, DistributedTensor):
-        return ShardedTensor(mesh, placements, results, None if keep else first._spec)
-    if isinstance(first, tuple) and first and isinstance(first[0], DistributedTensor):
-        return tuple(ShardedTensor(mesh, placements, [r[j] for r in results],
-                                   None if keep else first[j]._spec)
+    make = operands[0].results.on_mesh
+    if isinstance(first, Handle):
+        return make(mesh, placements, results, None if keep else first._spec)
+    if isinstance(first, tuple) and first and isinstance(first[0], Handle):
+        return tuple(make(mesh, placements, [r[j] for r in results],
+                          None if keep else first[j]._spec)
                      for j in range(len(first)))
     return first  # a value computed on the master (a shape query): the same at every place
-
-
-def global_spec(t) -> Spec:
-    """The global shape of a tensor whose blocks' shapes the workers know: the blocks' lengths
-    summed along each sharded axis."""
-    mesh = t._mesh
-    specs = [x.spec for x in t._locals]
-    shape = list(specs[0].shape)
-    for d, p in enumerate(t._placements):
-        if type(p) is Shard:
-            line = mesh.groups(d)[0]
-            shape[p.axis] = sum(specs[i].shape[p.axis] for i in line)
-    return Spec(tuple(shape), specs[0].dtype)
 
 
 def gather_to_master(t) -> np.ndarray:

@@ -17,14 +17,14 @@ import numpy as np
 
 from ...ops import Spec
 from ..creation import zeros
+from ..tensor import DistributedTensor
 from .device_mesh import Mesh
 from .placement import Partial, Replicate, Shard, local_box
-from .tensor import ShardedTensor
 
 _PLACEMENT = re.compile(r"(Shard)\((\d+)\)|(Replicate)\(\)|(Partial)\('(\w+)'\)")
 
 
-def blocks(name: str, t: ShardedTensor) -> tuple[dict, list]:
+def blocks(name: str, t: DistributedTensor) -> tuple[dict, list]:
     """(manifest entry, [(block name, local tensor)]) of the distinct blocks of `t`."""
     if any(p.is_partial() for p in t.placements):
         t = t.reduce()  # the value is what is saved, not its parts
@@ -47,7 +47,7 @@ def blocks(name: str, t: ShardedTensor) -> tuple[dict, list]:
     return entry, parts
 
 
-def assemble(name: str, entry: dict, mesh: Mesh | None, load_at) -> ShardedTensor:
+def assemble(name: str, entry: dict, mesh: Mesh | None, load_at) -> DistributedTensor:
     """The sharded tensor `entry` describes, on `mesh` (default: the one it was saved on);
     `load_at(block, node, device)` reads a block at a place."""
     saved = [_placement(text, name) for text in entry["placements"]]
@@ -74,7 +74,7 @@ def assemble(name: str, entry: dict, mesh: Mesh | None, load_at) -> ShardedTenso
                 local[tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(overlap, box))] = \
                     part[tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(overlap, b))]
         locals_.append(local)
-    return ShardedTensor(mesh, placements, locals_, Spec(shape, dtype))
+    return DistributedTensor.on_mesh(mesh, placements, locals_, Spec(shape, dtype))
 
 
 def _exact(block: str, place: tuple, writer: tuple, mesh: Mesh, read: dict, load_at):

@@ -1,0 +1,107 @@
+"""Handle: what the master knows of a tensor, below the verbs that issue its ops.
+
+A handle names an array on one place (node, device), or a tensor laid over a mesh: then
+`mesh`, its placements and one block per place (handles on one place). The verbs (issue.py,
+transfer.py, mesh/dispatch.py, ...) read and write these fields and make their results of
+the class of their operands (`results`), so they never import the class users hold,
+DistributedTensor (tensor.py), which stands above them and calls them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..ops import Spec
+from ..protocol import wire
+from . import ordering
+
+
+class Handle:
+    """The fields of a tensor handle (see the module's doc); DistributedTensor's base."""
+
+    # One place: _node, _device, _id, _ref (its id pre-encoded) and the record of its
+    # storage's uses (see ordering.py): _writer, the stream that last wrote it, at command id
+    # _wtime; _streams, every stream that used it (its free waits for them all); _ltime, its
+    # last use. A view keeps them on _base, the handle that owns the storage (as NumPy's
+    # ndarray.base), and its own _writer and _wtime say where it was made. A mesh tensor:
+    # _mesh, _placements (one per mesh dimension) and _locals (a one-place handle per place);
+    # a view of a Partial tensor is made real by its base's all_reduce (moves.resolve): the
+    # base it views (_partial_base), and, on a base, weak references to its views.
+    __slots__ = ("_node", "_device", "_id", "_spec", "_streams", "_writer", "_wtime", "_ltime",
+                 "_base", "_ref", "_mesh", "_placements", "_locals", "_partial_base",
+                 "_partial_views", "__weakref__")
+    results: type  # the class a verb makes its results of (see __init_subclass__)
+    _mesh: Any  # a Mesh, or None on one place (then _placements and _locals are unset)
+    _placements: tuple
+    _locals: list
+    _partial_base: Any
+    _partial_views: tuple | None
+    if TYPE_CHECKING:  # what DistributedTensor gives every handle, which the verbs read
+        @property
+        def spec(self) -> Spec: ...
+        shape: tuple[int, ...]
+        dtype: Any
+
+        def get_node(self) -> int: ...
+
+    def __init_subclass__(cls, element: bool = False, **kwargs: Any) -> None:
+        """A subclass's ops make handles of its own class; an element's, of its base's."""
+        super().__init_subclass__(**kwargs)
+        if not element:
+            cls.results = cls
+
+    def __init__(self, node: Any, device: int, tensor_id: int, spec: Spec | None,
+                 stream: int) -> None:
+        """A handle to tensor `tensor_id` (made by mwrt's constructors and ops, not users)."""
+        self._node, self._device, self._id = node, device, tensor_id
+        self._spec = spec
+        self._streams: tuple[int, ...] = (stream,)
+        self._writer, self._wtime = stream, tensor_id
+        self._ltime = tensor_id  # below its command's id, above every earlier command's
+        self._base: Handle | None = None  # a view: the owner of its storage
+        self._ref = wire.ref(tensor_id)  # pre-encoded, so messages carry it at no cost
+        self._mesh = None
+        if ordering.capture:
+            ordering.capture[-1].made(self)
+
+    @classmethod
+    def at_places(cls, nodes, devices, tensor_id: int, specs, streams) -> list:
+        """One handle per place to tensor `tensor_id`, the id every place's worker gives its
+        block of a mesh op's result: __init__'s fields, with one pre-encoded reference for
+        all (not while a graph is captured: its records would not see them)."""
+        ref, new, handles = wire.ref(tensor_id), cls.__new__, []
+        # Places on one stream share one (stream,): fewer objects for the GC to trace (it
+        # took a quarter of a new result's cost per place at 32 nodes).
+        last = None  # the stream of the place before, and its (stream,)
+        used: tuple[int, ...] = ()
+        for node, device, spec, stream in zip(nodes, devices, specs, streams):
+            if stream != last:
+                last, used = stream, (stream,)
+            t = new(cls)
+            t._node, t._device, t._id, t._spec, t._streams = node, device, tensor_id, spec, used
+            t._writer, t._wtime, t._ltime, t._base, t._ref, t._mesh = stream, tensor_id, \
+                tensor_id, None, ref, None
+            handles.append(t)
+        return handles
+
+    @classmethod
+    def on_mesh(cls, mesh, placements: tuple, blocks: list, spec: Spec | None) -> Any:
+        """A handle to a tensor laid over `mesh`: `blocks`, one per place, make the whole."""
+        t = cls.__new__(cls)
+        t._mesh, t._placements, t._locals, t._spec = mesh, placements, list(blocks), spec
+        t._node = t._base = t._partial_base = t._partial_views = None
+        return t
+
+    def __reduce__(self) -> Any:
+        """Refuses: a handle is this master's, and means nothing pickled elsewhere."""
+        raise TypeError("DistributedTensor: a handle cannot be pickled, nor captured by a "
+                        "function shipped with mwrt.remote; pass the tensor as an argument "
+                        "(remote(fn)(t)), or its value (t.numpy())")
+
+    def __del__(self) -> None:
+        """Free the worker's array once the streams that used it are done with it."""
+        try:
+            owner = self._base  # (inline: a free follows nearly every op)
+            self._node.release(self._id, (self if owner is None else owner)._streams)
+        except Exception:  # noqa: BLE001, S110 - shutdown, or a mesh tensor (its blocks free)
+            pass
