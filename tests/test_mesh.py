@@ -56,6 +56,23 @@ def data(*shape, dtype=np.float32, seed=0):
 
 # -- placing -------------------------------------------------------------------------------
 
+def test_one_handle_class_holds_one_place_and_a_mesh(four):
+    """A mesh tensor is a DistributedTensor (ShardedTensor is its other name), and every
+    handle has .shards(), .placement and .mesh: one place is a one-place mesh."""
+    X = mwrt.dist_send(np.arange(12.0).reshape(4, 3), mesh=mwrt.mesh(nodes=[0, 1]), shard=0)
+    assert isinstance(X, mwrt.DistributedTensor) and mwrt.ShardedTensor is mwrt.DistributedTensor
+    assert all(isinstance(b, mwrt.DistributedTensor) for b in X.shards())
+    assert [b.get_node() for b in X.shards()] == [0, 1] and X.placement == Shard(0)
+    with pytest.raises(TypeError, match="shards"):
+        X.get_node()
+    x = mwrt.dist_send(np.arange(3.0), node=1)
+    assert x.shards() == [x] and x.placement == Replicate() and x.placements == (Replicate(),)
+    assert x.mesh.places == ((1, -1),) and x.replicate() is x
+    with pytest.raises(mwrt.PlacementError, match="mesh tensor meets"):
+        x + X.shards()[1] + X
+    np.testing.assert_array_equal((X.sum(axis=0) + 1).numpy(), [19.0, 23.0, 27.0])
+
+
 def test_dist_send_splits_as_array_split(m):
     x = data(11, 3)
     for axis in (0, 1):
