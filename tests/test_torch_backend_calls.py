@@ -15,7 +15,8 @@ pytestmark = pytest.mark.timeout(600)  # the first test waits for both spawns (1
 N = 3  # all_to_all_single in place goes wrong from 3 ranks; a third rank also joins late
 SAME_AS_GLOO = ["recv_any", "recv_order", "all_to_all_list", "all_reduce_coalesced",
                 "all_gather_coalesced", "coalescing_manager", "group_name", "non_contiguous", "a2a_one_split",
-                "recv_larger", "large_p2p", "work_result", "completed_after_wait", "future_of_all_gather",
+                "recv_larger", "large_p2p", "work_result", "work_result_layout", "requires_grad",
+                "completed_after_wait", "future_of_all_gather",
                 "callback_collective", "ddp_powersgd", "ddp_join", "device_mesh_dtensor",
                 "functional_collectives", "fsdp2"]
 
@@ -89,6 +90,30 @@ def test_a_too_small_receive_is_refused_and_leaves_nothing_queued(results):
 
 def test_shapes_of_one_size_are_refused_by_design(results):
     for rank in range(N):
-        error = results["mwrt"][rank]["shape_mismatch"]
+        error = results["mwrt"][rank]["shape_mismatch"][0]
         assert error.startswith("CollectiveMismatchError") and "by design" in error, error
         assert "float32[2, 3]" in error and "float32[3, 2]" in error, error
+
+
+def _refused_after(got: list, rank: int) -> None:
+    for later in got[1:]:
+        assert later.startswith("ChannelError") and "an earlier collective of this group " \
+            "failed" in later and f"rank {rank}:" in later, (rank, later)
+
+
+def test_after_a_mismatch_every_call_of_the_group_raises(results):
+    for rank in range(N):
+        _refused_after(results["mwrt"][rank]["shape_mismatch"], rank)
+
+
+def test_a_call_failing_on_one_rank_fails_every_rank_from_then_on(results):
+    """One rank's call fails before it takes part: the others raise at once in that call
+    (not after a timeout: they would pair their next call with its next one and return
+    wrong sums), and every later call of the group raises on every rank."""
+    errors = [results["mwrt"][rank]["failed_on_one_rank"] for rank in range(N)]
+    assert errors[1][0].startswith("ValueError: all_reduce: the mwrt backend takes CPU"), errors
+    for rank in (0, 2):
+        assert errors[rank][0].startswith("CollectiveMismatchError: all_reduce"), errors[rank]
+        assert "barrier" in errors[rank][0] and "rank 1" in errors[rank][0], errors[rank]
+    for rank in range(N):
+        _refused_after(errors[rank], rank)

@@ -19,6 +19,8 @@ def as_flat(buf, what: str, writable: bool = True) -> np.ndarray:
     a torch bfloat16 tensor's bits as uint16, for collectives that only move data."""
     if isinstance(buf, np.ndarray):
         arr = buf
+    elif getattr(buf, "requires_grad", False):  # a parameter: its data, as torch's backends
+        return as_flat(buf.detach(), what, writable)  # move it (DLPack refuses it)
     elif is_bfloat16(buf) and not hasattr(buf, "__cuda_array_interface__"):
         arr = np.from_dlpack(buf.view(sys.modules["torch"].int16)).view(np.uint16)
     elif hasattr(buf, "__dlpack__") and not hasattr(buf, "__cuda_array_interface__"):

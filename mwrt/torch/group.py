@@ -23,6 +23,7 @@ from ..collective.buffers import as_flat
 from ..collective.reduce_ops import ReduceOp
 from ..errors import MwrtError
 from . import p2p
+from .guard import Guard, collective
 from .work import MwrtWork, seconds
 
 BACKEND = "mwrt"
@@ -56,7 +57,10 @@ def _dense(tensors, what: str) -> list:
             raise ValueError(f"{what}: the mwrt backend takes CPU tensors (got one on "
                              f"{t.device}); pass t.cpu() and copy the result back, or use "
                              "mwrt.distributed with CuPy arrays")
-    return [t if t.is_contiguous() else t.contiguous() for t in tensors]
+    dense = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+    for t in dense:
+        as_flat(t, what, writable=False)  # a dtype NumPy cannot view fails here, not midway
+    return dense
 
 
 def _listed(tensors) -> list:
@@ -107,6 +111,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
         self._receiver = p2p.Receiver(group)
         self._coalesced: list | None = None
         self._lock = threading.Lock()
+        self.guard = Guard(group)  # after a failed collective, none runs on this rank again
         LIVE.append(self)
 
     def getBackendName(self):
@@ -130,7 +135,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
     def _run(self, what: str, fn, *args, value=None):
         """Run fn(group, *args) in order on the group's thread; a Work completing with
         `value` (what gloo's future holds)."""
-        future = self.group.call(fn, self.group, *args, async_op=True)
+        future = self.group.call(self.guard.run(what, fn), self.group, *args, async_op=True)
         with self._lock:
             if self._coalesced is not None:
                 self._coalesced.append(future)
@@ -138,6 +143,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
 
     # -- collectives -------------------------------------------------------------------
 
+    @collective("all_reduce")
     def allreduce(self, tensors, opts=None):
         if not isinstance(opts, dist.AllreduceCoalescedOptions):
             opts = _options(opts, dist.AllreduceOptions, "reduceOp")
@@ -150,9 +156,11 @@ class MwrtProcessGroup(dist.ProcessGroup):
             _copy_back(tensors, dense)
         return self._run("all_reduce", run, value=tensors)
 
+    @collective("all_reduce")
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
 
+    @collective("broadcast")
     def broadcast(self, tensors, opts=None):
         tensors, root = _listed(tensors), _options(opts, dist.BroadcastOptions, "rootRank").rootRank
         dense = _dense(tensors, "broadcast")
@@ -163,6 +171,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
             _copy_back(tensors, dense)
         return self._run("broadcast", run, value=tensors)
 
+    @collective("reduce")
     def reduce(self, tensors, opts=None, op=None):
         tensors, opts = _listed(tensors), _options(opts, dist.ReduceOptions, "rootRank")
         if op is not None:
@@ -174,6 +183,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
             _copy_back(tensors, dense)
         return self._run("reduce", run, value=tensors)
 
+    @collective("all_gather")
     def allgather(self, output_tensors, input_tensors, opts=None):
         one = isinstance(input_tensors, torch.Tensor)  # allgather(list, tensor)
         outs = output_tensors if one else output_tensors[0]
@@ -185,6 +195,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
         return self.allgather_coalesced([[o] for o in outs], _listed(input_tensors)[:1], opts,
                                         value=outs)
 
+    @collective("all_gather")
     def allgather_coalesced(self, output_lists, input_list, opts=None, value=None):
         """all_gather of each input i: rank r's into output_lists[r][i]."""
         inputs = _dense(input_list, "all_gather")
@@ -202,11 +213,13 @@ class MwrtProcessGroup(dist.ProcessGroup):
                     outs[i].copy_(part)
         return self._run("all_gather", run, value=output_lists if value is None else value)
 
+    @collective("all_gather_into_tensor")
     def all_gather_single(self, output, input, opts=None):
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
     _allgather_base = all_gather_single
 
+    @collective("all_gather_into_tensor")
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         dense_out = _dense(outputs, "all_gather_into_tensor")
         dense_in = _dense(inputs, "all_gather_into_tensor")
@@ -215,10 +228,13 @@ class MwrtProcessGroup(dist.ProcessGroup):
             for out, inp in zip(dense_out, dense_in):
                 C.all_gather(g, out, inp)
             _copy_back(outputs, dense_out)
-        return self._run("all_gather_into_tensor", run, value=outputs)
+        # gloo's value: each output as its ranks' parts
+        parts = [part for out in outputs for part in out.chunk(self.size())]
+        return self._run("all_gather_into_tensor", run, value=parts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @collective("gather")
     def gather(self, output_tensors, input_tensors, opts=None):
         root = _options(opts, dist.GatherOptions, "rootRank").rootRank
         one = isinstance(input_tensors, torch.Tensor)  # gather(list, tensor, root)
@@ -230,8 +246,9 @@ class MwrtProcessGroup(dist.ProcessGroup):
             C.gather(g, inp, buf, root)
             for o, part in zip(outs, buf if buf is not None else ()):
                 o.copy_(part)
-        return self._run("gather", run, value=output_tensors)
+        return self._run("gather", run, value=list(outs))  # gloo's: the root's tensors
 
+    @collective("scatter")
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = _options(opts, dist.ScatterOptions, "rootRank").rootRank
         one = isinstance(output_tensors, torch.Tensor)  # scatter(tensor, list, root)
@@ -245,6 +262,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
             _copy_back(output_tensors, out)
         return self._run("scatter", run, value=output_tensors)
 
+    @collective("reduce_scatter")
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         one = isinstance(output_tensors, torch.Tensor)  # reduce_scatter(tensor, list, op)
         output_tensors = _listed(output_tensors)
@@ -257,11 +275,13 @@ class MwrtProcessGroup(dist.ProcessGroup):
             _copy_back(output_tensors, out)
         return self._run("reduce_scatter", run, value=output_tensors)
 
+    @collective("reduce_scatter_tensor")
     def reduce_scatter_single(self, output, input, opts=None):
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @collective("reduce_scatter_tensor")
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = _reduce_op(opts or dist.ReduceScatterOptions(), "reduce_scatter_tensor")
         dense_out = _dense(outputs, "reduce_scatter_tensor")
@@ -275,6 +295,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    @collective("all_to_all_single")
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         what = "all_to_all_single"
         out, inp = _dense([output, input], what)
@@ -295,6 +316,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base  # what torch's Python layer calls
 
+    @collective("all_to_all")
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """all_to_all's list form: one all_to_all_v of the tensors laid end to end."""
         what = "all_to_all"
@@ -313,6 +335,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
                 o.copy_(part.view(o.shape))
         return self._run(what, run, value=output_tensors)
 
+    @collective("barrier")
     def barrier(self, opts=None):
         return self._run("barrier", C.barrier, value=[])
 
@@ -322,6 +345,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
         with self._lock:
             self._coalesced = []
 
+    @collective("coalesced calls")
     def _end_coalescing(self, device=None):
         """A Work for every call since _start_coalescing: they ran in order on one thread."""
         with self._lock:
@@ -373,7 +397,8 @@ class MwrtProcessGroup(dist.ProcessGroup):
         if self not in LIVE:
             return
         LIVE.remove(self)
-        if not self.group.broken:
+        self.guard.settle()
+        if not self.group.broken and not self.guard.failed:
             try:  # rank 0 serves torch's store: keep it up until every rank is done
                 self.group.timeout = min(self.group.timeout, 30.0)
                 self.group.call(C.barrier, self.group)

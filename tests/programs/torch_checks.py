@@ -18,7 +18,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mwrt.torch  # noqa: F401 - registers the "mwrt" backend
 
-MWRT_ONLY = ("coalescing_device", "all_to_all_in_place", "irecv_timeout", "recv_too_small", "shape_mismatch")
+MWRT_ONLY = ("coalescing_device", "all_to_all_in_place", "irecv_timeout", "recv_too_small",
+             "shape_mismatch", "failed_on_one_rank")
 
 
 def recv_any(rank, n):
@@ -148,6 +149,55 @@ def work_result(rank, n):
     w = dist.all_reduce(x, async_op=True)
     w.wait()
     return [r.clone() for r in w.result()]
+
+
+def work_result_layout(rank, n):
+    """What Work.result() holds for each collective: gloo's layout, tensor for tensor."""
+    x = torch.arange(3.0) + rank
+    calls = [lambda: dist.all_gather_into_tensor(torch.empty(3 * n), x, async_op=True),
+             lambda: dist.gather(x, [torch.empty(3) for _ in range(n)] if rank == 0 else None,
+                                 0, async_op=True),
+             lambda: dist.all_gather([torch.empty(3) for _ in range(n)], x, async_op=True),
+             lambda: dist.scatter(torch.empty(3), [x + p for p in range(n)] if rank == 0
+                                  else None, 0, async_op=True),
+             lambda: dist.broadcast(x.clone(), 1, async_op=True),
+             lambda: dist.all_to_all_single(torch.empty(n), torch.arange(float(n)) + rank,
+                                            async_op=True)]
+    got = []
+    for call in calls:
+        w = call()
+        w.wait()
+        got.append([t.clone() for t in w.result()])
+        got.append([t.clone() for t in w.get_future().value()])
+    return got
+
+
+def requires_grad(rank, n):
+    """Parameters and tensors that require grad, in every call that takes them (DLPack
+    refuses them: the backend moves their data, as gloo does)."""
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.nn.functional as dnn
+    torch.manual_seed(rank)
+    model = nn.Linear(2, 3)
+    for p in model.parameters():
+        dist.broadcast(p, 0)
+    for p in model.parameters():
+        dist.all_reduce(p)
+    outs = [torch.zeros(3) for _ in range(n)]
+    dist.all_gather(outs, model.bias)
+    x = (torch.arange(2.0 * n) + rank).requires_grad_()
+    gathered = funcol.all_gather_tensor_autograd(x, 0, dist.group.WORLD)
+    scattered = funcol.reduce_scatter_tensor_autograd(x * 2, "sum", 0, dist.group.WORLD)
+    swapped = funcol.all_to_all_single_autograd(x * 3, None, None, dist.group.WORLD)
+    reduced = funcol.all_reduce(x, "sum", dist.group.WORLD)
+    (funcol.wait_tensor(gathered).sum() + funcol.wait_tensor(scattered).sum()
+     + (funcol.wait_tensor(swapped) * torch.arange(2.0 * n)).sum()).backward()
+    y = torch.ones(2, requires_grad=True) * (rank + 1)
+    summed = dnn.all_reduce(y)
+    summed.sum().backward()
+    return [p.detach().clone() for p in model.parameters()] + [
+        torch.stack(outs), funcol.wait_tensor(reduced).detach().clone(),
+        x.grad.clone(), summed.detach().clone()]
 
 
 def completed_after_wait(rank, n):
@@ -310,21 +360,54 @@ def recv_too_small(rank, n):
     return [error, small.item()]
 
 
+def _errors(calls) -> list[str]:
+    """Each call's error text, or its value where it returned one."""
+    got = []
+    for call in calls:
+        try:
+            got.append(f"returned {call()}")
+        except Exception as exc:  # noqa: BLE001 - the test reads its text
+            got.append(f"{type(exc).__name__}: {exc}")
+    return got
+
+
+def _later_calls(group, rank):
+    """The calls that follow a failed one: each must raise on every rank."""
+    def all_reduce():
+        x = torch.ones(2) * (rank + 1)
+        dist.all_reduce(x, group=group)
+        return x.tolist()
+    return [all_reduce, lambda: dist.broadcast(torch.ones(1), 0, group=group),
+            all_reduce, lambda: dist.barrier(group=group)]
+
+
 def shape_mismatch(rank, n):
-    """Ranks passing different shapes of one size: refused by design, and saying so."""
-    try:
-        dist.all_reduce(torch.ones(2, 3) if rank == 0 else torch.ones(3, 2))
-    except Exception as exc:  # noqa: BLE001 - the test reads its text
-        return f"{type(exc).__name__}: {exc}"
-    return ""
+    """Ranks passing different shapes of one size: refused by design, and saying so; and
+    the group runs nothing after (on a group of its own: the world goes on)."""
+    group = dist.new_group(list(range(n)))
+    got = _errors([lambda: dist.all_reduce(torch.ones(2, 3) if rank == 0 else torch.ones(3, 2),
+                                           group=group), *_later_calls(group, rank)])
+    dist.destroy_process_group(group)
+    return got
+
+
+def failed_on_one_rank(rank, n):
+    """One rank's call fails before it takes part (a tensor it cannot pass): every rank
+    raises in that call and in every later one of the group, none returns a value."""
+    group = dist.new_group(list(range(n)))
+    bad = torch.ones(2, device="meta") if rank == 1 else torch.ones(2)
+    got = _errors([lambda: dist.all_reduce(bad, group=group), *_later_calls(group, rank)])
+    dist.destroy_process_group(group)
+    return got
 
 
 CHECKS = [recv_any, recv_order, all_to_all_list, all_reduce_coalesced, all_gather_coalesced,
           coalescing_manager, coalescing_device,
           all_to_all_in_place, group_name, non_contiguous, a2a_one_split, recv_larger, large_p2p,
-          work_result, completed_after_wait, future_of_all_gather, callback_collective,
+          work_result, work_result_layout, requires_grad, completed_after_wait,
+          future_of_all_gather, callback_collective,
           ddp_powersgd, ddp_join, device_mesh_dtensor, functional_collectives, fsdp2,
-          irecv_timeout, recv_too_small, shape_mismatch]
+          irecv_timeout, recv_too_small, shape_mismatch, failed_on_one_rank]
 
 
 def main() -> None:
