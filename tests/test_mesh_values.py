@@ -197,5 +197,9 @@ def test_a_mesh_op_that_fails_at_every_place_is_raised_once(four):
     failed = mwrt.remote(_fails)(R)
     with pytest.raises(mwrt.RemoteError, match="fails at every place"):
         failed.numpy()
+    sharded = mwrt.remote(_fails, spec=((2,), np.float64))(S)  # every place's block asked
+    with pytest.raises(mwrt.RemoteError, match="fails at every place"):
+        sharded.numpy()
+    assert not any(n.replies for n in mwrt.master.cluster.current().nodes)  # none left over
     same(S * 3, np.arange(6.) * 3)  # the other places' errors of it are not raised here
     same(R + 1, np.arange(6.) + 1)

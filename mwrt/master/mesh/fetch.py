@@ -9,7 +9,7 @@ import numpy as np
 
 from ... import config, staging
 from ...arrays import HOST
-from ...errors import MwrtError
+from ...errors import MwrtError, RemoteError
 from ...ops import Spec
 from ...protocol import wire
 from .. import ordering, transfer
@@ -42,8 +42,12 @@ def fetch_many(tensors: list) -> list[np.ndarray]:
             touched.append(node)
         for node in {id(n): n for n in touched}.values():
             node.flush()
-        for k, node, token, inline in pending:
-            reply, frames = node.wait(token, f"numpy() of a shard on node {node.index}")
+        for n, (k, node, token, inline) in enumerate(pending):
+            try:
+                reply, frames = node.wait(token, f"numpy() of a shard on node {node.index}")
+            except RemoteError:  # the other answers are on their way: none is left behind
+                _drop_answers(pending[n + 1:])
+                raise
             if inline:
                 shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
                 if tensors[k]._spec is None:
@@ -80,6 +84,14 @@ def _post_receive(t, node, pending: list, works: list, k: int) -> np.ndarray:
     node.issue(send)
     pending.append((k, node, send.token, False))
     return array
+
+
+def _drop_answers(pending: list) -> None:
+    for _, node, token, _ in pending:
+        try:
+            node.wait(token, f"numpy() of a shard on node {node.index}")
+        except MwrtError:
+            pass  # the error being raised names the read
 
 
 def settle(tensors: list) -> None:
