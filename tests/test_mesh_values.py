@@ -29,6 +29,9 @@ def test_a_0d_array_sent_onto_a_mesh_stays_0d(four):
     same(t, np.array(2.5))
     same(t + 1, np.array(3.5))
     same(mwrt.dist_send(np.array(3, np.int32), mesh=mesh) * 2, np.array(6, np.int32))
+    same(t.contiguous(), np.array(2.5))  # torch's contiguous() keeps the shape
+    one = mwrt.dist_send(np.array(2.5), node=0).contiguous()
+    assert one.shape == one.numpy().shape == ()
 
 
 def _reshape(p):

@@ -373,6 +373,8 @@ class DistributedTensor(Handle):
 
     def contiguous(self) -> DistributedTensor:
         """A C-contiguous array: self's array if it is one, else a copy (worker-side)."""
+        if self._spec is not None and not self._spec.shape:  # np.ascontiguousarray: 1-d
+            return _via(self)("reshape", self, ())
         return _via(self)("ascontiguousarray", self)
 
     def astype(self, dtype: DTypeLike) -> DistributedTensor:
