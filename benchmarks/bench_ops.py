@@ -6,9 +6,11 @@ processes; the master's issue rate of a small in-place op and the rate they comp
 a 64 MiB dist_send, .numpy() and worker-to-worker .to(node=) over tcp (vs a raw loopback
 socket) and shm (vs a multiprocessing.shared_memory handoff between two processes, and
 np.copyto into a fresh array, the floor of .numpy(), and into a warm one, the ceiling of
-one same-host copy). With --fresh: the sync round trip, the eager issue rate and the first
-64 MiB .numpy() of a session as a user measures them, each in fresh processes beside a
-baseline also in fresh processes (`fresh_rows`).
+one same-host copy). With --fresh: the sync round trips (a read, and an op then its read:
+p50 and p99), the eager issue rate, the first 64 MiB .numpy() of a session (and its
+copy=False view) as a user measures them, each in fresh processes beside a baseline also
+in fresh processes (`fresh_rows`), and scikit-learn on mwrt tensors vs NumPy with the
+round trips counted. --round-trips and --sklearn run those rows alone.
 """
 
 from __future__ import annotations
@@ -349,20 +351,23 @@ def print_graph_replay() -> None:
 # -- as a user measures it: every figure in fresh processes (--fresh) -------------------------
 
 _FRESH_SYNC = """
-import statistics, sys, time, mwrt
-mwrt.init_master_worker(local_workers=1)
-x = mwrt.ones(1)
+import sys, time, mwrt
+reps, workers, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+mwrt.init_master_worker(local_workers=workers)
+x = mwrt.ones(1 if kind == "read" else 4)
+once = x.numpy if kind == "read" else (lambda: float(x.sum()))
 for _ in range(200):
-    x.numpy()
+    once()
 times = []
-for _ in range(int(sys.argv[1])):
-    t = time.perf_counter(); x.numpy(); times.append(time.perf_counter() - t)
-print(statistics.median(times) * 1e6)
+for _ in range(reps):
+    t = time.perf_counter(); once(); times.append(time.perf_counter() - t)
+times.sort()
+print(times[len(times) // 2] * 1e6, times[len(times) * 99 // 100] * 1e6)
 mwrt.shutdown()
 """
 
 _FRESH_ECHO = """
-import statistics, subprocess, sys, time, zmq
+import subprocess, sys, time, zmq
 echo = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True)
 ctx = zmq.Context(); dealer = ctx.socket(zmq.DEALER)
 dealer.connect(f"tcp://127.0.0.1:{int(echo.stdout.readline())}")
@@ -371,7 +376,8 @@ for i in range(200 + int(sys.argv[1])):
     t = time.perf_counter(); dealer.send_multipart([b"x" * 16]); dealer.recv_multipart()
     times.append(time.perf_counter() - t)
 dealer.send_multipart([b"stop"]); echo.wait(10)
-print(statistics.median(times[200:]) * 1e6)
+times = sorted(times[200:])
+print(times[len(times) // 2] * 1e6, times[len(times) * 99 // 100] * 1e6)
 """
 
 _FRESH_ISSUE = """
@@ -407,7 +413,7 @@ mwrt.init_master_worker(local_workers=1)
 t = mwrt.ones(int(sys.argv[1]) // 4)
 float(t[0])
 start = time.perf_counter()
-t.numpy()
+got = t.numpy(copy=sys.argv[2:] != ["view"])
 print(int(sys.argv[1]) / (time.perf_counter() - start) / 1e9)
 mwrt.shutdown()
 """
@@ -431,43 +437,137 @@ ray.shutdown()
 """
 
 
+_FRESH_SKLEARN = """
+import statistics, sys, time, numpy as np, mwrt, sklearn
+from sklearn.linear_model import Ridge
+from sklearn.preprocessing import StandardScaler
+from mwrt.master.client import Node
+WAITS = [0]
+def counted(wait):  # counts round trips the same way on any version of mwrt
+    def run(*args, **kwargs):
+        WAITS[0] += 1
+        return wait(*args, **kwargs)
+    return run
+Node.wait = counted(Node.wait)
+mwrt.init_master_worker()
+CALLS = {"StandardScaler().fit_transform": lambda X, y: StandardScaler().fit_transform(X),
+         "Ridge().fit": lambda X, y: Ridge(solver="svd").fit(X, y).coef_}
+for n, d in ((1000, 20), (20000, 50)):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, d)); y = X @ rng.standard_normal(d)
+    Xt, yt = mwrt.dist_send(X), mwrt.dist_send(y)
+    for name, call in CALLS.items():
+        with sklearn.config_context(array_api_dispatch=True):
+            call(Xt, yt)
+            ours, waits = [], 0
+            for _ in range(int(sys.argv[1])):
+                w, t = WAITS[0], time.perf_counter()
+                got = np.asarray(call(Xt, yt))
+                ours.append(time.perf_counter() - t)
+                waits = WAITS[0] - w
+        theirs = []
+        for _ in range(int(sys.argv[1])):
+            t = time.perf_counter(); want = call(X, y); theirs.append(time.perf_counter() - t)
+        if not np.allclose(got, want):
+            raise SystemExit(f"bench_ops: {name} on mwrt differs from NumPy's")
+        print(f"{name}@{n}x{d}", statistics.median(ours) * 1e3, statistics.median(theirs) * 1e3,
+              waits, flush=True)
+mwrt.shutdown()
+"""
+
+
+def sync_bound_rows(reps: int = 5) -> list:
+    """scikit-learn on mwrt tensors (array_api_dispatch=True) vs on NumPy arrays, in a fresh
+    session: a library that reads values pays a round trip for each (counted by mwrt.stats)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."),
+               SCIPY_ARRAY_API="1")
+    done = subprocess.run([sys.executable, "-c", _FRESH_SKLEARN, str(reps)], env=env,
+                          timeout=600, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_ops --sklearn: a run failed: {done.stderr[-2000:]}")
+    rows = []
+    for line in done.stdout.strip().splitlines():
+        what, ours, theirs, waits = line.split()
+        rows.append((f"{what.replace('@', ' on ')}", f"{float(ours):.2f} ms",
+                     f"NumPy {float(theirs):.2f} ms", f"{float(ours) / float(theirs):.2f}x",
+                     f"{waits} round trips"))
+    return rows
+
+
 def _fresh(script: str, *args) -> float:
     """Run `script` in a fresh Python process; the number it prints last."""
+    return _fresh_line(script, *args)[-1]
+
+
+def _fresh_line(script: str, *args) -> list[float]:
+    """Run `script` in a fresh Python process; the numbers of the last line it prints."""
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
     done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, timeout=300,
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"bench_ops --fresh: a run failed: {done.stderr[-2000:]}")
-    return float(done.stdout.split()[-1])
+    return [float(word) for word in done.stdout.strip().splitlines()[-1].split()]
 
 
 def _spread(values: list) -> str:
     return f"{min(values):,.2f}-{max(values):,.2f}"
 
 
+# The round trips a user feels, each (label, local workers, what is timed).
+ROUND_TRIPS = (("x.numpy(), 1 element, 1 local worker", 1, "read"),
+               ("x.numpy(), 1 element, 2 local workers", 2, "read"),
+               ("float(t.sum()), 4 elements, 2 local workers", 2, "sum"))
+
+
+def round_trip_rows(tries: int = 5, reps: int = 2000) -> list:
+    """Each of ROUND_TRIPS in fresh sessions, each run followed by a pyzmq DEALER/ROUTER echo
+    in fresh processes (unpinned, never beside a live session): medians of `tries` runs'
+    p50 and p99, and the ratios to the echo's."""
+    runs: dict = {kind: [] for kind in ROUND_TRIPS}
+    echo: list = []
+    for _ in range(tries):
+        for kind in ROUND_TRIPS:
+            runs[kind].append(_fresh_line(_FRESH_SYNC, reps, kind[1], kind[2]))
+            echo.append(_fresh_line(_FRESH_ECHO, reps, _ECHO))
+    e50 = statistics.median(e[0] for e in echo)
+    e99 = statistics.median(e[1] for e in echo)
+    rows = []
+    for kind in ROUND_TRIPS:
+        p50 = statistics.median(r[0] for r in runs[kind])
+        p99 = statistics.median(r[1] for r in runs[kind])
+        rows.append((f"{kind[0]}: p50", f"{p50:.0f} us", f"DEALER/ROUTER echo {e50:.0f} us",
+                     f"{p50 / e50:.2f}x", "<= 1.5x, then 1.2x"))
+        rows.append(("  p99", f"{p99:.0f} us", f"echo p99 {e99:.0f} us", f"{p99 / e99:.2f}x",
+                     "<= 2x"))
+    return rows
+
+
 def fresh_rows(tries: int = 5) -> list:
-    """The sync round trip, the eager issue rate and a 64 MiB .numpy() as a user measures
+    """The sync round trips, the eager issue rate and a 64 MiB .numpy() as a user measures
     them: each figure from fresh processes, its baseline from fresh processes run right
     after it (never beside a live session), medians of `tries` alternating pairs."""
-    sync, echo, issue, push = [], [], [], []
+    rows = round_trip_rows(tries)
+    issue, push = [], []
     for _ in range(tries):
-        sync.append(_fresh(_FRESH_SYNC, 2000))
-        echo.append(_fresh(_FRESH_ECHO, 2000, _ECHO))
         issue.append(_fresh(_FRESH_ISSUE, 100_000))
         push.append(_fresh(_FRESH_PUSH, 200_000, _SINK))
     nbytes = 64 << 20
-    got = [_fresh(_FRESH_NUMPY, nbytes) for _ in range(2 * tries)]
-    pages = [_fresh(_FRESH_PAGES, nbytes) for _ in range(2 * tries)]
-    rows = [("sync round trip (fresh sessions)", f"{statistics.median(sync):.0f} us",
-             f"DEALER/ROUTER echo {statistics.median(echo):.0f} us",
-             f"{statistics.median(sync) / statistics.median(echo):.2f}x", "<= 1.2x"),
-            ("eager issue rate, x += 1 (fresh sessions)", f"{statistics.median(issue):,.0f}/s",
-             f"bare PUSH loop {statistics.median(push):,.0f}/s",
-             f"{statistics.median(issue) / statistics.median(push):.2f}x", ">= 0.25x"),
-            (".numpy() 64 MiB, first of a session", f"{statistics.median(got):.2f} GB/s",
-             f"copy into new pages {statistics.median(pages):.2f} GB/s",
-             f"{statistics.median(got) / statistics.median(pages):.2f}x", ">= 5 GB/s"),
-            ("  spread over the runs", _spread(got), _spread(pages), "", "")]
+    got, views, pages = [], [], []
+    for _ in range(2 * tries):  # in turns, so the load is the same for each
+        got.append(_fresh(_FRESH_NUMPY, nbytes))
+        views.append(_fresh(_FRESH_NUMPY, nbytes, "view"))
+        pages.append(_fresh(_FRESH_PAGES, nbytes))
+    rows += [("eager issue rate, x += 1 (fresh sessions)", f"{statistics.median(issue):,.0f}/s",
+              f"bare PUSH loop {statistics.median(push):,.0f}/s",
+              f"{statistics.median(issue) / statistics.median(push):.2f}x", ">= 0.25x"),
+             (".numpy() 64 MiB, first of a session", f"{statistics.median(got):.2f} GB/s",
+              f"copy into new pages {statistics.median(pages):.2f} GB/s",
+              f"{statistics.median(got) / statistics.median(pages):.2f}x", ">= 0.8x"),
+             ("  spread over the runs", _spread(got), _spread(pages), "", ""),
+             (".numpy(copy=False) 64 MiB, first of a session", f"{statistics.median(views):.2f} "
+              "GB/s", f"copy into new pages {statistics.median(pages):.2f} GB/s",
+              f"{statistics.median(views) / statistics.median(pages):.2f}x", ">= 0.8x"),
+             ("  spread over the runs", _spread(views), "", "", "")]
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -477,18 +577,24 @@ def fresh_rows(tries: int = 5) -> list:
         ray_median = statistics.median(ray_gbps)
         rows.append(("  Ray's ray.get of 64 MiB (fresh)", "", f"{ray_median:.2f} GB/s",
                      f"{statistics.median(got) / ray_median:.2f}x", ""))
-    return rows
+    return rows + sync_bound_rows()
 
 
 def print_fresh() -> None:
     print(f"{'what (fresh processes)':46} {'mwrt':>16}   {'baseline (same run)':32} {'ratio':>6}"
           "   goal")
-    for row in fresh_rows():
+    if "--round-trips" in sys.argv[1:]:
+        rows = round_trip_rows()
+    elif "--sklearn" in sys.argv[1:]:
+        rows = sync_bound_rows()
+    else:
+        rows = fresh_rows()
+    for row in rows:
         print(f"{row[0]:46} {row[1]:>16}   {row[2]:32} {row[3]:>6}   {row[4]}")
 
 
 if __name__ == "__main__":
-    if "--fresh" in sys.argv[1:]:
+    if {"--fresh", "--round-trips", "--sklearn"} & set(sys.argv[1:]):
         print_fresh()
         raise SystemExit
     main(shm_only="--shm" in sys.argv[1:])

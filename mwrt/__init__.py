@@ -66,6 +66,7 @@ from .master.queries import (
 )
 from .master.streams import Event, Stream, current_stream, stream
 from .master.tensor import DistributedTensor, ShardedTensor
+from .master.waits import stats
 
 # isort: split
 from . import array_api  # over the master's modules above, after them
@@ -77,7 +78,7 @@ __all__ = [
     "init_master_worker", "shutdown", "is_initialized", "num_nodes", "node", "device",
     "current_node", "current_device", "DistributedTensor", "dist_send", "empty", "zeros", "ones",
     "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "cancel",
-    "memory_stats", "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce",
+    "memory_stats", "stats", "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce",
     "all_gather", "gather", "scatter", "Stream", "Event", "stream", "current_stream", "profile",
     "graph", "Graph", "devices", "status", "dashboard", "channels", "array_api", "Device",
     "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",

@@ -8,6 +8,7 @@ import threading
 
 from ..errors import MwrtError
 from ..master import profile as profiling
+from ..master import waits
 from ..master.cluster import current
 from ..master.queries import status
 from ..protocol import wire
@@ -28,6 +29,7 @@ class Sampler(threading.Thread):
         super().__init__(name="mwrt-dashboard-sampler", daemon=True)
         self.history, self.interval, self.timeline = history, interval, timeline
         self.recording: set[int] = set()  # nodes whose profile this thread turned on
+        self.waits_since = 0.0  # the master's waits after this went to the timeline already
         self.stopping = threading.Event()
         history.timeline_note = "" if timeline else NO_TIMELINE
 
@@ -67,7 +69,22 @@ class Sampler(threading.Thread):
         is open this reads nothing and leaves the recording to it.
         """
         with profiling.recording:
-            return self._swap()
+            return self._swap() + self._waits()
+
+    def _waits(self) -> list[dict]:
+        """The master's waits on its workers since the last call, as a lane of their own."""
+        if not self.waits_since:  # the first call: start keeping them
+            with waits.LOG.lock:
+                waits.LOG.recording += 1
+            self.waits_since = waits.clock()
+            return []
+        recent = waits.LOG.recent(self.waits_since)
+        if recent:
+            self.waits_since = max(s[2] for s in recent)
+        return [{"node": node, "device": -1, "stream": -1, "lane": "master: waits",
+                 "op": f"wait for node {node}: {site[3] or what} at {waits.line_text(site)}",
+                 "start": start, "end": end, "shapes": []}
+                for node, what, start, end, site in recent[-SLICES:]]
 
     def _swap(self) -> list[dict]:
         """_slices() under the profile lock."""
@@ -93,6 +110,10 @@ class Sampler(threading.Thread):
 
     def _stop_recording(self) -> None:
         """Turn off the profile this thread started, on nodes still there."""
+        if self.waits_since:
+            with waits.LOG.lock:
+                waits.LOG.recording -= 1
+            self.waits_since = 0.0
         try:
             nodes = current().nodes
         except (MwrtError, RuntimeError):

@@ -4,7 +4,7 @@ streams and events, transfers, remote functions and master-issued collectives.
 Its modules stand in layers, each importing only its own layer and those below (tests/
 test_layers.py holds this, and docs/developing.md draws it):
 
-    connection   limits, progress, sites, client, local, heartbeat, cluster
+    connection   limits, progress, sites, waits, client, local, heartbeat, cluster
     places       context, ordering, streams, queries, methods, mesh/device_mesh,
                  mesh/placement, mesh/plan: where new work goes and in which order
     verbs        handle, issue, collectives, transfer, mesh/fetch, moves, shapes, rules,

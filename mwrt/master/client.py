@@ -36,6 +36,7 @@ from ..errors import (
 )
 from ..protocol import auth, wire
 from ..protocol.refusals import listening, master_refusal
+from . import waits
 from .limits import Limits
 from .sites import cell_name, restore_places
 
@@ -85,7 +86,9 @@ def uninterrupted(fn, *args):
         finally:
             done.set()
 
-    threading.Thread(target=run, name="mwrt-uninterrupted", daemon=True).start()
+    helper = threading.Thread(target=run, name="mwrt-uninterrupted", daemon=True)
+    helper.mwrt_site = waits.caller()  # type: ignore[attr-defined]  # its waits are the caller's
+    helper.start()
     done.wait()
     ok, value = box[0]
     if not ok:
@@ -268,7 +271,9 @@ class Node:
         """
         if self.closed or self.torn or self.lost is not None:
             self._refuse_issue()
-        self.sites[command.id & (_SITES - 1)] = issue_site() if site is None else site
+        if site is None and not command.sync_point:  # a read's errors name the op, not it
+            site = issue_site()
+        self.sites[command.id & (_SITES - 1)] = site
         if command.on_stream:
             self.streams.add(command.stream)
             self.limits.streams.add(command.stream)
@@ -360,7 +365,7 @@ class Node:
             self._raise_closed()
         self.flush()
         timeout = self.sync_timeout if timeout is None else timeout
-        start = time.monotonic()
+        start, began = time.monotonic(), time.time()
         deadline, asked = start + timeout, None
         with self.rx_lock:
             try:
@@ -383,6 +388,7 @@ class Node:
                 raise
             reply, frames = self.replies.pop(token)
             self._raise_rejected()  # a refusal routed with the answer: it came first
+        waits.LOG.note(self.index, what, began, time.time())
         if isinstance(reply, wire.Failed):
             raise self.remote_error(reply.info)
         return reply, frames

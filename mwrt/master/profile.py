@@ -1,4 +1,5 @@
-"""`with mwrt.profile() as prof:` — a timeline of what ran where, as a Chrome/Perfetto trace."""
+"""`with mwrt.profile() as prof:` — a timeline of what ran where, as a Chrome/Perfetto trace,
+and every time the master waited for a worker, by the line that caused it (waits.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 from collections import defaultdict
 
 from ..protocol import wire
+from . import waits
 from .cluster import current
 from .queries import synchronize
 
@@ -22,6 +24,12 @@ class Profile:
 
     def __init__(self):
         self.slices: list[dict] = []
+        # Each wait of the master inside the block: {line, call, count, seconds} per line,
+        # most first, and one {node, what, start, end, line, call} per wait.
+        self.waits: list[dict] = []
+        self.wait_slices: list[dict] = []
+        self._before: dict | None = None
+        self._since = 0.0
 
     def __enter__(self) -> Profile:
         with recording:
@@ -30,9 +38,22 @@ class Profile:
         for node in current().nodes:
             node.issue(wire.Profile(id=next(node.ids), on=True, token=0))
             node.flush()
+        with waits.LOG.lock:
+            waits.LOG.recording += 1
+        self._before, self._since = waits.LOG.snapshot(), waits.clock()
         return self
 
+    def _take_waits(self) -> None:
+        """The master's waits since the block began (before its own closing waits)."""
+        self.waits = waits.by_line(waits.LOG.snapshot(), self._before)
+        self.wait_slices = [{"node": node, "what": what, "start": start, "end": end,
+                             "line": waits.line_text(site), "call": site[3]}
+                            for node, what, start, end, site in waits.LOG.recent(self._since)]
+        with waits.LOG.lock:
+            waits.LOG.recording -= 1
+
     def __exit__(self, *exc) -> None:
+        self._take_waits()
         try:
             cluster = current()
             if exc[0] is None:
@@ -60,8 +81,20 @@ class Profile:
             events.append({"ph": "X", "name": s["op"], "pid": s["node"], "tid": s["stream"],
                            "ts": s["start"] * 1e6, "dur": (s["end"] - s["start"]) * 1e6,
                            "args": {"shapes": s["shapes"], "device": s["device"]}})
+        if self.wait_slices:  # the master's waits, as a process of their own
+            events.append({"ph": "M", "name": "process_name", "pid": -1,
+                           "args": {"name": "master: waits for workers"}})
+        for w in self.wait_slices:
+            events.append({"ph": "X", "name": f"wait: {w['call'] or w['what']}", "pid": -1,
+                           "tid": w["node"], "ts": w["start"] * 1e6,
+                           "dur": (w["end"] - w["start"]) * 1e6,
+                           "args": {"line": w["line"], "what": w["what"]}})
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+    def waits_table(self, top: int = 15) -> str:
+        """The lines that made the master wait for a worker, most waits first."""
+        return waits.table(self.waits, top)
 
     def table(self, top: int = 15) -> str:
         """The ops that took the most time, summed over nodes and streams."""

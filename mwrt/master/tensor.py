@@ -32,7 +32,7 @@ from .mesh.moves import gather_to_master, redistribute, resolve
 from .mesh.placement import REPLICATE, Shard, describe, shard_arg
 from .methods import index_arg, is_element, operand, out_arg, shape_arg
 from .streams import Stream
-from .transfer import fetch, move
+from .transfer import fetch, keep_read_ahead, move, share
 
 _NAMES: dict[int, str] = {}  # id(handle) -> its name, while the handle lives
 
@@ -197,10 +197,14 @@ class DistributedTensor(Handle):
 
     # -- copies to the master (sync points) -----------------------------------------------
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self, copy: bool = True) -> np.ndarray:
         """Copy to the master as a NumPy array; waits for the stream that last wrote it (a mesh
-        tensor: each block sent straight here, all at once)."""
-        return fetch(self) if self._mesh is None else gather_to_master(self)
+        tensor: each block sent straight here, all at once). `copy=False`, of a one-place
+        tensor on a worker of this host: a read-only view of shared memory the worker filled
+        (no copy on the master), freed when the array and its views are."""
+        if self._mesh is not None:
+            return gather_to_master(self)
+        return fetch(self) if copy else share(self)
 
     get = numpy
 
@@ -562,7 +566,11 @@ def _asked_spec(tensor: DistributedTensor) -> Spec:
     node = tensor._node
     meta = wire.Meta(id=next(node.ids), stream=ordering.read_stream(tensor), ref=tensor._id,
                      token=next(node.tokens))
-    reply, _ = node.request(meta, f"shape of tensor {tensor._id}")
+    reply, frames = node.request(meta, f"shape of tensor {tensor._id}")
+    if type(reply) is wire.Data:  # small: its bytes came too, for a read next
+        spec = Spec(tuple(reply.shape), np.dtype(reply.dtype))
+        keep_read_ahead(tensor, frames[0], spec)
+        return spec
     return Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
 
 

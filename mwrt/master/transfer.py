@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import mmap
+import os
+import socket
 
 import numpy as np
 
 from .. import config, staging
 from ..arrays import HOST
-from ..channels import Work
+from ..channels import Work, segments
 from ..errors import ChannelError, WorkerLostError
 from ..ops import Spec
 from ..protocol import wire
@@ -57,11 +60,36 @@ def _deliver(target, post: wire.RecvFrom, site, channel, array, payload) -> None
             channel.send(payload, target.index, post.tag)  # returns: `array` reusable
 
 
+# The value that came with the last shape asked of a small data-dependent result: (tensor
+# id, the command id drawn then, bytes, Spec). It serves the read that follows, if no
+# command was issued in between (none could have changed it).
+_READ_AHEAD: list = [None]
+
+
+def keep_read_ahead(tensor, frame, spec: Spec) -> None:
+    """Keep `tensor`'s value, which came with its shape, for the read that may follow."""
+    _READ_AHEAD[0] = (tensor._id, next(tensor._node.ids), frame, spec)
+
+
+def read_ahead(tensor) -> np.ndarray | None:
+    """The value of `tensor` that came with its shape, if nothing was issued since; once."""
+    kept = _READ_AHEAD[0]
+    if kept is None or kept[0] != tensor._id:
+        return None
+    _READ_AHEAD[0] = None
+    if next(tensor._node.ids) != kept[1] + 1:
+        return None
+    return np.frombuffer(kept[2], dtype=kept[3].dtype).reshape(kept[3].shape).copy()
+
+
 def fetch(tensor) -> np.ndarray:
     """Copy a tensor's contents to the master; a sync point of the stream that made it."""
     node = tensor._node
     spec = tensor._spec
     if spec is None or math.prod(spec.shape) * spec.dtype.itemsize <= node.inline_bytes:
+        ahead = read_ahead(tensor)
+        if ahead is not None:
+            return ahead
         stream = ordering.read_stream(tensor)  # its events first: ids rise in issue order
         get = wire.Get(id=next(node.ids), stream=stream, ref=tensor._id,
                        token=next(node.tokens))
@@ -105,6 +133,42 @@ def fetch(tensor) -> np.ndarray:
         else:
             work.wait()
     return out
+
+
+def share(tensor) -> np.ndarray:
+    """A read-only view of a tensor's value in shared memory its worker filled: no copy on
+    the master, for a worker on this host; the memory goes when the array (and every view
+    of it) does. A sync point of the stream that made it, as fetch()."""
+    node = tensor._node
+    here = socket.gethostname()
+    if node.info is not None and node.info.hostname != here:
+        raise ValueError(_NOT_SHARED.format(node=node.index, host=node.info.hostname,
+                                            here=here))
+    stream = ordering.read_stream(tensor)
+    command = wire.Share(id=next(node.ids), stream=stream, ref=tensor._id,
+                         token=next(node.tokens))
+    reply, _ = node.request(command, f"numpy(copy=False) of tensor {tensor._id}")
+    shape, dtype = tuple(reply.value["shape"]), np.dtype(reply.value["dtype"])
+    path = os.path.join(segments.DIR, reply.value["name"])
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # the worker's /dev/shm is not ours (its session ends it)
+        raise ValueError(_NOT_SHARED.format(node=node.index, host=node.info.hostname
+                                            if node.info else "?", here=here)) from None
+    try:
+        os.unlink(path)  # mapped from here on: nothing stays in /dev/shm
+        count = math.prod(shape)
+        mapped = mmap.mmap(fd, max(count * dtype.itemsize, 1), flags=mmap.MAP_SHARED,
+                           prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    if tensor._spec is None:
+        tensor._spec = Spec(shape, dtype)
+    return np.frombuffer(mapped, dtype=dtype, count=count).reshape(shape)
+
+
+_NOT_SHARED = ("numpy(copy=False): node {node} shares no memory with this master (its worker "
+               "is on {host}, this master on {here}); read it with .numpy(), which copies")
 
 
 @contextlib.contextmanager

@@ -60,6 +60,9 @@ class Message(msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unk
     needs_key: ClassVar[bool] = False
     # Its receive is posted as it arrives, so bytes land in place before its stream gets to it.
     posts_receive: ClassVar[bool] = False
+    # Short when its operands are small: on an idle host stream the socket thread may run it
+    # at once (bounded by MWRT_INLINE_OP_ELEMENTS), saving the executor's two hand-offs.
+    quick: ClassVar[bool] = False
     # The worker handler's name: the class name in snake case (set below).
     handler: ClassVar[str] = ""
 
@@ -203,6 +206,8 @@ class Put(StreamCommand, tag=4, frozen=True):
 class Call(StreamCommand, tag=5, frozen=True):
     """Run registry op `op` on args (Refs resolved on the worker); results to ids `outs`."""
 
+    quick = True
+
     outs: tuple[int, ...]
     op: str
     args: tuple
@@ -222,7 +227,7 @@ class Remote(StreamCommand, tag=6, frozen=True):
 class Free(StreamCommand, tag=7, frozen=True):
     """Drop tensors `ids` once `uses` streams (each sent this Free) have reached it."""
 
-    always_runs = True
+    always_runs = quick = True
     ids: tuple[int, ...]
     uses: int
 
@@ -237,6 +242,15 @@ class Get(StreamCommand, tag=8, frozen=True):
 
 class Meta(StreamCommand, tag=9, frozen=True):
     """Report tensor `ref`'s shape and dtype once `stream` reaches this point."""
+
+    sync_point = answered = always_runs = True
+    ref: int
+    token: int
+
+
+class Share(StreamCommand, tag=38, frozen=True):
+    """Copy tensor `ref` into a new /dev/shm segment once `stream` reaches this point, and
+    name it, for a master on this host to map read-only (t.numpy(copy=False))."""
 
     sync_point = answered = always_runs = True
     ref: int
@@ -447,7 +461,7 @@ for _cls in MESSAGES:
     _cls.handler = re.sub(r"(?<!^)(?=[A-Z])", "_", _cls.__name__).lower()
 
 TRAITS = ("socket", "on_stream", "sync_point", "answered", "always_runs", "data_frame",
-          "needs_key", "posts_receive", "handler")
+          "needs_key", "posts_receive", "quick", "handler")
 
 
 def traits(cls) -> dict:

@@ -29,6 +29,7 @@ from ..protocol import auth, wire
 from ..protocol.refusals import RefusalLog
 from . import lifecycle, quotas, report, routes
 from .graphs import GraphDecoder
+from .handlers import quick_call
 from .session import HB, RX, TX, Session
 
 log = logging.getLogger("mwrt.worker")
@@ -102,6 +103,7 @@ class Daemon:
         self.lease_timeout = config.get("lease_timeout")
         self.max_frame = config.get("max_frame_bytes")
         self.inline_bytes = config.get("inline_bytes")
+        self.inline_op_elements = config.get("inline_op_elements")
         self.parent_pid = parent_pid
         self.stopping = False
         self.max_functions = max(config.get("session_functions"), 1)
@@ -345,8 +347,9 @@ class Daemon:
                     if i + 1 < len(commands):
                         session.parked.append((commands[i + 1:], data))
                     return
-            elif not (command.sync_point and command.stream not in groups
-                      and self._answer_now(session, command)):
+            elif not (command.stream not in groups and (
+                    (command.sync_point and self._answer_now(session, command))
+                    or (command.quick and self._run_now(session, command, data)))):
                 if command.posts_receive and session.data is not None:
                     refusal = session.data.refusal(command)
                     if refusal:  # answered now: the sender never sends, the stream never waits
@@ -369,11 +372,30 @@ class Daemon:
         # GPU streams run asynchronously on the device: only their own thread may answer.
         if executor is None or executor.device != -1 or not executor.idle():
             return False
-        if isinstance(command, wire.Get):  # the only sync point that copies bytes
+        if type(command) is wire.Get or type(command) is wire.Share:  # they copy bytes
             found = session.tensors.get(command.ref)
             if not hasattr(found, "nbytes") or found.nbytes > self.inline_bytes:
                 return False
+        session.inline += 1
         executor.execute(command, ())
+        return True
+
+    def _run_now(self, session, command, data) -> bool:
+        """Run a short command (a Free, a Call on small arrays) on an idle host stream here:
+        a sync loop's op then costs no thread hand-off before the read that follows it.
+
+        Bounded by MWRT_INLINE_OP_ELEMENTS, so this thread, which serves every master,
+        spends microseconds on it; never a remote() function, a collective or a transfer.
+        """
+        executor = session.streams.get(command.stream)
+        if executor is None or executor.device != -1 or not executor.idle():
+            return False
+        if type(command) is wire.Call and not (
+                self.inline_op_elements and quick_call(executor, command,
+                                                       self.inline_op_elements)):
+            return False
+        session.inline += 1
+        executor.execute_safely(command, data)
         return True
 
     def submit(self, session, groups, data) -> None:

@@ -99,28 +99,32 @@ def _expected(ex, op, cmd, args):
     """The results' Specs by the op's meta rule: the same rule on the same Specs as on the
     master, so what it announced, without the announcement riding in every command. An
     oversized host result is refused here, before it is made (a GPU's allocator names its
-    own); the numpy op is sized by its allow-list entry before its rule probes NumPy."""
+    own); the numpy op is sized by its allow-list entry before its rule probes NumPy.
+    Remembered by what decides them (operands' shapes and dtypes, plain values): a sync
+    loop's op pays one lookup, not the walk of its arguments."""
     table, host = ex.session.tensors, ex.device == arrays.HOST
-    key = _ufunc_key(op, args) if op.by_type and not cmd.kwargs else None
-    expected = _SEEN.get(key) if key is not None else None
-    if expected is None:
+    key = _ufunc_key(op, args) if op.by_type and not cmd.kwargs else \
+        _value_key(op.name, cmd.args, cmd.kwargs, table)
+    seen = _SEEN.get(key) if key is not None else None
+    if seen is None:
         specs, kwspecs = quotas.specs(table, cmd.args), quotas.specs(table, cmd.kwargs)
-        if host and op.name == "numpy":
-            quotas.check_numpy(specs, kwspecs, table)
-        expected = ops.infer(op, specs, kwspecs)
+        # (on any device: the entry serves host and GPU streams alike)
+        bound = quotas.numpy_bytes(specs, kwspecs) if op.name == "numpy" else -1
+        if host and bound >= 0:
+            quotas.check_bytes(bound, f"np.{specs[0]!s:.60}", table)
+        seen = (ops.infer(op, specs, kwspecs), bound, specs, kwspecs)
         if key is not None:
             if len(_SEEN) > 10_000:
                 _SEEN.clear()
-            _SEEN[key] = expected
-        if not host or op.name == "numpy":
-            return expected
-        quotas.check_result(op.name, expected, specs, kwspecs, table)
-    elif host:
-        quotas.check_result(op.name, expected, (), {}, table)
-    return expected
+            _SEEN[key] = seen
+    elif host and seen[1] >= 0:
+        quotas.check_bytes(seen[1], f"np.{seen[2][0]!s:.60}", table)
+    if host and seen[1] < 0:
+        quotas.check_result(op.name, seen[0], seen[2], seen[3], table)
+    return seen[0]
 
 
-_SEEN: dict = {}  # a ufunc's result Specs by its operands' shapes and dtypes
+_SEEN: dict = {}  # an op's (result Specs, numpy bound, Specs) by what decides them
 _SCALAR_TYPES = frozenset((int, float, bool, complex))
 
 
@@ -138,6 +142,38 @@ def _ufunc_key(op, args) -> tuple | None:
     return tuple(key)
 
 
+class _Unkeyed(Exception):
+    """A value whose meta may depend on more than its type and value (an array)."""
+
+
+def _value_key(name: str, args: tuple, kwargs: dict, table) -> tuple | None:
+    """What decides any op's results: its tensors' shapes and dtypes (from the table, by
+    Ref) and its other arguments' values, typed; None where an argument is an array sent
+    by value (a mask's values decide its result) or a tensor is missing."""
+    try:
+        return (name, _plain_key(args, table), _plain_key(kwargs, table))
+    except (_Unkeyed, KeyError, AttributeError):
+        return None
+
+
+def _plain_key(value, table):
+    kind = type(value)
+    if kind is wire.Ref:
+        found = table[value.id]
+        return (found.shape, found.dtype)
+    if kind in _SCALAR_TYPES or kind is str or value is None or kind is bytes:
+        return (kind, value)
+    if kind is tuple or kind is list:
+        return (kind, tuple([_plain_key(v, table) for v in value]))
+    if kind is dict:
+        return (kind, tuple([(k, _plain_key(v, table)) for k, v in value.items()]))
+    if kind is slice:
+        return (kind, _plain_key((value.start, value.stop, value.step), table))
+    if value is Ellipsis or (isinstance(value, np.generic) and value.dtype.kind in "biufc"):
+        return (kind, value)
+    raise _Unkeyed
+
+
 def _checked(name: str, value, spec):
     """`value` if it has `spec`'s shape and dtype (or the rule left them to the worker);
     else a named error now, never bytes read later as another dtype or shape."""
@@ -153,6 +189,45 @@ def _checked(name: str, value, spec):
                         f"{list(spec.shape)}); mwrt's meta rule for {name} is wrong: please "
                         "report it; .numpy() of the arguments and NumPy give the right value")
     return value
+
+
+def quick_call(ex, cmd, limit: int) -> bool:
+    """True if Call `cmd` is short enough to run on the daemon's socket thread: a registry
+    op (never user code) over NumPy arrays in host memory, holding at most `limit` elements
+    among its operands and its results (by the meta rule). Anything odd (a missing or
+    poisoned input, a refused size) says False: the stream's executor reports it."""
+    if cmd.op in _NEVER_QUICK:
+        return False
+    try:
+        args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
+        count = _elements(args, limit) + _elements(kwargs, limit)
+        if count > limit or not cmd.outs:
+            return count <= limit
+        expected = _expected(ex, ops.get(cmd.op), cmd, args)
+    except Exception:  # noqa: BLE001 - whatever it is, the executor's run reports it
+        return False
+    for spec in expected if type(expected) is tuple else (expected,):
+        # a data-dependent result (a mask's) holds at most what its operands hold
+        count += math.prod(spec.shape) if type(spec) is ops.Spec else count
+    return count <= limit
+
+
+_NEVER_QUICK = frozenset(("to_device",))  # a GPU's copy: on its own stream's thread
+
+
+def _elements(value, limit: int) -> int:
+    """The elements of the NumPy arrays in `value` (also in tuples, lists and dicts); past
+    `limit`, or for any other array kind (torch, CuPy, a module), limit + 1."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return value.size
+    if kind is tuple or kind is list:
+        return sum(_elements(v, limit) for v in value)
+    if kind is dict:
+        return sum(_elements(v, limit) for v in value.values())
+    if kind in _SCALAR_TYPES or kind is str or value is None or isinstance(value, np.generic):
+        return 0
+    return 0 if kind in (slice, bytes, type(Ellipsis)) else limit + 1
 
 
 def remote(ex, cmd, frames):
@@ -185,10 +260,27 @@ def get(ex, cmd, frames):
     ex.bytes_out += host.nbytes
 
 
+def share(ex, cmd, frames):
+    if ex.raise_sticky(cmd.token):
+        return
+    value = resolve(ex, wire.Ref(cmd.ref))
+    if type(value) is not np.ndarray:  # on a GPU: through a pinned buffer, on this stream
+        value = staging.download(value, ex.cuda_stream)
+    name = ex.session.share(value)
+    ex.reply(wire.Done(token=cmd.token, value={"name": name, "shape": value.shape,
+                                               "dtype": value.dtype.str}))
+    ex.bytes_out += value.nbytes
+
+
 def meta(ex, cmd, frames):
     if ex.raise_sticky(cmd.token):
         return
     value = resolve(ex, wire.Ref(cmd.ref))
+    if type(value) is np.ndarray and value.nbytes <= ex.session.daemon.inline_bytes:
+        # A data-dependent result is asked its shape to be read next: its bytes come too,
+        # so the read costs no second round trip.
+        get(ex, cmd, frames)
+        return
     ex.reply(wire.Done(token=cmd.token, value={"shape": value.shape, "dtype": value.dtype.str}))
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from .. import config
+from ..channels.segments import Segment, new_name
 from ..errors import QuotaError
 from ..protocol import wire
 from ..protocol.wire import DEFAULT_STREAM_LIMIT
@@ -16,6 +20,7 @@ from .graphs import GraphStore, ImplicitEvents, Pending
 from .quotas import Inflight, TensorTable
 
 _MAX_NAMES = 1 << 16
+_SHARED_KEPT = 64  # segment names a session keeps before it forgets those already taken
 
 # A master connects three sockets, identified as SESSION/tx (commands), SESSION/rx (replies;
 # it sends the Hello, so the worker knows it is connected) and SESSION/hb (heartbeats, relays).
@@ -68,6 +73,8 @@ class Session:
         self.grace = 0.0  # seconds kept after the master's silence, to be re-attached
         self.names: dict[str, int] = {}  # tensor ids by the names the master gave them
         self.max_id = 0  # the highest command id seen: a re-attaching master counts on
+        self.inline = 0  # stream commands the socket thread ran itself (idle streams)
+        self.shared: list[str] = []  # segments made for t.numpy(copy=False), maybe not taken
 
     def attach(self, sid: bytes, master: str) -> None:
         """Pass this session to the master of connections `sid` (a re-attach)."""
@@ -190,6 +197,25 @@ class Session:
             self.waits += 1
             return True
 
+    def share(self, array) -> str:
+        """Copy `array` into a new /dev/shm segment that the master maps and unlinks; its
+        name. Names the master never took are unlinked when the session ends."""
+        name = new_name()
+        segment = Segment(name, 1, max(array.nbytes, 1), create=True)
+        try:
+            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            np.copyto(segment.slots[0, : flat.nbytes], flat)
+        except BaseException:
+            segment.unlink()
+            raise
+        finally:
+            segment.close()
+        with self.lock:
+            if len(self.shared) >= _SHARED_KEPT:  # those the master took are gone already
+                self.shared = [path for path in self.shared if os.path.exists(path)]
+            self.shared.append(segment.path)
+        return name
+
     def load_function(self, blob: bytes):
         """Unpickle a shipped function (cloudpickle), cached by content for this session only:
         module state one master's function leaves must never reach another's. Keyed only."""
@@ -239,6 +265,9 @@ class Session:
                 "functions": len(self.functions), "graphs": len(self.graphs.graphs),
                 "graph_bytes": self.graphs.nbytes,
                 "queued_bytes": self.inflight.nbytes, "running": self.running(),
+                # hand-offs to stream threads, and commands run without one
+                "handoffs": sum(ex.taken for ex in list(self.streams.values())),
+                "inline": self.inline,
                 **(self.data.pool.stats() if self.data is not None else {})}
 
     def running(self) -> list[dict]:
@@ -278,3 +307,9 @@ class Session:
         self.parked = None
         self.functions.clear()
         self.trace = None
+        for path in self.shared:  # the master died before it took them
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self.shared = []

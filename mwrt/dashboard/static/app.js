@@ -67,7 +67,8 @@ function drawPlot(name, state) {
 function drawTimeline(state) {
   const box = document.getElementById("timeline");
   document.getElementById("timeline-note").textContent = state.timeline_note || "";
-  const lanes = [...new Set(state.timeline.map(s => `node ${s.node} dev ${s.device} stream ${s.stream}`))].sort();
+  const laneOf = s => s.lane || `node ${s.node} dev ${s.device} stream ${s.stream}`;
+  const lanes = [...new Set(state.timeline.map(laneOf))].sort();
   const width = 900, lane = 18, left = 190, span = state.timeline_seconds, end = state.now;
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
@@ -78,7 +79,7 @@ function drawTimeline(state) {
     svg.appendChild(t);
   });
   state.timeline.forEach(s => {
-    const i = lanes.indexOf(`node ${s.node} dev ${s.device} stream ${s.stream}`);
+    const i = lanes.indexOf(laneOf(s));
     const x = left + (width - left) * (1 - (end - s.start) / span);
     const r = document.createElementNS(ns, "rect");
     r.setAttribute("x", Math.max(left, x)); r.setAttribute("y", i * lane + 2);

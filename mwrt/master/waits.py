@@ -1,0 +1,126 @@
+"""Every wait of the master on a worker, counted at the user's line that caused it.
+
+A program waits on the master only where it reads a value: `float(t)`, `bool(t)`,
+`.numpy()`, the shape of a data-dependent result, `synchronize()`. A library that reads
+twenty values makes twenty round trips, and this is where a user finds them: each wait is
+counted at the first line outside mwrt that led to it (the user's, or the library's that
+called mwrt), with the call that waited and the time it took. `mwrt.stats()` gives the
+counts to a program, `mwrt.profile()` lists them per line, and while a profile or the
+dashboard's timeline records, each wait is also kept as a slice of the master's timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import deque
+from types import FrameType
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mwrt/
+_KEPT = 20_000  # wait slices kept while recording (a profile reads those of its block)
+
+# The call a user made, by the outermost mwrt function it went through.
+_CALLS = {"__float__": "float()", "__bool__": "bool()", "__int__": "int()",
+          "__index__": "an index", "__complex__": "complex()", "item": ".item()",
+          "tolist": ".tolist()", "numpy": ".numpy()", "get": ".get()",
+          "__array__": "np.asarray()", "__dlpack__": "np.from_dlpack()",
+          "<lambda>": "a data-dependent shape", "spec": "a data-dependent shape",
+          "__len__": "len() of a data-dependent shape"}
+
+
+def caller(depth: int = 2) -> tuple[str, int, str, str]:
+    """(file, line, function) of the first frame outside mwrt, and the mwrt call it made."""
+    frame: FrameType | None = sys._getframe(depth)
+    entry = ""
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        entry = frame.f_code.co_name
+        frame = frame.f_back
+    call = _CALLS.get(entry, f"{entry}()" if entry else "")
+    if frame is None:
+        return ("", 0, "", call)
+    return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, call)
+
+
+class WaitLog:
+    """The master's waits on its workers: totals, per line, and recent slices."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count, self.seconds = 0, 0.0
+        self.lines: dict[tuple, list] = {}  # (file, line, function, call) -> [count, seconds]
+        self.recording = 0  # profiles and timelines that want slices
+        self.slices: deque = deque(maxlen=_KEPT)
+
+    def note(self, node: int, what: str, start: float, end: float) -> None:
+        """Count one wait on node `node` (wall-clock `start`, `end`) at its user's line."""
+        if threading.current_thread().name.startswith(_OWN_THREADS):
+            return  # the heartbeat's or the dashboard's own requests: not the program's
+        site = getattr(threading.current_thread(), "mwrt_site", None) or caller(3)
+        seconds = end - start
+        with self.lock:
+            self.count += 1
+            self.seconds += seconds
+            counts = self.lines.get(site)
+            if counts is None:
+                counts = self.lines[site] = [0, 0.0]
+            counts[0] += 1
+            counts[1] += seconds
+            if self.recording:
+                self.slices.append((node, what, start, end, site))
+
+    def snapshot(self) -> dict:
+        """Copies of the counters: {site: (count, seconds)}, and the totals."""
+        with self.lock:
+            return {"count": self.count, "seconds": self.seconds,
+                    "lines": {site: tuple(c) for site, c in self.lines.items()}}
+
+    def recent(self, since: float) -> list[tuple]:
+        """The slices (node, what, start, end, site) of waits that began after `since`."""
+        with self.lock:
+            return [s for s in self.slices if s[2] > since]
+
+
+_OWN_THREADS = ("mwrt-heartbeat", "mwrt-dashboard")
+LOG = WaitLog()
+
+
+def by_line(now: dict, then: dict | None = None) -> list[dict]:
+    """The waits per line between two snapshots (or since the start), most first."""
+    before = then["lines"] if then else {}
+    rows = []
+    for site, (count, seconds) in now["lines"].items():
+        count0, seconds0 = before.get(site, (0, 0.0))
+        if count > count0:
+            rows.append({"line": line_text(site), "call": site[3], "count": count - count0,
+                         "seconds": seconds - seconds0})
+    return sorted(rows, key=lambda r: (-r["count"], -r["seconds"]))
+
+
+def line_text(site: tuple) -> str:
+    """'file:line in function' of a site ('' for a wait with no frame outside mwrt)."""
+    return f"{site[0]}:{site[1]} in {site[2]}" if site[0] else "(inside mwrt)"
+
+
+def table(rows: list[dict], top: int = 15) -> str:
+    """The per-line waits as text: count, total and mean time, the call, the line."""
+    lines = [f"{'waits':>6} {'total ms':>10} {'mean µs':>9}  call at line"]
+    for row in rows[:top]:
+        lines.append(f"{row['count']:>6} {row['seconds'] * 1e3:>10.3f} "
+                     f"{row['seconds'] / row['count'] * 1e6:>9.1f}  {row['call']} at "
+                     f"{row['line']}")
+    return "\n".join(lines)
+
+
+def stats() -> dict:
+    """The master's waits on its workers since the program started, for programs:
+    `waits` (each a round trip), `wait_seconds`, and `lines`: per line that caused them,
+    {line, call, count, seconds}, most first. Diff two calls to count a stretch of code."""
+    now = LOG.snapshot()
+    return {"waits": now["count"], "wait_seconds": now["seconds"], "lines": by_line(now)}
+
+
+def clock() -> float:
+    """The wall clock the workers' timelines use (time.time())."""
+    return time.time()
