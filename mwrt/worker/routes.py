@@ -21,7 +21,8 @@ Handler = Callable[..., Any]
 STREAM: dict[type[wire.Command], Handler] = {
     wire.Create: handlers.create, wire.Put: handlers.put, wire.Call: handlers.call,
     wire.Remote: handlers.remote, wire.Free: handlers.free, wire.Get: handlers.get,
-    wire.Meta: handlers.meta, wire.Sync: handlers.sync, wire.Record: handlers.record,
+    wire.Meta: handlers.meta, wire.Share: handlers.share, wire.Sync: handlers.sync,
+    wire.Record: handlers.record,
     wire.WaitEvent: handlers.wait_event, wire.Expect: handlers.expect,
     wire.SendTo: data.send_to, wire.RecvFrom: data.recv_from,
     wire.Collective: data.collective,
