@@ -206,3 +206,14 @@ def test_a_mesh_op_that_fails_at_every_place_is_raised_once(four):
     assert not any(n.replies for n in mwrt.master.cluster.current().nodes)  # none left over
     same(S * 3, np.arange(6.) * 3)  # the other places' errors of it are not raised here
     same(R + 1, np.arange(6.) + 1)
+
+
+def test_sort_of_a_0d_or_flattened_tensor(four):
+    mesh = mwrt.mesh(nodes=[0, 1])
+    same(np.argsort(mwrt.dist_send(np.array(3.0), mesh=mesh)), np.argsort(np.array(3.0)))
+    x = np.array([[3.0, 1.0], [0.0, 2.0]])
+    for fn in (np.sort, np.argsort):
+        same(fn(mwrt.dist_send(x, mesh=mesh), axis=None), fn(x, axis=None))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mwrt.PlacementWarning)  # sharded: replicated
+            same(fn(mwrt.dist_send(x, mesh=mesh, shard=0), axis=None), fn(x, axis=None))

@@ -71,7 +71,9 @@ def axiswise(name, operands, args, kwargs, spec, resolve) -> Plan:
     t = operands[0]
     resolve(t)
     axis = kwargs.get("axis", args[1] if len(args) > 1 else -1)
-    if any(p == Shard(axis % t.ndim) for p in t._placements):
+    sharded = {p.axis for p in t._placements if type(p) is Shard}
+    # axis=None sorts the flattened tensor (a 0-d one as 1-d): along every axis
+    if sharded and (axis is None or axis % t.ndim in sharded):
         raise no_rule(name, operands, f"{name} along the sharded axis: replicate first "
                       f"(t.replicate().{name}(...)) or shard another axis")
     return Plan(t._placements)
