@@ -138,7 +138,7 @@ MASTER_LAYERS = [
                 "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
                "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.dispatch",
-               "remote", "arrayfunc"}),  # a handle's fields, and the ops, copies and moves it issues
+               "remote", "arrayfunc", "mesh.naming"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.creation", "creation", "naming", "mesh.saving"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py
 ]

@@ -98,6 +98,9 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     """Have each worker write the tensors it holds under `path`; the master writes the manifest."""
     path = os.path.abspath(os.fspath(path))
     _check_tensors(tensors)
+    for name, t in tensors.items():
+        if t.name is None:  # what a master re-attaching to a named session finds it by
+            t.name = name
     tensors, sharded = _blocks_of_sharded(tensors)
     prior = _LAST.get(path)
     if prior is not None:  # one save per folder at a time: its manifest says what comes next
@@ -107,8 +110,6 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     groups: dict = {}
     for name, t in tensors.items():
         groups.setdefault((t._node.index, t._device), []).append((name, t))
-        if t.name is None:  # what a master re-attaching to a named session finds it by
-            t.name = name
     entries, parts = {}, []
     started = time.monotonic()
     for where, members in sorted(groups.items()):
@@ -137,8 +138,9 @@ def load(path: str | os.PathLike, *, node: int | None = None, names: list | None
     """The tensors of the checkpoint at `path`, each read by the worker it goes to.
 
     By default each goes back to the node and device it was saved from, and a sharded
-    tensor onto its mesh; `node=` puts every plain tensor on that node, `mesh=` every
-    sharded one onto that mesh (resharded: each place reads the blocks it needs). Reading
+    tensor onto its mesh; `node=` puts every tensor on that node (a sharded one whole,
+    as a plain tensor), `mesh=` every sharded one onto that mesh (resharded: each place
+    reads the blocks it needs). Reading
     a file on another node than the one that wrote it needs a filesystem both see.
     """
     path = os.path.abspath(os.fspath(path))
@@ -160,7 +162,11 @@ def load(path: str | os.PathLike, *, node: int | None = None, names: list | None
         return _issue_load(cluster.node(node_index), device, path, name, entry)
 
     for name in wanted:
-        if name in sharded:
+        if name in sharded and mesh is None and node is not None:  # whole, on that node
+            device = sharded[name]["mesh"]["places"][0][1]
+            one = Mesh([(node, device)], (1,), ("node",))
+            loaded[name] = saving.assemble(name, sharded[name], one, load_at).shards()[0]
+        elif name in sharded:
             loaded[name] = saving.assemble(name, sharded[name], mesh, load_at)
         else:
             where = manifest["tensors"][name]["where"]

@@ -302,6 +302,11 @@ def init_master_worker(workers: str | Sequence[str] | None = None, *,
             raise MwrtError("init_master_worker: already initialized; call mwrt.shutdown() "
                             "first")
         local = []
+        if not addresses and session is not None:
+            raise ConfigError(
+                f"init_master_worker: session={session!r} needs workers that outlive this "
+                "master, and local workers stop with it (got no worker addresses); start "
+                "daemons with `mwrt-worker --key-file KEY` and pass their addresses and key")
         if not addresses:
             count = config.get("local_workers") if local_workers is None else local_workers
             if not isinstance(count, int) or count < 1:
@@ -443,6 +448,13 @@ def _detach() -> bool:
         if _cluster is None or _cluster.grace <= 0:
             return False
         cluster, _cluster = _cluster, None
+    for node in cluster.nodes:  # what the script issued last (names) reaches the session:
+        if node.lost is None:  # the sockets close without lingering
+            try:
+                node.request(wire.Query(id=next(node.ids), stream=0, token=next(node.tokens)),
+                             "leaving the named session", timeout=5.0)
+            except Exception as exc:  # noqa: BLE001 - a dying worker must not stop the exit
+                log.info("%s: not confirmed before leaving: %s", node, exc)
     cluster.close(goodbye=False)
     return True
 

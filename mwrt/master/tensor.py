@@ -29,6 +29,7 @@ from .issue import call
 from .mesh.device_mesh import Mesh
 from .mesh.dispatch import call as mesh_call
 from .mesh.moves import gather_to_master, redistribute, resolve
+from .mesh.naming import name_places
 from .mesh.placement import REPLICATE, Shard, describe, shard_arg
 from .methods import index_arg, is_element, operand, out_arg, shape_arg
 from .streams import Stream
@@ -159,8 +160,11 @@ class DistributedTensor(Handle):
     def name(self, value: str) -> None:
         if not isinstance(value, str) or not value:
             raise TypeError(f"name: must be a non-empty str (got {value!r})")
-        node = self._one_place("name")._node
-        node.issue(wire.Name(id=next(node.ids), ref=self._id, name=value))
+        if self._mesh is not None:
+            name_places(self, value)  # each block by name, and how they make the whole
+        else:
+            node = self._node
+            node.issue(wire.Name(id=next(node.ids), ref=self._id, name=value))
         if id(self) not in _NAMES:  # by id: a weak dict would compare handles with == (an op)
             weakref.finalize(self, _NAMES.pop, id(self), None)
         _NAMES[id(self)] = value

@@ -124,3 +124,6 @@ def _placement(text: str, name: str):
     if match.group(1):
         return Shard(int(match.group(2)))
     return Replicate() if match.group(3) else Partial(match.group(5))
+
+
+parse_placement = _placement  # a placement from its repr, for mwrt.attached()
