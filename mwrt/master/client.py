@@ -111,33 +111,12 @@ def site_text(site: tuple | str | None) -> str:
 
 def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: float) -> None:
     """Queue one command already encoded (msgspec.Raw: a mesh op's, made once) at each of
-    `nodes`: what Node.issue does, in one loop, less what the caller knows (a command on a
-    stream, no data frame, one clock read). A node's batch goes out at once after a quiet
+    `nodes` (Node.queue, with one clock read). A node's batch goes out at once after a quiet
     spell, else when full or `window` seconds old: a mesh of N nodes sends N batches per
     window, so a window that grows with N keeps that cost per op from growing with N."""
-    now, slot = time.monotonic(), command_id & (_SITES - 1)
+    now = time.monotonic()
     for node, body, stream in zip(nodes, bodies, streams or itertools.repeat(None)):
-        if node.closed or node.torn or node.lost is not None:
-            node._refuse_issue()
-        node.sites[slot] = site
-        if stream is not None:  # (a graph's Replay runs on the streams it recorded)
-            node.streams.add(stream)
-            node.limits.streams.add(stream)
-        with node.tx_lock:
-            batch = node.batch
-            if batch:
-                due = now - node.batch_started >= window
-            else:
-                node.batch_started = now
-                due = now - node.last_flush > 1e-3  # quiet: the worker may be waiting
-            if node.frees:
-                node._append_frees()
-            batch.append(body)
-            if not (due or len(batch) >= node.batch_size):
-                continue  # (what the worker is behind by grows only when a batch goes out)
-            node._flush_locked(now)
-        if node.limits.due():
-            node.limits.checkpoint()
+        node.queue(body, command_id, stream, site, now, window)
 
 
 class Node:
@@ -269,29 +248,46 @@ class Node:
         command's `frame` field is set to its index. `site`: the issuing line, when the caller
         already found it (a mesh op issues one command per node from one line).
         """
-        if self.closed or self.torn or self.lost is not None:
-            self._refuse_issue()
+        if command.on_stream:
+            stream = command.stream
+        else:
+            stream = None
+            if isinstance(command, wire.NewStream):  # synchronize() waits on streams it made
+                self.streams.add(command.stream)
         if site is None and not command.sync_point:  # a read's errors name the op, not it
             site = issue_site()
-        self.sites[command.id & (_SITES - 1)] = site
-        if command.on_stream:
-            self.streams.add(command.stream)
-            self.limits.streams.add(command.stream)
-        elif isinstance(command, wire.NewStream):  # synchronize() waits on streams it made too
-            self.streams.add(command.stream)
+        self.queue(command, command.id, stream, site, time.monotonic(), None, frame)
+
+    def queue(self, body, command_id: int, stream: int | None, site, now: float,
+              window: float | None = None, frame=None) -> None:
+        """Queue one command (a message, or its bytes: msgspec.Raw) issued from `site` on
+        `stream` (None: not on one) at time `now`. The batch goes out at once when the node
+        was quiet (no send for a millisecond), when it is full, with a data `frame`, and when
+        it is `window` seconds old (None: whenever a millisecond passed since the last send;
+        the heartbeat sends stragglers)."""
+        if self.closed or self.torn or self.lost is not None:
+            self._refuse_issue()
+        self.sites[command_id & (_SITES - 1)] = site
+        if stream is not None:
+            self.streams.add(stream)
+            self.limits.streams.add(stream)
         with self.tx_lock:
-            now = time.monotonic()
-            if not self.batch:
+            batch = self.batch
+            if not batch:
                 self.batch_started = now
+                due = now - self.last_flush > 1e-3  # quiet: the worker may be waiting
+            elif window is None:
+                due = now - self.last_flush > 1e-3
+            else:
+                due = now - self.batch_started >= window
             if self.frees:  # handles dropped before this command: their frees run before it
                 self._append_frees()
             if frame is not None:  # as bytes: pyzmq sends other buffers zero-copy (slow)
-                command = replace(command, frame=len(self.frames))
+                body = replace(body, frame=len(self.frames))
                 self.frames.append(frame if type(frame) is bytes else bytes(memoryview(frame)))
-            self.batch.append(command)
-            # Quiet: send at once (latency). Busy: batch (throughput); heartbeat sends stragglers.
-            if (len(self.batch) >= self.batch_size or now - self.last_flush > 1e-3
-                    or frame is not None):
+                due = True
+            batch.append(body)
+            if due or len(batch) >= self.batch_size:
                 self._flush_locked(now)
         if self.limits.due():  # the worker is far behind: wait for it (never under the lock)
             self.limits.checkpoint()

@@ -50,21 +50,7 @@ def call(name: str, *args, **kwargs):
     now = next(node.ids)
     if outs and name in _ALIASING:  # (in this order: x += 1 pays one test)
         _share(name, args, outs)  # a view shares its base's record
-    capturing = ordering.capture
-    for tensor in place:  # a few comparisons each, unless another stream used the storage
-        owner = tensor._base
-        if owner is None:
-            owner = tensor
-        elif tensor._writer != stream:  # a view made on another stream: after its making
-            ordering.use(tensor, stream, now, tensor is written)
-            continue
-        if owner._writer != stream or capturing or (
-                tensor is written and len(owner._streams) > 1):
-            ordering.use(tensor, stream, now, tensor is written)
-        elif tensor is written:
-            owner._wtime = owner._ltime = now
-        else:
-            owner._ltime = now
+    ordering.order(place, stream, now, False, written)
     node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),
                          op=name, args=wire_args, kwargs=wire_kwargs))
     if op.inplace:

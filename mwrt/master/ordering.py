@@ -65,6 +65,28 @@ def share(result, source) -> None:
         capture[-1].shared(result, source)
 
 
+def order(tensors, stream: int, now: int, write: bool = False, written=None) -> None:
+    """Order the uses of `tensors` on `stream` by command `now` (writes if `write`, or the one
+    that is `written`): the rule every issuing path follows. A tensor whose storage was last
+    written on `stream` (its views made there too) costs a few comparisons; another is
+    ordered by use()."""
+    capturing = capture
+    for tensor in tensors:
+        wrote = write or tensor is written
+        owner = tensor._base
+        if owner is None:
+            owner = tensor
+        elif tensor._writer != stream:  # a view made on another stream: after its making
+            use(tensor, stream, now, wrote)
+            continue
+        if owner._writer != stream or capturing or (wrote and len(owner._streams) > 1):
+            use(tensor, stream, now, wrote)
+        elif wrote:
+            owner._wtime = owner._ltime = now
+        else:
+            owner._ltime = now
+
+
 def use(tensor, stream: int, now: int, write: bool = False) -> None:
     """Order the use of `tensor` on `stream` by command `now` after its storage's uses
     elsewhere (and, for a view, after the command that made it)."""

@@ -158,7 +158,7 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
     devices = mesh.devices
     if type(devices) is int and not varying:  # one device everywhere: one command
         for _, k in slots:  # the waits it needs go out before it
-            _order_all(operands[k]._locals, devices, now, written and k == 0)
+            ordering.order(operands[k]._locals, devices, now, written and k == 0)
         body = _encode(wire.Call(id=now, stream=devices, outs=outs_ids, op=name,
                                  args=_sentinel_args(template, slots, operands, varying),
                                  kwargs=kwargs), 0)
@@ -178,7 +178,7 @@ def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, pla
     encoded: dict = {}  # device (its default stream) -> bytes, in pieces
     for i, (_, device) in enumerate(places):
         for _, k in slots:  # the waits it needs go out before it
-            _order(operands[k]._locals[i], device, now, written and k == 0)
+            ordering.order((operands[k]._locals[i],), device, now, written and k == 0)
         pieces = encoded.get(device)
         if pieces is None:
             pieces = encoded[device] = _encode(wire.Call(
@@ -198,19 +198,6 @@ def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, pla
             bodies.append(_splice(pieces, [operands[k]._locals[i]._ref.data for k in varying]))
         streams.append(device)
     return bodies, streams
-
-
-def _order_all(blocks, stream: int, now: int, write: bool) -> None:
-    """_order for every place's block, its common case (used last on this stream, not a
-    view) inline."""
-    for tensor in blocks:
-        if tensor._base is None and tensor._writer == stream and not (
-                write and len(tensor._streams) > 1):
-            if write:
-                tensor._wtime = now
-            tensor._ltime = now
-        else:
-            _order(tensor, stream, now, write)
 
 
 # How long a place's batch gathers a mesh op's commands before it goes out, at 8 nodes
@@ -284,7 +271,7 @@ def _place_by_place(name, placements, operands, wired, spec):
         args = list(template)
         for pos, k in slots:
             tensor = operands[k]._locals[i]
-            _order(tensor, stream, now, written and k == 0)
+            ordering.order((tensor,), stream, now, written and k == 0)
             args[pos] = tensor._ref
         node.issue(wire.Call(id=now, stream=stream, outs=ids, op=name, args=tuple(args),
                              kwargs=kwargs), site=site)
@@ -309,23 +296,6 @@ def _wire_form(margs, mkwargs):
                 type(value) is tuple and all(type(v) is int for v in value))):
             return None
     return template, slots, mkwargs
-
-
-def _order(tensor, stream: int, now: int, write: bool) -> None:
-    """Order a use of `tensor` by command `now` on `stream`, as issue.call orders an operand:
-    a few comparisons, unless another stream used its storage."""
-    owner = tensor._base
-    if owner is None:
-        owner = tensor
-    elif tensor._writer != stream:  # a view made on another stream: after its making
-        ordering.use(tensor, stream, now, write)
-        return
-    if owner._writer != stream or (write and len(owner._streams) > 1):
-        ordering.use(tensor, stream, now, write)
-    elif write:
-        owner._wtime = owner._ltime = now
-    else:
-        owner._ltime = now
 
 
 def local_specs(spec: Spec, placements: tuple, mesh) -> tuple:
