@@ -217,3 +217,11 @@ def test_sort_of_a_0d_or_flattened_tensor(four):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", mwrt.PlacementWarning)  # sharded: replicated
             same(fn(mwrt.dist_send(x, mesh=mesh, shard=0), axis=None), fn(x, axis=None))
+
+
+@pytest.mark.parametrize("name", ["min", "max"])
+def test_min_and_max_of_complex_with_an_empty_block(four, name):
+    mesh = mwrt.mesh(nodes=[0, 1, 2])
+    z = np.array([4 - 12j, 5 + 3j]) * (1 if name == "min" else -1)  # beyond 1 and 0 (True,
+    # False: what an empty block's min and max were), on three places: one block is empty
+    same(getattr(mwrt.dist_send(z, mesh=mesh, shard=0), name)(axis=0), getattr(np, name)(z))

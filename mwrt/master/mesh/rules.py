@@ -258,6 +258,9 @@ def _with_initial(name, t, axes, out) -> Plan:
     kind = t.dtype
     if kind.kind == "f":
         identity = float("inf") * _NEEDS_INITIAL[name]
+    elif kind.kind == "c":  # ordered by real part, then imaginary
+        big = float("inf") * _NEEDS_INITIAL[name]
+        identity = complex(big, big)
     elif kind.kind in "iu":
         info = np.iinfo(kind)
         identity = int(info.max if _NEEDS_INITIAL[name] > 0 else info.min)
