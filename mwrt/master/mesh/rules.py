@@ -256,6 +256,7 @@ def _with_initial(name, t, axes, out) -> Plan:
     if not empty:
         return Plan(out)
     kind = t.dtype
+    identity: complex | bool
     if kind.kind == "f":
         identity = float("inf") * _NEEDS_INITIAL[name]
     elif kind.kind == "c":  # ordered by real part, then imaginary
