@@ -23,6 +23,9 @@ myst_heading_anchors = 3
 # The reference: signatures with their type hints; one-line docstrings read as prose.
 autodoc_typehints = "signature"
 autodoc_member_order = "bysource"
+# Annotations by the names the code writes (DTypeLike expanded is ~500 characters of NumPy's
+# private protocols in every creation function's signature).
+autodoc_type_aliases = {name: name for name in ("DTypeLike", "ArrayLike", "Shape", "ShardArg")}
 autodoc_default_options = {"members": True, "undoc-members": True}
 suppress_warnings = ["myst.xref_missing"]  # links to files of the repository, not pages
 # Docstrings are written as Markdown-ish prose: `x` is code, and * or | is an operator.

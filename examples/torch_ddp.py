@@ -3,7 +3,12 @@
     mwrt-launch --nproc-per-node 2 examples/torch_ddp.py   # or torchrun; plain python: 2 ranks here
 """
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError:
+    raise SystemExit("torch_ddp.py needs torch, which mwrt does not: pip install 'mwrt[torch]' "
+                     "(or torch's CPU build: pip install torch --index-url "
+                     "https://download.pytorch.org/whl/cpu)") from None
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP

@@ -65,6 +65,10 @@ class ChannelTimeoutError(ChannelError, TimeoutError):
     """A data-channel wait ran past its timeout; names what was awaited and from whom."""
 
 
+class PlacementError(MwrtError, ValueError):
+    """A mesh op whose operands' placements have no rule; redistribute one of them first."""
+
+
 class CollectiveMismatchError(MwrtError):
     """Ranks disagree on a collective's op, dtype, shape or kind; names the ranks and values."""
 

@@ -77,6 +77,55 @@ def test_the_reference_has_every_public_name(site, module, page):
     assert not set(module.__all__) - shown, sorted(set(module.__all__) - shown)
 
 
+def test_the_creation_functions_signatures_read_short(site):
+    """zeros/ones/empty/rand/randn show dtype as DTypeLike, not NumPy's ~500 characters of
+    private protocols that the alias expands to."""
+    html = (site[2] / "reference" / "mwrt.html").read_text()
+    for name in ("zeros", "ones", "empty", "rand", "randn"):
+        found = re.search(rf'<dt class="sig sig-object py" id="mwrt\.{name}">(.*?)</dt>', html,
+                          re.DOTALL)
+        assert found, name
+        text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", found.group(1)))
+        assert len(text) < 250 and "DTypeLike" in text, (name, len(text), text)
+
+
+def _members(module):
+    """(name, object) of every public name of `module` and every public member of its
+    classes."""
+    import inspect
+
+    for name in module.__all__:
+        obj = getattr(module, name)
+        yield f"{module.__name__}.{name}", obj
+        if inspect.isclass(obj):
+            for attr in dir(obj):
+                static = inspect.getattr_static(obj, attr)
+                if not attr.startswith("_") and (isinstance(static, property)
+                                                 or callable(getattr(obj, attr))):
+                    yield (f"{module.__name__}.{name}.{attr}",
+                           static if isinstance(static, property) else getattr(obj, attr))
+
+
+def test_every_public_member_has_a_docstring():
+    """help() and the reference say what each public function, class, method and property
+    does (an override takes its base's docstring)."""
+    import inspect
+
+    missing = [name for module in (mwrt, mwrt.distributed) for name, obj in _members(module)
+               if not isinstance(obj, (int, float, str, dict, tuple)) and not inspect.getdoc(obj)]
+    assert not missing, missing
+
+
+def test_every_error_mwrt_exports_is_an_mwrt_error():
+    """The errors page says `except mwrt.MwrtError` catches every mwrt error (PlacementError
+    was only a ValueError)."""
+    errors = [getattr(m, n) for m in (mwrt, mwrt.distributed) for n in m.__all__
+              if isinstance(getattr(m, n), type) and issubclass(getattr(m, n), Exception)
+              and not issubclass(getattr(m, n), Warning)]
+    assert [e.__name__ for e in errors if not issubclass(e, mwrt.MwrtError)] == []
+    assert issubclass(mwrt.PlacementError, ValueError)
+
+
 def test_every_error_class_has_its_troubleshooting_entry():
     """docs/troubleshooting.md has a section per error class of mwrt.errors."""
     import mwrt.errors
@@ -117,3 +166,16 @@ def test_the_readme_keeps_its_two_commands_and_links_to_pages_that_exist():
     broken = [link for link in re.findall(r"\]\((docs/[^)#]+)", readme)
               if not os.path.exists(os.path.join(ROOT, link))]
     assert not broken, broken
+
+
+@pytest.mark.parametrize("run", ["examples/torch_ddp.py", "-c import mwrt.torch"])
+def test_without_torch_the_install_line_is_given(run):
+    """The torch example and mwrt.torch, where torch is missing, say how to install it."""
+    code = ("import sys; sys.modules['torch'] = None; import mwrt.torch" if run.startswith("-c")
+            else f"import sys, runpy; sys.modules['torch'] = None; "
+                 f"runpy.run_path({os.path.join(ROOT, run)!r}, run_name='__main__')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "pip install 'mwrt[torch]'" in done.stderr, done.stderr

@@ -78,6 +78,7 @@ class Work:
         return True
 
     def is_completed(self) -> bool:
+        """True once the operation has finished (does not wait)."""
         return self._work.is_completed() if self._work is not None else self._future.done()
 
     def is_success(self) -> bool:

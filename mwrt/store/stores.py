@@ -35,6 +35,7 @@ class Store:
     timeout: float = 300.0
 
     def set(self, key: str, value) -> None:
+        """Set `key` to `value` (bytes, or a str stored as UTF-8), waking its waiters."""
         raise NotImplementedError
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
@@ -54,14 +55,19 @@ class Store:
         raise NotImplementedError
 
     def delete_key(self, key: str) -> bool:
+        """Remove `key`: True if it was set."""
         raise NotImplementedError
 
     def check(self, keys) -> bool:
         """True if every key in `keys` is set, without waiting."""
         raise NotImplementedError
 
+    def num_keys(self) -> int:
+        """The number of keys set (torch's Store.num_keys)."""
+        raise NotImplementedError
+
     def close(self) -> None:
-        pass
+        """Release the store's connection or files (a server stops serving)."""
 
 
 class PrefixStore(Store):

@@ -16,7 +16,12 @@ from __future__ import annotations
 import atexit
 
 import numpy as np
-import torch.distributed as dist
+
+try:
+    import torch.distributed as dist
+except ModuleNotFoundError as missing:  # torch is optional: say how to get it
+    raise ModuleNotFoundError(f"mwrt.torch needs torch ({missing}): pip install 'mwrt[torch]'",
+                              name="torch") from None
 
 from .. import channels, config
 from ..collective import api as C

@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import PlacementError as PlacementError  # its home before errors.py
+
 PARTIAL_OPS = ("sum", "max", "min", "prod")
-
-
-class PlacementError(ValueError):
-    """An op whose operands' placements have no rule; redistribute one of them first."""
 
 
 class PlacementWarning(UserWarning):
@@ -34,12 +32,15 @@ class Placement:
     """How a tensor lies along one mesh dimension."""
 
     def is_shard(self, axis: int | None = None) -> bool:
+        """True for Shard (of `axis`, if given)."""
         return False
 
     def is_partial(self) -> bool:
+        """True for Partial(op)."""
         return False
 
     def is_replicate(self) -> bool:
+        """True for Replicate()."""
         return False
 
 
