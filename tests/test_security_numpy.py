@@ -5,6 +5,7 @@ result is sized before anything is allocated (the worker's peak RSS, from /proc,
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -23,6 +24,19 @@ X = 1  # the tensor every attack is given: 16 bytes of float64
 @pytest.fixture
 def daemon():
     """An unkeyed daemon with a 1 MiB tensor limit: (process, address)."""
+    mwrt.shutdown()
+    process, address = start_worker(env={"MWRT_MAX_TENSOR_BYTES": str(MiB),
+                                         "MWRT_SYNC_TIMEOUT": "5"})
+    yield process, address
+    stop_worker(process)
+
+
+SESSIONS = itertools.count()  # a session's name is one master's: each attack opens its own
+
+
+@pytest.fixture(scope="module")
+def shared_daemon():
+    """The daemon of `daemon`, for the many attacks one after another it survives."""
     mwrt.shutdown()
     process, address = start_worker(env={"MWRT_MAX_TENSOR_BYTES": str(MiB),
                                          "MWRT_SYNC_TIMEOUT": "5"})
@@ -162,14 +176,28 @@ OVERSIZED = [
     ("diag", (REF, 10**4), {}),
     ("lib.stride_tricks.sliding_window_view", (REF, 10**8), {}),
     ("percentile", (REF, tuple(range(10)) * 10000), {"axis": None}),
+    # Inline arrays count their elements, dtypes their itemsize (issue 35, item 3).
+    ("tile", (np.arange(100_000.0), 400), {}),
+    ("repeat", (np.arange(100_000.0), 400), {}),
+    ("vander", (np.arange(6000.0),), {}),
+    ("diagflat", (np.arange(6000.0),), {}),
+    ("meshgrid", (np.arange(6000.0), np.arange(6000.0)), {}),
+    ("cov", (np.zeros((6000, 2)),), {}),
+    ("histogramdd", (np.zeros((2, 8)),), {"bins": 10}),
+    ("histogramdd", (np.zeros((2, 3)),), {"bins": np.array([1000, 1000, 1000])}),
+    ("histogram", (REF,), {"bins": np.int64(10**8)}),
+    ("outer", (np.arange(6000.0), np.arange(6000.0)), {}),
+    ("clip", (np.zeros((1, 6000)), np.zeros((6000, 1)), 1.0), {}),
+    ("zeros_like", (REF, ("f8", (4_000_000,))), {}),
+    ("sum", (REF, None, ("f8", (4_000_000,))), {}),
 ]
 
 
 @pytest.mark.parametrize("path,args,kwargs", OVERSIZED,
                          ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(OVERSIZED)])
-def test_results_are_sized_before_they_are_made(daemon, path, args, kwargs):
-    process, address = daemon
-    attacker = Attacker(address)
+def test_results_are_sized_before_they_are_made(shared_daemon, path, args, kwargs):
+    process, address = shared_daemon
+    attacker = Attacker(address, f"attacker-{next(SESSIONS)}")
     try:
         before = status(process.pid, "VmHWM")
         reply = attacker.numpy(path, *args, **kwargs)
@@ -178,6 +206,60 @@ def test_results_are_sized_before_they_are_made(daemon, path, args, kwargs):
             "bins" in reply.info["message"], reply.info
         assert status(process.pid, "VmHWM") - before < 32 * MiB
         assert isinstance(attacker.numpy("linalg.norm", REF), wire.Data)  # the session goes on
+    finally:
+        attacker.close()
+
+
+# Arguments that would have the worker make arrays of Python objects, whose work and memory
+# have no bound (a cumulative product of Python ints grows each element's digits).
+OBJECTS = [
+    ("cumprod", (wire.Ref(2),), {"dtype": "O"}),
+    ("prod", (wire.Ref(2),), {"dtype": "object"}),
+    ("cumprod", (wire.Ref(2), None, "O")),
+    ("zeros_like", (REF,), {"dtype": {"names": ["a"], "formats": ["O"]}}),
+    ("sum", (REF, None, ("O", (2,))), {}),
+    ("cumprod", ((2**62,) * 2000 + (None,),), {}),
+]
+
+
+@pytest.mark.parametrize("path,args,kwargs", [c if len(c) == 3 else (*c, {}) for c in OBJECTS],
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(OBJECTS)])
+def test_object_dtype_is_refused_by_name_before_anything_is_made(shared_daemon, path, args,
+                                                                 kwargs):
+    process, address = shared_daemon
+    attacker = Attacker(address, f"attacker-{next(SESSIONS)}")
+    try:
+        assert isinstance(attacker.run([wire.Create(2, -1, 2, "arange", (20_000,), "<i8", -1,
+                                                    (1, 20_001))]), wire.Done)
+        before = status(process.pid, "VmHWM")
+        reply = attacker.numpy(path, *args, **kwargs)
+        assert isinstance(reply, wire.Failed), reply
+        message = reply.info["message"]
+        assert f"np.{path}: makes an array of Python objects" in message, reply.info
+        assert "object dtype is refused" in message, reply.info
+        assert status(process.pid, "VmHWM") - before < 32 * MiB
+        assert isinstance(attacker.numpy("linalg.norm", REF), wire.Data)  # the session goes on
+    finally:
+        attacker.close()
+
+
+def test_object_tensors_are_refused_by_name_where_they_would_be_made(shared_daemon):
+    _, address = shared_daemon
+    attacker = Attacker(address, f"attacker-{next(SESSIONS)}")
+    try:
+        made = [wire.Create(2, -1, 9, "zeros", (1000,), "|O", -1, ()),
+                wire.Create(2, -1, 9, "full", (1000,), "O", -1, (1,)),
+                wire.Call(2, -1, (9,), "astype", (REF, "O"), {})]
+        for command in made:
+            reply = attacker.run([command])
+            assert isinstance(reply, wire.Failed), (command, reply)
+            assert "object dtype" in reply.info["message"], (command, reply.info)
+        attacker.seq += 1  # a dist_send's bytes read as pointers
+        attacker.batch(attacker.seq, [wire.Put(2, -1, 9, (2,), "|O", -1, 0),
+                                      wire.Sync(3, -1, attacker.seq)], frames=[bytes(16)])
+        reply = attacker.recv(timeout=30)
+        assert isinstance(reply, wire.Failed) and "object dtype" in reply.info["message"], reply
+        assert isinstance(attacker.numpy("linalg.norm", REF), wire.Data)
     finally:
         attacker.close()
 

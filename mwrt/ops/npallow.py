@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +31,15 @@ WIDTH = 16
 MAX_NDIM = 64  # NumPy's limit on dimensions: a tuple of index arrays has at most this many
 
 
+def _is_array(value) -> bool:
+    """A tensor's Spec, or an array sent inline with the command."""
+    return type(value) is Spec or isinstance(value, np.ndarray)
+
+
 def elements(value) -> int:
-    """How many elements `value` holds: a Spec's size, a nested list's leaves, 1 for a scalar."""
-    if type(value) is Spec:
+    """How many elements `value` holds: a Spec's or an inline array's size, a nested list's
+    leaves, 1 for a scalar."""
+    if _is_array(value):
         return math.prod(value.shape)
     if isinstance(value, (tuple, list)):
         return sum(elements(v) for v in value) or 1
@@ -42,7 +49,7 @@ def elements(value) -> int:
 
 
 def _ndim(value) -> int:
-    return len(value.shape) if type(value) is Spec else 1
+    return len(_shape(value))
 
 
 def _total(*args, **kwargs) -> int:
@@ -66,12 +73,13 @@ def _product(*args, **kwargs) -> int:
 
 
 def _broadcast(*args, **kwargs) -> int:
-    """Broadcasting functions: their operands' broadcast shape (at most the product)."""
-    shapes = [v.shape for v in (*args, *kwargs.values()) if type(v) is Spec]
-    try:
-        return math.prod(np.broadcast_shapes(*shapes)) + _total(*args, **kwargs)
-    except ValueError:  # NumPy refuses these shapes itself, unallocated
-        return _total(*args, **kwargs)
+    """Broadcasting functions: the largest of each aligned dimension of the operands (the
+    broadcast shape where NumPy accepts them; an axis tuple among them only adds to it)."""
+    shapes = [_shape(v) for v in (*args, *kwargs.values())
+              if _is_array(v) or isinstance(v, (tuple, list))]
+    ndim = max(map(len, shapes), default=0)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    return math.prod(max(dims) for dims in zip(*padded)) + _total(*args, **kwargs)
 
 
 def _like(a, dtype=None, order="K", subok=True, shape=None, **kwargs) -> int:
@@ -80,14 +88,16 @@ def _like(a, dtype=None, order="K", subok=True, shape=None, **kwargs) -> int:
 
 def _bins(bins, dims: int) -> int:
     """Histogram bins and edges: bins+1 per dimension for a count, an array's size for edges."""
-    if isinstance(bins, str):
-        raise TypeError(f"np.histogram: bins={bins!r:.20} are counted from the data, so the "
-                         "result cannot be sized before it is made; pass a count or edges")
-    if isinstance(bins, (list, tuple)) and dims > 1 and len(bins) == dims:
+    counted = type(bins) is Spec and (not bins.shape or (dims > 1 and bins.shape[0] == dims))
+    if isinstance(bins, str) or counted:
+        raise TypeError(f"np.histogram: bins={bins!r:.40} are counted from the data, so the "
+                        "result cannot be sized before it is made; pass a count or edges")
+    if dims > 1 and type(bins) is not Spec and _shape(bins)[:1] == (dims,):  # one per dimension
         return math.prod(_bins(b, 1) for b in bins)
-    if isinstance(bins, int) and not isinstance(bins, bool):
-        return (abs(bins) + 1) ** dims
-    return (elements(bins) + 1) ** (1 if type(bins) is Spec or isinstance(bins, list) else dims)
+    if (isinstance(bins, (int, np.integer)) and not isinstance(bins, (bool, np.bool_))) or \
+            (isinstance(bins, np.ndarray) and bins.ndim == 0):  # a count, a NumPy one too
+        return (abs(int(bins)) + 1) ** dims
+    return (elements(bins) + 1) ** dims
 
 
 def _histogram(a, bins=10, *args, **kwargs) -> int:
@@ -99,7 +109,9 @@ def _histogram2d(x, y, bins=10, *args, **kwargs) -> int:
 
 
 def _histogramdd(sample, bins=10, *args, **kwargs) -> int:
-    dims = sample.shape[-1] if type(sample) is Spec and sample.shape else 1
+    """An array's rows are points; a sequence holds one array of coordinates per dimension."""
+    shape = _shape(sample)
+    dims = len(sample) if isinstance(sample, (tuple, list)) else shape[-1] if shape else 1
     return 2 * _bins(bins, dims) + elements(sample)
 
 
@@ -109,9 +121,8 @@ def _unique(ar, *args, **kwargs) -> int:
 
 def _cov(m, y=None, rowvar=True, *args, **kwargs) -> int:
     def variables(x):
-        if type(x) is not Spec or len(x.shape) < 2:
-            return elements(x) if type(x) is not Spec and x is not None else 1
-        return x.shape[0] if rowvar else x.shape[1]
+        shape = _shape(x)
+        return 1 if len(shape) < 2 else shape[0] if rowvar else shape[1]
     n = variables(m) + (variables(y) if y is not None else 0)
     return n * n + _total(m, y)
 
@@ -141,7 +152,18 @@ def _unravel(indices, shape, order="C") -> int:
 
 
 def _shape(value) -> tuple:
-    return value.shape if type(value) is Spec else (elements(value),)
+    """A Spec's or an array's shape, a nested sequence's as NumPy reads it, (1,) a scalar's."""
+    if _is_array(value):
+        return tuple(value.shape)
+    if not isinstance(value, (tuple, list)):
+        return (1,)
+    shape = []
+    while isinstance(value, (tuple, list)):
+        shape.append(len(value))
+        if not value:
+            return tuple(shape)
+        value = value[0]
+    return tuple(shape) + (tuple(value.shape) if _is_array(value) else ())
 
 
 def _matrices(a, *args, **kwargs) -> int:
@@ -222,9 +244,10 @@ def _einsum(subscripts, *operands, **kwargs) -> int:
 
 def _take(a, indices, axis=None, **kwargs) -> int:
     """Elements of `a` along `axis` picked by `indices`: the rest of `a` once per index."""
-    if axis is None or type(a) is not Spec:
+    if axis is None:
         return elements(indices)
-    rest = math.prod(d for i, d in enumerate(a.shape) if i != axis % max(len(a.shape), 1))
+    shape = _shape(a)
+    rest = math.prod(d for i, d in enumerate(shape) if i != int(axis) % max(len(shape), 1))
     return rest * elements(indices)
 
 
@@ -349,18 +372,60 @@ def resolve(xp, path: str, inplace: bool = False):
 
 
 def width(args: tuple, kwargs: dict) -> int:
-    """Bytes per result element: WIDTH, or the widest dtype among the arguments (a Spec's,
-    or one a string or a dtype= names: zeros_like(a, "V1048576") is 1 MiB an element)."""
+    """Bytes per result element: WIDTH, or the widest dtype among the arguments (a Spec's, an
+    inline array's, or one named: zeros_like(a, "V1048576") is 1 MiB an element, and so is a
+    subarray dtype's ("f8", (131072,)), positional or not)."""
     widest = WIDTH
     for value in (*args, *kwargs.values()):
-        if type(value) is Spec:
+        if _is_array(value):
             widest = max(widest, value.dtype.itemsize)
-        elif isinstance(value, (str, list)) or value is kwargs.get("dtype"):
-            try:
-                widest = max(widest, np.dtype(value).itemsize)
-            except (TypeError, ValueError, SyntaxError):
-                pass  # not a dtype: a subscript string, a mode, an axis list
+        elif (named := _dtype_named(value)) is not None:
+            widest = max(widest, named.itemsize)
     return widest
+
+
+def refuse_objects(path: str, args: tuple, kwargs: dict) -> None:
+    """Refuse arguments that have NumPy make an array of Python objects: a dtype naming
+    object, or an inline sequence NumPy reads as one (None among numbers). Such an array's
+    work and memory have no bound (a product of Python ints gains digits as it goes), and
+    it would hold up a worker that serves other masters."""
+    for value in (*args, *kwargs.values()):
+        named = _dtype_named(value)
+        if (named is not None and named.hasobject) or _holds_objects(value):
+            raise TypeError(f"np.{path}: makes an array of Python objects (got {value!r:.60}, "
+                            "expected numbers and numeric dtypes); object dtype is refused on "
+                            "a worker: compute it on the master, on t.numpy()")
+
+
+def _dtype_named(value) -> np.dtype | None:
+    """The dtype `value` names, if it names one (a string, a (base, shape) tuple, a dict of
+    fields); None for what names none (a subscript string, a mode, an axis tuple)."""
+    if isinstance(value, np.dtype):
+        return value
+    if not isinstance(value, (str, tuple, list, dict)):
+        return None
+    named: Any = value  # any of these may name a dtype; np.dtype is the judge
+    try:
+        return np.dtype(named)
+    except (TypeError, ValueError, SyntaxError, OverflowError):
+        return None
+
+
+def _holds_objects(value) -> bool:
+    """True if NumPy reads inline sequence `value` as an array of objects."""
+    if not isinstance(value, (tuple, list)):
+        return False
+    try:
+        return np.asarray(_stand_in(value)).dtype.hasobject
+    except (ValueError, TypeError):  # a ragged sequence, which NumPy refuses itself
+        return False
+
+
+def _stand_in(value):
+    """`value` with a number in place of each array: only its leaves decide object dtype."""
+    if isinstance(value, (tuple, list)):
+        return [_stand_in(v) for v in value]
+    return 0 if _is_array(value) else value
 
 
 def result_bytes(path: str, args: tuple, kwargs: dict) -> int:

@@ -90,7 +90,9 @@ def _host_bytes(value) -> int:
 
 def check_tensor(shape, dtype, what: str, table: TensorTable | None = None,
                  device: int = arrays.HOST) -> None:
-    """Refuse a host tensor over MWRT_MAX_TENSOR_BYTES, or over the session's quota, unmade."""
+    """Refuse a host tensor over MWRT_MAX_TENSOR_BYTES, or over the session's quota, and an
+    array of Python objects anywhere, unmade."""
+    refuse_objects(dtype, what)
     if device != arrays.HOST:
         return
     check_bytes(math.prod(shape) * dtype.itemsize, what, table, f"{dtype}{list(shape)}")
@@ -105,6 +107,14 @@ def check_bytes(nbytes: int, what: str, table: TensorTable | None = None,
                           f"limit of {limit} bytes (MWRT_MAX_TENSOR_BYTES)")
     if table is not None:
         table.check_room(nbytes)
+
+
+def refuse_objects(dtype, what: str) -> None:
+    """Refuse an array of Python objects: its work and memory have no bound a quota could set
+    (a product of Python ints gains digits), and the wire cannot carry it."""
+    if dtype.hasobject:
+        raise TypeError(f"{what}: object dtype is refused on a worker (got {dtype}, expected a "
+                        "numeric or bool dtype); compute with Python objects on the master")
 
 
 _PLAIN = (int, float, bool, str, type(None))
@@ -131,23 +141,19 @@ def check_result(name: str, result, args: tuple, kwargs: dict, table: TensorTabl
     room = min(table.max_tensor, table.max_bytes - table.nbytes)
     for spec in result if type(result) is tuple else (result,):
         if type(spec) is Spec:
+            refuse_objects(spec.dtype, name)
             if math.prod(spec.shape) * spec.dtype.itemsize > room:
                 check_tensor(spec.shape, spec.dtype, name, table)
         elif spec is UNKNOWN:  # a mask's selection: at most what it selects from
             check_bytes(_spec_bytes((args, kwargs)), name, table)
 
 
-def check_numpy(args: tuple, kwargs: dict, table: TensorTable) -> None:
-    """Refuse the `numpy` op's results, sized by its allow-list entry (NumPy is not run to
-    size them), before the op runs."""
-    check_bytes(numpy_bytes(args, kwargs), f"np.{args[0]!s:.60}", table)
-
-
 def numpy_bytes(args: tuple, kwargs: dict) -> int:
     """At most how many bytes the `numpy` op's results take: np.<path>'s shape rule where it
     has one (without the rule's dtype probe, which would run NumPy on these arguments),
-    else its bound in npallow.ALLOWED."""
+    else its bound in npallow.ALLOWED. Arguments that would make Python objects are refused."""
     path, rest = args[0], args[2:]
+    npallow.refuse_objects(f"{path!s:.60}", rest, kwargs)
     shape_fn = npfunc.SHAPES.get(path) if isinstance(path, str) else None
     shapes = shape_fn(*rest, **kwargs) if shape_fn is not None else UNKNOWN
     if shapes is UNKNOWN:
