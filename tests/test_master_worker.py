@@ -267,7 +267,7 @@ def test_a_master_makes_room_for_its_nodes(tmp_path):
 
 def test_the_proposals_spellings_on_the_master():
     """full() of a float is float32 like ones(), so they meet in a collective; t.matmul;
-    dist_send of a torch CPU tensor (where torch is installed) views it through DLPack."""
+    dist_send of a torch CPU tensor (where torch is installed) keeps it torch on the worker."""
     mwrt.shutdown()
     mwrt.init_master_worker(local_workers=2, timeout=30)
     assert mwrt.full(4, 3.0).dtype == np.float32 and mwrt.full(4, 3).dtype == np.int64
@@ -281,4 +281,5 @@ def test_the_proposals_spellings_on_the_master():
         mwrt.dist_send([1, 2])
     torch = pytest.importorskip("torch", reason="torch is only an optional extra")
     t = mwrt.dist_send(torch.arange(6, dtype=torch.float32).reshape(2, 3))
-    assert t.dtype == np.float32 and t.numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert t.kind == "torch" and t.dtype == torch.float32
+    assert t.numpy().tolist() == [[0, 1, 2], [3, 4, 5]]

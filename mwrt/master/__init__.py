@@ -8,9 +8,11 @@ test_layers.py holds this, and docs/developing.md draws it):
     places       context, ordering, streams, queries, methods, mesh/device_mesh,
                  mesh/placement, mesh/plan: where new work goes and in which order
     verbs        handle, issue, collectives, transfer, mesh/fetch, moves, shapes, rules,
-                 dispatch, remote, arrayfunc: the fields of a handle and what issues its ops
+                 dispatch, remote, arrayfunc, torchissue: the fields of a handle and what
+                 issues its ops
     handles      tensor (DistributedTensor, one class for one place and a mesh), creation,
-                 mesh/creation, naming, mesh/saving
+                 mesh/creation, naming, mesh/saving, torchtensor (TorchTensor, a torch
+                 tensor's handle), torchcreation, torchmodule
     programs     graph, profile, checkpoint
 
 A handle's methods call the verbs, which make their results of the class of their operands

@@ -23,6 +23,7 @@ from .mesh.device_mesh import Mesh, current_mesh, wanted
 from .mesh.placement import ShardArg
 from .remote import RemoteFunction
 from .tensor import DistributedTensor
+from .torchcreation import put as put_torch
 
 Shape = int | Sequence[int]
 
@@ -40,8 +41,11 @@ def put(array: ArrayLike, node: int | None = None, device: int | None = None, *,
         mesh: Mesh | None = None, shard: ShardArg = None) -> DistributedTensor:
     """Copy a NumPy array from the master to (node, device); returns its DistributedTensor.
     With `mesh=` (or inside `with mesh:`), a mesh tensor: split along axis `shard` over
-    the mesh's places (uneven as np.array_split), or replicated without it."""
+    the mesh's places (uneven as np.array_split), or replicated without it. A torch tensor
+    stays torch on the worker: a TorchTensor."""
     if not isinstance(array, (np.ndarray, np.generic)):
+        if type(array).__module__.partition(".")[0] == "torch":
+            return put_torch(array, node, device, mesh=mesh, shard=shard)
         array = transfer.host_array(array)
     if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
         return on_mesh.put(np.asarray(array), cast(Mesh, wanted(mesh, shard)), shard)

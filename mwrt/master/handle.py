@@ -31,6 +31,7 @@ class Handle:
                  "_base", "_ref", "_mesh", "_placements", "_locals", "_partial_base",
                  "_partial_views", "__weakref__")
     results: type  # the class a verb makes its results of (see __init_subclass__)
+    holds_torch = False  # a torch tensor's handle (TorchTensor): NumPy's ops refuse it
     _mesh: Any  # a Mesh, or None on one place (then _placements and _locals are unset)
     _placements: tuple
     _locals: list
@@ -41,6 +42,9 @@ class Handle:
         def spec(self) -> Spec: ...
         shape: tuple[int, ...]
         dtype: Any
+
+        @property
+        def kind(self) -> str: ...
 
         def get_node(self) -> int: ...
 

@@ -197,8 +197,9 @@ def _convert_args(args: tuple, place: list, name: str):
         if type(value) in _SCALARS:
             specs.append(value)
             wires.append(value)
-        elif isinstance(value, Handle) and value._mesh is None and (not place or (
-                place[0]._node is value._node and place[0]._device == value._device)):
+        elif isinstance(value, Handle) and value._mesh is None and not value.holds_torch and (
+                not place or (place[0]._node is value._node and
+                              place[0]._device == value._device)):
             place.append(value)
             specs.append(value._spec or _spec_of(value))
             wires.append(value._ref)
@@ -214,6 +215,10 @@ def convert(value, place: list, name: str):
     if type(value) in _SCALARS:
         return value, value
     if isinstance(value, Handle):
+        if value.holds_torch and name != "remote":  # remote(fn) takes any kind
+            raise TypeError(f"{name}: a torch tensor meets a NumPy op; use torch's functions "
+                            "on it (torch.exp(t)), or move between kinds explicitly: "
+                            "mwrt.dist_send(t.numpy(), node=...)")
         if value._mesh is not None:
             raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that "
                                  "one on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or "

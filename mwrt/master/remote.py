@@ -68,13 +68,19 @@ class RemoteFunction:
 
 def _pickle(fn) -> bytes:
     """cloudpickle `fn`; functions of the user's own modules go by value (workers lack them)."""
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    by_value(getattr(fn, "__module__", None))
+    remember_places(fn)
+    return cloudpickle.dumps(fn)
+
+
+def by_value(name: str | None) -> None:
+    """Have cloudpickle ship module `name`'s code by value if it is the user's own (not
+    installed, so workers lack it)."""
+    module = sys.modules.get(name or "")
     path = getattr(module, "__file__", None) or ""
     installed = any(path.startswith(p) for p in (sys.prefix, sys.base_prefix, *site_paths()))
     if module is not None and path and not installed:
         cloudpickle.register_pickle_by_value(module)
-    remember_places(fn)
-    return cloudpickle.dumps(fn)
 
 
 def site_paths() -> list[str]:

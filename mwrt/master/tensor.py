@@ -179,6 +179,12 @@ class DistributedTensor(Handle):
                   doc="The last two axes swapped (the Array API's matrix transpose), a view.")
 
     @property
+    def kind(self) -> str:
+        """The array behind the handle: "numpy" (host memory), "cupy" (a GPU) or "torch"."""
+        return "numpy" if self._device == HOST or (self._mesh is not None and \
+            self._locals[0]._device == HOST) else "cupy"
+
+    @property
     def device(self) -> context.Device:
         """Where it lives, as an Array API device: mwrt.Device(node, device)."""
         return context.Device(self._one_place("device")._node.index, self._device)

@@ -35,15 +35,18 @@ class Op:
     # so the master may remember it: true of ufuncs under NumPy 2's promotion rules.
     by_type: bool = False
     doc: str = ""  # one line: what it computes (the generated tensor methods show it)
+    # impl returns the new tensors to store, checked against its own rule (torch's ops: what
+    # they make is known from torch's meta device, not from a Spec rule)
+    own_results: bool = False
 
 
 _OPS: dict[str, Op] = {}
 
 
 def register(name: str, impl: Callable, meta: Callable, *, inplace: bool = False,
-             by_type: bool = False, doc: str = "") -> Op:
+             by_type: bool = False, doc: str = "", own_results: bool = False) -> Op:
     """Add (or replace) op `name`; `doc` defaults to the summary of NumPy's function `name`."""
-    op = Op(name, impl, meta, inplace, by_type, doc or _numpy_doc(name, inplace))
+    op = Op(name, impl, meta, inplace, by_type, doc or _numpy_doc(name, inplace), own_results)
     _OPS[name] = op
     return op
 

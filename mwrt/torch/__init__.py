@@ -9,6 +9,11 @@ Ranks find each other through the store torch made for the group (mwrt.torch.sto
 torch's DDP (comm hooks and Join included), FSDP2, DTensor, device meshes, functional
 collectives, new_group and the usual calls then run unchanged, with mwrt's agreement checks
 and error text. torch is an optional dependency: `pip install mwrt[torch]`.
+
+It also names the constructors of torch handles in master-worker mode (`mwrt.torch.zeros`,
+`ones`, `empty`, `full`, `randn`, `rand`, `tensor`, `manual_seed`), `module` and `optim`
+(models and optimizers kept where their parameters live), made by mwrt.master's
+torchcreation and torchmodule and loaded on first use, so an SPMD rank never loads them.
 """
 
 from __future__ import annotations
@@ -66,5 +71,18 @@ def create_process_group(opts, backend_options=None) -> MwrtProcessGroup:
 
 dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True,
                               devices=["cpu"])
+
+_HANDLES = frozenset({"zeros", "ones", "empty", "full", "randn", "rand", "tensor",
+                      "manual_seed", "TorchTensor", "module", "optim"})
+
+
+def __getattr__(name: str):
+    """The constructors of torch handles (master-worker mode), loaded on first use."""
+    if name not in _HANDLES:
+        raise AttributeError(f"module 'mwrt.torch' has no attribute {name!r}")
+    from ..master import torchcreation, torchmodule
+
+    return getattr(torchmodule if name in ("module", "optim") else torchcreation, name)
+
 
 __all__ = ["BACKEND", "MwrtProcessGroup", "MwrtWork", "TorchStore", "create_process_group"]

@@ -7,6 +7,8 @@ sit below all of them.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .. import arrays
@@ -67,7 +69,12 @@ def ref_ids(value) -> set:
 
 
 def store(ex, out: int, value) -> None:
-    """Keep a result as tensor `out`, as an array of the stream's namespace."""
+    """Keep a result as tensor `out`, as an array of the stream's namespace (torch's tensors,
+    modules, optimizers and schedulers as they are)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, _torch_kinds(torch)):
+        ex.session.tensors[out] = value
+        return
     kind = type(value).__name__
     if not hasattr(value, "shape") or isinstance(value, np.generic):
         value = ex.xp.asarray(value)
@@ -75,6 +82,11 @@ def store(ex, out: int, value) -> None:
         raise TypeError(f"the result is a {kind}, which is not an array of numbers; return "
                         "NumPy/CuPy arrays or numbers")
     ex.session.tensors[out] = value
+
+
+def _torch_kinds(torch) -> tuple:
+    return (torch.Tensor, torch.nn.Module, torch.optim.Optimizer,
+            torch.optim.lr_scheduler.LRScheduler)
 
 
 def check_size(shape, dtype, what: str = "create", table=None, device=arrays.HOST) -> None:

@@ -1,0 +1,108 @@
+"""Making torch tensors on workers: mwrt.torch.zeros, ones, empty, full, randn, rand, tensor.
+
+Each runs torch's own constructor on the worker (node=, device= as for NumPy handles; dtype
+torch.float32 unless given) and returns a TorchTensor at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arrays import HOST, as_shape
+from ..ops import torchops
+from . import context
+from .cluster import current
+from .mesh.creation import put_at
+from .torchissue import from_raw, torch_call
+from .torchtensor import TorchTensor, ready
+
+
+def put(tensor: Any, node: int | None = None, device: int | None = None,
+        requires_grad: bool | None = None, **placement: Any) -> TorchTensor:
+    """A local torch tensor copied to (node, device) as a torch tensor there."""
+    torch = ready()
+    if placement.get("mesh") is not None or placement.get("shard") is not None:
+        raise NotImplementedError("dist_send: torch tensors go to one node for now (got mesh= "
+                                  "or shard=); send a NumPy array to a mesh instead")
+    grad = tensor.requires_grad if requires_grad is None else requires_grad
+    host = tensor.detach().cpu().contiguous().clone()  # its values now, not at the flush
+    values = host.view(torch.int16) if host.dtype == torch.bfloat16 else host
+    target = current().node(context.current_node() if node is None else node)
+    device = target.check_device(context.current_device() if device is None else device)
+    raw = put_at(np.asarray(values.numpy()), target, HOST)
+    made: Any = from_raw(raw, str(host.dtype), grad, device, TorchTensor)
+    return made
+
+
+def create(func_name: str, args: tuple, node: int | None, device: int | None, dtype,
+           requires_grad: bool) -> TorchTensor:
+    """A torch constructor (torch.zeros, ...) run on (node, device)."""
+    torch = ready()
+    target = current().node(context.current_node() if node is None else node)
+    device = target.check_device(context.current_device() if device is None else device)
+    kwargs = {"dtype": torch.float32 if dtype is None else dtype,
+              "device": "cpu" if device == HOST else f"cuda:{device}",
+              "requires_grad": requires_grad}
+    return torch_call(torchops.function(func_name), args, kwargs, node=target, device=device,
+                      results=TorchTensor)
+
+
+def _shape(size: tuple) -> tuple:
+    return as_shape(tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int)
+                    else size)
+
+
+def zeros(*size: Any, node: int | None = None, device: int | None = None, dtype: Any = None,
+          requires_grad: bool = False) -> TorchTensor:
+    """A torch tensor of zeros on (node, device)."""
+    return create("torch.zeros", (_shape(size),), node, device, dtype, requires_grad)
+
+
+def ones(*size: Any, node: int | None = None, device: int | None = None, dtype: Any = None,
+         requires_grad: bool = False) -> TorchTensor:
+    """A torch tensor of ones on (node, device)."""
+    return create("torch.ones", (_shape(size),), node, device, dtype, requires_grad)
+
+
+def empty(*size: Any, node: int | None = None, device: int | None = None, dtype: Any = None,
+          requires_grad: bool = False) -> TorchTensor:
+    """An uninitialized torch tensor on (node, device)."""
+    return create("torch.empty", (_shape(size),), node, device, dtype, requires_grad)
+
+
+def full(size: Any, fill_value: float, *, node: int | None = None, device: int | None = None,
+         dtype: Any = None, requires_grad: bool = False) -> TorchTensor:
+    """A torch tensor filled with `fill_value` on (node, device)."""
+    shape = _shape(size if isinstance(size, tuple) else (size,))
+    return create("torch.full", (shape, fill_value), node, device, dtype, requires_grad)
+
+
+def randn(*size: Any, node: int | None = None, device: int | None = None, dtype: Any = None,
+          requires_grad: bool = False) -> TorchTensor:
+    """Standard normal draws from the worker's torch generator (see manual_seed)."""
+    return create("torch.randn", (_shape(size),), node, device, dtype, requires_grad)
+
+
+def rand(*size: Any, node: int | None = None, device: int | None = None, dtype: Any = None,
+         requires_grad: bool = False) -> TorchTensor:
+    """Uniform draws in [0, 1) from the worker's torch generator (see manual_seed)."""
+    return create("torch.rand", (_shape(size),), node, device, dtype, requires_grad)
+
+
+def tensor(data: Any, *, node: int | None = None, device: int | None = None, dtype: Any = None,
+           requires_grad: bool = False) -> TorchTensor:
+    """torch.tensor(data, dtype=dtype) made here and sent to (node, device)."""
+    torch = ready()
+    local = torch.tensor(data, dtype=dtype)
+    return put(local, node, device, requires_grad=requires_grad)
+
+
+def manual_seed(seed: int, node: int | None = None) -> None:
+    """Seed the torch generator of a node's worker (every node's without `node`)."""
+    ready()
+    nodes = current().nodes if node is None else [current().node(node)]
+    for target in nodes:
+        torch_call(torchops.function("torch.manual_seed"), (seed,), {}, node=target,
+                   device=HOST, results=TorchTensor)

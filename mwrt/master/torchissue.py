@@ -1,0 +1,181 @@
+"""Issuing torch's functions on torch handles, and moving torch tensors.
+
+torch_call() is the torch handle's hot path, as issue.call() is the NumPy handle's: it
+converts the arguments (handles to TorchSpecs for the meta rule and to Refs for the wire,
+torch's dtypes to their names), checks that every handle lives in one place, asks
+mwrt.ops.torchops.infer what the call makes (torch's meta device, remembered per input
+metadata), makes the result handles (a result that is an input is that handle; one that may
+view an input shares its ordering record), orders the uses and queues one `torch` Call.
+Nothing here waits. Results are of their operands' class (Handle.results), or of the class
+a constructor names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arrays import HOST
+from ..ops import Spec, torchops
+from ..ops.torchops import TorchSpec
+from ..protocol import wire
+from . import context, ordering
+from .handle import Handle
+
+_NAMES: dict = {}  # torch function -> its qualified name, once checked
+_SCALARS = (int, float, bool, complex, str, type(None))
+_torch: Any = None  # the torch module, once a torch handle was made
+
+
+def ready() -> Any:
+    """torch, imported the first time a torch handle is made."""
+    global _torch
+    if _torch is None:
+        _torch = torchops.torch_module()
+    return _torch
+
+
+def torch_call(func, args: tuple, kwargs: dict, node=None, device: Any = None,
+               results: type | None = None):
+    """Issue torch's `func` where its torch handles live (or on (node, device), handles of
+    class `results`, for a constructor); returns what torch would, with handles for its
+    tensors."""
+    name = _NAMES.get(func) or _name(func)
+    return run(name, func, args, kwargs, "torch", (name,), node=node, device=device,
+               results=results)
+
+
+def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, key=None,
+        node=None, device: Any = None, uses: tuple = (), results: type | None = None):
+    """Issue `op` with arguments (*prefix, grad mode, *args) and `kwargs`, its results as
+    `func` makes them on the meta device (remembered by `key`, else by `name`); `uses`:
+    (handle, written) pairs it also uses (a module's, an optimizer's parameters)."""
+    place: list = []
+    sargs, wargs, kargs = _convert(args, place, name)
+    skwargs, wkwargs, kkwargs = _convert(kwargs, place, name) if kwargs else ({}, {}, ())
+    grad = _torch.is_grad_enabled()
+    key = None if kargs is None or kkwargs is None else (key or name, grad, kargs, kkwargs)
+    outcome = torchops.infer(name, func, grad, sargs, skwargs, key)
+    if outcome.value is not None and not outcome.written:
+        return outcome.value  # metadata alone (a.size(), a.dim()): nothing to run
+    first = place[0] if place else uses[0][0] if uses else None
+    if first is not None:
+        node, results = first._node, results or first.results
+        device = first._device if device is None else device
+    stream = context.stream_for(node.index, device)
+    made: list = []
+    for spec, same, view in outcome.outs:
+        if same >= 0:
+            made.append(place[same])
+            continue
+        result = results(node, device, next(node.ids), spec, stream)  # type: ignore[misc]
+        if view >= 0:
+            ordering.share(result, place[view])
+        made.append(result)
+    for index, spec in outcome.respec:
+        place[index]._spec = spec
+    written = (*outcome.written, *(len(place) + i for i, (_, w) in enumerate(uses) if w))
+    _issue(node, stream, [*place, *(u[0] for u in uses)], written, op,
+           (*prefix, grad, *wargs), wkwargs,
+           tuple(r._id for r, (_, same, _) in zip(made, outcome.outs) if same < 0))
+    if outcome.tree is None:
+        return made[0] if made else None
+    return torchops.unflatten(outcome.tree, iter(made))
+
+
+def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs: dict,
+           outs: tuple) -> None:
+    now = next(node.ids)
+    for i, tensor in enumerate(place):
+        ordering.use(tensor, stream, now, i in written)
+    node.issue(wire.Call(id=now, stream=stream, outs=outs, op=op, args=args, kwargs=kwargs))
+
+
+def _name(func) -> str:
+    """`func`'s qualified name, if a worker may run it; else the worker's named error, now."""
+    name = _NAMES[func] = torchops.name_of(func)
+    return name
+
+
+def _convert(value, place: list, name: str):
+    """(value with handles as TorchSpecs, as the wire carries it, a key for the meta rule)."""
+    kind = type(value)
+    if isinstance(value, Handle) and value.holds_torch and value._mesh is None:
+        if place and (place[0]._node is not value._node or place[0]._device != value._device):
+            first = place[0]
+            raise ValueError(
+                f"{name}: operands live in different places (node {first._node.index} "
+                f"device {first._device} and node {value._node.index} device "
+                f"{value._device}); move one with .to(node=) or .dist_send(node=) first")
+        place.append(value)
+        return value._spec, value._ref, value._spec
+    if kind in _SCALARS:
+        return value, value, (kind, value)
+    if kind is tuple or kind is list or kind is _torch.Size:
+        parts = [_convert(v, place, name) for v in value]
+        made = list if kind is list else tuple
+        keys = tuple([p[2] for p in parts])
+        return (made(p[0] for p in parts), tuple(p[1] for p in parts),
+                None if None in keys else (made, keys))
+    if kind is dict:
+        named = {k: _convert(v, place, name) for k, v in value.items()}
+        keys = tuple([(k, p[2]) for k, p in named.items()])
+        return ({k: p[0] for k, p in named.items()}, {k: p[1] for k, p in named.items()},
+                None if any(k[1] is None for k in keys) else (dict, keys))
+    return _convert_other(value, name)
+
+
+def _convert_other(value, name: str):
+    torch = _torch
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        text = str(value)
+        return value, text, (str, text)
+    if isinstance(value, torch.device):
+        text = str(value)
+        return text, text, (str, text)
+    if isinstance(value, slice):
+        return value, value, (slice, value.start, value.stop, value.step)
+    if value is Ellipsis:
+        return value, value, (type(value), value)
+    if isinstance(value, Handle):
+        raise TypeError(f"{name}: a {value.kind} tensor meets a torch tensor; moving between "
+                        "kinds is explicit: mwrt.dist_send(torch.from_numpy(t.numpy()), "
+                        "node=...) for a torch handle, or t.numpy() of the torch one")
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: a local torch tensor meets a torch handle (got "
+                        f"{value.dtype}{list(value.shape)} on the master); send it first: "
+                        "mwrt.dist_send(tensor, node=...)")
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value, value, None
+    raise TypeError(f"{name}: a {type(value).__name__} cannot be sent to a worker (got "
+                    f"{value!r:.60}); pass numbers, tuples, slices, dtypes or torch handles")
+
+
+# -- moving torch handles' values ------------------------------------------------------------
+
+def from_raw(raw: Handle, dtype: str, grad: bool, device: int, results: type) -> Handle:
+    """A torch handle (of class `results`) of a NumPy handle's bytes, on `device` of its
+    node."""
+    torch = ready()
+    node = raw._node
+    stream = context.stream_for(node.index, device)
+    shape = tuple(raw.spec.shape)
+    meta = torch.empty(shape, dtype=torchops.objects()[dtype], device="meta")
+    spec: Any = TorchSpec(shape, meta.dtype, meta.stride(), grad, True)
+    out = results(node, device, next(node.ids), spec, stream)
+    place = "cpu" if device == HOST else f"cuda:{device}"
+    _issue(node, stream, [raw], (), "torch_from", (raw._ref, dtype, grad, place), {},
+           (out._id,))
+    return out
+
+
+def bits(tensor: Handle, results: type) -> Handle:
+    """A NumPy handle (of class `results`) of a torch handle's values (bfloat16 as its
+    bits)."""
+    node, device = tensor._node, tensor._device
+    spec = Spec(tuple(tensor.spec.shape), torchops.bits_dtype(tensor.spec.dtype))
+    stream = context.stream_for(node.index, device)
+    out = results(node, HOST, next(node.ids), spec, stream)
+    _issue(node, stream, [tensor], (), "torch_bits", (tensor._ref,), {}, (out._id,))
+    return out

@@ -1,0 +1,182 @@
+"""Modules, optimizers and LR schedulers that live where their parameters live.
+
+`mwrt.torch.module(model, node=1)` sends the model's values (as torch handles) and its
+structure (a copy on the meta device, no values) to node 1, where the module is rebuilt
+through mwrt.remote's authenticated path (a model's class is the user's code); `model(x)`
+then returns handles at once, its results' metadata from the meta copy the master keeps.
+`mwrt.torch.optim.AdamW(model.parameters(), lr=1e-3)` makes torch's own optimizer on the
+parameters' worker, from its class name (torch.optim's classes only), and `opt.step()`
+runs there; `mwrt.torch.optim.lr_scheduler.StepLR(opt, ...)` likewise.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from ..arrays import HOST
+from ..ops import torchops
+from . import context
+from .cluster import current
+from .remote import RemoteFunction, by_value
+from .tensor import DistributedTensor
+from .torchcreation import put
+from .torchissue import run
+from .torchtensor import TorchTensor, ready
+
+_KEYS = itertools.count()  # each module's meta rules are remembered apart
+
+
+class RemoteModule:
+    """A torch.nn.Module whose parameters and buffers live on one node's worker."""
+
+    def __init__(self, model: Any, node: int | None = None, device: int | None = None):
+        torch = ready()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"module: expected a torch.nn.Module (got {type(model).__name__})")
+        target = current().node(context.current_node() if node is None else node)
+        device = target.check_device(context.current_device() if device is None else device)
+        state = model.state_dict(keep_vars=True)
+        values = [put(v, target.index, device, requires_grad=False) for v in state.values()]
+        self.meta = copy.deepcopy(model).to("meta")
+        by_value(type(model).__module__)  # a model of the user's own class goes as code
+        self._key = ("module", next(_KEYS))
+        build = RemoteFunction(functools.partial(torchops.build_module, self.meta,
+                                                 tuple(state)), results=DistributedTensor)
+        self._handle: DistributedTensor = build(*values)
+        self._names = [name for name, _ in self.meta.named_parameters()]
+        params = self._call("parameters", lambda: list(self.meta.parameters()), ())
+        self._params: list[TorchTensor] = list(params) if params is not None else []
+
+    def _call(self, method: str, func, args: tuple, kwargs: dict | None = None,
+              written: bool = False) -> Any:
+        uses = ((self._handle, written), *((p, False) for p in getattr(self, "_params", ())))
+        return run(f"module.{method}", func, args, kwargs or {}, "torch_method",
+                   (self._handle._ref, method), key=(*self._key, method), uses=uses,
+                   results=TorchTensor)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's forward on the worker; returns handles at once."""
+        return self._call("__call__", self.meta, args, kwargs, written=self.meta.training)
+
+    forward = __call__
+
+    def parameters(self) -> Iterator[TorchTensor]:
+        """Handles to its parameters on the worker (the module's own tensors)."""
+        return iter(self._params)
+
+    def named_parameters(self) -> Iterator[tuple[str, TorchTensor]]:
+        """(name, handle) of each parameter."""
+        return zip(self._names, self._params)
+
+    def train(self, mode: bool = True) -> RemoteModule:
+        """Training mode (dropout, batch statistics) on the worker and in the meta copy."""
+        self.meta.train(mode)
+        self._call("train", _nothing, (mode,))
+        return self
+
+    def eval(self) -> RemoteModule:
+        """Evaluation mode."""
+        return self.train(False)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear its parameters' gradients on the worker."""
+        self._call("zero_grad", _nothing, (), {"set_to_none": set_to_none}, written=True)
+
+    def state_dict(self) -> dict:
+        """Its parameters' values as local torch tensors (a sync point)."""
+        return {name: p.torch() for name, p in self.named_parameters()}
+
+    def __repr__(self) -> str:
+        node = self._handle._node.index
+        return f"RemoteModule(node={node}, device={self._handle._device}, {self.meta!r})"
+
+
+class RemoteOptimizer:
+    """A torch.optim optimizer made, and stepped, on its parameters' worker."""
+
+    def __init__(self, path: str, params: Any, **options: Any):
+        torch = ready()
+        self.params = _flat_params(params)
+        if not self.params or not all(isinstance(p, TorchTensor) for p in self.params):
+            raise TypeError(f"{path}: expected torch handles as parameters (got "
+                            f"{[type(p).__name__ for p in self.params][:3]}); put a model's "
+                            "with mwrt.torch.module(model, node=...) first")
+        self.path = path
+        self.handle = run(path, _fake(torch, path), (self.params,), options, "torch_new",
+                          (path,))
+
+    def step(self) -> None:
+        """One step of the optimizer on the worker (the parameters are written there)."""
+        self._call("step", ())
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the parameters' gradients on the worker."""
+        self._call("zero_grad", (), {"set_to_none": set_to_none})
+
+    def _call(self, method: str, args: tuple, kwargs: dict | None = None) -> None:
+        uses = ((self.handle, True), *((p, True) for p in self.params))
+        run(f"{self.path}.{method}", _nothing, args, kwargs or {}, "torch_method",
+            (self.handle._ref, method), uses=uses)
+
+
+class RemoteScheduler:
+    """A torch.optim.lr_scheduler scheduler made, and stepped, on its optimizer's worker."""
+
+    def __init__(self, path: str, optimizer: RemoteOptimizer, *args: Any, **options: Any):
+        if not isinstance(optimizer, RemoteOptimizer):
+            raise TypeError(f"{path}: expected an mwrt.torch.optim optimizer (got "
+                            f"{type(optimizer).__name__})")
+        self.path, self.optimizer = path, optimizer
+        self.handle = run(path, _fake(ready(), path), (optimizer.handle, *args), options,
+                          "torch_new", (path,))
+
+    def step(self) -> None:
+        """One step of the schedule (the optimizer's learning rate changes on the worker)."""
+        run(f"{self.path}.step", _nothing, (), {}, "torch_method", (self.handle._ref, "step"),
+            uses=((self.handle, True), (self.optimizer.handle, True)))
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """The meta rule of a call that makes no tensor."""
+
+
+def _fake(torch, path: str):
+    """The meta rule of an optimizer or scheduler's making: one object, a 0-d handle."""
+
+    def made(*args: Any, **kwargs: Any):
+        return torch.empty((), device="meta")
+    return made
+
+
+def _flat_params(params) -> list:
+    if isinstance(params, TorchTensor):
+        raise TypeError("optimizer: params must be an iterable of handles (got one handle)")
+    found: list = []
+    for item in params:
+        found.extend(item["params"] if isinstance(item, dict) else [item])
+    return found
+
+
+def module(model: Any, node: int | None = None, device: int | None = None) -> RemoteModule:
+    """`model` kept on (node, device): its parameters live there, model(x) runs there."""
+    return RemoteModule(model, node, device if device is not None else HOST)
+
+
+class _Family:
+    """mwrt.torch.optim (or its lr_scheduler): torch.optim's classes by name, made remote."""
+
+    def __init__(self, prefix: str, maker: type):
+        self._prefix, self._maker = prefix, maker
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return functools.partial(self._maker, f"{self._prefix}.{name}")
+
+
+optim: Any = _Family("torch.optim", RemoteOptimizer)
+optim.lr_scheduler = _Family("torch.optim.lr_scheduler", RemoteScheduler)

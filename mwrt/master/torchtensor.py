@@ -1,0 +1,245 @@
+"""TorchTensor: the master's handle to a torch tensor on a worker.
+
+It is a DistributedTensor (the same ids, ordering records and frees) whose ops are torch's:
+it takes part in `__torch_function__`, so `torch.matmul(a, b)`, `F.relu(a)`, `a.sum(1)`,
+`a @ b`, indexing, views and in-place ops issue one `torch` command each and return at
+once, their results' metadata from torch's meta device (see mwrt.ops.torchops). Its
+methods are torch.Tensor's, generated when the first torch handle is made: nothing imports
+torch before then.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..arrays import HOST
+from . import transfer
+from .tensor import DistributedTensor
+from .torchissue import bits, from_raw, torch_call
+from .torchissue import ready as torch_ready
+
+
+class TorchTensor(DistributedTensor):
+    """A handle to a torch tensor on (node, device); torch's functions and methods on it run
+    on that worker."""
+
+    __slots__ = ()
+    holds_torch = True
+    kind = "torch"  # a property on NumPy and CuPy handles
+    if TYPE_CHECKING:
+        _spec: Any  # a TorchSpec (mwrt.ops.torchops), always known
+
+    @classmethod
+    def __torch_function__(cls, func: Callable, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        """Every torch function given a torch handle runs on the handle's worker."""
+        return torch_call(func, args, kwargs or {})
+
+    # -- what the master knows without asking ----------------------------------------------
+
+    @property
+    def shape(self) -> Any:  # type: ignore[override]  # torch.Size, read-only as torch's
+        """The shape, a torch.Size."""
+        return _torch().Size(self._spec.shape)
+
+    dtype = property(lambda self: self._spec.dtype, doc="The torch dtype of the elements.")
+    ndim = property(lambda self: len(self._spec.shape), doc="The number of dimensions.")
+    is_leaf = property(lambda self: self._spec.leaf,
+                       doc="True unless autograd made it from tensors that require grad.")
+    is_cuda = property(lambda self: self._device != HOST, doc="True if it lives on a GPU.")
+    nbytes = property(lambda self: math.prod(self._spec.shape) * self._spec.dtype.itemsize,
+                      doc="The bytes its elements take on the worker.")
+    itemsize = property(lambda self: self._spec.dtype.itemsize, doc="The bytes of one element.")
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether autograd records ops on it; set, it calls requires_grad_()."""
+        return self._spec.requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    @property
+    def grad(self) -> TorchTensor | None:
+        """Its gradient on the worker (a handle), None for a tensor that does not require grad;
+        a handle read before any backward reached it fails on use, naming that."""
+        if not self._spec.requires_grad:
+            return None
+        return torch_call(_torch().Tensor.grad.__get__, (self,), {})
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        torch_call(_torch().Tensor.grad.__set__, (self, value), {})
+
+    @property
+    def device(self) -> Any:
+        """torch's device of it on its node: cpu, or cuda:k."""
+        torch = _torch()
+        return torch.device("cpu") if self._device == HOST else torch.device("cuda",
+                                                                              self._device)
+
+    def size(self, dim: int | None = None) -> Any:
+        """The shape (a torch.Size), or dimension `dim` of it."""
+        return self.shape if dim is None else self._spec.shape[dim]
+
+    def stride(self, dim: int | None = None) -> Any:
+        """The strides in elements, or that of dimension `dim`."""
+        return self._spec.stride if dim is None else self._spec.stride[dim]
+
+    def dim(self) -> int:
+        """The number of dimensions."""
+        return len(self._spec.shape)
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return math.prod(self._spec.shape)
+
+    def element_size(self) -> int:
+        """The bytes of one element."""
+        return self._spec.dtype.itemsize
+
+    def __len__(self) -> int:
+        """The length of the first dimension; a TypeError for a 0-d tensor."""
+        if not self._spec.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._spec.shape[0]
+
+    def __repr__(self) -> str:
+        """Shape, dtype and place, without asking the worker."""
+        spec = self._spec
+        grad = ", requires_grad=True" if spec.requires_grad else ""
+        return (f"TorchTensor(shape={tuple(spec.shape)}, dtype={spec.dtype}{grad}, "
+                f"node={self._node.index}, device={self._device}, id={self._id})")
+
+    # -- copies to the master (sync points) ------------------------------------------------
+
+    def numpy(self) -> np.ndarray:
+        """Its values as a NumPy array on the master (torch's dtypes NumPy lacks, such as
+        bfloat16, are a TypeError, as torch's numpy() says); waits for them."""
+        if self._spec.dtype == _torch().bfloat16:
+            raise TypeError("numpy: NumPy has no bfloat16 (torch's numpy() refuses it too); "
+                            "use t.torch() for a local torch tensor, or t.float().numpy()")
+        return transfer.fetch(bits(self, DistributedTensor))
+
+    get = numpy
+
+    def torch(self) -> Any:
+        """Its values as a local torch tensor, of its dtype; waits for them."""
+        values = _torch().from_numpy(transfer.fetch(bits(self, DistributedTensor)))
+        dtype = self._spec.dtype
+        return values.view(dtype) if values.dtype != dtype else values
+
+    def item(self) -> Any:
+        """The single element as a Python scalar."""
+        if self.numel() != 1:
+            raise ValueError(f"item: tensor has {self.numel()} elements (expected exactly 1)")
+        return self.torch().item()
+
+    def tolist(self) -> Any:
+        """The values as nested Python lists (a scalar for a 0-d tensor); waits for them."""
+        return self.torch().tolist()
+
+    def __index__(self) -> int:
+        """The value of a one-element integer tensor used as an index; waits for it."""
+        if self._spec.dtype.is_floating_point or self._spec.dtype.is_complex:
+            raise TypeError(f"__index__: only integer tensors can be indices (got "
+                            f"{self._spec.dtype})")
+        return int(self.item())
+
+    # -- moves (explicit, as for NumPy handles) --------------------------------------------
+
+    def to(self, *args: Any, node: int | None = None, **kwargs: Any) -> Any:
+        """torch's to() (a dtype, a device, another tensor's), run on the worker; with
+        `node=`, a copy on that node (the device stays unless given, as an mwrt index)."""
+        if node is not None:
+            return self._moved(node, kwargs.pop("device", self._device), *args, **kwargs)
+        return torch_call(_torch().Tensor.to, (self, *args), kwargs)
+
+    def dist_send(self, node: int | None = None, device: int | None = None) -> Any:
+        """A copy on another node (worker to worker); the device stays unless given."""
+        if node is None or node == self._node.index:
+            return self if device in (None, self._device) else self._on(device)
+        return self._moved(node, self._device if device is None else device)
+
+    def cpu(self) -> Any:
+        """This tensor in its node's host memory (itself if it is there)."""
+        return self if self._device == HOST else self._on(HOST)
+
+    def cuda(self, device: int | None = None, **kwargs: Any) -> Any:
+        """On GPU `device` of the same node (0 unless given)."""
+        return self._on(0 if device is None else device)
+
+    def _moved(self, node: int, device: int, *args: Any, **kwargs: Any) -> Any:
+        """A copy on another node (worker to worker, as its bytes); a leaf there: autograd
+        does not follow a tensor across nodes."""
+        raw = transfer.move(bits(self, DistributedTensor), node, HOST)
+        moved: Any = from_raw(raw, str(self._spec.dtype), self._spec.requires_grad, device,
+                         TorchTensor)
+        return moved.to(*args, **kwargs) if args or kwargs else moved
+
+    def _on(self, device: int) -> Any:
+        """A copy on another device of its node (torch's to() there)."""
+        device = self._node.check_device(device)
+        where = "cpu" if device == HOST else f"cuda:{device}"
+        return torch_call(_torch().Tensor.to, (self, where), {}, device=device)
+
+
+def ready() -> Any:
+    """torch, imported, and TorchTensor given torch.Tensor's methods, before the first torch
+    handle is made (nothing imports torch before)."""
+    torch = torch_ready()
+    if "matmul" not in TorchTensor.__dict__:
+        install_methods(TorchTensor, torch_call)
+    return torch
+
+
+def install_methods(cls: type, call: Callable) -> None:
+    """Give `cls` every method torch.Tensor hands to __torch_function__ that it lacks."""
+    torch = _torch()
+    from torch.overrides import get_overridable_functions, resolve_name
+
+    for func in get_overridable_functions()[torch.Tensor]:
+        name = (resolve_name(func) or "").removeprefix("torch.Tensor.")
+        if name and "." not in name and name not in cls.__dict__ and name not in _OWN | _SKIPPED:
+            setattr(cls, name, _method(func, call, name))
+    for name in _PROPERTIES:
+        setattr(cls, name, property(_getter(getattr(torch.Tensor, name).__get__, call),
+                                    doc=f"torch.Tensor.{name}, on the tensor's worker."))
+
+
+# Answered on the master, or meaningless for a remote tensor; properties run remotely.
+_OWN = frozenset({"__repr__", "__format__", "__hash__", "__iter__", "__bool__", "__float__",
+                  "__int__", "__complex__", "__index__", "__array__", "__array_wrap__",
+                  "__deepcopy__", "__reduce_ex__", "__setstate__", "__dlpack__",
+                  "__dlpack_device__", "__reversed__", "__contains__", "__dir__", "__sizeof__",
+                  "__torch_function__", "__len__", "__array_priority__", "__class__",
+                  "__init__", "__new__", "__getattribute__", "__setattr__", "__delattr__"})
+_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
+_SKIPPED = frozenset({"numpy", "tolist", "item", "data_ptr", "storage", "untyped_storage",
+                      "register_hook", "register_post_accumulate_grad_hook", "share_memory_",
+                      "pin_memory", "module_load", "cuda", "cpu", "to", "dist_send", "type"})
+
+
+def _method(func: Callable, call: Callable, name: str) -> Callable:
+    def method(self, *args, **kwargs):
+        return call(func, (self, *args), kwargs)
+    method.__name__, method.__qualname__ = name, f"TorchTensor.{name}"
+    method.__doc__ = f"torch.Tensor.{name}, on the tensor's worker."
+    return method
+
+
+def _getter(func: Callable, call: Callable) -> Callable:
+    def get(self):
+        return call(func, (self,), {})
+    return get
+
+
+def _torch():
+    import torch
+
+    return torch
