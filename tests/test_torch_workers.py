@@ -225,6 +225,7 @@ def test_errors_name_the_fix(cluster):
         g.torch()
 
 
+@pytest.mark.slow
 def test_a_worker_without_torch_says_how_to_install_it(tmp_path):
     """A worker whose `import torch` fails refuses a torch handle with the install line."""
     stub = tmp_path / "torch"
@@ -296,6 +297,8 @@ def test_object_calls_are_refused_past_their_kinds(cluster):
         mwrt.synchronize()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # two daemons start and import torch: a minute on a loaded machine
 def test_the_training_example_matches_local_torch_bit_for_bit():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
