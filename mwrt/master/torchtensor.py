@@ -118,13 +118,14 @@ class TorchTensor(DistributedTensor):
 
     # -- copies to the master (sync points) ------------------------------------------------
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self, copy: bool = True) -> np.ndarray:
         """Its values as a NumPy array on the master (torch's dtypes NumPy lacks, such as
-        bfloat16, are a TypeError, as torch's numpy() says); waits for them."""
+        bfloat16, are a TypeError, as torch's numpy() says); waits for them. Always a copy
+        (copy=False views only a NumPy handle's shared memory)."""
         if self._spec.dtype == _torch().bfloat16:
             raise TypeError("numpy: NumPy has no bfloat16 (torch's numpy() refuses it too); "
                             "use t.torch() for a local torch tensor, or t.float().numpy()")
-        return transfer.fetch(bits(self, DistributedTensor))
+        return transfer.fetch(bits(self, DistributedTensor))  # a copy, whatever `copy` says
 
     get = numpy
 
