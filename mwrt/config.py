@@ -59,6 +59,9 @@ SETTINGS = {
     "heartbeat_interval": Setting("MWRT_HEARTBEAT_INTERVAL", 0.5, float, "seconds between pings"),
     "heartbeat_timeout": Setting("MWRT_HEARTBEAT_TIMEOUT", 5.0, float,
                                  "seconds of silence before a peer is declared lost"),
+    "torch_import_grace": Setting("MWRT_TORCH_IMPORT_GRACE", 120.0, float,
+                                  "seconds of silence allowed a worker after its first torch "
+                                  "command (torch's initialisation holds its interpreter)"),
     "lease_timeout": Setting("MWRT_LEASE_TIMEOUT", 10.0, float,
                              "seconds a worker keeps a silent master's session"),
     "session_grace": Setting("MWRT_SESSION_GRACE", 0.0, float,

@@ -149,6 +149,9 @@ class Node:
         self.graph_sites: dict = {}  # command id -> its line, for the graphs defined here
         self.streams: set[int] = set()  # every stream this master has used on the node
         self.lost: str | None = None
+        # Heartbeats may stop until then (monotonic): the worker is importing torch, whose
+        # initialisation holds its interpreter for seconds on a loaded host.
+        self.quiet_until = 0.0
         self.lost_at = ""  # the wall-clock time of the loss, for the errors that name it
         self.replaced_by = ""  # the address of the node that took this one's place
         # Why the worker refused a batch, until reported (a QuotaError: over this master's share).

@@ -104,7 +104,7 @@ class Heartbeat(threading.Thread):
             if node.lost is not None or node.closed:
                 continue
             silent = now - self.last_pong[index]
-            if silent > self.timeout:
+            if silent > self.timeout and now > node.quiet_until:
                 node.mark_lost(f"no heartbeat for {silent:.1f} s (MWRT_HEARTBEAT_TIMEOUT="
                                f"{self.timeout})")
                 continue

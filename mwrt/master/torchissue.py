@@ -12,10 +12,13 @@ a constructor names.
 
 from __future__ import annotations
 
+import time
+import weakref
 from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..arrays import HOST
 from ..ops import Spec, torchops
 from ..ops.torchops import TorchSpec
@@ -24,6 +27,7 @@ from . import context, ordering
 from .handle import Handle
 
 _NAMES: dict = {}  # torch function -> its qualified name, once checked
+_STARTED: weakref.WeakSet = weakref.WeakSet()  # the nodes sent a torch command
 _SCALARS = (int, float, bool, complex, str, type(None))
 _torch: Any = None  # the torch module, once a torch handle was made
 
@@ -86,6 +90,9 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
 
 def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs: dict,
            outs: tuple) -> None:
+    if node not in _STARTED:  # its first torch command: the worker imports torch
+        _STARTED.add(node)
+        node.quiet_until = time.monotonic() + config.get("torch_import_grace")
     now = next(node.ids)
     for i, tensor in enumerate(place):
         ordering.use(tensor, stream, now, i in written)
