@@ -245,3 +245,39 @@ def test_the_dashboard_outlives_a_shutdown_and_follows_the_next_session():
     finally:
         board.close()
         mwrt.shutdown()
+
+
+def test_the_timeline_is_sent_incrementally():
+    """/state?since=CURSOR carries only the slices added after that cursor (the whole
+    timeline every second was ~300 KB a poll); a cursor it does not know sends all again."""
+    from mwrt.dashboard.history import History
+
+    history, now = History(keep_slices=5), time.time()
+    history.add([], now, [{"node": 0, "op": f"op{i}", "end": now} for i in range(3)])
+    first = history.state()
+    assert [s["op"] for s in first["timeline"]] == ["op0", "op1", "op2"]
+    assert first["timeline_reset"] and first["timeline_cursor"] == 3
+    assert history.state(since=3)["timeline"] == []
+    history.add([], now, [{"node": 0, "op": f"op{i}", "end": now} for i in range(3, 7)])
+    later = history.state(since=3)
+    assert [s["op"] for s in later["timeline"]] == ["op3", "op4", "op5", "op6"]
+    assert not later["timeline_reset"] and later["timeline_cursor"] == 7
+    gone = history.state(since=1)  # op1 fell out of the 5 kept: all of it, said so
+    assert gone["timeline_reset"] and [s["op"] for s in gone["timeline"]][0] == "op2"
+    assert history.state(since=99)["timeline_reset"]  # a page from an earlier dashboard
+
+
+def test_the_page_asks_for_the_timeline_since_its_cursor(board):
+    x = mwrt.dist_send(np.arange(10, dtype=np.float32))
+
+    def recorded():
+        float((x * 1).sum())
+        return state(board)["timeline"]
+
+    wait_for(recorded, "a timeline slice")
+    cursor = state(board)["timeline_cursor"]
+    since = json.loads(fetch(board.url.replace("/?", "/state?") + f"&since={cursor}")[1])
+    assert not since["timeline_reset"] and since["timeline_cursor"] >= cursor
+    assert len(since["timeline"]) == since["timeline_cursor"] - cursor
+    app = fetch(board.url.replace("/?", "/static/app.js?"))[1].decode()
+    assert '"&since=" + cursor' in app

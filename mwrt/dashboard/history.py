@@ -7,6 +7,7 @@ It reads only `mwrt.status()` rows (what `mwrt status --json` prints) and the sl
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -25,6 +26,7 @@ class History:
         self.series: dict[int, dict[str, deque]] = {}
         self.previous: dict[int, dict] = {}  # each node's last worker report, for rates
         self.slices: deque = deque(maxlen=keep_slices)
+        self.added = 0  # slices ever added: the page's cursor (state(since=))
         self.notes: deque = deque(maxlen=20)  # what went wrong on the dashboard's side
         self.timeline_note = ""
         self.sampled = 0.0
@@ -38,6 +40,7 @@ class History:
                 if row.get("worker"):
                     self._extend(row["node"], now, row["worker"])
             self.slices.extend(slices)
+            self.added += len(slices)
 
     def note(self, message: str) -> None:
         """An error of the dashboard's own (a status() that failed), shown with the workers'."""
@@ -64,15 +67,23 @@ class History:
             for name in SERIES:
                 series[name].popleft()
 
-    def state(self) -> dict:
-        """Everything the page draws, as JSON-ready values."""
+    def state(self, since: int | None = None) -> dict:
+        """Everything the page draws, as JSON-ready values. The timeline holds only the
+        slices added after cursor `since` (the last state's "timeline_cursor"), for a page
+        that keeps those it has: the whole of it every second was ~300 KB a poll; where
+        `since` is not a cursor of these slices, all of it, and "timeline_reset" says so."""
         with self.lock:
             now = time.time()
-            recent = [s for s in self.slices if s["end"] >= now - self.timeline_seconds]
+            first = self.added - len(self.slices)  # the cursor of the oldest slice kept
+            reset = since is None or not first <= since <= self.added
+            new = itertools.islice(self.slices, 0 if since is None or reset else since - first,
+                                   None)
+            recent = [s for s in new if s["end"] >= now - self.timeline_seconds]
             return {"now": now, "sampled": self.sampled, "nodes": [_node(r) for r in self.rows],
                     "series": {str(n): {k: list(v) for k, v in s.items()}
                                for n, s in self.series.items()},
                     "timeline": recent, "timeline_seconds": self.timeline_seconds,
+                    "timeline_cursor": self.added, "timeline_reset": reset,
                     "timeline_note": self.timeline_note, "notes": list(self.notes)}
 
 

@@ -1,8 +1,9 @@
 """The dashboard's web server: Python's own http.server, one thread per request.
 
 Three kinds of path, each refused without the token the printed URL carries (as Jupyter's
-and Dask's are): `/` the page, `/state` the History as JSON, `/static/NAME` the page's
-script, its style and the vendored uPlot. Nothing else is served and nothing is written.
+and Dask's are): `/` the page, `/state` the History as JSON (with `?since=CURSOR`, only the
+timeline slices added after it), `/static/NAME` the page's script, its style and the
+vendored uPlot. Nothing else is served and nothing is written.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ class Handler(BaseHTTPRequestHandler):
             page = _read("index.html").replace(b"{{token}}", self.server.token.encode())
             self._send(200, TYPES[".html"], page)
         elif url.path == "/state":
-            body = json.dumps(self.server.history.state(), default=str).encode()
+            since = parse_qs(url.query).get("since", [""])[0]
+            state = self.server.history.state(int(since) if since.isdigit() else None)
+            body = json.dumps(state, default=str).encode()
             self._send(200, "application/json", body)
         elif url.path.startswith("/static/") and url.path[8:] in FILES:
             name = url.path[8:]

@@ -111,11 +111,23 @@ function drawErrors(state) {
     (e.count > 1 ? ` (${e.count} times)` : ""))) : [el("li", "none")]));
 }
 
+// The timeline's slices the page holds: each poll asks only for those added since `cursor`.
+let slices = [], cursor = null;
+
+function keepTimeline(state) {
+  slices = state.timeline_reset ? state.timeline : slices.concat(state.timeline);
+  slices = slices.filter(s => s.end >= state.now - state.timeline_seconds);
+  cursor = state.timeline_cursor;
+  state.timeline = slices;
+}
+
 async function poll() {
   try {
-    const response = await fetch("state?token=" + encodeURIComponent(TOKEN), { cache: "no-store" });
+    const since = cursor == null ? "" : "&since=" + cursor;
+    const response = await fetch("state?token=" + encodeURIComponent(TOKEN) + since, { cache: "no-store" });
     if (!response.ok) throw new Error(await response.text());
     const state = await response.json();
+    keepTimeline(state);
     fillTable("workers", state.nodes.map(workerRow));
     fillTable("sessions", sessionRows(state.nodes));
     Object.keys(METRICS).forEach(name => drawPlot(name, state));
