@@ -225,3 +225,9 @@ def test_min_and_max_of_complex_with_an_empty_block(four, name):
     z = np.array([4 - 12j, 5 + 3j]) * (1 if name == "min" else -1)  # beyond 1 and 0 (True,
     # False: what an empty block's min and max were), on three places: one block is empty
     same(getattr(mwrt.dist_send(z, mesh=mesh, shard=0), name)(axis=0), getattr(np, name)(z))
+
+
+def test_a_reduction_of_a_0d_mesh_tensor_along_axis_minus_one(four):
+    T = mwrt.dist_send(np.array(3), mesh=mwrt.mesh(nodes=[0, 1]))
+    for name in ("min", "sum", "max"):
+        same(getattr(np, name)(T, axis=-1), getattr(np, name)(np.array(3), axis=-1))

@@ -98,7 +98,8 @@ def normalize_axes(axis, ndim: int, what: str) -> tuple:
     axes = axis if isinstance(axis, tuple) else (axis,)
     out = []
     for ax in axes:
-        if not isinstance(ax, (int, np.integer)) or not -ndim <= ax < max(ndim, 1):
+        # a 0-d array takes axis 0 and -1, as NumPy's reductions do
+        if not isinstance(ax, (int, np.integer)) or not -max(ndim, 1) <= ax < max(ndim, 1):
             raise np.exceptions.AxisError(f"{what}: axis {ax} is out of bounds for array of "
                                           f"dimension {ndim}")
         out.append(int(ax) % max(ndim, 1))
