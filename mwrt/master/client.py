@@ -276,13 +276,13 @@ class Node:
             self.limits.streams.add(stream)
         with self.tx_lock:
             batch = self.batch
-            if not batch:
+            if not batch:  # (a send just went out, from this thread or the heartbeat's)
                 self.batch_started = now
-                due = now - self.last_flush > 1e-3  # quiet: the worker may be waiting
+                due, sent = now - self.last_flush > 1e-3, True  # quiet: the worker may wait
             elif window is None:
-                due = now - self.last_flush > 1e-3
+                due, sent = now - self.last_flush > 1e-3, False
             else:
-                due = now - self.batch_started >= window
+                due, sent = now - self.batch_started >= window, False
             if self.frees:  # handles dropped before this command: their frees run before it
                 self._append_frees()
             if frame is not None:  # as bytes: pyzmq sends other buffers zero-copy (slow)
@@ -292,7 +292,9 @@ class Node:
             batch.append(body)
             if due or len(batch) >= self.batch_size:
                 self._flush_locked(now)
-        if self.limits.due():  # the worker is far behind: wait for it (never under the lock)
+                sent = True
+        # What the worker is behind by grows only when a batch goes out: asked then.
+        if sent and self.limits.due():  # far behind: wait for it (never under the lock)
             self.limits.checkpoint()
 
     def release(self, tensor_id: int, streams: tuple) -> None:
