@@ -102,7 +102,7 @@ class Graph:
         for ref, state in self._states.values():  # nothing ran: as they were before the block
             owner = ref()
             if owner is not None:
-                owner._writer, owner._wtime, owner._ltime, owner._streams = state
+                ordering.restore_state(owner, state)
         if kind is None:
             self._define()
         # What a replay leaves them as (a later all_reduce outside makes them real)
@@ -137,7 +137,7 @@ class Graph:
         """Called for each tensor made during the capture: its making is a write."""
         self._made.setdefault(tensor._node, []).append(tensor)
         self._made_ids.add(tensor._id)
-        self._made_uses[tensor._id] = [(tensor._writer, True)]
+        self._made_uses[tensor._id] = [(ordering.made_on(tensor), True)]
 
     def shared(self, tensor, source) -> None:
         """Called when a tensor made during the capture turns out a view of `source`: its
@@ -152,8 +152,7 @@ class Graph:
         """Called for each use of a tensor during the capture, before its ordering."""
         owner = ordering.record(tensor)
         if owner._id not in self._made_ids and (owner._node, owner._id) not in self._states:
-            self._states[owner._node, owner._id] = (weakref.ref(owner),
-                                       (owner._writer, owner._wtime, owner._ltime, owner._streams))
+            self._states[owner._node, owner._id] = (weakref.ref(owner), ordering.state(owner))
         if owner._id in self._made_ids:
             uses = self._made_uses[owner._id]
             if uses[-1][0] != stream:
@@ -273,11 +272,9 @@ class Graph:
         with node.tx_lock:
             node.limits.count(nbytes)
         for owner in touched:  # their uses are this replay's, issued after its waits
-            owner._ltime = rid
-            if owner._wtime == now:
-                owner._wtime = rid
+            ordering.replayed(owner, now, rid)
         for tensor in self._made_held.get(node, ()):  # made again by this replay
-            tensor._wtime = tensor._ltime = rid  # (a view's _ltime is never read)
+            ordering.remade(tensor, rid)
         self._last[node] = rid
 
     def _bind(self, bindings: dict) -> dict:
@@ -320,7 +317,7 @@ class Graph:
             touched[id(owner)] = owner
         last = self._last.get(node)  # none exists on the worker before the first replay
         for tensor, uses in self._made_order.get(node, ()) if last is not None else ():
-            if tensor._ltime != last:  # else nothing used it since the last replay
+            if ordering.last_use(tensor) != last:  # else nothing used it since the last replay
                 for stream, write in uses:
                     ordering.use(tensor, stream, now, write)
                 touched[id(tensor)] = tensor

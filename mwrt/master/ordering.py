@@ -4,8 +4,10 @@ Ordering is kept per storage. The master knows, for every storage, the stream th
 wrote it (`_writer`, at command id `_wtime`), the streams that used it (`_streams`) and the
 id of its last use (`_ltime`): fields of the handle that owns it, which a view points to
 (`_base`, as NumPy's ndarray.base), so a write through any view is ordered against every
-later use of the base and of its other views. An op whose result may be a view (VIEWS,
-VIEW_PATHS) shares its operand's record (`share`); `out=` is a write (issue.py).
+later use of the base and of its other views. This module owns the record: the master's
+other modules read and change it through its functions (order, use, writer, state, ...).
+An op whose result may be a view (VIEWS, VIEW_PATHS) shares its operand's record (`share`);
+`out=` is a write (issue.py).
 A read on stream S of a storage written on W waits for W (read after write); a write on S
 waits for every other stream that used it (write after read or write). A view is also
 used only after it was made: its own `_writer` and `_wtime` name the stream and command
@@ -56,6 +58,53 @@ def record(tensor):
     """The handle that keeps the record of `tensor`'s storage: its base, or itself."""
     base = tensor._base
     return tensor if base is None else base
+
+
+def writer(tensor) -> int:
+    """The stream that last wrote `tensor`'s storage."""
+    return record(tensor)._writer
+
+
+def made_on(tensor) -> int:
+    """The stream that made `tensor` (for a view: that made the view, not its storage)."""
+    return tensor._writer
+
+
+def last_use(tensor) -> int:
+    """The id of the last command that used `tensor`'s storage."""
+    return record(tensor)._ltime
+
+
+def keep_for(tensor, stream: int) -> None:
+    """`tensor`'s storage is freed only after `stream` has run what was issued so far."""
+    owner = record(tensor)
+    if stream not in owner._streams:
+        owner._streams = owner._streams + (stream,)
+
+
+def state(tensor) -> tuple:
+    """The record of `tensor`'s storage, as restore_state takes it back (a graph capture
+    leaves it as it found it: the captured commands have not run)."""
+    owner = record(tensor)
+    return owner._writer, owner._wtime, owner._ltime, owner._streams
+
+
+def restore_state(tensor, saved: tuple) -> None:
+    owner = record(tensor)
+    owner._writer, owner._wtime, owner._ltime, owner._streams = saved
+
+
+def replayed(owner, now: int, rid: int) -> None:
+    """A graph's replay `rid` (issued as command `now`) used the storage `owner` records:
+    its last use is the replay's, and so is its last write if `now` wrote it."""
+    owner._ltime = rid
+    if owner._wtime == now:
+        owner._wtime = rid
+
+
+def remade(tensor, rid: int) -> None:
+    """A graph's replay `rid` made `tensor` again: its making is that command's."""
+    tensor._wtime = tensor._ltime = rid  # (a view's _ltime is never read)
 
 
 def share(result, source) -> None:

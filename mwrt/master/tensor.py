@@ -302,9 +302,7 @@ class DistributedTensor(Handle):
         streams do this for every stream that used the tensor, so it is needed only for
         uses the master cannot see, such as a remote() function's side effects)."""
         for block in self.shards():
-            record = ordering.record(block)
-            if stream.id not in record._streams:
-                record._streams = record._streams + (stream.id,)
+            ordering.keep_for(block, stream.id)
 
     # -- placements -----------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ _TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.T
 def send(tensor, array: np.ndarray) -> None:
     """Copy NumPy `array` (C-contiguous) from the master into the new one-place `tensor`,
     made for it by the caller (dist_send) with its shape and dtype."""
-    target, device, stream = tensor._node, tensor._device, tensor._writer
+    target, device, stream = tensor._node, tensor._device, ordering.made_on(tensor)
     payload = array.reshape(-1).view(np.uint8) if array.size else b""
     if wire.rides_inline(array.nbytes):
         target.issue(wire.Put(id=next(target.ids), stream=stream, out=tensor._id,
@@ -207,7 +207,7 @@ def move(tensor, node_index: int, device: int):
     else:
         target.issue(recv)
     now = next(source.ids)
-    writer = ordering.record(tensor)._writer  # sent from the stream that last wrote it
+    writer = ordering.writer(tensor)  # sent from the stream that last wrote it
     ordering.use(tensor, writer, now)
     source.issue(wire.SendTo(id=now, stream=writer, ref=tensor._id,
                              peer=target.index, tag=tag, token=-1))
