@@ -121,3 +121,11 @@ def test_a_function_that_writes_its_argument_stays_an_error(m):
     X0 = mwrt.dist_send(data(6, 4), mesh=m, shard=0)
     with pytest.raises(mwrt.PlacementError, match="replicate"):
         np.fill_diagonal(X0, 0.0)
+
+
+def test_sort_of_a_0d_mesh_tensor(m):
+    """argsort(axis=-1) of a 0-d tensor (a full reduction's result) divided by its ndim."""
+    X = mwrt.dist_send(data(5, 2), mesh=m, shard=0)
+    v = X.var()
+    same(np.argsort(v, axis=-1), np.argsort(X.numpy().var(), axis=-1))
+    same(np.sort(X, axis=None), np.sort(X.numpy(), axis=None))
