@@ -141,8 +141,8 @@ MASTER_LAYERS = [
     ("places", {"context", "ordering", "streams", "queries", "methods", "mesh.device_mesh",
                 "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
-               "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.dispatch",
-               "remote", "arrayfunc", "mesh.naming", "torchissue"}),  # a handle's fields, and the ops, copies and moves it issues
+               "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
+               "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.creation", "creation", "naming", "mesh.saving", "torchtensor",
                  "torchcreation", "torchmodule"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py

@@ -59,7 +59,7 @@ VIEWS = ["[1:]", "[::2]", ".T", "[0]", "[None]", "[:, 1:]", "[-1]", ".reshape(-1
 FUNCTIONS = ["np.where({a} > 0, {a}, {s})", "np.clip({a}, 1, 3)", "np.maximum({a}, {b})",
              "np.concatenate([{a}, {b}])", "np.concatenate([{a}, {b}], axis=-1)",
              "np.stack([{a}, {b}])", "np.sort({a}, axis=0)", "np.argsort({a}, axis=-1)",
-             "np.matmul({a}, {b})", "np.dot({a}, {b})", "{a} @ {b}.T", "np.round({a})",
+             "np.matmul({a}, {b})", "np.dot({a}, {b})", "np.round({a})",
              "{a}.astype(np.float64)", "{a}.copy()", "np.abs({a} - {b})"]
 
 

@@ -107,13 +107,43 @@ def test_what_users_hit_runs_with_numpys_value(m, what):
     same(X, x)  # the operand is as it was
 
 
-def test_matmul_outside_its_three_rules(m):
-    a, b = data(4, 6, 5), data(4, 5, 3, seed=1)
-    A0, B0 = mwrt.dist_send(a, mesh=m, shard=0), mwrt.dist_send(b, mesh=m, shard=0)
-    got, _ = told(lambda: A0 @ B0)  # batch-sharded
-    same(got, a @ b, exact=False)
-    A1, B2 = mwrt.dist_send(a, mesh=m, shard=1), mwrt.dist_send(b, mesh=m, shard=2)
-    got, _ = told(lambda: A1 @ B2)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.bool_, np.complex128])
+def test_var_std_argmax_argmin_over_a_sharded_axis_take_two_phases(m, dtype):
+    x = (np.random.default_rng(3).standard_normal((7, 3)) * 4).astype(dtype)
+    if dtype == np.float64:
+        x[4, 1] = x[5, 2] = np.nan  # the first NaN is the extreme, as NumPy's
+    calls = [("var", {"axis": 0}), ("std", {"axis": 0, "ddof": 1}), ("var", {}),
+             ("std", {"axis": (0, 1), "keepdims": True})]
+    if dtype != np.complex128:
+        calls += [("argmax", {"axis": 0}), ("argmin", {"axis": 0, "keepdims": True}),
+                  ("argmax", {"axis": 1})]
+    for shard in (0, 1):
+        X = mwrt.dist_send(x, mesh=m, shard=shard)
+        for name, kwargs in calls:
+            got, warned = told(lambda: getattr(X, name)(**kwargs))
+            assert warned == []  # a local plan: no block moves
+            same(got, getattr(x, name)(**kwargs), exact=name.startswith("arg"))
+
+
+def test_matmul_of_stacks_keeps_the_batch_shards(m):
+    rng = np.random.default_rng(4)
+    a, b, one = rng.standard_normal((5, 4, 3)), rng.standard_normal((5, 3, 2)), \
+        rng.standard_normal((1, 3, 2))
+    c = rng.standard_normal((2, 5, 4, 3))
+    for x, sx, y, sy, axis in [(a, 0, b, 0, 0), (a, 0, b[0], None, 0), (a, 0, one, None, 0),
+                               (a, None, b, 0, 0), (a, 0, b, None, 0), (c, 1, b, 0, 1),
+                               (c, 0, b, None, 0), (a, 0, b[0, :, 0], None, 0)]:
+        X, Y = mwrt.dist_send(x, mesh=m, shard=sx), mwrt.dist_send(y, mesh=m, shard=sy)
+        got, warned = told(lambda: X @ Y)
+        assert warned == [] and got.placement == Shard(axis)
+        same(got, x @ y, exact=False)
+
+
+def test_matmul_outside_its_rules_keeps_the_left_placement(m):
+    a, b = data(6, 5), data(5, 3, seed=1)
+    A0, B1 = mwrt.dist_send(a, mesh=m, shard=0), mwrt.dist_send(b, mesh=m, shard=1)
+    got, _ = told(lambda: A0 @ B1)  # B replicated: Shard(0) @ Replicate
+    assert got.placement == Shard(0)
     same(got, a @ b, exact=False)
 
 
@@ -129,3 +159,12 @@ def test_sort_of_a_0d_mesh_tensor(m):
     v = X.var()
     same(np.argsort(v, axis=-1), np.argsort(X.numpy().var(), axis=-1))
     same(np.sort(X, axis=None), np.sort(X.numpy(), axis=None))
+
+
+def test_a_reduction_of_a_0d_mesh_tensor_takes_axis_minus_1(m):
+    """NumPy reduces a 0-d array over axis 0 or -1; the mesh rule normalized it against
+    ndim 0 (AxisError)."""
+    X = mwrt.dist_send(data(5, 2), mesh=m, shard=0)
+    v, x = X.sum(), X.numpy().sum()
+    for name in ("any", "sum", "max"):  # NumPy refuses mean(axis=-1) of a 0-d array
+        same(getattr(v, name)(axis=-1), getattr(x, name)(axis=-1), exact=False)

@@ -1,9 +1,10 @@
 """An op with no local plan for its operands' placements still runs: the workers replicate
 its operands (all_gather of shards, all_reduce of parts, worker to worker, never through
 the master), the op runs at every place on the copies, and the user is told once per call
-site with a PlacementWarning naming the bytes moved and the explicit call. An in-place op
-writes its result back into its target's own blocks. MWRT_STRICT_PLACEMENT=1 raises the
-PlacementError instead.
+site with a PlacementWarning naming the bytes moved and the explicit call. The first
+operand keeps its placements where the op has a plan with the others replicated; an
+in-place op writes its result back into its target's own blocks. MWRT_STRICT_PLACEMENT=1
+raises the PlacementError instead.
 """
 
 from __future__ import annotations
@@ -33,12 +34,22 @@ def replicated(t):
 
 
 def run(name: str, operands: list, target, again, call, error: PlacementError):
-    """Run the op by again(replicated operands): tell the user once per call site; an
-    in-place op's `target` (an operand, or None) gets the result written back into it by
-    call("copy_", ...), dispatch's call (which imports this module)."""
+    """Run the op by again(operands redistributed): tell the user once per call site. First
+    the operands after the first replicated (the first, an in-place op's `target` among
+    them, keeps its placements: X0 + X1 stays Shard(0)); where that has no plan either,
+    every operand, an in-place op's target by a copy whose result call("copy_", ...)
+    (dispatch's call, which imports this module) writes back into its blocks."""
     _warn(name, operands, error)
     _DEPTH[0] += 1
     try:
+        first = operands[0]
+        if len(operands) > 1 and any(p != REPLICATE for p in first._placements):
+            try:
+                return again([first] + [t if t is first else replicated(t)
+                                        for t in operands[1:]])
+            except PlacementError as again_error:
+                if not getattr(again_error, "no_plan", False):
+                    raise
         if target is None or all(p == REPLICATE for p in target._placements):
             return again([replicated(t) for t in operands])
         whole = redistribute(target, (REPLICATE,) * target._mesh.ndim)  # a new tensor

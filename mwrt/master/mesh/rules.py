@@ -8,9 +8,11 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
   Partial(sum) operand stays Partial under a scalar multiply/divide or a sum with its like;
   one that joins a sharded result is reduce_scattered to its blocks, others all_reduced.
 - reductions: over unsharded axes keep the shards; over a sharded axis give Partial(sum, max,
-  min, prod) (mean: a sum scaled by the global count).
+  min, prod) (mean: a sum scaled by the global count); var, std, argmax and argmin over it
+  run in two phases (twophase.py).
 - matmul: Shard(row) @ Replicate -> Shard(row); Replicate @ Shard(col) -> Shard(col);
-  Shard(contraction) @ Shard(contraction) -> Partial(sum).
+  Shard(contraction) @ Shard(contraction) -> Partial(sum); stacks sharded on a batch axis
+  (both alike, or one with the other replicated and broadcast along it) keep it.
 - shape ops (transpose, swapaxes, moveaxis, expand_dims, squeeze, reshape keeping the sharded
   axis and those before it) follow the sharded axis; getitem/setitem with basic indices.
 - anything else runs on replicated operands only.
@@ -26,7 +28,7 @@ from ...ops._meta import normalize_axes
 from ...ops.elementwise import UFUNCS
 from ...ops.reductions import REDUCTIONS
 from ..issue import call
-from . import moves, shapes
+from . import moves, shapes, twophase
 from .placement import REPLICATE, Partial, Placement, Shard, describe, local_box
 from .plan import (
     PlacementError,
@@ -210,8 +212,15 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
     scan = name in _SCANS
     if scan and axis is None:
         axes = tuple(range(t.ndim))
+    elif t.ndim == 0:  # NumPy takes axis 0 and -1 of a 0-d array (the op's meta checks)
+        axes = ()
     else:
         axes = normalize_axes(axis, t.ndim, name) if not isinstance(axis, Slot) else ()
+    if (name in twophase.MOMENTS or name in twophase.INDEXES) and any(
+            type(p) is Shard and p.axis in axes for p in t._placements):
+        whole = twophase.plan(name, t, args, kwargs, axes)
+        if whole is not None:
+            return Plan(None, whole=whole)
     out, scaled = [], False
     for p in t._placements:
         if type(p) is not Shard:
@@ -287,6 +296,7 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
     col = nb - 1 if nb >= 2 else None
     row_out = r - 2 if nb >= 2 else r - 1
     out: list[Placement] = []
+    cuts: dict = {}  # operand side -> its batch axis cut to each place's block
     for pa, pb in zip(ta._placements, tb._placements):
         if pa == REPLICATE and pb == REPLICATE:
             out.append(REPLICATE)
@@ -296,12 +306,51 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
             out.append(Shard(r - 1))
         elif pa == Shard(na - 1) and pb == Shard(nb - 2 if nb >= 2 else 0):
             out.append(Partial("sum"))
+        elif (batch := _batch(ta, tb, pa, pb, r - (na >= 2) - (nb >= 2), cuts)) is not None:
+            out.append(Shard(batch))
         else:
             raise no_rule(name, [ta, tb], "matmul shards rows of the left (Shard(0) @ "
                           "Replicate), columns of the right (Replicate @ Shard(1)), or the "
                           "contracted axis of both (Shard(1) @ Shard(0)); redistribute one, "
                           "e.g. t.replicate()")
-    return Plan(tuple(out))
+    placed = tuple(out)
+    views = {(a.k, b.k)[side]: _cut(operands[(a.k, b.k)[side]], own, axis, spec.shape, placed)
+             for side, (own, axis) in cuts.items()}
+    return Plan(placed, views)
+
+
+def _batch(ta, tb, pa, pb, batches: int, cuts: dict):
+    """The result's axis where a matmul of stacks keeps a sharded batch axis: both operands
+    sharded on it alike, or one sharded and the other replicated (absent or of length 1:
+    broadcast; else cut to each place's block: cuts[0 or 1] = (its axis, the result's)); else
+    None."""
+    axes = {p.axis + batches - (t.ndim - 2) for t, p in ((ta, pa), (tb, pb))
+            if type(p) is Shard and p.axis < t.ndim - 2}
+    if len(axes) != 1:
+        return None
+    axis = axes.pop()
+    for side, (t, p) in enumerate(((ta, pa), (tb, pb))):
+        own = axis - (batches - max(t.ndim - 2, 0))  # its axis of the result's batch axis
+        if type(p) is Shard and p.axis == own:
+            continue
+        if p != REPLICATE:
+            return None
+        if 0 <= own < t.ndim - 2 and t.shape[own] != 1:
+            if cuts.get(side, (own, axis)) != (own, axis):
+                return None  # cut along two axes: none of these plans
+            cuts[side] = (own, axis)
+    return axis
+
+
+def _cut(t, own: int, axis: int, shape: tuple, out: tuple) -> list:
+    """Per place, replicated `t` cut along its axis `own` to the block of the result's
+    `axis` there."""
+    mesh = t._mesh
+    views = []
+    for i, coord in enumerate(mesh.coords):
+        lo, hi = local_box(shape, out, mesh.shape, coord)[axis]
+        views.append(_getitem(t._locals[i], (slice(None),) * own + (slice(lo, hi),)))
+    return views
 
 
 def _one_side(name, operands, args, spec) -> Plan:

@@ -1,0 +1,73 @@
+"""Reductions with a second moment or an index over a sharded axis, in two phases: each
+place reduces its block, then the places combine (an all_reduce of a small result).
+
+- var, std: the mean (a Partial sum, made real as the deviations take it), then the sum of
+  squared deviations (a Partial sum) over n - ddof: no place ever holds another's block.
+- argmax, argmin: the extreme (a Partial max or min, made real as the comparison takes it),
+  then the least global position where a block holds it (a Partial min): NumPy's first
+  occurrence, NaN first where there is one.
+
+Each is written with mesh ops on the operand, so every step takes its placement rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ops import Spec
+from .. import issue
+from .placement import REPLICATE, Shard, local_box
+
+MOMENTS = {"var", "std"}
+INDEXES = {"argmax", "argmin"}
+_PLAIN = {"axis", "keepdims", "ddof"}  # arguments these plans take; others: no plan
+
+
+def plan(name: str, t, args: tuple, kwargs: dict, axes: tuple):
+    """The two-phase computation of `name` over `axes` as a function of nothing, or None
+    where it has none (other arguments, empty axes, complex extremes)."""
+    if len(args) > 2 or set(kwargs) - _PLAIN or not axes:
+        return None
+    keepdims = bool(kwargs.get("keepdims", False))
+    if name in MOMENTS and math.prod(t.shape[a] for a in axes):
+        return lambda: _moment(name, t, axes, int(kwargs.get("ddof", 0)), keepdims)
+    if name in INDEXES and len(axes) == 1 and "ddof" not in kwargs and \
+            t.dtype.kind in "biuf" and t.shape[axes[0]] and (
+                kwargs.get("axis", args[1] if len(args) > 1 else None) is not None):
+        return lambda: _index(name, t, axes[0], keepdims)
+    return None
+
+
+def _moment(name: str, t, axes: tuple, ddof: int, keepdims: bool):
+    mean = t.mean(axis=axes, keepdims=True)
+    deviation = t - mean
+    # |d|**2: a complex tensor's variance is real
+    squares = np.absolute(deviation) ** 2 if t.dtype.kind == "c" else deviation * deviation
+    count = math.prod(t.shape[a] for a in axes)
+    var = squares.sum(axis=axes, keepdims=keepdims) / max(count - ddof, 0)
+    return np.sqrt(var) if name == "std" else var
+
+
+def _index(name: str, t, axis: int, keepdims: bool):
+    length = t.shape[axis]
+    extreme = (t.max if name == "argmax" else t.min)(axis=axis, keepdims=True)
+    hit = t == extreme
+    if t.dtype.kind == "f":  # NaN is the extreme wherever there is one, as NumPy's
+        hit = hit | (t != t)
+    positions = _positions(t, axis).reshape((length,) + (1,) * (t.ndim - 1 - axis))
+    return np.where(hit, positions, length).min(axis=axis, keepdims=keepdims)
+
+
+def _positions(t, axis: int):
+    """The global positions along t's `axis`, a 1-d int64 tensor sharded as that axis is:
+    each place makes its block's range."""
+    mesh, dtype = t._mesh, np.dtype(np.int64)
+    blocks = []
+    for coord, block in zip(mesh.coords, t._locals):
+        lo, hi = local_box(t.shape, t._placements, mesh.shape, coord)[axis]
+        blocks.append(issue.create(block.results, "arange", (hi - lo,), dtype, block._node,
+                                   block._device, (lo, hi, 1)))
+    placements = tuple(Shard(0) if p == Shard(axis) else REPLICATE for p in t._placements)
+    return t.results.on_mesh(mesh, placements, blocks, Spec((t.shape[axis],), dtype))
