@@ -11,9 +11,7 @@ compared: the handle's shape and dtype, and the value, dtype and shape of `.nump
 
 Where mwrt's meshes differ from NumPy by design the programs keep out: an index along a
 sharded axis, or an op that runs on redistributed operands, gives a copy (NumPy: a view),
-so no line writes a variable that views another or is viewed. Defects known and not fixed
-yet are kept out of the random programs and written below as cases of their own, each an
-expected failure until it is fixed.
+so no line writes a variable that views another or is viewed.
 
 MESH_DIFFERENTIAL_EXAMPLES=2000 pytest tests/test_mesh_differential.py --hypothesis-seed=N
 runs more.
@@ -35,10 +33,8 @@ from hypothesis.extra import numpy as hnp
 import mwrt
 
 EXAMPLES = int(os.environ.get("MESH_DIFFERENTIAL_EXAMPLES", "300"))
-# 2x2 twice: a program shards along one mesh dimension (or axis 0 along both), as a tensor
-# whose two dimensions shard different axes is not gathered yet (a known defect)
-MESHES = {"2": [0, 1], "3": [0, 1, 2], "4": [0, 1, 2, 3], "2x2 a": None, "2x2 b": None}
-SIZES = {"2": 2, "3": 3, "4": 4, "2x2 a": 4, "2x2 b": 4}
+MESHES = {"2": [0, 1], "3": [0, 1, 2], "4": [0, 1, 2, 3], "2x2": None}
+SIZES = {"2": 2, "3": 3, "4": 4, "2x2": 4}
 DTYPES = ["bool", "int32", "int64", "uint8", "float32", "float64", "complex128"]
 SHAPES = [(0,), (1,), (2,), (5,), (4, 3), (3, 1), (1, 3), (2, 0), (0, 3), (7, 2), (5, 4),
           (2, 3, 2), (3, 4, 1)]
@@ -51,15 +47,14 @@ SCALARS = ["0", "1", "3", "-2", "2.5", "True", "1j", "np.int8(5)", "np.uint8(200
 REDUCTIONS = ["sum", "mean", "prod", "min", "max", "argmin", "argmax", "any", "all", "std",
               "var"]
 AXES = ["", "axis=0", "axis=-1", "axis=0, keepdims=True", "keepdims=True", "axis=None"]
-# not [:, 0] nor [..., 0]: an int along a sharded axis past the first broadcasts a
-# non-contiguous block (a known defect)
-VIEWS = ["[1:]", "[::2]", ".T", "[0]", "[None]", "[:, 1:]", "[-1]", ".reshape(-1)",
+VIEWS = ["[1:]", "[::2]", ".T", "[0]", "[None]", "[:, 1:]", "[-1]", ".reshape(-1)", "[:, 0]",
+         "[..., 0]",
          ".ravel()", ".swapaxes(0, -1)", ".squeeze()", "[1:4]", "[[0, -1]]", "[{a} > 0]",
          ".flatten()", ".reshape(-1, 1)", "np.transpose({a})", "np.expand_dims({a}, 0)"]
 FUNCTIONS = ["np.where({a} > 0, {a}, {s})", "np.clip({a}, 1, 3)", "np.maximum({a}, {b})",
              "np.concatenate([{a}, {b}])", "np.concatenate([{a}, {b}], axis=-1)",
              "np.stack([{a}, {b}])", "np.sort({a}, axis=0)", "np.argsort({a}, axis=-1)",
-             "np.matmul({a}, {b})", "np.dot({a}, {b})", "np.round({a})",
+             "np.matmul({a}, {b})", "np.dot({a}, {b})", "{a} @ {b}.T", "np.round({a})",
              "{a}.astype(np.float64)", "{a}.copy()", "np.abs({a} - {b})"]
 
 
@@ -153,18 +148,17 @@ def _run(source: str, env: dict) -> None:
 
 
 class _Var:
-    """What the generator knows of a variable: it may be Partial (no views of it: their
-    reads are a known defect), it is a view (or a copy where NumPy views: only elementwise
-    ops with scalars take it, as a collective over a view's non-contiguous blocks is a known
-    defect), it has views (no line writes it: the copy would not see it)."""
+    """What the generator knows of a variable: a graph's replays write it (no views of it:
+    a replay writes the tensor, where NumPy's rebinds the name), it is a view (or a copy
+    where NumPy views), it has views (no line writes it: a copy would not see it)."""
 
-    __slots__ = ("partial", "view", "viewed")
+    __slots__ = ("replayed", "view", "viewed")
 
-    def __init__(self, partial=False, view=False):
-        self.partial, self.view, self.viewed = partial, view, False
+    def __init__(self, replayed=False, view=False):
+        self.replayed, self.view, self.viewed = replayed, view, False
 
     def plain(self) -> bool:
-        return not (self.partial or self.view)
+        return not (self.replayed or self.view)
 
     def writable(self) -> bool:
         return not (self.view or self.viewed)
@@ -176,9 +170,8 @@ def programs(draw, max_lines: int = 8):
     mesh = draw(st.sampled_from(list(MESHES)))
     head, known = [], {}
     for i in range(draw(st.integers(1, 3))):
-        line, partial = _initial(draw, f"v{i}", mesh)
-        head.append(line)
-        known[f"v{i}"] = _Var(partial=partial)
+        head.append(_initial(draw, f"v{i}", mesh))
+        known[f"v{i}"] = _Var()
     env = _numpy_env(head, [])
     lines: list[str] = []
     for _ in range(draw(st.integers(1, max_lines))):
@@ -199,27 +192,23 @@ def programs(draw, max_lines: int = 8):
     return mesh, head, lines, final
 
 
-def _initial(draw, name: str, mesh: str):
-    """One variable's placing line, and whether it is Partial."""
+def _initial(draw, name: str, mesh: str) -> str:
+    """One variable's placing line: shard=, or a Partial sum of parts."""
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
     shape = draw(st.sampled_from(SHAPES))
     if draw(st.integers(0, 5)) == 0 and dtype.kind in "ifc" and dtype != np.uint8:
         parts = draw(hnp.arrays(dtype, (SIZES[mesh], *shape), elements=_elements(dtype)))
-        return f"{name} = world.partial({_literal(parts)})", True
+        return f"{name} = world.partial({_literal(parts)})"
     value = draw(hnp.arrays(dtype, shape, elements=_elements(dtype)))
-    return f"{name} = world.put({_literal(value)}, {_shard(draw, shape, mesh)!r})", False
+    return f"{name} = world.put({_literal(value)}, {_shard(draw, shape, mesh)!r})"
 
 
 def _shard(draw, shape: tuple, mesh: str):
-    """A shard= for `shape`: None (replicate), an axis, or one per mesh dimension. A
-    length-1 axis is not sharded (a known defect when it broadcasts)."""
-    axes = [None] + [a for a, n in enumerate(shape) if n != 1]
-    axis = draw(st.sampled_from(axes))
-    if not mesh.startswith("2x2") or axis is None:
-        return axis
-    if axis == 0 and draw(st.booleans()):
-        return 0  # along both dimensions
-    return (axis, None) if mesh.endswith("a") else (None, axis)
+    """A shard= for `shape`: None (replicate), an axis, or one per mesh dimension."""
+    axes = [None, *range(len(shape))]
+    if mesh != "2x2" or draw(st.booleans()):
+        return draw(st.sampled_from(axes))
+    return (draw(st.sampled_from(axes)), draw(st.sampled_from(axes)))
 
 
 def _literal(a: np.ndarray) -> str:
@@ -256,36 +245,35 @@ def _line(draw, env: dict, known: dict, mesh: str):
                                  "setitem", "func", "redistribute", "graph", "stream"]))
     va, vb = known[a], known[b]
 
-    def made(partial=False, view=False):
-        return lambda: known.__setitem__(new, _Var(partial, view))
-    mixed = va.partial or vb.partial
-    if kind == "binary" and (a == b or not (va.view or vb.view)):
-        return f"{new} = {a} {draw(st.sampled_from(BINARY))} {b}", new, made(mixed)
+    def made():
+        return lambda: known.__setitem__(new, _Var())
+    if kind == "binary":
+        return f"{new} = {a} {draw(st.sampled_from(BINARY))} {b}", new, made()
     if kind == "scalar":
         op = draw(st.sampled_from(BINARY[:-1]))
         text = f"{a} {op} {s}" if draw(st.booleans()) else f"{s} {op} {a}"
-        return f"{new} = {text}", new, made(va.partial)
+        return f"{new} = {text}", new, made()
     if kind == "unary":
-        return f"{new} = np.{draw(st.sampled_from(UNARY))}({a})", new, made(va.partial)
-    if kind == "reduce" and not va.view:
-        return _reduction(draw, a, env, new), new, made(True)
+        return f"{new} = np.{draw(st.sampled_from(UNARY))}({a})", new, made()
+    if kind == "reduce":
+        return _reduction(draw, a, new), new, made()
     if kind == "view" and va.plain():
         def viewed():
             known[a].viewed = True
             known[new] = _Var(view=True)
         view = draw(st.sampled_from(VIEWS)).format(a=a)
         return f"{new} = {view if view.startswith('np.') else a + view}", new, viewed
-    if kind == "inplace" and a in arrays and va.writable() and not vb.view:
+    if kind == "inplace" and a in arrays and va.writable():
         value = draw(st.sampled_from([b, s]))
         return f"{a} {draw(st.sampled_from(INPLACE))} {value}", None, lambda: None
-    if kind == "setitem" and a in arrays and va.writable() and not vb.view:
-        index = draw(st.sampled_from(["0", "1:", "...", "::2", "-1", "{a} > 0"]))
-        value = draw(st.sampled_from([b, s] if index == "..." else [s]))
+    if kind == "setitem" and a in arrays and va.writable():
+        index = draw(st.sampled_from(["0", "1:", "...", "::2", "-1", "{a} > 0", ":, 1"]))
+        value = draw(st.sampled_from([b, s, "np.arange(2.0)", "np.ones((1, 1), np.int8)"]))
         return f"{a}[{index.format(a=a)}] = {value}", None, lambda: None
-    if kind == "func" and not (va.view or vb.view):
+    if kind == "func":
         text = draw(st.sampled_from(FUNCTIONS)).format(a=a, b=b, s=s)
-        return f"{new} = {text}", new, made(True)
-    if kind == "redistribute" and not va.view and a in arrays:
+        return f"{new} = {text}", new, made()
+    if kind == "redistribute" and a in arrays:
         shard = _shard(draw, env[a].shape, mesh)
         return f"{new} = world.redistribute({a}, {shard!r})", new, made()
     if kind == "graph":
@@ -302,10 +290,8 @@ def _line(draw, env: dict, known: dict, mesh: str):
     return None, None, None
 
 
-def _reduction(draw, a: str, env: dict, new: str) -> str:
-    name = draw(st.sampled_from(REDUCTIONS))
-    if name in ("mean", "std", "var") and np.size(env[a]) == 0:
-        name = "sum"  # mean over an empty sharded axis: a known defect
+def _reduction(draw, a: str, new: str) -> str:
+    name = draw(st.sampled_from(REDUCTIONS + ["cumsum"]))
     args = draw(st.sampled_from(AXES))
     if draw(st.booleans()):
         return f"{new} = {a}.{name}({args})"
@@ -313,23 +299,26 @@ def _reduction(draw, a: str, env: dict, new: str) -> str:
 
 
 def _graph(draw, env: dict, known: dict, new: str):
-    """A captured block of elementwise lines over plain variables, replayed at once and by
-    later lines (what it makes is not viewed: a replay writes it, where NumPy's rebinds)."""
-    plain = [n for n in sorted(known) if known[n].plain() and isinstance(env.get(n),
-                                                                         np.ndarray)]
+    """A captured block over variables that are not views (an elementwise line, then
+    perhaps an in-place one; or a reduction), replayed at once and by later lines."""
+    plain = [n for n in sorted(known) if not known[n].view and isinstance(env.get(n),
+                                                                          np.ndarray)]
     if not plain:
         return None, None, None
     a, b = draw(st.sampled_from(plain)), draw(st.sampled_from(plain))
     body = [f"{new} = {a} {draw(st.sampled_from(BINARY[:5]))} {b}"]
-    if known[a].writable() and draw(st.booleans()):
-        body.append(f"{a} {draw(st.sampled_from(INPLACE[:3]))} {draw(st.sampled_from(SCALARS[:5]))}")
+    if draw(st.booleans()):
+        body = [f"{new} = {a}.{draw(st.sampled_from(['sum', 'max', 'mean']))}(axis=0)"]
+    elif known[a].writable() and draw(st.booleans()):
+        scalar = draw(st.sampled_from(SCALARS[:5]))
+        body.append(f"{a} {draw(st.sampled_from(INPLACE[:3]))} {scalar}")
     source = "\n".join(body)
     name = f"g{len(known)}"
     line = f"{name} = world.graph(globals(), {source!r})\n{name}.replay()"
 
     def after():  # neither what it makes nor what it writes is viewed later
-        known[new] = _Var(partial=True)
-        known[a].partial = known[a].partial or len(body) > 1
+        known[new] = _Var(replayed=True)
+        known[a].replayed = known[a].replayed or len(body) > 1
     return line, new, after
 
 
@@ -412,10 +401,10 @@ def test_random_mesh_programs_equal_numpy(meshes, streams, program):
     _check(program, meshes, streams)
 
 
-# Defects the programs find that are known and not fixed yet, each a program of its own: an
-# expected failure until its fix lands (then strict xfail fails, and the mark goes).
+# What the programs found, and the defects of meshes listed before they ran, each kept as a
+# program of its own.
 X = "np.arange(12.0).reshape(4, 3)"
-KNOWN = {
+FOUND = {
     "a 0-d array sent onto a mesh keeps its shape": (
         "2", ["v0 = world.put(np.array(2.5), None)"], ["v1 = v0 * 2"]),
     "a view of a Partial tensor is all_reduced once": (
@@ -436,27 +425,18 @@ KNOWN = {
     "an int along a sharded axis past the first": (
         "2", [f"v0 = world.put({X}, 1)"], ["v1 = v0[:, 0]"]),
     "a tensor sharded on two axes of a 2x2 mesh is gathered": (
-        "2x2 a", [f"v0 = world.put({X}, (0, 1))"], ["v1 = world.redistribute(v0, None)"]),
+        "2x2", [f"v0 = world.put({X}, (0, 1))"], ["v1 = world.redistribute(v0, None)"]),
+    "sort of a 0-d tensor": ("2", ["v0 = world.put(np.arange(6.0), 0)"],
+                             ["v1 = np.var(v0, axis=None)", "v2 = np.argsort(v1, axis=-1)"]),
+    "a reduction of a 0-d tensor over axis -1": (
+        "2x2", ["v0 = world.put(np.arange(6.0), 0)"], ["v1 = v0.all(axis=0)",
+                                                        "v2 = np.any(v1, axis=-1)"]),
 }
 
 
-@pytest.fixture
-def fresh():
-    """Four local daemons for one case: a failing case may leave collectives out of step."""
-    mwrt.shutdown()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MWRT_COLLECTIVE_TIMEOUT", "10")
-        mwrt.init_master_worker(local_workers=4, timeout=30)
-    square = mwrt.mesh({"a": 2, "b": 2})
-    meshes = {k: mwrt.mesh(nodes=v) if v is not None else square for k, v in MESHES.items()}
-    yield meshes, {n: (mwrt.Stream(node=n), mwrt.Stream(node=n)) for n in range(4)}
-    mwrt.shutdown()
-
-
-@pytest.mark.parametrize("what", [pytest.param(k, marks=pytest.mark.xfail(
-    strict=True, reason="a known defect of meshes, not fixed yet")) for k in KNOWN])
-def test_known_defects(fresh, what):
-    mesh, head, lines = KNOWN[what]
+@pytest.mark.parametrize("what", FOUND)
+def test_what_the_programs_found(meshes, streams, what):
+    mesh, head, lines = FOUND[what]
     env = _numpy_env(head, lines)
     names = [k for k in env if k.startswith("v") and k != "v_read"]
-    _check((mesh, head, lines, {k: env[k] for k in names}), *fresh)
+    _check((mesh, head, lines, {k: env[k] for k in names}), meshes, streams)
