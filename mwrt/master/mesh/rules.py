@@ -212,8 +212,6 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
     scan = name in _SCANS
     if scan and axis is None:
         axes = tuple(range(t.ndim))
-    elif t.ndim == 0:  # NumPy takes axis 0 and -1 of a 0-d array (the op's meta checks)
-        axes = ()
     else:
         axes = normalize_axes(axis, t.ndim, name) if not isinstance(axis, Slot) else ()
     if (name in twophase.MOMENTS or name in twophase.INDEXES) and any(
