@@ -413,7 +413,7 @@ mwrt.init_master_worker(local_workers=1)
 t = mwrt.ones(int(sys.argv[1]) // 4)
 float(t[0])
 start = time.perf_counter()
-got = t.numpy(copy=sys.argv[2:] != ["view"])
+got = t.numpy(copy=False) if sys.argv[2:] == ["view"] else t.numpy()
 print(int(sys.argv[1]) / (time.perf_counter() - start) / 1e9)
 mwrt.shutdown()
 """
