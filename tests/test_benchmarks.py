@@ -26,6 +26,7 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("bench_gpu.py", ["--quick", "--fake"]),
     ("bench_checkpoint.py", ["--mb", "4"]),
     ("bench_wire.py", ["--quick"]),  # its table on the fake GPU; on a GPU: real
+    ("bench_torch_workers.py", ["--quick"]),
 ])
 def test_benchmark_runs_and_prints_its_table(script, args):
     if script == "bench_hosts.py" and unavailable():

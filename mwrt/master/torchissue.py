@@ -94,8 +94,11 @@ def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs
         _STARTED.add(node)
         node.quiet_until = time.monotonic() + config.get("torch_import_grace")
     now = next(node.ids)
-    for i, tensor in enumerate(place):
-        ordering.use(tensor, stream, now, i in written)
+    if written:  # an in-place op, a step: the rule for reads, then for writes
+        ordering.order([t for i, t in enumerate(place) if i not in written], stream, now)
+        ordering.order([place[i] for i in written], stream, now, True)
+    else:
+        ordering.order(place, stream, now)
     node.issue(wire.Call(id=now, stream=stream, outs=outs, op=op, args=args, kwargs=kwargs))
 
 
