@@ -104,8 +104,10 @@ class Handle:
 
     def __del__(self) -> None:
         """Free the worker's array once the streams that used it are done with it."""
-        try:
-            owner = self._base  # (inline: a free follows nearly every op)
-            self._node.release(self._id, (self if owner is None else owner)._streams)
-        except Exception:  # noqa: BLE001, S110 - shutdown, or a mesh tensor (its blocks free)
-            pass
+        node = self._node  # None for a mesh tensor: its blocks free themselves
+        if node is not None:
+            try:
+                owner = self._base  # (inline: a free follows nearly every op)
+                node.release(self._id, (self if owner is None else owner)._streams)
+            except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
+                pass

@@ -156,28 +156,30 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
     varying = [k for _, k in slots if not _one_id(operands[k])]
     outs_ids = () if inplace else (out_id,)
     devices = mesh.devices
-    if type(devices) is int and not varying:  # one device everywhere: one command
+    if type(devices) is int:  # one stream everywhere: every place ordered in one call
         for _, k in slots:  # the waits it needs go out before it
             ordering.order(operands[k]._locals, devices, now, written and k == 0)
+    if type(devices) is int and not varying:  # one device everywhere: one command
         body = _encode(wire.Call(id=now, stream=devices, outs=outs_ids, op=name,
                                  args=_sentinel_args(template, slots, operands, varying),
                                  kwargs=kwargs), 0)
         bodies, streams = [body] * len(nodes), [devices] * len(nodes)
     else:
         bodies, streams = _bodies(name, template, slots, operands, varying, now, outs_ids,
-                                  kwargs, places, written)
+                                  kwargs, places, written, type(devices) is not int)
     queue_everywhere(nodes, bodies, now, streams, site, _WINDOW * max(1.0, len(nodes) / 8))
     return None if inplace else operands[0].results.on_mesh(mesh, placements, outs, spec)
 
 
 def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, places,
-            written):
-    """Each place's bytes of the op (its device's stream; varying references spliced in)."""
+            written, order):
+    """Each place's bytes of the op (its device's stream; varying references spliced in),
+    its operands' uses ordered first if `order`."""
     bodies: list = []
     streams: list = []
     encoded: dict = {}  # device (its default stream) -> bytes, in pieces
     for i, (_, device) in enumerate(places):
-        for _, k in slots:  # the waits it needs go out before it
+        for _, k in slots if order else ():  # the waits it needs go out before it
             ordering.order((operands[k]._locals[i],), device, now, written and k == 0)
         pieces = encoded.get(device)
         if pieces is None:
