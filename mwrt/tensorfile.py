@@ -85,8 +85,7 @@ def read(folder: str, rel: str, expected: dict, admit=None) -> dict:
     `folder`, each checked; `admit(nbytes)` may refuse the header's length before it is read."""
     path, what = os.path.join(folder, rel), _of(expected)
     try:
-        with _parent(folder, rel, what) as (fd, name):
-            f = _open_regular(fd, name, path, what)
+        f = open_inside(folder, rel, what)
     except FileNotFoundError:
         raise TensorFileError(f"{path}: checkpoint file missing (a save that never finished, "
                               "or a path other hosts cannot see?)") from None
@@ -99,6 +98,13 @@ def read(folder: str, rel: str, expected: dict, admit=None) -> dict:
         except (KeyError, TypeError, AttributeError) as exc:  # a header of another shape
             raise TensorFileError(f"{path}: corrupted header ({type(exc).__name__}: {exc}, "
                                   "expected safetensors' layout)") from None
+
+
+def open_inside(folder: str, rel: str, what: str):
+    """File `rel` of `folder` opened for binary reading, reached without following a link
+    (FileNotFoundError if it is not there)."""
+    with _parent(folder, rel, what) as (fd, name):
+        return _open_regular(fd, name, os.path.join(folder, rel), what)
 
 
 def remove(folder: str, rel: str) -> None:
@@ -156,8 +162,8 @@ def _open_regular(fd: int, name: str, path: str, what: str):
         raise _linked(exc, fd, name, path, what) from None
     if not stat.S_ISREG(os.fstat(f).st_mode):
         os.close(f)
-        raise TensorFileError(f"{path}: {what} is not a regular file (expected the "
-                              "safetensors file mwrt.save wrote)")
+        raise TensorFileError(f"{path}: {what} is not a regular file (expected the file "
+                              "mwrt.save wrote)")
     os.set_blocking(f, True)
     return open(f, "rb")
 

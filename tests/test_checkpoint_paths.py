@@ -155,3 +155,19 @@ def test_a_header_length_is_bounded_before_it_is_read(saved):
         mwrt.load(folder)
     assert status(pid, "VmHWM") - before < 32 * MiB
     np.testing.assert_array_equal((w + 1).numpy(), np.arange(1.0, 5.0))
+
+
+def test_the_manifest_itself_is_read_through_no_link(saved, tmp_path):
+    folder, w, victim = saved
+    elsewhere = tmp_path / "elsewhere.json"  # a manifest of another folder's choosing
+    os.replace(folder / "manifest.json", elsewhere)
+    os.symlink(elsewhere, folder / "manifest.json")
+    for run in (lambda: mwrt.load(folder), lambda: mwrt.save(folder, {"w": w})):
+        with pytest.raises(ValueError, match=r"manifest.json: its manifest passes through a "
+                                             r"symbolic link \(got 'manifest.json' -> "):
+            run()
+    assert os.path.islink(folder / "manifest.json") and victim.read_text() == "keep me"
+    os.mkfifo(folder / "fifo")  # neither a link nor a file: refused, not waited on
+    os.replace(folder / "fifo", folder / "manifest.json")
+    with pytest.raises(ValueError, match="its manifest is not a regular file"):
+        mwrt.load(folder)

@@ -304,9 +304,11 @@ def _inside(path: str, name: str, rel) -> None:
 
 def _read_manifest(path: str, missing_ok: bool = False) -> dict:
     where = os.path.join(path, MANIFEST)
-    try:
-        with open(where) as f:
+    try:  # a shared checkpoint's manifest may be a link to anywhere: read none
+        with tensorfile.open_inside(path, MANIFEST, "its manifest") as f:
             manifest = json.load(f)
+    except tensorfile.TensorFileError as exc:
+        raise ValueError(f"mwrt.load: {exc}") from None
     except FileNotFoundError:
         if missing_ok:
             return {}
