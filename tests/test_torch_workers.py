@@ -140,7 +140,11 @@ def cluster():
     mwrt.shutdown()
 
 
-@settings(max_examples=int(os.environ.get("TORCH_EXAMPLES", "60")), deadline=None,
+EXAMPLES = int(os.environ.get("TORCH_EXAMPLES", "60"))
+
+
+@pytest.mark.timeout(120 + 3 * EXAMPLES)  # about a second each on a loaded machine
+@settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(programs())
 def test_torch_programs_on_handles_equal_local_torch(cluster, program):
