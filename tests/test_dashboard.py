@@ -100,6 +100,18 @@ def test_state_has_the_workers_their_series_errors_and_timeline(board):
     assert {s["node"] for s in now["timeline"]} == {0}  # node 1 ran nothing
 
 
+def test_the_timeline_shows_the_masters_waits_at_their_lines(board):
+    x = mwrt.dist_send(np.arange(4, dtype=np.float32))
+
+    def waited():  # each float() waits for node 0: a slice in the master's lane
+        float(x.sum())
+        return [s for s in state(board)["timeline"] if s.get("lane") == "master: waits"]
+
+    slices = wait_for(waited, "a wait on the timeline")
+    assert any("float()" in s["op"] and "test_dashboard.py" in s["op"] for s in slices)
+    assert all(s["end"] >= s["start"] and s["node"] == 0 for s in slices)
+
+
 def test_a_user_profile_keeps_its_slices(board):
     """While mwrt.profile() records, the dashboard leaves the workers' recording to it."""
     wait_for(lambda: state(board)["sampled"], "a sample")
