@@ -18,6 +18,7 @@ import pytest
 from test_quotas import MiB, status
 
 import mwrt
+from mwrt import tensorfile
 from mwrt.master.cluster import current
 
 PART = "generation-1/node0-device-1.safetensors"
@@ -171,3 +172,41 @@ def test_the_manifest_itself_is_read_through_no_link(saved, tmp_path):
     os.replace(folder / "fifo", folder / "manifest.json")
     with pytest.raises(ValueError, match="its manifest is not a regular file"):
         mwrt.load(folder)
+
+
+def test_a_gpu_tensors_host_staging_is_sized_before_it_is_made(tmp_path):
+    """A tensor loaded onto a GPU is read into host memory first: the manifest's shape is held
+    to MWRT_MAX_TENSOR_BYTES there before it is. Its own cluster (a fake GPU's worker), so it
+    comes last in this module."""
+    mwrt.shutdown()
+    env = {"MWRT_FAKE_GPUS": "1", "MWRT_FAKE_GPU_BYTES": str(256 * MiB),
+           "MWRT_MAX_TENSOR_BYTES": str(MiB)}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)  # the local worker inherits it
+    try:
+        mwrt.init_master_worker(local_workers=1, timeout=30)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.update({name: value})
+    try:
+        big = np.zeros(8 * MiB, np.uint8)  # 8 MiB: a fake GPU's to hold, not the host's
+        (crc,) = tensorfile.write(str(tmp_path), PART, {"w": big})
+        (tmp_path / "manifest.json").write_text(json.dumps({
+            "format": "mwrt-checkpoint", "version": 1, "generation": 1, "files": [PART],
+            "tensors": {"w": {"dtype": "|u1", "shape": [big.size], "where": [0, 0],
+                              "file": PART, "replaces": None, "crc32": crc}}}))
+        pid = current().local[0].process.pid
+        before = status(pid, "VmHWM")
+        with pytest.raises(mwrt.RemoteError, match=r"load of 'w' from .*: tensor of 8388608 "
+                                                   r"bytes \(uint8\[8388608\], read into host "
+                                                   r"memory before the device\) exceeds the "
+                                                   r"limit of 1048576 bytes"):
+            mwrt.load(tmp_path)
+        assert status(pid, "VmHWM") - before < 4 * MiB  # refused, not read
+        small = mwrt.dist_send(np.arange(4.0)).cuda()  # the session goes on, and loads fit
+        mwrt.save(tmp_path / "small", {"s": small})
+        back = mwrt.load(tmp_path / "small")["s"]
+        assert back.get_device() == 0
+        np.testing.assert_array_equal(back.numpy(), np.arange(4.0))
+    finally:
+        mwrt.shutdown()

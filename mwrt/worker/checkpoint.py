@@ -7,6 +7,7 @@ wrote, and a load's tensors exist for every later one.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -27,14 +28,21 @@ def save_tensors(ex, cmd, frames):
 
 
 def load_tensors(ex, cmd, frames):
-    expected, table = {}, ex.session.tensors
+    expected, table, staged = {}, ex.session.tensors, 0
+    what = f"load of {', '.join(map(repr, cmd.names))} from {os.path.join(cmd.folder, cmd.file)}"
     for name, (dtype, shape, crc) in zip(cmd.names, cmd.expected, strict=True):
-        check_size(tuple(shape), np.dtype(dtype), "load", table, ex.device)
+        dtype = np.dtype(dtype)
+        check_size(tuple(shape), dtype, "load", table, ex.device)
+        if ex.device != arrays.HOST:  # a GPU's tensor is read into host memory first
+            nbytes = math.prod(shape) * dtype.itemsize
+            quotas.check_bytes(nbytes, what, table, f"{dtype}{list(shape)}, read into host "
+                               "memory before the device")
+            staged += nbytes
         expected[name] = (dtype, shape, crc)
+    table.check_room(staged)  # every tensor of the file is in host memory at once
 
     def admit(nbytes: int) -> None:  # the header is read into host memory, whatever the device
-        quotas.check_bytes(nbytes, f"load of {', '.join(map(repr, cmd.names))} from "
-                           f"{os.path.join(cmd.folder, cmd.file)}", table, "its header")
+        quotas.check_bytes(nbytes, what, table, "its header")
     found = tensorfile.read(cmd.folder, cmd.file, expected, admit)
     for out, name in zip(cmd.outs, cmd.names, strict=True):
         value = found[name]
