@@ -142,6 +142,7 @@ MASTER_LAYERS = [
                 "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
                "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
+               "mesh.slicing",
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.creation", "creation", "naming", "mesh.saving", "torchtensor",
                  "torchcreation", "torchmodule"}),

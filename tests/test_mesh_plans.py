@@ -125,6 +125,25 @@ def test_var_std_argmax_argmin_over_a_sharded_axis_take_two_phases(m, dtype):
             same(got, getattr(x, name)(**kwargs), exact=name.startswith("arg"))
 
 
+def test_a_slice_along_the_sharded_axis_stays_sharded_with_even_blocks(m):
+    x = np.arange(1000.0).reshape(1000, 1)
+    A = mwrt.dist_send(x, mesh=m, shard=0)
+    got, warned = told(lambda: A[10:500])
+    assert warned == [] and got.placement == Shard(0)
+    assert [s.shape[0] for s in got.shards()] == [len(p) for p in np.array_split(x[10:500],
+                                                                                    m.size)]
+    same(got, x[10:500])
+    for index in (np.s_[1::3], np.s_[990:], np.s_[4:4], np.s_[::7, :], np.s_[-3:]):
+        got, warned = told(lambda: A[index])
+        assert warned == [] and got.placement == Shard(0)
+        same(got, x[index])
+    B = mwrt.dist_send(x.reshape(10, 100), mesh=m, shard=1)
+    same(B[:, 5:77:2], x.reshape(10, 100)[:, 5:77:2])
+    got = A[2:5]
+    A += 1  # a copy, not a view: NumPy's would change
+    same(got, x[2:5])
+
+
 def test_matmul_of_stacks_keeps_the_batch_shards(m):
     rng = np.random.default_rng(4)
     a, b, one = rng.standard_normal((5, 4, 3)), rng.standard_normal((5, 3, 2)), \

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops._meta import normalize_axes
+from . import slicing
 from .moves import pick
 from .placement import Shard, basic_index, local_box
 from .plan import Plan, no_plan, no_rule, replicated_only
@@ -81,11 +82,15 @@ def axiswise(name, operands, args, kwargs, spec, resolve) -> Plan:
 
 def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     """Basic indices across the sharded axis keep it sharded; an int along it takes the row
-    from the place that holds it and broadcasts it (worker to worker)."""
+    from the place that holds it and broadcasts it (worker to worker); a slice along it
+    moves the selected runs to the result's blocks (slicing.py)."""
     t = operands[0]
     entries = basic_index(args[1], t.ndim)
     if entries is None or len(operands) > 1:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
+    sliced = slicing.plannable(t, entries)
+    if sliced is not None:
+        return Plan(None, whole=lambda: slicing.take(t, entries, sliced, spec))
     sharded = {p.axis for p in t._placements if type(p) is Shard}
     where: dict[int, int] = {}  # sharded axis -> its axis in the result
     out_axis, takes_row = 0, False  # an int along a sharded axis: one place's row

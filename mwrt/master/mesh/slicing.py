@@ -1,0 +1,72 @@
+"""A slice along a sharded axis (`A[10:500]` of a row-sharded A): the result stays sharded
+on that axis, its blocks as np.array_split cuts the result's length.
+
+Each place first takes, as a view, the part of its block that the slice selects; those parts
+hold consecutive runs of the result, of any lengths. Each place then receives from the
+places of its line (along the mesh dimension that shards the axis) the pieces of those runs
+that fall in its own block, worker to worker, and joins them: no place holds more than its
+block and the pieces it sends. The result is a copy (NumPy's is a view of A).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import issue, ordering
+from .placement import Shard, bounds, local_box
+
+
+def plannable(t, entries: list) -> int | None:
+    """The one axis a slice with a positive step cuts along a sharded axis, where this plan
+    takes it (slices only, that axis sharded by one mesh dimension, outside a graph
+    capture, whose moves between nodes cannot be recorded); else None."""
+    if ordering.capture or any(e is None or not isinstance(e[1], slice) for e in entries):
+        return None
+    sharded = [p.axis for p in t._placements if type(p) is Shard]
+    cut = [ax for ax, item in entries if ax in sharded and item != slice(None)]
+    if len(cut) != 1 or sharded.count(cut[0]) != 1:
+        return None
+    step = entries[cut[0]][1].step
+    return cut[0] if step is None or step > 0 else None
+
+
+def take(t, index: list, axis: int, spec):
+    """t[index] (basic_index's entries), sharded on `axis` as t is (see the module's text)."""
+    mesh, entries = t._mesh, [item for _, item in index]
+    dim = next(d for d, p in enumerate(t._placements) if p == Shard(axis))
+    start, stop, step = entries[axis].indices(t.shape[axis])
+    parts, runs = [], []  # per place: its selected part (a view), the result run it holds
+    for i, coord in enumerate(mesh.coords):
+        lo, hi = local_box(t.shape, t._placements, mesh.shape, coord)[axis]
+        first = _count(start, lo, step)  # selected indices before the block
+        last = _count(start, min(max(stop, lo), hi), step)
+        own = start + first * step - lo  # the first selected index, in block coordinates
+        local = list(entries)
+        local[axis] = slice(own, own + (last - first - 1) * step + 1, step) if last > first \
+            else slice(0, 0)
+        parts.append(issue.call("getitem", t._locals[i], tuple(local)))
+        runs.append((first, last))
+    length = spec.shape[axis]
+    blocks: list = [None] * mesh.size
+    for line in mesh.groups(dim):
+        for k, p in enumerate(line):
+            a, b = bounds(length, mesh.shape[dim], k)
+            node, device = mesh.places[p]
+            pieces = [_cut(parts[q], axis, max(a, runs[q][0]) - runs[q][0],
+                           min(b, runs[q][1]) - runs[q][0]).to(node=node, device=device)
+                      for q in line if min(b, runs[q][1]) > max(a, runs[q][0])]
+            blocks[p] = issue.call("concatenate", pieces or [_cut(parts[p], axis, 0, 0)],
+                                   axis=axis)
+    return t.results.on_mesh(mesh, t._placements, blocks, spec)
+
+
+def _count(start: int, end: int, step: int) -> int:
+    """How many of start, start + step, ... lie before `end`."""
+    return max(0, math.ceil((end - start) / step))
+
+
+def _cut(part, axis: int, lo: int, hi: int):
+    return issue.call("getitem", part, (slice(None),) * axis + (slice(lo, hi),))
+
+
+__all__ = ["plannable", "take"]
