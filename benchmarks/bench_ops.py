@@ -10,7 +10,8 @@ one same-host copy). With --fresh: the sync round trips (a read, and an op then 
 p50 and p99), the eager issue rate, the first 64 MiB .numpy() of a session (and its
 copy=False view) as a user measures them, each in fresh processes beside a baseline also
 in fresh processes (`fresh_rows`), and scikit-learn on mwrt tensors vs NumPy with the
-round trips counted. --round-trips and --sklearn run those rows alone.
+round trips counted. --round-trips and --sklearn run those rows alone. --quick: the default
+rows with 8 MiB and a tenth of the repetitions, for a test that the script still runs.
 """
 
 from __future__ import annotations
@@ -206,12 +207,13 @@ def shm_handoff_gbps(nbytes: int, reps: int = 5) -> float:
     return nbytes / seconds / 1e9
 
 
-def bulk_rows(channel: str, baselines: list) -> list:
-    """dist_send, .numpy() and worker-to-worker .to(node=) of 64 MiB over `channel`, each
+def bulk_rows(channel: str, baselines: list, nbytes: int = 64 << 20) -> list:
+    """dist_send, .numpy() and worker-to-worker .to(node=) of `nbytes` over `channel`, each
     beside `baselines`: (name, GB/s) pairs measured in this run."""
     os.environ["MWRT_CHANNEL"] = channel
     mwrt.init_master_worker(local_workers=2)
-    big = np.random.rand(64 << 20 >> 3)
+    big = np.random.rand(nbytes >> 3)
+    mib = f"{nbytes >> 20} MiB"
     mwrt.dist_send(big)  # connects the channel
     send_s = statistics.median([_timed(lambda: (mwrt.dist_send(big), mwrt.synchronize()))
                                 for _ in range(5)])
@@ -224,9 +226,9 @@ def bulk_rows(channel: str, baselines: list) -> list:
     mwrt.shutdown()
     goal = "≥ 5 GB/s" if channel == "shm" else ""
     rows = []
-    for what, seconds in ((f"dist_send 64 MiB ({channel})", send_s),
-                          (f".numpy() 64 MiB ({channel})", get_s),
-                          (f"node 0 -> node 1 .to(node=1) 64 MiB ({channel})", move_s)):
+    for what, seconds in ((f"dist_send {mib} ({channel})", send_s),
+                          (f".numpy() {mib} ({channel})", get_s),
+                          (f"node 0 -> node 1 .to(node=1) {mib} ({channel})", move_s)):
         gbps = big.nbytes / seconds / 1e9
         for i, (name, base) in enumerate(baselines):
             rows.append((what if i == 0 else "", f"{gbps:.2f} GB/s" if i == 0 else "",
@@ -238,16 +240,15 @@ def bulk_rows(channel: str, baselines: list) -> list:
     return rows
 
 
-def overhead_rows() -> list:
+def overhead_rows(reps: int = 2000, n: int = 200_000) -> list:
     """Sync round trip and async issue/completion rates against one local worker."""
     mwrt.init_master_worker(local_workers=1)
     tiny = mwrt.ones(4)
     tiny.numpy()
-    mwrt_rt = median_us(tiny.numpy, 2000)
-    zmq_rt = zmq_round_trip(2000)
+    mwrt_rt = median_us(tiny.numpy, reps)
+    zmq_rt = zmq_round_trip(reps)
     rows = [("sync round trip, 4-element .numpy()", f"{mwrt_rt:.0f} µs",
              f"pyzmq DEALER/ROUTER {zmq_rt:.0f} µs", f"{mwrt_rt / zmq_rt:.2f}x", "≤ 1.2x")]
-    n = 200_000
     x = mwrt.zeros(16)
     mwrt.synchronize()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -258,7 +259,7 @@ def overhead_rows() -> list:
     t_done = time.perf_counter() - t0
     if x.numpy()[0] != n:
         raise SystemExit(f"bench_ops: wrong result {x.numpy()[0]} (expected {n})")
-    event_cpu = event_pair_cpu_us()
+    event_cpu = event_pair_cpu_us(n // 10)
     mwrt.shutdown()
     push = zmq_push_rate(n)
     rows.append(("ops issued per second, x += 1.0 (16 floats)", f"{n / t_issue:,.0f} /s",
@@ -286,18 +287,19 @@ def event_pair_cpu_us(n: int = 20_000) -> float:
     return cpu / n * 1e6
 
 
-def main(shm_only: bool = False) -> None:
-    """Every row; with `shm_only` (--shm), the same-host transfer rows alone."""
-    nbytes = 64 << 20
+def main(shm_only: bool = False, quick: bool = False) -> None:
+    """Every row; with `shm_only` (--shm), the same-host transfer rows alone; with `quick`
+    (--quick), 8 MiB and a tenth of the repetitions."""
+    nbytes = 8 << 20 if quick else 64 << 20
     handoff = shm_handoff_gbps(nbytes)  # before any mwrt thread
     fresh, warm = memcpy_gbps(nbytes, fresh=True), memcpy_gbps(nbytes)
     new_pages = new_pages_gbps(nbytes)
-    rows = [] if shm_only else overhead_rows()
+    rows = [] if shm_only else overhead_rows(200, 20_000) if quick else overhead_rows()
     if not shm_only:
-        rows += bulk_rows("tcp", [("raw socket", raw_socket_gbps(nbytes))])
+        rows += bulk_rows("tcp", [("raw socket", raw_socket_gbps(nbytes))], nbytes)
     rows += bulk_rows("shm", [("shared_memory handoff", handoff),
                               ("memcpy into np.empty", fresh), ("memcpy into warm", warm),
-                              ("memcpy into new pages", new_pages)])
+                              ("memcpy into new pages", new_pages)], nbytes)
     print(f"{'what':46} {'mwrt':>16}   {'baseline (same run)':32} {'ratio':>6}   goal")
     for row in rows:
         print(f"{row[0]:46} {row[1]:>16}   {row[2]:32} {row[3]:>6}   {row[4]}")
@@ -343,8 +345,8 @@ def graph_replay_rows(steps: int = 2000, width: int = 100) -> list:
              f"{replay[1] / 1e6:.2f}x")]
 
 
-def print_graph_replay() -> None:
-    for row in graph_replay_rows():
+def print_graph_replay(steps: int = 2000) -> None:
+    for row in graph_replay_rows(steps):
         print(f"{row[0]:46} {row[1]:>16}   {row[2]:30} {row[3]:>6}")
 
 
@@ -597,6 +599,6 @@ if __name__ == "__main__":
     if {"--fresh", "--round-trips", "--sklearn"} & set(sys.argv[1:]):
         print_fresh()
         raise SystemExit
-    main(shm_only="--shm" in sys.argv[1:])
+    main(shm_only="--shm" in sys.argv[1:], quick="--quick" in sys.argv[1:])
     if "--shm" not in sys.argv[1:]:
-        print_graph_replay()
+        print_graph_replay(200 if "--quick" in sys.argv[1:] else 2000)

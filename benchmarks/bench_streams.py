@@ -2,7 +2,8 @@
 
 The baseline for the event cost is the same op pair issued without events, in the same
 run; the overlap is the time of two matmuls on one stream over their time on two streams
-(BLAS limited to one thread per op, so two streams can use two cores).
+(BLAS limited to one thread per op, so two streams can use two cores). --quick: fewer
+repetitions and smaller matmuls, for a test that the script still runs.
 """
 
 from __future__ import annotations
@@ -72,19 +73,20 @@ def overlap(size: int = 1024, reps: int = 4) -> tuple[float, float]:
             statistics.median(timed(overlapped) for _ in range(3)))
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
     mwrt.init_master_worker(local_workers=1)
-    base, evented = event_overhead()
-    serial, overlapped = overlap()
+    base, evented = event_overhead(200) if quick else event_overhead()
+    size = 256 if quick else 1024
+    serial, overlapped = overlap(size) if quick else overlap()
     mwrt.shutdown()
     print(f"{'what':52} {'mwrt':>14}   {'baseline (same run)':>26}")
     print(f"{'op pair on 2 streams + record/wait_event':52} {evented:>11.1f} µs   "
           f"{'without events ' + f'{base:.1f} µs':>26}")
     print(f"{'  event overhead per pair':52} {evented - base:>11.1f} µs")
-    print(f"{'2x4 matmuls 1024^2 f32, two streams':52} {overlapped * 1e3:>11.1f} ms   "
+    print(f"{f'2x4 matmuls {size}^2 f32, two streams':52} {overlapped * 1e3:>11.1f} ms   "
           f"{'one stream ' + f'{serial * 1e3:.1f} ms':>26}")
     print(f"{'  overlap (serial / two streams)':52} {serial / overlapped:>13.2f}x")
 
 
 if __name__ == "__main__":
-    main()
+    main(quick="--quick" in sys.argv[1:])

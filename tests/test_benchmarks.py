@@ -15,9 +15,9 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("script, args", [
-    ("bench_ops.py", []),
-    ("bench_streams.py", []),
-    ("bench_channels.py", []),
+    ("bench_ops.py", ["--quick"]),
+    ("bench_streams.py", ["--quick"]),
+    ("bench_channels.py", ["--quick"]),
     ("bench_collectives.py", ["--quick", "--sizes", "4K", "--world", "2"]),
     ("bench_hosts.py", ["--quick"]),
     ("bench_scale.py", ["--quick"]),

@@ -33,8 +33,28 @@ ADDRESS = [None]
 
 @pytest.fixture
 def keyed(keyed_worker):
+    """A keyed daemon of the test's own, for a test that stops it to read its log."""
     ADDRESS[0] = keyed_worker[1]
     return keyed_worker
+
+
+@pytest.fixture(scope="module")
+def shared_keyed_daemon(tmp_path_factory):
+    """One keyed daemon for the tests that attack it and then check it serves on."""
+    worker_key, master_key = keygen(str(tmp_path_factory.mktemp("keys") / "k"))
+    process, address = start_worker("--key-file", worker_key)
+    yield process, address, master_key
+    mwrt.shutdown()
+    stop_worker(process)
+
+
+@pytest.fixture
+def served(shared_keyed_daemon):
+    """The module's keyed daemon, with no session of this master before and after the test."""
+    mwrt.shutdown()
+    ADDRESS[0] = shared_keyed_daemon[1]
+    yield shared_keyed_daemon
+    mwrt.shutdown()
 
 
 def test_keygen_writes_private_key_files(tmp_path):
@@ -49,8 +69,8 @@ def test_keygen_writes_private_key_files(tmp_path):
     assert again.returncode == 2 and "exists" in again.stderr
 
 
-def test_right_key_gets_in(keyed):
-    works(keyed[2])
+def test_right_key_gets_in(served):
+    works(served[2])
 
 
 def refusals(process) -> list[str]:
@@ -103,26 +123,26 @@ def test_wrong_or_stale_key_is_refused_and_logged(keyed, tmp_path, which):
     assert len(lines) == 1 and expected_log in lines[0], lines
 
 
-def test_plain_zmq_client_gets_nothing_and_daemon_serves_on(keyed):
+def test_plain_zmq_client_gets_nothing_and_daemon_serves_on(served):
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, b"intruder/tx")
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(keyed[1])
+    sock.connect(served[1])
     body = msgspec.msgpack.encode([[wire.code(wire.Hello), 1, "s", "intruder", 0]])
     sock.send_multipart([wire.encode_header(1), body])
     assert not sock.poll(1000)
     sock.close(0)
     ctx.term()
-    works(keyed[2])
+    works(served[2])
 
 
-def test_raw_tcp_garbage_on_the_command_port(keyed):
-    host, port = keyed[1][len("tcp://"):].rsplit(":", 1)
+def test_raw_tcp_garbage_on_the_command_port(served):
+    host, port = served[1][len("tcp://"):].rsplit(":", 1)
     for payload in (b"\x00" * 100, b"GET / HTTP/1.0\r\n\r\n", os.urandom(4096)):
         with socket.create_connection((host, int(port)), timeout=5) as conn:
             conn.sendall(payload)
-    works(keyed[2])
+    works(served[2])
 
 
 def test_non_loopback_bind_needs_a_key(tmp_path):
@@ -147,8 +167,8 @@ def test_unkeyed_daemon_does_not_run_shipped_code():
         stop_worker(process)
 
 
-def test_oversized_command_frame_is_refused_naming_the_limit(keyed):
-    mwrt.init_master_worker([keyed[1]], key=keyed[2])
+def test_oversized_command_frame_is_refused_naming_the_limit(served):
+    mwrt.init_master_worker([served[1]], key=served[2])
     x = mwrt.ones(2)
     node = x._node
     huge = "x" * (2 << 20)  # a 2 MiB string inside a command: over the 1 MiB frame limit
@@ -156,11 +176,11 @@ def test_oversized_command_frame_is_refused_naming_the_limit(keyed):
                          kwargs={}))
     with pytest.raises(mwrt.MwrtError, match="MWRT_MAX_FRAME_BYTES"):
         mwrt.synchronize()
-    assert keyed[0].poll() is None
+    assert served[0].poll() is None
 
 
-def test_oversized_tensor_is_refused_naming_the_limit(keyed):
-    mwrt.init_master_worker([keyed[1]], key=keyed[2])
+def test_oversized_tensor_is_refused_naming_the_limit(served):
+    mwrt.init_master_worker([served[1]], key=served[2])
     huge = mwrt.empty(1 << 40, dtype=np.uint8)  # 1 TiB: over MWRT_MAX_TENSOR_BYTES
     with pytest.raises(mwrt.RemoteError, match="MWRT_MAX_TENSOR_BYTES"):
         huge.numpy()

@@ -22,14 +22,21 @@ import mwrt
 COUNTED = ("ops", "bytes_in", "bytes_out")
 
 
-@pytest.fixture
-def worker():
-    """One separately started daemon (unkeyed, loopback): (process, HOST:PORT)."""
-    mwrt.shutdown()
+@pytest.fixture(scope="module")
+def daemon():
+    """One separately started daemon (unkeyed, loopback) for the module: (process, HOST:PORT);
+    its totals only grow, so the tests read what they did as differences."""
     process, address = start_worker()
     yield process, address.removeprefix("tcp://")
-    mwrt.shutdown()
     stop_worker(process)
+
+
+@pytest.fixture
+def worker(daemon):
+    """The module's daemon with no session of this master on it before and after the test."""
+    mwrt.shutdown()
+    yield daemon
+    mwrt.shutdown()
 
 
 def totals(node: int = 0) -> dict:
