@@ -390,6 +390,7 @@ def streams(four):
     return {n: (mwrt.Stream(node=n), mwrt.Stream(node=n)) for n in range(4)}
 
 
+@pytest.mark.slow  # 300 programs: 40-75 s on a shared 2-core machine
 @pytest.mark.timeout(max(600, EXAMPLES * 3))
 # no shrinking: a failure may leave the workers' collectives out of step (a known defect),
 # and every program after it would fail for that; the first failing program is short
