@@ -294,6 +294,29 @@ def test_module_optimizer_and_scheduler_step_as_local_torch(cluster, optimizer, 
         assert _bits(p.torch()) == _bits(q.detach()), name
 
 
+def test_a_captured_training_step_replays_as_local_torch_steps(cluster):
+    """Forward, backward and an SGD step captured once (nothing runs), replayed three times."""
+    torch.manual_seed(2)
+    local = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    remote = mwrt.torch.module(local, node=0)
+    opt = mwrt.torch.optim.SGD(remote.parameters(), lr=0.1)
+    xh, yh = mwrt.dist_send(x, node=0), mwrt.dist_send(y, node=0)
+    with mwrt.graph() as step:
+        loss = F.cross_entropy(remote(xh), yh)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    lopt = torch.optim.SGD(local.parameters(), lr=0.1)
+    for _ in range(3):
+        step.replay()
+        lloss = F.cross_entropy(local(x), y)
+        lopt.zero_grad()
+        lloss.backward()
+        lopt.step()
+        assert _bits(loss.torch()) == _bits(lloss.detach())
+
+
 def test_object_calls_are_refused_past_their_kinds(cluster):
     """torch.optim.load is no optimizer: the worker refuses to make it, naming what it makes."""
     with pytest.raises(RemoteError, match="not an optimizer or LR scheduler"):
