@@ -195,6 +195,24 @@ def test_async_issue_then_synchronize(cluster):
     np.testing.assert_array_equal(x.numpy(), np.full(4, 500.0, np.float32))
 
 
+def test_the_proposals_spellings_on_the_master(cluster):
+    """full() of a float is float32 like ones(), so they meet in a collective; t.matmul;
+    dist_send of a torch CPU tensor (where torch is installed) keeps it torch on the worker."""
+    assert mwrt.full(4, 3.0).dtype == np.float32 and mwrt.full(4, 3).dtype == np.int64
+    parts = [mwrt.ones(4, node=0), mwrt.full(4, 3.0, node=1)]
+    mwrt.all_reduce(parts)
+    assert parts[0].numpy().tolist() == [4.0] * 4
+    a = mwrt.dist_send(np.arange(4.0).reshape(2, 2))
+    np.testing.assert_array_equal(a.matmul(a).numpy(), np.arange(4.0).reshape(2, 2) @
+                                  np.arange(4.0).reshape(2, 2))
+    with pytest.raises(TypeError, match="expected a NumPy array or a CPU tensor"):
+        mwrt.dist_send([1, 2])
+    torch = pytest.importorskip("torch", reason="torch is only an optional extra")
+    t = mwrt.dist_send(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert t.kind == "torch" and t.dtype == torch.float32
+    assert t.numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
 def test_not_initialized_error():
     mwrt.shutdown()
     with pytest.raises(mwrt.MwrtError, match="init_master_worker"):
@@ -263,23 +281,3 @@ def test_a_master_makes_room_for_its_nodes(tmp_path):
                          timeout=120, env={**__import__("os").environ,
                                            "MWRT_STORE_MAX_CONNECTIONS": "4"})
     assert res.stdout.strip() == "24.0", res.stderr[-3000:]
-
-
-def test_the_proposals_spellings_on_the_master():
-    """full() of a float is float32 like ones(), so they meet in a collective; t.matmul;
-    dist_send of a torch CPU tensor (where torch is installed) keeps it torch on the worker."""
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=2, timeout=30)
-    assert mwrt.full(4, 3.0).dtype == np.float32 and mwrt.full(4, 3).dtype == np.int64
-    parts = [mwrt.ones(4, node=0), mwrt.full(4, 3.0, node=1)]
-    mwrt.all_reduce(parts)
-    assert parts[0].numpy().tolist() == [4.0] * 4
-    a = mwrt.dist_send(np.arange(4.0).reshape(2, 2))
-    np.testing.assert_array_equal(a.matmul(a).numpy(), np.arange(4.0).reshape(2, 2) @
-                                  np.arange(4.0).reshape(2, 2))
-    with pytest.raises(TypeError, match="expected a NumPy array or a CPU tensor"):
-        mwrt.dist_send([1, 2])
-    torch = pytest.importorskip("torch", reason="torch is only an optional extra")
-    t = mwrt.dist_send(torch.arange(6, dtype=torch.float32).reshape(2, 3))
-    assert t.kind == "torch" and t.dtype == torch.float32
-    assert t.numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
