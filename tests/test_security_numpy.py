@@ -243,6 +243,45 @@ def test_object_dtype_is_refused_by_name_before_anything_is_made(shared_daemon, 
         attacker.close()
 
 
+# The in-place op's arguments: Python objects, and places visited past the target's own.
+IN_PLACE = [
+    ("copyto", ((2**62,) * 2000 + (None,),), {}, "makes an array of Python objects"),
+    ("put", ((0, 1), (1, None)), {}, "makes an array of Python objects"),
+    ("putmask", (REF, (1.0, None)), {}, "makes an array of Python objects"),
+    # indices (1000, 1) along a (1, 65536) target: 65 million places, 500 MiB of float64
+    ("put_along_axis", (np.zeros((1000, 1), np.int64), 1.0), {"axis": 0},
+     "MWRT_MAX_TENSOR_BYTES"),
+    ("copyto", (np.zeros((1, 65536)),), {"where": np.ones((1000, 1), bool)},
+     "MWRT_MAX_TENSOR_BYTES"),
+]
+
+
+@pytest.mark.parametrize("path,args,kwargs,named", IN_PLACE,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(IN_PLACE)])
+def test_in_place_arguments_are_refused_before_anything_runs(shared_daemon, path, args,
+                                                             kwargs, named):
+    process, address = shared_daemon
+    attacker = Attacker(address, f"attacker-{next(SESSIONS)}")
+    try:
+        wide = wire.Ref(3)  # 512 KiB: a target the limit admits
+        assert isinstance(attacker.run([wire.Create(2, -1, 3, "zeros", (1, 65536), "<f8", -1,
+                                                    ())]), wire.Done)
+        target = REF if named.startswith("makes") else wide
+        before = status(process.pid, "VmHWM")
+        reply = attacker.run([wire.Call(5, -1, (), "numpy_", (target, path, *args), kwargs)])
+        assert isinstance(reply, wire.Failed), reply
+        assert f"np.{path}: " in reply.info["message"], reply.info
+        assert named in reply.info["message"], reply.info
+        assert status(process.pid, "VmHWM") - before < 32 * MiB
+        reply = attacker.run([wire.Call(6, -1, (), "numpy_", (wide, "put_along_axis",
+                                                              np.zeros((1, 4), np.int64), 2.0),
+                                        {"axis": 1})])  # the same, in bounds, runs
+        assert isinstance(reply, wire.Done), reply
+        assert isinstance(attacker.numpy("linalg.norm", REF), wire.Data)  # the session goes on
+    finally:
+        attacker.close()
+
+
 def test_object_tensors_are_refused_by_name_where_they_would_be_made(shared_daemon):
     _, address = shared_daemon
     attacker = Attacker(address, f"attacker-{next(SESSIONS)}")

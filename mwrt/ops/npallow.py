@@ -428,6 +428,23 @@ def _stand_in(value):
     return 0 if _is_array(value) else value
 
 
+def inplace_bytes(target, args: tuple, kwargs: dict) -> int:
+    """At most how many bytes an in-place function (IN_PLACE) makes beside its target: the
+    arrays of its inline arguments, and the places its arguments broadcast to past the
+    target's own (put_along_axis's indices (N, 1) along a (1, K) target visit N x K)."""
+    values = (*args, *kwargs.values())
+    inline = [v for v in values if type(v) is not Spec and isinstance(v, (np.ndarray, tuple,
+                                                                         list))]
+    try:
+        spread = math.prod(np.broadcast_shapes(*(_shape(v) for v in (target, *values)
+                                                 if _is_array(v) or isinstance(v, (tuple, list)))))
+    except (ValueError, TypeError):  # NumPy refuses these shapes itself, having made nothing
+        spread = 0
+    held = math.prod(target.shape) if _is_array(target) else 0
+    item = max(target.dtype.itemsize if _is_array(target) else WIDTH, 8)  # indices are intp
+    return (max(spread - held, 0) + sum(elements(v) for v in inline)) * item
+
+
 def result_bytes(path: str, args: tuple, kwargs: dict) -> int:
     """At most how many bytes np.<path>(*args, **kwargs) returns (Specs for tensors)."""
     bound = ALLOWED.get(path)

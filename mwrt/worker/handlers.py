@@ -86,6 +86,9 @@ def run_op(ex, op, cmd) -> None:
             table[out] = value
         return
     if not cmd.outs:  # in place, or out=: NumPy writes into tensors the master knows
+        if op.name == "numpy_":
+            quotas.check_inplace(ex.session.tensors, cmd.args, cmd.kwargs,
+                                 ex.device == arrays.HOST)
         op.impl(ex.xp, *args, **kwargs)
         return
     expected = _expected(ex, op, cmd, args)

@@ -162,6 +162,17 @@ def numpy_bytes(args: tuple, kwargs: dict) -> int:
     return sum(math.prod(s) for s in shapes) * npallow.width(rest, kwargs)
 
 
+def check_inplace(table: TensorTable, args: tuple, kwargs: dict, host: bool) -> None:
+    """Refuse the `numpy_` op's arguments (target, path, *rest) that make Python objects, or
+    (on the host) more memory beside the target than a tensor may take."""
+    args, kwargs = specs(table, args), specs(table, kwargs)
+    target, path, rest = args[0], f"{args[1]!s:.60}", args[2:]
+    npallow.refuse_objects(path, rest, kwargs)
+    if host:
+        check_bytes(npallow.inplace_bytes(target, rest, kwargs), f"np.{path}", table,
+                    "its arguments' arrays beside its target")
+
+
 def _spec_bytes(value) -> int:
     if type(value) is Spec:
         return math.prod(value.shape) * value.dtype.itemsize
