@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 ROOT = os.path.dirname(os.path.abspath(mwrt.__file__))
 _SAMPLES = {int: -7, str: "s", tuple: (1, (2, "x")), dict: {"k": (1,), "n": None}, bool: True,
             bytes: b"\x00\xff", float: 2.5, object: {"shape": (2, 3), "dtype": "<f4"},
-            tuple[int, ...]: (3, -1), tuple[str, ...]: ("a", "b"),
+            tuple[int, ...]: (3, -1), tuple[str, ...]: ("a", "b"), dict | None: {"over": "raise"},
             tuple[tuple[str, tuple[int, ...], int | None], ...]: (("<f4", (2, 3), 7),
                                                                    ("<i8", (), None))}
 COMMANDS = [cls for cls in wire.MESSAGES if cls.socket]
@@ -72,7 +72,8 @@ def test_arrays_arrive_as_tuples_at_every_depth(decode):
 def test_a_message_outside_the_fast_schema_decodes_as_before():
     """Fields the schema types narrowly (outs: tuple[int, ...]) still take what the field
     check takes (any tuple; a bool is an int), read by the field-by-field path."""
-    body = msgspec.msgpack.encode([[wire.code(wire.Call), True, -1, (True, "x"), "add", (), {}]])
+    body = msgspec.msgpack.encode([[wire.code(wire.Call), True, -1, (True, "x"), "add", (), {},
+                                    None]])
     for got in (wire.decode_body(body), list(wire.iter_body(body))):
         assert got == [wire.Call(True, -1, (True, "x"), "add", (), {})]
 

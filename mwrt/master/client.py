@@ -38,7 +38,7 @@ from ..protocol import auth, wire
 from ..protocol.refusals import listening, master_refusal
 from . import waits
 from .limits import Limits
-from .sites import cell_name, restore_places
+from .sites import cell_name, restore_places, warn_at_sites
 
 log = logging.getLogger("mwrt")
 
@@ -145,6 +145,7 @@ class Node:
         self.ids = cluster.ids
         self.tokens = itertools.count(1)
         self.replies: dict[int, tuple] = {}
+        self.warned: list = []  # (command id, text): NumPy's warnings on the worker, to issue
         self.sites: list = [None] * _SITES
         self.graph_sites: dict = {}  # command id -> its line, for the graphs defined here
         self.streams: set[int] = set()  # every stream this master has used on the node
@@ -350,6 +351,11 @@ class Node:
         site = self.graph_sites.get(command_id)
         return site if site is not None else site_text(self.sites[command_id & (_SITES - 1)])
 
+    def sites_of(self, command_id: int):
+        """The (code, line) that issued command `command_id`, or None if not remembered."""
+        site = self.sites[command_id & (_SITES - 1)]
+        return site if type(site) is tuple else None
+
     def known_streams(self) -> list[int]:
         """Streams used on this node so far."""
         return sorted(self.streams)
@@ -389,6 +395,9 @@ class Node:
                 raise
             reply, frames = self.replies.pop(token)
             self._raise_rejected()  # a refusal routed with the answer: it came first
+        if self.warned:  # outside the lock: a filter set to "error" raises here
+            warned, self.warned = self.warned, []
+            warn_at_sites(warned, self.sites_of)
         waits.LOG.note(self.index, what, began, time.time())
         if isinstance(reply, wire.Failed):
             raise self.remote_error(reply.info)
@@ -430,6 +439,9 @@ class Node:
             (reply,) = wire.decode_body(frames[1])
         except (wire.WireError, ValueError) as exc:
             log.error("%s: undecodable reply: %s", self, exc)
+            return
+        if type(reply) is wire.Warned:  # comes before the answer of its stream
+            self.warned.extend(reply.warnings)
             return
         if reply.token == -1 and isinstance(reply, wire.Failed):
             if reply.info.get("kind") == "unknown_session":

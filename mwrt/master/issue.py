@@ -25,6 +25,24 @@ from .handle import Handle
 from .mesh.placement import PlacementError
 
 _SCALARS = (int, float, bool, complex)
+_DEFAULT_FP = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}
+# NumPy 2 keeps its error state in a context variable: one read (60 ns) tells the default,
+# where np.geterr() builds a dict (1-7 us). Another NumPy: np.geterr() on every op.
+_FP_STATE = getattr(getattr(getattr(np, "_core", None), "_ufunc_config", None),
+                    "_extobj_contextvar", None)
+# The default's own object, if NumPy is at its default now (mwrt may be imported inside an
+# np.errstate): errstate and seterr make new ones, and leaving errstate restores this one.
+_FP_READ = _FP_STATE.get if _FP_STATE is not None else np.geterr
+_FP_DEFAULT = _FP_READ() if _FP_STATE is not None and np.geterr() == _DEFAULT_FP else None
+
+
+def fp_state() -> dict | None:
+    """NumPy's floating-point error state (np.geterr()) if not NumPy's default, else None:
+    the worker runs the op under it."""
+    if _FP_DEFAULT is not None and _FP_READ() is _FP_DEFAULT:
+        return None
+    state = np.geterr()
+    return None if state == _DEFAULT_FP else dict(state)
 
 
 def call(name: str, *args, **kwargs):
@@ -52,7 +70,7 @@ def call(name: str, *args, **kwargs):
         _share(name, args, outs)  # a view shares its base's record
     ordering.order(place, stream, now, False, written)
     node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),
-                         op=name, args=wire_args, kwargs=wire_kwargs))
+                         op=name, args=wire_args, kwargs=wire_kwargs, fp=fp_state()))
     if op.inplace:
         return None
     return outs[0] if type(result) is not tuple else tuple(outs)
@@ -124,7 +142,7 @@ def _call_out(name: str, args: tuple, kwargs: dict):
         ordering.use(tensor, stream, now, any(tensor is t for t in targets))
     wire_kwargs["out"] = tuple(t._ref for t in targets) if isinstance(out, tuple) else out._ref
     node.issue(wire.Call(id=now, stream=stream, outs=(), op=name, args=wire_args,
-                         kwargs=wire_kwargs))
+                         kwargs=wire_kwargs, fp=fp_state()))
     return out
 
 

@@ -11,6 +11,7 @@ import linecache
 import re
 import sys
 import types
+import warnings
 
 
 def cell_name(filename: str) -> str | None:
@@ -66,3 +67,21 @@ def restore_places(text: str) -> str:
                 continue
         out.append(line)
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+_REGISTRIES: dict[str, dict] = {}  # file -> the warnings registry of its lines (as a module's)
+
+
+def warn_at_sites(warned: list, site_of) -> None:
+    """Issue NumPy's warnings from a worker ((command id, text) pairs) as RuntimeWarnings
+    at the lines that issued the ops (`site_of(id)`: (code, line) or None), so that the
+    master's filters, pytest.warns and np.errstate see them as NumPy's own."""
+    for command_id, text in warned:
+        site = site_of(command_id)
+        if site is None:
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
+            continue
+        code, line = site
+        registry = _REGISTRIES.setdefault(code.co_filename, {})
+        warnings.warn_explicit(text, RuntimeWarning, code.co_filename, line,
+                               registry=registry)

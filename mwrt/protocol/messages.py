@@ -212,6 +212,8 @@ class Call(StreamCommand, tag=5, frozen=True):
     op: str
     args: tuple
     kwargs: dict
+    # NumPy's floating-point error state (np.geterr()) at issue, where not NumPy's default.
+    fp: dict | None = None
 
 
 class Remote(StreamCommand, tag=6, frozen=True):
@@ -430,6 +432,13 @@ class Failed(Reply, tag=27, frozen=True):
     """An error: `info` holds kind, message, node, device, stream, op, shapes, traceback."""
 
     info: dict
+
+
+class Warned(Reply, tag=39, frozen=True):
+    """Warnings NumPy gave on a stream's ops since its last answer, sent before that answer:
+    (command id, text) pairs; token is -2 (it answers no one)."""
+
+    warnings: tuple
 
 
 class Fired(Reply, tag=28, frozen=True):

@@ -33,7 +33,7 @@ _ARRAY_DTYPE = re.compile(r"[<>|=][biufcSUmM]\d{1,3}(\[\w+\])?\Z")
 _FIELDS = [cls.__struct_fields__ for cls in MESSAGES]
 # What each field must decode to: a command with a dict for a stream id is refused here,
 # not deep inside a handler.
-_TYPES = {float: (int, float)}
+_TYPES = {float: (int, float), dict | None: (dict, type(None))}
 _FIELD_TYPES = [tuple(_TYPES.get(f.type, get_origin(f.type) or f.type)
                       for f in msgspec.structs.fields(cls)) for cls in MESSAGES]
 

@@ -27,7 +27,7 @@ from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
 from ..protocol.refusals import RefusalLog
-from . import lifecycle, quotas, report, routes
+from . import fperrors, lifecycle, quotas, report, routes
 from .graphs import GraphDecoder
 from .handlers import quick_call
 from .session import HB, RX, TX, Session
@@ -119,6 +119,7 @@ class Daemon:
 
     def serve(self) -> None:
         """Run until stop() (or SIGTERM/SIGINT in the CLI)."""
+        fperrors.note_in_this_thread()  # short ops run here too
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.replies, zmq.POLLIN)

@@ -15,7 +15,7 @@ import traceback
 
 from .. import arrays
 from ..protocol import wire
-from . import handlers, report, routes, tensors
+from . import fperrors, handlers, report, routes, tensors
 from .compiled import Prepared
 
 log = logging.getLogger("mwrt.worker")
@@ -28,6 +28,7 @@ class StreamExecutor:
         self.session, self.id, self.device = session, stream_id, device
         self.xp = arrays.namespace(device)
         self.error: dict | None = None
+        self.warned: list = []  # (command id, text) NumPy warned of, for the next answer
         self.stopped = False
         self.pending = 0  # batches queued and not finished; changed under _lock
         # Batches queued, batches taken, and the last one mwrt.cancel() dropped (the rest of
@@ -81,6 +82,7 @@ class StreamExecutor:
 
     def _run(self) -> None:
         sock = self._reply_socket = self.session.daemon.reply_socket()
+        fperrors.note_in_this_thread()
         try:
             with arrays.use_device(self.device), self._device_stream():
                 while True:
@@ -164,6 +166,7 @@ class StreamExecutor:
         token = command.token if command.answered else -1
         report.note_error(self.session, info)
         if token >= 0:  # the master waits on this command's result: the error is its answer
+            self.send_warnings()
             self.reply(wire.Failed(token=token, info=info))
             return
         self.error = info
@@ -181,9 +184,17 @@ class StreamExecutor:
 
     def raise_sticky(self, token: int) -> bool:
         """At a sync point: report and clear the sticky error; True if there was one."""
+        if self.warned:
+            self.send_warnings()
         if self.error is None:
             return False
         info, self.error = self.error, None
         self.reply(wire.Failed(token=token, info=info))
         return True
 
+
+    def send_warnings(self) -> None:
+        """Send the warnings NumPy gave on this stream's ops, ahead of the answer that follows."""
+        if self.warned:
+            warned, self.warned = self.warned, []
+            self.reply(wire.Warned(token=-2, warnings=tuple(warned)))

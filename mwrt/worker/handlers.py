@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import arrays, config, ops, staging
 from ..protocol import wire
-from . import cuda_events, quotas
+from . import cuda_events, fperrors, quotas
 from .tensors import Poisoned, check_size, resolve, store
 
 
@@ -77,8 +77,25 @@ def call(ex, cmd, frames):
 
 
 def run_op(ex, op, cmd) -> None:
-    """Run Call `cmd` of registry op `op` (looked up once by a replayed graph); its results
-    must have the shapes and dtypes of the op's meta rule, as the master announced them."""
+    """Run Call `cmd` of registry op `op` (looked up once by a replayed graph) under the
+    master's floating-point error state, keeping the warnings NumPy noted for the master."""
+    try:
+        if cmd.fp is None:
+            _run_op(ex, op, cmd)
+        else:
+            with np.errstate(**fperrors.modes(cmd.fp)):
+                _run_op(ex, op, cmd)
+    finally:
+        if fperrors.NOTED:
+            fperrors.claim(ex.warned, cmd.id, cmd.op, _KEPT_WARNINGS)
+
+
+_KEPT_WARNINGS = 100  # per stream until its next answer: a loop that never syncs is bounded
+
+
+def _run_op(ex, op, cmd) -> None:
+    """Run Call `cmd`; its results must have the shapes and dtypes of the op's meta rule,
+    as the master announced them."""
     args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
     if op.own_results:  # torch's: checked by the op against torch's meta device
         table = ex.session.tensors

@@ -1,0 +1,47 @@
+"""NumPy's floating-point errors on a worker: the master's error state, and its warnings.
+
+An op runs under the error state the master had when it issued it (np.errstate), carried
+in its Call only when it differs from NumPy's default. Where NumPy would print a
+RuntimeWarning on the worker's stderr ("divide by zero encountered in divide"), where no
+one can catch or filter it, each thread that runs ops has NumPy call `_note` instead
+("call" mode); the executor keeps what an op met and sends it with the next answer of its
+stream, for the master to warn at the line that issued the op.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+_KINDS = ("divide", "over", "under", "invalid")
+# How the worker runs each of the master's modes: "warn" (and print, log, call, which act
+# on the master's side) becomes noted; "raise" and "ignore" are NumPy's own.
+_MODES = {"raise": "raise", "ignore": "ignore"}
+_PER_THREAD = 64  # warnings kept per thread until claimed: a bound, however many ops warn
+NOTED: dict[int, list] = {}  # thread id -> what NumPy met there ("divide by zero", ...)
+
+
+def _note(err: str, flag: int) -> None:
+    noted = NOTED.setdefault(threading.get_ident(), [])
+    if len(noted) < _PER_THREAD:
+        noted.append(err)
+
+
+def note_in_this_thread() -> None:
+    """Make NumPy note, not print, what it warns of in this thread (errstate is per thread)."""
+    np.seterr(divide="call", over="call", invalid="call")
+    np.seterrcall(_note)
+
+
+def modes(state: dict) -> dict:
+    """The master's error state (np.geterr()) as this worker runs it."""
+    return {kind: _MODES.get(state[kind], "call") for kind in _KINDS if kind in state}
+
+
+def claim(keep: list, command_id: int, op: str, limit: int) -> None:
+    """Move what NumPy noted in this thread to `keep`, as (command id, warning text)."""
+    noted = NOTED.pop(threading.get_ident(), None)
+    for err in noted or ():
+        if len(keep) < limit:
+            keep.append((command_id, f"{err} encountered in {op}"))

@@ -1,0 +1,91 @@
+"""NumPy's floating-point error state on remote tensors: np.errstate at the line that issues
+an op decides what the worker does, and the worker's warnings are the master's own."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from mwrt import RemoteError
+
+# A few elements run on the worker's socket thread, many on its stream's executor.
+SIZES = [2, 200_000]
+
+
+@pytest.fixture(scope="module")
+def mw(cluster):
+    return cluster
+
+
+def zero_and_one(mw, size):
+    host = np.zeros(size)
+    host[1] = 1.0
+    return mw.dist_send(host), host
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_errstate_raise_fails_at_the_sync_point_naming_the_op(mw, size):
+    x, host = zero_and_one(mw, size)
+    with np.errstate(divide="raise"):
+        y = x / 0
+    with pytest.raises(RemoteError, match="FloatingPointError: divide by zero") as raised:
+        y.numpy()
+    assert raised.value.op == "truediv" or "divide" in raised.value.op, raised.value.op
+    assert f"{__file__}:" in str(raised.value)  # the line that issued it
+    with np.errstate(all="ignore"):  # the stream runs again after reporting its error
+        np.testing.assert_array_equal((x / 0).numpy(), host / 0)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_workers_runtime_warning_is_issued_at_the_line_of_the_op(mw, size):
+    x, host = zero_and_one(mw, size)
+    with pytest.warns(RuntimeWarning) as record:
+        y = x / 0; line = sys._getframe().f_lineno  # noqa: E702 (the op's line)
+        got = y.numpy()
+    texts = sorted(str(w.message) for w in record)
+    assert any(t.startswith("divide by zero encountered") for t in texts), texts
+    assert any(t.startswith("invalid value encountered") for t in texts), texts  # 0 / 0
+    assert {(w.filename, w.lineno) for w in record} == {(__file__, line)}
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, host / 0)
+
+
+def test_errstate_ignore_gives_no_warning_and_numpys_values(mw):
+    x, host = zero_and_one(mw, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="ignore"):
+            y = x / 0
+            z = np.log(x - 1.0)
+        got, logs = y.numpy(), z.numpy()
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, host / 0)
+        np.testing.assert_array_equal(logs, np.log(host - 1.0))
+        assert got.dtype == (host / 0).dtype
+
+
+def test_the_masters_filters_decide(mw):
+    x, _ = zero_and_one(mw, 4)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message="divide by zero")
+        (x / 0).numpy()
+    assert [str(w.message).split(" encountered")[0] for w in record] == ["invalid value"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="(divide by zero|invalid value) encountered"):
+            (x / 0).numpy()
+
+
+def test_errstate_per_kind_only_what_differs(mw):
+    x, host = zero_and_one(mw, 4)
+    with np.errstate(divide="ignore", invalid="raise"):
+        y = x / 0
+    with pytest.raises(RemoteError, match="FloatingPointError: invalid value"):
+        y.numpy()
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        big = mw.dist_send(np.full(3, 1e308))
+        (big * 10.0).numpy()
