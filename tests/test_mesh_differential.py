@@ -152,10 +152,10 @@ class _Var:
     a replay writes the tensor, where NumPy's rebinds the name), it is a view (or a copy
     where NumPy views), it has views (no line writes it: a copy would not see it)."""
 
-    __slots__ = ("replayed", "view", "viewed")
+    __slots__ = ("placed", "replayed", "view", "viewed")
 
-    def __init__(self, replayed=False, view=False):
-        self.replayed, self.view, self.viewed = replayed, view, False
+    def __init__(self, replayed=False, view=False, placed=False):
+        self.replayed, self.view, self.viewed, self.placed = replayed, view, False, placed
 
     def plain(self) -> bool:
         return not (self.replayed or self.view)
@@ -171,7 +171,7 @@ def programs(draw, max_lines: int = 8):
     head, known = [], {}
     for i in range(draw(st.integers(1, 3))):
         head.append(_initial(draw, f"v{i}", mesh))
-        known[f"v{i}"] = _Var()
+        known[f"v{i}"] = _Var(placed="world.put" in head[-1])
     env = _numpy_env(head, [])
     lines: list[str] = []
     for _ in range(draw(st.integers(1, max_lines))):
@@ -299,10 +299,11 @@ def _reduction(draw, a: str, new: str) -> str:
 
 
 def _graph(draw, env: dict, known: dict, new: str):
-    """A captured block over variables that are not views (an elementwise line, then
-    perhaps an in-place one; or a reduction), replayed at once and by later lines."""
-    plain = [n for n in sorted(known) if not known[n].view and isinstance(env.get(n),
-                                                                          np.ndarray)]
+    """A captured block over variables placed by world.put (an elementwise line, then
+    perhaps an in-place one; or a reduction), replayed at once and by later lines. Not over
+    a Partial tensor: one made real after the capture is summed again by a replay (below)."""
+    plain = [n for n in sorted(known) if known[n].placed and not known[n].view and
+             isinstance(env.get(n), np.ndarray)]
     if not plain:
         return None, None, None
     a, b = draw(st.sampled_from(plain)), draw(st.sampled_from(plain))
@@ -436,7 +437,16 @@ FOUND = {
 }
 
 
-@pytest.mark.parametrize("what", FOUND)
+# Found and not fixed yet: an expected failure until its fix lands.
+FOUND["a Partial tensor made real after a graph's capture is read whole by its replays"] = (
+    "2", ["v0 = world.partial(np.arange(40).reshape(2, 5, 4))"],
+    ["g1 = world.graph(globals(), 'v1 = v0.mean(axis=0)')\ng1.replay()", "v2 = v0 < v0",
+     "g1.replay()"])
+KNOWN = {"a Partial tensor made real after a graph's capture is read whole by its replays"}
+
+
+@pytest.mark.parametrize("what", [pytest.param(k, marks=pytest.mark.xfail(
+    strict=True, reason="a replay sums the parts again")) if k in KNOWN else k for k in FOUND])
 def test_what_the_programs_found(meshes, streams, what):
     mesh, head, lines = FOUND[what]
     env = _numpy_env(head, lines)
