@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
+import mwrt
 from mwrt import RemoteError
 
 # A few elements run on the worker's socket thread, many on its stream's executor.
@@ -89,3 +90,16 @@ def test_errstate_per_kind_only_what_differs(mw):
     with pytest.warns(RuntimeWarning, match="overflow"):
         big = mw.dist_send(np.full(3, 1e308))
         (big * 10.0).numpy()
+
+
+def test_a_remote_functions_warning_is_issued_at_its_call(mw):
+    x, host = zero_and_one(mw, 4)
+    divide = mwrt.remote(lambda a: a / 0)
+    with pytest.warns(RuntimeWarning) as record:
+        y = divide(x); line = sys._getframe().f_lineno  # noqa: E702 (the call's line)
+        got = y.numpy()
+    assert sorted(str(w.message) for w in record) == [
+        "divide by zero encountered in remote", "invalid value encountered in remote"]
+    assert {(w.filename, w.lineno) for w in record} == {(__file__, line)}
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, host / 0)

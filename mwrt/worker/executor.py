@@ -157,6 +157,9 @@ class StreamExecutor:
             self.fail(command, self.describe(command, exc))
         finally:
             self.running = None
+            if fperrors.NOTED:  # a remote() function's, a collective's: as an op's
+                fperrors.claim(self.warned, command.id, handlers.op_name(command),
+                               handlers.KEPT_WARNINGS)
         if trace is not None:
             trace.append((self.device, self.id, handlers.op_name(command), start, time.time(),
                           handlers.arg_shapes(self, command)))

@@ -87,10 +87,10 @@ def run_op(ex, op, cmd) -> None:
                 _run_op(ex, op, cmd)
     finally:
         if fperrors.NOTED:
-            fperrors.claim(ex.warned, cmd.id, cmd.op, _KEPT_WARNINGS)
+            fperrors.claim(ex.warned, cmd.id, cmd.op, KEPT_WARNINGS)
 
 
-_KEPT_WARNINGS = 100  # per stream until its next answer: a loop that never syncs is bounded
+KEPT_WARNINGS = 100  # per stream until its next answer: a loop that never syncs is bounded
 
 
 def _run_op(ex, op, cmd) -> None:
