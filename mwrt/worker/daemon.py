@@ -55,6 +55,10 @@ def _check_socket(role: bytes, commands: list) -> None:
             raise WireError(f"wire: {type(command).__name__}.stream must be an int (got "
                             f"{command.stream!r:.40})")
 _RESUME_STEP = 4  # parked batches a session dispatches per turn of the socket loop
+# Fairness between masters: a turn of the loop reads at most _READ_COMMANDS commands, then
+# dispatches at most _TURN_COMMANDS of each session's, in turn; one master's flood delays
+# another's command by a few such slices, never by the whole flood.
+_READ_COMMANDS, _TURN_COMMANDS = 4096, 256
 
 
 
@@ -71,6 +75,8 @@ class Daemon:
                               "with `mwrt-worker keygen DIR`), or listen on 127.0.0.1")
         self.keys = keys
         self._more_parked = False  # sessions have parked batches left for the next turn
+        self._turns: deque[Session] = deque()  # sessions with commands in their inbox, in turn
+        self._read = 0  # commands read in this turn of the loop
         self.incarnation = uuid.uuid4().hex
         self.started = time.monotonic()
         self.context = zmq.Context()
@@ -136,11 +142,14 @@ class Daemon:
             # rest of a round trip on a VM, and a sync loop's next request comes within it.
             # Only while no stream runs an op: one would contend with the spin for the GIL.
             if not (ready and spin and self._streams_idle() and self._spin(spin, ready)):
-                ready = dict(poller.poll(0 if self._more_parked else 200))
+                ready = dict(poller.poll(0 if self._more_parked or self._turns else 200))
             if self.replies in ready:
                 self._drain(self.replies, self._forward, copy=False)
             if self.router in ready:
+                self._read = 0  # commands read: _on_message counts them, _drain stops past a bound
                 self._drain(self.router, self._on_message, copy=True)
+            if self._turns:
+                self._take_turns()
             if monitor in ready:
                 self.refusals.note(recv_monitor_message(monitor))
             if self.decoder.wakes in ready or self._more_parked:
@@ -228,6 +237,11 @@ class Daemon:
             if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
             handle(wire.recv_parts(sock) if copy else sock.recv_multipart(copy=False))
+            # A turn ends after so many commands or so long (a Replay is one command that
+            # runs many): the replies, and the other masters' slices, come next.
+            if self._read > _READ_COMMANDS:
+                self._read = 0
+                return
 
     def _forward(self, frames) -> None:
         self.router.send_multipart(frames, copy=False)
@@ -242,6 +256,7 @@ class Daemon:
                 raise WireError(f"wire: a message has at least 2 frames (got {len(frames) - 1})")
             seq = wire.decode_header(frames[1])
             commands = wire.decode_body(frames[2], self.max_frame)
+            self._read += len(commands)
             _check_socket(role, commands)
         except WireError as exc:
             self._log_rejection("rejected a message from %r: %s", identity[:40], exc)
@@ -306,8 +321,29 @@ class Daemon:
             return
         if session.parked is not None:  # behind a Replay whose graph is being decoded
             session.parked.append((commands, data))
-            return
-        self._dispatch(session, commands, data)
+        elif not self._turns and len(commands) <= _TURN_COMMANDS:
+            self._dispatch(session, commands, data)  # nobody waits: no queue
+        else:
+            if not session.inbox:
+                self._turns.append(session)
+            session.inbox.extend((commands[i:i + _TURN_COMMANDS], data)
+                                 for i in range(0, len(commands), _TURN_COMMANDS))
+
+    def _take_turns(self) -> None:
+        """Dispatch one slice of each waiting session's inbox, in turn (round-robin)."""
+        for _ in range(len(self._turns)):
+            session = self._turns.popleft()
+            if self.sessions.get(session.sid) is not session or session.closed:
+                session.inbox.clear()  # it ended
+                continue
+            commands, data = session.inbox.popleft()
+            self._dispatch(session, commands, data)
+            time.sleep(0)  # the GIL, to threads that wait for it (a Join, another's stream)
+            if session.parked is not None:  # a Replay waits for its graph: so does the rest
+                session.parked.extend(session.inbox)
+                session.inbox.clear()
+            elif session.inbox and self.sessions.get(session.sid) is session:
+                self._turns.append(session)
 
     def park(self, session, pending, replay) -> None:
         """Hold `session`'s commands from `replay` on until `pending` is decoded."""

@@ -6,6 +6,7 @@ import hashlib
 import os
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,7 @@ class Session:
         # While a Replay waits for its graph's decoding: what came after it, in order.
         self.parked: list | None = None
         self.waiting: Pending | None = None  # the graph's decoding it waits for
+        self.inbox: deque = deque()  # admitted slices of batches waiting for this session's turn
         self.lock = threading.Lock()
         self.last_seen = time.monotonic()
         self.last_seq = -1
