@@ -8,9 +8,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -71,6 +73,41 @@ def test_every_path_is_refused_without_the_token(board):
     assert code == 200 and b"mwrt dashboard" in page and token.encode() in page
     assert board.url.startswith("http://127.0.0.1:")  # loopback unless asked otherwise
     assert fetch(f"{base}/static/uplot.iife.min.js?token={token}")[0] == 200
+
+
+def test_idle_connections_take_a_bounded_number_of_threads(board, monkeypatch):
+    from mwrt.dashboard import server
+
+    base = board.url.split("/?")[0]
+    host, port = base[len("http://"):].rsplit(":", 1)
+
+    def idle(n: int) -> list:
+        return [socket.create_connection((host, int(port)), timeout=5) for _ in range(n)]
+
+    def served() -> bool:
+        try:
+            return fetch(board.url)[0] == 200
+        except OSError:  # closed at once while every slot is taken
+            return False
+
+    # Silent connections that stay: at most MAX_CONNECTIONS threads, not one each.
+    monkeypatch.setattr(server.Handler, "timeout", 60)
+    before, held = threading.active_count(), idle(120)
+    try:
+        time.sleep(1.0)  # every connection accepted (or closed) by now
+        assert threading.active_count() <= before + server.MAX_CONNECTIONS
+    finally:
+        for sock in held:
+            sock.close()
+    # And a silent connection gives its slot back after Handler.timeout: the page is served
+    # again while they are all still open.
+    monkeypatch.setattr(server.Handler, "timeout", 1.0)
+    held = idle(2 * server.MAX_CONNECTIONS)
+    try:
+        wait_for(served, "the page while idle connections hold every slot", 30)
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def test_state_has_the_workers_their_series_errors_and_timeline(board):

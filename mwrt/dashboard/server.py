@@ -22,6 +22,13 @@ TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 FILES = ("app.js", "app.css", "uplot.iife.min.js", "uplot.min.css")
 
 
+# At most this many connections are served at once, each thread for at most TIMEOUT seconds
+# of silence: idle connections (a stalled client, a port scan) cannot give the master a
+# thread each. A connection over the bound is closed at once; the page retries at its next
+# poll.
+MAX_CONNECTIONS = 32
+
+
 class Server(ThreadingHTTPServer):
     """Serves one History to whoever shows the token; stop with close()."""
 
@@ -29,6 +36,7 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, history: History, host: str, port: int, token: str):
         self.history, self.token = history, token
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__((host, port), Handler)
         self.thread = threading.Thread(target=self.serve_forever, name="mwrt-dashboard-http",
                                        kwargs={"poll_interval": 0.2}, daemon=True)
@@ -42,11 +50,29 @@ class Server(ThreadingHTTPServer):
             self.shutdown()
         self.server_close()
 
+    def process_request(self, request, client_address) -> None:
+        """A thread for the connection while a slot is free; else close it now."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
 
 class Handler(BaseHTTPRequestHandler):
     """GET only; the token from `?token=` or the `mwrt-token` header."""
 
     server: Server
+    timeout = 10  # seconds a connection may stay silent before its thread lets it go
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
