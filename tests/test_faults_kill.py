@@ -308,12 +308,31 @@ def _session_freed(process, after: int) -> bool:
     return process.log.read_text().count("freeing it") > after
 
 
+def _freed(process) -> int:
+    return process.log.read_text().count("freeing it")
+
+
+def _warm_up(pairs, keys) -> None:
+    """One session that comes and goes: a daemon makes some sockets at its first session
+    and keeps them for its life (3 eventfds), so descriptor counts start after it."""
+    mwrt.init_master_worker([a for _, a in pairs], key=keys[1], timeout=20)
+    mwrt.dist_send(np.ones(1 << 16), node=0).to(node=1).numpy()
+    mwrt.shutdown()
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
 @pytest.mark.parametrize("phase, sig", [
     *((phase, signal.SIGKILL) for phase in ("idle", "op", "put", "get", "move")),
     ("idle", signal.SIGTERM), ("put", signal.SIGTERM)], ids=lambda v: getattr(v, "name", v))
 def test_master_killed(workers, keys, phase, sig):
     pairs = workers(2)
+    _warm_up(pairs, keys)
     baseline = [fd_count(p.pid) for p, _ in pairs]
+    freed = [_freed(p) for p, _ in pairs]
     master = python(MASTER, phase, keys[1], *(a for _, a in pairs))
     try:
         line = read_line(master, 40)
@@ -323,7 +342,8 @@ def test_master_killed(workers, keys, phase, sig):
         os.kill(master.pid, sig)
         reap(master)
         for index, (process, _) in enumerate(pairs):
-            waited = wait_until(lambda: _session_freed(process, 0), LEASE + DETECT_WITHIN)
+            waited = wait_until(lambda: _session_freed(process, freed[index]),
+                                LEASE + DETECT_WITHIN)
             TALLY.fault(waited is not None, None if waited is None else
                         time.monotonic() - killed, hang=waited is None)
             assert waited is not None, f"worker {index} kept the dead master's session: " \
@@ -343,3 +363,39 @@ def test_master_killed(workers, keys, phase, sig):
             f"worker fds {fd_count(process.pid)}, were {before}: {fd_targets(process.pid)}"
     assert wait_until(lambda: not _segments_of(master.pid), 10) is not None, \
         f"the dead master's shm segments: {_segments_of(master.pid)}"
+
+
+def test_a_daemon_that_serves_many_killed_masters_stays_flat(workers, keys):
+    """Masters killed mid-op, one batch after another: the daemons' descriptors, shared-memory
+    segments and memory come back to what they were after their first session."""
+    pairs = workers(2)
+    _warm_up(pairs, keys)
+    fds = [fd_count(p.pid) for p, _ in pairs]
+    rss = [_rss_kib(p.pid) for p, _ in pairs]
+    phases = ["op", "put", "get", "move"]
+    for batch in range(4):
+        freed = [_freed(p) for p, _ in pairs]
+        masters = [python(MASTER, phase, keys[1], *(a for _, a in pairs)) for phase in phases]
+        try:
+            for master in masters:
+                assert read_line(master, 60).startswith("ready"), master.stderr.read()[-3000:]
+            time.sleep(0.2)
+            for master in masters:
+                os.kill(master.pid, signal.SIGKILL)
+        finally:
+            for master in masters:
+                if master.poll() is None:
+                    master.kill()
+                reap(master)
+        for (process, _), before in zip(pairs, freed):
+            assert wait_until(lambda: _freed(process) >= before + len(masters),
+                              LEASE + 2 * DETECT_WITHIN) is not None, \
+                f"batch {batch}: sessions not freed: {process.log.read_text()[-2000:]}"
+        segments = [n for m in masters for n in _segments_of(m.pid)]
+        assert wait_until(lambda: not any(_segments_of(m.pid) for m in masters), 10) \
+            is not None, f"batch {batch}: the dead masters' segments: {segments}"
+    for (process, _), before, kib in zip(pairs, fds, rss):
+        assert wait_until(lambda: fd_count(process.pid) <= before + 2, 30) is not None, \
+            f"worker fds {fd_count(process.pid)}, were {before}: {fd_targets(process.pid)}"
+        # Each master held 2 x 48 MiB on each daemon; 16 of them must not stay.
+        assert _rss_kib(process.pid) - kib < 256 << 10, (_rss_kib(process.pid), kib)
