@@ -138,8 +138,10 @@ def test_stats_count_waits_per_line(cluster):
     after = mwrt.stats()
     assert after["waits"] - before["waits"] == 4
     assert after["wait_seconds"] > before["wait_seconds"]
-    row = next(r for r in after["lines"] if r["call"] == "int()")
-    assert row["count"] >= 4 and "test_round_trips.py" in row["line"]
+    # The counts are the process's: other modules' lines may come first.
+    row = next(r for r in after["lines"]
+               if r["call"] == "int()" and "test_round_trips.py" in r["line"])
+    assert row["count"] >= 4
 
 
 @pytest.mark.parametrize("limit", ["0", "4096"])
