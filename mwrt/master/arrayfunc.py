@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import ops
 from ..ops import npfunc
-from .handle import Handle
+from .handle import Handle, check_same_place
 from .issue import call
 from .issue import call as _call
 from .mesh import dispatch, fallback, moves
@@ -215,12 +215,8 @@ def _one_place(label: str, value) -> list:
     found: list = []
     _walk(value, found.append)
     for tensor in found[1:]:
-        first = found[0]
-        if tensor._node is not first._node or tensor._device != first._device:
-            raise ValueError(
-                f"{label}: arguments live in different places (node {first._node.index} "
-                f"device {first._device} and node {tensor._node.index} device "
-                f"{tensor._device}); move them to one place with .to(node=, device=) first")
+        check_same_place(found[0], tensor, f"{label}: arguments",
+                         "move them to one place with .to(node=, device=) first")
     return found
 
 

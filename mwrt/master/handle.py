@@ -111,3 +111,11 @@ class Handle:
                 node.release(self._id, (self if owner is None else owner)._streams)
             except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
                 pass
+
+
+def check_same_place(first: Handle, other: Handle, what: str, fix: str) -> None:
+    """A ValueError naming both places unless `other` lives where `first` does."""
+    if other._node is not first._node or other._device != first._device:
+        raise ValueError(
+            f"{what} live in different places (node {first._node.index} device "
+            f"{first._device} and node {other._node.index} device {other._device}); {fix}")

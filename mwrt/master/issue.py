@@ -21,7 +21,7 @@ from .. import ops
 from ..ops import UNKNOWN
 from ..protocol import wire
 from . import context, ordering
-from .handle import Handle
+from .handle import Handle, check_same_place
 from .mesh.placement import PlacementError
 
 _SCALARS = (int, float, bool, complex)
@@ -241,12 +241,9 @@ def convert(value, place: list, name: str):
             raise PlacementError(f"{name}: a mesh tensor meets a tensor on one node; put that "
                                  "one on the mesh too (mwrt.dist_send(t.numpy(), mesh=m)), or "
                                  "take one of the mesh tensor's shards (t.shards()[i])")
-        if place and (place[0]._node is not value._node or place[0]._device != value._device):
-            first = place[0]
-            raise ValueError(
-                f"{name}: operands live in different places (node {first._node.index} "
-                f"device {first._device} and node {value._node.index} device "
-                f"{value._device}); move one with .to(node=, device=) first")
+        if place:
+            check_same_place(place[0], value, f"{name}: operands",
+                             "move one with .to(node=, device=) first")
         place.append(value)
         return _spec_of(value), value._ref
     if isinstance(value, (tuple, list)):

@@ -24,7 +24,7 @@ from ..ops import Spec, torchops
 from ..ops.torchops import TorchSpec
 from ..protocol import wire
 from . import context, ordering
-from .handle import Handle
+from .handle import Handle, check_same_place
 
 _NAMES: dict = {}  # torch function -> its qualified name, once checked
 _STARTED: weakref.WeakSet = weakref.WeakSet()  # the nodes sent a torch command
@@ -112,12 +112,9 @@ def _convert(value, place: list, name: str):
     """(value with handles as TorchSpecs, as the wire carries it, a key for the meta rule)."""
     kind = type(value)
     if isinstance(value, Handle) and value.holds_torch and value._mesh is None:
-        if place and (place[0]._node is not value._node or place[0]._device != value._device):
-            first = place[0]
-            raise ValueError(
-                f"{name}: operands live in different places (node {first._node.index} "
-                f"device {first._device} and node {value._node.index} device "
-                f"{value._device}); move one with .to(node=) or .dist_send(node=) first")
+        if place:
+            check_same_place(place[0], value, f"{name}: operands",
+                             "move one with .to(node=) or .dist_send(node=) first")
         place.append(value)
         return value._spec, value._ref, value._spec
     if kind in _SCALARS:
