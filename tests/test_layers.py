@@ -143,7 +143,7 @@ MASTER_LAYERS = [
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
                "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
                "mesh.slicing",
-               "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue"}),  # a handle's fields, and the ops, copies and moves it issues
+               "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.creation", "creation", "naming", "mesh.saving", "torchtensor",
                  "torchcreation", "torchmodule"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py

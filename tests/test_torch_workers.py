@@ -1,12 +1,14 @@
 """torch is the oracle: random torch programs run on local tensors and on torch handles.
 
 Hypothesis writes a short program, one line at a time, over variables holding float32,
-float64 and int64 tensors (some requiring grad): operators, torch's and F's functions,
-reductions, views, in-place ops (through views too), metadata changes (t_()), no_grad and
-detach; then, if a loss can be made, backward(). Each line runs on local torch first; a
+float64 and int64 tensors (some requiring grad) and local tensors (sent beside a handle):
+operators, torch's and F's functions, reductions, views, in-place ops (through views too),
+metadata changes (t_()), no_grad, detach and `.grad` reads; then, if a loss can be made,
+backward(). Each line runs on local torch first; a
 line torch refuses is dropped. The same text then runs with every variable a torch handle
 on one node, and every tensor is compared bit for bit: shape, dtype, strides,
-requires_grad, the values, and every leaf's gradient. A failure prints the program.
+requires_grad, the values, and every tensor's gradient (None where torch's is). A failure
+prints the program.
 
 TORCH_EXAMPLES=2000 pytest tests/test_torch_workers.py --hypothesis-seed=N runs more.
 """
@@ -17,6 +19,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -52,6 +55,10 @@ INPLACE = ["{a}.add_({s})", "{a}.mul_({b})", "{a}.zero_()", "{a}.clamp_(min=0)",
            "{a}.unsqueeze_(0)", "{a}[1:] += 1", "with torch.no_grad(): {a}.add_({s})",
            "{a}.requires_grad_()", "{a}.fill_({s})", "{a}.sub_({b}, alpha=2)"]
 SCALARS = ["2", "0.5", "-1", "3.0", "True", "1e-3"]
+# Local tensors, the same in both runs: beside a handle they are sent to its worker.
+LOCALS = {"c0": "torch.ones(3)", "c1": "torch.arange(6.0).reshape(2, 3)",
+          "c2": "torch.tensor(2.0, dtype=torch.float64)", "c3": "torch.tensor([1, -2, 3])",
+          "c4": "torch.full((2, 2, 2), 0.25)"}
 
 
 def _run(line: str, env: dict) -> None:
@@ -76,10 +83,15 @@ def programs(draw, max_lines: int = 8):
     names, lines = list(initial), []
     for _ in range(draw(st.integers(1, max_lines))):
         a, b = draw(st.sampled_from(names)), draw(st.sampled_from(names))
+        if draw(st.integers(0, 4)) == 0:
+            b = draw(st.sampled_from(sorted(LOCALS)))
         s = draw(st.sampled_from(SCALARS))
-        kind = draw(st.sampled_from(["binary", "function", "reduction", "view", "inplace"]))
+        kind = draw(st.sampled_from(["binary", "function", "reduction", "view", "inplace",
+                                     "grad"]))
         made = f"v{len(names)}"
-        if kind == "binary":
+        if kind == "grad":  # a .grad read: None until a backward reached it, as torch's
+            line, made = f"n{len(lines)} = {a}.grad is None", None
+        elif kind == "binary":
             line = f"{made} = {a} {draw(st.sampled_from(BINARY))} {draw(st.sampled_from([b, s]))}"
         elif kind == "inplace":
             line, made = draw(st.sampled_from(INPLACE)).format(a=a, b=b, s=s), None
@@ -107,11 +119,18 @@ def programs(draw, max_lines: int = 8):
 
 
 def _local(initial: dict, lines: list) -> dict:
-    env = {"torch": torch, "F": F}
+    env = _names()
     env.update({k: v.detach().clone().requires_grad_(v.requires_grad)
                 for k, v in initial.items()})
     for line in lines:
         _run(line, env)
+    return env
+
+
+def _names() -> dict:
+    """torch, F and fresh local tensors."""
+    env = {"torch": torch, "F": F}
+    env.update({k: eval(v, env) for k, v in LOCALS.items()})
     return env
 
 
@@ -148,6 +167,7 @@ def cluster():
 EXAMPLES = int(os.environ.get("TORCH_EXAMPLES", "60"))
 
 
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
 @pytest.mark.timeout(120 + 3 * EXAMPLES)  # about a second each on a loaded machine
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -156,16 +176,22 @@ def test_torch_programs_on_handles_equal_local_torch(cluster, program):
     initial, lines = program
     text = "\n".join(lines)
     local = _local(initial, lines)
-    env = {"torch": torch, "F": F}
+    env = _names()
     env.update({k: mwrt.dist_send(v.detach().clone().requires_grad_(v.requires_grad), node=0)
                 for k, v in initial.items()})
     for line in lines:
         _run(line, env)
     for name, value in local.items():
-        if isinstance(value, torch.Tensor) and name != "loss":
+        if name.startswith("n"):  # a .grad read's `is None`
+            assert env[name] == value, f"{name} differs after\n{text}"
+        if isinstance(value, torch.Tensor) and name != "loss" and name not in LOCALS:
             _same(name, value, env[name], text)
-            if value.is_leaf and value.grad is not None:
-                _same(f"{name}.grad", value.grad, env[name].grad, text)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a non-leaf's .grad: torch's warning
+                grads = value.grad, env[name].grad
+            assert (grads[0] is None) == (grads[1] is None), f"{name}.grad after\n{text}"
+            if grads[0] is not None:
+                _same(f"{name}.grad", grads[0], grads[1], text)
 
 
 # -- single behaviours --------------------------------------------------------------------
@@ -223,15 +249,111 @@ def test_errors_name_the_fix(cluster):
         a + mwrt.dist_send(torch.ones(3).numpy())
     with pytest.raises(TypeError, match="torch tensor meets a NumPy op"):
         np.exp(a)
-    with pytest.raises(TypeError, match="local torch tensor meets a torch handle"):
-        a + torch.ones(3)
+    with pytest.raises(TypeError, match="local tensor that requires grad meets a torch handle"):
+        a + torch.ones(3, requires_grad=True)
     with pytest.raises(ValueError, match=r"'torch\.load' is not a torch function"):
         mwrt.master.torchissue.torch_call(torch.load, (a,), {})
     with pytest.raises(TypeError, match="depends on the tensor's values"):
         a[a > 0]
-    g = mwrt.dist_send(torch.ones(2, requires_grad=True)).grad
-    with pytest.raises(RemoteError, match="no gradient"):
-        g.torch()
+
+
+def test_grad_is_none_until_a_backward_reaches_it_and_after_zero_grad(cluster):
+    """As torch's: None before any backward, a handle after, None again after zero_grad()
+    (set_to_none) and `w.grad = None`; a leaf the backward did not reach stays None."""
+    w = mwrt.dist_send(torch.ones(3, requires_grad=True), node=1)
+    unused = mwrt.torch.ones(3, node=1, requires_grad=True)
+    assert w.grad is None and unused.grad is None
+    (w * w).sum().backward()
+    assert torch.equal(w.grad.torch(), torch.full((3,), 2.0)) and unused.grad is None
+    opt = mwrt.torch.optim.SGD([w], lr=0.1)
+    opt.zero_grad(set_to_none=False)
+    assert torch.equal(w.grad.torch(), torch.zeros(3))
+    opt.zero_grad()
+    assert w.grad is None
+    w.grad = None
+    assert w.grad is None
+    model = mwrt.torch.module(torch.nn.Linear(3, 2), node=1)
+    assert all(p.grad is None for p in model.parameters())
+    model(mwrt.dist_send(torch.ones(4, 3), node=1)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    model.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+    h = w * 2
+    with pytest.warns(UserWarning, match="not a leaf"):
+        assert h.grad is None
+    h.retain_grad()
+    h.sum().backward()
+    assert torch.equal(h.grad.torch(), torch.ones(3))
+
+
+def test_only_the_named_inputs_get_grads(cluster):
+    a, b = (mwrt.dist_send(torch.ones(2, requires_grad=True)) for _ in range(2))
+    (a * b).sum().backward(inputs=[a])
+    assert a.grad is not None and b.grad is None
+    torch.autograd.backward([(a + b).sum()], inputs=[b])
+    assert torch.equal(b.grad.torch(), torch.ones(2))
+
+
+def test_writing_a_view_in_place_rebases_its_base_and_siblings(cluster):
+    """torch makes a no-grad base, and its other views, need grad when a view of it is
+    written with a tensor that needs grad; the master says so without asking."""
+    w = mwrt.dist_send(torch.ones(2, requires_grad=True))
+    base = mwrt.dist_send(torch.ones(3))
+    sibling, view = base[0], base[1:]
+    view.mul_(w)
+    lw, lbase = torch.ones(2, requires_grad=True), torch.ones(3)
+    lsibling, lview = lbase[0], lbase[1:]
+    lview.mul_(lw)
+    for remote, local in ((base, lbase), (sibling, lsibling), (view, lview)):
+        assert (remote.requires_grad, remote.is_leaf) == (local.requires_grad, local.is_leaf)
+    (base * 3).sum().backward()
+    (lbase * 3).sum().backward()
+    assert torch.equal(w.grad.torch(), lw.grad)
+
+
+def test_local_torch_tensors_are_sent_as_operands(cluster):
+    """A local tensor beside a handle goes to the handle's place, its values as they were at
+    the call (as NumPy operands go for NumPy handles); one that needs grad is refused."""
+    a = mwrt.dist_send(torch.arange(6.0).reshape(2, 3), node=1)
+    local = torch.ones(3)
+    assert torch.equal((a + local).torch(), torch.arange(6.0).reshape(2, 3) + 1)
+    assert torch.equal(torch.matmul(a, local).torch(), torch.tensor([3.0, 12.0]))
+    assert torch.equal((local * a).torch(), torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(torch.cat([torch.zeros(1, 3), a]).torch()[0], torch.zeros(3))
+    b = mwrt.torch.zeros(3, node=1)
+    b.copy_(local)
+    local.add_(1)  # after the call: the copy has the values it had then
+    assert torch.equal(b.torch(), torch.ones(3))
+    half = mwrt.dist_send(torch.ones(2, dtype=torch.bfloat16), node=1)
+    assert torch.equal((half + torch.ones(2, dtype=torch.bfloat16)).torch(),
+                       torch.full((2,), 2.0, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match=r"requires grad meets a torch handle.*dist_send"):
+        a + torch.ones(3, requires_grad=True)
+
+
+def test_a_graph_that_crosses_nodes_carries_its_gradient_back(cluster):
+    """b = h.to(node=1) needs grad on node 1; a backward there sends b's gradient to node 0
+    and runs the rest of the backward there, into a.grad, as one torch graph would."""
+    a0 = torch.arange(3.0, dtype=torch.float64, requires_grad=True)
+    a = mwrt.dist_send(a0.detach().clone().requires_grad_(), node=0)
+    h = a * 3
+    b, c = h.to(node=1), h.dist_send(node=1)  # two moves of one tensor: one backward home
+    assert (b.get_node(), b.requires_grad, b.is_leaf) == (1, True, False)
+    loss = (b * b).sum() + torch.tanh(c).sum()
+    loss.backward()
+    lh = a0 * 3
+    ((lh * lh).sum() + torch.tanh(lh).sum()).backward()
+    assert a.grad.get_node() == 0 and torch.equal(a.grad.torch(), a0.grad)
+    a.grad, a0.grad = None, None
+    there = (a.to(node=1) * 2).to(node=0)  # node 0 -> 1 -> 0
+    (there * there).sum().backward()
+    ((a0 * 2) * (a0 * 2)).sum().backward()
+    assert torch.equal(a.grad.torch(), a0.grad)
+    with torch.no_grad():
+        assert not a.to(node=1).requires_grad
+    w = mwrt.torch.module(torch.nn.Linear(3, 1).double(), node=1)
+    w(a.to(node=1)[None]).sum().backward()
+    assert a.grad is not None and all(p.grad is not None for p in w.parameters())
 
 
 @pytest.mark.slow

@@ -8,31 +8,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..arrays import HOST, as_shape
 from ..ops import torchops
 from . import context
 from .cluster import current
-from .mesh.creation import put_at
-from .torchissue import from_raw, torch_call
+from .torchissue import sent, torch_call
 from .torchtensor import TorchTensor, ready
 
 
 def put(tensor: Any, node: int | None = None, device: int | None = None,
         requires_grad: bool | None = None, **placement: Any) -> TorchTensor:
     """A local torch tensor copied to (node, device) as a torch tensor there."""
-    torch = ready()
+    ready()
     if placement.get("mesh") is not None or placement.get("shard") is not None:
         raise NotImplementedError("dist_send: torch tensors go to one node for now (got mesh= "
                                   "or shard=); send a NumPy array to a mesh instead")
     grad = tensor.requires_grad if requires_grad is None else requires_grad
-    host = tensor.detach().cpu().contiguous().clone()  # its values now, not at the flush
-    values = host.view(torch.int16) if host.dtype == torch.bfloat16 else host
     target = current().node(context.current_node() if node is None else node)
     device = target.check_device(context.current_device() if device is None else device)
-    raw = put_at(np.asarray(values.numpy()), target, HOST)
-    made: Any = from_raw(raw, str(host.dtype), grad, device, TorchTensor)
+    made: Any = sent(tensor, target, device, grad, TorchTensor)
     return made
 
 

@@ -23,7 +23,7 @@ from ..arrays import HOST
 from ..ops import Spec, torchops
 from ..ops.torchops import TorchSpec
 from ..protocol import wire
-from . import context, ordering
+from . import context, ordering, torchgrad, transfer
 from .handle import Handle, check_same_place
 
 _NAMES: dict = {}  # torch function -> its qualified name, once checked
@@ -56,8 +56,14 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
     `func` makes them on the meta device (remembered by `key`, else by `name`); `uses`:
     (handle, written) pairs it also uses (a module's, an optimizer's parameters)."""
     place: list = []
-    sargs, wargs, kargs = _convert(args, place, name)
-    skwargs, wkwargs, kkwargs = _convert(kwargs, place, name) if kwargs else ({}, {}, ())
+    try:
+        sargs, wargs, kargs = _convert(args, place, name)
+        skwargs, wkwargs, kkwargs = _convert(kwargs, place, name) if kwargs else ({}, {}, ())
+    except _Unplaced as exc:  # a local tensor came before any handle: send it to the first
+        place = [_first((args, kwargs, *(u[0] for u in uses)), exc.args[0])]
+        sargs, wargs, kargs = _convert(args, place, name)
+        skwargs, wkwargs, kkwargs = _convert(kwargs, place, name) if kwargs else ({}, {}, ())
+        del place[0]
     grad = _torch.is_grad_enabled()
     key = None if kargs is None or kkwargs is None else (key or name, grad, kargs, kkwargs)
     outcome = torchops.infer(name, func, grad, sargs, skwargs, key)
@@ -76,16 +82,58 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
         result = results(node, device, next(node.ids), spec, stream)  # type: ignore[misc]
         if view >= 0:
             ordering.share(result, place[view])
+            torchgrad.viewed(result)
         made.append(result)
     for index, spec in outcome.respec:
         place[index]._spec = spec
     written = (*outcome.written, *(len(place) + i for i, (_, w) in enumerate(uses) if w))
-    _issue(node, stream, [*place, *(u[0] for u in uses)], written, op,
-           (*prefix, grad, *wargs), wkwargs,
+    inputs = [*place, *(u[0] for u in uses)]
+    if grad:
+        torchgrad.record(inputs, made, outcome.outs, outcome.written)
+    _issue(node, stream, inputs, written, op, (*prefix, grad, *wargs), wkwargs,
            tuple(r._id for r, (_, same, _) in zip(made, outcome.outs) if same < 0))
+    if name in _BACKWARDS:
+        _backward(name, args, kwargs)
     if outcome.tree is None:
         return made[0] if made else None
     return torchops.unflatten(outcome.tree, iter(made))
+
+
+_BACKWARDS = frozenset(("torch.Tensor.backward", "torch.autograd.backward"))
+
+
+def _backward(name: str, args: tuple, kwargs: dict) -> None:
+    """A backward was issued: mark the leaves it fills, and carry the gradients of tensors
+    moved from other nodes back there."""
+    names = ("gradient", "retain_graph", "create_graph", "inputs")
+    named = {**dict(zip(names, args[1:])), **kwargs}
+    roots = args[0] if args else kwargs.get("tensors")
+    roots = list(roots) if isinstance(roots, (tuple, list)) else [roots]
+    inputs = named.get("inputs")
+    if inputs is not None:
+        inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+    crossed = torchgrad.backward(roots, inputs)
+    if crossed:
+        carry_back(crossed, bool(named.get("retain_graph") or named.get("create_graph")))
+
+
+def carry_back(crossed: list, retain: bool) -> None:
+    """Send the gradient each moved tensor received to the node it came from and run the
+    backward there, one per node, from all the tensors sent from it (one walk of its graph)."""
+    torch = _torch
+    get, put = torch.Tensor.grad.__get__, torch.Tensor.grad.__set__
+    homes: dict = {}
+    for node in crossed:
+        source, anchor, raw = node.cross
+        here = torch_call(get, (anchor,), {})
+        torch_call(put, (anchor, None), {})  # the next backward starts from nothing
+        sent = transfer.move(bits(here, raw), source._node.index, HOST)
+        home = from_raw(sent, str(here._spec.dtype), False, source._device, type(source))
+        sources, grads = homes.setdefault((source._node.index, source._device), ([], []))
+        sources.append(source)
+        grads.append(home)
+    for sources, grads in homes.values():
+        torch_call(torch.autograd.backward, (sources, grads), {"retain_graph": retain})
 
 
 def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs: dict,
@@ -111,6 +159,10 @@ def _name(func) -> str:
 def _convert(value, place: list, name: str):
     """(value with handles as TorchSpecs, as the wire carries it, a key for the meta rule)."""
     kind = type(value)
+    if kind is _torch.Tensor or kind is _torch.nn.Parameter:  # a local one: sent alongside
+        if not place:
+            raise _Unplaced(value)
+        value = _operand(value, place[0], name)
     if isinstance(value, Handle) and value.holds_torch and value._mesh is None:
         if place:
             check_same_place(place[0], value, f"{name}: operands",
@@ -150,30 +202,99 @@ def _convert_other(value, name: str):
                         "kinds is explicit: mwrt.dist_send(torch.from_numpy(t.numpy()), "
                         "node=...) for a torch handle, or t.numpy() of the torch one")
     if isinstance(value, torch.Tensor):
-        raise TypeError(f"{name}: a local torch tensor meets a torch handle (got "
-                        f"{value.dtype}{list(value.shape)} on the master); send it first: "
-                        "mwrt.dist_send(tensor, node=...)")
+        raise TypeError(f"{name}: a local {type(value).__name__} meets a torch handle; send "
+                        "it first: mwrt.dist_send(tensor, node=...)")
     if isinstance(value, (np.ndarray, np.generic)):
         return value, value, None
     raise TypeError(f"{name}: a {type(value).__name__} cannot be sent to a worker (got "
                     f"{value!r:.60}); pass numbers, tuples, slices, dtypes or torch handles")
 
 
+class _Unplaced(Exception):
+    """A local tensor operand met before the handle whose place it goes to."""
+
+
+def _first(value, local) -> Handle:
+    """The first torch handle in `value` (nested in tuples, lists and dicts)."""
+    kind = type(value)
+    if isinstance(value, Handle) and value.holds_torch and value._mesh is None:
+        return value
+    parts = value.values() if kind is dict else value if kind in (tuple, list) else ()
+    for part in parts:
+        found = _first(part, None)
+        if found is not None:
+            return found
+    if local is None:
+        return None  # type: ignore[return-value]
+    raise TypeError(f"torch: a local tensor ({local.dtype}{list(local.shape)}) has no torch "
+                    "handle beside it to say where it goes; send it with "
+                    "mwrt.dist_send(tensor, node=...)")
+
+
+def _operand(local, target: Handle, name: str) -> Handle:
+    """A local torch tensor operand, its values now, sent to where `target` lives (as a
+    NumPy handle's NumPy operands are)."""
+    if local.requires_grad:
+        raise TypeError(f"{name}: a local tensor that requires grad meets a torch handle (got "
+                        f"{local.dtype}{list(local.shape)}); its gradient could not come back "
+                        "to it: send it first (w = mwrt.dist_send(t, node=...)) and read "
+                        "w.grad")
+    on_gpu = target._device != HOST
+    if local.is_cuda != on_gpu and (local.is_cuda or local.dim() > 0):  # torch's own rule
+        where = "cpu" if not on_gpu else f"cuda:{target._device}"
+        raise ValueError(f"{name}: operands on different devices (got a local tensor on "
+                         f"{local.device} and a handle on node {target._node.index} {where}); "
+                         f"move the local one first (t.to({where!r}))")
+    return sent(local, target._node, target._device, False, type(target))
+
+
 # -- moving torch handles' values ------------------------------------------------------------
 
-def from_raw(raw: Handle, dtype: str, grad: bool, device: int, results: type) -> Handle:
+def sent(local, node, device: int, grad: bool, results: type) -> Handle:
+    """A local torch tensor copied to (node, device), its values now, as a torch handle (of
+    class `results`) that needs grad if `grad`."""
+    torch = ready()
+    host = local.detach().cpu().contiguous().clone()  # its values now, not at the flush
+    values = host.view(torch.int16) if host.dtype == torch.bfloat16 else host
+    array = np.asarray(values.numpy())
+    stream = context.stream_for(node.index, HOST)
+    raw = Handle(node, HOST, next(node.ids), Spec(array.shape, array.dtype), stream)
+    transfer.send(raw, array)
+    return from_raw(raw, str(host.dtype), grad, device, results)
+
+
+def from_raw(raw: Any, dtype: str, grad: bool, device: int, results: type) -> Handle:
     """A torch handle (of class `results`) of a NumPy handle's bytes, on `device` of its
     node."""
     torch = ready()
     node = raw._node
     stream = context.stream_for(node.index, device)
-    shape = tuple(raw.spec.shape)
+    shape = tuple(raw._spec.shape)
     meta = torch.empty(shape, dtype=torchops.objects()[dtype], device="meta")
     spec: Any = TorchSpec(shape, meta.dtype, meta.stride(), grad, True)
     out = results(node, device, next(node.ids), spec, stream)
     place = "cpu" if device == HOST else f"cuda:{device}"
     _issue(node, stream, [raw], (), "torch_from", (raw._ref, dtype, grad, place), {},
            (out._id,))
+    return out
+
+
+def arrive(raw: Any, source: Any, device: int, raw_class: type) -> Handle:
+    """A torch handle of the bytes of torch handle `source` moved to another node (`raw`, a
+    NumPy handle there): it needs grad, and a backward reaching it carries its gradient back
+    to `source` (see carry_back); `raw_class` makes the NumPy handles that carry it."""
+    node, torch = raw._node, ready()
+    stream = context.stream_for(node.index, device)
+    shape, dtype = tuple(raw._spec.shape), source._spec.dtype
+    made = type(source)
+    anchor = made(node, device, next(node.ids),
+                  TorchSpec(shape, dtype, (0,) * len(shape), True, True), stream)
+    stride = torch.empty(shape, dtype=dtype, device="meta").stride()
+    out = made(node, device, next(node.ids), TorchSpec(shape, dtype, stride, True, False), stream)
+    place = "cpu" if device == HOST else f"cuda:{device}"
+    _issue(node, stream, [raw], (), "torch_arrive", (raw._ref, str(dtype), place), {},
+           (anchor._id, out._id))
+    out._autograd = torchgrad.Node((), False, (source, anchor, raw_class))
     return out
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..arrays import HOST
 from ..ops import torchops
-from . import context
+from . import context, torchgrad
 from .cluster import current
 from .remote import RemoteFunction, by_value
 from .tensor import DistributedTensor
@@ -85,6 +85,9 @@ class RemoteModule:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear its parameters' gradients on the worker."""
         self._call("zero_grad", _nothing, (), {"set_to_none": set_to_none}, written=True)
+        if set_to_none:
+            for p in self._params:
+                torchgrad.set_filled(p, False)
 
     def state_dict(self) -> dict:
         """Its parameters' values as local torch tensors (a sync point)."""
@@ -116,6 +119,9 @@ class RemoteOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the parameters' gradients on the worker."""
         self._call("zero_grad", (), {"set_to_none": set_to_none})
+        if set_to_none:
+            for p in self.params:
+                torchgrad.set_filled(p, False)
 
     def _call(self, method: str, args: tuple, kwargs: dict | None = None) -> None:
         uses = ((self.handle, True), *((p, True) for p in self.params))

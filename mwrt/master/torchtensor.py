@@ -11,15 +11,16 @@ torch before then.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..arrays import HOST
-from . import transfer
+from . import torchgrad, transfer
 from .tensor import DistributedTensor
-from .torchissue import bits, from_raw, torch_call
+from .torchissue import arrive, bits, from_raw, torch_call
 from .torchissue import ready as torch_ready
 
 
@@ -27,7 +28,7 @@ class TorchTensor(DistributedTensor):
     """A handle to a torch tensor on (node, device); torch's functions and methods on it run
     on that worker."""
 
-    __slots__ = ()
+    __slots__ = ("_autograd", "_views")  # the master's autograd node; a base's views
     holds_torch = True
     kind = "torch"  # a property on NumPy and CuPy handles
     if TYPE_CHECKING:
@@ -66,15 +67,23 @@ class TorchTensor(DistributedTensor):
 
     @property
     def grad(self) -> TorchTensor | None:
-        """Its gradient on the worker (a handle), None for a tensor that does not require grad;
-        a handle read before any backward reached it fails on use, naming that."""
-        if not self._spec.requires_grad:
+        """Its gradient on the worker (a handle); None, as torch's, until a backward reached
+        it (the master follows the graph's shape: no wait) and after zero_grad()."""
+        if not torchgrad.filled(self):
+            if not self._spec.leaf:
+                warnings.warn(_NOT_LEAF, UserWarning, stacklevel=2)
             return None
         return torch_call(_torch().Tensor.grad.__get__, (self,), {})
 
     @grad.setter
     def grad(self, value: Any) -> None:
         torch_call(_torch().Tensor.grad.__set__, (self, value), {})
+        torchgrad.set_filled(self, value is not None)
+
+    def retain_grad(self) -> None:
+        """A backward fills this non-leaf's .grad too (torch's retain_grad())."""
+        torch_call(_torch().Tensor.retain_grad, (self,), {})
+        torchgrad.retain(self)
 
     @property
     def device(self) -> Any:
@@ -176,11 +185,14 @@ class TorchTensor(DistributedTensor):
         return self._on(0 if device is None else device)
 
     def _moved(self, node: int, device: int, *args: Any, **kwargs: Any) -> Any:
-        """A copy on another node (worker to worker, as its bytes); a leaf there: autograd
-        does not follow a tensor across nodes."""
+        """A copy on another node (worker to worker, as its bytes); if this one needs grad
+        (and grad is enabled), a backward there carries its gradient back here."""
         raw = transfer.move(bits(self, DistributedTensor), node, HOST)
-        moved: Any = from_raw(raw, str(self._spec.dtype), self._spec.requires_grad, device,
-                         TorchTensor)
+        moved: Any
+        if self._spec.requires_grad and _torch().is_grad_enabled():
+            moved = arrive(raw, self, device, DistributedTensor)
+        else:
+            moved = from_raw(raw, str(self._spec.dtype), False, device, TorchTensor)
         return moved.to(*args, **kwargs) if args or kwargs else moved
 
     def _on(self, device: int) -> Any:
@@ -212,6 +224,11 @@ def install_methods(cls: type, call: Callable) -> None:
         setattr(cls, name, property(_getter(getattr(torch.Tensor, name).__get__, call),
                                     doc=f"torch.Tensor.{name}, on the tensor's worker."))
 
+
+_NOT_LEAF = ("The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its "
+             ".grad attribute won't be populated during autograd.backward(). If you indeed "
+             "want the .grad field to be populated for a non-leaf Tensor, use .retain_grad() "
+             "on the non-leaf Tensor.")  # torch's own warning
 
 # Answered on the master, or meaningless for a remote tensor; properties run remotely.
 _OWN = frozenset({"__repr__", "__format__", "__hash__", "__iter__", "__bool__", "__float__",

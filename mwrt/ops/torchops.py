@@ -253,10 +253,30 @@ def _grads(args: tuple, kwargs: dict) -> Outcome:
 
 
 def _grad_of(args: tuple, kwargs: dict) -> Outcome:
-    """t.grad: a tensor of t's metadata that needs no grad (the meta device has no grads)."""
+    """t.grad: a tensor of t's metadata that needs no grad (the meta device has no grads);
+    contiguous where t's layout overlaps or has gaps, as autograd's layout contract says."""
     s = args[0]
-    return Outcome(((TorchSpec(s.shape, s.dtype, s.stride, False, True), -1, -1),), (), (),
+    stride = s.stride if _dense(s.shape, s.stride) else _contiguous(s.shape)
+    return Outcome(((TorchSpec(s.shape, s.dtype, stride, False, True), -1, -1),), (), (),
                    None, None)
+
+
+def _dense(shape: tuple, stride: tuple) -> bool:
+    """Whether strides lay the elements out without overlap or gaps (in some order)."""
+    expected = 1
+    for size, step in sorted((p for p in zip(shape, stride) if p[0] != 1), key=lambda p: p[1]):
+        if step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _contiguous(shape: tuple) -> tuple:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(stride))
 
 
 _RULES = {"torch.autograd.grad": _grads, "torch.Tensor.grad.__get__": _grad_of}
@@ -370,6 +390,29 @@ def _from(xp, array, dtype: str, requires_grad: bool, device: str) -> list:
     return [made.requires_grad_(requires_grad)]
 
 
+_ARRIVAL: list = []  # the autograd Function of tensors received from another node, once made
+
+
+def _arrive(xp, array, dtype: str, device: str) -> list:
+    """A tensor of a NumPy array's bytes received from another node, which needs grad: its
+    gradient goes to `anchor`, a leaf of its shape on one element of memory, from where the
+    master sends it to the sender (mwrt.master.torchissue.carry_back)."""
+    torch = torch_module()
+    if not _ARRIVAL:
+        class Arrival(torch.autograd.Function):  # type: ignore[name-defined]  # torch: imported now
+            @staticmethod
+            def forward(ctx, anchor, array, dtype, device):  # made here: not a view of anchor
+                return _from(None, array, dtype, False, device)[0]
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad, None, None, None
+        _ARRIVAL.append(Arrival)
+    anchor = torch.empty_strided(array.shape, (0,) * array.ndim, dtype=objects()[dtype],
+                                 device=device).requires_grad_()
+    return [anchor, _ARRIVAL[0].apply(anchor, array, dtype, device)]
+
+
 def _bits(xp, t):
     """A torch tensor's values as a NumPy array (a dtype NumPy lacks as same-sized ints)."""
     torch = torch_module()
@@ -449,6 +492,8 @@ register("torch", _call, lambda *args, **kwargs: None, own_results=True,
          doc="torch's function of that qualified name, on the tensor's worker.")
 register("torch_from", _from, lambda *args, **kwargs: None, own_results=True,
          doc="A torch tensor of a NumPy array's bytes.")
+register("torch_arrive", _arrive, lambda *args, **kwargs: None, own_results=True,
+         doc="A tensor received from another node whose gradient goes back there.")
 register("torch_new", _new, lambda *args, **kwargs: None, own_results=True,
          doc="An optimizer or LR scheduler of torch.optim on the worker.")
 register("torch_method", _method, lambda *args, **kwargs: None, own_results=True,

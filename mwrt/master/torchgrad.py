@@ -1,0 +1,132 @@
+"""Autograd's graph as the master sees it: which leaves a backward fills.
+
+torch computes the gradients on the worker; the master keeps only the graph's shape, as
+torch's grad_fn and AccumulateGrad do, so that `w.grad` is None, as torch's, until a
+backward reached `w` (and again after zero_grad()) without asking the worker. Each torch
+handle that requires grad has a Node: a leaf's own, a result's naming its inputs' nodes. An
+in-place op gives the written tensor a new node, and the other tensors of its storage too:
+torch rebases the history of a base and its views when one of them is written. A backward
+walks the nodes from its roots and marks the leaves it reaches; a node that stands for a
+tensor moved from another node (`.to(node=)`) is handed back to the caller, which sends
+its gradient home (see torchissue.carry_back).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+
+class Node:
+    """One node of the master's copy of the autograd graph."""
+
+    __slots__ = ("parents", "keeps", "filled", "cross")
+
+    def __init__(self, parents: tuple = (), keeps: bool = False, cross: Any = None):
+        self.parents = parents  # the nodes its gradient flows on to
+        self.keeps = keeps  # a leaf's (or retain_grad()'s): a backward fills its .grad
+        self.filled = False  # its .grad is set on the worker
+        self.cross = cross  # (source, anchor, raw class): a tensor moved here from another node
+
+
+def node_of(tensor: Any) -> Node | None:
+    """The node of `tensor` now (a leaf's made on first use), None if it needs no grad."""
+    spec = tensor._spec
+    if not getattr(spec, "requires_grad", False):  # a module's handle has no TorchSpec
+        return None
+    node = getattr(tensor, "_autograd", None)
+    if node is None or (spec.leaf and not node.keeps):
+        node = tensor._autograd = Node((), spec.leaf)
+    return node
+
+
+def filled(tensor: Any) -> bool:
+    """Whether a backward (or an assignment) set `tensor`'s .grad since it was last cleared."""
+    node = getattr(tensor, "_autograd", None)
+    return node is not None and node.filled
+
+
+def set_filled(tensor: Any, value: bool) -> None:
+    """`tensor.grad = value` (or zero_grad(set_to_none=True) when False)."""
+    node = getattr(tensor, "_autograd", None)
+    if node is None:
+        if not value:
+            return
+        node = tensor._autograd = Node((), tensor._spec.leaf)
+    node.filled = value
+
+
+def retain(tensor: Any) -> None:
+    """retain_grad(): a backward fills this non-leaf's .grad too."""
+    node = node_of(tensor)
+    if node is not None:
+        node.keeps = True
+
+
+def viewed(view: Any) -> None:
+    """`view` shares its storage with its base's: kept for the rebase an in-place op makes."""
+    owner = view._base
+    views = getattr(owner, "_views", None)
+    if views is None:
+        views = owner._views = []
+    elif len(views) >= 64 and len(views) & (len(views) - 1) == 0:  # dead ones, now and then
+        views[:] = [v for v in views if v() is not None]
+    views.append(weakref.ref(view))
+
+
+def record(inputs: list, made: list, outs: tuple, written: tuple) -> None:
+    """An op ran with grad enabled: its new results that need grad get a node of `inputs`';
+    each input it `written` gets one too, with the rest of its storage."""
+    parents: tuple | None = None
+    for tensor, (spec, same, _) in zip(made, outs):
+        if same < 0 and spec.requires_grad and not spec.leaf:
+            if parents is None:
+                parents = _parents(inputs)
+            tensor._autograd = Node(parents)
+    for index in written:
+        tensor = inputs[index]
+        spec = tensor._spec
+        if spec.requires_grad and not spec.leaf:
+            if parents is None:
+                parents = _parents(inputs)
+            node = tensor._autograd = Node(parents)
+            _rebase(tensor, node)
+
+
+def _parents(inputs: list) -> tuple:
+    return tuple(n for n in map(node_of, inputs) if n is not None)
+
+
+def _rebase(written: Any, node: Node) -> None:
+    """The base and the other views of `written`'s storage now lead to `node` too, and need
+    grad (torch makes them non-leaves, as it rebases their history)."""
+    owner = written._base if written._base is not None else written
+    members = [owner, *(v() for v in getattr(owner, "_views", None) or ())]
+    for member in members:
+        if member is None or member is written:
+            continue
+        spec = member._spec
+        old = node_of(member)
+        if not spec.requires_grad or spec.leaf:
+            member._spec = spec._replace(requires_grad=True, leaf=False)
+        member._autograd = Node((node,) if old is None else (old, node))
+
+
+def backward(roots: list, inputs: list | None) -> list:
+    """Mark the leaves a backward from `roots` fills (only `inputs`' if given); returns the
+    nodes it reached that stand for tensors moved from another node."""
+    wanted = None if inputs is None else {id(n) for n in map(node_of, inputs) if n}
+    stack = [n for n in map(node_of, roots) if n is not None]
+    seen: set = set()
+    crossed = []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.keeps if wanted is None else id(node) in wanted:
+            node.filled = True
+        if node.cross is not None:
+            crossed.append(node)
+        stack.extend(node.parents)
+    return crossed if inputs is None else []
