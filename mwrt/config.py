@@ -31,6 +31,13 @@ def _host_ram() -> int:
         return 1 << 36
 
 
+def _cpus() -> int:
+    """CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def stream_capacity() -> int:
     """Streams a worker can run at once: each holds a ZeroMQ socket (1,023 per context by
     default) and a file descriptor; a quarter of the fds stay for connections and files."""
@@ -109,6 +116,13 @@ SETTINGS = {
     "session_streams": Setting("MWRT_SESSION_STREAMS", stream_capacity() // 4, int,
                                "streams (a thread and a socket each) one master may open on a "
                                "worker (default: a quarter of what its fd limit allows)"),
+    "worker_slots": Setting("MWRT_WORKER_SLOTS", max(_cpus(), 2), int,
+                            "ops (host ops and remote() functions) a worker runs at once "
+                            "for all its masters, handed round-robin between masters "
+                            "(default: its CPUs, at least 2)"),
+    "turn_wait": Setting("MWRT_TURN_WAIT", 10.0, float,
+                         "seconds an op waits for one of MWRT_WORKER_SLOTS before it runs "
+                         "anyway"),
     "session_inflight_bytes": Setting("MWRT_SESSION_INFLIGHT_BYTES", 1 << 30, int,
                                       "bytes of received commands a worker queues for one "
                                       "master before it refuses more"),

@@ -90,3 +90,46 @@ def test_a_flood_of_event_waits_does_not_hold_another_masters_ops(worker):
         flood.kill()
         flood.wait(30)
         flood.stdout.close()
+
+
+STREAMS, LONG_OPS = 8, 40  # per stream
+LONG = textwrap.dedent(f"""
+    import sys, numpy as np, mwrt
+    mwrt.init_master_worker([sys.argv[1]], key=sys.argv[2])
+    streams = [mwrt.Stream() for _ in range({STREAMS})]
+    def work(x):  # about 30 ms of one core, holding the GIL throughout
+        return x + sum(range(1_500_000))
+    long = mwrt.remote(work)
+    xs = []
+    for s in streams:
+        with mwrt.stream(s):
+            xs.append(mwrt.dist_send(np.zeros(4)))
+    mwrt.synchronize()
+    print("flooding", flush=True)
+    kept = []  # no frees among the flood's commands: the worker's count is of its ops
+    for _ in range({LONG_OPS}):
+        for s, x in zip(streams, xs):
+            with mwrt.stream(s):
+                kept.append(long(x))
+    mwrt.synchronize()
+    print("drained", flush=True)
+""")
+
+
+def test_a_flood_of_long_ops_on_many_streams_does_not_hold_another_masters_op(keyed_worker):
+    """Eight streams of long ops take at most a few of the worker's slots at once; the slots
+    go round-robin between masters, so another master's Hello and small op come in between."""
+    _, address, key = keyed_worker
+    flood = _flooding(LONG, address, key)
+    try:
+        mwrt.init_master_worker([address], key=key)
+        t = mwrt.dist_send(np.arange(5.0))
+        assert float(mwrt.remote(lambda a: a.sum())(t)) == 10.0  # a stream op: it takes a turn
+        sessions = mwrt.status()[0]["worker"]["sessions"]
+        flooding = [s for s in sessions if s["master"].endswith(f":{flood.pid}")]
+        assert flood.poll() is None and len(flooding) == 1, "the flood drained first"
+        assert flooding[0]["ops"] < STREAMS * LONG_OPS // 4, flooding[0]  # far from drained
+    finally:
+        flood.kill()
+        flood.wait(30)
+        flood.stdout.close()

@@ -21,10 +21,12 @@ from .tensors import Poisoned, ref_ids
 class Prepared:
     """One stream's share of a replay: its commands, and a step per command."""
 
-    __slots__ = ("commands", "steps")
+    __slots__ = ("commands", "steps", "computes_only")
 
     def __init__(self, commands: list):
         self.commands = commands
+        # Nothing in it waits on another stream or node: it may run in one turn at a slot.
+        self.computes_only = all(type(c) in _COMPUTES for c in commands)
         self.steps: list | None = None  # made on the stream's thread, with its namespace
 
     def run(self, ex) -> None:
@@ -63,6 +65,9 @@ class Prepared:
                 return len(steps)
             return i + 1
         return len(steps)
+
+
+_COMPUTES = (wire.Call, wire.Remote, wire.Create, wire.Put, wire.Free, wire.Record)
 
 
 class _Failed(Exception):

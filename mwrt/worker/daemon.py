@@ -31,6 +31,7 @@ from . import fperrors, lifecycle, quotas, report, routes
 from .graphs import GraphDecoder
 from .handlers import quick_call
 from .session import HB, RX, TX, Session
+from .slots import OpSlots
 
 log = logging.getLogger("mwrt.worker")
 
@@ -106,6 +107,7 @@ class Daemon:
         self.decoder = GraphDecoder(self.context, self.incarnation)
         self.errors: deque = deque(maxlen=report.ERRORS_KEPT)  # the last ops that failed
         self.streams = quotas.StreamPool()
+        self.op_slots = OpSlots(config.get("worker_slots"), config.get("turn_wait"))
         self.lease_timeout = config.get("lease_timeout")
         self.max_frame = config.get("max_frame_bytes")
         self.inline_bytes = config.get("inline_bytes")

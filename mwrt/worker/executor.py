@@ -42,6 +42,10 @@ class StreamExecutor:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._reply_socket = None
+        # Ops take a turn at the daemon's slots (mwrt.worker.slots): a remote() function
+        # anywhere, and a Call on the host (on a GPU it only launches kernels).
+        self._turned = (wire.Remote,) if device != arrays.HOST else (wire.Remote, wire.Call)
+        self.in_turn = False  # this stream holds a slot (a replay's commands take no other)
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"mwrt-stream-{session.node}-{stream_id}")
         self.thread.start()
@@ -95,7 +99,7 @@ class StreamExecutor:
                         number = self.taken
                     try:
                         if type(commands) is Prepared:  # a graph's replay
-                            commands.run(self)
+                            self._replay(commands)
                         else:
                             for command in commands:
                                 if number <= self.drop_through and not command.always_runs:
@@ -107,6 +111,32 @@ class StreamExecutor:
                             self.pending -= 1
         finally:
             sock.close(linger=1000)
+
+    def _replay(self, prepared: Prepared) -> None:
+        """Run a graph's share of this stream: in one turn on the host, unless it waits on
+        other streams (then its remote() functions take theirs, its ops none)."""
+        if not (prepared.computes_only and self.device == arrays.HOST):
+            prepared.run(self)
+            return
+        if self._take_turn():
+            try:
+                prepared.run(self)
+            finally:
+                self._give_turn()
+
+    def _take_turn(self) -> bool:
+        """Wait for a slot to run an op in; False once the session ended meanwhile."""
+        slots = self.session.daemon.op_slots
+        slots.take(self.session)
+        if self.stopped:
+            slots.give()
+            return False
+        self.in_turn = True
+        return True
+
+    def _give_turn(self) -> None:
+        self.in_turn = False
+        self.session.daemon.op_slots.give()
 
     def _drop(self, command) -> None:
         """Skip a cancelled command: what it would make is poisoned, naming mwrt.cancel()."""
@@ -145,6 +175,11 @@ class StreamExecutor:
         if self.error is not None and not command.always_runs:
             handlers.poison(self, command, self.error)
             return
+        # Not on the socket thread (its inline ops are short), nor twice in a replay's turn.
+        turn = (type(command) in self._turned and not self.in_turn
+                and threading.get_ident() == self.thread.ident)
+        if turn and not self._take_turn():
+            return
         trace = self.session.trace
         start = time.time() if trace is not None else 0.0
         self.ops += 1
@@ -157,6 +192,8 @@ class StreamExecutor:
             self.fail(command, self.describe(command, exc))
         finally:
             self.running = None
+            if turn:
+                self._give_turn()
             if fperrors.NOTED:  # a remote() function's, a collective's: as an op's
                 fperrors.claim(self.warned, command.id, handlers.op_name(command),
                                handlers.KEPT_WARNINGS)

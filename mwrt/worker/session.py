@@ -269,6 +269,7 @@ class Session:
                 "queued_bytes": self.inflight.nbytes, "running": self.running(),
                 # hand-offs to stream threads, and commands run without one
                 "handoffs": sum(ex.taken for ex in list(self.streams.values())),
+                "ops": sum(ex.ops for ex in list(self.streams.values())),  # commands run
                 "inline": self.inline,
                 **(self.data.pool.stats() if self.data is not None else {})}
 
@@ -292,6 +293,7 @@ class Session:
         self.closed = True
         for executor in list(self.streams.values()):
             executor.stop()
+        self.daemon.op_slots.release(self)  # its streams waiting for a turn: to their end
         self.daemon.streams.give(len(self.streams))
         data, self.data = self.data, None
         if data is not None:
