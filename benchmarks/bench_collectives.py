@@ -84,7 +84,7 @@ def _floor_rank(rank, sizes, quick, queue):
     half in all-gather), so no all_reduce over these sockets can beat this time.
     """
     import mwrt.distributed as dist
-    from mwrt.distributed import api
+    from mwrt.distributed import process_groups as api
 
     dist.init_process_group("tcp", timeout=60)
     channel, peer, spare = api._default().channel, 1 - rank, {}

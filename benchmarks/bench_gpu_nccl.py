@@ -48,7 +48,7 @@ def _rank(rank: int, sizes: list, iters: int, queue) -> None:
     xp.cuda.Device(rank).use()
     dist.init_process_group("nccl", timeout=60)
     try:
-        channel = dist.api.resolve_group(None).channel
+        channel = dist.process_groups.resolve_group(None).channel
         nccl, stream = channel.nccl, xp.cuda.get_current_stream()
         rows = []
         for nbytes in sizes:

@@ -220,7 +220,7 @@ def role_rank(rank: int, backend: str, addr0: str, port: int, raw_port: int, siz
                     times[name].append(timed(lambda: fn(buf)))
             for name in impls:
                 out[name][str(nbytes)] = times[name]
-        channel = dist.api._state.channel  # which path auto took: tcp, between hosts
+        channel = dist.process_groups._state.channel  # which path auto took: tcp, between hosts
         out["path"] = "shm" if channel.shares_host(1 - rank) else "tcp"
         return out
     finally:

@@ -368,8 +368,8 @@ class RawRing:
 def count_store_requests(serve: bool) -> dict:
     """Count TCPStore requests in this process from now on: the client's by op, new
     connections, and (on rank 0, which serves the store) every request served."""
-    from mwrt.store import server as store_server
-    from mwrt.store import tcp as store_tcp
+    from mwrt.store import tcp_store_server as store_server
+    from mwrt.store import tcp_store as store_tcp
 
     counts: dict = {"served": 0, "connects": 0}
     call, connect, handle = (store_tcp.TCPStore._call, store_tcp.TCPStore._connect,

@@ -53,7 +53,6 @@ from .master.mesh.placement import (
     Replicate,
     Shard,
 )
-from .master.naming import attached
 from .master.profile import profile
 from .master.queries import (
     cancel,
@@ -64,6 +63,7 @@ from .master.queries import (
     status,
     synchronize,
 )
+from .master.reattach import attached
 from .master.streams import Event, Stream, current_stream, stream
 from .master.tensor import DistributedTensor, ShardedTensor
 from .master.waits import stats

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import mwrt
-from mwrt.ops import npfunc
+from mwrt.ops import numpy_functions
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ def test_functions_without_a_rule_run_with_a_lazy_shape(device):
         ("einsum ellipsis", np.einsum("...j->...", A), np.einsum("...j->...", a)),
     ]:
         _named_same("np." + name, result, expected, known=False)
-    assert "percentile" not in npfunc.RULES  # the lazy path is what this test is about
+    assert "percentile" not in numpy_functions.RULES  # the lazy path is what this test is about
 
 
 def test_eig_has_a_data_dependent_dtype_so_it_is_lazy(device):
@@ -265,15 +265,15 @@ def test_a_function_outside_numpys_namespaces_still_runs(two_nodes):
 
 
 def test_only_numpys_public_functions_run_by_name_on_a_worker():
-    assert npfunc.allowed("linalg.inv") and npfunc.allowed("einsum")
-    assert npfunc.allowed("lib.stride_tricks.sliding_window_view")
+    assert numpy_functions.allowed("linalg.inv") and numpy_functions.allowed("einsum")
+    assert numpy_functions.allowed("lib.stride_tricks.sliding_window_view")
     for path in ("save", "load", "fromfile", "ctypeslib.load_library", "_core.multiarray.empty",
                  "lib.npyio.DataSource", "testing.assert_equal"):
-        assert not npfunc.allowed(path), path
+        assert not numpy_functions.allowed(path), path
         with pytest.raises(ValueError, match=rf"np\.{path}: not a NumPy function mwrt runs"):
-            npfunc.resolve(np, path)
+            numpy_functions.resolve(np, path)
     with pytest.raises(TypeError, match=r"np\.ndarray: not a function"):
-        npfunc.resolve(np, "ndarray")
+        numpy_functions.resolve(np, "ndarray")
 
 
 def test_an_in_place_function_on_another_stream_is_ordered_as_a_write(device):

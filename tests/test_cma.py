@@ -10,7 +10,7 @@ import pytest
 from ranks import available, run_ranks
 
 import mwrt.distributed as dist
-from mwrt.collective.cma import CmaGroup
+from mwrt.collective.cma_collectives import CmaGroup
 from mwrt.collective import api as C
 from mwrt.collective.reduce_ops import ReduceOp
 

@@ -24,7 +24,7 @@ import mwrt
 from mwrt import channels
 from mwrt.channels import sockets
 from mwrt.errors import WireError
-from mwrt.ops import npallow
+from mwrt.ops import numpy_allowlist
 from mwrt.protocol import auth, wire
 from mwrt.store import HashStore
 
@@ -475,7 +475,7 @@ def test_live_data_channel_port_refuses_strangers_and_keeps_serving(monkeypatch)
 
 # -- the generic NumPy op: its paths and argument shapes (issue 27) -------------------------
 
-_NP_PATHS = [*sorted(npallow.ALLOWED)[::7], *npallow.DANGEROUS, "zeros_like", "full_like",
+_NP_PATHS = [*sorted(numpy_allowlist.ALLOWED)[::7], *numpy_allowlist.DANGEROUS, "zeros_like", "full_like",
              "histogram", "fft.fft", "fft.irfftn", "vander", "diag", "diagflat", "lib.stride_tricks.as_strided",
              "ctypeslib.as_ctypes", "lib.format.open_memmap", "fromstring", "save", "loadtxt",
              "memmap", "ndarray.__new__", "__class__", "", ".", "linalg", "fft", "_core",

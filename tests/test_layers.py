@@ -144,8 +144,8 @@ MASTER_LAYERS = [
                "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
                "mesh.slicing",
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad"}),  # a handle's fields, and the ops, copies and moves it issues
-    ("handles", {"tensor", "mesh.creation", "creation", "naming", "mesh.saving", "torchtensor",
-                 "torchcreation", "torchmodule"}),
+    ("handles", {"tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
+                 "torchtensor", "torchcreation", "torchmodule"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py
 ]
 

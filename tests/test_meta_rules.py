@@ -177,10 +177,10 @@ def test_remembered_rules_tell_a_python_int_from_a_float():
        dtypes, st.lists(st.integers(1, 3), max_size=3).map(tuple),
        st.lists(st.integers(1, 3), max_size=3).map(tuple))
 def test_numpy_functions_with_rules(path, da, db, sa, sb):
-    from mwrt.ops import npfunc
+    from mwrt.ops import numpy_functions
 
-    fn = npfunc.resolve(np, path)
-    agree(lambda: ops.infer(ops.get("numpy"), (path, npfunc.RULED, Spec(sa, da), Spec(sb, db)),
+    fn = numpy_functions.resolve(np, path)
+    agree(lambda: ops.infer(ops.get("numpy"), (path, numpy_functions.RULED, Spec(sa, da), Spec(sb, db)),
                             {}),
           lambda: fn(np.ones(sa, da), np.ones(sb, db)))
 

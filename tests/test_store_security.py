@@ -27,8 +27,8 @@ from faultkit import reap
 from mwrt import unkeyed
 from mwrt.errors import AuthError, ConfigError, RendezvousError
 from mwrt.protocol.auth import client_handshake
-from mwrt.store import FileStore, HashStore, TCPStore, server
-from mwrt.store.server import frame_limit, recv_frame, send_frame
+from mwrt.store import FileStore, HashStore, TCPStore, tcp_store_server
+from mwrt.store.tcp_store_server import frame_limit, recv_frame, send_frame
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -101,7 +101,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_a_stranger_without_the_secret_is_refused_before_any_request(keyed, monkeypatch):
-    monkeypatch.setattr(server, "HANDSHAKE_SECONDS", 0.5)  # for the raw request below
+    monkeypatch.setattr(tcp_store_server, "HANDSHAKE_SECONDS", 0.5)  # for the raw request below
     with pytest.raises(AuthError, match="refused the HMAC handshake.*MWRT_JOB_SECRET"):
         TCPStore("127.0.0.1", keyed.port, timeout=5, key=OTHER)
     with pytest.raises(AuthError):
@@ -249,8 +249,8 @@ def test_the_server_refuses_bad_arguments_and_keeps_serving(keyed):
 
 
 def test_oversized_frames_stalls_and_silence_are_cut_off(keyed, monkeypatch):
-    monkeypatch.setattr(server, "FRAME_SECONDS", 0.5)
-    monkeypatch.setattr(server, "HANDSHAKE_SECONDS", 0.5)
+    monkeypatch.setattr(tcp_store_server, "FRAME_SECONDS", 0.5)
+    monkeypatch.setattr(tcp_store_server, "HANDSHAKE_SECONDS", 0.5)
     with _authed(keyed.port) as big:  # over the limit: dropped before a byte of the body
         big.sendall(struct.pack(">I", 64 << 20) + b"x" * 76)
         assert _closed_by_server(big)
@@ -304,8 +304,8 @@ def test_refusals_are_logged_naming_the_peer_and_rate_limited(keyed, caplog):
 
 
 def test_silent_strangers_cannot_crowd_out_a_rank(keyed, monkeypatch):
-    monkeypatch.setattr(server, "HANDSHAKE_SECONDS", 0.5)
-    mute = [_raw(keyed.port) for _ in range(server._MAX_PENDING + 8)]  # past the cap
+    monkeypatch.setattr(tcp_store_server, "HANDSHAKE_SECONDS", 0.5)
+    mute = [_raw(keyed.port) for _ in range(tcp_store_server._MAX_PENDING + 8)]  # past the cap
     try:
         rank = TCPStore("127.0.0.1", keyed.port, timeout=20, key=KEY)  # let in once reaped
         rank.set("k", "v")

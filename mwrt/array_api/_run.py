@@ -8,13 +8,13 @@ import numpy as np
 
 from ..master.issue import call
 from ..master.tensor import DistributedTensor
-from ..ops import npfunc
+from ..ops import numpy_functions
 
 
 def run(path: str, *args, outputs: int = 0, **kwargs):
     """np.<path>(*args, **kwargs) on the arguments' worker; `outputs` > 0 for a function
     without a meta rule that returns that many arrays (their shapes asked when needed)."""
-    count = npfunc.RULED if path in npfunc.RULES else outputs
+    count = numpy_functions.RULED if path in numpy_functions.RULES else outputs
     return call("numpy", path, count, *args, **kwargs)
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cma
-from .cma import BUF_A, BUF_B
+from . import cma_collectives
+from .cma_collectives import BUF_A, BUF_B
 from .native import NativeCollectives
 from .reduce_ops import ReduceOp, combine
 
@@ -160,21 +160,21 @@ class CmaCollectives(NativeCollectives):
 
     def __init__(self, channel, group):
         super().__init__(channel, group)
-        self._state: cma.CmaGroup | None = None
+        self._state: cma_collectives.CmaGroup | None = None
         self._made = False
 
     @property
-    def state(self) -> cma.CmaGroup | None:
+    def state(self) -> cma_collectives.CmaGroup | None:
         """The group's CMA state, set up with every rank on first use; None where refused."""
         if not self._made:
             key = ("cma", self.group.group_id, tuple(self.group.ranks))
             self._state, self._made = self.channel.attachment(key, self._setup), True
         return self._state
 
-    def _setup(self) -> cma.CmaGroup | None:
+    def _setup(self) -> cma_collectives.CmaGroup | None:
         if not all(map(self.channel.shares_host, self.group.ranks)):
             return None  # single-copy reads need every rank on this host
-        return cma.setup(self.channel, self.group)
+        return cma_collectives.setup(self.channel, self.group)
 
     def run(self, kind: str, call, *args) -> bool:
         c = self.state

@@ -7,26 +7,6 @@
 
 from ..collective.reduce_ops import ReduceOp
 from ..store import FileStore, HashStore, PrefixStore, Store, TCPStore
-from .api import (
-                  GroupMember,
-                  Work,
-                  destroy_process_group,
-                  get_backend,
-                  get_global_rank,
-                  get_group_rank,
-                  get_node_local_rank,
-                  get_num_processes,
-                  get_process_group_ranks,
-                  get_rank,
-                  get_world_size,
-                  group,
-                  init_process_group,
-                  is_available,
-                  is_initialized,
-                  new_group,
-                  new_subgroups,
-                  new_subgroups_by_enumeration,
-)
 from .backends import Backend, is_gloo_available, is_mpi_available, is_nccl_available
 from .collective import (
                   all_gather,
@@ -52,6 +32,26 @@ from .objects import (
                   send_object_list,
 )
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .process_groups import (
+                  GroupMember,
+                  Work,
+                  destroy_process_group,
+                  get_backend,
+                  get_global_rank,
+                  get_group_rank,
+                  get_node_local_rank,
+                  get_num_processes,
+                  get_process_group_ranks,
+                  get_rank,
+                  get_world_size,
+                  group,
+                  init_process_group,
+                  is_available,
+                  is_initialized,
+                  new_group,
+                  new_subgroups,
+                  new_subgroups_by_enumeration,
+)
 from .spawn import RankFailedError, run, spawn
 
 __all__ = [

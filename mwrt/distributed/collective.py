@@ -19,7 +19,7 @@ from ..arrays import gpu_module, use_device
 from ..collective import api as C
 from ..collective.buffers import as_flat, is_bfloat16, widen_bfloat16
 from ..collective.reduce_ops import ReduceOp
-from .api import GroupLike, Tensor, Timeout, group_rank_of, resolve_group, run_collective
+from .process_groups import GroupLike, Tensor, Timeout, group_rank_of, resolve_group, run_collective
 
 
 def broadcast(tensor: Tensor, src: int = 0, group: GroupLike = None,

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..collective import api as C
-from .api import GroupLike, group_rank_of, run_collective
 from .p2p import recv, send
+from .process_groups import GroupLike, group_rank_of, run_collective
 
 
 def _pickled(obj) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..collective.buffers import as_flat, host_view
 from ..errors import ChannelClosedError, ChannelTimeoutError
-from .api import GroupLike, Tensor, Work, _init_lock, _state, resolve_group
+from .process_groups import GroupLike, Tensor, Work, _init_lock, _state, resolve_group
 
 _HEADER = 128  # bytes: "<dtype> <dim> <dim>..." in ASCII, NUL-padded
 _SMALL = 1 << 16  # data up to this size rides in its header's message

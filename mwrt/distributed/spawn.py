@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import MwrtError
 from ..procs import stop_processes
 from ..store.launchers import free_port, job_secret_env, launched, rank_env
-from . import api
+from . import process_groups
 
 
 class RankFailedError(MwrtError):
@@ -36,7 +36,7 @@ def _entry(fn, rank, args, env, errors):
     os.environ.update(env)
     try:
         fn(rank, *args)
-        api.leave_at_exit()  # a forked child skips atexit handlers
+        process_groups.leave_at_exit()  # a forked child skips atexit handlers
     except BaseException:  # noqa: BLE001 - sent to the parent, then this rank exits 1
         errors.put((rank, traceback.format_exc()))  # SimpleQueue writes through: no flush
         os._exit(1)

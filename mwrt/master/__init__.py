@@ -11,7 +11,7 @@ test_layers.py holds this, and docs/developing.md draws it):
                  dispatch, remote, arrayfunc, torchissue: the fields of a handle and what
                  issues its ops
     handles      tensor (DistributedTensor, one class for one place and a mesh), creation,
-                 mesh/creation, naming, mesh/saving, torchtensor (TorchTensor, a torch
+                 mesh/mesh_creation, reattach, mesh/saving, torchtensor (TorchTensor, a torch
                  tensor's handle), torchcreation, torchmodule
     programs     graph, profile, checkpoint
 

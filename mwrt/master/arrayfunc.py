@@ -6,7 +6,7 @@ and return DistributedTensors (a tuple of them for eigh, svd, qr...).
 Where the function is a registry op (np.sum, np.reshape, np.concatenate) it is issued as
 that op; otherwise as the `numpy` op by module path, which the worker looks up in its
 array namespace (numpy.linalg.inv -> cupy.linalg.inv on a GPU). A meta rule gives the
-result's shape at once where mwrt has one (mwrt.ops.npfunc.RULES); else it is asked of the
+result's shape at once where mwrt has one (mwrt.ops.numpy_functions.RULES); else it is asked of the
 worker when first needed. A few functions belong on the master: shape queries answer from
 the shape the master knows, file writers and printers copy the values here first.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from ..ops import npfunc
+from ..ops import numpy_functions
 from .handle import Handle, check_same_place
 from .issue import call
 from .issue import call as _call
@@ -104,7 +104,7 @@ def path_of(func: Callable) -> str | None:
         path = ".".join([*where.split(".")[1:], name])
         if where.split(".")[0] != "numpy" or _lookup(path) is not func:
             return None
-    return path if npfunc.public(path) else None
+    return path if numpy_functions.public(path) else None
 
 
 def _lookup(path: str):
@@ -137,11 +137,12 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
         return None
     if path is not None and _is_registry_function(path, args, kwargs):
         return call(path, *args, **kwargs)
-    if path is None or not npfunc.allowed(path):  # not run by name: ship the function
+    if path is None or not numpy_functions.allowed(path):  # not run by name: ship the function
         return RemoteFunction(func)(*args, **kwargs)
-    count = npfunc.RULED if path in npfunc.RULES else 0  # 0: one array, shape unknown
-    if path in npfunc.OUTPUTS:
-        count = npfunc.outputs(path, _specs(args), _specs(kwargs))
+    # 0: one array, shape unknown
+    count = numpy_functions.RULED if path in numpy_functions.RULES else 0
+    if path in numpy_functions.OUTPUTS:
+        count = numpy_functions.outputs(path, _specs(args), _specs(kwargs))
     return call("numpy", path, count, *args, **kwargs)
 
 

@@ -25,7 +25,7 @@ from ..errors import AuthError, ConfigError, MwrtError, WorkerLostError
 from ..netaddr import advertise_address, join_host_port, resolve, split_host_port
 from ..protocol import auth, wire
 from ..store import TCPStore
-from ..store.registry import wait_for as wait_for_workers
+from ..store.daemon_registry import wait_for as wait_for_workers
 from .client import Node
 from .heartbeat import Heartbeat
 from .local import LocalWorker, start_many, stop_all
@@ -59,7 +59,7 @@ class Cluster:
         self.ids = itertools.count(1)  # command and tensor ids, shared by every node
         self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
-        self.attached: dict | None = None  # handles of a re-attached session (naming.py)
+        self.attached: dict | None = None  # handles of a re-attached session (reattach.py)
         self.meshes: weakref.WeakSet = weakref.WeakSet()  # meshes over these nodes
         self._channel_lock = threading.Lock()
         self.store: TCPStore | None = None

@@ -2,7 +2,7 @@
 dist_send (copies of the master's arrays) and remote() functions.
 
 Each takes `mesh=` and `shard=` (or works inside `with mesh:`) to make a mesh tensor: a
-block at every place of the mesh (mesh/creation.py), replicated unless `shard=` names the
+block at every place of the mesh (mesh/mesh_creation.py), replicated unless `shard=` names the
 axis to split.
 """
 
@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, DTypeLike
 from ..arrays import TYPED, as_dtype, as_shape
 from . import context, transfer
 from .cluster import current
-from .mesh import creation as on_mesh
+from .mesh import mesh_creation as on_mesh
 from .mesh.device_mesh import Mesh, current_mesh, wanted
 from .mesh.placement import ShardArg
 from .remote import RemoteFunction

@@ -9,7 +9,16 @@ then asks the worker when the shape is first needed. Adding an op is one `regist
 """
 
 # The families register their ops when imported; the registry itself is below them all.
-from . import apirules, elementwise, misc, npfunc, nprules, reductions, shape, torchops  # noqa: F401
+from . import (  # noqa: F401
+    array_api_rules,
+    elementwise,
+    misc,
+    numpy_functions,
+    numpy_shape_rules,
+    reductions,
+    shape,
+    torchops,
+)
 from .registry import UNKNOWN, Op, Spec, doc, get, has, infer, names, register, summary
 
 __all__ = ["UNKNOWN", "Op", "Spec", "doc", "get", "has", "infer", "names", "register", "summary"]

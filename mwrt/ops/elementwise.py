@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from ._meta import bind, normalize_axes, result_dtype, run_small, shape_of, uncut
+from .meta_helpers import bind, normalize_axes, result_dtype, run_small, shape_of, uncut
 from .registry import Spec, register
 
 # Python operator -> ufunc name; the tensor class builds __op__/__rop__/__iop__ from this.

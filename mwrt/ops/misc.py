@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import arrays
-from ._meta import result_dtype, shape_of, shaped, standin
+from .meta_helpers import result_dtype, shape_of, shaped, standin
 from .registry import Spec, register
 
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ._meta import bind, normalize_axes, run_small, uncut
+from .meta_helpers import bind, normalize_axes, run_small, uncut
 from .registry import Spec, register
 
 REDUCTIONS = ["sum", "mean", "prod", "min", "max", "amin", "amax", "std", "var", "any", "all",

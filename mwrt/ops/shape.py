@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._meta import shaped, standin
+from .meta_helpers import shaped, standin
 from .registry import UNKNOWN, Spec, register
 
 

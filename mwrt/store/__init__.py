@@ -2,7 +2,7 @@
 
 from .rendezvous import rendezvous, store_from_url
 from .stores import FileStore, HashStore, PrefixStore, Store
-from .tcp import TCPStore
+from .tcp_store import TCPStore
 
 __all__ = ["FileStore", "HashStore", "PrefixStore", "Store", "TCPStore", "rendezvous",
            "store_from_url"]

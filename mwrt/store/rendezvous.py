@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlparse
 from ..errors import RendezvousError, RendezvousTimeoutError
 from .launchers import launcher_env
 from .stores import FileStore, Store
-from .tcp import TCPStore
+from .tcp_store import TCPStore
 
 # -- init methods ------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Store is the contract; HashStore serves threads of one process, FileStore the processes
 of one host (or a shared file system with working locks). TCPStore, served by rank 0,
-lives in mwrt.store.tcp; the init methods and the rank rendezvous in mwrt.store.rendezvous.
+lives in mwrt.store.tcp_store; the init methods and the rank rendezvous in mwrt.store.rendezvous.
 """
 
 from __future__ import annotations

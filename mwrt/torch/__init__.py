@@ -1,7 +1,7 @@
 """mwrt as a torch.distributed backend: `import mwrt.torch`, then init_process_group("mwrt").
 
 Importing this package registers the backend "mwrt" with torch.distributed. Its process
-group (mwrt.torch.group) is a Python `torch.distributed.ProcessGroup` whose collectives
+group (mwrt.torch.backend_group) is a Python `torch.distributed.ProcessGroup` whose collectives
 hand CPU tensors, as zero-copy DLPack views, to mwrt.collective over one of mwrt's
 channels (MWRT_CHANNEL, "auto" by default: shared memory on a host, tcp between hosts).
 Ranks find each other through the store torch made for the group (mwrt.torch.store), so
@@ -33,7 +33,7 @@ from ..collective import api as C
 from ..collective.group import ProcessGroup as MwrtGroup
 from ..protocol import auth
 from ..store import rendezvous
-from .group import BACKEND, LIVE, MwrtProcessGroup
+from .backend_group import BACKEND, LIVE, MwrtProcessGroup
 from .store import TorchStore
 from .work import MwrtWork
 

@@ -143,7 +143,7 @@ def _register(args, endpoint: str) -> str:
     """Announce the daemon in the registry directory under an address masters can reach:
     --advertise, else the address it listens on, else (listening everywhere) its host name."""
     from ..netaddr import join_host_port, split_host_port
-    from ..store.registry import register
+    from ..store.daemon_registry import register
 
     host, port = split_host_port(endpoint.removeprefix("tcp://"), "--listen")
     if args.advertise:

@@ -19,7 +19,7 @@ import weakref
 
 from .. import arrays, config
 from ..errors import QuotaError, WireError
-from ..ops import UNKNOWN, Spec, npallow, npfunc
+from ..ops import UNKNOWN, Spec, numpy_allowlist, numpy_functions
 from ..protocol import wire
 
 
@@ -151,15 +151,16 @@ def check_result(name: str, result, args: tuple, kwargs: dict, table: TensorTabl
 def numpy_bytes(args: tuple, kwargs: dict) -> int:
     """At most how many bytes the `numpy` op's results take: np.<path>'s shape rule where it
     has one (without the rule's dtype probe, which would run NumPy on these arguments),
-    else its bound in npallow.ALLOWED. Arguments that would make Python objects are refused."""
+    else its bound in numpy_allowlist.ALLOWED. Arguments that would make Python objects are
+    refused."""
     path, rest = args[0], args[2:]
-    npallow.refuse_objects(f"{path!s:.60}", rest, kwargs)
-    shape_fn = npfunc.SHAPES.get(path) if isinstance(path, str) else None
+    numpy_allowlist.refuse_objects(f"{path!s:.60}", rest, kwargs)
+    shape_fn = numpy_functions.SHAPES.get(path) if isinstance(path, str) else None
     shapes = shape_fn(*rest, **kwargs) if shape_fn is not None else UNKNOWN
     if shapes is UNKNOWN:
-        return npallow.result_bytes(path, rest, kwargs)
+        return numpy_allowlist.result_bytes(path, rest, kwargs)
     shapes = shapes if isinstance(shapes, list) else [shapes]
-    return sum(math.prod(s) for s in shapes) * npallow.width(rest, kwargs)
+    return sum(math.prod(s) for s in shapes) * numpy_allowlist.width(rest, kwargs)
 
 
 def check_inplace(table: TensorTable, args: tuple, kwargs: dict, host: bool) -> None:
@@ -167,9 +168,9 @@ def check_inplace(table: TensorTable, args: tuple, kwargs: dict, host: bool) -> 
     (on the host) more memory beside the target than a tensor may take."""
     args, kwargs = specs(table, args), specs(table, kwargs)
     target, path, rest = args[0], f"{args[1]!s:.60}", args[2:]
-    npallow.refuse_objects(path, rest, kwargs)
+    numpy_allowlist.refuse_objects(path, rest, kwargs)
     if host:
-        check_bytes(npallow.inplace_bytes(target, rest, kwargs), f"np.{path}", table,
+        check_bytes(numpy_allowlist.inplace_bytes(target, rest, kwargs), f"np.{path}", table,
                     "its arguments' arrays beside its target")
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..protocol import wire
-from . import checkpoint, control, data, handlers
+from . import checkpoint_files, control, data, handlers
 
 Handler = Callable[..., Any]
 
@@ -26,7 +26,8 @@ STREAM: dict[type[wire.Command], Handler] = {
     wire.WaitEvent: handlers.wait_event, wire.Expect: handlers.expect,
     wire.SendTo: data.send_to, wire.RecvFrom: data.recv_from,
     wire.Collective: data.collective,
-    wire.SaveTensors: checkpoint.save_tensors, wire.LoadTensors: checkpoint.load_tensors,
+    wire.SaveTensors: checkpoint_files.save_tensors,
+    wire.LoadTensors: checkpoint_files.load_tensors,
 }
 
 SESSION: dict[type[wire.Command], Handler] = {

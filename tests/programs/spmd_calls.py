@@ -93,10 +93,10 @@ def main() -> None:
         kind, n = int(rng.integers(0, 8)), int(rng.choice(SIZES))
         _step(it, kind, n, rng, rank, size)
     dist.barrier()
-    channel = dist.api._state.channel  # which path the channel takes to each peer
+    channel = dist.process_groups._state.channel  # which path the channel takes to each peer
     via = ",".join(f"{p}:{'shm' if channel.shares_host(p) else 'tcp'}"
                    for p in range(size) if p != rank) if channel.name == "auto" else ""
-    two_level = hierarchy.levels(dist.api._state.group) is not None
+    two_level = hierarchy.levels(dist.process_groups._state.group) is not None
     print(f"rank {rank} of {size}: ok ({dist.get_backend()}, hosts {','.join(hosts)}, "
           f"paths {via}{', two-level' if two_level else ''})", flush=True)
     dist.destroy_process_group()

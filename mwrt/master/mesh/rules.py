@@ -24,8 +24,8 @@ import warnings
 
 import numpy as np
 
-from ...ops._meta import normalize_axes
 from ...ops.elementwise import UFUNCS
+from ...ops.meta_helpers import normalize_axes
 from ...ops.reductions import REDUCTIONS
 from ..issue import call
 from . import moves, shapes, twophase

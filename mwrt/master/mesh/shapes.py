@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops._meta import normalize_axes
+from ...ops.meta_helpers import normalize_axes
 from . import slicing
 from .moves import pick
 from .placement import Shard, basic_index, local_box

@@ -4,7 +4,7 @@ A Python subclass of `torch.distributed.ProcessGroup` (the pattern of torch's ow
 process-group tests). Every collective runs asynchronously, in program order, on the mwrt
 group's thread (`group.call`), over zero-copy DLPack views of the CPU tensors; a tensor
 that is not contiguous (a transposed view) goes through a contiguous copy that is copied
-back. Point-to-point goes through mwrt.torch.p2p. What torch's Python layer calls by name
+back. Point-to-point goes through mwrt.torch.backend_p2p. What torch's Python layer calls by name
 on a group (recv_anysource, the coalesced and list forms, group_name) is here too, since
 torch's C++ defaults would look for a C++ backend this group does not have.
 """
@@ -22,7 +22,7 @@ from ..collective import api as C
 from ..collective.buffers import as_flat
 from ..collective.reduce_ops import ReduceOp
 from ..errors import MwrtError
-from . import p2p
+from . import backend_p2p
 from .guard import Guard, collective
 from .work import MwrtWork, seconds
 
@@ -108,7 +108,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
         self.group, self.channel = group, channel
         self._name, self._desc = name, ""
         self._sends = ThreadPoolExecutor(4, thread_name_prefix="mwrt-torch-send")
-        self._receiver = p2p.Receiver(group)
+        self._receiver = backend_p2p.Receiver(group)
         self._coalesced: list | None = None
         self._lock = threading.Lock()
         self.guard = Guard(group)  # after a failed collective, none runs on this rank again
@@ -362,7 +362,7 @@ class MwrtProcessGroup(dist.ProcessGroup):
         dense = _dense(tensors, "send")
         arr = as_flat(dense[0], "send", writable=False).view(np.uint8)
         g = self.group
-        works = p2p.send(g, arr, dst, g.p2p_tag(int(tag)))
+        works = backend_p2p.send(g, arr, dst, g.p2p_tag(int(tag)))
 
         def wait():
             for w in works:

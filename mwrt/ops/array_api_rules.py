@@ -4,7 +4,7 @@ knows their results' shapes at once.
 
 Shape functions run NumPy itself on stand-ins of item size 0 (no memory, NumPy's own shape
 errors); their dtype is an operand's. Numeric functions give their shape by hand and take
-the dtype NumPy gives on small probes (npfunc.rule). Functions whose shape depends on the
+the dtype NumPy gives on small probes (numpy_functions.rule). Functions whose shape depends on the
 data (unique_*, nonzero, repeat by a tensor) have no rule: the worker reports the shape.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._meta import normalize_axes, shape_of, shaped, standin
-from .npfunc import RULES, rule
+from .meta_helpers import normalize_axes, shape_of, shaped, standin
+from .numpy_functions import RULES, rule
 from .registry import UNKNOWN, Spec
 
 

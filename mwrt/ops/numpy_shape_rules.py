@@ -1,6 +1,6 @@
 """Shape rules for NumPy functions by path (linalg, fft, einsum, outer, kron, diag): each gives
 the result's shape from the arguments' Specs, raising what NumPy would for a bad shape; the
-`rule` decorator adds the dtype NumPy gives on small probes (npfunc.py)."""
+`rule` decorator adds the dtype NumPy gives on small probes (numpy_functions.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 
-from ._meta import normalize_axes, shape_of, shaped
+from .meta_helpers import normalize_axes, shape_of, shaped
 from .misc import matmul_meta
-from .npfunc import RULES, rule
+from .numpy_functions import RULES, rule
 from .registry import UNKNOWN
 
 

@@ -10,7 +10,7 @@ refused by name: an unkeyed daemon, which any local user may reach, runs no code
 
 Each entry is one line: the path and a bound on its results' element count, computed from
 the arguments (Specs in place of tensors) before the function runs, so that an oversized
-result is refused unmade (mwrt.worker.quotas). A function with a shape rule (npfunc.RULES)
+result is refused unmade (mwrt.worker.quotas). A function with a shape rule (numpy_functions.RULES)
 is sized exactly by the rule's shape; the bound serves the forms the rule leaves UNKNOWN.
 Adding a function is adding its line, with a bound that holds for every argument.
 """
@@ -273,7 +273,7 @@ def _broadcast_to(array, shape, **kwargs) -> int:
 
 # path -> bound on its results' elements, by family, one line per function.
 ALLOWED = {
-    # linalg (most are sized exactly by their rules in nprules.py)
+    # linalg (most are sized exactly by their rules in numpy_shape_rules.py)
     "linalg.inv": linear(), "linalg.pinv": linear(), "linalg.cholesky": linear(),
     "linalg.matrix_power": linear(), "linalg.det": linear(), "linalg.slogdet": linear(2),
     "linalg.cond": linear(), "linalg.matrix_rank": linear(), "linalg.eigh": linear(2),
@@ -360,8 +360,8 @@ def resolve(xp, path: str, inplace: bool = False):
     if not isinstance(path, str) or not allowed(path, inplace):
         kind = "in-place " if inplace else ""
         raise ValueError(f"np.{path!s:.80}: not a NumPy function mwrt runs by name on a worker "
-                         f"(its {kind}functions are listed in mwrt/ops/npallow.py); run it on "
-                         "the master on t.numpy(), or with mwrt.remote on a keyed worker")
+                         f"(its {kind}functions are listed in mwrt/ops/numpy_allowlist.py); run it "
+                         "on the master on t.numpy(), or with mwrt.remote on a keyed worker")
     fn = xp
     for part in ALIASES.get(path, path).split("."):
         fn = getattr(fn, part, None)

@@ -2,7 +2,7 @@
 
 One op, `numpy`, runs `xp.<path>(*args, **kwargs)` on the worker: numpy.linalg.inv becomes
 cupy.linalg.inv on a GPU. Its meta rule is the function's entry in RULES when it has one (a
-shape rule in nprules.py, the dtype found by running NumPy on probes of two elements per
+shape rule in numpy_shape_rules.py, the dtype found by running NumPy on probes of two elements per
 axis), so the result's shape is known at once; any other public NumPy function runs with its
 shape left to the worker (UNKNOWN), asked for when first needed. The master passes the number
 of results (`outputs`) of those, so a function returning a tuple gets one tensor per array.
@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import npallow
-from ._meta import shape_of
+from . import numpy_allowlist
+from .meta_helpers import shape_of
 from .registry import UNKNOWN, Spec, register
 
 # Which paths the master names a function by (it ships the others); a worker runs only
-# those npallow.py lists.
+# those numpy_allowlist.py lists.
 NAMESPACES = ("linalg.", "fft.", "lib.stride_tricks.")
 RULED = -1  # `outputs` of a function with a meta rule: the rule's result says how many
 RULES: dict[str, Callable] = {}  # path -> meta rule: a Spec, or a tuple of them
@@ -36,17 +36,17 @@ def public(path: str) -> bool:
 
 
 def allowed(path: str) -> bool:
-    """True if np.<path> may run by name on a worker (mwrt/ops/npallow.py lists it)."""
-    return npallow.allowed(path)
+    """True if np.<path> may run by name on a worker (mwrt/ops/numpy_allowlist.py lists it)."""
+    return numpy_allowlist.allowed(path)
 
 
 def resolve(xp, path: str, inplace: bool = False):
     """The function at `path` ("linalg.inv") in namespace `xp`; refuses what is not listed."""
-    if isinstance(path, str) and not npallow.allowed(path, inplace) and public(path) \
+    if isinstance(path, str) and not numpy_allowlist.allowed(path, inplace) and public(path) \
             and isinstance(getattr(np, path, None), type):
         raise TypeError(f"np.{path}: not a function (got type), so not a NumPy function mwrt "
                         "runs by name on a worker")
-    return npallow.resolve(xp, path, inplace)
+    return numpy_allowlist.resolve(xp, path, inplace)
 
 
 def _on_device(xp, value):
@@ -105,7 +105,7 @@ register("numpy_", _inplace_impl, lambda target, path, *args, **kwargs: None, in
          doc="A NumPy function that changes its first argument, by module path, in place.")
 
 
-# -- rules (nprules.py): shapes by hand, dtypes by NumPy on small probes ---------------
+# -- rules (numpy_shape_rules.py): shapes by hand, dtypes by NumPy on small probes ---------------
 
 def _probe(value, n: int = 2):
     """A small well-behaved stand-in of a Spec's dtype and ndim: identity matrices (invertible,

@@ -2,7 +2,7 @@
 
 Every connection first proves the job's secret (the HMAC challenge of protocol.auth, both
 ways); then requests and replies are msgpack frames with a length prefix, and `wait`/`get`
-block on the server side up to the caller's timeout. The server lives in store.server.
+block on the server side up to the caller's timeout. The server lives in store.tcp_store_server.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import time
 from .. import config
 from ..errors import AuthError, QuotaError, RendezvousError, RendezvousTimeoutError, WireError
 from ..protocol.auth import client_handshake
-from .server import (
+from .stores import Store, as_bytes
+from .tcp_store_server import (
     HANDSHAKE_SECONDS,
     StoreServer,
     check_secure,
@@ -23,7 +24,6 @@ from .server import (
     recv_frame,
     send_frame,
 )
-from .stores import Store, as_bytes
 
 # -- TCPStore ----------------------------------------------------------------------------
 #
