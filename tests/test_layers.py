@@ -142,7 +142,7 @@ MASTER_LAYERS = [
                 "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
                "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
-               "mesh.slicing",
+               "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting",
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
                  "torchtensor", "torchcreation", "torchmodule"}),

@@ -4,8 +4,9 @@ Hypothesis writes a short program, as tests/test_differential.py does for one no
 variables laid on a mesh (1-D of 2, 3 or 4 local nodes, or 2x2) with every placement:
 Shard(axis) (uneven, size-0 and size-1 axes; on 2x2 one per dimension), Replicate(), and
 Partial (a sum of parts). Lines: elementwise ops with arrays, Python and NumPy scalars,
-in-place ops, reductions, matmul, shape ops, indexing and setitem, redistribute, graphs
-captured and replayed, two streams per node (a slow write first, so a missing order shows).
+in-place ops, reductions and scans, matmul, shape ops and joins, indexing and setitem,
+redistribute, graphs captured and replayed, two streams per node (a slow write first, so a
+missing order shows).
 Each line runs on NumPy first; a line NumPy refuses is dropped. Every variable is then
 compared: the handle's shape and dtype, and the value, dtype and shape of `.numpy()`.
 
@@ -50,12 +51,16 @@ AXES = ["", "axis=0", "axis=-1", "axis=0, keepdims=True", "keepdims=True", "axis
 VIEWS = ["[1:]", "[::2]", ".T", "[0]", "[None]", "[:, 1:]", "[-1]", ".reshape(-1)", "[:, 0]",
          "[..., 0]",
          ".ravel()", ".swapaxes(0, -1)", ".squeeze()", "[1:4]", "[[0, -1]]", "[{a} > 0]",
-         ".flatten()", ".reshape(-1, 1)", "np.transpose({a})", "np.expand_dims({a}, 0)"]
+         ".flatten()", ".reshape(-1, 1)", "np.transpose({a})", "np.expand_dims({a}, 0)",
+         ".reshape(2, -1)", ".reshape(-1, 2)", ".reshape(1, -1, 1)", "np.squeeze({a}, 0)",
+         "np.expand_dims({a}, -1)", ".squeeze(-1)"]
 FUNCTIONS = ["np.where({a} > 0, {a}, {s})", "np.clip({a}, 1, 3)", "np.maximum({a}, {b})",
              "np.concatenate([{a}, {b}])", "np.concatenate([{a}, {b}], axis=-1)",
              "np.stack([{a}, {b}])", "np.sort({a}, axis=0)", "np.argsort({a}, axis=-1)",
              "np.matmul({a}, {b})", "np.dot({a}, {b})", "{a} @ {b}.T", "np.round({a})",
-             "{a}.astype(np.float64)", "{a}.copy()", "np.abs({a} - {b})"]
+             "{a}.astype(np.float64)", "{a}.copy()", "np.abs({a} - {b})",
+             "np.concatenate([{a}, {b}, {a}], axis=0)", "np.cumprod({a}, axis=0)",
+             "np.cumsum({a}, axis=-1)", "np.stack([{a}, {b}], axis=-1)"]
 
 
 class _NumpyWorld:
@@ -269,7 +274,8 @@ def _line(draw, env: dict, known: dict, mesh: str):
         value = draw(st.sampled_from([b, s]))
         return f"{a} {draw(st.sampled_from(INPLACE))} {value}", None, lambda: None
     if kind == "setitem" and a in arrays and va.writable():
-        index = draw(st.sampled_from(["0", "1:", "...", "::2", "-1", "{a} > 0", ":, 1"]))
+        index = draw(st.sampled_from(["0", "1:", "...", "::2", "-1", "{a} > 0", ":, 1",
+                                      "1:3", ":-1"]))
         value = draw(st.sampled_from([b, s, "np.arange(2.0)", "np.ones((1, 1), np.int8)"]))
         return f"{a}[{index.format(a=a)}] = {value}", None, lambda: None
     if kind == "func":
@@ -293,7 +299,7 @@ def _line(draw, env: dict, known: dict, mesh: str):
 
 
 def _reduction(draw, a: str, new: str) -> str:
-    name = draw(st.sampled_from(REDUCTIONS + ["cumsum"]))
+    name = draw(st.sampled_from(REDUCTIONS + ["cumsum", "cumprod"]))
     args = draw(st.sampled_from(AXES))
     if draw(st.booleans()):
         return f"{new} = {a}.{name}({args})"

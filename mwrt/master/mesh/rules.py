@@ -8,8 +8,8 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
   Partial(sum) operand stays Partial under a scalar multiply/divide or a sum with its like;
   one that joins a sharded result is reduce_scattered to its blocks, others all_reduced.
 - reductions: over unsharded axes keep the shards; over a sharded axis give Partial(sum, max,
-  min, prod) (mean: a sum scaled by the global count); var, std, argmax and argmin over it
-  run in two phases (twophase.py).
+  min, prod) (mean: a sum scaled by the global count); var, std, argmax, argmin, cumsum and
+  cumprod over it run in two phases (twophase.py).
 - matmul: Shard(row) @ Replicate -> Shard(row); Replicate @ Shard(col) -> Shard(col);
   Shard(contraction) @ Shard(contraction) -> Partial(sum); stacks sharded on a batch axis
   (both alike, or one with the other replicated and broadcast along it) keep it.
@@ -214,7 +214,7 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
         axes = tuple(range(t.ndim))
     else:
         axes = normalize_axes(axis, t.ndim, name) if not isinstance(axis, Slot) else ()
-    if (name in twophase.MOMENTS or name in twophase.INDEXES) and any(
+    if (name in twophase.MOMENTS or name in twophase.INDEXES or name in twophase.SCANS) and any(
             type(p) is Shard and p.axis in axes for p in t._placements):
         whole = twophase.plan(name, t, args, kwargs, axes)
         if whole is not None:

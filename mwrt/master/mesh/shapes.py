@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.meta_helpers import normalize_axes
-from . import slicing
+from . import regroup, setting, slicing
 from .moves import pick
 from .placement import Shard, basic_index, local_box
-from .plan import Plan, no_plan, no_rule, replicated_only
+from .plan import Plan, Slot, no_plan, no_rule, replicated_only
 
 PERMUTING = {"transpose", "swapaxes", "moveaxis", "expand_dims"}
 
@@ -27,16 +27,16 @@ def permuting(name, operands, args, kwargs, spec, resolve) -> Plan:
 
 
 def squeeze(name, operands, args, kwargs, spec, resolve) -> Plan:
+    """The sharded axis follows; a squeezed sharded axis (length 1) is a reshape whose result
+    is sharded on another axis (regroup.py)."""
     t = operands[0]
     axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
     gone = (tuple(a for a, n in enumerate(t.shape) if n == 1) if axis is None
             else normalize_axes(axis, t.ndim, "squeeze"))
-    out = []
-    for p in t._placements:
-        if type(p) is Shard and p.axis in gone:
-            raise no_rule(name, operands, "squeezing the sharded axis: replicate first "
-                          "(t.replicate())")
-        out.append(Shard(p.axis - sum(a < p.axis for a in gone)) if type(p) is Shard else p)
+    if any(type(p) is Shard and p.axis in gone for p in t._placements):
+        return _regrouped(name, operands, spec, "squeezing the sharded axis")
+    out = [Shard(p.axis - sum(a < p.axis for a in gone)) if type(p) is Shard else p
+           for p in t._placements]
 
     def explicit(i, name, args, kwargs):
         return name, args[:1], {"axis": gone}
@@ -44,27 +44,44 @@ def squeeze(name, operands, args, kwargs, spec, resolve) -> Plan:
 
 
 def reshape(name, operands, args, kwargs, spec, resolve) -> Plan:
+    """A reshape that keeps the sharded axis and those before it runs block by block (a
+    view where NumPy's is); another in C order moves runs of elements (regroup.py)."""
     t = operands[0]
     new = spec.shape
     sharded = {p.axis for p in t._placements if type(p) is Shard}
-    if name in ("flatten", "ravel") and t.ndim == 1:
-        return Plan(t._placements)
-    if not sharded:
+    if not sharded or (name in ("flatten", "ravel") and t.ndim == 1):
         return Plan(t._placements)
     last = max(sharded)
-    if name != "reshape" or tuple(new[:last + 1]) != tuple(t.shape[:last + 1]):
-        raise no_rule(name, operands, f"a reshape keeps the sharded axis {last} and those "
-                      f"before it (got {t.shape} -> {new}); replicate first (t.replicate()) "
-                      "or shard axis 0")
-    mesh = t._mesh
+    if tuple(new[:last + 1]) == tuple(t.shape[:last + 1]):
+        if name != "reshape":  # flatten, ravel: blocks of their own lengths
+            return Plan(t._placements)
+        mesh = t._mesh
 
-    def local_shape(i, name, args, kwargs):
-        box = local_box(t.shape, t._placements, mesh.shape, mesh.coords[i])
-        shape = list(new)
-        for a in sharded:
-            shape[a] = box[a][1] - box[a][0]
-        return name, (args[0], tuple(shape)), {}
-    return Plan(t._placements, adjust=local_shape)
+        def local_shape(i, name, args, kwargs):
+            box = local_box(t.shape, t._placements, mesh.shape, mesh.coords[i])
+            shape = list(new)
+            for a in sharded:
+                shape[a] = box[a][1] - box[a][0]
+            return name, (args[0], tuple(shape)), kwargs
+        return Plan(t._placements, adjust=local_shape)
+    if kwargs or args[2 if name == "reshape" else 1:]:  # order="F": no plan
+        raise no_rule(name, operands, f"a reshape in order F keeps the sharded axis {last} "
+                      "and those before it; replicate first (t.replicate())")
+    return _regrouped(name, operands, spec, f"a reshape ({t.shape} -> {new})")
+
+
+def _regrouped(name, operands, spec, what: str) -> Plan:
+    """The reshape of operands[0] to spec's shape that moves runs, where regroup takes it;
+    to a 0-d result, its one element broadcast from the place that holds it."""
+    t = operands[0]
+    if not spec.shape:
+        return Plan(None, whole=lambda: pick(t, (0,) * t.ndim, spec))
+    axis = regroup.reshape_axis(t, tuple(spec.shape))
+    if axis is None:
+        raise no_rule(name, operands, f"{what} moves elements between shards where no axis "
+                      "of the result has as many elements before it as the sharded axis; "
+                      "replicate first (t.replicate())")
+    return Plan(None, whole=lambda: regroup.reshape(t, spec, axis))
 
 
 def axiswise(name, operands, args, kwargs, spec, resolve) -> Plan:
@@ -116,64 +133,82 @@ def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
 
 
 def join(name, operands, args, kwargs, spec, resolve) -> Plan:
-    """concatenate, stack: operands placed alike, joined along an axis none of them shards
-    (stack's new axis moves the sharded axes after it)."""
+    """concatenate, stack: operands sharded alike or replicated, joined along an axis none
+    shards (a replicated one cut to each block); concatenate along the sharded axis moves
+    runs to the result's blocks (regroup.py)."""
     for t in operands:
         resolve(t)
-    first = operands[0]._placements
     if len(args) < 1 or type(args[0]) is not tuple or len(operands) != len(args[0]) or \
-            any(t._placements != first for t in operands):
+            set(kwargs) - {"axis"} or len(args) > 2:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
-    ndim = operands[0].ndim
     axis = kwargs.get("axis", args[1] if len(args) > 1 else 0)
     if axis is None:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
-    axis %= ndim + (name == "stack")
-    if name == "concatenate" and any(p == Shard(axis) for p in first):
-        raise no_rule(name, operands, "concatenate along the sharded axis: replicate first "
-                      "(t.replicate()) or join along another axis")
-    shift = name == "stack"
-    return Plan(tuple(Shard(p.axis + (shift and p.axis >= axis)) if type(p) is Shard else p
-                      for p in first))
+    stack = name == "stack"
+    axis %= operands[0].ndim + stack
+    placed = regroup.join_in_place(operands, axis, stack, tuple(spec.shape))
+    if placed is not None:
+        return Plan(placed[0], placed[1])
+    dim = None if stack else regroup.join_dim(operands, axis)
+    if dim is None:
+        raise no_rule(name, operands, f"{name} of operands sharded on different axes: "
+                      "redistribute them alike (t.redistribute(...)) or replicate first")
+    return Plan(None, whole=lambda: regroup.concatenate(operands, axis, dim, spec))
 
 
 def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
-    """t[index] = value (a scalar or a master array): each place writes the part of `index`
-    in its block, from its part of `value`."""
+    """t[index] = value (a scalar, a master array, or a mesh tensor): each place writes the
+    part of `index` in its block, from its part of `value` (setting.py moves a sharded mesh
+    value's runs to the places that write them)."""
     t = operands[0]
     resolve(t)
     entries = basic_index(args[1], t.ndim)
     sharded = {p.axis for p in t._placements if type(p) is Shard}
-    if not sharded:
+    mesh_value = len(operands) == 2 and type(args[2]) is Slot and args[2].k == 1
+    if not sharded and not (mesh_value and entries is not None):
         return replicated_only(name, operands, args, kwargs, spec, resolve)
-    if entries is None or len(operands) > 1 or None in entries:
+    if entries is None or (len(operands) > 1 and not mesh_value) or None in entries:
         raise no_rule(name, operands, "setting through a sharded tensor takes basic indices "
-                      "and a scalar or an array; replicate first (t.replicate()) or set each "
-                      "shard (t.shards())")
-    value = args[2]
-    if isinstance(value, (tuple, list)):
-        value = np.asarray(value)
-    mesh, skip, local_index, parts = t._mesh, [], {}, {}
+                      "and a scalar, an array or a mesh tensor; replicate first "
+                      "(t.replicate()) or set each shard (t.shards())")
+    skip, local_index, cuts = _local_parts(t, entries, sharded)
+    if mesh_value:
+        parts = setting.values(t, operands[1], entries, cuts, skip, resolve)
+        if parts is None:
+            raise no_rule(name, operands, "a mesh value sharded where the target is not, "
+                          "or along two mesh dimensions: redistribute it (t.replicate())")
+    else:
+        value = args[2]
+        if isinstance(value, (tuple, list)):
+            value = np.asarray(value)
+        parts = {i: _part(value, cut) for i, cut in cuts.items()}
+
+    def local(i, name, args, kwargs):
+        return name, (args[0], local_index[i], parts[i], *args[3:]), kwargs
+    return Plan(None, adjust=local, skip=skip)
+
+
+def _local_parts(t, entries: list, sharded: set) -> tuple:
+    """(the places that write nothing, {place: its part of the index, in its block},
+    {place: per axis of t[index], the positions of its part there})."""
+    mesh, skip, local_index, cuts = t._mesh, set(), {}, {}
     for i, coord in enumerate(mesh.coords):
         box = local_box(t.shape, t._placements, mesh.shape, coord)
-        index, cut = [], []  # cut: per axis of t[index], the place's part of it
+        index, cut = [], []
         for ax, item in entries:
             mine = item
             if ax in sharded:
                 mine = _localize(item, t.shape[ax], *box[ax])
                 if mine is None:
-                    skip.append(i)
+                    skip.add(i)
                     break
             if isinstance(item, slice):
                 cut.append(_positions(item, t.shape[ax], mine, box[ax][0])
                            if ax in sharded else slice(None))
             index.append(mine)
-        local_index[i] = tuple(index)
-        parts[i] = _part(value, cut)
-
-    def local(i, name, args, kwargs):
-        return name, (args[0], local_index[i], parts[i], *args[3:]), kwargs
-    return Plan(None, adjust=local, skip=set(skip))
+        else:
+            local_index[i], cuts[i] = tuple(index), cut
+    return skip, local_index, cuts
 
 
 def _positions(item: slice, length: int, local: slice, lo: int) -> slice:

@@ -2,17 +2,14 @@
 on that axis, its blocks as np.array_split cuts the result's length.
 
 Each place first takes, as a view, the part of its block that the slice selects; those parts
-hold consecutive runs of the result, of any lengths. Each place then receives from the
-places of its line (along the mesh dimension that shards the axis) the pieces of those runs
-that fall in its own block, worker to worker, and joins them: no place holds more than its
-block and the pieces it sends. The result is a copy (NumPy's is a view of A).
+hold consecutive runs of the result, of any lengths, which runs.exchange moves to the places
+whose blocks they fall in, worker to worker. The result is a copy (NumPy's is a view of A).
 """
 
 from __future__ import annotations
 
-import math
-
 from .. import issue, ordering
+from . import runs
 from .placement import Shard, bounds, local_box
 
 
@@ -35,38 +32,22 @@ def take(t, index: list, axis: int, spec):
     mesh, entries = t._mesh, [item for _, item in index]
     dim = next(d for d, p in enumerate(t._placements) if p == Shard(axis))
     start, stop, step = entries[axis].indices(t.shape[axis])
-    parts, runs = [], []  # per place: its selected part (a view), the result run it holds
+    parts, held = [], []  # per place: its selected part (a view), the result run it holds
     for i, coord in enumerate(mesh.coords):
         lo, hi = local_box(t.shape, t._placements, mesh.shape, coord)[axis]
-        first = _count(start, lo, step)  # selected indices before the block
-        last = _count(start, min(max(stop, lo), hi), step)
+        first = runs.count(start, lo, step)  # selected indices before the block
+        last = runs.count(start, min(max(stop, lo), hi), step)
         own = start + first * step - lo  # the first selected index, in block coordinates
         local = list(entries)
         local[axis] = slice(own, own + (last - first - 1) * step + 1, step) if last > first \
             else slice(0, 0)
         parts.append(issue.call("getitem", t._locals[i], tuple(local)))
-        runs.append((first, last))
+        held.append((first, last))
     length = spec.shape[axis]
-    blocks: list = [None] * mesh.size
-    for line in mesh.groups(dim):
-        for k, p in enumerate(line):
-            a, b = bounds(length, mesh.shape[dim], k)
-            node, device = mesh.places[p]
-            pieces = [_cut(parts[q], axis, max(a, runs[q][0]) - runs[q][0],
-                           min(b, runs[q][1]) - runs[q][0]).to(node=node, device=device)
-                      for q in line if min(b, runs[q][1]) > max(a, runs[q][0])]
-            blocks[p] = issue.call("concatenate", pieces or [_cut(parts[p], axis, 0, 0)],
-                                   axis=axis)
+    wanted = [bounds(length, mesh.shape[dim], coord[dim]) for coord in mesh.coords]
+    blocks = runs.exchange(mesh, dim, axis, [[(part, *run)] for part, run in
+                                             zip(parts, held)], wanted)
     return t.results.on_mesh(mesh, t._placements, blocks, spec)
-
-
-def _count(start: int, end: int, step: int) -> int:
-    """How many of start, start + step, ... lie before `end`."""
-    return max(0, math.ceil((end - start) / step))
-
-
-def _cut(part, axis: int, lo: int, hi: int):
-    return issue.call("getitem", part, (slice(None),) * axis + (slice(lo, hi),))
 
 
 __all__ = ["plannable", "take"]

@@ -6,8 +6,14 @@ place reduces its block, then the places combine (an all_reduce of a small resul
 - argmax, argmin: the extreme (a Partial max or min, made real as the comparison takes it),
   then the least global position where a block holds it (a Partial min): NumPy's first
   occurrence, NaN first where there is one.
+- cumsum, cumprod: each place scans its block and reduces it (its total, the identity for
+  an empty block); the totals, one element along the axis per place, are all_gathered along
+  the mesh dimension; each place combines those of the places before it (an exclusive
+  scan) into its scan. Integers wrap as NumPy's do (in any order); floats round in
+  another order than NumPy's one pass.
 
-Each is written with mesh ops on the operand, so every step takes its placement rule.
+Each is written with mesh ops on the operand where it can be, so every step takes its
+placement rule.
 """
 
 from __future__ import annotations
@@ -18,21 +24,26 @@ import numpy as np
 
 from ...ops import Spec
 from .. import issue
+from .moves import redistribute
 from .placement import REPLICATE, Shard, local_box
 
 MOMENTS = {"var", "std"}
 INDEXES = {"argmax", "argmin"}
-_PLAIN = {"axis", "keepdims", "ddof"}  # arguments these plans take; others: no plan
+SCANS = {"cumsum": ("sum", "add"), "cumprod": ("prod", "multiply")}  # total, combine
+_PLAIN = {"axis", "keepdims", "ddof", "dtype"}  # arguments these plans take; others: none
 
 
 def plan(name: str, t, args: tuple, kwargs: dict, axes: tuple):
     """The two-phase computation of `name` over `axes` as a function of nothing, or None
     where it has none (other arguments, empty axes, complex extremes)."""
-    if len(args) > 2 or set(kwargs) - _PLAIN or not axes:
+    if len(args) > 2 or set(kwargs) - _PLAIN or not axes or (
+            "dtype" in kwargs and name not in SCANS):
         return None
     keepdims = bool(kwargs.get("keepdims", False))
     if name in MOMENTS and math.prod(t.shape[a] for a in axes):
         return lambda: _moment(name, t, axes, int(kwargs.get("ddof", 0)), keepdims)
+    if name in SCANS:
+        return _scan_plan(name, t, args, kwargs)
     if name in INDEXES and len(axes) == 1 and "ddof" not in kwargs and \
             t.dtype.kind in "biuf" and t.shape[axes[0]] and (
                 kwargs.get("axis", args[1] if len(args) > 1 else None) is not None):
@@ -71,3 +82,43 @@ def _positions(t, axis: int):
                                    block._device, (lo, hi, 1)))
     placements = tuple(Shard(0) if p == Shard(axis) else REPLICATE for p in t._placements)
     return t.results.on_mesh(mesh, placements, blocks, Spec((t.shape[axis],), dtype))
+
+
+def _scan_plan(name: str, t, args: tuple, kwargs: dict):
+    """The two-phase scan along t's axis that one mesh dimension shards (its other
+    dimensions not on it, none Partial), as a function of nothing; None otherwise."""
+    axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
+    if axis is None and t.ndim == 1:
+        axis = 0
+    if axis is None or "keepdims" in kwargs or "ddof" in kwargs:
+        return None
+    axis %= t.ndim
+    dims = [d for d, p in enumerate(t._placements) if p == Shard(axis)]
+    if len(dims) != 1 or any(p.is_partial() for p in t._placements):
+        return None
+    extra = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
+    return lambda: _scan(name, t, axis, dims[0], extra)
+
+
+def _scan(name: str, t, axis: int, dim: int, extra: dict):
+    total, combine = SCANS[name]
+    mesh = t._mesh
+    scans = [issue.call(name, block, axis=axis, **extra) for block in t._locals]
+    totals = [issue.call(total, block, axis=axis, keepdims=True, **extra)
+              for block in t._locals]
+    shape = t.shape[:axis] + (mesh.shape[dim],) + t.shape[axis + 1:]
+    spread = t.results.on_mesh(mesh, t._placements, totals,
+                               Spec(shape, np.dtype(scans[0].dtype)))
+    whole = redistribute(spread, tuple(REPLICATE if d == dim else p
+                                       for d, p in enumerate(t._placements)))
+    blocks = []
+    for i, coord in enumerate(mesh.coords):
+        k = coord[dim]  # the places before this one along the line
+        if k == 0:
+            blocks.append(scans[i])
+            continue
+        before = issue.call("getitem", whole._locals[i], (slice(None),) * axis + (slice(0, k),))
+        blocks.append(issue.call(combine, scans[i], issue.call(
+            total, before, axis=axis, keepdims=True, **extra)))
+    return t.results.on_mesh(mesh, t._placements, blocks,
+                             Spec(t.shape, np.dtype(scans[0].dtype)))

@@ -1,0 +1,151 @@
+"""Reshapes and joins of sharded tensors, with the result sharded and no place gathering it.
+
+- A reshape (flatten, ravel, a squeeze of a length-1 sharded axis) in C order whose sharded
+  axis has as many elements before it as some axis of the result: each place reads its
+  block as rows (the elements before the axis) of consecutive columns, runs of the result's
+  columns; the result is sharded on that axis of its own (the longest such), and
+  runs.exchange moves each place the columns of its block. A copy (NumPy's may view).
+- concatenate along the sharded axis: each operand's blocks are runs of the result's axis
+  at its offset (a replicated operand's, a run every place holds), moved by runs.exchange
+  to the result's blocks, as np.array_split cuts its length.
+- concatenate and stack along another axis, of operands sharded alike or replicated: each
+  replicated one is cut at every place to the result's block, as a view; nothing moves.
+
+A plan that moves runs between nodes stays out of graph captures, which cannot record it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import issue, ordering
+from . import runs
+from .placement import REPLICATE, Shard, bounds, local_box
+
+
+def _one_shard(t) -> tuple[int, int] | None:
+    """(mesh dimension, axis) of t's one Shard, its other dimensions Replicate; else None."""
+    shards = [(d, p.axis) for d, p in enumerate(t._placements) if type(p) is Shard]
+    if len(shards) != 1 or any(type(p) not in (Shard, type(REPLICATE))
+                               for p in t._placements):
+        return None
+    return shards[0]
+
+
+def reshape_axis(t, new: tuple) -> int | None:
+    """The result's axis that a C-order reshape of t to `new` keeps sharded (with as many
+    elements before it as before t's sharded axis; the longest), where the exchange plan
+    takes t; else None."""
+    found = _one_shard(t)
+    if found is None or ordering.capture or not new:
+        return None
+    before = math.prod(t.shape[:found[1]])
+    fits = [j for j in range(len(new)) if math.prod(new[:j]) == before]
+    return max(fits, key=lambda j: new[j]) if fits else None
+
+
+def reshape(t, spec, j: int):
+    """t reshaped to spec.shape (C order), sharded on the result's axis `j` (see above)."""
+    mesh, new = t._mesh, tuple(spec.shape)
+    dim, k = _one_shard(t)  # type: ignore[misc]  # reshape_axis found it
+    rows = math.prod(t.shape[:k])
+    inner, inner_new = math.prod(t.shape[k + 1:]), math.prod(new[j + 1:])
+    held, wanted = [], []
+    for i, coord in enumerate(mesh.coords):
+        lo, hi = local_box(t.shape, t._placements, mesh.shape, coord)[k]
+        flat = issue.call("reshape", t._locals[i], (rows, (hi - lo) * inner))
+        held.append([(flat, lo * inner, hi * inner)])
+        a, b = bounds(new[j], mesh.shape[dim], coord[dim])
+        wanted.append((a * inner_new, b * inner_new))
+    joined = runs.exchange(mesh, dim, 1, held, wanted)
+    blocks = []
+    for block, coord in zip(joined, mesh.coords):
+        a, b = bounds(new[j], mesh.shape[dim], coord[dim])
+        blocks.append(issue.call("reshape", block, new[:j] + (b - a,) + new[j + 1:]))
+    placements = tuple(Shard(j) if d == dim else p for d, p in enumerate(t._placements))
+    return t.results.on_mesh(mesh, placements, blocks, spec)
+
+
+def join_dim(operands: list, axis: int) -> int | None:
+    """The mesh dimension that shards `axis` where concatenating `operands` along it has the
+    exchange plan (each operand sharded there or replicated, along the other dimensions
+    placed alike and not on `axis`); else None."""
+    if ordering.capture:
+        return None
+    dims = {d for t in operands for d, p in enumerate(t._placements) if p == Shard(axis)}
+    if len(dims) != 1:
+        return None
+    dim = dims.pop()
+    first = operands[0]._placements
+    for t in operands:
+        if t._placements[dim] not in (Shard(axis), REPLICATE) or any(
+                p != first[d] or type(p) not in (Shard, type(REPLICATE))
+                for d, p in enumerate(t._placements) if d != dim):
+            return None
+    return dim
+
+
+def concatenate(operands: list, axis: int, dim: int, spec):
+    """np.concatenate(operands, axis), sharded on `axis` along mesh dimension `dim`."""
+    mesh = operands[0]._mesh
+    held: list = [[] for _ in range(mesh.size)]
+    everywhere, offset = [], 0
+    for t in operands:
+        parts = [_as(block, spec.dtype) for block in t._locals]
+        if t._placements[dim] == REPLICATE:
+            everywhere.append((parts, offset, offset + t.shape[axis]))
+        else:
+            for i, coord in enumerate(mesh.coords):
+                lo, hi = local_box(t.shape, t._placements, mesh.shape, coord)[axis]
+                held[i].append((parts[i], offset + lo, offset + hi))
+        offset += t.shape[axis]
+    wanted = [bounds(offset, mesh.shape[dim], coord[dim]) for coord in mesh.coords]
+    blocks = runs.exchange(mesh, dim, axis, held, wanted, everywhere)
+    placements = tuple(Shard(axis) if d == dim else p
+                       for d, p in enumerate(operands[0]._placements))
+    return operands[0].results.on_mesh(mesh, placements, blocks, spec)
+
+
+def _as(block, dtype):
+    """block in the result's dtype: a place may receive pieces of one operand only."""
+    return block if block.dtype == dtype else issue.call("astype", block, dtype.str)
+
+
+def join_in_place(operands: list, axis: int, stack: bool, shape: tuple):
+    """(the result's placements, {operand: its blocks cut}) of concatenate (stack, if
+    `stack`) along `axis` of operands sharded alike on other axes or replicated, the
+    result of `shape`; None where they are not so."""
+    mesh = operands[0]._mesh
+    out: list = []
+    for d in range(mesh.ndim):
+        shards = {t._placements[d] for t in operands} - {REPLICATE}
+        if not shards:
+            out.append(REPLICATE)
+            continue
+        p = shards.pop()
+        if shards or type(p) is not Shard or (p.axis == axis and not stack):
+            return None
+        out.append(Shard(p.axis + (stack and p.axis >= axis)))
+    views = {}
+    for k, t in enumerate(operands):
+        cut = []  # the result's sharded axes along which t is whole: cut to the block
+        for a in {o.axis for o in out if type(o) is Shard}:
+            mine = [t._placements[d] != REPLICATE for d, o in enumerate(out) if o == Shard(a)]
+            if any(mine) and not all(mine):
+                return None
+            if not any(mine):
+                cut.append(a)
+        if cut:
+            views[k] = [issue.call("getitem", t._locals[i], _box_index(
+                local_box(shape, tuple(out), mesh.shape, coord), cut, axis, stack))
+                for i, coord in enumerate(mesh.coords)]
+    return tuple(out), views
+
+
+def _box_index(box: tuple, cut: list, axis: int, stack: bool) -> tuple:
+    """The index of an operand's part of a result block `box` along the result's axes
+    `cut` (stack's new axis `axis` is not the operand's)."""
+    index = [slice(None)] * (len(box) - stack)
+    for a in cut:
+        index[a - (stack and a > axis)] = slice(*box[a])
+    return tuple(index)
