@@ -16,6 +16,7 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.parametrize("script, args", [
     ("bench_ops.py", ["--quick"]),
+    ("bench_hops.py", ["--reps", "100"]),
     ("bench_streams.py", ["--quick"]),
     ("bench_channels.py", ["--quick"]),
     ("bench_collectives.py", ["--quick", "--sizes", "4K", "--world", "2"]),

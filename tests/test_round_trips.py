@@ -13,6 +13,7 @@ the round trip fails here, without timing anything.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -142,6 +143,39 @@ def test_stats_count_waits_per_line(cluster):
     row = next(r for r in after["lines"]
                if r["call"] == "int()" and "test_round_trips.py" in r["line"])
     assert row["count"] >= 4
+
+
+def _path(kind: str) -> tuple:
+    """The most common path of `kind`'s round trip, by its notes (benchmarks/bench_hops.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    try:
+        import bench_hops
+    finally:
+        sys.path.pop(0)
+    mwrt.shutdown()  # the trace starts daemons of its own
+    return bench_hops.trace(kind, 100)["path"]
+
+
+_WAKES = {"worker: wakes from poll", "worker: sees it while spinning"}  # either, by load
+
+
+def test_a_read_takes_one_message_each_way_and_no_hand_off():
+    path = _path("read")  # each side's notes in its order (the two sides' may interleave)
+    assert [label for label in path if label.startswith("master")] == [
+        "master: op called", "master: batch encoded, send", "master: send returned",
+        "master: reply read", "master: value returned"]
+    assert [label for label in path if label.startswith("worker") and label not in _WAKES] == [
+        "worker: message read", "worker: batch decoded and admitted",
+        "worker: Get starts (socket thread)", "worker: reply encoded and sent",
+        "worker: reply send returned", "worker: Get done"]
+
+
+def test_a_small_op_and_its_read_run_on_the_socket_thread():
+    path = _path("sum")
+    assert "worker: Call starts (socket thread)" in path
+    assert "worker: Get starts (socket thread)" in path
+    assert not [label for label in path if "stream thread" in label or "forwards" in label]
+    assert path.count("master: reply read") == 1
 
 
 @pytest.mark.parametrize("limit", ["0", "4096"])

@@ -1,0 +1,209 @@
+"""The hops of one round trip, timed on both sides: where a sync read's time goes.
+
+A worker daemon is started with a few of its functions wrapped to note the time (the
+monotonic clock, which every process of a host shares), and the master's sends and reads
+are wrapped alike; then `x.numpy()` of one element and `float(t.sum())` of four run in a
+loop. Each round trip's notes, from both processes, are put in time order: the path they
+take (the most common sequence of notes) and the p50 of each hop along it. A change that
+adds a hop (a hand-off to a stream thread, a second message) shows as a new line of the
+path; the test (tests/test_round_trips.py) checks the read's path by its notes, untimed.
+
+Beside it, in the same run: a pyzmq DEALER/ROUTER echo between two fresh processes, and
+each side's CPU per round trip (the wrappers add about a microsecond a note).
+
+    python benchmarks/bench_hops.py [--reps N] [--workers N]
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np
+
+import mwrt
+from mwrt.master.cluster import local_spin_env
+from mwrt.protocol import auth, wire
+
+# Runs the daemon with its hops noted; the notes go to argv[1] when it stops.
+_WORKER = r"""
+import atexit, json, sys, threading, time, zmq
+from mwrt.protocol import wire
+from mwrt.worker import __main__ as main, daemon, executor
+NOTES, clock = [], time.perf_counter_ns
+def note(label, fn, when_true=False):
+    def wrapped(*args, **kwargs):
+        if not when_true:
+            NOTES.append((clock(), label))
+        got = fn(*args, **kwargs)
+        if when_true and got:
+            NOTES.append((clock(), label))
+        return got
+    return wrapped
+def on_thread(fn):  # which thread runs the command: the socket's, or its stream's
+    def wrapped(self, command, frames):
+        where = "stream thread" if threading.get_ident() == self.thread.ident else "socket thread"
+        NOTES.append((clock(), f"worker: {type(command).__name__} starts ({where})"))
+        fn(self, command, frames)
+        NOTES.append((clock(), f"worker: {type(command).__name__} done"))
+    return wrapped
+zmq.Poller.poll = note("worker: wakes from poll", zmq.Poller.poll, when_true=True)
+daemon.Daemon._spin = note("worker: sees it while spinning", daemon.Daemon._spin, True)
+daemon.Daemon._on_message = note("worker: message read", daemon.Daemon._on_message)
+daemon.Daemon._dispatch = note("worker: batch decoded and admitted", daemon.Daemon._dispatch)
+daemon.Daemon._forward = note("worker: forwards a stream's reply", daemon.Daemon._forward)
+executor.StreamExecutor.submit = note("worker: hands off to a stream thread",
+                                      executor.StreamExecutor.submit)
+executor.StreamExecutor.execute = on_thread(executor.StreamExecutor.execute)
+send = wire.send
+def noted_send(*args, **kwargs):
+    NOTES.append((clock(), "worker: reply encoded and sent"))
+    send(*args, **kwargs)
+    NOTES.append((clock(), "worker: reply send returned"))
+wire.send = noted_send
+atexit.register(lambda: json.dump(NOTES, open(sys.argv[1], "w")))
+main.main(sys.argv[2:])
+"""
+
+
+def _master_notes(notes: list):
+    """Wrap the master's send and read of a batch to note their times in `notes`."""
+    clock, send, recv = time.perf_counter_ns, wire.send_parts, wire.recv_parts
+
+    def send_parts(sock, parts):
+        notes.append((clock(), "master: batch encoded, send"))
+        send(sock, parts)
+        notes.append((clock(), "master: send returned"))
+
+    def recv_parts(sock):
+        got = recv(sock)
+        notes.append((clock(), "master: reply read"))
+        return got
+    wire.send_parts, wire.recv_parts = send_parts, recv_parts
+
+
+def _start_workers(count: int, folder: str, keys) -> list:
+    """`count` daemons on loopback, keyed like local workers, node 0's hops noted."""
+    path = os.path.join(folder, "worker.key")
+    keys.save(path)
+    env = dict(os.environ, **local_spin_env(count),
+               PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    workers = []
+    for i in range(count):
+        args = ["--listen", "127.0.0.1:0", "--key-file", path, "--parent-pid", str(os.getpid())]
+        workers.append(subprocess.Popen([sys.executable, "-c", _WORKER,
+                                         os.path.join(folder, f"notes{i}.json"), *args],
+                                        stdout=subprocess.PIPE, env=env, text=True))
+    return [(w, w.stdout.readline().split()[-1]) for w in workers]
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def trace(kind: str, reps: int, count: int = 1) -> dict:
+    """Run `kind` ("read" or "sum") `reps` times against fresh daemons; its hops and costs."""
+    worker_keys, master_keys = auth.generate_cluster_keys()
+    notes: list = []
+    with tempfile.TemporaryDirectory(prefix="mwrt-hops-") as folder:
+        workers = _start_workers(count, folder, worker_keys)
+        mwrt.init_master_worker([address.replace("tcp://", "") for _, address in workers],
+                                key=master_keys)
+        try:
+            x = mwrt.ones(1) if kind == "read" else mwrt.dist_send(np.array([1.5, 2.0, -3.25, 4.0]))
+            once = x.numpy if kind == "read" else (lambda: float(x.sum()))
+            for _ in range(200):
+                once()
+            spans, clock, pid = [], time.perf_counter_ns, workers[0][0].pid
+            _master_notes(notes)
+            usage, worker_cpu = resource.getrusage(resource.RUSAGE_SELF), _cpu_seconds(pid)
+            for _ in range(reps):
+                start = clock()
+                once()
+                spans.append((start, clock()))
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            worker_cpu = _cpu_seconds(pid) - worker_cpu
+        finally:
+            wire.send_parts, wire.recv_parts = _ORIGINAL
+            mwrt.shutdown()
+            for process, _ in workers:
+                process.terminate()
+                process.wait(10)
+                process.stdout.close()
+        with open(os.path.join(folder, "notes0.json")) as f:
+            notes += [tuple(n) for n in json.load(f)]
+    master_cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+    return dict(paths(sorted(notes), spans), master_cpu=master_cpu / reps,
+                worker_cpu=worker_cpu / reps)
+
+
+_ORIGINAL = (wire.send_parts, wire.recv_parts)
+
+
+def paths(notes: list, spans: list) -> dict:
+    """Each span's notes in time order: the most common path, each hop's p50 (us) along it.
+
+    A note belongs to the span it was made in, except that a worker's note after it read a
+    message belongs to that message's span (a worker descheduled after its send returns
+    notes it inside the next round trip)."""
+    by_span: list = [[("master: op called", start)] for start, _ in spans]
+    k, current = 0, None
+    for when, label in notes:
+        while k < len(spans) and spans[k][1] < when:
+            k += 1
+        if label == "worker: message read":
+            current = k
+        owner = current if label.startswith("worker") and label not in _WAKES else k
+        if owner is not None and owner < len(spans) and when >= spans[owner][0]:
+            by_span[owner].append((label, when))
+    for span, (_, end) in zip(by_span, spans):
+        span.append(("master: value returned", end))
+        span.sort(key=lambda note: note[1])
+    counts = collections.Counter(tuple(label for label, _ in span) for span in by_span)
+    path, seen = counts.most_common(1)[0]
+    taken = [span for span in by_span if tuple(label for label, _ in span) == path]
+    hops = [(path[i], statistics.median((s[i][1] - s[i - 1][1]) / 1e3 for s in taken))
+            for i in range(1, len(path))]
+    total = statistics.median((end - start) / 1e3 for start, end in spans)
+    return {"path": path, "hops": hops, "share": seen / len(spans), "p50": total}
+
+
+_WAKES = ("worker: wakes from poll", "worker: sees it while spinning")
+
+
+def echo_us(reps: int) -> float:
+    """p50 of a pyzmq DEALER/ROUTER echo between two fresh processes (bench_ops's)."""
+    import bench_ops
+
+    return bench_ops._fresh_line(bench_ops._FRESH_ECHO, reps, bench_ops._ECHO)[0]
+
+
+def main() -> None:
+    reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 2000
+    count = int(sys.argv[sys.argv.index("--workers") + 1]) if "--workers" in sys.argv else 1
+    load = os.getloadavg()[0]
+    for kind, what in (("read", "x.numpy(), 1 element"), ("sum", "float(t.sum()), 4 elements")):
+        got = trace(kind, reps, count)
+        echo = echo_us(reps)
+        print(f"\n{what}, {count} local worker(s), load {load:.1f}: p50 {got['p50']:.0f} us "
+              f"(echo {echo:.0f} us, {got['p50'] / echo:.2f}x); this path in "
+              f"{got['share']:.0%} of round trips")
+        print(f"  CPU per round trip: master {got['master_cpu'] * 1e6:.0f} us, worker "
+              f"{got['worker_cpu'] * 1e6:.0f} us (processes, every thread)")
+        print(f"  {'hop, ending at':58} {'p50 us':>8}")
+        for label, us in got["hops"]:
+            print(f"  {label:58} {us:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
