@@ -143,9 +143,10 @@ MASTER_LAYERS = [
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
                "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
                "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting",
-               "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad"}),  # a handle's fields, and the ops, copies and moves it issues
+               "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad",
+               "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
-                 "torchtensor", "torchcreation", "torchmodule"}),
+                 "torchtensor", "torchcreation", "torchmodule", "torchmeshmodule"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py
 ]
 

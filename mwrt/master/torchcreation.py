@@ -10,8 +10,10 @@ from typing import Any
 
 from ..arrays import HOST, as_shape
 from ..ops import torchops
-from . import context
+from . import context, torchmesh
 from .cluster import current
+from .mesh.device_mesh import current_mesh, wanted
+from .mesh.placement import local_box, shard_arg
 from .torchissue import sent, torch_call
 from .torchtensor import TorchTensor, ready
 
@@ -20,13 +22,27 @@ def put(tensor: Any, node: int | None = None, device: int | None = None,
         requires_grad: bool | None = None, **placement: Any) -> TorchTensor:
     """A local torch tensor copied to (node, device) as a torch tensor there."""
     ready()
-    if placement.get("mesh") is not None or placement.get("shard") is not None:
-        raise NotImplementedError("dist_send: torch tensors go to one node for now (got mesh= "
-                                  "or shard=); send a NumPy array to a mesh instead")
     grad = tensor.requires_grad if requires_grad is None else requires_grad
+    mesh, shard = placement.get("mesh"), placement.get("shard")
+    if node is None and (mesh is not None or shard is not None or current_mesh() is not None):
+        return _put_on_mesh(tensor, wanted(mesh, shard), shard, grad)
     target = current().node(context.current_node() if node is None else node)
     device = target.check_device(context.current_device() if device is None else device)
     made: Any = sent(tensor, target, device, grad, TorchTensor)
+    return made
+
+
+def _put_on_mesh(tensor: Any, mesh: Any, shard: Any, grad: bool) -> TorchTensor:
+    """A local torch tensor laid over `mesh` as `shard` asks: each place gets its block."""
+    placements = shard_arg(shard, tensor.ndim, mesh.ndim, "dist_send")
+    shape = tuple(tensor.shape)
+    blocks = [put(tensor[tuple(slice(lo, hi) for lo, hi in local_box(
+        shape, placements, mesh.shape, coord))], node.index, device, requires_grad=grad)
+        for node, (_, device), coord in zip(mesh.nodes, mesh.places, mesh.coords)]
+    spec: Any = torchmesh.mesh_spec(shape, tensor.dtype, grad)
+    made: Any = TorchTensor.on_mesh(mesh, placements, blocks, spec)
+    if grad:
+        torchmesh.remember(made, None)
     return made
 
 

@@ -32,6 +32,11 @@ _SCALARS = (int, float, bool, complex, str, type(None))
 _torch: Any = None  # the torch module, once a torch handle was made
 
 
+class OnMesh(Exception):
+    """Raised by the conversion of a call's arguments when one is a mesh tensor: the call
+    goes to mwrt.master.torchmesh instead (the one-place path pays nothing for it)."""
+
+
 def ready() -> Any:
     """torch, imported the first time a torch handle is made."""
     global _torch
@@ -198,6 +203,8 @@ def _convert_other(value, name: str):
     if value is Ellipsis:
         return value, value, (type(value), value)
     if isinstance(value, Handle):
+        if value._mesh is not None and value.holds_torch:
+            raise OnMesh(name)
         raise TypeError(f"{name}: a {value.kind} tensor meets a torch tensor; moving between "
                         "kinds is explicit: mwrt.dist_send(torch.from_numpy(t.numpy()), "
                         "node=...) for a torch handle, or t.numpy() of the torch one")

@@ -175,7 +175,7 @@ def module(model: Any, node: int | None = None, device: int | None = None) -> Re
 class _Family:
     """mwrt.torch.optim (or its lr_scheduler): torch.optim's classes by name, made remote."""
 
-    def __init__(self, prefix: str, maker: type):
+    def __init__(self, prefix: str, maker: Any):
         self._prefix, self._maker = prefix, maker
 
     def __getattr__(self, name: str) -> Any:

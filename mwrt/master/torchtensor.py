@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import HOST
-from . import torchgrad, transfer
+from . import torchgrad, torchmesh, transfer
 from .tensor import DistributedTensor
-from .torchissue import arrive, bits, from_raw, torch_call
+from .torchissue import OnMesh, arrive, bits, from_raw, torch_call
 from .torchissue import ready as torch_ready
 
 
@@ -38,7 +38,7 @@ class TorchTensor(DistributedTensor):
     def __torch_function__(cls, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         """Every torch function given a torch handle runs on the handle's worker."""
-        return torch_call(func, args, kwargs or {})
+        return dispatch(func, args, kwargs or {})
 
     # -- what the master knows without asking ----------------------------------------------
 
@@ -69,15 +69,17 @@ class TorchTensor(DistributedTensor):
     def grad(self) -> TorchTensor | None:
         """Its gradient on the worker (a handle); None, as torch's, until a backward reached
         it (the master follows the graph's shape: no wait) and after zero_grad()."""
+        if self._mesh is not None:  # each place's block knows; torchmesh asks place 0's
+            return dispatch(_torch().Tensor.grad.__get__, (self,), {})
         if not torchgrad.filled(self):
             if not self._spec.leaf:
                 warnings.warn(_NOT_LEAF, UserWarning, stacklevel=2)
             return None
-        return torch_call(_torch().Tensor.grad.__get__, (self,), {})
+        return dispatch(_torch().Tensor.grad.__get__, (self,), {})
 
     @grad.setter
     def grad(self, value: Any) -> None:
-        torch_call(_torch().Tensor.grad.__set__, (self, value), {})
+        dispatch(_torch().Tensor.grad.__set__, (self, value), {})
         torchgrad.set_filled(self, value is not None)
 
     def retain_grad(self) -> None:
@@ -122,6 +124,9 @@ class TorchTensor(DistributedTensor):
         """Shape, dtype and place, without asking the worker."""
         spec = self._spec
         grad = ", requires_grad=True" if spec.requires_grad else ""
+        if self._mesh is not None:
+            return (f"TorchTensor(shape={tuple(spec.shape)}, dtype={spec.dtype}{grad}, "
+                    f"placements={self._placements}, {self._mesh!r})")
         return (f"TorchTensor(shape={tuple(spec.shape)}, dtype={spec.dtype}{grad}, "
                 f"node={self._node.index}, device={self._device}, id={self._id})")
 
@@ -134,13 +139,18 @@ class TorchTensor(DistributedTensor):
         if self._spec.dtype == _torch().bfloat16:
             raise TypeError("numpy: NumPy has no bfloat16 (torch's numpy() refuses it too); "
                             "use t.torch() for a local torch tensor, or t.float().numpy()")
-        return transfer.fetch(bits(self, DistributedTensor))  # a copy, whatever `copy` says
+        return self._values()  # a copy, whatever `copy` says
 
     get = numpy
 
+    def _values(self) -> np.ndarray:
+        if self._mesh is not None:
+            return torchmesh.fetch(self, DistributedTensor)
+        return transfer.fetch(bits(self, DistributedTensor))
+
     def torch(self) -> Any:
         """Its values as a local torch tensor, of its dtype; waits for them."""
-        values = _torch().from_numpy(transfer.fetch(bits(self, DistributedTensor)))
+        values = _torch().from_numpy(self._values())
         dtype = self._spec.dtype
         return values.view(dtype) if values.dtype != dtype else values
 
@@ -168,7 +178,7 @@ class TorchTensor(DistributedTensor):
         `node=`, a copy on that node (the device stays unless given, as an mwrt index)."""
         if node is not None:
             return self._moved(node, kwargs.pop("device", self._device), *args, **kwargs)
-        return torch_call(_torch().Tensor.to, (self, *args), kwargs)
+        return dispatch(_torch().Tensor.to, (self, *args), kwargs)
 
     def dist_send(self, node: int | None = None, device: int | None = None) -> Any:
         """A copy on another node (worker to worker); the device stays unless given."""
@@ -207,8 +217,17 @@ def ready() -> Any:
     handle is made (nothing imports torch before)."""
     torch = torch_ready()
     if "matmul" not in TorchTensor.__dict__:
-        install_methods(TorchTensor, torch_call)
+        install_methods(TorchTensor, dispatch)
     return torch
+
+
+def dispatch(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """torch's `func` where its handles live: one place (torchissue), or a mesh
+    (torchmesh)."""
+    try:
+        return torch_call(func, args, kwargs)
+    except OnMesh:
+        return torchmesh.call(func, args, kwargs)
 
 
 def install_methods(cls: type, call: Callable) -> None:

@@ -80,9 +80,9 @@ def __getattr__(name: str):
     """The constructors of torch handles (master-worker mode), loaded on first use."""
     if name not in _HANDLES:
         raise AttributeError(f"module 'mwrt.torch' has no attribute {name!r}")
-    from ..master import torchcreation, torchmodule
+    from ..master import torchcreation, torchmeshmodule
 
-    return getattr(torchmodule if name in ("module", "optim") else torchcreation, name)
+    return getattr(torchmeshmodule if name in ("module", "optim") else torchcreation, name)
 
 
 __all__ = ["BACKEND", "MwrtProcessGroup", "MwrtWork", "TorchStore", "create_process_group"]
