@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 HOST = -1
@@ -18,14 +20,14 @@ CUDA_FIX = "pip install mwrt[cuda12] there (CuPy for CUDA 12)"
 
 
 def gpu_module():
-    """The module that makes GPU arrays here: mwrt.testing.fakegpu under MWRT_FAKE_GPUS
-    (tests), else cupy, or None when CuPy is not installed."""
+    """The module that makes GPU arrays here: the stand-in with CuPy's API that the settings
+    name (config.gpu_stand_in: the fake GPU under MWRT_FAKE_GPUS), else cupy, or None when
+    CuPy is not installed."""
     from . import config
 
-    if config.get("fake_gpus") > 0:
-        from .testing import fakegpu
-
-        return fakegpu
+    stand_in = config.gpu_stand_in()
+    if stand_in:  # by name: no test double stands below the real code
+        return importlib.import_module(stand_in)
     try:
         import cupy
     except ImportError:
@@ -34,9 +36,10 @@ def gpu_module():
 
 
 def in_host_memory(value) -> bool:
-    """Whether `value` lives in host memory: a NumPy array or scalar, not a (fake) GPU array."""
+    """Whether `value` lives in host memory: a NumPy array or scalar, not a GPU array (a
+    stand-in's GPU arrays may subclass NumPy's; like CuPy's, they declare CUDA memory)."""
     return (isinstance(value, (np.ndarray, np.generic))
-            and type(value).__module__ != "mwrt.testing.fakegpu")
+            and not hasattr(type(value), "__cuda_array_interface__"))
 
 
 def namespace(device: int):
@@ -146,7 +149,7 @@ def as_shape(shape) -> tuple:
 
 def to_host(array) -> np.ndarray:
     """A NumPy array with the contents of `array` (copies from a GPU)."""
-    if type(array) is np.ndarray:  # exactly: mwrt.testing.fakegpu's device arrays subclass it
+    if type(array) is np.ndarray:  # exactly: a stand-in's GPU arrays may subclass it
         return array
     get = getattr(array, "get", None)
     return get() if get is not None else np.asarray(array)

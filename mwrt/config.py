@@ -51,6 +51,10 @@ def stream_capacity() -> int:
     return max(min(1023 - 64, fds * 3 // 4 - 64), 32)
 
 
+# The fake GPU of the tests, named here and imported by name only where MWRT_FAKE_GPUS asks for
+# it (arrays.gpu_module), so that nothing of the package imports a test double.
+FAKE_GPU_MODULE = "mwrt.testing.fakegpu"
+
 SETTINGS = {
     "workers": Setting("MWRT_WORKERS", "", str, "comma-separated host:port of worker daemons"),
     "local_workers": Setting("MWRT_LOCAL_WORKERS", 2, int, "daemons started when none are named"),
@@ -227,7 +231,7 @@ SETTINGS = {
                           "mwrt-launch, which prints them as a table on SIGUSR1 or a hang)"),
     "key_file": Setting("MWRT_KEY_FILE", "", str, "key file for CURVE and HMAC", path=True),
     "log_level": Setting("MWRT_LOG_LEVEL", "WARNING", str, "logging level of daemons"),
-    # Tests without a GPU: workers use mwrt.testing.fakegpu (host memory posing as CUDA devices).
+    # Tests without a GPU: workers use FAKE_GPU_MODULE (host memory posing as CUDA devices).
     "fake_gpus": Setting("MWRT_FAKE_GPUS", 0, int,
                          "for tests: a worker poses as having this many GPUs (host memory "
                          "behind CuPy's API, mwrt.testing.fakegpu) instead of using CuPy; 0: off"),
@@ -282,6 +286,12 @@ def warn_unknown(environ, where: str = "") -> None:
 def source(name: str) -> str:
     """Where the setting `name` comes from: 'environment' (its variable is set) or 'default'."""
     return "environment" if os.environ.get(SETTINGS[name].env, "") != "" else "default"
+
+
+def gpu_stand_in() -> str:
+    """The import path of the module that stands in for CuPy, or "" for CuPy itself: the fake
+    GPU (host memory behind CuPy's API) when MWRT_FAKE_GPUS > 0."""
+    return FAKE_GPU_MODULE if get("fake_gpus") > 0 else ""
 
 
 def get(name: str):

@@ -4,8 +4,7 @@ depend on master-only state). Nor do modules reach around it by duck typing: a c
 never calls into a process group, the collective layer reads a channel's declared
 capabilities instead of probing for them, and `_private` names stay in their module.
 
-    foundation  errors, config, arrays, testing, netaddr, netio, procs, tensorfile, staging,
-                unkeyed
+    foundation  errors, config, arrays, netaddr, netio, procs, tensorfile, staging, unkeyed
     protocol    messages, their codec, keys and handshakes        ops  the op registry
     store       key-value stores and rendezvous                   channels  bytes between ranks
     collective  process groups and the algorithms over channels
@@ -16,6 +15,8 @@ capabilities instead of probing for them, and `_private` names stay in their mod
     array_api   the Array API standard's namespace over the master's tensors
     torch       the "mwrt" backend for torch.distributed itself, and the names of the
                 master's torch-handle constructors (mwrt.torch.zeros), loaded on first use
+    testing     the fake GPU and fake NCCL: above everything, so that no module imports a
+                test double (the settings name the fake GPU; arrays.gpu_module loads it)
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ import mwrt
 
 ROOT = os.path.dirname(os.path.abspath(mwrt.__file__))
 
-FOUNDATION = {"errors", "config", "arrays", "testing", "netaddr", "netio", "procs",
-              "tensorfile", "staging", "unkeyed"}
+FOUNDATION = {"errors", "config", "arrays", "netaddr", "netio", "procs", "tensorfile",
+              "staging", "unkeyed"}
 LAYERS = {**dict.fromkeys(FOUNDATION, 0),
           "protocol": 1, "ops": 1,
           "store": 2, "channels": 2,
           "collective": 3,
           "distributed": 4, "worker": 4,
           "master": 5, "__init__": 5, "cli": 5,
-          "dashboard": 6, "array_api": 6, "torch": 6}
+          "dashboard": 6, "array_api": 6, "torch": 6,
+          "testing": 7}
 # What each package may import besides the foundation and itself (None: anything lower).
 ALLOWED = {
     "protocol": set(),
@@ -50,6 +52,7 @@ ALLOWED = {
     "cli": None,
     "dashboard": None,
     "array_api": None,
+    "testing": None,
 }
 # Python's own underscored API, which any module may use.
 STDLIB_PRIVATE = {"_exit", "_getframe"}
