@@ -257,3 +257,33 @@ def test_setitem_of_a_value_sharded_where_the_target_is_not_redistributes(m):
     R = mwrt.dist_send(y, mesh=m)
     with strict(), pytest.raises(mwrt.PlacementError, match="setitem"):
         R[...] = V
+
+
+def test_the_scans_and_concatenate_of_the_flattened_tensor(m):
+    x, y = arange(5, 3) - 7, arange(2, 2, dtype=np.int32)
+    X, Y = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m, shard=0)
+    got = planned(lambda: np.cumsum(X))
+    assert got.placement == Shard(0)
+    same(got, np.cumsum(x))
+    same(planned(lambda: X.cumprod(dtype=np.float32)), x.cumprod(dtype=np.float32))
+    R = mwrt.dist_send(y, mesh=m)
+    got = planned(lambda: np.concatenate([X, Y, R], axis=None))
+    assert got.placement == Shard(0)
+    same(got, np.concatenate([x, y, y], axis=None))
+    X1 = mwrt.dist_send(x, mesh=m, shard=1)  # no axis of (15,) lines up: redistributed
+    with strict(), pytest.raises(mwrt.PlacementError):
+        np.cumsum(X1)
+
+
+def test_setitem_of_a_mesh_value_with_more_axes_than_the_part_it_writes(m):
+    """v[0] = v with v of shape (1, 3): the value's leading length-1 axis goes, as NumPy's.
+    Run on replicated copies, the replicated target refused the mesh value."""
+    x = arange(1, 3)
+    V = mwrt.dist_send(x, mesh=m, shard=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mwrt.PlacementWarning)
+        V[0] = V
+    same(V, x)
+    R = mwrt.dist_send(x, mesh=m)
+    planned(lambda: R.__setitem__(0, R * 2))
+    same(R, x * 2)

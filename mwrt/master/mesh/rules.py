@@ -14,7 +14,8 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
   Shard(contraction) @ Shard(contraction) -> Partial(sum); stacks sharded on a batch axis
   (both alike, or one with the other replicated and broadcast along it) keep it.
 - shape ops (transpose, swapaxes, moveaxis, expand_dims, squeeze, reshape keeping the sharded
-  axis and those before it) follow the sharded axis; getitem/setitem with basic indices.
+  axis and those before it) follow the sharded axis; other reshapes, and concatenate along
+  it, regroup it between the places (regroup.py); getitem/setitem with basic indices.
 - anything else runs on replicated operands only.
 """
 

@@ -1,15 +1,20 @@
 """Placement rules of shape ops and indexing: transposes, squeeze and reshape follow the
-sharded axis; getitem and setitem take basic indices (an int along the sharded axis is taken
-where it lies and broadcast); sort and argsort hold along an unsharded axis."""
+sharded axis, or regroup it (regroup.py); concatenate and stack join operands sharded alike
+or replicated, and concatenate along the sharded axis regroups it; getitem and setitem take
+basic indices (an int along the sharded axis is taken where it lies and broadcast; a slice
+along it moves runs: slicing.py; a mesh value: setting.py); sort and argsort hold along an
+unsharded axis."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from ...ops.meta_helpers import normalize_axes
 from . import regroup, setting, slicing
 from .moves import pick
-from .placement import Shard, basic_index, local_box
+from .placement import Shard, basic_index, local_box, sharded_axes
 from .plan import Plan, Slot, no_plan, no_rule, replicated_only
 
 PERMUTING = {"transpose", "swapaxes", "moveaxis", "expand_dims"}
@@ -142,8 +147,12 @@ def join(name, operands, args, kwargs, spec, resolve) -> Plan:
             set(kwargs) - {"axis"} or len(args) > 2:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
     axis = kwargs.get("axis", args[1] if len(args) > 1 else 0)
-    if axis is None:
-        return replicated_only(name, operands, args, kwargs, spec, resolve)
+    if axis is None:  # of the flattened operands, where they stay sharded
+        if name == "stack" or any(regroup.reshape_axis(t, (math.prod(t.shape),)) is None
+                                  for t in operands if t.ndim != 1 and sharded_axes(
+                                      t._placements)):
+            return replicated_only(name, operands, args, kwargs, spec, resolve)
+        return Plan(None, whole=lambda: np.concatenate([t.reshape(-1) for t in operands]))
     stack = name == "stack"
     axis %= operands[0].ndim + stack
     placed = regroup.join_in_place(operands, axis, stack, tuple(spec.shape))
@@ -165,7 +174,7 @@ def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     entries = basic_index(args[1], t.ndim)
     sharded = {p.axis for p in t._placements if type(p) is Shard}
     mesh_value = len(operands) == 2 and type(args[2]) is Slot and args[2].k == 1
-    if not sharded and not (mesh_value and entries is not None):
+    if not sharded:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
     if entries is None or (len(operands) > 1 and not mesh_value) or None in entries:
         raise no_rule(name, operands, "setting through a sharded tensor takes basic indices "

@@ -24,6 +24,7 @@ import numpy as np
 
 from ...ops import Spec
 from .. import issue
+from . import regroup
 from .moves import redistribute
 from .placement import REPLICATE, Shard, local_box
 
@@ -88,15 +89,18 @@ def _scan_plan(name: str, t, args: tuple, kwargs: dict):
     """The two-phase scan along t's axis that one mesh dimension shards (its other
     dimensions not on it, none Partial), as a function of nothing; None otherwise."""
     axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
-    if axis is None and t.ndim == 1:
-        axis = 0
-    if axis is None or "keepdims" in kwargs or "ddof" in kwargs:
+    if "keepdims" in kwargs or "ddof" in kwargs or isinstance(axis, tuple):
         return None
+    extra = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
+    if axis is None and t.ndim != 1:  # of the flattened tensor, where it stays sharded
+        if not t.ndim or regroup.reshape_axis(t, (math.prod(t.shape),)) is None:
+            return None
+        return lambda: getattr(t.reshape(-1), name)(axis=0, **extra)
+    axis = 0 if axis is None else axis
     axis %= t.ndim
     dims = [d for d, p in enumerate(t._placements) if p == Shard(axis)]
     if len(dims) != 1 or any(p.is_partial() for p in t._placements):
         return None
-    extra = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
     return lambda: _scan(name, t, axis, dims[0], extra)
 
 
