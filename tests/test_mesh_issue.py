@@ -4,6 +4,7 @@ are spliced in, streams and graphs still hold (values checked against NumPy)."""
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -120,3 +121,27 @@ def test_a_graph_result_read_on_another_stream_is_ordered_after_each_replay(clus
                 stack.enter_context(mwrt.stream(s))
             seen = kept * 1.0  # on the side streams: after this replay's write of `kept`
         same(seen, (x + k) * 2.0 + 20.0)
+
+
+def _hold(t):
+    time.sleep(0.3)
+
+
+def test_a_place_used_alone_takes_its_own_record_of_uses(cluster):
+    """A mesh tensor's places share one record of their uses while they are alike (a mesh
+    op orders them once); a place used alone, here written on a side stream of its node,
+    takes its own: the next mesh op waits for that stream there only."""
+    mesh = mwrt.mesh()
+    x = data(8, 2)
+    U = mwrt.dist_send(x, mesh=mesh, shard=0) * 1.0  # made by one command: one record
+    first = U.shards()[0]
+    side = mwrt.Stream(node=mesh.places[0][0])
+    with mwrt.stream(side):
+        mwrt.remote(_hold, outputs=0)(first)  # the side stream is busy 0.3 s
+        first += 1.0
+    U *= 2.0  # place 0 after the side stream's write; place 1 has no side stream
+    V = U + 1.0
+    expected = x.copy()
+    expected[:4] += 1.0
+    same(U, expected * 2.0)
+    same(V, expected * 2.0 + 1.0)

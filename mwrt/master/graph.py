@@ -130,8 +130,8 @@ class Graph:
         """Called for a Partial mesh tensor made during the capture: each replay makes its
         parts anew, so it is Partial again, whatever made it real since."""
         self._placed.append(weakref.ref(tensor))
-        if tensor._partial_views is None:  # its views, made now or later, follow it
-            tensor._partial_views = ()
+        if tensor._storage.views is None:  # its views, made now or later, follow it
+            tensor._storage.views = ()
 
     def made(self, tensor) -> None:
         """Called for each tensor made during the capture: its making is a write."""

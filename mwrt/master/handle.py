@@ -19,24 +19,19 @@ from . import ordering
 class Handle:
     """The fields of a tensor handle (see the module's doc); DistributedTensor's base."""
 
-    # One place: _node, _device, _id, _ref (its id pre-encoded) and the record of its
-    # storage's uses (see ordering.py): _writer, the stream that last wrote it, at command id
-    # _wtime; _streams, every stream that used it (its free waits for them all); _ltime, its
-    # last use. A view keeps them on _base, the handle that owns the storage (as NumPy's
-    # ndarray.base), and its own _writer and _wtime say where it was made. A mesh tensor:
-    # _mesh, _placements (one per mesh dimension) and _locals (a one-place handle per place);
-    # a view of a Partial tensor is made real by its base's all_reduce (moves.resolve): the
-    # base it views (_partial_base), and, on a base, weak references to its views.
-    __slots__ = ("_node", "_device", "_id", "_spec", "_streams", "_writer", "_wtime", "_ltime",
-                 "_base", "_ref", "_mesh", "_placements", "_locals", "_partial_base",
-                 "_partial_views", "__weakref__")
+    # One place: _node, _device, _id, _ref (its id pre-encoded), _storage, the record of its
+    # storage's uses (ordering.Storage), and _writer and _wtime, the stream and command that
+    # made it. A view holds its base's record and its base, _base (as NumPy's ndarray.base).
+    # A mesh tensor: _mesh, _placements (one per mesh dimension), _locals (a one-place handle
+    # per place) and one record for them all; a view of it holds its base too (a view of a
+    # Partial tensor is made real by its base's all_reduce: moves.resolve).
+    __slots__ = ("_node", "_device", "_id", "_spec", "_storage", "_writer", "_wtime", "_base",
+                 "_ref", "_mesh", "_placements", "_locals", "__weakref__")
     results: type  # the class a verb makes its results of (see __init_subclass__)
     holds_torch = False  # a torch tensor's handle (TorchTensor): NumPy's ops refuse it
     _mesh: Any  # a Mesh, or None on one place (then _placements and _locals are unset)
     _placements: tuple
     _locals: list
-    _partial_base: Any
-    _partial_views: tuple | None
     if TYPE_CHECKING:  # what DistributedTensor gives every handle, which the verbs read
         @property
         def spec(self) -> Spec: ...
@@ -59,10 +54,12 @@ class Handle:
         """A handle to tensor `tensor_id` (made by mwrt's constructors and ops, not users)."""
         self._node, self._device, self._id = node, device, tensor_id
         self._spec = spec
-        self._streams: tuple[int, ...] = (stream,)
+        # its last use is tensor_id: below its command's id, above every earlier command's
+        record = self._storage = ordering.Storage()
+        record.writer, record.wtime, record.ltime, record.streams = stream, tensor_id, \
+            tensor_id, (stream,)
         self._writer, self._wtime = stream, tensor_id
-        self._ltime = tensor_id  # below its command's id, above every earlier command's
-        self._base: Handle | None = None  # a view: the owner of its storage
+        self._base: Handle | None = None  # a view: the handle whose storage it views
         self._ref = wire.ref(tensor_id)  # pre-encoded, so messages carry it at no cost
         self._mesh = None
         if ordering.capture:
@@ -72,19 +69,22 @@ class Handle:
     def at_places(cls, nodes, devices, tensor_id: int, specs, streams) -> list:
         """One handle per place to tensor `tensor_id`, the id every place's worker gives its
         block of a mesh op's result: __init__'s fields, with one pre-encoded reference for
-        all (not while a graph is captured: its records would not see them)."""
+        all, and one record of their uses where they are made on one stream (not while a
+        graph is captured: its records would not see them)."""
         ref, new, handles = wire.ref(tensor_id), cls.__new__, []
-        # Places on one stream share one (stream,): fewer objects for the GC to trace (it
-        # took a quarter of a new result's cost per place at 32 nodes).
-        last = None  # the stream of the place before, and its (stream,)
-        used: tuple[int, ...] = ()
+        one = streams[0] if streams and all(s == streams[0] for s in streams) else None
+        shared = None if one is None else ordering.MeshStorage(one, tensor_id, len(streams))
         for node, device, spec, stream in zip(nodes, devices, specs, streams):
-            if stream != last:
-                last, used = stream, (stream,)
             t = new(cls)
-            t._node, t._device, t._id, t._spec, t._streams = node, device, tensor_id, spec, used
-            t._writer, t._wtime, t._ltime, t._base, t._ref, t._mesh = stream, tensor_id, \
-                tensor_id, None, ref, None
+            t._node, t._device, t._id, t._spec, t._ref, t._mesh = node, device, tensor_id, \
+                spec, ref, None
+            if shared is None:
+                t._storage = record = ordering.Storage()
+                record.writer, record.wtime, record.ltime, record.streams = stream, \
+                    tensor_id, tensor_id, (stream,)
+            else:
+                t._storage = shared
+            t._writer, t._wtime, t._base = stream, tensor_id, None
             handles.append(t)
         return handles
 
@@ -93,7 +93,8 @@ class Handle:
         """A handle to a tensor laid over `mesh`: `blocks`, one per place, make the whole."""
         t = cls.__new__(cls)
         t._mesh, t._placements, t._locals, t._spec = mesh, placements, list(blocks), spec
-        t._node = t._base = t._partial_base = t._partial_views = None
+        t._storage = ordering.MeshStorage.of_mesh(t._locals)
+        t._node = t._base = None
         return t
 
     def __reduce__(self) -> Any:
@@ -107,8 +108,7 @@ class Handle:
         node = self._node  # None for a mesh tensor: its blocks free themselves
         if node is not None:
             try:
-                owner = self._base  # (inline: a free follows nearly every op)
-                node.release(self._id, (self if owner is None else owner)._streams)
+                node.release(self._id, self._storage.streams)
             except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
                 pass
 

@@ -1,11 +1,16 @@
 """Safe streams: a use of a tensor on another stream is ordered after its earlier uses.
 
-Ordering is kept per storage. The master knows, for every storage, the stream that last
-wrote it (`_writer`, at command id `_wtime`), the streams that used it (`_streams`) and the
-id of its last use (`_ltime`): fields of the handle that owns it, which a view points to
-(`_base`, as NumPy's ndarray.base), so a write through any view is ordered against every
-later use of the base and of its other views. This module owns the record: the master's
-other modules read and change it through its functions (order, use, writer, state, ...).
+Ordering is kept per storage, in one record (`Storage`) that this module owns and the
+master's modules read: the stream that last wrote the storage (`writer`, at command id
+`wtime`), the streams that used it (`streams`) and the id of its last use (`ltime`). Every
+handle holds its storage's record (`_storage`); a view holds its base's (and the base, `_base`,
+as NumPy's ndarray.base), so a write through any view is ordered against every later use of
+the base and of its other views. A mesh tensor has one record for all its places while they
+are alike (made by one command, on one stream): an op over the mesh is then ordered once,
+not once per place; a place used on its own (a collective, a view, a per-place op) takes a
+copy of it first (`own`), and from then on the mesh tensor's places are ordered one by one.
+A view of a mesh tensor holds its base's record too, which lists the views that follow the
+base's placements (a view of a Partial tensor is made real by its base's all_reduce).
 An op whose result may be a view (VIEWS, VIEW_PATHS) shares its operand's record (`share`);
 `out=` is a write (issue.py).
 A read on stream S of a storage written on W waits for W (read after write); a write on S
@@ -54,15 +59,70 @@ VIEW_PATHS = frozenset({
 EACH_PATHS = frozenset({"broadcast_arrays", "meshgrid"})
 
 
+class Storage:
+    """The record of one storage's uses (see the module's doc); a handle makes its own
+    (Handle.__init__ sets the four fields: a call of __init__ would cost every op)."""
+
+    __slots__ = ("writer", "wtime", "ltime", "streams")
+    writer: int
+    wtime: int
+    ltime: int
+    streams: tuple[int, ...]
+    places = 0  # a MeshStorage's: how many places of a mesh tensor share it
+    parted = False
+    views: tuple | None = None
+
+    def copy(self) -> Storage:
+        """A record that starts as this one."""
+        found = Storage()
+        found.writer, found.wtime, found.ltime, found.streams = \
+            self.writer, self.wtime, self.ltime, self.streams
+        return found
+
+
+class MeshStorage(Storage):
+    """The record of a mesh tensor's storage: of all its places while they share it."""
+
+    __slots__ = ("places", "parted", "views")
+
+    def __init__(self, stream: int, now: int, places: int) -> None:
+        self.writer, self.wtime, self.ltime, self.streams = stream, now, now, (stream,)
+        self.places = places  # the places that share it
+        self.parted = False  # True once a place took a record of its own (own())
+        self.views: tuple | None = None  # weak references to the mesh views that follow it
+
+    @classmethod
+    def of_mesh(cls, blocks: list) -> MeshStorage:
+        """A mesh tensor's record: its blocks' when they share one, else one that says so."""
+        first = blocks[0]._storage if blocks else None
+        if type(first) is cls and first.places == len(blocks) and not first.parted and all(
+                b._storage is first for b in blocks):
+            return first
+        found = cls(0, 0, len(blocks))
+        found.parted = True  # its places keep records of their own
+        return found
+
+
 def record(tensor):
-    """The handle that keeps the record of `tensor`'s storage: its base, or itself."""
+    """The handle that owns `tensor`'s storage: its base, or itself."""
     base = tensor._base
     return tensor if base is None else base
 
 
+def own(tensor) -> Storage:
+    """`tensor`'s record, a place's own: a place of a mesh tensor used alone takes a copy of
+    the record its places shared (they all stood where it says), and the rest keep it."""
+    shared = tensor._storage
+    if not shared.places:
+        return shared
+    mine = tensor._storage = shared.copy()
+    shared.parted = True
+    return mine
+
+
 def writer(tensor) -> int:
     """The stream that last wrote `tensor`'s storage."""
-    return record(tensor)._writer
+    return tensor._storage.writer
 
 
 def made_on(tensor) -> int:
@@ -72,44 +132,49 @@ def made_on(tensor) -> int:
 
 def last_use(tensor) -> int:
     """The id of the last command that used `tensor`'s storage."""
-    return record(tensor)._ltime
+    return tensor._storage.ltime
 
 
 def keep_for(tensor, stream: int) -> None:
     """`tensor`'s storage is freed only after `stream` has run what was issued so far."""
-    owner = record(tensor)
-    if stream not in owner._streams:
-        owner._streams = owner._streams + (stream,)
+    owner = own(tensor)
+    if stream not in owner.streams:
+        owner.streams = owner.streams + (stream,)
 
 
 def state(tensor) -> tuple:
     """The record of `tensor`'s storage, as restore_state takes it back (a graph capture
     leaves it as it found it: the captured commands have not run)."""
-    owner = record(tensor)
-    return owner._writer, owner._wtime, owner._ltime, owner._streams
+    owner = own(tensor)
+    return owner.writer, owner.wtime, owner.ltime, owner.streams
 
 
 def restore_state(tensor, saved: tuple) -> None:
-    owner = record(tensor)
-    owner._writer, owner._wtime, owner._ltime, owner._streams = saved
+    owner = own(tensor)
+    owner.writer, owner.wtime, owner.ltime, owner.streams = saved
 
 
 def replayed(owner, now: int, rid: int) -> None:
     """A graph's replay `rid` (issued as command `now`) used the storage `owner` records:
     its last use is the replay's, and so is its last write if `now` wrote it."""
-    owner._ltime = rid
-    if owner._wtime == now:
-        owner._wtime = rid
+    found = own(owner)
+    found.ltime = rid
+    if found.wtime == now:
+        found.wtime = rid
 
 
 def remade(tensor, rid: int) -> None:
     """A graph's replay `rid` made `tensor` again: its making is that command's."""
-    tensor._wtime = tensor._ltime = rid  # (a view's _ltime is never read)
+    tensor._wtime = rid
+    if tensor._base is None:
+        found = own(tensor)
+        found.wtime = found.ltime = rid
 
 
 def share(result, source) -> None:
     """`result` may view `source`'s storage: from now on they share one record."""
     result._base = record(source)
+    result._storage = own(source)
     if capture:
         capture[-1].shared(result, source)
 
@@ -122,47 +187,74 @@ def order(tensors, stream: int, now: int, write: bool = False, written=None) -> 
     capturing = capture
     for tensor in tensors:
         wrote = write or tensor is written
-        owner = tensor._base
-        if owner is None:
-            owner = tensor
-        elif tensor._writer != stream:  # a view made on another stream: after its making
-            use(tensor, stream, now, wrote)
+        owner = tensor._storage
+        if owner.places:
+            owner = own(tensor)
+        if tensor._base is not None and tensor._writer != stream:  # a view made on another
+            use(tensor, stream, now, wrote)  # stream: after its making
             continue
-        if owner._writer != stream or capturing or (wrote and len(owner._streams) > 1):
+        if owner.writer != stream or capturing or (wrote and len(owner.streams) > 1):
             use(tensor, stream, now, wrote)
         elif wrote:
-            owner._wtime = owner._ltime = now
+            owner.wtime = owner.ltime = now
         else:
-            owner._ltime = now
+            owner.ltime = now
+
+
+def order_mesh(tensor, stream: int, now: int, write: bool = False) -> None:
+    """Order the use of mesh tensor `tensor` on `stream` (at every place) by command `now`:
+    once for all places while they share its record, else place by place."""
+    owner, blocks = tensor._storage, tensor._locals
+    if owner.parted or capture or blocks[0]._storage is not owner:  # (a view: its own blocks)
+        order(blocks, stream, now, write)
+        return
+    if owner.writer != stream or (write and len(owner.streams) > 1):
+        for block in blocks:  # every place waits as the record says, then it changes
+            _waits(block, owner, stream, write)
+        _used(owner, stream, now, write)
+    elif write:
+        owner.wtime = owner.ltime = now
+    else:
+        owner.ltime = now
 
 
 def use(tensor, stream: int, now: int, write: bool = False) -> None:
     """Order the use of `tensor` on `stream` by command `now` after its storage's uses
     elsewhere (and, for a view, after the command that made it)."""
+    owner = own(tensor)
     if capture:  # before the fields change: a graph restores what it found
         capture[-1].used(tensor, stream, write)
-    owner = record(tensor)
-    if owner is not tensor and tensor._writer != stream:
+    if tensor._base is not None and tensor._writer != stream:
         _after(tensor, stream, tensor._writer, tensor._wtime)
-    if write:  # after every other stream's last use (the writer is among _streams)
-        for other in owner._streams:
+    _waits(tensor, owner, stream, write)
+    _used(owner, stream, now, write)
+
+
+def _waits(tensor, owner: Storage, stream: int, write: bool) -> None:
+    """The waits of a use of `tensor` (at its place) on `stream` that record `owner` asks."""
+    if write:  # after every other stream's last use (the writer is among streams)
+        for other in owner.streams:
             if other != stream:
-                _after(tensor, stream, other, owner._ltime)
-        owner._writer, owner._wtime = stream, now
-    elif owner._writer != stream:
-        _after(tensor, stream, owner._writer, owner._wtime)
-    if stream not in owner._streams:
-        owner._streams = owner._streams + (stream,)
-    owner._ltime = now
+                _after(tensor, stream, other, owner.ltime)
+    elif owner.writer != stream:
+        _after(tensor, stream, owner.writer, owner.wtime)
+
+
+def _used(owner: Storage, stream: int, now: int, write: bool) -> None:
+    if write:
+        owner.writer, owner.wtime = stream, now
+    if stream not in owner.streams:
+        owner.streams = owner.streams + (stream,)
+    owner.ltime = now
 
 
 def read_stream(tensor) -> int:
     """The stream a copy of `tensor` to the master runs on: its storage's last writer,
     ordered after the view's making if another stream made it."""
-    owner = record(tensor)
-    if owner is not tensor and tensor._writer != owner._writer:
-        _after(tensor, owner._writer, tensor._writer, tensor._wtime)
-    return owner._writer
+    owner = tensor._storage
+    if tensor._base is not None and tensor._writer != owner.writer:
+        _after(tensor, owner.writer, tensor._writer, tensor._wtime)
+    return owner.writer
 
 
 def note(node, target: int, source: int, upto: int) -> None:

@@ -158,7 +158,7 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
     devices = mesh.devices
     if type(devices) is int:  # one stream everywhere: every place ordered in one call
         for _, k in slots:  # the waits it needs go out before it
-            ordering.order(operands[k]._locals, devices, now, written and k == 0)
+            ordering.order_mesh(operands[k], devices, now, written and k == 0)
     if type(devices) is int and not varying:  # one device everywhere: one command
         body = _encode(wire.Call(id=now, stream=devices, outs=outs_ids, op=name,
                                  args=_sentinel_args(template, slots, operands, varying),

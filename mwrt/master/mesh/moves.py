@@ -112,7 +112,7 @@ def resolve(t) -> None:
     every replay."""
     if not any(type(p) is Partial for p in t._placements):
         return
-    base = t if t._partial_base is None else t._partial_base
+    base = t if t._base is None else t._base
     graph = ordering.capture[-1] if ordering.capture else None
     if graph is not None and not graph.makes(base._locals[0]):
         with graph.paused():
@@ -125,7 +125,7 @@ def place(t, placements: tuple) -> None:
     """Set t's placements; its views' follow (along the mesh dimensions that shard neither,
     a view is placed as its base: Partial, or Replicate once the base is real)."""
     t._placements = placements
-    for ref in t._partial_views or ():
+    for ref in t._storage.views or ():
         view = ref()
         if view is not None:
             view._placements = tuple(v if type(v) is Shard else p
@@ -157,15 +157,16 @@ def before_view(name: str, t, args: tuple) -> None:
 
 
 def share(view, t) -> None:
-    """`view`, made from t by a view op, is made real with t's base (a Partial view, or one
-    of a base a graph makes anew at each replay)."""
-    base = t if t._partial_base is None else t._partial_base
-    if base._partial_views is None and not any(type(p) is Partial
-                                               for p in view._placements):
+    """`view`, made from t by a view op, holds t's base and its record, which lists it among
+    the views made real with the base (a Partial view, or one of a base a graph makes anew
+    at each replay)."""
+    base = t if t._base is None else t._base
+    view._base, found = base, base._storage
+    view._storage = found
+    if found.views is None and not any(type(p) is Partial for p in view._placements):
         return
-    views = [r for r in base._partial_views or () if r() is not None]  # the dead dropped
-    base._partial_views = (*views, weakref.ref(view))
-    view._partial_base = base
+    views = [r for r in found.views or () if r() is not None]  # the dead dropped
+    found.views = (*views, weakref.ref(view))
 
 
 def _all_reduce_dims(mesh, locals_: list, placements: tuple) -> tuple:
