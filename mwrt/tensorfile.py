@@ -32,6 +32,10 @@ CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": 
          "int32": "I32", "uint32": "U32", "int64": "I64", "uint64": "U64", "float16": "F16",
          "float32": "F32", "float64": "F64", "complex64": "C64"}
 DTYPES = {code: np.dtype(name) for name, code in CODES.items()}
+# torch's dtypes NumPy lacks: written from, and read as, same-sized integers of their bits
+BITS: dict[str, np.dtype] = {"BF16": np.dtype(np.int16), "F8_E4M3": np.dtype(np.uint8),
+                             "F8_E5M2": np.dtype(np.uint8)}
+DTYPES.update(BITS)
 _PAIRS = "mwrt.complex128"  # __metadata__ key: tensors stored as float64 pairs
 _CHUNK = 64 << 20  # CRC32 and write in pieces, so a GB tensor never needs a second GB
 MAX_HEADER = 100_000_000  # the safetensors library's own bound on a header's length
@@ -45,14 +49,16 @@ class TensorFileError(ValueError):
     """A checkpoint file that cannot give what its manifest promised."""
 
 
-def write(folder: str, rel: str, arrays: dict) -> list[int]:
+def write(folder: str, rel: str, arrays: dict, codes: dict | None = None) -> list[int]:
     """Write `arrays` (name -> host array) to file `rel` of `folder` atomically; returns each
-    one's CRC32."""
+    one's CRC32. `codes` names the dtype of arrays that hold the bits of one NumPy lacks
+    (name -> "BF16", a key of BITS)."""
     pairs = [name for name, a in arrays.items() if a.dtype == np.complex128]
     stored = {name: _storable(a) for name, a in arrays.items()}
     header, offset = {}, 0
     for name, a in stored.items():
-        header[name] = {"dtype": CODES[a.dtype.name], "shape": list(a.shape),
+        code = (codes or {}).get(name) or CODES[a.dtype.name]
+        header[name] = {"dtype": code, "shape": list(a.shape),
                         "data_offsets": [offset, offset + a.nbytes]}
         offset += a.nbytes
     if pairs:

@@ -153,7 +153,8 @@ def _significant(t) -> tuple:
 
 
 def _bits(t) -> bytes:
-    return t.contiguous().numpy().tobytes()
+    t = t.detach().contiguous()
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
 
 
 @pytest.fixture(scope="module")
@@ -354,6 +355,67 @@ def test_a_graph_that_crosses_nodes_carries_its_gradient_back(cluster):
     w = mwrt.torch.module(torch.nn.Linear(3, 1).double(), node=1)
     w(a.to(node=1)[None]).sum().backward()
     assert a.grad is not None and all(p.grad is not None for p in w.parameters())
+
+
+def test_save_and_load_keep_torch_dtypes_and_requires_grad(cluster, tmp_path):
+    """Each worker writes its torch tensors in safetensors' own dtypes (bfloat16 as BF16,
+    which safetensors reads as torch's), and mwrt.load makes torch handles of them again."""
+    from safetensors.torch import load_file
+
+    values = {"w": torch.randn(3, 2, requires_grad=True), "half": torch.randn(4).bfloat16(),
+              "steps": torch.arange(5), "h": torch.randn(2, dtype=torch.float64)}
+    saved = {k: mwrt.dist_send(v, node=1 if k != "h" else 0) for k, v in values.items()}
+    for wait in (True, False):
+        mwrt.save(tmp_path / str(wait), saved, wait=wait).wait()
+        loaded = mwrt.load(tmp_path / str(wait))
+        for name, value in values.items():
+            got = loaded[name]
+            assert isinstance(got, mwrt.torch.TorchTensor), name
+            assert (got.dtype, got.requires_grad, got.is_leaf) == (value.dtype,
+                                                                    value.requires_grad, True)
+            assert got.get_node() == saved[name].get_node()
+            assert _bits(got.torch()) == _bits(value), name
+    files = sorted((tmp_path / "True").glob("generation-1/*.safetensors"))
+    read = {k: v for f in files for k, v in load_file(str(f)).items()}
+    assert read["half"].dtype == torch.bfloat16 and torch.equal(read["half"], values["half"])
+    assert torch.equal(read["w"], values["w"].detach())
+
+
+def test_remote_functions_take_and_return_torch_handles(cluster):
+    """A function's torch results are torch handles with torch's metadata, asked of the
+    worker at the call; one that needs grad leads a backward to the function's arguments."""
+    a = mwrt.dist_send(torch.arange(6.0).reshape(2, 3), node=1)
+    doubled = mwrt.remote(lambda t: (t * 2).t())(a)
+    assert isinstance(doubled, mwrt.torch.TorchTensor) and doubled.get_node() == 1
+    assert doubled.stride() == (1, 3) and torch.equal(doubled.torch(), torch.arange(
+        6.0).reshape(2, 3).t() * 2)
+    assert torch.equal((doubled + 1).torch(), torch.arange(6.0).reshape(2, 3).t() * 2 + 1)
+    w = mwrt.dist_send(torch.ones(3, requires_grad=True), node=1)
+    loss = mwrt.remote(lambda t: (t * t).sum())(w)
+    assert (loss.requires_grad, loss.is_leaf) == (True, False)
+    loss.backward()
+    assert torch.equal(w.grad.torch(), torch.full((3,), 2.0))
+    with pytest.raises(TypeError, match="returned a float32 array.*torch.from_numpy"):
+        mwrt.remote(lambda t: t.numpy())(a)
+
+
+def test_torch_tensors_count_against_the_session_quota():
+    """The session's table counts a torch host tensor's bytes as a NumPy array's (it counted
+    none, so torch tensors passed MWRT_SESSION_BYTES and MWRT_MAX_TENSOR_BYTES)."""
+    from mwrt.errors import QuotaError
+    from mwrt.worker.quotas import TensorTable
+
+    table = TensorTable(0)
+    table.max_bytes, table.max_tensor = 4096, 2048
+    table[1] = torch.zeros(256, dtype=torch.float64)  # 2048 bytes
+    assert table.nbytes == 2048
+    with pytest.raises(MemoryError, match="exceed the limit"):
+        table[2] = torch.zeros(257, dtype=torch.float64)
+    table[3] = torch.zeros(1024, dtype=torch.bfloat16)
+    with pytest.raises(QuotaError, match="MWRT_SESSION_BYTES"):
+        table[4] = torch.zeros(8)
+    del table[1]
+    assert table.nbytes == 2048
 
 
 @pytest.mark.slow

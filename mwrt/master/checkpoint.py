@@ -19,11 +19,13 @@ import tempfile
 import threading
 import time
 import weakref
+from typing import Any
 
 import numpy as np
 
 from .. import tensorfile
-from ..ops import Spec
+from ..arrays import HOST
+from ..ops import Spec, torchops
 from ..protocol import wire
 from . import context, ordering
 from .cluster import current
@@ -32,6 +34,9 @@ from .mesh.device_mesh import Mesh
 from .progress import Progress
 from .streams import Stream
 from .tensor import DistributedTensor
+from .torchissue import from_raw
+from .torchtensor import TorchTensor
+from .torchtensor import ready as torch_ready
 
 MANIFEST = "manifest.json"
 _LAST: dict = {}  # folder -> its latest SaveHandle (a save waits for the one before it)
@@ -116,8 +121,11 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
         rel = f"generation-{generation}/node{where[0]}-device{where[1]}.safetensors"
         old = before.get(where, {})
         for name, t in members:  # "replaces": the file the save after this one removes
-            entries[name] = {"dtype": np.dtype(t.dtype).str, "shape": list(t.shape),
+            entries[name] = {"dtype": _stored_dtype(t).str, "shape": list(t.shape),
                              "where": list(where), "file": rel, "replaces": old.get("file")}
+            if t.holds_torch:  # read back as torch: its dtype (the file's too), requires_grad
+                entries[name]["torch"] = {"dtype": str(t.dtype),
+                                          "requires_grad": bool(t.requires_grad)}
         parts.append(_issue_save(path, rel, old.get("replaces") or "", members, wait))
     for name, entry in sharded.items():
         for block in entry["blocks"]:
@@ -181,14 +189,25 @@ def load(path: str | os.PathLike, *, node: int | None = None, names: list | None
 
 
 def _issue_load(node, device: int, path: str, name: str, entry: dict) -> DistributedTensor:
-    """One LoadTensors: tensor `name` of its file, read by `node` onto `device`."""
+    """One LoadTensors: tensor `name` of its file, read by `node` onto `device` (a torch
+    tensor's bytes into host memory, then made a torch tensor there)."""
     device = node.check_device(device)
-    stream = context.stream_for(node.index, device)
-    out = DistributedTensor(node, device, next(node.ids), _spec(entry), stream)
+    made = entry.get("torch")
+    read_to = HOST if made is not None else device
+    stream = context.stream_for(node.index, read_to)
+    out = DistributedTensor(node, read_to, next(node.ids), _spec(entry), stream)
     node.issue(wire.LoadTensors(
         id=next(node.ids), stream=stream, outs=(out._id,), folder=path, file=entry["file"],
         names=(name,), expected=((entry["dtype"], tuple(entry["shape"]), entry.get("crc32")),)))
-    return out
+    if made is None:
+        return out
+    dtype = str(made.get("dtype")) if isinstance(made, dict) else ""
+    if dtype not in torchops.objects():
+        raise ValueError(f"mwrt.load: {os.path.join(path, MANIFEST)}: tensor {name!r} names no "
+                         f"torch dtype (got {dtype!r:.40}, expected one like 'torch.float32')")
+    torch_ready()
+    loaded: Any = from_raw(out, dtype, bool(made.get("requires_grad")), device, TorchTensor)
+    return loaded
 
 
 def _blocks_of_sharded(tensors: dict) -> tuple[dict, dict]:
@@ -210,7 +229,7 @@ def _issue_save(path: str, rel: str, stale: str, members: list, wait: bool):
     node, device = first._node, first._device
     tensors = [t for _, t in members]
     if not wait:  # a snapshot on the tensors' own streams; later updates go elsewhere
-        tensors = [t.copy() for t in tensors]
+        tensors = [t.detach().clone() if t.holds_torch else t.copy() for t in tensors]
         stream = _save_stream(node, device)
     else:
         stream = context.stream_for(node.index, device)
@@ -231,6 +250,11 @@ def _save_stream(node, device: int) -> int:
     if device not in streams:
         streams[device] = Stream(node.index, device).id
     return streams[device]
+
+
+def _stored_dtype(t) -> np.dtype:
+    """The NumPy dtype a tensor is written as (a torch dtype NumPy lacks: its bits')."""
+    return torchops.bits_dtype(t.dtype) if t.holds_torch else np.dtype(t.dtype)
 
 
 def _nbytes(entry: dict) -> int:

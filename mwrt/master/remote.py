@@ -8,9 +8,9 @@ import sys
 import cloudpickle
 
 from ..arrays import as_dtype
-from ..ops import Spec
+from ..ops import Spec, torchops
 from ..protocol import wire
-from . import context, ordering
+from . import context, ordering, torchgrad
 from .cluster import current
 from .handle import Handle
 from .issue import convert
@@ -21,15 +21,17 @@ from .sites import remember_places
 class RemoteFunction:
     """A function shipped (cloudpickle) to run where its tensor arguments live."""
 
-    def __init__(self, fn, outputs: int = 1, spec=None, results: type | None = None):
+    def __init__(self, fn, outputs: int = 1, spec=None, results: type | None = None,
+                 objects: bool = False):
         """`fn` with `outputs` results (their `spec`s, if known), handles of class `results`
-        (else of its tensor arguments' class)."""
+        (else of its tensor arguments' class); `objects`: its results are no tensors (a
+        torch module), and have no metadata to ask."""
         if not callable(fn):
             raise TypeError(f"remote: expected a callable (got {type(fn).__name__})")
         if not isinstance(outputs, int) or outputs < 0:
             raise ValueError(f"remote: outputs must be an int >= 0 (got {outputs!r})")
         self.specs = _specs(spec, outputs)
-        self.fn, self.outputs, self.results = fn, outputs, results
+        self.fn, self.outputs, self.results, self.objects = fn, outputs, results, objects
         self._blob: bytes | None = None
         functools.update_wrapper(self, fn)
 
@@ -61,9 +63,22 @@ class RemoteFunction:
         target.issue(wire.Remote(id=now, stream=stream,
                                  outs=tuple(t._id for t in outs), fn=self._blob, args=wire_args,
                                  kwargs=wire_kwargs))
+        if getattr(results, "holds_torch", False) and not self.objects:
+            _torch_results(place, outs)
         if self.outputs == 0:
             return None
         return outs[0] if self.outputs == 1 else tuple(outs)
+
+
+def _torch_results(place: list, outs: list) -> None:
+    """Torch handles' metadata is known at once: a function's results' is asked of the
+    worker now (one wait), and the results that need grad come from its torch arguments."""
+    for out in outs:
+        if not isinstance(out.spec, torchops.TorchSpec):
+            raise TypeError(f"remote: the function got torch handles and returned a "
+                            f"{out.spec.dtype} array (expected torch tensors); return "
+                            "torch.from_numpy(result), or pass NumPy handles")
+    torchgrad.record(place, outs, tuple((out._spec, -1, -1) for out in outs), ())
 
 
 def _pickle(fn) -> bytes:

@@ -45,7 +45,8 @@ class RemoteModule:
         by_value(type(model).__module__)  # a model of the user's own class goes as code
         self._key = ("module", next(_KEYS))
         build = RemoteFunction(functools.partial(torchops.build_module, self.meta,
-                                                 tuple(state)), results=DistributedTensor)
+                                                 tuple(state)), results=DistributedTensor,
+                               objects=True)
         self._handle: DistributedTensor = build(*values)
         self._names = [name for name, _ in self.meta.named_parameters()]
         params = self._call("parameters", lambda: list(self.meta.parameters()), ())

@@ -209,7 +209,9 @@ class TorchTensor(DistributedTensor):
         """A copy on another device of its node (torch's to() there)."""
         device = self._node.check_device(device)
         where = "cpu" if device == HOST else f"cuda:{device}"
-        return torch_call(_torch().Tensor.to, (self, where), {}, device=device)
+        # copy=True: on the meta device a move to "meta" would be the tensor itself
+        return torch_call(_torch().Tensor.to, (self,), {"device": where, "copy": True},
+                          device=device)
 
 
 def ready() -> Any:
@@ -255,7 +257,8 @@ _OWN = frozenset({"__repr__", "__format__", "__hash__", "__iter__", "__bool__", 
                   "__deepcopy__", "__reduce_ex__", "__setstate__", "__dlpack__",
                   "__dlpack_device__", "__reversed__", "__contains__", "__dir__", "__sizeof__",
                   "__torch_function__", "__len__", "__array_priority__", "__class__",
-                  "__init__", "__new__", "__getattribute__", "__setattr__", "__delattr__"})
+                  "__init__", "__new__", "__getattribute__", "__setattr__", "__delattr__",
+                  "get_device"})  # mwrt's and torch's alike: -1 on the host, else the GPU
 _PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
 _SKIPPED = frozenset({"numpy", "tolist", "item", "data_ptr", "storage", "untyped_storage",
                       "register_hook", "register_post_accumulate_grad_hook", "share_memory_",

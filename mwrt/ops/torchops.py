@@ -57,6 +57,12 @@ def spec_of(t) -> TorchSpec:
     return TorchSpec(tuple(t.shape), t.dtype, t.stride(), t.requires_grad, t.is_leaf)
 
 
+def spec_from(value: dict) -> TorchSpec:
+    """The TorchSpec of a worker's answer to Meta for a torch tensor."""
+    return TorchSpec(tuple(value["shape"]), objects()[value["dtype"]], tuple(value["stride"]),
+                     bool(value["requires_grad"]), bool(value["leaf"]))
+
+
 def same_layout(a: TorchSpec, b: TorchSpec) -> bool:
     """Whether two specs agree on shape, dtype and the strides that address memory."""
     # A stride along a length-0 or length-1 axis never moves the address, and torch's
@@ -420,6 +426,14 @@ def _bits(xp, t):
     if host.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
         host = host.view(torch.int16 if host.element_size() == 2 else torch.uint8)
     return host.numpy()
+
+
+def stored(t) -> tuple:
+    """(a torch tensor's values as a NumPy array, the safetensors code of its dtype where
+    NumPy lacks it: the array then holds its bits)."""
+    torch = torch_module()
+    codes = {torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+    return _bits(None, t), codes.get(t.dtype)
 
 
 def bits_dtype(dtype) -> np.dtype:

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import numpy as np
 
 from .. import arrays, tensorfile
+from ..ops import torchops
 from . import quotas
 from .tensors import check_size, resolve, store
 
 
 def save_tensors(ex, cmd, frames):
-    host = {name: _host_copy(ex, value) for name, value in
-            zip(cmd.names, resolve(ex, cmd.refs), strict=True)}
-    crcs = tensorfile.write(cmd.folder, cmd.file, host)
+    host, codes = {}, {}
+    for name, value in zip(cmd.names, resolve(ex, cmd.refs), strict=True):
+        if isinstance(value, _torch_tensor()):
+            host[name], codes[name] = torchops.stored(value)  # torch's dtype, in its code
+        else:
+            host[name] = _host_copy(ex, value)
+    crcs = tensorfile.write(cmd.folder, cmd.file, host, codes)
     ex.bytes_out += sum(a.nbytes for a in host.values())
     store(ex, cmd.out, np.array(crcs, np.int64))
     if cmd.stale and cmd.stale != cmd.file:
@@ -48,6 +54,11 @@ def load_tensors(ex, cmd, frames):
         value = found[name]
         ex.bytes_in += value.nbytes
         store(ex, out, value if ex.device == arrays.HOST else ex.xp.asarray(value))
+
+
+def _torch_tensor() -> tuple:
+    torch = sys.modules.get("torch")  # only a session that made torch tensors imported it
+    return (torch.Tensor,) if torch is not None else ()
 
 
 def _host_copy(ex, value) -> np.ndarray:

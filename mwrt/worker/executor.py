@@ -39,6 +39,7 @@ class StreamExecutor:
         # For `mwrt status`: commands run and bytes moved (inline frames and data channel).
         # Plain ints, written by the thread running the stream's commands: no lock.
         self.ops = self.bytes_in = self.bytes_out = 0
+        self.torch_stream = None  # on a GPU: torch's stream over this one's, once torch runs
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._reply_socket = None
@@ -154,6 +155,24 @@ class StreamExecutor:
             return contextlib.nullcontext()
         self.cuda_stream = self.xp.cuda.Stream(non_blocking=True)
         return self.cuda_stream
+
+    def use_torch_stream(self) -> None:
+        """On a GPU, torch's kernels go to this stream's CUDA stream, as CuPy's do: a torch
+        stream over it (torch.cuda.ExternalStream), made torch's current stream of this
+        thread, so the stream's events and synchronize() order torch's work too."""
+        if self.device == arrays.HOST or self.torch_stream is not None:
+            return
+        import torch
+
+        if not torch.cuda.is_available() or self.device >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"torch: node {self.session.node} device {self.device}: torch sees "
+                f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA "
+                "devices (a GPU mwrt fakes holds NumPy arrays, not torch's); keep torch tensors "
+                "in host memory (device=-1), or install torch built with CUDA on this worker")
+        device = torch.device("cuda", self.device)
+        self.torch_stream = torch.cuda.ExternalStream(self.cuda_stream.ptr, device=device)
+        torch.cuda.set_stream(self.torch_stream)
 
     def synchronize_device(self) -> None:
         """Wait until the GPU has run every kernel this stream launched (no-op on the host)."""

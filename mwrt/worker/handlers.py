@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import time
 
 import numpy as np
@@ -98,6 +99,7 @@ def _run_op(ex, op, cmd) -> None:
     as the master announced them."""
     args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
     if op.own_results:  # torch's: checked by the op against torch's meta device
+        ex.use_torch_stream()
         table = ex.session.tensors
         for out, value in zip(cmd.outs, op.impl(ex.xp, *args, **kwargs), strict=True):
             table[out] = value
@@ -257,6 +259,9 @@ def _elements(value, limit: int) -> int:
 
 def remote(ex, cmd, frames):
     fn = ex.session.load_function(cmd.fn)
+    torch = sys.modules.get("torch")
+    if torch is not None and ex.device != arrays.HOST and torch.cuda.is_available():
+        ex.use_torch_stream()  # a function's torch kernels run on this stream too
     result = fn(*resolve(ex, cmd.args), **resolve(ex, cmd.kwargs))
     if len(cmd.outs) == 1:
         store(ex, cmd.outs[0], result)
@@ -305,6 +310,11 @@ def meta(ex, cmd, frames):
         # A data-dependent result is asked its shape to be read next: its bytes come too,
         # so the read costs no second round trip.
         get(ex, cmd, frames)
+        return
+    if not isinstance(value.dtype, np.dtype):  # a torch tensor: torch's metadata
+        ex.reply(wire.Done(token=cmd.token, value={
+            "shape": tuple(value.shape), "dtype": str(value.dtype), "stride": value.stride(),
+            "requires_grad": value.requires_grad, "leaf": value.is_leaf}))
         return
     ex.reply(wire.Done(token=cmd.token, value={"shape": value.shape, "dtype": value.dtype.str}))
 

@@ -85,7 +85,9 @@ class TensorTable(dict):
 
 def _host_bytes(value) -> int:
     """The bytes of host memory `value` holds (0 for a GPU array or a failure's marker)."""
-    return value.nbytes if arrays.in_host_memory(value) else 0
+    if arrays.in_host_memory(value) or getattr(value, "is_cpu", False):  # torch's host tensors
+        return value.nbytes
+    return 0
 
 
 def check_tensor(shape, dtype, what: str, table: TensorTable | None = None,
