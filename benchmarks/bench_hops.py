@@ -6,7 +6,7 @@ are wrapped alike; then `x.numpy()` of one element and `float(t.sum())` of four 
 loop. Each round trip's notes, from both processes, are put in time order: the path they
 take (the most common sequence of notes) and the p50 of each hop along it. A change that
 adds a hop (a hand-off to a stream thread, a second message) shows as a new line of the
-path; the test (tests/test_round_trips.py) checks the read's path by its notes, untimed.
+path; the test (tests/master/test_round_trips.py) checks the read's path by its notes, untimed.
 
 Beside it, in the same run: a pyzmq DEALER/ROUTER echo between two fresh processes, and
 each side's CPU per round trip (the wrappers add about a microsecond a note).

@@ -1,6 +1,6 @@
 """mwrt across simulated hosts, beside raw sockets over the same link, measured in the same run.
 
-The hosts are tests/hosts.py's: network namespaces hosta, hostb, hostc, each with one veth
+The hosts are tests/support/hosts.py's: network namespaces hosta, hostb, hostc, each with one veth
 into a bridge in a namespace of their own, so every byte crosses a veth pair and the bridge,
 as between machines, and nothing leaves the namespaces made here (it needs root). Every
 timed program runs on a host, as this file run with `--role` (a sender, a receiver, the
@@ -463,8 +463,7 @@ def main() -> None:
     if args.role:  # a program on a simulated host
         print(json.dumps(ROLES[args.role](**json.loads(args.args))), flush=True)
         return
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from hosts import make_hosts, unavailable
+    from tests.support.hosts import make_hosts, unavailable
 
     reason = unavailable()
     if reason:

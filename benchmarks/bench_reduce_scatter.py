@@ -114,13 +114,12 @@ def measure(n: int, mib: int, reps: int, channel: str | None, remote: bool) -> t
 
 
 def on_hosts(args) -> tuple:
-    """measure() run by a master on one simulated host (tests/hosts.py, root) over keyed
+    """measure() run by a master on one simulated host (tests/support/hosts.py, root) over keyed
     workers on `--nodes` others: the bytes cross veth pairs and a bridge, as between
     machines (the channel between hosts is tcp)."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from bench_hosts import WORKER_PORT, start_workers
-    from hosts import make_hosts, unavailable
+    from tests.support.hosts import make_hosts, unavailable
 
     reason = unavailable()
     if reason:

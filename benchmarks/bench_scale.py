@@ -11,7 +11,7 @@
    fds, TCP sockets and threads; each daemon's RSS, threads and fds; heartbeats per second,
    computed (N / MWRT_HEARTBEAT_INTERVAL pings, as many pongs) and counted on the master's
    heartbeat thread over idle seconds.
-2. SPMD over simulated hosts (tests/hosts.py, root only), k = 2, 4, 8, 16, one rank each:
+2. SPMD over simulated hosts (tests/support/hosts.py, root only), k = 2, 4, 8, 16, one rank each:
    `init_process_group("tcp", init_method="tcp://<host0>:PORT")` with a job secret, timed
    from a common start (every rank imported mwrt and waits on a go file); a 4 KiB all_reduce
    (baseline: one 4 KiB hop to the next rank over a plain socket, the cost of one of the
@@ -545,9 +545,8 @@ def summarize(k: int, res: list) -> dict:
 
 
 def spmd_table(sizes: list, reps: dict) -> None:
-    """Table 2 on tests/hosts.py's simulated hosts, or the reason it cannot be made."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from hosts import make_hosts, unavailable
+    """Table 2 on tests/support/hosts.py's simulated hosts, or the reason it cannot be made."""
+    from tests.support.hosts import make_hosts, unavailable
 
     print(f"\n## SPMD, k simulated hosts, one rank each, tcp channel (4 KiB: median of "
           f"{reps[4 * KIB]}, 16 MiB: median of {reps[16 * MIB]}, the slowest rank's time)\n")

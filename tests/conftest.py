@@ -134,9 +134,8 @@ def no_leaks():
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The fault suite's one-line summary (tests/faultkit.py), when any of it ran."""
-    import faultkit
-
+    """The fault suite's one-line summary (tests/support/faultkit.py), when any of it ran."""
+    from tests.support import faultkit
     line = faultkit.TALLY.line()
     if line:
         terminalreporter.write_line(line)

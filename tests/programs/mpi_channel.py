@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_channels import contract_body  # noqa: E402  (the contract every channel passes)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.channels.test_channels import contract_body  # noqa: E402  (the contract every channel passes)
 
 from mwrt import channels  # noqa: E402
 from mwrt.errors import ChannelError, ChannelTimeoutError, ConfigError  # noqa: E402

@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_random_collectives import SIZES, _step, data  # noqa: E402  (the tests' own checks)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.collective.test_random_collectives import SIZES, _step, data  # noqa: E402  (the tests' own checks)
 
 import mwrt.distributed as dist  # noqa: E402
 from mwrt.collective import hierarchy  # noqa: E402

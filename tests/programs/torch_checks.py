@@ -2,7 +2,7 @@
 
 Runs every check below (or the ones named) in order on BACKEND under env://, each with the
 same seeded inputs, and saves {check: result} to OUT.RANK, where a check that raised saves
-"error: <type>: <text>". tests/test_torch_backend_calls.py runs it on "mwrt" and on gloo and
+"error: <type>: <text>". tests/torch/test_torch_backend_calls.py runs it on "mwrt" and on gloo and
 compares. Checks that gloo cannot run (it races, or fails) are in MWRT_ONLY.
 """
 

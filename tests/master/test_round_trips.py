@@ -1,0 +1,194 @@
+"""Round trips: how many a program makes, where each came from, and the hops of each.
+
+A small op and the read after it run on the worker's socket thread when their stream is
+idle (no hand-off to the stream's thread); larger ops and busy streams keep theirs, and
+values and ordering stay NumPy's either way. Every wait of the master is counted at the
+user's line that caused it (mwrt.stats(), mwrt.profile()).
+
+The worker counts both (`mwrt.status()`: a session's `handoffs`, batches its stream threads
+took, and `inline`, commands its socket thread ran itself), so a change that adds a hop to
+the round trip fails here, without timing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import mwrt
+from mwrt.protocol import wire
+
+
+def _hops(node: int = 0) -> tuple[int, int]:
+    session = mwrt.status()[node]["session"]
+    return session["handoffs"], session["inline"]
+
+
+def test_only_calls_and_frees_may_run_on_the_socket_thread():
+    quick = {cls.__name__ for cls in wire.MESSAGES if cls.quick}
+    assert quick == {"Call", "Free"}  # never Remote (user code), a collective or a transfer
+
+
+def test_a_small_op_and_its_read_take_no_hand_off(cluster):
+    x = mwrt.dist_send(np.array([1.5, 2.0, -3.25, 4.0]))
+    float(x.sum())  # the default stream exists from here on
+    before = _hops()
+    got = [float(x.sum()) for _ in range(50)] + [float((x * 2).max()) for _ in range(50)]
+    after = _hops()
+    assert got == [4.25] * 50 + [8.0] * 50
+    assert after[0] == before[0], "a small op or its read went through the stream's thread"
+    assert after[1] - before[1] >= 200  # each op and each read, at least
+
+
+def test_a_large_op_runs_on_its_stream_thread(cluster):
+    n = 100_000  # far over MWRT_INLINE_OP_ELEMENTS
+    x = mwrt.arange(n, dtype=np.float64)
+    x.numpy()
+    before = _hops()
+    assert float(x.sum()) == np.arange(n, dtype=np.float64).sum()
+    assert _hops()[0] > before[0]
+
+
+def test_a_small_op_waits_behind_a_busy_stream(cluster):
+    big = mwrt.arange(3_000_000, dtype=np.float64)
+    a = mwrt.zeros(4)
+    a.numpy()
+    b = big.sum() + a  # queued behind the large sum: reads a as it is now (zeros)
+    a += 1  # small, but its stream is busy: it must not run before b
+    want = np.arange(3_000_000, dtype=np.float64).sum()
+    np.testing.assert_array_equal(b.numpy(), np.full(4, want))
+    np.testing.assert_array_equal(a.numpy(), np.ones(4))
+
+
+def test_a_small_op_on_an_idle_stream_waits_for_another_streams_write(cluster):
+    s1, s2 = mwrt.Stream(), mwrt.Stream()
+    big = mwrt.arange(3_000_000, dtype=np.float64)
+    big.numpy()
+    with mwrt.stream(s1):
+        total = big.sum()
+    with mwrt.stream(s2):
+        later = total + 1.0  # s2 is idle, but must wait for s1's sum (an event, queued)
+    assert float(later) == np.arange(3_000_000, dtype=np.float64).sum() + 1.0
+
+
+def _waits() -> int:
+    return mwrt.stats()["waits"]
+
+
+def test_a_scalar_read_after_its_op_is_one_round_trip(cluster):
+    x = mwrt.dist_send(np.array([1.0, 2.0, 4.0]))
+    before = _waits()
+    assert float(x.sum()) == 7.0
+    assert bool(x.max() > 3) is True
+    assert _waits() - before == 2
+
+
+@pytest.mark.parametrize("make", [lambda x: x[x > 1], lambda x: np.unique(x),
+                                  lambda x: np.nonzero(x)[0]])
+def test_a_data_dependent_shape_and_its_read_cost_one_round_trip(cluster, make):
+    data = np.array([3.0, 0.0, 2.0, 3.0, 1.0])
+    got = make(mwrt.dist_send(data))
+    want = make(data)
+    before = _waits()
+    assert got.shape == want.shape
+    value = got.numpy()
+    assert _waits() - before == 1
+    np.testing.assert_array_equal(value, want)
+    assert value.dtype == want.dtype
+
+
+def test_a_write_between_the_shape_and_the_read_is_seen(cluster):
+    data = np.array([3.0, 0.0, 2.0])
+    got = mwrt.dist_send(data)
+    picked = got[got > 1]
+    assert picked.shape == (2,)
+    picked += 1.0
+    np.testing.assert_array_equal(picked.numpy(), [4.0, 3.0])
+    again = got[got > 1]
+    assert len(again) == 2
+    got[0] = 7.0  # another tensor written: the value read with the shape still holds
+    np.testing.assert_array_equal(again.numpy(), [3.0, 2.0])
+
+
+def test_a_profile_lists_each_wait_at_its_line(cluster, tmp_path):
+    x = mwrt.dist_send(np.array([1.0, 5.0]))
+    here = sys._getframe().f_code.co_filename
+    with mwrt.profile() as prof:
+        for _ in range(3):
+            bool(x.max() > 2)  # three waits on this line
+        x.numpy()
+    calls = {(row["call"], row["count"]) for row in prof.waits if here in row["line"]}
+    assert calls == {("bool()", 3), (".numpy()", 1)}
+    assert all(row["seconds"] > 0 for row in prof.waits)
+    assert len([w for w in prof.wait_slices if here in w["line"]]) == 4
+    assert "bool() at " in prof.waits_table()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert sum(e.get("name") == "wait: bool()" for e in events) == 3
+
+
+def test_stats_count_waits_per_line(cluster):
+    x = mwrt.dist_send(np.array([2.0]))
+    before = mwrt.stats()
+    for _ in range(4):
+        int(x)
+    after = mwrt.stats()
+    assert after["waits"] - before["waits"] == 4
+    assert after["wait_seconds"] > before["wait_seconds"]
+    # The counts are the process's: other modules' lines may come first.
+    row = next(r for r in after["lines"]
+               if r["call"] == "int()" and "test_round_trips.py" in r["line"])
+    assert row["count"] >= 4
+
+
+def _path(kind: str) -> tuple:
+    """The most common path of `kind`'s round trip, by its notes (benchmarks/bench_hops.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                    "benchmarks"))
+    try:
+        import bench_hops
+    finally:
+        sys.path.pop(0)
+    mwrt.shutdown()  # the trace starts daemons of its own
+    return bench_hops.trace(kind, 100)["path"]
+
+
+_WAKES = {"worker: wakes from poll", "worker: sees it while spinning"}  # either, by load
+
+
+def test_a_read_takes_one_message_each_way_and_no_hand_off():
+    path = _path("read")  # each side's notes in its order (the two sides' may interleave)
+    assert [label for label in path if label.startswith("master")] == [
+        "master: op called", "master: batch encoded, send", "master: send returned",
+        "master: reply read", "master: value returned"]
+    assert [label for label in path if label.startswith("worker") and label not in _WAKES] == [
+        "worker: message read", "worker: batch decoded and admitted",
+        "worker: Get starts (socket thread)", "worker: reply encoded and sent",
+        "worker: reply send returned", "worker: Get done"]
+
+
+def test_a_small_op_and_its_read_run_on_the_socket_thread():
+    path = _path("sum")
+    assert "worker: Call starts (socket thread)" in path
+    assert "worker: Get starts (socket thread)" in path
+    assert not [label for label in path if "stream thread" in label or "forwards" in label]
+    assert path.count("master: reply read") == 1
+
+
+@pytest.mark.parametrize("limit", ["0", "4096"])
+def test_the_bound_is_a_setting(monkeypatch, limit):
+    monkeypatch.setenv("MWRT_INLINE_OP_ELEMENTS", limit)
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=1, timeout=30)
+    try:
+        x = mwrt.ones(4)
+        float(x.sum())
+        before = _hops()
+        assert [float(x.sum()) for _ in range(5)] == [4.0] * 5
+        assert (_hops()[0] > before[0]) == (limit == "0")
+    finally:
+        mwrt.shutdown()

@@ -1,0 +1,462 @@
+"""NumPy is the oracle on meshes: random programs run on NumPy arrays and on mesh tensors.
+
+Hypothesis writes a short program, as tests/ops/test_differential.py does for one node, over
+variables laid on a mesh (1-D of 2, 3 or 4 local nodes, or 2x2) with every placement:
+Shard(axis) (uneven, size-0 and size-1 axes; on 2x2 one per dimension), Replicate(), and
+Partial (a sum of parts). Lines: elementwise ops with arrays, Python and NumPy scalars,
+in-place ops, reductions and scans, matmul, shape ops and joins, indexing and setitem,
+redistribute, graphs captured and replayed, two streams per node (a slow write first, so a
+missing order shows).
+Each line runs on NumPy first; a line NumPy refuses is dropped. Every variable is then
+compared: the handle's shape and dtype, and the value, dtype and shape of `.numpy()`.
+
+Where mwrt's meshes differ from NumPy by design the programs keep out: an index along a
+sharded axis, or an op that runs on redistributed operands, gives a copy (NumPy: a view),
+so no line writes a variable that views another or is viewed.
+
+MESH_DIFFERENTIAL_EXAMPLES=2000 pytest tests/mesh/test_mesh_differential.py --hypothesis-seed=N
+runs more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import mwrt
+
+EXAMPLES = int(os.environ.get("MESH_DIFFERENTIAL_EXAMPLES", "300"))
+MESHES = {"2": [0, 1], "3": [0, 1, 2], "4": [0, 1, 2, 3], "2x2": None}
+SIZES = {"2": 2, "3": 3, "4": 4, "2x2": 4}
+DTYPES = ["bool", "int32", "int64", "uint8", "float32", "float64", "complex128"]
+SHAPES = [(0,), (1,), (2,), (5,), (4, 3), (3, 1), (1, 3), (2, 0), (0, 3), (7, 2), (5, 4),
+          (2, 3, 2), (3, 4, 1)]
+BINARY = ["+", "-", "*", "/", "//", "%", "**", "&", "|", "<", "==", ">=", "@"]
+INPLACE = ["+=", "-=", "*=", "/=", "//=", "&=", "**="]
+UNARY = ["negative", "absolute", "exp", "sqrt", "floor", "isnan", "sign", "square",
+         "logical_not", "conjugate", "positive"]
+SCALARS = ["0", "1", "3", "-2", "2.5", "True", "1j", "np.int8(5)", "np.uint8(200)",
+           "np.float32(1.5)", "np.float64(0.1)", "np.array(4.0)", "np.array(2, np.int16)"]
+REDUCTIONS = ["sum", "mean", "prod", "min", "max", "argmin", "argmax", "any", "all", "std",
+              "var"]
+AXES = ["", "axis=0", "axis=-1", "axis=0, keepdims=True", "keepdims=True", "axis=None"]
+VIEWS = ["[1:]", "[::2]", ".T", "[0]", "[None]", "[:, 1:]", "[-1]", ".reshape(-1)", "[:, 0]",
+         "[..., 0]",
+         ".ravel()", ".swapaxes(0, -1)", ".squeeze()", "[1:4]", "[[0, -1]]", "[{a} > 0]",
+         ".flatten()", ".reshape(-1, 1)", "np.transpose({a})", "np.expand_dims({a}, 0)",
+         ".reshape(2, -1)", ".reshape(-1, 2)", ".reshape(1, -1, 1)", "np.squeeze({a}, 0)",
+         "np.expand_dims({a}, -1)", ".squeeze(-1)"]
+FUNCTIONS = ["np.where({a} > 0, {a}, {s})", "np.clip({a}, 1, 3)", "np.maximum({a}, {b})",
+             "np.concatenate([{a}, {b}])", "np.concatenate([{a}, {b}], axis=-1)",
+             "np.stack([{a}, {b}])", "np.sort({a}, axis=0)", "np.argsort({a}, axis=-1)",
+             "np.matmul({a}, {b})", "np.dot({a}, {b})", "{a} @ {b}.T", "np.round({a})",
+             "{a}.astype(np.float64)", "{a}.copy()", "np.abs({a} - {b})",
+             "np.concatenate([{a}, {b}, {a}], axis=0)", "np.cumprod({a}, axis=0)",
+             "np.cumsum({a}, axis=-1)", "np.stack([{a}, {b}], axis=-1)"]
+
+
+class _NumpyWorld:
+    """The oracle's names: placing and moving copy; a graph runs its lines per replay."""
+
+    S1 = S2 = contextlib.nullcontext()
+
+    @staticmethod
+    def put(a, shard):
+        return a.copy()
+
+    @staticmethod
+    def partial(parts):
+        return parts.sum(axis=0)
+
+    @staticmethod
+    def redistribute(a, shard):
+        return np.array(a, copy=True)
+
+    @staticmethod
+    def slow(a):
+        return None
+
+    @staticmethod
+    def graph(env, source):
+        return _NumpyGraph(env, source)
+
+
+class _NumpyGraph:
+    """A graph of the oracle: each replay runs the captured lines."""
+
+    def __init__(self, env: dict, source: str):
+        self._env, self._source = env, source
+
+    def replay(self):
+        _run(self._source, self._env)
+
+
+def _slow_write(a):
+    """A remote op that holds its stream a while, then writes (the same values) to `a`."""
+    time.sleep(0.02)
+    if a.flags.writeable:
+        a[...] = a.copy()
+
+
+class _MeshWorld:
+    """The same names over a mesh: dist_send, a Partial made by a sum over the parts,
+    redistribute, mwrt.graph, a stream of each node of the mesh, a slow remote write."""
+
+    def __init__(self, mesh, streams: dict):
+        self.mesh = mesh
+        nodes = sorted({node for node, _ in mesh.places})
+        self._streams = [[streams[n][k] for n in nodes] for k in (0, 1)]
+        self._slow = mwrt.remote(_slow_write, outputs=0)
+
+    def put(self, a, shard):
+        return mwrt.dist_send(a, mesh=self.mesh, shard=shard)
+
+    def partial(self, parts):
+        return mwrt.dist_send(parts, mesh=self.mesh, shard=0).sum(axis=0)
+
+    @staticmethod
+    def redistribute(a, shard):
+        return a.redistribute(shard=shard)
+
+    def slow(self, a):
+        self._slow(a)
+
+    @staticmethod
+    def graph(env, source):
+        with mwrt.graph() as g:
+            _run(source, env)
+        return g
+
+    @contextlib.contextmanager
+    def _on(self, k):
+        with contextlib.ExitStack() as stack:
+            for s in self._streams[k]:
+                stack.enter_context(mwrt.stream(s))
+            yield
+
+    S1 = property(lambda self: self._on(0))
+    S2 = property(lambda self: self._on(1))
+
+
+def _run(source: str, env: dict) -> None:
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        exec(source, env)
+
+
+class _Var:
+    """What the generator knows of a variable: a graph's replays write it (no views of it:
+    a replay writes the tensor, where NumPy's rebinds the name), it is a view (or a copy
+    where NumPy views), it has views (no line writes it: a copy would not see it)."""
+
+    __slots__ = ("placed", "replayed", "view", "viewed")
+
+    def __init__(self, replayed=False, view=False, placed=False):
+        self.replayed, self.view, self.viewed, self.placed = replayed, view, False, placed
+
+    def plain(self) -> bool:
+        return not (self.replayed or self.view)
+
+    def writable(self) -> bool:
+        return not (self.view or self.viewed)
+
+
+@st.composite
+def programs(draw, max_lines: int = 8):
+    """(mesh name, initial source lines, program lines, NumPy's final values)."""
+    mesh = draw(st.sampled_from(list(MESHES)))
+    head, known = [], {}
+    for i in range(draw(st.integers(1, 3))):
+        head.append(_initial(draw, f"v{i}", mesh))
+        known[f"v{i}"] = _Var(placed="world.put" in head[-1])
+    env = _numpy_env(head, [])
+    lines: list[str] = []
+    for _ in range(draw(st.integers(1, max_lines))):
+        line, made, after = _line(draw, env, known, mesh)
+        if line is None:
+            continue
+        try:
+            _run(line, env)
+        except Exception:  # NumPy refuses it (so may mwrt, in any way); it may have written
+            env = _numpy_env(head, lines)  # part of an array first: run the rest again
+            continue
+        if made is not None and not isinstance(env.get(made), (np.ndarray, np.generic)):
+            env.pop(made, None)
+            continue
+        after()
+        lines.append(line)
+    final = {k: env[k] for k in known if k in env}
+    return mesh, head, lines, final
+
+
+def _initial(draw, name: str, mesh: str) -> str:
+    """One variable's placing line: shard=, or a Partial sum of parts."""
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    shape = draw(st.sampled_from(SHAPES))
+    if draw(st.integers(0, 5)) == 0 and dtype.kind in "ifc" and dtype != np.uint8:
+        parts = draw(hnp.arrays(dtype, (SIZES[mesh], *shape), elements=_elements(dtype)))
+        return f"{name} = world.partial({_literal(parts)})"
+    value = draw(hnp.arrays(dtype, shape, elements=_elements(dtype)))
+    return f"{name} = world.put({_literal(value)}, {_shard(draw, shape, mesh)!r})"
+
+
+def _shard(draw, shape: tuple, mesh: str):
+    """A shard= for `shape`: None (replicate), an axis, or one per mesh dimension."""
+    axes = [None, *range(len(shape))]
+    if mesh != "2x2" or draw(st.booleans()):
+        return draw(st.sampled_from(axes))
+    return (draw(st.sampled_from(axes)), draw(st.sampled_from(axes)))
+
+
+def _literal(a: np.ndarray) -> str:
+    return f"np.array({a.tolist()!r}, np.{a.dtype}).reshape({a.shape})"
+
+
+def _numpy_env(head: list, lines: list) -> dict:
+    env = {"np": np, "world": _NumpyWorld()}
+    for line in head + lines:
+        _run(line, env)
+    return env
+
+
+def _elements(dtype):
+    """Quarters in [-20, 20]: sums over shards are exact in any order, as NumPy's pairwise
+    sum (a last bit apart, `%` or floor of a sum would differ by a whole step)."""
+    quarters = st.integers(-80, 80).map(lambda i: i / 4)
+    if dtype.kind == "f":
+        return quarters
+    if dtype.kind == "c":
+        return st.builds(complex, quarters, quarters)
+    if dtype.kind in "iu":
+        return st.integers(0 if dtype.kind == "u" else -9, 9)
+    return None
+
+
+def _line(draw, env: dict, known: dict, mesh: str):
+    """One line: (source or None, the name it binds or None, what to note once it ran)."""
+    names = sorted(known)
+    arrays = [n for n in names if isinstance(env.get(n), np.ndarray)]
+    a = draw(st.sampled_from(names))
+    b = draw(st.sampled_from(names))
+    s = draw(st.sampled_from(SCALARS))
+    new = f"v{len(known)}"
+    kind = draw(st.sampled_from(["binary", "scalar", "unary", "reduce", "view", "inplace",
+                                 "setitem", "func", "redistribute", "graph", "stream"]))
+    va, vb = known[a], known[b]
+
+    def made():
+        return lambda: known.__setitem__(new, _Var())
+    if kind == "binary":
+        return f"{new} = {a} {draw(st.sampled_from(BINARY))} {b}", new, made()
+    if kind == "scalar":
+        op = draw(st.sampled_from(BINARY[:-1]))
+        text = f"{a} {op} {s}" if draw(st.booleans()) else f"{s} {op} {a}"
+        return f"{new} = {text}", new, made()
+    if kind == "unary":
+        return f"{new} = np.{draw(st.sampled_from(UNARY))}({a})", new, made()
+    if kind == "reduce":
+        return _reduction(draw, a, new), new, made()
+    if kind == "view" and va.plain():
+        def viewed():
+            known[a].viewed = True
+            known[new] = _Var(view=True)
+        view = draw(st.sampled_from(VIEWS)).format(a=a)
+        return f"{new} = {view if view.startswith('np.') else a + view}", new, viewed
+    if kind == "inplace" and a in arrays and va.writable():
+        value = draw(st.sampled_from([b, s]))
+        return f"{a} {draw(st.sampled_from(INPLACE))} {value}", None, lambda: None
+    if kind == "setitem" and a in arrays and va.writable():
+        index = draw(st.sampled_from(["0", "1:", "...", "::2", "-1", "{a} > 0", ":, 1",
+                                      "1:3", ":-1"]))
+        value = draw(st.sampled_from([b, s, "np.arange(2.0)", "np.ones((1, 1), np.int8)"]))
+        return f"{a}[{index.format(a=a)}] = {value}", None, lambda: None
+    if kind == "func":
+        text = draw(st.sampled_from(FUNCTIONS)).format(a=a, b=b, s=s)
+        return f"{new} = {text}", new, made()
+    if kind == "redistribute" and a in arrays:
+        shard = _shard(draw, env[a].shape, mesh)
+        return f"{new} = world.redistribute({a}, {shard!r})", new, made()
+    if kind == "graph":
+        graphs = sorted(k for k in env if k.startswith("g") and k[1:].isdigit())
+        if graphs and draw(st.booleans()):
+            return f"{draw(st.sampled_from(graphs))}.replay()", None, lambda: None
+        return _graph(draw, env, known, new)
+    if kind == "stream" and va.plain() and a in arrays:
+        inner, name, after = _line(draw, env, known, mesh)
+        if inner is None or "\n" in inner or inner.startswith("with"):
+            return inner, name, after
+        return (f"world.slow({a})\nwith world.S1:\n    {inner}\nwith world.S2:\n"
+                f"    v_read = {a} + 0"), name, after
+    return None, None, None
+
+
+def _reduction(draw, a: str, new: str) -> str:
+    name = draw(st.sampled_from(REDUCTIONS + ["cumsum", "cumprod"]))
+    args = draw(st.sampled_from(AXES))
+    if draw(st.booleans()):
+        return f"{new} = {a}.{name}({args})"
+    return f"{new} = np.{name}({a}{', ' + args if args else ''})"
+
+
+def _graph(draw, env: dict, known: dict, new: str):
+    """A captured block over variables placed by world.put (an elementwise line, then
+    perhaps an in-place one; or a reduction), replayed at once and by later lines. Not over
+    a Partial tensor: one made real after the capture is summed again by a replay (below)."""
+    plain = [n for n in sorted(known) if known[n].placed and not known[n].view and
+             isinstance(env.get(n), np.ndarray)]
+    if not plain:
+        return None, None, None
+    a, b = draw(st.sampled_from(plain)), draw(st.sampled_from(plain))
+    body = [f"{new} = {a} {draw(st.sampled_from(BINARY[:5]))} {b}"]
+    if draw(st.booleans()):
+        body = [f"{new} = {a}.{draw(st.sampled_from(['sum', 'max', 'mean']))}(axis=0)"]
+    elif known[a].writable() and draw(st.booleans()):
+        scalar = draw(st.sampled_from(SCALARS[:5]))
+        body.append(f"{a} {draw(st.sampled_from(INPLACE[:3]))} {scalar}")
+    source = "\n".join(body)
+    name = f"g{len(known)}"
+    line = f"{name} = world.graph(globals(), {source!r})\n{name}.replay()"
+
+    def after():  # neither what it makes nor what it writes is viewed later
+        known[new] = _Var(replayed=True)
+        known[a].replayed = known[a].replayed or len(body) > 1
+    return line, new, after
+
+
+def _as_source(mesh: str, head: list, lines: list) -> str:
+    nodes = MESHES[mesh]
+    made = "mwrt.mesh({'a': 2, 'b': 2})" if nodes is None else f"mwrt.mesh(nodes={nodes})"
+    return "\n".join([f"# world: the mesh {made}", *head, *lines])
+
+
+def _compare(name: str, expected, got, source: str) -> None:
+    """The handle's and .numpy()'s shape and dtype equal NumPy's, and so do the values."""
+    expected = np.asarray(expected)
+    where = f"{name} of the program\n{source}\n"
+    assert hasattr(got, "numpy") and hasattr(got, "shape"), f"{where}is {type(got).__name__}"
+    assert tuple(got.shape) == expected.shape, f"{where}handle shape {got.shape}, NumPy's " \
+        f"{expected.shape}"
+    assert np.dtype(got.dtype) == expected.dtype, f"{where}handle dtype {got.dtype}, NumPy's " \
+        f"{expected.dtype}"
+    value = got.numpy()
+    assert value.shape == expected.shape and value.dtype == expected.dtype, \
+        f"{where}.numpy() is {value.dtype}{value.shape}, NumPy's {expected.dtype}{expected.shape}"
+    if expected.dtype.kind in "fc":
+        # sums over shards add in another order than NumPy's pairwise sum, and a float64
+        # result may come from float32 ones (np.maximum(float32 std, int64))
+        rtol, atol = {2: (1e-2, 1e-2), 4: (1e-5, 1e-4), 8: (1e-6, 1e-6),
+                      16: (1e-6, 1e-6)}[expected.dtype.itemsize]
+        np.testing.assert_allclose(value, expected, rtol=rtol, atol=atol, equal_nan=True,
+                                   err_msg=where)
+    else:
+        np.testing.assert_array_equal(value, expected, err_msg=where)
+
+
+def _check(program, meshes: dict, streams: dict) -> None:
+    mesh, head, lines, final = program
+    source = _as_source(mesh, head, lines)
+    env = {"np": np, "mwrt": mwrt, "world": _MeshWorld(meshes[mesh], streams)}
+    try:
+        for line in head + lines:
+            _run(line, env)
+        mwrt.synchronize()  # a worker's error is this program's, not the next one's
+    except Exception as exc:
+        raise AssertionError(f"mwrt raised where NumPy did not: {exc!r}\n{source}") from exc
+    for name, expected in final.items():
+        _compare(name, expected, env[name], source)
+
+
+@pytest.fixture(scope="module")
+def four():
+    """Four local worker daemons whose collectives give up after 30 s: a failure that leaves
+    the others waiting fails fast (all of this module's collectives are small)."""
+    mwrt.shutdown()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MWRT_COLLECTIVE_TIMEOUT", "30")
+        mwrt.init_master_worker(local_workers=4, timeout=30)
+    yield mwrt
+    mwrt.shutdown()
+
+
+@pytest.fixture(scope="module")
+def meshes(four):
+    """The meshes the programs run on, made once."""
+    square = mwrt.mesh({"a": 2, "b": 2})
+    return {k: mwrt.mesh(nodes=v) if v is not None else square for k, v in MESHES.items()}
+
+
+@pytest.fixture(scope="module")
+def streams(four):
+    """Two streams of each node, made once: a session's streams are bounded."""
+    return {n: (mwrt.Stream(node=n), mwrt.Stream(node=n)) for n in range(4)}
+
+
+@pytest.mark.slow  # 300 programs: 40-75 s on a shared 2-core machine
+@pytest.mark.timeout(max(600, EXAMPLES * 3))
+# no shrinking: a failure may leave the workers' collectives out of step (a known defect),
+# and every program after it would fail for that; the first failing program is short
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          phases=[Phase.explicit, Phase.reuse, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(program=programs())
+def test_random_mesh_programs_equal_numpy(meshes, streams, program):
+    _check(program, meshes, streams)
+
+
+# What the programs found, and the defects of meshes listed before they ran, each kept as a
+# program of its own.
+X = "np.arange(12.0).reshape(4, 3)"
+FOUND = {
+    "a 0-d array sent onto a mesh keeps its shape": (
+        "2", ["v0 = world.put(np.array(2.5), None)"], ["v1 = v0 * 2"]),
+    "a view of a Partial tensor is all_reduced once": (
+        "2", [f"v0 = world.put({X}, 0)"], ["v1 = v0.sum(axis=0)", "v2 = v1[None]"]),
+    "a Partial tensor made in a graph is whole after each replay": (
+        "2", [f"v0 = world.put({X}, 0)"],
+        ["g1 = world.graph(globals(), 'v1 = v0.sum(axis=0)')\ng1.replay()", "v2 = v1 + 0",
+         "g1.replay()"]),
+    "cumsum along an unsharded axis keeps the placement": (
+        "2", [f"v0 = world.put({X}, 1)"], ["v1 = v0.cumsum(axis=0)"]),
+    "mean over an empty sharded axis is nan": (
+        "2", ["v0 = world.put(np.zeros((0, 3)), 0)"], ["v1 = v0.mean(axis=0)"]),
+    "setitem of an array spanning shards": (
+        "2", [f"v0 = world.put({X}, 0)"], ["v0[:, 1] = np.arange(4.0)"]),
+    "a length-1 shard broadcasts": (
+        "2", ["v0 = world.put(np.ones((1, 3)), 0)", f"v1 = world.put({X}, None)"],
+        ["v2 = v0 + v1"]),
+    "an int along a sharded axis past the first": (
+        "2", [f"v0 = world.put({X}, 1)"], ["v1 = v0[:, 0]"]),
+    "a tensor sharded on two axes of a 2x2 mesh is gathered": (
+        "2x2", [f"v0 = world.put({X}, (0, 1))"], ["v1 = world.redistribute(v0, None)"]),
+    "sort of a 0-d tensor": ("2", ["v0 = world.put(np.arange(6.0), 0)"],
+                             ["v1 = np.var(v0, axis=None)", "v2 = np.argsort(v1, axis=-1)"]),
+    "a reduction of a 0-d tensor over axis -1": (
+        "2x2", ["v0 = world.put(np.arange(6.0), 0)"], ["v1 = v0.all(axis=0)",
+                                                        "v2 = np.any(v1, axis=-1)"]),
+}
+
+
+# Found and not fixed yet: an expected failure until its fix lands.
+FOUND["a Partial tensor made real after a graph's capture is read whole by its replays"] = (
+    "2", ["v0 = world.partial(np.arange(40).reshape(2, 5, 4))"],
+    ["g1 = world.graph(globals(), 'v1 = v0.mean(axis=0)')\ng1.replay()", "v2 = v0 < v0",
+     "g1.replay()"])
+KNOWN = {"a Partial tensor made real after a graph's capture is read whole by its replays"}
+
+
+@pytest.mark.parametrize("what", [pytest.param(k, marks=pytest.mark.xfail(
+    strict=True, reason="a replay sums the parts again")) if k in KNOWN else k for k in FOUND])
+def test_what_the_programs_found(meshes, streams, what):
+    mesh, head, lines = FOUND[what]
+    env = _numpy_env(head, lines)
+    names = [k for k in env if k.startswith("v") and k != "v_read"]
+    _check((mesh, head, lines, {k: env[k] for k in names}), meshes, streams)

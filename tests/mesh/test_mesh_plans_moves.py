@@ -1,0 +1,289 @@
+"""Local plans for ops that move runs of a sharded axis between the workers or scan along it:
+reshapes and squeezes that regroup the sharded axis, concatenate along it, cumsum and
+cumprod along it (two phases), setitem of a mesh value. Each runs with no PlacementWarning
+(MWRT_STRICT_PLACEMENT=1 would raise otherwise), with no wait of the master on a worker
+(nothing comes to the master), and with NumPy's value, dtype and shape."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from tests.mesh.test_mesh import data, four, same, strict  # noqa: F401 - four: the module's fixture
+
+import mwrt
+from mwrt import Replicate, Shard
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=[2, 3])
+def m(four, request):
+    """A 1-D mesh of 2 or 3 nodes."""
+    return mwrt.mesh(nodes=list(range(request.param)))
+
+
+@pytest.fixture
+def square(four):
+    """A 2x2 mesh."""
+    return mwrt.mesh({"a": 2, "b": 2})
+
+
+def planned(fn):
+    """fn()'s result, checked to run by a local plan: strict placement raises nothing, no
+    PlacementWarning, and the master waited on no worker."""
+    with strict(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        waits = mwrt.stats()["waits"]
+        result = fn()
+        assert mwrt.stats()["waits"] == waits, "the master waited on a worker"
+    assert [w for w in caught if issubclass(w.category, mwrt.PlacementWarning)] == []
+    return result
+
+
+def arange(*shape, dtype=np.float64):
+    return np.arange(int(np.prod(shape))).astype(dtype).reshape(shape)
+
+
+# -- reshapes and squeezes that regroup the sharded axis -----------------------------------
+
+RESHAPES = [  # (shape, sharded axis, new shape, the result's sharded axis)
+    ((4, 3, 2), 0, (-1,), 0), ((4, 3, 2), 0, (2, 2, 6), 0), ((4, 3, 2), 1, (2, 2, 6), 2),
+    ((4, 3, 2), 1, (4, 6), 1), ((7, 3), 0, (21,), 0), ((7, 3), 0, (3, 7), 0),
+    ((5,), 0, (5, 1), 0), ((6,), 0, (1, 2, 3), 1), ((1, 5), 0, (5,), 0), ((0, 3), 0, (3, 0), 0),
+    ((4, 0), 0, (2, 2, 0), 0), ((2, 2), 1, (4,), None), ((3, 1), 0, (1, 3), 1),
+]
+
+
+@pytest.mark.parametrize("case", RESHAPES, ids=str)
+def test_a_reshape_that_regroups_the_sharded_axis_stays_sharded(m, case):
+    shape, shard, new, axis = case
+    x = arange(*shape)
+    X = mwrt.dist_send(x, mesh=m, shard=shard)
+    if axis is None:  # no axis of the result has 2 elements before it: redistributed
+        with strict(), pytest.raises(mwrt.PlacementError, match="reshape"):
+            X.reshape(new)
+        return
+    got = planned(lambda: X.reshape(new))
+    assert got.placement == Shard(axis)
+    same(got, x.reshape(new))
+    same(X, x)
+    if len(new) == 1 or new == (-1,):
+        same(planned(lambda: X.flatten()), x.flatten())
+        same(planned(lambda: np.ravel(X)), np.ravel(x))
+
+
+def test_a_regrouped_reshape_is_a_copy_with_the_blocks_array_split_cuts(m):
+    x = arange(5, 4, dtype=np.int32)
+    X = mwrt.dist_send(x, mesh=m, shard=0)
+    got = planned(lambda: X.reshape(-1))
+    assert [b.shape for b in got.shards()] == [p.shape for p in np.array_split(x.ravel(),
+                                                                              m.size)]
+    X += 1  # a copy: NumPy's reshape would view it
+    same(got, x.reshape(-1))
+
+
+def test_squeezing_a_sharded_axis_of_length_one(m):
+    for shape, shard, axis in [((4, 1, 2), 1, None), ((1, 5), 0, 0), ((1, 1), 1, None),
+                               ((3, 1, 0), 1, 1)]:
+        x = arange(*shape)
+        X = mwrt.dist_send(x, mesh=m, shard=shard)
+        got = planned(lambda: np.squeeze(X, axis=axis))
+        same(got, np.squeeze(x, axis=axis))
+    X = mwrt.dist_send(arange(2, 1, 3), mesh=m, shard=0)
+    same(planned(lambda: X[:, :1, :2].squeeze()), arange(2, 1, 3)[:, :1, :2].squeeze())
+
+
+def test_expand_dims_keeps_the_shard(m):
+    x = arange(5, 2)
+    for shard in (0, 1):
+        X = mwrt.dist_send(x, mesh=m, shard=shard)
+        for axis in (0, 1, -1, (0, 2)):
+            same(planned(lambda: np.expand_dims(X, axis)), np.expand_dims(x, axis))
+
+
+def test_a_reshape_in_order_f_keeps_its_order(m):
+    """The block-by-block reshape passed its order on: each place read its block in C."""
+    x = arange(4, 3, 2)
+    X = mwrt.dist_send(x, mesh=m, shard=0)
+    same(planned(lambda: X.reshape(4, 6, order="F")), x.reshape(4, 6, order="F"))
+
+
+def test_reshapes_on_a_2d_mesh(square):
+    x = arange(6, 4, 2)
+    for shard, new in [((0, None), (-1,)), ((None, 1), (6, 8)), ((1, None), (3, 2, 8)),
+                       ((0, None), (3, 2, 8))]:
+        X = mwrt.dist_send(x, mesh=square, shard=shard)
+        same(planned(lambda: X.reshape(new)), x.reshape(new))
+
+
+# -- concatenate and stack -----------------------------------------------------------------
+
+def test_concatenate_along_the_sharded_axis(m):
+    a, b, c = arange(5, 2), arange(1, 2, dtype=np.int32) + 50, arange(0, 2, dtype=np.float32)
+    A, B, C = (mwrt.dist_send(v, mesh=m, shard=0) for v in (a, b, c))
+    R = mwrt.dist_send(b, mesh=m)  # replicated: each place cuts its own part
+    for operands, values in [((A, A), (a, a)), ((A, B, C), (a, b, c)), ((B, A), (b, a)),
+                             ((A, R, A), (a, b, a)), ((C, C), (c, c)), ((R, A), (b, a))]:
+        got = planned(lambda: np.concatenate(operands))
+        assert got.placement == Shard(0)
+        assert [s.shape[0] for s in got.shards()] == [
+            len(p) for p in np.array_split(np.concatenate(values), m.size)]
+        same(got, np.concatenate(values))
+    x = arange(3, 5)
+    X1 = mwrt.dist_send(x, mesh=m, shard=1)
+    same(planned(lambda: np.concatenate([X1, X1[:, :2]], axis=-1)),
+         np.concatenate([x, x[:, :2]], axis=-1))
+
+
+def test_concatenate_and_stack_along_another_axis_cut_a_replicated_operand(m):
+    x, y = arange(5, 3), arange(5, 2, dtype=np.int64)
+    X, Y = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m)
+    got = planned(lambda: np.concatenate([X, Y, X], axis=1))
+    assert got.placement == Shard(0)
+    same(got, np.concatenate([x, y, x], axis=1))
+    Z = mwrt.dist_send(x * 2, mesh=m)
+    for axis in (0, 1, 2, -1):
+        got = planned(lambda: np.stack([Z, X], axis=axis))
+        same(got, np.stack([x * 2, x], axis=axis))
+
+
+def test_concatenate_on_a_2d_mesh(square):
+    x, y = arange(5, 4), arange(3, 4) + 100
+    for shard in [(0, None), (None, 0), (0, 1), (1, 0)]:
+        X, Y = (mwrt.dist_send(v, mesh=square, shard=shard) for v in (x, y))
+        same(planned(lambda: np.concatenate([X, Y])), np.concatenate([x, y]))
+        same(planned(lambda: np.stack([X, X], axis=1)), np.stack([x, x], axis=1))
+
+
+def test_concatenate_of_operands_sharded_on_different_axes_still_redistributes(m):
+    x = arange(4, 4)
+    X0, X1 = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(x, mesh=m, shard=1)
+    with strict(), pytest.raises(mwrt.PlacementError, match="concatenate"):
+        np.concatenate([X0, X1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mwrt.PlacementWarning)
+        same(np.concatenate([X0, X1]), np.concatenate([x, x]))
+
+
+# -- cumsum and cumprod along the sharded axis ---------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int64, np.float32,
+                                   np.complex128])
+def test_cumsum_and_cumprod_along_the_sharded_axis_take_two_phases(m, dtype):
+    x = (np.random.default_rng(1).integers(-3, 4, (7, 3)) % 3 + 1).astype(dtype)
+    for shape in [(7, 3), (1, 3), (0, 3), (2, 0)]:
+        v = x[:shape[0], :shape[1]]
+        X = mwrt.dist_send(v, mesh=m, shard=0)
+        for name in ("cumsum", "cumprod"):
+            got = planned(lambda: getattr(X, name)(axis=0))
+            assert got.placement == Shard(0)
+            same(got, getattr(v, name)(axis=0), exact=v.dtype.kind != "f")
+    V = mwrt.dist_send(x[:, 0], mesh=m, shard=0)
+    same(planned(lambda: np.cumsum(V)), np.cumsum(x[:, 0]), exact=False)
+    if x.dtype.kind != "c":
+        same(planned(lambda: np.cumprod(V, dtype=np.float64)),
+             np.cumprod(x[:, 0], dtype=np.float64), exact=False)
+
+
+def test_cumsum_of_ints_wraps_as_numpys():
+    x = np.array([120, 100, 90, 7, -128], np.int8)
+    X = mwrt.dist_send(x, mesh=mwrt.mesh(nodes=[0, 1, 2]), shard=0)
+    same(planned(lambda: X.cumsum(dtype=np.int8)), x.cumsum(dtype=np.int8))
+    same(planned(lambda: X.cumprod(axis=0)), x.cumprod(axis=0))
+
+
+def test_scans_on_a_2d_mesh(square):
+    x = arange(5, 3) - 4
+    for shard in [(0, None), (None, 0), (0, 1), (1, 0), (1, 1)]:
+        X = mwrt.dist_send(x, mesh=square, shard=shard)
+        for axis in (0, 1):
+            if shard == (1, 1) and axis == 1:  # two dimensions shard it: redistributed
+                continue
+            same(planned(lambda: np.cumsum(X, axis=axis)), np.cumsum(x, axis=axis))
+            same(planned(lambda: np.cumprod(X, axis=axis)), np.cumprod(x, axis=axis))
+
+
+# -- setitem of a mesh value ---------------------------------------------------------------
+
+def test_setitem_of_a_mesh_value_placed_as_the_target(m):
+    y = arange(7, 3)
+    for index, value, shard in [(np.s_[...], arange(7, 3) + 100, 0), (np.s_[:, 1], arange(7),
+                                                                        0),
+                                (np.s_[1:5], arange(4, 3) - 9, 0), (np.s_[::3], arange(3, 3), 0),
+                                (np.s_[2:6, 0], arange(4, dtype=np.int32), 0),
+                                (np.s_[5:], arange(2, 3), 0), (np.s_[3:3], arange(0, 3), 0),
+                                (np.s_[1:4], arange(1, 3), 0), (np.s_[:, 1:], arange(7, 2), 0),
+                                (np.s_[1:6], arange(3), None), (np.s_[2], arange(3), None)]:
+        Y = mwrt.dist_send(y, mesh=m, shard=0)
+        V = mwrt.dist_send(value, mesh=m, shard=shard)
+        expected = y.copy()
+        expected[index] = value
+
+        def write():
+            Y[index] = V
+        planned(write)
+        assert Y.placement == Shard(0)
+        same(Y, expected)
+
+
+def test_setitem_of_a_mesh_value_on_the_columns_and_on_a_2d_mesh(m, square):
+    y = arange(4, 6)
+    Y = mwrt.dist_send(y, mesh=m, shard=1)
+    V = mwrt.dist_send(arange(4, 3) + 50, mesh=m, shard=1)
+    planned(lambda: Y.__setitem__(np.s_[:, 2:5], V))
+    y[:, 2:5] = arange(4, 3) + 50
+    same(Y, y)
+    for shard in [(0, None), (None, 1), (0, 1)]:
+        y = arange(5, 4)
+        Y = mwrt.dist_send(y, mesh=square, shard=shard)
+        V = mwrt.dist_send(y[::-1] * 2, mesh=square, shard=shard)
+        planned(lambda: Y.__setitem__(Ellipsis, V))
+        same(Y, y[::-1] * 2)
+    Y = mwrt.dist_send(arange(6, 4), mesh=square, shard=(0, None))
+    V = mwrt.dist_send(arange(3, 4), mesh=square, shard=(0, None))
+    planned(lambda: Y.__setitem__(np.s_[2:5], V))
+    expected = arange(6, 4)
+    expected[2:5] = arange(3, 4)
+    same(Y, expected)
+
+
+def test_setitem_of_a_value_sharded_where_the_target_is_not_redistributes(m):
+    y = arange(4, 6)
+    Y, V = mwrt.dist_send(y, mesh=m, shard=1), mwrt.dist_send(arange(4, 6), mesh=m, shard=0)
+    with strict(), pytest.raises(mwrt.PlacementError, match="setitem"):
+        Y[...] = V
+    R = mwrt.dist_send(y, mesh=m)
+    with strict(), pytest.raises(mwrt.PlacementError, match="setitem"):
+        R[...] = V
+
+
+def test_the_scans_and_concatenate_of_the_flattened_tensor(m):
+    x, y = arange(5, 3) - 7, arange(2, 2, dtype=np.int32)
+    X, Y = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m, shard=0)
+    got = planned(lambda: np.cumsum(X))
+    assert got.placement == Shard(0)
+    same(got, np.cumsum(x))
+    same(planned(lambda: X.cumprod(dtype=np.float32)), x.cumprod(dtype=np.float32))
+    R = mwrt.dist_send(y, mesh=m)
+    got = planned(lambda: np.concatenate([X, Y, R], axis=None))
+    assert got.placement == Shard(0)
+    same(got, np.concatenate([x, y, y], axis=None))
+    X1 = mwrt.dist_send(x, mesh=m, shard=1)  # no axis of (15,) lines up: redistributed
+    with strict(), pytest.raises(mwrt.PlacementError):
+        np.cumsum(X1)
+
+
+def test_setitem_of_a_mesh_value_with_more_axes_than_the_part_it_writes(m):
+    """v[0] = v with v of shape (1, 3): the value's leading length-1 axis goes, as NumPy's.
+    Run on replicated copies, the replicated target refused the mesh value."""
+    x = arange(1, 3)
+    V = mwrt.dist_send(x, mesh=m, shard=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mwrt.PlacementWarning)
+        V[0] = V
+    same(V, x)
+    R = mwrt.dist_send(x, mesh=m)
+    planned(lambda: R.__setitem__(0, R * 2))
+    same(R, x * 2)

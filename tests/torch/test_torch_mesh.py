@@ -1,0 +1,210 @@
+"""Torch handles over a mesh: a replicated module trained data parallel from one program.
+
+torch is the oracle: the same model on local torch, given the whole batch, takes the same
+steps (up to the order of the sums) as the mesh module given the batch Shard(0), its
+gradients Partial and summed by one all_reduce between the workers. torch DDP on gloo is
+compared in test_the_training_example_matches_ddp (slow: it starts 4 workers and 4 ranks).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import mwrt  # noqa: E402
+import mwrt.torch  # noqa: E402
+from mwrt.errors import PlacementError  # noqa: E402
+from mwrt.master.mesh.placement import Partial, Replicate, Shard  # noqa: E402
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    """Three local workers and the mesh of them (a batch of 12 rows: 4 at each place)."""
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=3, timeout=30)
+    yield mwrt.mesh()
+    mwrt.shutdown()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _data(rows: int) -> tuple:
+    g = torch.Generator().manual_seed(rows)
+    return torch.randn(rows, 6, generator=g), torch.randint(0, 3, (rows,), generator=g)
+
+
+def _close(handle, local) -> None:
+    torch.testing.assert_close(handle.torch(), local.detach(), **TOL)
+
+
+def _same_everywhere(param) -> None:
+    blocks = [b.torch() for b in param._locals]
+    assert all(torch.equal(blocks[0], b) for b in blocks[1:])
+
+
+def test_a_replicated_module_trains_as_local_torch_on_the_whole_batch(mesh):
+    X, y = _data(12)
+    local = _model()
+    model = mwrt.torch.module(_model(), mesh=mesh)
+    opt = mwrt.torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2)
+    sched = mwrt.torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    lopt = torch.optim.AdamW(local.parameters(), lr=1e-2, weight_decay=1e-2)
+    lsched = torch.optim.lr_scheduler.StepLR(lopt, step_size=2, gamma=0.5)
+    for _ in range(3):
+        out = model(mwrt.dist_send(X, mesh=mesh, shard=0))
+        assert out._placements == (Shard(0),) and tuple(out.shape) == (12, 3)
+        loss = F.cross_entropy(out, mwrt.dist_send(y, mesh=mesh, shard=0))
+        assert loss._placements == (Partial("sum"),)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        lloss = F.cross_entropy(local(X), y)
+        lopt.zero_grad()
+        lloss.backward()
+        lopt.step()
+        lsched.step()
+        assert loss.item() == pytest.approx(lloss.item(), rel=1e-6)
+    for (name, p), lp in zip(model.named_parameters(), local.parameters()):
+        assert p._placements == (Replicate(),), name
+        _same_everywhere(p)
+        _close(p, lp)
+
+
+def test_an_uneven_batch_gives_the_mean_and_gradient_over_every_row(mesh):
+    """7 rows on 3 places (3, 2, 2): each place's mean is weighted by its share of rows."""
+    X, y = _data(7)
+    local = _model()
+    model = mwrt.torch.module(_model(), mesh=mesh)
+    loss = F.cross_entropy(model(mwrt.dist_send(X, mesh=mesh, shard=0)),
+                           mwrt.dist_send(y, mesh=mesh, shard=0))
+    loss.backward()
+    lloss = F.cross_entropy(local(X), y)
+    lloss.backward()
+    assert loss.item() == pytest.approx(lloss.item(), rel=1e-6)
+    for p, lp in zip(model.parameters(), local.parameters()):
+        grad = p.grad
+        assert grad._placements == (Replicate(),)
+        _close(grad, lp.grad)
+        _close(p.grad, lp.grad)  # read again: resolved once, not summed twice
+
+
+def test_placements_follow_the_shapes_of_the_blocks(mesh):
+    x0 = torch.randn(12, 6)
+    x = mwrt.dist_send(x0, mesh=mesh, shard=0)
+    cases = [(torch.relu(x), torch.relu(x0), (Shard(0),)),
+             (x.T, x0.T, (Shard(1),)),
+             (x.sum(1), x0.sum(1), (Shard(0),)),
+             (x.sum(), x0.sum(), (Partial("sum"),)),
+             (x.mean(0), x0.mean(0), (Partial("sum"),)),
+             (x.T @ x, x0.T @ x0, (Partial("sum"),)),
+             (F.softmax(x, dim=1), F.softmax(x0, dim=1), (Shard(0),)),
+             (x * 2 + 1, x0 * 2 + 1, (Shard(0),))]
+    for got, want, placements in cases:
+        assert got._placements == placements
+        assert tuple(got.shape) == tuple(want.shape)
+        _close(got, want)
+    w = mwrt.dist_send(torch.ones(6), mesh=mesh)
+    assert w._placements == (Replicate(),)
+    _close(x @ w, x0 @ torch.ones(6))
+    assert x.size(0) == 12 and x.dim() == 2
+
+
+def test_two_backwards_without_zero_grad_accumulate_as_torch(mesh):
+    X, y = _data(12)
+    local = _model()
+    model = mwrt.torch.module(_model(), mesh=mesh)
+    xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+    F.cross_entropy(model(xs), ys).backward()
+    F.cross_entropy(local(X), y).backward()
+    first, lfirst = next(model.parameters()).grad, next(local.parameters()).grad
+    _close(first, lfirst)  # resolved: the whole at every place
+    F.cross_entropy(model(xs), ys).backward()  # parts again, on top of the whole
+    F.cross_entropy(local(X), y).backward()
+    _close(first, lfirst)  # torch accumulates into the tensor p.grad gave, as here
+    for p, lp in zip(model.parameters(), local.parameters()):
+        _close(p.grad, lp.grad)
+
+
+def test_a_captured_mesh_step_replays_as_local_steps(mesh):
+    X, y = _data(12)
+    local = _model()
+    model = mwrt.torch.module(_model(), mesh=mesh)
+    opt = mwrt.torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    lopt = torch.optim.SGD(local.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+    with mwrt.graph() as step:
+        loss = F.cross_entropy(model(xs), ys)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for _ in range(3):
+        step.replay()
+        lloss = F.cross_entropy(local(X), y)
+        lopt.zero_grad()
+        lloss.backward()
+        lopt.step()
+        assert loss.item() == pytest.approx(lloss.item(), rel=1e-6)
+    for p, lp in zip(model.parameters(), local.parameters()):
+        _same_everywhere(p)
+        _close(p, lp)
+
+
+def test_ops_that_would_mix_rows_across_places_are_refused_by_name(mesh):
+    x = mwrt.dist_send(torch.randn(12, 6), mesh=mesh, shard=0)
+    with pytest.raises(PlacementError, match=r"softmax: mixes values along the sharded axis"):
+        F.softmax(x, dim=0)
+    with pytest.raises(PlacementError, match=r"cumsum: mixes values along"):
+        x.cumsum(0)
+    with pytest.raises(PlacementError, match=r"no placement rule.*Shard\(0\)"):
+        x[0]
+    with pytest.raises(PlacementError, match=r"no placement rule"):
+        x.argmax(0)
+    whole = mwrt.dist_send(torch.zeros(12, 6), mesh=mesh)
+    with pytest.raises(PlacementError, match="writes a replicated tensor from sharded"):
+        whole.add_(x)
+    with pytest.raises(PlacementError, match="one node.*meets a mesh tensor"):
+        x + mwrt.dist_send(torch.ones(6), node=0)
+    model = mwrt.torch.module(_model(), mesh=mesh)
+    with pytest.raises(TypeError, match="takes mesh tensors"):
+        model(torch.ones(2, 6))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # 4 daemons and 4 gloo ranks start and import torch
+def test_the_training_example_matches_ddp():
+    """examples/torch_training.py --mesh: the loss per step on a 4-node mesh within float
+    tolerance of the same model under torch DDP on gloo with 4 processes."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+        root, os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, os.path.join(root, "examples", "torch_training.py"),
+                             "--mesh"], capture_output=True, text=True, timeout=580, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "same losses as DDP within 1e-05: True" in result.stdout, result.stdout
+
+
+def test_a_copied_model_is_not_the_mesh_model(mesh):
+    """The model given stays a local model: the mesh module keeps copies at the places."""
+    model = _model()
+    before = copy.deepcopy(model.state_dict())
+    meshed = mwrt.torch.module(model, mesh=mesh)
+    opt = mwrt.torch.optim.SGD(meshed.parameters(), lr=1.0)
+    X, y = _data(12)
+    F.cross_entropy(meshed(mwrt.dist_send(X, mesh=mesh, shard=0)),
+                    mwrt.dist_send(y, mesh=mesh, shard=0)).backward()
+    opt.step()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name])
