@@ -73,6 +73,11 @@ SETTINGS = {
     "torch_import_grace": Setting("MWRT_TORCH_IMPORT_GRACE", 120.0, float,
                                   "seconds of silence allowed a worker after its first torch "
                                   "command (torch's initialisation holds its interpreter)"),
+    "torch_threads": Setting("MWRT_TORCH_THREADS", 0, int,
+                             "torch's intra-op threads on a worker (0: torch's own count); the "
+                             "local workers a master starts get 1, as torchrun gives each of "
+                             "several processes on a host (their threads would share the "
+                             "host's cores, spinning under load)"),
     "lease_timeout": Setting("MWRT_LEASE_TIMEOUT", 10.0, float,
                              "seconds a worker keeps a silent master's session"),
     "session_grace": Setting("MWRT_SESSION_GRACE", 0.0, float,

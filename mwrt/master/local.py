@@ -34,6 +34,9 @@ class LocalWorker:
         """The daemon's process, started; its address comes with its first line."""
         package_root = _PACKAGE_ROOT
         child_env = dict(os.environ, **(env or {}))
+        # torch's threads, one per daemon unless told: the daemons and the master share the
+        # host's cores (torchrun sets OMP_NUM_THREADS=1 for the same reason)
+        child_env.setdefault("MWRT_TORCH_THREADS", "1")
         # The child imports the same mwrt as this master, installed or not.
         child_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)

@@ -131,6 +131,8 @@ def _placements(name, mesh, spec: TorchSpec, blocks: list, sharded: list, kwargs
     local = [tuple(b._spec.shape) for b in blocks]
     differ = {a for block in local for a, (g, n) in enumerate(zip(shape, block)) if g != n}
     if not differ and all(block == shape for block in local):
+        if mesh.size == 1 and not (name in _SUMS or name in _MEANS or name in _LOSSES):
+            return (REPLICATE,)  # one place holds the whole, however it was placed
         if name in _SUMS or name in _MEANS or (name in _LOSSES and kwargs.get(
                 "reduction", "mean") in ("mean", "sum", "batchmean")):
             return PARTIAL

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .. import config
 from .registry import Spec, register
 
 INSTALL = "pip install 'mwrt[torch]'"
@@ -49,6 +50,21 @@ def torch_module():
     except ImportError:
         raise ImportError(f"torch: not installed on this node; {INSTALL} here to hold torch "
                           "tensors") from None
+    return torch
+
+
+_THREADS_SET: list = []
+
+
+def worker_torch():
+    """torch, as a worker's ops use it: its intra-op threads set once, from
+    MWRT_TORCH_THREADS (0: torch's own count; local workers get 1, see master/local.py)."""
+    torch = torch_module()
+    if not _THREADS_SET:
+        _THREADS_SET.append(True)
+        threads = config.get("torch_threads")
+        if threads > 0:
+            torch.set_num_threads(threads)
     return torch
 
 
@@ -339,7 +355,7 @@ _PLAIN = frozenset((int, float, bool, complex, str, type(None), type(Ellipsis)))
 
 def _call(xp, name: str, grad: bool, *args, **kwargs) -> list:
     """Run torch's `name`; returns the new tensors it makes, checked against the meta rule."""
-    torch = torch_module()
+    torch = worker_torch()
     func = function(name)
     args, kwargs = decode(args), decode(kwargs)
     specs: list = []
@@ -386,7 +402,7 @@ def _specs(value, specs: list, torch):
 
 def _from(xp, array, dtype: str, requires_grad: bool, device: str) -> list:
     """A torch tensor of a NumPy array's bytes (a dtype NumPy lacks, bfloat16, as its bits)."""
-    torch = torch_module()
+    torch = worker_torch()
     made = torch.from_numpy(np.ascontiguousarray(array))
     wanted = objects()[dtype]
     if made.dtype != wanted:
@@ -461,7 +477,7 @@ def build_module(meta_model, names: tuple, *tensors):
 
 def _new(xp, path: str, grad: bool, *args, **kwargs) -> list:
     """An optimizer or LR scheduler of torch.optim, by class name, over resolved tensors."""
-    torch = torch_module()
+    torch = worker_torch()
     family, _, name = path.rpartition(".")
     space = {"torch.optim": torch.optim, "torch.optim.lr_scheduler": torch.optim.lr_scheduler}
     kind = getattr(space.get(family), name, None) if not name.startswith("_") else None
@@ -481,7 +497,7 @@ _METHODS = {"Module": {"__call__", "parameters", "buffers", "train", "eval", "ze
 def _method(xp, obj, method: str, grad: bool, *args, **kwargs) -> list:
     """`obj.method(*args, **kwargs)` for a module, optimizer or scheduler the session holds;
     returns the tensors of its result."""
-    torch = torch_module()
+    torch = worker_torch()
     kinds = {"Module": torch.nn.Module, "Optimizer": torch.optim.Optimizer,
              "LRScheduler": torch.optim.lr_scheduler.LRScheduler}
     kind = next((k for k, cls in kinds.items() if isinstance(obj, cls)), None)

@@ -28,6 +28,7 @@ BENCH = os.path.join(ROOT, "benchmarks")
     ("bench_checkpoint.py", ["--mb", "4"]),
     ("bench_wire.py", ["--quick"]),  # its table on the fake GPU; on a GPU: real
     ("bench_torch_workers.py", ["--quick"]),
+    ("bench_torch_mesh.py", ["--quick"]),
 ])
 def test_benchmark_runs_and_prints_its_table(script, args):
     if script == "bench_hosts.py" and unavailable():

@@ -1,0 +1,162 @@
+"""Steps/s of data-parallel training on a mesh of workers, beside torch DDP on gloo.
+
+The model and optimizer of examples/torch_training.py (an MLP 20-64-64-4, AdamW, a batch of
+64 rows split evenly) train on 1, 2 and 4 local workers from one master (the model
+replicated with mwrt.torch.module(model, mesh=m), the batch sent Shard(0) once), eager and
+captured (one step in mwrt.graph(), replayed); and, in the same run, under torch DDP on
+gloo with as many processes (spawned, file:// rendezvous), each with its rows. A step is
+zero_grad, forward, loss, backward (the gradients' all_reduce), step; no value is read
+until the last step (then one wait). steps/s = steps / seconds over the timed steps, after
+warm-up steps; the ratio is mwrt's over DDP's (the goal: captured at least DDP's).
+
+    python benchmarks/bench_torch_mesh.py [--quick] [--steps N] [--workers 1,2,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from queue import Empty
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import mwrt  # noqa: E402
+import mwrt.torch  # noqa: E402,F401
+
+BATCH, WARMUP = 64, 3
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 4))
+
+
+def make_batch() -> tuple:
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(BATCH, 20, generator=g)
+    return X, (X @ torch.randn(20, 4, generator=g)).argmax(1)
+
+
+def mesh_rates(workers: int, steps: int) -> tuple[float, float]:
+    """(eager, captured) steps/s on a mesh of `workers` local workers."""
+    mwrt.init_master_worker(local_workers=workers, timeout=60)
+    try:
+        m = mwrt.mesh()
+        model = mwrt.torch.module(make_model(), mesh=m)
+        opt = mwrt.torch.optim.AdamW(model.parameters(), lr=3e-3)
+        X, y = (mwrt.dist_send(t, mesh=m, shard=0) for t in make_batch())
+
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(model(X), y).backward()
+            opt.step()
+        eager = _rate(step, steps)
+        with mwrt.graph() as graph:
+            step()
+        captured = _rate(graph.replay, steps)
+    finally:
+        mwrt.shutdown()
+    return eager, captured
+
+
+def _rate(step, steps: int) -> float:
+    for _ in range(WARMUP):
+        step()
+    mwrt.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    mwrt.synchronize()
+    return steps / (time.perf_counter() - start)
+
+
+def ddp_rate(workers: int, steps: int) -> float:
+    """steps/s of the same training under torch DDP, gloo, `workers` processes."""
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        store = os.path.join(folder, "store")
+        procs = [ctx.Process(target=_ddp_rank, args=(r, workers, store, steps, queue))
+                 for r in range(workers)]
+        for p in procs:
+            p.start()
+        try:
+            return _collect(queue, procs, 300)
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+
+
+def _ddp_rank(rank: int, world: int, store: str, steps: int, queue) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    model = DDP(make_model())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    X, y = make_batch()
+    rows = BATCH // world
+    x, t = X[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+    for i in range(WARMUP + steps):
+        if i == WARMUP:
+            dist.barrier()
+            start = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), t).backward()
+        opt.step()
+    dist.barrier()
+    if rank == 0:
+        queue.put(steps / (time.perf_counter() - start))
+    dist.destroy_process_group()
+
+
+def _collect(queue, procs, seconds: float) -> float:
+    """Rank 0's figure, or an error as soon as a rank exits without it."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=1.0)
+        except Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise SystemExit(f"bench_torch_mesh: a DDP rank exited with {dead[0]}")
+    raise SystemExit(f"bench_torch_mesh: no DDP figure after {seconds} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 workers, 5 steps")
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per row")
+    parser.add_argument("--workers", default="1,2,4", help="the mesh sizes, comma-separated")
+    args = parser.parse_args()
+    sizes = [2] if args.quick else [int(n) for n in args.workers.split(",")]
+    steps = 5 if args.quick else args.steps
+    rows = []
+    for n in sizes:
+        ddp = ddp_rate(n, steps)
+        eager, captured = mesh_rates(n, steps)
+        rows.append((n, eager, captured, ddp))
+    print(f"training steps/s, MLP 20-64-64-4, AdamW, batch {BATCH} (median-free: {steps} steps "
+          f"after {WARMUP}; load {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, shared)")
+    print(f"{'workers':>7} {'mwrt eager':>11} {'mwrt captured':>14} {'DDP gloo':>9} "
+          f"{'eager/DDP':>10} {'captured/DDP':>13}")
+    for n, eager, captured, ddp in rows:
+        print(f"{n:7d} {eager:11.1f} {captured:14.1f} {ddp:9.1f} {eager / ddp:10.2f} "
+              f"{captured / ddp:13.2f}")
+
+
+if __name__ == "__main__":
+    main()
