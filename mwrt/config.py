@@ -95,8 +95,16 @@ SETTINGS = {
                               "microseconds a worker with idle streams keeps polling for the "
                               "next command before it sleeps: a sync loop's next request "
                               "finds it awake (~40 us off each round trip on a VM), for at "
-                              "most that much CPU per message; 0: never (the default of "
-                              "local daemons on a host with fewer cores than daemons + 1)"),
+                              "most that much CPU per message (a spin that found nothing is "
+                              "skipped for the next 1, 3, 7 ... turns, up to 63); 0: never "
+                              "(the default of local daemons on a host with fewer cores than "
+                              "daemons)"),
+    "master_spin_us": Setting("MWRT_MASTER_SPIN_US", 200, int,
+                              "microseconds a master's wait polls for its reply before it "
+                              "sleeps in the read: a small read's reply then finds it awake "
+                              "(a sleeping thread's wake-up costs tens of us on a VM), for at "
+                              "most that much CPU per wait (skipped after a miss as a "
+                              "worker's spin is); 0: never"),
     "inline_op_elements": Setting("MWRT_INLINE_OP_ELEMENTS", 4096, int,
                                   "an op on an idle host stream whose operands and results "
                                   "hold at most this many elements in all runs on the "

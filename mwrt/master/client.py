@@ -48,6 +48,7 @@ _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PR
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | sum(_AUTH_FAILURES)
 _READ_SLICE_MS = 50  # a wait notices a lost worker or a refused batch within this
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
 _SAY_AFTER = 2.0  # seconds a wait after an interrupted one goes before it says what it awaits
 
 
@@ -139,6 +140,8 @@ class Node:
         self.batch_size = config.get("batch_size")
         self.inline_bytes = config.get("inline_bytes")
         self.sync_timeout = config.get("sync_timeout")
+        self.spin = config.get("master_spin_us") * 1e-6
+        self.spin_misses = self.spin_skips = 0  # the spin's back-off (_spin)
         self.seq = 0
         # One counter for the session's nodes: an id names one command or tensor among all
         # of them (a graph over several nodes keeps its records by id).
@@ -385,6 +388,8 @@ class Node:
                                            "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
                     if self.interrupted is not None and now - start > _SAY_AFTER:
                         asked = self._after_interrupt(asked, what)
+                    if self.spin:
+                        self._spin(start)
                     try:  # small replies: bytes beat Frames
                         frames = wire.recv_parts(self.rx)
                     except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, read again
@@ -402,6 +407,24 @@ class Node:
         if isinstance(reply, wire.Failed):
             raise self.remote_error(reply.info)
         return reply, frames
+
+    def _spin(self, start: float) -> None:
+        """Poll for a reply without sleeping until it is there or MWRT_MASTER_SPIN_US have
+        passed since `start` (monotonic): the reply to a small read comes within it, and a
+        thread woken from a blocking read takes tens of us more on a VM. A spin that missed
+        is skipped for the next 1, 3, 7 ... waits (up to 63), so a loaded host or long ops
+        cost no CPU in spins that do not pay."""
+        if self.spin_skips:
+            self.spin_skips -= 1
+            return
+        rx, clock, deadline = self.rx, time.monotonic, start + self.spin
+        while not rx.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
+            if clock() >= deadline:
+                self.spin_misses = min(self.spin_misses + 1, 6)
+                self.spin_skips = (1 << self.spin_misses) - 1
+                return
+            os.sched_yield()  # the core, to whoever waits for it (the worker, if local)
+        self.spin_misses = 0
 
     def _after_interrupt(self, asked: int | None, what: str) -> int | None:
         """A wait that follows an interrupted one: ask the worker what its streams run (once),

@@ -392,13 +392,14 @@ def replace_node(index: int, address: str | None = None, *,
 
 
 def local_spin_env(count: int) -> dict:
-    """Local daemons spin between messages (MWRT_WORKER_SPIN_US) only when each, and this
-    master, has a core of its own: on fewer cores the spins take turns with the very work
-    they wait for (8 daemons on 2 cores: a fan-out round 1.0 -> 1.3 ms). A value the user
-    set is kept."""
+    """Local daemons spin between messages (MWRT_WORKER_SPIN_US) only when each has a core
+    of its own: on fewer cores the spins take turns with the very work they wait for (8
+    daemons on 2 cores: a fan-out round 1.0 -> 1.3 ms). The master's wait shares a core
+    with them, as its spin and theirs back off when they miss. A value the user set is
+    kept."""
     name = config.SETTINGS["worker_spin_us"].env
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if name in os.environ or count < (cores or 1):
+    if name in os.environ or count <= (cores or 1):
         return {}
     return {name: "0"}
 

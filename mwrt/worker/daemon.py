@@ -78,6 +78,7 @@ class Daemon:
         self._more_parked = False  # sessions have parked batches left for the next turn
         self._turns: deque[Session] = deque()  # sessions with commands in their inbox, in turn
         self._read = 0  # commands read in this turn of the loop
+        self._spin_misses = self._spin_skips = 0  # the spin's back-off (_spin_paid)
         self.incarnation = uuid.uuid4().hex
         self.started = time.monotonic()
         self.context = zmq.Context()
@@ -143,7 +144,7 @@ class Daemon:
             # After a message, a short spin: waking a sleeping thread costs more than the
             # rest of a round trip on a VM, and a sync loop's next request comes within it.
             # Only while no stream runs an op: one would contend with the spin for the GIL.
-            if not (ready and spin and self._streams_idle() and self._spin(spin, ready)):
+            if not (ready and spin and self._streams_idle() and self._spin_paid(spin, ready)):
                 ready = dict(poller.poll(0 if self._more_parked or self._turns else 200))
             if self.replies in ready:
                 self._drain(self.replies, self._forward, copy=False)
@@ -165,6 +166,20 @@ class Daemon:
         self.router.disable_monitor()
         monitor.close(linger=0)
         self.close()
+
+    def _spin_paid(self, seconds: float, ready: dict) -> bool:
+        """_spin(), unless a recent spin found nothing: one that missed is skipped for the
+        next 1, 3, 7 ... turns (up to 63), so a loaded host, a master that reads rarely or
+        many daemons on few cores spend no CPU on spins that do not pay."""
+        if self._spin_skips:
+            self._spin_skips -= 1
+            return False
+        if self._spin(seconds, ready):
+            self._spin_misses = 0
+            return True
+        self._spin_misses = min(self._spin_misses + 1, 6)
+        self._spin_skips = (1 << self._spin_misses) - 1
+        return False
 
     def _spin(self, seconds: float, ready: dict) -> bool:
         """Poll the router and the reply queue without sleeping, at most `seconds`; fill

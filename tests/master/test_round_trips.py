@@ -75,6 +75,16 @@ def test_a_small_op_on_an_idle_stream_waits_for_another_streams_write(cluster):
     assert float(later) == np.arange(3_000_000, dtype=np.float64).sum() + 1.0
 
 
+def test_a_masters_spin_that_found_nothing_is_skipped_at_the_next_waits(cluster):
+    node = mwrt.master.cluster.current().nodes[0]
+    big = mwrt.arange(3_000_000, dtype=np.float64)  # its sum takes longer than any spin
+    node.spin_misses = node.spin_skips = 0
+    assert float(big.sum()) == np.arange(3_000_000, dtype=np.float64).sum()
+    assert (node.spin_misses, node.spin_skips) == (1, 1)
+    assert float(big.sum()) == np.arange(3_000_000, dtype=np.float64).sum()
+    assert (node.spin_misses, node.spin_skips) == (1, 0)  # skipped: no spin, no miss
+
+
 def _waits() -> int:
     return mwrt.stats()["waits"]
 

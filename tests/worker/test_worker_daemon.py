@@ -134,8 +134,8 @@ def test_local_daemons_spin_only_when_each_has_a_core(monkeypatch):
 
     monkeypatch.delenv("MWRT_WORKER_SPIN_US", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert local_spin_env(3) == {}  # three daemons and the master: a core each
-    assert local_spin_env(4) == {"MWRT_WORKER_SPIN_US": "0"}
+    assert local_spin_env(4) == {}  # four daemons: a core each (the master's wait shares)
+    assert local_spin_env(5) == {"MWRT_WORKER_SPIN_US": "0"}
     monkeypatch.setenv("MWRT_WORKER_SPIN_US", "50")  # the user's word stands
     assert local_spin_env(32) == {}
 
