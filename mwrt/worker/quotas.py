@@ -15,7 +15,6 @@ import ctypes.util
 import gc
 import math
 import threading
-import weakref
 
 from .. import arrays, config
 from ..errors import QuotaError, WireError
@@ -206,9 +205,9 @@ class Inflight:
                     "Keep the master's MWRT_MAX_BACKLOG_BYTES below it")
             self.nbytes += nbytes
 
-    def track(self, holder, nbytes: int) -> None:
+    def track(self, holder: Frames, nbytes: int) -> None:
         """Give `nbytes` back once every stream has dropped `holder` (the batch's frames)."""
-        weakref.finalize(holder, self._release, nbytes)
+        holder.inflight, holder.nbytes = self, nbytes
 
     def _release(self, nbytes: int) -> None:
         with self._lock:
@@ -232,9 +231,18 @@ def admit(session, commands, data, body_bytes: int) -> list:
 
 
 class Frames(list):
-    """A batch's data frames, as one object the streams share (so it can be weakly tracked)."""
+    """A batch's data frames, as one object the streams share: when the last of them drops
+    it, its bytes go back to the session's Inflight (a __del__, where a weakref.finalize
+    cost ~20 us of the socket thread's time per batch)."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("inflight", "nbytes")
+    inflight: Inflight | None
+    nbytes: int
+
+    def __del__(self) -> None:
+        inflight = getattr(self, "inflight", None)
+        if inflight is not None:
+            inflight._release(self.nbytes)
 
 
 class StreamPool:
