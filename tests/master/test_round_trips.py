@@ -157,8 +157,8 @@ def test_stats_count_waits_per_line(cluster):
 
 def _path(kind: str) -> tuple:
     """The most common path of `kind`'s round trip, by its notes (benchmarks/bench_hops.py)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                    "benchmarks"))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
     try:
         import bench_hops
     finally:
