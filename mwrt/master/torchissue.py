@@ -95,10 +95,13 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
     inputs = [*place, *(u[0] for u in uses)]
     if grad:
         torchgrad.record(inputs, made, outcome.outs, outcome.written)
+    crossed = _backward(name, args, kwargs) if name in _BACKWARDS else None
+    if crossed and len(args) <= 2:  # walked again from the tensors sent home: kept
+        wkwargs = {**wkwargs, "retain_graph": True}
     _issue(node, stream, inputs, written, op, (*prefix, grad, *wargs), wkwargs,
            tuple(r._id for r, (_, same, _) in zip(made, outcome.outs) if same < 0))
-    if name in _BACKWARDS:
-        _backward(name, args, kwargs)
+    if crossed:
+        carry_back(crossed)
     if outcome.tree is None:
         return made[0] if made else None
     return torchops.unflatten(outcome.tree, iter(made))
@@ -107,24 +110,23 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
 _BACKWARDS = frozenset(("torch.Tensor.backward", "torch.autograd.backward"))
 
 
-def _backward(name: str, args: tuple, kwargs: dict) -> None:
-    """A backward was issued: mark the leaves it fills, and carry the gradients of tensors
-    moved from other nodes back there."""
-    names = ("gradient", "retain_graph", "create_graph", "inputs")
-    named = {**dict(zip(names, args[1:])), **kwargs}
+def _backward(name: str, args: tuple, kwargs: dict) -> list:
+    """A backward is issued: mark the leaves it fills; returns the tensors moved from other
+    nodes it reaches."""
+    names = ("gradient" if name == "torch.Tensor.backward" else "grad_tensors",
+             "retain_graph", "create_graph", "grad_variables", "inputs")
     roots = args[0] if args else kwargs.get("tensors")
     roots = list(roots) if isinstance(roots, (tuple, list)) else [roots]
-    inputs = named.get("inputs")
+    inputs = {**dict(zip(names, args[1:])), **kwargs}.get("inputs")
     if inputs is not None:
         inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
-    crossed = torchgrad.backward(roots, inputs)
-    if crossed:
-        carry_back(crossed, bool(named.get("retain_graph") or named.get("create_graph")))
+    return torchgrad.backward(roots, inputs)
 
 
-def carry_back(crossed: list, retain: bool) -> None:
+def carry_back(crossed: list) -> None:
     """Send the gradient each moved tensor received to the node it came from and run the
-    backward there, one per node, from all the tensors sent from it (one walk of its graph)."""
+    backward there, one per node, from all the tensors sent from it (one walk of its graph;
+    kept, as a later one may walk it again from another tensor sent home)."""
     torch = _torch
     get, put = torch.Tensor.grad.__get__, torch.Tensor.grad.__set__
     homes: dict = {}
@@ -138,7 +140,7 @@ def carry_back(crossed: list, retain: bool) -> None:
         sources.append(source)
         grads.append(home)
     for sources, grads in homes.values():
-        torch_call(torch.autograd.backward, (sources, grads), {"retain_graph": retain})
+        torch_call(torch.autograd.backward, (sources, grads), {"retain_graph": True})
 
 
 def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs: dict,

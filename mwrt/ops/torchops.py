@@ -403,7 +403,8 @@ def _specs(value, specs: list, torch):
 def _from(xp, array, dtype: str, requires_grad: bool, device: str) -> list:
     """A torch tensor of a NumPy array's bytes (a dtype NumPy lacks, bfloat16, as its bits)."""
     torch = worker_torch()
-    made = torch.from_numpy(np.ascontiguousarray(array))
+    # ascontiguousarray would make a 0-d array 1-d
+    made = torch.from_numpy(np.ascontiguousarray(array).reshape(array.shape))
     wanted = objects()[dtype]
     if made.dtype != wanted:
         made = made.view(wanted)

@@ -3,8 +3,8 @@
 Hypothesis writes a short program, one line at a time, over variables holding float32,
 float64 and int64 tensors (some requiring grad) and local tensors (sent beside a handle):
 operators, torch's and F's functions, reductions, views, in-place ops (through views too),
-metadata changes (t_()), no_grad, detach and `.grad` reads; then, if a loss can be made,
-backward(). Each line runs on local torch first; a
+metadata changes (t_()), no_grad, detach, `.grad` reads and copies to node 1 and back
+(autograd follows them across); then, if a loss can be made, backward(). Each line runs on local torch first; a
 line torch refuses is dropped. The same text then runs with every variable a torch handle
 on one node, and every tensor is compared bit for bit: shape, dtype, strides,
 requires_grad, the values, and every tensor's gradient (None where torch's is). A failure
@@ -42,7 +42,8 @@ FUNCTIONS = ["torch.exp({a})", "torch.tanh({a})", "torch.sigmoid({a})", "torch.a
              "torch.matmul({a}, {b})", "torch.where({a} > 0, {a}, {b})",
              "torch.cat([{a}, {b}])", "torch.stack([{a}, {b}])", "torch.maximum({a}, {b})",
              "F.mse_loss({a}, {b})", "torch.clamp({a}, min=-0.5, max=0.5)",
-             "{a}.float()", "{a}.double()", "{a}.to(torch.float64)", "torch.outer({a}, {b})"]
+             "{a}.float()", "{a}.double()", "{a}.to(torch.float64)", "torch.outer({a}, {b})",
+             "hop({a})"]
 REDUCTIONS = ["{a}.sum()", "{a}.sum(0)", "{a}.sum(-1)", "{a}.mean()", "{a}.mean(-1)",
               "{a}.amax(0)", "{a}.max(0)[0]", "{a}.max(-1).values", "{a}.prod()",
               "{a}.std()", "{a}.norm()", "{a}.argmax()", "{a}.cumsum(0)"]
@@ -127,9 +128,10 @@ def _local(initial: dict, lines: list) -> dict:
     return env
 
 
-def _names() -> dict:
-    """torch, F and fresh local tensors."""
-    env = {"torch": torch, "F": F}
+def _names(hop=lambda t: t.contiguous().clone()) -> dict:
+    """torch, F, fresh local tensors, and hop(): a copy that autograd follows (on handles,
+    to node 1 and back: the gradient crosses twice)."""
+    env = {"torch": torch, "F": F, "hop": hop}
     env.update({k: eval(v, env) for k, v in LOCALS.items()})
     return env
 
@@ -177,7 +179,7 @@ def test_torch_programs_on_handles_equal_local_torch(cluster, program):
     initial, lines = program
     text = "\n".join(lines)
     local = _local(initial, lines)
-    env = _names()
+    env = _names(lambda t: t.to(node=1).to(node=0))
     env.update({k: mwrt.dist_send(v.detach().clone().requires_grad_(v.requires_grad), node=0)
                 for k, v in initial.items()})
     for line in lines:
@@ -205,6 +207,17 @@ def test_kinds_and_copies_back(cluster):
     assert b.torch().dtype == torch.bfloat16 and b.get_node() == 1
     with pytest.raises(TypeError, match="bfloat16"):
         b.numpy()
+
+
+def test_a_0d_tensor_stays_0d_on_its_worker_and_across_nodes(cluster):
+    """A 0-d tensor sent or moved was 1-d on the worker (shape [1]) while the master said ()."""
+    t = mwrt.dist_send(torch.tensor(2.5), node=0)
+    assert t.torch().shape == () and t.to(node=1).torch().shape == ()
+    w = mwrt.dist_send(torch.tensor(3.0, requires_grad=True), node=0)
+    moved = w.to(node=1)
+    assert moved.torch().shape == ()
+    (moved * moved).backward()
+    assert w.grad.torch().shape == () and w.grad.item() == 6.0
 
 
 def test_constructors(cluster):
@@ -349,6 +362,12 @@ def test_a_graph_that_crosses_nodes_carries_its_gradient_back(cluster):
     there = (a.to(node=1) * 2).to(node=0)  # node 0 -> 1 -> 0
     (there * there).sum().backward()
     ((a0 * 2) * (a0 * 2)).sum().backward()
+    assert torch.equal(a.grad.torch(), a0.grad)
+    a.grad, a0.grad = None, None
+    h = a * 3  # node 0's graph of h is walked by the backward, then again from h sent home
+    (h.sum() + h.to(node=1).to(node=0).sum()).backward()
+    lh = a0 * 3
+    (lh.sum() + lh.clone().sum()).backward()
     assert torch.equal(a.grad.torch(), a0.grad)
     with torch.no_grad():
         assert not a.to(node=1).requires_grad
