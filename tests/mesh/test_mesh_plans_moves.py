@@ -287,3 +287,37 @@ def test_setitem_of_a_mesh_value_with_more_axes_than_the_part_it_writes(m):
     R = mwrt.dist_send(x, mesh=m)
     planned(lambda: R.__setitem__(0, R * 2))
     same(R, x * 2)
+
+
+# -- sort along the sharded axis -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.float32, np.complex128])
+def test_sort_along_the_sharded_axis_merges_blocks_between_neighbours(m, dtype):
+    rng = np.random.default_rng(2)
+    x = (rng.integers(-4, 5, (11, 3)) + 1j * rng.integers(0, 2, (11, 3))).astype(dtype) \
+        if dtype == np.complex128 else rng.integers(-4, 5, (11, 3)).astype(dtype)
+    if dtype == np.float32:
+        x[3, 0] = x[7, 2] = np.nan  # last, as NumPy sorts them
+    for rows in (11, 2, 1, 0):
+        v = x[:rows]
+        X = mwrt.dist_send(v, mesh=m, shard=0)
+        got = planned(lambda: np.sort(X, axis=0))
+        assert got.placement == Shard(0)
+        assert [b.shape for b in got.shards()] == [p.shape for p in np.array_split(v, m.size)]
+        same(got, np.sort(v, axis=0))
+    X1 = mwrt.dist_send(x.T.copy(), mesh=m, shard=1)
+    same(planned(lambda: np.sort(X1)), np.sort(x.T))
+    same(planned(lambda: np.sort(X1[0], axis=None)), np.sort(x.T[0], axis=None))
+    planned(lambda: X1.sort(axis=-1))  # in place
+    same(X1, np.sort(x.T, axis=-1))
+
+
+def test_sort_on_a_2d_mesh(square):
+    x = np.random.default_rng(5).standard_normal((9, 4))
+    for shard, axis in [((0, None), 0), ((None, 0), 0), ((0, 1), 0), ((1, 0), 1)]:
+        X = mwrt.dist_send(x, mesh=square, shard=shard)
+        same(planned(lambda: np.sort(X, axis=axis)), np.sort(x, axis=axis))
+    X = mwrt.dist_send(x, mesh=square, shard=(0, 0))  # two dimensions shard it: redistributed
+    with strict(), pytest.raises(mwrt.PlacementError, match="sort"):
+        np.sort(X, axis=0)
+

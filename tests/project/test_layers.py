@@ -145,7 +145,7 @@ MASTER_LAYERS = [
                 "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
                "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
-               "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting",
+               "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting", "mesh.sorting",
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad",
                "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",

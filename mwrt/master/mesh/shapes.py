@@ -3,7 +3,7 @@ sharded axis, or regroup it (regroup.py); concatenate and stack join operands sh
 or replicated, and concatenate along the sharded axis regroups it; getitem and setitem take
 basic indices (an int along the sharded axis is taken where it lies and broadcast; a slice
 along it moves runs: slicing.py; a mesh value: setting.py); sort and argsort hold along an
-unsharded axis."""
+unsharded axis, and sort merges blocks along a sharded one (sorting.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from ...ops.meta_helpers import normalize_axes
-from . import regroup, setting, slicing
+from . import regroup, setting, slicing, sorting
 from .moves import pick
 from .placement import Shard, basic_index, local_box, sharded_axes
 from .plan import Plan, Slot, no_plan, no_rule, replicated_only
@@ -90,16 +90,34 @@ def _regrouped(name, operands, spec, what: str) -> Plan:
 
 
 def axiswise(name, operands, args, kwargs, spec, resolve) -> Plan:
-    """sort, argsort: fine along an unsharded axis."""
+    """sort, argsort: fine along an unsharded axis; sort along a sharded one merges blocks
+    between neighbours (sorting.py)."""
     t = operands[0]
     resolve(t)
     axis = kwargs.get("axis", args[1] if len(args) > 1 else -1)
     sharded = {p.axis for p in t._placements if type(p) is Shard}
     # axis=None sorts the flattened tensor (a 0-d one as 1-d): along every axis
     if sharded and (axis is None or axis % t.ndim in sharded):
+        plan = _sorted(name, t, axis, args, kwargs, spec)
+        if plan is not None:
+            return plan
         raise no_rule(name, operands, f"{name} along the sharded axis: replicate first "
                       f"(t.replicate().{name}(...)) or shard another axis")
     return Plan(t._placements)
+
+
+def _sorted(name, t, axis, args, kwargs, spec) -> Plan | None:
+    """np.sort along the sharded axis (of the flattened tensor for axis=None, where it stays
+    sharded) by sorting.py's plan; None where it has none."""
+    if name != "sort" or kwargs.get("order", args[3] if len(args) > 3 else None) is not None:
+        return None
+    if axis is None and t.ndim != 1:
+        if regroup.reshape_axis(t, (math.prod(t.shape),)) is None:
+            return None
+        return Plan(None, whole=lambda: np.sort(t.reshape(-1), axis=0))
+    axis = 0 if axis is None else axis % t.ndim
+    dim = sorting.plannable(t, axis)
+    return None if dim is None else Plan(None, whole=lambda: sorting.sort(t, axis, dim, spec))
 
 
 def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
