@@ -321,3 +321,13 @@ def test_sort_on_a_2d_mesh(square):
     with strict(), pytest.raises(mwrt.PlacementError, match="sort"):
         np.sort(X, axis=0)
 
+
+def test_replicating_a_tall_unevenly_sharded_tensor(m):
+    """The gather dropped its padding by an index of every row, sent inline with the op: a
+    (150001,) float32 tensor's 1.2 MB index passed the workers' 1 MiB frame limit and the
+    replicate was refused (WireError); now two slices."""
+    x = np.arange(150_001, dtype=np.float32)
+    X = mwrt.dist_send(x, mesh=m, shard=0)
+    same(X.replicate(), x)
+    Y = mwrt.dist_send(x.reshape(-1, 1)[:100_003], mesh=m, shard=0)
+    same(Y.replicate(), x.reshape(-1, 1)[:100_003])

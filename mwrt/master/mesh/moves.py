@@ -320,17 +320,34 @@ def _gather_dim(mesh, spec, placements, locals_, d) -> list:
                 part = padded
             parts.append(part)
         gathered = all_gather_group(mesh, parts, group)
-        keep = None if min(sizes) == top else np.concatenate(
-            [np.arange(n) + k * top for k, n in enumerate(sizes)])
         for i, g in zip(group, gathered):
-            whole = issue.call("moveaxis", g, 0, axis)
-            shape = list(whole.shape)
-            shape[axis:axis + 2] = [shape[axis] * shape[axis + 1]]
-            whole = issue.call("reshape", whole, tuple(shape))
-            if keep is not None:
-                whole = issue.call("getitem", whole, (slice(None),) * axis + (keep,))
-            out[i] = whole
+            out[i] = _unpadded(g, sizes, top, axis)
     return out
+
+
+def _unpadded(g, sizes: list, top: int, axis: int):
+    """The gathered blocks g (stacked on a new axis 0, each padded to `top` along `axis`)
+    joined along `axis` without the padding: np.array_split's blocks, `top` long and then
+    one shorter, by two slices; other lengths by an index (inline: 8 bytes a row)."""
+    long = sizes.count(top)
+    if long == len(sizes):
+        return _joined(g, axis)
+    if sizes == [top] * long + [top - 1] * (len(sizes) - long):
+        short = issue.call("getitem", g, (slice(long, None),) + (slice(None),) * axis +
+                           (slice(0, top - 1),))
+        return issue.call("concatenate", [
+            _joined(issue.call("getitem", g, (slice(0, long),)), axis),
+            _joined(short, axis)], axis=axis)
+    keep = np.concatenate([np.arange(n) + k * top for k, n in enumerate(sizes)])
+    return issue.call("getitem", _joined(g, axis), (slice(None),) * axis + (keep,))
+
+
+def _joined(g, axis: int):
+    """Blocks stacked on a new axis 0 joined along `axis`."""
+    whole = issue.call("moveaxis", g, 0, axis)
+    shape = list(whole.shape)
+    shape[axis:axis + 2] = [shape[axis] * shape[axis + 1]]
+    return issue.call("reshape", whole, tuple(shape))
 
 
 def _length(spec, placements, mesh, i, axis) -> int:
