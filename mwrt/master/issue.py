@@ -51,7 +51,7 @@ def call(name: str, *args, **kwargs):
         return _call_out(name, args, kwargs)
     op = ops.get(name)
     place: list = []
-    spec_args, wire_args = _convert_args(args, place, name)
+    spec_args, wire_args = _convert_args(args, place, name, _masked_assignment(name, args))
     spec_kwargs, wire_kwargs = convert(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
@@ -208,8 +208,21 @@ def _outputs(cls, node, device, stream, result) -> list:
             for s in specs]
 
 
-def _convert_args(args: tuple, place: list, name: str):
-    """_convert over positional args, with tensors and scalars (nearly every arg) inline."""
+def _masked_assignment(name: str, args: tuple) -> bool:
+    """True for t[mask] = value: its meta rule reads neither the value's shape nor dtype
+    (the mask's count decides the shape), so a value whose shape depends on data (t[m] =
+    u[m], as scikit-learn writes) is not asked for it, a round trip saved; a value of the
+    wrong length fails on the worker, raised at the next wait as a RemoteError."""
+    if name != "setitem" or len(args) != 3:
+        return False
+    index = args[1]
+    return any(isinstance(i, Handle) and i._spec is not None and i._spec.dtype == np.bool_
+               for i in (index if type(index) is tuple else (index,)))
+
+
+def _convert_args(args: tuple, place: list, name: str, lazy: bool = False):
+    """_convert over positional args, with tensors and scalars (nearly every arg) inline;
+    `lazy`: a tensor whose shape depends on data stays UNKNOWN, not asked of its worker."""
     specs, wires = [], []
     for value in args:
         if type(value) in _SCALARS:
@@ -219,7 +232,7 @@ def _convert_args(args: tuple, place: list, name: str):
                 not place or (place[0]._node is value._node and
                               place[0]._device == value._device)):
             place.append(value)
-            specs.append(value._spec or _spec_of(value))
+            specs.append(value._spec or (UNKNOWN if lazy else _spec_of(value)))
             wires.append(value._ref)
         else:
             spec, wired = convert(value, place, name)

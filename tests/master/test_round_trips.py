@@ -111,6 +111,25 @@ def test_a_data_dependent_shape_and_its_read_cost_one_round_trip(cluster, make):
     assert value.dtype == want.dtype
 
 
+def test_a_masked_assignment_of_a_masked_value_waits_for_nothing(cluster):
+    a, b = np.array([1.0, 0.0, 3.0, 0.0]), np.array([5.0, 6.0, 7.0, 8.0])
+    ta, tb = mwrt.dist_send(a), mwrt.dist_send(b)
+    zeros = ta == 0
+    before = _waits()
+    ta[zeros] = tb[zeros]  # scikit-learn's variance update writes so
+    assert _waits() == before
+    a[a == 0] = b[a == 0]
+    np.testing.assert_array_equal(ta.numpy(), a)
+
+
+def test_a_masked_assignment_of_the_wrong_length_fails_at_the_next_wait(cluster):
+    ta, tb = mwrt.dist_send(np.array([1.0, 0.0, 3.0])), mwrt.dist_send(np.arange(3.0))
+    ta[ta > 0] = tb[tb >= 0]  # 2 places, 3 values: NumPy's ValueError, raised on the worker
+    with pytest.raises(mwrt.RemoteError, match="setitem"):
+        ta.numpy()
+    np.testing.assert_array_equal(ta.numpy(), [1.0, 0.0, 3.0])  # the stream goes on
+
+
 def test_a_write_between_the_shape_and_the_read_is_seen(cluster):
     data = np.array([3.0, 0.0, 2.0])
     got = mwrt.dist_send(data)
