@@ -376,7 +376,7 @@ class Node:
         self.flush()
         timeout = self.sync_timeout if timeout is None else timeout
         start, began = time.monotonic(), time.time()
-        deadline, asked = start + timeout, None
+        deadline, asked, spin = start + timeout, None, self.spin > 0
         with self.rx_lock:
             try:
                 while token not in self.replies:
@@ -388,8 +388,9 @@ class Node:
                                            "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
                     if self.interrupted is not None and now - start > _SAY_AFTER:
                         asked = self._after_interrupt(asked, what)
-                    if self.spin:
-                        self._spin(start)
+                    if spin:  # once a wait, before its first read
+                        spin = False
+                        self._spin()
                     try:  # small replies: bytes beat Frames
                         frames = wire.recv_parts(self.rx)
                     except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, read again
@@ -408,16 +409,17 @@ class Node:
             raise self.remote_error(reply.info)
         return reply, frames
 
-    def _spin(self, start: float) -> None:
+    def _spin(self) -> None:
         """Poll for a reply without sleeping until it is there or MWRT_MASTER_SPIN_US have
-        passed since `start` (monotonic): the reply to a small read comes within it, and a
+        passed: the reply to a small read comes within it, and a
         thread woken from a blocking read takes tens of us more on a VM. A spin that missed
         is skipped for the next 1, 3, 7 ... waits (up to 63), so a loaded host or long ops
         cost no CPU in spins that do not pay."""
         if self.spin_skips:
             self.spin_skips -= 1
             return
-        rx, clock, deadline = self.rx, time.monotonic, start + self.spin
+        rx, clock = self.rx, time.monotonic
+        deadline = clock() + self.spin
         while not rx.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
             if clock() >= deadline:
                 self.spin_misses = min(self.spin_misses + 1, 6)
