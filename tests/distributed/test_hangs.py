@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from tests.support import machine
 
 import mwrt.distributed as dist
 from mwrt.collective.group import ProcessGroup
@@ -44,7 +45,8 @@ def test_the_proposal_example_runs_unchanged():
 def test_a_rank_that_never_calls_is_reported_then_times_out():
     # The report names the missing rank and the call well before the timeout fails it; the
     # timeout comes from MWRT_COLLECTIVE_TIMEOUT alone.
-    res = _launch("hang.py", env=_env(MWRT_HANG_WARNING="1", MWRT_COLLECTIVE_TIMEOUT="8"))
+    timeout = machine.seconds(3, 10)  # the report comes at 1 s, the launcher's table with it
+    res = _launch("hang.py", env=_env(MWRT_HANG_WARNING="1", MWRT_COLLECTIVE_TIMEOUT=str(timeout)))
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     assert "[rank 0] mwrt: rank 0 has waited" in out, out
@@ -52,13 +54,15 @@ def test_a_rank_that_never_calls_is_reported_then_times_out():
     assert "all_reduce #1 on the default group [0, 1]" in line, line
     assert "waiting for ranks [1]" in line, line
     assert "rank 1: idle after all_to_all #0" in line, line
-    assert "timed out after 8.0 s" in out and "MWRT_COLLECTIVE_TIMEOUT" in out, out
+    assert f"timed out after {timeout} s" in out and "MWRT_COLLECTIVE_TIMEOUT" in out, out
     # the launcher noticed the hang too, and printed its table
     assert "mwrt-launch: every rank's current call (rank 0 in all_reduce #1" in out, out
 
 
 def test_a_recv_from_a_silent_rank_is_reported():
-    res = _launch("hang.py", "recv", env=_env(MWRT_HANG_WARNING="1", MWRT_COLLECTIVE_TIMEOUT="6"))
+    timeout = machine.seconds(3, 10)
+    res = _launch("hang.py", "recv", env=_env(MWRT_HANG_WARNING="1",
+                                              MWRT_COLLECTIVE_TIMEOUT=str(timeout)))
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     line = next((ln for ln in out.splitlines() if "[rank 0] mwrt: rank 0 has waited" in ln), "")

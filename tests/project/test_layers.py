@@ -22,6 +22,7 @@ capabilities instead of probing for them, and `_private` names stay in their mod
 from __future__ import annotations
 
 import ast
+import functools
 import os
 
 import mwrt
@@ -322,6 +323,7 @@ def test_the_late_binding_check_sees_each_mechanism():
 # -- duck-typed reaches ----------------------------------------------------------------------
 
 
+@functools.cache  # every test walks every module: parse each once (read, never changed)
 def _tree(module_path: str) -> ast.AST:
     with open(module_path) as f:
         return ast.parse(f.read())
