@@ -9,6 +9,7 @@ DistributedTensor (tensor.py), which stands above them and calls them.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 from ..ops import Spec
@@ -20,8 +21,8 @@ class Handle:
     """The fields of a tensor handle (see the module's doc); DistributedTensor's base."""
 
     # One place: _node, _device, _id, _ref (its id pre-encoded), _storage, the record of its
-    # storage's uses (ordering.Storage), and _writer and _wtime, the stream and command that
-    # made it. A view holds its base's record and its base, _base (as NumPy's ndarray.base).
+    # storage's uses (ordering.Storage). A view holds its base's record and its base, _base
+    # (as NumPy's ndarray.base), and _writer and _wtime, the stream and command that made it.
     # A mesh tensor: _mesh, _placements (one per mesh dimension), _locals (a one-place handle
     # per place) and one record for them all; a view of it holds its base too (a view of a
     # Partial tensor is made real by its base's all_reduce: moves.resolve).
@@ -58,7 +59,6 @@ class Handle:
         record = self._storage = ordering.Storage()
         record.writer, record.wtime, record.ltime, record.streams = stream, tensor_id, \
             tensor_id, (stream,)
-        self._writer, self._wtime = stream, tensor_id
         self._base: Handle | None = None  # a view: the handle whose storage it views
         self._ref = wire.ref(tensor_id)  # pre-encoded, so messages carry it at no cost
         self._mesh = None
@@ -69,31 +69,36 @@ class Handle:
     def at_places(cls, nodes, devices, tensor_id: int, specs, streams) -> list:
         """One handle per place to tensor `tensor_id`, the id every place's worker gives its
         block of a mesh op's result: __init__'s fields, with one pre-encoded reference for
-        all, and one record of their uses where they are made on one stream (not while a
-        graph is captured: its records would not see them)."""
+        all, and, where `streams` is one stream (an int) for every place, one record of their
+        uses, which on_mesh(record=) takes (not while a graph is captured: its records would
+        not see them)."""
         ref, new, handles = wire.ref(tensor_id), cls.__new__, []
-        one = streams[0] if streams and all(s == streams[0] for s in streams) else None
-        shared = None if one is None else ordering.MeshStorage(one, tensor_id, len(streams))
-        for node, device, spec, stream in zip(nodes, devices, specs, streams):
+        one = type(streams) is int
+        if one:
+            shared = ordering.MeshStorage(streams, tensor_id, len(nodes))
+        for node, device, spec, stream in zip(nodes, devices, specs,
+                                               itertools.repeat(streams) if one else streams):
             t = new(cls)
-            t._node, t._device, t._id, t._spec, t._ref, t._mesh = node, device, tensor_id, \
-                spec, ref, None
-            if shared is None:
+            t._node, t._device, t._id, t._spec, t._ref, t._mesh, t._base = node, device, \
+                tensor_id, spec, ref, None, None
+            if one:
+                t._storage = shared
+            else:
                 t._storage = record = ordering.Storage()
                 record.writer, record.wtime, record.ltime, record.streams = stream, \
                     tensor_id, tensor_id, (stream,)
-            else:
-                t._storage = shared
-            t._writer, t._wtime, t._base = stream, tensor_id, None
             handles.append(t)
         return handles
 
     @classmethod
-    def on_mesh(cls, mesh, placements: tuple, blocks: list, spec: Spec | None) -> Any:
-        """A handle to a tensor laid over `mesh`: `blocks`, one per place, make the whole."""
+    def on_mesh(cls, mesh, placements: tuple, blocks: list, spec: Spec | None,
+                record: ordering.MeshStorage | None = None) -> Any:
+        """A handle to a tensor laid over `mesh`: `blocks`, one per place, make the whole;
+        `record`, the one they share (at_places made them so), else each keeps its own."""
         t = cls.__new__(cls)
         t._mesh, t._placements, t._locals, t._spec = mesh, placements, list(blocks), spec
-        t._storage = ordering.MeshStorage.of_mesh(t._locals)
+        t._storage = ordering.MeshStorage.parted_over(len(blocks)) if record is None else \
+            record
         t._node = t._base = None
         return t
 

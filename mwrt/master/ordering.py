@@ -92,14 +92,10 @@ class MeshStorage(Storage):
         self.views: tuple | None = None  # weak references to the mesh views that follow it
 
     @classmethod
-    def of_mesh(cls, blocks: list) -> MeshStorage:
-        """A mesh tensor's record: its blocks' when they share one, else one that says so."""
-        first = blocks[0]._storage if blocks else None
-        if type(first) is cls and first.places == len(blocks) and not first.parted and all(
-                b._storage is first for b in blocks):
-            return first
-        found = cls(0, 0, len(blocks))
-        found.parted = True  # its places keep records of their own
+    def parted_over(cls, places: int) -> MeshStorage:
+        """The record of a mesh tensor whose `places` keep records of their own."""
+        found = cls(0, 0, places)
+        found.parted = True
         return found
 
 
@@ -127,7 +123,7 @@ def writer(tensor) -> int:
 
 def made_on(tensor) -> int:
     """The stream that made `tensor` (for a view: that made the view, not its storage)."""
-    return tensor._writer
+    return tensor._writer if tensor._base is not None else tensor._storage.writer
 
 
 def last_use(tensor) -> int:
@@ -165,14 +161,17 @@ def replayed(owner, now: int, rid: int) -> None:
 
 def remade(tensor, rid: int) -> None:
     """A graph's replay `rid` made `tensor` again: its making is that command's."""
-    tensor._wtime = rid
-    if tensor._base is None:
+    if tensor._base is not None:
+        tensor._wtime = rid
+    else:
         found = own(tensor)
         found.wtime = found.ltime = rid
 
 
 def share(result, source) -> None:
     """`result` may view `source`'s storage: from now on they share one record."""
+    made = result._storage  # its making: the view is used only after it
+    result._writer, result._wtime = made.writer, made.wtime
     result._base = record(source)
     result._storage = own(source)
     if capture:

@@ -40,7 +40,8 @@ class Mesh:
         self.coords = tuple(tuple(int(c) for c in np.unravel_index(i, self.shape))
                             for i in range(len(self.places)))
         self._groups: dict = {}
-        devices = {d for _, d in self.places}
+        self.place_devices = tuple(d for _, d in self.places)
+        devices = set(self.place_devices)
         # The device of every place when they share one (a mesh op's one command), else None.
         self.devices = devices.pop() if len(devices) == 1 else None
         self._hash = hash((self.places, self.shape))

@@ -148,8 +148,9 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
         specs = local_specs(spec, placements, mesh)
         nodes[0].limits.check_result(name, specs[0])  # place 0's block is the largest
         out_id = next(counter)
-        devices = [d for _, d in places]
-        outs = operands[0].results.at_places(nodes, devices, out_id, specs, devices)
+        outs = operands[0].results.at_places(nodes, mesh.place_devices, out_id, specs,
+                                             mesh.devices if type(mesh.devices) is int
+                                             else mesh.place_devices)
     now = next(counter)
     # An operand made by this path has one id at every place (the same bytes everywhere);
     # another's reference is spliced into the bytes at each place.
@@ -168,7 +169,8 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
         bodies, streams = _bodies(name, template, slots, operands, varying, now, outs_ids,
                                   kwargs, places, written, type(devices) is not int)
     queue_everywhere(nodes, bodies, now, streams, site, _WINDOW * max(1.0, len(nodes) / 8))
-    return None if inplace else operands[0].results.on_mesh(mesh, placements, outs, spec)
+    return None if inplace else operands[0].results.on_mesh(
+        mesh, placements, outs, spec, outs[0]._storage if type(mesh.devices) is int else None)
 
 
 def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, places,

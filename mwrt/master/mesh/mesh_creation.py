@@ -9,6 +9,7 @@ from ...arrays import as_dtype
 from ...ops import Spec
 from ...protocol import wire
 from .. import context, issue, ordering, transfer
+from ..ordering import MeshStorage
 from ..tensor import DistributedTensor
 from .device_mesh import Mesh
 from .moves import broadcast_group
@@ -35,8 +36,10 @@ def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
     placements = shard_arg(shard, len(shape), mesh.ndim, kind)
     counter = mesh.shared_ids()
     if counter is not None and not ordering.capture:  # one id for every place's block
-        return DistributedTensor.on_mesh(mesh, placements, _create_everywhere(
-            kind, shape, dtype, mesh, placements, args, counter), Spec(shape, dtype))
+        blocks = _create_everywhere(kind, shape, dtype, mesh, placements, args, counter)
+        shared = blocks[0]._storage  # the blocks' one record, if they are made on one stream
+        return DistributedTensor.on_mesh(mesh, placements, blocks, Spec(shape, dtype),
+                                         shared if isinstance(shared, MeshStorage) else None)
     locals_ = []
     for node, (_, device), coord in zip(mesh.nodes, mesh.places, mesh.coords):
         box = local_box(shape, placements, mesh.shape, coord)
@@ -53,8 +56,9 @@ def _create_everywhere(kind, shape, dtype, mesh, placements, args, counter) -> l
     streams = [context.stream_for(node.index, d) for node, d in zip(mesh.nodes, devices)]
     boxes = [local_box(shape, placements, mesh.shape, c) for c in mesh.coords]
     shapes = [tuple(hi - lo for lo, hi in box) for box in boxes]
+    one = streams[0] if all(s == streams[0] for s in streams) else streams
     blocks = DistributedTensor.at_places(mesh.nodes, devices, tensor_id,
-                                         [Spec(s, dtype) for s in shapes], streams)
+                                         [Spec(s, dtype) for s in shapes], one)
     for node, device, stream, box, local_shape in zip(mesh.nodes, devices, streams, boxes,
                                                       shapes):
         node.issue(wire.Create(id=now, stream=stream, out=tensor_id, kind=kind,
