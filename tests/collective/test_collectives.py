@@ -8,6 +8,7 @@ from functools import reduce as fold
 
 import numpy as np
 import pytest
+from tests.support.machine import seconds
 from tests.support.ranks import available, run_ranks
 
 from mwrt.collective import api as C
@@ -262,7 +263,8 @@ def _small_against_large(g, r, late):
 def test_ranks_on_different_algorithms_still_name_the_mismatch(backend, late):
     # Rank 2's small call carries its check in recursive doubling; the others' large one
     # checks beside its data: they meet, and every rank reports the shapes.
-    errors = run_ranks(backend, 3, _small_against_large, late, timeout=1.0, errors=True)
+    errors = run_ranks(backend, 3, _small_against_large, late, timeout=seconds(1.0, 10.0),
+                       errors=True)
     for r, e in enumerate(errors):
         if r == 1 and late and "disagree" not in str(e):  # came after the others had left
             assert "rank 0" in str(e) or "rank 2" in str(e), str(e)
@@ -351,7 +353,7 @@ def _dies(g, r, victim):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dead_rank_is_named_by_every_survivor(backend):
-    errors = run_ranks(backend, 3, _dies, 2, timeout=2.0, errors=True)
+    errors = run_ranks(backend, 3, _dies, 2, timeout=seconds(2.0, 10.0), errors=True)
     assert errors[2] == "left"
     for r in (0, 1):
         assert "all_reduce" in str(errors[r]) and "rank 2" in str(errors[r]), str(errors[r])
