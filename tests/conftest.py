@@ -32,10 +32,27 @@ SLOW_MODULES = {
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test of a SLOW_MODULES module slow."""
+    """Mark every test of a SLOW_MODULES module slow, and give each test its pytest-timeout
+    limit scaled by the load: a limit set for a quiet machine, which only load breaks."""
     for item in items:
         if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        limit = _timeout_of(item, config)
+        if limit:
+            item.add_marker(pytest.mark.timeout(machine.seconds(limit, 8 * limit)), append=False)
+
+
+def _timeout_of(item, config) -> float:
+    """The test's pytest-timeout limit in seconds as written (its marker, else the ini's)."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+    else:
+        value = config.getini("timeout")
+    try:
+        return max(float(value), 0.0)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 @pytest.fixture(scope="module")

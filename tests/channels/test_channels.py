@@ -25,6 +25,7 @@ from mwrt import channels
 from mwrt.errors import AuthError, ChannelClosedError, ChannelError, ChannelTimeoutError
 from mwrt.protocol.auth import generate_hmac_key
 from mwrt.store import HashStore
+from tests.support import machine
 
 NAMES = ["inproc", "tcp", "shm", "auto"]
 SOCKET_NAMES = ["tcp", "shm", "auto"]
@@ -63,8 +64,10 @@ def _readlink(path):
 class DirStore:
     """A store that is a directory of files, for ranks in separate processes."""
 
-    def __init__(self, path, timeout=10.0):
-        self.path, self.timeout = path, timeout
+    def __init__(self, path, timeout=None):
+        # A peer is a spawned process that imports NumPy and mwrt first: 10 s on a quiet
+        # machine is room to spare, and under load it takes longer.
+        self.path, self.timeout = path, machine.seconds(10, 120) if timeout is None else timeout
 
     def set(self, key, value):
         target = os.path.join(self.path, key.replace("/", "%"))

@@ -12,6 +12,8 @@ from mwrt import channels
 from mwrt.collective.group import ProcessGroup
 from mwrt.store import FileStore, HashStore, rendezvous
 
+from . import machine
+
 
 def available(name: str) -> bool:
     """True if channel `name` can be imported: a missing optional dependency skips its
@@ -23,12 +25,17 @@ def available(name: str) -> bool:
         return False
 
 
-def run_ranks(backend: str, n: int, fn, *args, timeout: float = 5.0, join: float = 60.0,
-              errors: bool = False, **group_kw) -> list:
+def run_ranks(backend: str, n: int, fn, *args, timeout: float | None = None,
+              join: float | None = None, errors: bool = False, **group_kw) -> list:
     """Call fn(group, rank, *args) on n ranks; return the results, raise the first error.
 
-    With errors=True, return each rank's result or exception instead of raising.
+    With errors=True, return each rank's result or exception instead of raising. The channel
+    and group timeout is 5 s, and the wait for every rank 60 s, on a quiet machine, more under
+    load (a forked rank may not even have run by then); a test that waits a timeout out on
+    purpose gives its own.
     """
+    timeout = machine.seconds(5, 60) if timeout is None else timeout
+    join = machine.seconds(60, 600) if join is None else join
     if backend == "inproc":
         results, errs = _threads(n, fn, args, timeout, join, group_kw)
     else:
