@@ -16,6 +16,7 @@ import traceback
 import numpy as np
 import pytest
 
+from tests.support import machine
 from tests.support.ranks import spawn_and_collect
 from tests.master.test_gpu import _real_gpus
 
@@ -331,7 +332,9 @@ def _late_peer(rank: int) -> dict:
     xp = _start(rank)
     a = xp.asarray(np.ones(8, "float32"))
     if rank == 1:
-        time.sleep(8)  # alive, but never in the collective: rank 0 must hear who is missing
+        # Alive, but never in the collective, until rank 0 has heard who is missing (its 2 s
+        # timeout, with room for the load).
+        time.sleep(machine.seconds(4, 30))
         return {"error": None}
     return _error_of(dist.all_reduce, a)
 
