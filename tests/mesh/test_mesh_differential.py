@@ -439,6 +439,9 @@ FOUND = {
         "2x2", [f"v0 = world.put({X}, (0, 1))"], ["v1 = world.redistribute(v0, None)"]),
     "sort of a 0-d tensor": ("2", ["v0 = world.put(np.arange(6.0), 0)"],
                              ["v1 = np.var(v0, axis=None)", "v2 = np.argsort(v1, axis=-1)"]),
+    "a squeeze of a 0-d tensor along axis 0": (
+        "2x2", ["v0 = world.put(np.arange(3.0), (0, None))"], ["v1 = v0.std(axis=-1)",
+                                                              "v2 = np.squeeze(v1, 0)"]),
     "a reduction of a 0-d tensor over axis -1": (
         "2x2", ["v0 = world.put(np.arange(6.0), 0)"], ["v1 = v0.all(axis=0)",
                                                         "v2 = np.any(v1, axis=-1)"]),

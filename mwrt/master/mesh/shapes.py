@@ -37,6 +37,7 @@ def squeeze(name, operands, args, kwargs, spec, resolve) -> Plan:
     t = operands[0]
     axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
     gone = (tuple(a for a, n in enumerate(t.shape) if n == 1) if axis is None
+            else () if t.ndim == 0  # NumPy takes axis 0 or -1 of a 0-d array, as reductions do
             else normalize_axes(axis, t.ndim, "squeeze"))
     if any(type(p) is Shard and p.axis in gone for p in t._placements):
         return _regrouped(name, operands, spec, "squeezing the sharded axis")
