@@ -273,27 +273,36 @@ def _set_grad(func, args: tuple, operands: list) -> None:
 
 
 def _all_reduce_grads(mesh, leaves: list) -> None:
-    """Sum the leaves' Partial gradients at every place: one all_reduce of a flat bucket
-    (each place's gradients concatenated), worker to worker, then copied back."""
-    torch = _torch()
-    blocks = [grad_blocks(leaf) for leaf in leaves]
-    buckets = []
-    for i in range(mesh.size):
-        flat = [torchissue.torch_call(torch.Tensor.reshape, (g[i], (-1,)), {}) for g in blocks]
-        buckets.append(flat[0] if len(flat) == 1 else
-                       torchissue.torch_call(torch.cat, (flat,), {}))
-    for group in mesh.groups(0):
-        all_reduce_group(mesh, buckets, group, "sum")
-    sizes = [leaf.numel() for leaf in leaves]
-    for i in range(mesh.size):
-        parts = torchissue.torch_call(torch.split, (buckets[i], sizes), {}) \
-            if len(leaves) > 1 else (buckets[i],)
-        for g, part in zip(blocks, parts):
-            if len(leaves) > 1:
-                view = torchissue.torch_call(torch.Tensor.view, (part, g[i]._spec.shape), {})
-                torchissue.torch_call(torch.Tensor.copy_, (g[i], view), {})
+    """Sum the leaves' Partial gradients at every place: one all_reduce of a flat bucket per
+    dtype (each place's gradients concatenated, then copied back), worker to worker."""
+    by_dtype: dict = {}
+    for leaf in leaves:
+        by_dtype.setdefault(leaf._spec.dtype, []).append(leaf)
+    for dtype, group in by_dtype.items():
+        total = sum(leaf.numel() for leaf in group)
+        bucket = _bucket_rule(dtype, total)
+        buckets = [torchissue.run("grads.flat", bucket, tuple(leaf._locals[i] for leaf in group),
+                                  {}, "torch_grads_flat", (), key=("grads.flat", dtype, total))
+                   for i in range(mesh.size)]
+        for line in mesh.groups(0):
+            all_reduce_group(mesh, buckets, line, "sum")
+        for i in range(mesh.size):
+            torchissue.run("grads.set", _nothing, (buckets[i], *(leaf._locals[i]
+                                                                 for leaf in group)),
+                           {}, "torch_grads_set", ())
     for leaf in leaves:
         remember(leaf, (REPLICATE,))
+
+
+def _bucket_rule(dtype, total: int):
+    """The meta rule of a bucket: one flat tensor of `total` elements."""
+    def made(*params):
+        return _torch().empty(total, dtype=dtype, device="meta")
+    return made
+
+
+def _nothing(*args) -> None:
+    """The meta rule of a call that makes no tensor."""
 
 
 def all_reduce_grads(leaves: list) -> None:

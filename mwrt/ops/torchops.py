@@ -514,6 +514,37 @@ def _method(xp, obj, method: str, grad: bool, *args, **kwargs) -> list:
     return leaves
 
 
+# -- a mesh optimizer's gradient bucket -----------------------------------------------------
+
+def _grads_flat(xp, grad: bool, *params) -> list:
+    """The parameters' gradients in one new flat tensor (zeros for one without): the bucket
+    a mesh optimizer all_reduces, as DDP's reducer fills its buckets."""
+    torch = worker_torch()
+    with torch.no_grad():
+        return [torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                           for p in _tensors(params, torch)])]
+
+
+def _grads_set(xp, grad: bool, flat, *params) -> list:
+    """The bucket's parts copied back into the gradients it was made of."""
+    torch = worker_torch()
+    offset = 0
+    with torch.no_grad():
+        for p in _tensors(params, torch):
+            n = p.numel()
+            if p.grad is not None:
+                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+    return []
+
+
+def _tensors(params: tuple, torch) -> tuple:
+    if not all(isinstance(p, torch.Tensor) for p in params):
+        raise TypeError(f"torch: a gradient bucket takes torch tensors (got "
+                        f"{sorted({type(p).__name__ for p in params})})")
+    return params
+
+
 def nbytes(spec: TorchSpec) -> int:
     """The bytes a tensor of `spec` takes (as if contiguous)."""
     return math.prod(spec.shape) * spec.dtype.itemsize
@@ -530,3 +561,7 @@ register("torch_new", _new, lambda *args, **kwargs: None, own_results=True,
 register("torch_method", _method, lambda *args, **kwargs: None, own_results=True,
          doc="A method of a module, optimizer or LR scheduler the session holds.")
 register("torch_bits", _bits, _bits_meta, doc="A torch tensor's values as a NumPy array.")
+register("torch_grads_flat", _grads_flat, lambda *args, **kwargs: None, own_results=True,
+         doc="Tensors' gradients in one flat tensor (a mesh optimizer's bucket).")
+register("torch_grads_set", _grads_set, lambda *args, **kwargs: None, own_results=True,
+         doc="A flat bucket copied back into tensors' gradients.")
