@@ -91,6 +91,7 @@ def start_many(count: int, timeout: float, key_file: str | None = None,
     workers: list[LocalWorker] = []
     waiting: dict = {}  # stdout -> (worker, its place, its deadline)
     window = _starting_at_once()
+    bound = timeout * _load_slack()
     try:
         while len(workers) < count or waiting:
             while len(workers) < count and len(waiting) < window:
@@ -100,18 +101,18 @@ def start_many(count: int, timeout: float, key_file: str | None = None,
                     worker = LocalWorker._spawn(key_file, env)
                     workers.append(worker)
                 waiting[worker.process.stdout] = (worker, len(workers) - 1,
-                                                  time.monotonic() + timeout)
+                                                  time.monotonic() + bound)
             ready, _, _ = select.select(list(waiting), [], [], 0.1)
             for stream in ready:
                 worker, place, _ = waiting.pop(stream)
-                worker.address = _address(worker, stream.readline(), place, count, timeout)
+                worker.address = _address(worker, stream.readline(), place, count, bound)
                 if started is not None:
                     started(1)
             for stream, (worker, place, deadline) in list(waiting.items()):
                 exited = worker.process.poll() is not None
                 if exited or time.monotonic() > deadline:
                     del waiting[stream]
-                    _address(worker, "" if exited else "(no answer)", place, count, timeout)
+                    _address(worker, "" if exited else "(no answer)", place, count, bound)
     except BaseException:  # a failure, or Ctrl-C while they start: stop every one
         stop_all(workers)
         raise
@@ -124,6 +125,18 @@ def _starting_at_once() -> int:
     core busy and each start short."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(4, 4 * (cores or 1))
+
+
+def _load_slack() -> float:
+    """How much longer than on an idle machine a start may take: the runnable processes per
+    core (1-minute load average), from 1 to 6. A daemon's start is imports, CPU work that a
+    busy machine slices thin (at load 20 on 2 cores one took over 10 s); a fixed bound took
+    such a machine's live daemons for hung ones."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average here: as an idle machine
+        return 1.0
+    return min(6.0, max(1.0, load / (os.cpu_count() or 1)))
 
 
 def _address(worker: LocalWorker, line: str, place: int, count: int, timeout: float) -> str:
@@ -139,6 +152,7 @@ def _address(worker: LocalWorker, line: str, place: int, count: int, timeout: fl
                               f"{worker.process.returncode} before listening; see its stderr "
                               "above")
     raise ConnectionError(f"{which} (pid {worker.process.pid}): did not start within "
-                          f"{timeout} s (said {line.strip()!r}); see its stderr above, or "
+                          f"{timeout:.3g} s (the timeout scaled by the machine's load; said "
+                          f"{line.strip()!r}); see its stderr above, or "
                           "raise the timeout (init_master_worker(timeout=...), "
                           "MWRT_CONNECT_TIMEOUT)")

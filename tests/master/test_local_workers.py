@@ -40,7 +40,8 @@ def test_daemons_start_together_and_each_says_its_address():
 
 def test_a_daemon_that_does_not_start_is_named_and_none_is_left():
     with pytest.raises(ConnectionError, match=r"local worker \d+ of 5 \(pid \d+\): did not "
-                                              r"start within 0.01 s"):
+                                              r"start within [\d.]+ s \(the timeout scaled by the "
+                                              r"machine's load"):
         start_many(5, 0.01)
     assert _wait_none_left() == []
 
