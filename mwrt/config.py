@@ -96,7 +96,8 @@ SETTINGS = {
                               "next command before it sleeps: a sync loop's next request "
                               "finds it awake (~40 us off each round trip on a VM), for at "
                               "most that much CPU per message (a spin that found nothing is "
-                              "skipped for the next 1, 3, 7 ... turns, up to 63); 0: never "
+                              "skipped for the next 1, 3, 7 ... turns, up to 63, a hit taking "
+                              "one miss back); 0: never "
                               "(the default of local daemons on a host with fewer cores than "
                               "daemons)"),
     "master_spin_us": Setting("MWRT_MASTER_SPIN_US", 200, int,

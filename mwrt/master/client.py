@@ -412,9 +412,9 @@ class Node:
     def _spin(self) -> None:
         """Poll for a reply without sleeping until it is there or MWRT_MASTER_SPIN_US have
         passed: the reply to a small read comes within it, and a
-        thread woken from a blocking read takes tens of us more on a VM. A spin that missed
-        is skipped for the next 1, 3, 7 ... waits (up to 63), so a loaded host or long ops
-        cost no CPU in spins that do not pay."""
+        thread woken from a blocking read takes tens of us more on a VM. After a miss the spin
+        is skipped for the next 1, 3, 7 ... waits (up to 63), a hit taking one miss back, so
+        a loaded host or long ops cost no CPU in spins that do not pay."""
         if self.spin_skips:
             self.spin_skips -= 1
             return
@@ -426,7 +426,7 @@ class Node:
                 self.spin_skips = (1 << self.spin_misses) - 1
                 return
             os.sched_yield()  # the core, to whoever waits for it (the worker, if local)
-        self.spin_misses = 0
+        self.spin_misses = max(self.spin_misses - 1, 0)  # on only while hits outnumber misses
 
     def _after_interrupt(self, asked: int | None, what: str) -> int | None:
         """A wait that follows an interrupted one: ask the worker what its streams run (once),

@@ -168,14 +168,15 @@ class Daemon:
         self.close()
 
     def _spin_paid(self, seconds: float, ready: dict) -> bool:
-        """_spin(), unless a recent spin found nothing: one that missed is skipped for the
-        next 1, 3, 7 ... turns (up to 63), so a loaded host, a master that reads rarely or
-        many daemons on few cores spend no CPU on spins that do not pay."""
+        """_spin(), unless recent spins found nothing: after a miss the spin is skipped for
+        the next 1, 3, 7 ... turns (up to 63), a hit taking one miss back, so a loaded host,
+        a master that reads rarely or many daemons on few cores spend no CPU on spins that
+        do not pay."""
         if self._spin_skips:
             self._spin_skips -= 1
             return False
         if self._spin(seconds, ready):
-            self._spin_misses = 0
+            self._spin_misses = max(self._spin_misses - 1, 0)  # on while hits outnumber misses
             return True
         self._spin_misses = min(self._spin_misses + 1, 6)
         self._spin_skips = (1 << self._spin_misses) - 1
