@@ -57,11 +57,11 @@ class AutoChannel(ShmChannel):
     def _through_memory(self, peer: int) -> bool:
         return not self._remote.get(peer)  # set by _connect, before the first segment
 
-    def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc):
-        if kind in (MAP, SHM, CMA) and sock.family != socket.AF_UNIX:
+    def _on_frame(self, sock, peer, frame):
+        if frame.kind in (MAP, SHM, CMA) and sock.family != socket.AF_UNIX:
             raise WireError(f"rank {peer} sent a shared-memory frame over tcp (from another "
                             "host, its segments cannot be ours)")
-        return super()._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
+        return super()._on_frame(sock, peer, frame)
 
     def host_of(self, rank: int) -> str:
         """`rank`'s host identity, from its published address."""

@@ -17,12 +17,35 @@ import os
 import select
 import struct
 import time
+from typing import NamedTuple
 
 # magic, kind, flags, desc_len, aux, tag, total, offset, seglen
 HEADER = struct.Struct("<IBBHIQQQQ")
 MAGIC = 0x4D575254
 DATA = 1
 WHOLE = 1 << 16  # a message up to this size (with its description) is handled in one piece
+
+
+class Frame(NamedTuple):
+    """One frame's header: what it is (`kind`, DATA or a path's own), the `kind`'s extra
+    number (`aux`: a slot), the message's tag and size, where this segment lies in it, and
+    the sender's description of its buffer ("" after a message's first frame)."""
+
+    kind: int
+    tag: int
+    total: int
+    offset: int
+    seglen: int
+    desc: str = ""
+    aux: int = 0
+
+    def pack(self) -> bytes:
+        """The header and description as they go on the wire."""
+        desc = self.desc.encode()
+        return HEADER.pack(MAGIC, self.kind, 0, len(desc), self.aux, self.tag, self.total,
+                           self.offset, self.seglen) + desc
+
+
 # Seconds a thread waiting with a deadline polls the socket before it sleeps: a sleeping
 # thread costs a wake-up, and the kernel then tends to move it next to the sender's thread
 # (a "sync" wake-up), where two ranks that exchange at once take turns on one CPU.

@@ -26,8 +26,8 @@ import threading
 import time
 
 from ..errors import WireError
-from .framing import DATA, HEADER, MAGIC, WHOLE, Reader
-from .matching import MatchingChannel
+from .framing import DATA, HEADER, MAGIC, WHOLE, Frame, Reader
+from .matching import Matcher
 
 log = logging.getLogger("mwrt.channels")
 
@@ -171,21 +171,23 @@ class InConn:
         return HAND_BACK
 
 
-class InboundChannel(MatchingChannel):
-    """Frames off inbound connections: by their receiver threads (_read_frames), or waiters."""
+class Inbound:
+    """The frame reader a socket channel has: frames off its inbound connections, read by
+    their receiver threads (read_frames) or by waiters, handed to its matcher."""
 
-    def __init__(self, rank, world_size, **kwargs):
-        super().__init__(rank, world_size, **kwargs)
+    def __init__(self, channel, matcher: Matcher, send, connected):
+        # send(view, peer, tag, timeout, desc): the channel's send; connected(peer): True
+        # once its own connection to `peer` is up (a first send may wait on it).
+        self.channel, self.matcher, self.name, self.rank = channel, matcher, channel.name, \
+            channel.rank
+        self._send, self._connected = send, connected
         self._inconns: dict[int, InConn] = {}  # by peer, once authenticated
         self._role = threading.local()  # .conn: the inbound connection this thread reads
 
-    def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc) -> None:
-        """Handle a frame kind other than DATA (shm's slot frames), reading via `sock`."""
-        # `sock` is the framing.Reader: read the frame's bytes, and answer, through it.
-        raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {kind} "
-                        f"from rank {peer}; are both sides the same mwrt version?")
-
-    def _read_frames(self, sock, peer: int) -> None:
+    def read_frames(self, sock, peer: int, on_frame) -> None:
+        """Read frames from `peer` on `sock` until the stream ends; on_frame(reader, peer,
+        frame) handles a kind other than DATA (a path's own), reading and answering through
+        the framing.Reader."""
         # Receives finished here wake their waiters just before this thread waits: a
         # waiter woken earlier would only wait again, for the GIL this thread still holds.
         done: list = []
@@ -208,9 +210,9 @@ class InboundChannel(MatchingChannel):
                 if busy:
                     continue
                 try:
-                    if conn.lease_running(self.closed):
+                    if conn.lease_running(self.channel.closed):
                         continue
-                    if not self._drain(conn.reader, peer, done):
+                    if not self._drain(conn.reader, peer, done, on_frame):
                         return
                     conn.arm()
                 finally:
@@ -222,7 +224,7 @@ class InboundChannel(MatchingChannel):
                 del self._inconns[peer]
             conn.close()
 
-    def _drain(self, reader: Reader, peer: int, done: list) -> bool:
+    def _drain(self, reader: Reader, peer: int, done: list, on_frame) -> bool:
         """Handle every frame that has arrived; False at the end of the stream."""
         reader.flush()  # answers owed since the socket was last full
         while (ready := reader.available()):
@@ -235,27 +237,28 @@ class InboundChannel(MatchingChannel):
             if kind == DATA and offset == 0 and seglen == total and dlen + total <= WHOLE:
                 # A small message, usually read already with its header: one lock, no wait.
                 body = reader.take(dlen + total, "a message")
-                finished = self._deliver(peer, tag, body[dlen:], str(body[:dlen], "utf-8",
+                finished = self.matcher.deliver(peer, tag, body[dlen:], str(body[:dlen], "utf-8",
                                                                       "replace"))
                 if finished is not None:
                     done.append(finished)
                 continue
             reader.before_wait()  # a large segment may take a while: wake them now
-            desc = str(reader.take(dlen, "a frame description"), "utf-8", "replace")
+            frame = Frame(kind, tag, total, offset, seglen, str(
+                reader.take(dlen, "a frame description"), "utf-8", "replace"), aux)
             if kind == DATA:
-                target = self._segment_target(peer, tag, total, offset, seglen, desc)
+                target = self.matcher.segment_target(peer, frame)
                 if target is None:
                     reader.discard(seglen, "a discarded segment")
                 else:
                     reader.read_into(target, "a segment")
-                self._segment_done(peer, tag, seglen)
+                self.matcher.segment_done(peer, tag, seglen)
             else:
-                self._on_frame(reader, peer, kind, aux, tag, total, offset, seglen, desc)
+                on_frame(reader, peer, frame)
         return ready is not None
 
     # -- reading for ourselves (mwrt.channels.inbound) ---------------------------------
 
-    def _read_for(self, post, deadline: float | None) -> None:
+    def read_for(self, post, deadline: float | None) -> None:
         """Read `post`'s small message ourselves if its connection is ours to take."""
         conn = self._inconns.get(post.peer)
         if conn is None:
@@ -277,9 +280,10 @@ class InboundChannel(MatchingChannel):
         # when anything else shows up (the receiver thread's business) or at `deadline`.
         while post is None or not post.finished:
             now = time.monotonic()
-            if (deadline is not None and now >= deadline) or peer in self._gone or self.closed:
+            if (deadline is not None and now >= deadline) or peer in self.matcher.departed or \
+                    self.channel.closed:
                 return None
-            if post is None and self._failed_tags and self._tag_failed(tag):
+            if post is None and self.matcher.tag_failed(tag):
                 return None  # fail_tags: the usual receive it falls back to raises why
             got = conn.next_small(now + _SLICE if deadline is None else
                                   min(deadline, now + _SLICE))
@@ -289,7 +293,7 @@ class InboundChannel(MatchingChannel):
                 continue  # look again whether a close or fail_peer finished the post
             at, desc, body = got
             try:
-                out = self._deliver(peer, at, body, desc, keep=post is None and at == tag)
+                out = self.matcher.deliver(peer, at, body, desc, keep=post is None and at == tag)
             except WireError as exc:
                 log.warning("%s channel rank %d: dropping rank %s: %s", self.name, self.rank,
                             peer, exc)
@@ -297,7 +301,7 @@ class InboundChannel(MatchingChannel):
                     conn.reader.sock.shutdown(socket.SHUT_RDWR)  # its receiver thread closes it
                 except OSError:
                     pass
-                self._peer_gone(peer, f"broke the connection (WireError: {exc})")
+                self.matcher.peer_gone(peer, f"broke the connection (WireError: {exc})")
                 return None
             if type(out) is tuple:
                 out[0].release(out[1])
@@ -305,59 +309,57 @@ class InboundChannel(MatchingChannel):
                 return out
         return None
 
-    def _exchange_message(self, view, peer, tag, timeout, desc):
+    def exchange_message(self, view, peer, tag, timeout, desc) -> memoryview:
+        """Send `view`, then receive `peer`'s next message on `tag`, reading it ourselves."""
         conn = self._inconns.get(peer)
         if view.nbytes > WHOLE or conn is None or not self._connected(peer) or not conn.take():
-            return super()._exchange_message(view, peer, tag, timeout, desc)
+            self._send(view, peer, tag, timeout, desc)
+            return self.matcher.recv_message(peer, tag, timeout)
         # The peer's answer usually arrives while we send: holding the read role already,
         # we read it without waking the receiver thread (a send that must wait yields it).
         deadline = time.monotonic() + timeout
         self._role.conn = conn
         got = None
         try:
-            got = self._claim_arrived(peer, tag)
+            got = self.matcher.claim_arrived(peer, tag)
             self._send(view, peer, tag, timeout, desc)
-            if got is None and self._holds_role(conn):
+            if got is None and self.holds_role(conn):
                 got = self._read_small(conn, peer, deadline, tag=tag)
         finally:
-            self._yield_role(lend=got is not None)
+            self.yield_role(lend=got is not None)
         if got is not None:
             return got
         left = deadline - time.monotonic()
         if left <= 0:
-            raise self._timeout_error(peer, tag, "any size", timeout)
-        return self._recv_message(peer, tag, left)  # it did not come whole: the usual way
+            raise self.matcher.timeout_error(peer, tag, "any size", timeout)
+        return self.matcher.recv_message(peer, tag, left)  # it did not come whole: the usual way
 
-    def arrived(self, peer: int, tag: int = 0) -> bool:
+    def reclaim(self, peer: int) -> None:
+        """A lent connection is read by nobody: let its receiver thread look (arrived)."""
         conn = self._inconns.get(peer)
         if conn is not None:
-            conn.reclaim()  # a lent connection is read by nobody: let its receiver thread look
-        return super().arrived(peer, tag)
+            conn.reclaim()
 
-    def _connected(self, peer: int) -> bool:
-        """True once our own connection to `peer` is up (a first send may wait on it)."""
-        return False
-
-    def _holds_role(self, conn: InConn) -> bool:
+    def holds_role(self, conn: InConn) -> bool:
         """True while this thread holds the read role of `conn` (a send may yield it)."""
         return getattr(self._role, "conn", None) is conn
 
-    def _yield_role(self, lend: bool = False) -> None:
+    def yield_role(self, lend: bool = False) -> None:
         """Give back the read role this thread holds, if any (lend: keep it on a lease)."""
         conn = getattr(self._role, "conn", None)
         if conn is not None:
             self._role.conn = None
             conn.give_back(lend)
 
-    def _before_blocking(self) -> None:
+    def before_blocking(self) -> None:
         """About to wait on something else (a full socket, a busy connection): let every
         receiver thread read. Two ranks whose sends wait on each other's reads would
         otherwise stall until their leases run out (5 ms), where socket buffers are small."""
-        self._yield_role()
+        self.yield_role()
         for conn in list(self._inconns.values()):
             conn.reclaim()
 
-    def _kick_inbound(self) -> None:
+    def kick(self) -> None:
         """On close: receivers watching a lease look again, and find the channel closing."""
         for conn in list(self._inconns.values()):
             conn.kick()

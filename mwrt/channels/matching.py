@@ -1,4 +1,4 @@
-"""Matching received messages to receives by (peer, tag), for channels with a receiver thread.
+"""Matching received messages to receives by (peer, tag): the matcher a socket channel has.
 
 A transport's receiver thread reports each message (or segment) it reads; this layer
 decides where the bytes go. A message for which a receive is posted lands in the user's
@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, WireError
-from .base import DataChannel, Work, byte_view, describe, size_mismatch
+from .base import Work, size_mismatch
 
 _PENDING = object()
 
@@ -68,57 +68,52 @@ class _Box:
         self.current: _Msg | None = None
 
 
-class MatchingChannel(DataChannel):
-    """A channel whose transport reports arrivals (_deliver, _segment_*) and ends (_peer_gone)."""
+class Matcher:
+    """Receives and arrivals of one channel, matched by (peer, tag); a transport reports
+    arrivals (deliver, segment_target/segment_done) and ends (peer_gone)."""
 
-    buffered_sends = True  # unmatched messages are stashed, so sends never wait for receives
-    any_size_recv = True
-    posted_receives = True  # irecv posts the buffer and returns: any number may be pending
-
-    def __init__(self, rank, world_size, **kwargs):
-        super().__init__(rank, world_size, **kwargs)
+    def __init__(self, channel, on_peer_gone=None):
+        # `channel`: its name, rank and `closed` go into errors and decisions.
+        # on_peer_gone(peer): release per-peer receive resources (shm mappings).
+        self.channel, self.name, self.rank = channel, channel.name, channel.rank
+        # read_for(post, deadline): before sleeping on a receive, its transport may read the
+        # message itself (the socket channels' frame reader).
+        self.read_for = _read_nothing
+        self._on_peer_gone = on_peer_gone or (lambda peer: None)
         self._lock = threading.Lock()  # the boxes; a plain lock: `with` on it costs no Python
-        self._cond = threading.Condition(self._lock)  # for subclasses that wait on the state
         self._boxes: dict[tuple[int, int], _Box] = {}
-        self._gone: dict[int, str] = {}
+        self.departed: dict[int, str] = {}  # peer -> why it is gone
         self._failed_tags: list[tuple] = []  # (match, why) of fail_tags: checked at each post
         # Bytes each peer sent that no receive claimed yet: a peer may not pile up more than
         # MWRT_MAX_UNCLAIMED_BYTES (a stranger with the public key of an unkeyed daemon could).
         self._unclaimed: dict[int, int] = {}
         self._unclaimed_limit = int(config.get("max_unclaimed_bytes"))
 
-    def gone(self, peer: int) -> str | None:
-        return self._gone.get(peer)
-
-    def _on_peer_gone(self, peer: int) -> None:
-        """Release per-peer receive resources (shm mappings)."""
-
     # -- receives ----------------------------------------------------------------------
 
-    def _recv(self, view, peer, tag, timeout, desc):
+    def recv(self, view, peer, tag, timeout, desc) -> None:
+        """Fill `view` with the next message from `peer` on `tag`."""
         got = self._post(view, peer, tag, desc)
         if type(got) is _Post:
-            self._wait_post(got, timeout)
+            self.wait(got, timeout)
 
-    def _recv_message(self, peer, tag, timeout):
+    def recv_message(self, peer, tag, timeout) -> memoryview:
+        """The next message from `peer` on `tag`, whatever its size."""
         got = self._post(None, peer, tag, "any size")
         if type(got) is _Post:
-            self._wait_post(got, timeout)
+            self.wait(got, timeout)
             got = got.view
         return got
 
-    def irecv(self, buf, peer, tag=0, timeout=None):
-        """Post a receive now; the receiver thread fills `buf` without a helper thread."""
-        view = byte_view(buf, writable=True, what=f"{self.name} irecv from rank {peer}")
-        self._check(peer, tag)
-        desc = describe(buf)
+    def irecv(self, view, desc, peer, tag, timeout) -> Work:
+        """Post a receive now; the receiver thread fills `view` without a helper thread."""
         post = self._post(view, peer, tag, desc)
         if type(post) is not _Post:  # it had arrived: a receive that is already complete
             post = _Post(view, desc, peer, tag)
             post.finished = True
             post.release()
-        return Work(f"{self.name} irecv rank {self.rank}<-{peer}", self._timeout(timeout),
-                    partial(self._wait_post, post), partial(_completed, post),
+        return Work(f"{self.name} irecv rank {self.rank}<-{peer}", timeout,
+                    partial(self.wait, post), partial(_completed, post),
                     partial(self._cancel_post, post))
 
     def _post(self, view, peer, tag, desc):
@@ -130,13 +125,13 @@ class MatchingChannel(DataChannel):
                 self._claimed(peer, msg.total)
                 self._gc(peer, tag, box)
                 if view is not None and msg.total != view.nbytes:
-                    raise size_mismatch(self, peer, tag, msg.desc, desc)
+                    raise size_mismatch(self.channel, peer, tag, msg.desc, desc)
                 if not msg.done:  # still arriving: the receiver thread hands it over at the end
                     msg.post = _Post(view if view is not None else msg.buf, desc, peer, tag)
                     return msg.post
-            elif peer in self._gone or self.closed:
+            elif peer in self.departed or self.channel.closed:
                 raise self._closed_error(peer, tag)
-            elif self._failed_tags and (why := self._tag_failed(tag)):
+            elif self._failed_tags and (why := self.tag_failed(tag)):
                 raise self._failed_tag_error(peer, tag, why)
             else:
                 post = _Post(view, desc, peer, tag)
@@ -154,14 +149,14 @@ class MatchingChannel(DataChannel):
             box = self._boxes.get((peer, tag))
             if box is not None and box.arrived and not box.posted:
                 return True
-            if peer in self._gone or self.closed:
+            if peer in self.departed or self.channel.closed:
                 raise self._closed_error(peer, tag)
             return False
 
-    def _wait_post(self, post: _Post, timeout: float | None) -> None:
+    def wait(self, post: _Post, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
         if not post.finished:
-            self._read_for(post, deadline)
+            self.read_for(post, deadline)
         left = -1 if deadline is None else max(deadline - time.monotonic(), 0)
         if not post.ready.acquire(True, left):
             with self._lock:
@@ -170,21 +165,18 @@ class MatchingChannel(DataChannel):
                     post.finished = True
                     self._unpost(post)
             if mine:
-                post.release(self._timeout_error(post.peer, post.tag, post.desc, timeout))
+                post.release(self.timeout_error(post.peer, post.tag, post.desc, timeout))
             post.ready.acquire()  # released by us, or by whoever is completing it right now
         post.ready.release()  # leave it open: a second wait returns at once
         if isinstance(post.error, BaseException):  # else None: it arrived
             raise post.error
 
-    def _timeout_error(self, peer, tag, desc, timeout) -> ChannelTimeoutError:
+    def timeout_error(self, peer, tag, desc, timeout) -> ChannelTimeoutError:
         return ChannelTimeoutError(
             f"{self.name} recv on rank {self.rank} from rank {peer} tag {tag}: no message of "
             f"{desc} completed within {timeout} s; is rank {peer} sending on this tag?")
 
-    def _read_for(self, post: _Post, deadline: float | None) -> None:
-        """Before sleeping on `post`: a transport may read the message itself (sockets)."""
-
-    def _claim_arrived(self, peer, tag) -> memoryview | None:
+    def claim_arrived(self, peer, tag) -> memoryview | None:
         """The message that arrived whole on (peer, tag), if no receive waits before us."""
         with self._lock:
             box = self._boxes.get((peer, tag))
@@ -204,10 +196,10 @@ class MatchingChannel(DataChannel):
 
     def _closed_error(self, peer, tag, got=None, total=None) -> ChannelError:
         where = f"{self.name} recv on rank {self.rank} from rank {peer} tag {tag}"
-        if self.closed:
+        if self.channel.closed:
             return ChannelError(f"{where}: this channel was closed while waiting")
         part = "" if got is None else f" after {got} of {total} bytes"
-        return ChannelClosedError(f"{where}: rank {peer} {self._gone.get(peer, 'is gone')}"
+        return ChannelClosedError(f"{where}: rank {peer} {self.departed.get(peer, 'is gone')}"
                                   f"{part}; check the logs of rank {peer}", peer=peer)
 
     def _gc(self, peer, tag, box) -> None:
@@ -216,7 +208,7 @@ class MatchingChannel(DataChannel):
 
     # -- the receiver thread's side ----------------------------------------------------
 
-    def _deliver(self, peer, tag, data: memoryview, desc: str, keep: bool = False):
+    def deliver(self, peer, tag, data: memoryview, desc: str, keep: bool = False):
         """A whole message arrived: hand it to a receive, or stash it; see the comment below."""
         # Returns the receive it finished, as (post, error), for the caller to release; or,
         # when no receive waits and `keep` is set, a copy of the message instead of stashing
@@ -230,7 +222,7 @@ class MatchingChannel(DataChannel):
             post = self._next_post(box)
             if post is None and keep:
                 return memoryview(bytearray(data))
-            if post is None and self._failed_tags and self._tag_failed(tag):
+            if post is None and self._failed_tags and self.tag_failed(tag):
                 return None  # nothing will ever receive it
             if post is None:
                 self._unclaimed_more(peer, data.nbytes)
@@ -246,7 +238,7 @@ class MatchingChannel(DataChannel):
                 elif post.view.nbytes == data.nbytes:
                     post.view[:] = data
                 else:
-                    error = size_mismatch(self, peer, tag, desc, post.desc)
+                    error = size_mismatch(self.channel, peer, tag, desc, post.desc)
             if box is not None:
                 self._gc(peer, tag, box)
         return None if post is None else (post, error)
@@ -259,8 +251,10 @@ class MatchingChannel(DataChannel):
                 return post
         return None
 
-    def _segment_target(self, peer, tag, total, offset, seglen, desc):
+    def segment_target(self, peer: int, frame):
         """Where a segment's bytes go (a slice of the user's buffer or a stash), or None."""
+        tag, total, offset, seglen, desc = frame.tag, frame.total, frame.offset, frame.seglen, \
+            frame.desc
         with self._lock:
             box = self._boxes.get((peer, tag))
             if box is None:
@@ -282,7 +276,7 @@ class MatchingChannel(DataChannel):
     def _start_message(self, box, peer, tag, total, desc) -> _Msg:
         msg = _Msg(total, desc)
         post = self._next_post(box)
-        if post is None and self._failed_tags and self._tag_failed(tag):
+        if post is None and self._failed_tags and self.tag_failed(tag):
             return msg  # no buffer: its segments are discarded, nothing will receive it
         if post is None:
             msg.buf = self._stash(peer, total)
@@ -290,7 +284,8 @@ class MatchingChannel(DataChannel):
             box.arrived.append(msg)
         elif post.view is not None and post.view.nbytes != total:
             post.finished = True
-            post.release(size_mismatch(self, peer, tag, desc, post.desc))  # consumed: discarded
+            # Consumed: discarded.
+            post.release(size_mismatch(self.channel, peer, tag, desc, post.desc))
         else:
             if post.view is None:
                 post.view = self._stash(peer, total)
@@ -317,11 +312,11 @@ class MatchingChannel(DataChannel):
     def _claimed(self, peer: int, nbytes: int) -> None:
         self._unclaimed[peer] = self._unclaimed.get(peer, 0) - nbytes
 
-    def _segment_done(self, peer, tag, seglen) -> None:
+    def segment_done(self, peer, tag, seglen) -> None:
         with self._lock:
             box = self._boxes[(peer, tag)]
             msg = box.current
-            if msg is None:  # _segment_target made it current for this segment
+            if msg is None:  # segment_target made it current for this segment
                 raise WireError(f"tag {tag}: a segment ended that no message began")
             msg.got += seglen
             if msg.got < msg.total:
@@ -335,10 +330,10 @@ class MatchingChannel(DataChannel):
             post.view[:] = msg.buf  # a stashed message that a receive claimed meanwhile
         post.release()
 
-    def _peer_gone(self, peer: int, why: str) -> None:
+    def peer_gone(self, peer: int, why: str) -> None:
         failed: list[tuple[_Post, int | None, int | None]] = []  # (post, bytes got, of total)
         with self._lock:
-            self._gone[peer] = why
+            self.departed[peer] = why
             for (p, tag), box in list(self._boxes.items()):
                 if p != peer:
                     continue
@@ -360,7 +355,7 @@ class MatchingChannel(DataChannel):
             post.release(self._closed_error(peer, post.tag, got, total))
         self._on_peer_gone(peer)
 
-    def _fail_posts(self) -> None:
+    def fail_posts(self) -> None:
         """On close: every receive still waiting fails, saying the channel was closed."""
         with self._lock:
             posts = [p for box in self._boxes.values() for p in box.posted]
@@ -385,8 +380,8 @@ class MatchingChannel(DataChannel):
 
     def fail_peer(self, peer: int, why: str) -> None:
         """Fail every receive from `peer` now, saying `why`."""
-        if 0 <= peer < self.world_size and peer != self.rank:
-            self._peer_gone(peer, why)
+        if 0 <= peer < self.channel.world_size and peer != self.rank:
+            self.peer_gone(peer, why)
 
     def fail_tags(self, match, why: str) -> None:
         """Fail every receive on a tag match(tag) accepts, now and at every later post; the
@@ -412,7 +407,7 @@ class MatchingChannel(DataChannel):
         for post in failed:
             post.release(self._failed_tag_error(post.peer, post.tag, why))
 
-    def _tag_failed(self, tag: int) -> str | None:
+    def tag_failed(self, tag: int) -> str | None:
         """Why receives on `tag` fail at once (fail_tags), or None (under the lock)."""
         for match, why in self._failed_tags:
             if match(tag):
@@ -422,6 +417,10 @@ class MatchingChannel(DataChannel):
     def _failed_tag_error(self, peer, tag, why) -> ChannelClosedError:
         return ChannelClosedError(f"{self.name} recv on rank {self.rank} from rank {peer} tag "
                                   f"{tag}: {why}")
+
+
+def _read_nothing(post: _Post, deadline: float | None) -> None:
+    """A transport that reads nothing for its waiters."""
 
 
 def _completed(post: _Post) -> bool:

@@ -46,7 +46,7 @@ from ..netaddr import host_identity
 from ..procs import process_alive
 from . import cma
 from .segments import DIR, Segment, new_name
-from .sockets import HEADER, MAGIC, SocketChannel
+from .sockets import Frame, SocketChannel
 
 log = logging.getLogger("mwrt.channels")
 
@@ -144,20 +144,19 @@ class ShmChannel(SocketChannel):
 
     # -- sending -----------------------------------------------------------------------
 
-    def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline):
-        if total <= self.inline_bytes or not self._through_memory(peer):
-            return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
+    def _send_segment(self, conn, peer, frame, seg, deadline):
+        if frame.total <= self.inline_bytes or not self._through_memory(peer):
+            return super()._send_segment(conn, peer, frame, seg, deadline)
         out = self._out(peer)
-        if total >= self.cma_bytes and out.cma is not False and \
-                self._send_cma(out, conn, peer, tag, total, offset, seg, desc, deadline):
+        if frame.total >= self.cma_bytes and out.cma is not False and \
+                self._send_cma(out, conn, peer, frame._replace(kind=CMA), seg, deadline):
             return
         segment = self._mapped(out, conn, peer, deadline)
         if segment is None:  # no shared memory to be had
-            return super()._send_segment(conn, peer, tag, total, offset, seg, desc, deadline)
+            return super()._send_segment(conn, peer, frame, seg, deadline)
         slot = self._acquire_slot(out, conn, peer, deadline)
         np.copyto(segment.slots[slot, : seg.nbytes], np.frombuffer(seg, np.uint8))
-        head = HEADER.pack(MAGIC, SHM, 0, len(desc), slot, tag, total, offset, seg.nbytes)
-        self._write(conn, peer, [head + desc], deadline)
+        self._write(conn, peer, [frame._replace(kind=SHM, aux=slot).pack()], deadline)
 
     def _segment_step(self, peer: int, total: int) -> int:
         out = self._out_slots.get(peer)
@@ -183,15 +182,14 @@ class ShmChannel(SocketChannel):
                     self._warn_no_shm(peer, exc)
                     return None
                 out.free.extend(range(self.nslots))
-                head = HEADER.pack(MAGIC, MAP, 0, len(name), self.nslots, 0,
-                                   self.segment_bytes, 0, 0)
-                self._write(conn, peer, [head + name.encode()], deadline)
+                frame = Frame(MAP, 0, self.segment_bytes, 0, 0, name, aux=self.nslots)
+                self._write(conn, peer, [frame.pack()], deadline)
             return out.segment
 
-    def _send_cma(self, out: _Out, conn, peer, tag, total, offset, seg, desc, deadline) -> bool:
+    def _send_cma(self, out: _Out, conn, peer, frame: Frame, seg, deadline) -> bool:
         """Announce `seg` for the peer to read in place; False if the peer cannot read us."""
         address = np.frombuffer(seg, np.uint8).ctypes.data
-        head = HEADER.pack(MAGIC, CMA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
+        tag = frame.tag
         if not out.lock.acquire(timeout=max(deadline - _now(), 0)):
             raise ChannelTimeoutError(f"shm send rank {self.rank}->{peer}: answers of rank "
                                       f"{peer} still read by another send past the timeout")
@@ -199,8 +197,9 @@ class ShmChannel(SocketChannel):
             first = out.cma is None
             out.owed.append(tag)
             out.left[tag] = out.left.get(tag, 0) + 1
-            self._write(conn, peer, [head + desc + _ADDRESS.pack(address)], deadline)
-            if first or offset + seg.nbytes >= total:  # its buffer is read until answered
+            self._write(conn, peer, [frame.pack() + _ADDRESS.pack(address)], deadline)
+            # Its buffer is read until answered.
+            if first or frame.offset + seg.nbytes >= frame.total:
                 self._read_answers(out, conn, peer, deadline, lambda: tag not in out.left)
         finally:
             out.lock.release()
@@ -273,7 +272,9 @@ class ShmChannel(SocketChannel):
 
     # -- receiving ---------------------------------------------------------------------
 
-    def _on_frame(self, sock, peer, kind, aux, tag, total, offset, seglen, desc):
+    def _on_frame(self, sock, peer, frame):
+        kind, aux, total, seglen, desc = frame.kind, frame.aux, frame.total, frame.seglen, \
+            frame.desc
         if kind == MAP:
             if not desc.startswith("mwrt-") or "/" in desc or not 1 <= aux <= _MAX_SLOTS or \
                     not 1 <= total <= _MAX_SLOT_BYTES:
@@ -290,21 +291,22 @@ class ShmChannel(SocketChannel):
                 old.close()
             return
         if kind == CMA:
-            return self._on_cma(sock, peer, tag, total, offset, seglen, desc)
+            return self._on_cma(sock, peer, frame)
         mapped = self._in_segments.get(peer)
         if kind != SHM or mapped is None or aux >= mapped.slots.shape[0] or \
                 seglen > mapped.slots.shape[1]:
-            return super()._on_frame(sock, peer, kind, aux, tag, total, offset, seglen, desc)
-        target = self._segment_target(peer, tag, total, offset, seglen, desc)
+            return super()._on_frame(sock, peer, frame)
+        target = self.matcher.segment_target(peer, frame)
         if target is not None:
             np.copyto(np.frombuffer(target, np.uint8), mapped.slots[aux, :seglen])
         sock.sendall(_ACK.pack(aux))
-        self._segment_done(peer, tag, seglen)
+        self.matcher.segment_done(peer, frame.tag, seglen)
 
-    def _on_cma(self, sock, peer, tag, total, offset, seglen, desc) -> None:
+    def _on_cma(self, sock, peer, frame: Frame) -> None:
         """Read a segment the peer showed us straight from its memory, and answer."""
         (address,) = _ADDRESS.unpack(sock.take(_ADDRESS.size, "a CMA frame's address"))
-        target = self._segment_target(peer, tag, total, offset, seglen, desc)
+        target = self.matcher.segment_target(peer, frame)
+        seglen = frame.seglen
         if target is not None and seglen:
             iov = getattr(self._iov, "pair", None)
             if iov is None:
@@ -321,7 +323,7 @@ class ShmChannel(SocketChannel):
                 sock.sendall(_ACK.pack(_REFUSED))  # the same segment comes again, in a slot
                 return
         sock.sendall(_ACK.pack(_DONE))
-        self._segment_done(peer, tag, seglen)
+        self.matcher.segment_done(peer, frame.tag, seglen)
 
     def _peer_pid(self, peer: int, sock) -> int:
         pid = self._peer_pids.get(peer)

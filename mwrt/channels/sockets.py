@@ -27,10 +27,12 @@ from .. import config
 from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
 from ..protocol.auth import client_handshake, server_handshake
 from ..protocol.refusals import PeerLog
-from .framing import DATA, HEADER, MAGIC, send_parts
-from .inbound import InboundChannel
+from .base import DataChannel, byte_view, describe
+from .framing import DATA, HEADER, MAGIC, Frame, send_parts
+from .inbound import Inbound
+from .matching import Matcher
 
-__all__ = ["DATA", "HEADER", "MAGIC", "SocketChannel"]  # the frame format, for subclasses
+__all__ = ["DATA", "HEADER", "MAGIC", "Frame", "SocketChannel"]  # the frame format, for subclasses
 
 log = logging.getLogger("mwrt.channels")
 
@@ -58,13 +60,25 @@ class OutConn:
         self.error: str | None = None
 
 
-class SocketChannel(InboundChannel):
-    """A channel over stream sockets; subclasses say how to listen and connect."""
+class SocketChannel(DataChannel):
+    """A channel over stream sockets; subclasses say how to listen and connect.
+
+    It has a matcher (`matching.Matcher`: which receive each message goes to) and a frame
+    reader (`inbound.Inbound`: the receiver threads, and waiters that read for themselves).
+    """
 
     name = "sockets"
+    buffered_sends = True  # unmatched messages are stashed, so sends never wait for receives
+    any_size_recv = True
+    posted_receives = True  # irecv posts the buffer and returns: any number may be pending
 
     def __init__(self, rank, world_size, *, store, prefix="mwrt", key=None, timeout=None):
         super().__init__(rank, world_size, store=store, prefix=prefix, key=key, timeout=timeout)
+        self.matcher = Matcher(self, on_peer_gone=self._on_peer_gone)
+        self.inbound = Inbound(self, self.matcher, self._send, self._connected)
+        self.matcher.read_for = self.inbound.read_for
+        self._lock = threading.Lock()  # the inbound sockets
+        self._cond = threading.Condition()  # a send waiting for its tag to be free
         self.segment_bytes = config.get("segment_bytes")
         if self.segment_bytes < 1:
             raise ConfigError(f"MWRT_SEGMENT_BYTES: must be >= 1 (got {self.segment_bytes})")
@@ -96,14 +110,50 @@ class SocketChannel(InboundChannel):
         """How errors name a peer's address: its published record (tcp: host:port)."""
         return record
 
-    def _send_segment(self, conn, peer, tag, total, offset, seg, desc, deadline) -> None:
-        """Send one segment of a message; shm overrides this for large ones."""
-        head = HEADER.pack(MAGIC, DATA, 0, len(desc), 0, tag, total, offset, seg.nbytes)
-        self._write(conn, peer, [head, desc, seg] if desc else [head, seg], deadline)
+    def _send_segment(self, conn, peer, frame: Frame, seg, deadline) -> None:
+        """Send one segment of a message, `seg`, as the DATA frame `frame` says; shm
+        overrides this for large ones."""
+        self._write(conn, peer, [frame.pack(), seg], deadline)
 
     def _segment_step(self, peer: int, total: int) -> int:
         """The segment size of a `total`-byte message to `peer` (shm's in-place ones differ)."""
         return self.segment_bytes
+
+    def _on_frame(self, sock, peer: int, frame: Frame) -> None:
+        """Handle a frame kind other than DATA (shm's slot frames), reading via `sock`."""
+        # `sock` is the framing.Reader: read the frame's bytes, and answer, through it.
+        raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {frame.kind} "
+                        f"from rank {peer}; are both sides the same mwrt version?")
+
+    def _on_peer_gone(self, peer: int) -> None:
+        """Release per-peer receive resources (shm mappings)."""
+
+    # -- receiving: the matcher's and the frame reader's -------------------------------
+
+    def _recv(self, view, peer, tag, timeout, desc):
+        self.matcher.recv(view, peer, tag, timeout, desc)
+
+    def _recv_message(self, peer, tag, timeout):
+        return self.matcher.recv_message(peer, tag, timeout)
+
+    def _exchange_message(self, view, peer, tag, timeout, desc):
+        return self.inbound.exchange_message(view, peer, tag, timeout, desc)
+
+    def irecv(self, buf, peer, tag=0, timeout=None):
+        """Post a receive now; the receiver thread fills `buf` without a helper thread."""
+        view = byte_view(buf, writable=True, what=f"{self.name} irecv from rank {peer}")
+        self._check(peer, tag)
+        return self.matcher.irecv(view, describe(buf), peer, tag, self._timeout(timeout))
+
+    def arrived(self, peer: int, tag: int = 0) -> bool:
+        self.inbound.reclaim(peer)
+        return self.matcher.arrived(peer, tag)
+
+    def gone(self, peer: int) -> str | None:
+        return self.matcher.departed.get(peer)
+
+    def fail_tags(self, match, why: str) -> None:
+        self.matcher.fail_tags(match, why)
 
     # -- sending -----------------------------------------------------------------------
 
@@ -118,13 +168,14 @@ class SocketChannel(InboundChannel):
             raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
                                       ) from None
         try:
-            total, offset, head = view.nbytes, 0, desc.encode()
+            total, offset, head = view.nbytes, 0, desc
             step = self._segment_step(peer, total)
             while True:
                 n = min(step, total - offset)
                 seg = view[offset:offset + n] if n < total else view
-                self._send_segment(conn, peer, tag, total, offset, seg, head, deadline)
-                offset, head = offset + n, b""
+                self._send_segment(conn, peer, Frame(DATA, tag, total, offset, n, head), seg,
+                                   deadline)
+                offset, head = offset + n, ""
                 if offset >= total:
                     break
         except ChannelTimeoutError as exc:
@@ -138,7 +189,7 @@ class SocketChannel(InboundChannel):
         me = threading.get_ident()
         if self._busy_tags.setdefault(key, me) == me:  # atomic under the GIL: no lock
             return
-        self._before_blocking()  # never wait while a receiver thread is shut out
+        self.inbound.before_blocking()  # never wait while a receiver thread is shut out
         with self._cond:
             self._tag_waiters += 1
             try:
@@ -158,7 +209,7 @@ class SocketChannel(InboundChannel):
     def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
         """Write one frame on `conn`, converting socket errors to channel errors."""
         if not conn.lock.acquire(False):
-            self._before_blocking()  # never wait while a receiver thread is shut out
+            self.inbound.before_blocking()  # never wait while a receiver thread is shut out
             if not conn.lock.acquire(True, max(deadline - time.monotonic(), 0)):
                 raise ChannelTimeoutError(f"{self._what(peer)}: connection busy past the send's "
                                           "timeout")
@@ -166,7 +217,7 @@ class SocketChannel(InboundChannel):
             if conn.error:
                 raise ChannelClosedError(f"{self._what(peer)}: connection unusable after an "
                                          f"earlier error ({conn.error})", peer=peer)
-            send_parts(conn.sock, parts, deadline, self._before_blocking)
+            send_parts(conn.sock, parts, deadline, self.inbound.before_blocking)
         except TimeoutError:
             conn.error = "a send timed out mid-frame"
             raise ChannelTimeoutError(f"{self._what(peer)}: rank {peer} at {conn.address} did "
@@ -229,7 +280,7 @@ class SocketChannel(InboundChannel):
     def fail_peer(self, peer: int, why: str) -> None:
         """Fail receives from `peer` and sends to it: a send blocked on a dead link (its
         socket buffer full, no reset ever coming) wakes now instead of at its timeout."""
-        super().fail_peer(peer, why)
+        self.matcher.fail_peer(peer, why)
         conn = self._outbound.get(peer)
         if conn is not None and conn.error is None:
             conn.error = why
@@ -255,7 +306,7 @@ class SocketChannel(InboundChannel):
         try:
             peer = self._authenticate(sock)
             if peer is not None:
-                self._read_frames(sock, peer)
+                self.inbound.read_frames(sock, peer, self._on_frame)
         except (OSError, WireError) as exc:
             why = f"broke the connection ({type(exc).__name__}: {exc})"
             if isinstance(exc, WireError):
@@ -266,7 +317,7 @@ class SocketChannel(InboundChannel):
                 self._inbound.discard(sock)
             sock.close()
             if peer is not None:
-                self._peer_gone(peer, why)
+                self.matcher.peer_gone(peer, why)
 
     def _authenticate(self, sock) -> int | None:
         def check(claim: bytes):
@@ -288,8 +339,8 @@ class SocketChannel(InboundChannel):
     # -- lifecycle ---------------------------------------------------------------------
 
     def _close(self):
-        self._fail_posts()
-        self._kick_inbound()
+        self.matcher.fail_posts()
+        self.inbound.kick()
         with self._lock:
             inbound = list(self._inbound)
         for listener in self._listeners:

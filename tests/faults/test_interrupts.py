@@ -340,7 +340,7 @@ def test_ctrl_c_of_a_worker_daemon(script, tmp_path, kind):
 # (post): a point inside a large transfer, the same in every run.
 AFTER_CTRL_C = textwrap.dedent("""
     import os, signal, sys, numpy as np, mwrt
-    from mwrt.channels.matching import MatchingChannel
+    from mwrt.channels.matching import Matcher
     from mwrt.channels.sockets import SocketChannel
     from mwrt.master.client import Node
     kind, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -360,7 +360,7 @@ AFTER_CTRL_C = textwrap.dedent("""
     elif kind == "post":
         Node.wait = counting(Node.wait)
     else:
-        MatchingChannel._segment_done = counting(MatchingChannel._segment_done)
+        Matcher.segment_done = counting(Matcher.segment_done)
     mwrt.init_master_worker(timeout=30)
     big, host = mwrt.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32)
     float(big[0])

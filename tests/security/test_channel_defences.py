@@ -81,7 +81,7 @@ def test_headers_announcing_gigabytes_cost_no_memory(trio):
 @pytest.mark.parametrize("trio", ["tcp"], indirect=True)
 def test_unclaimed_messages_are_bounded_per_peer(trio, monkeypatch, caplog):
     rank0, rank2, connect = trio
-    rank0._unclaimed_limit = MIB  # as MWRT_MAX_UNCLAIMED_BYTES=1048576 would make it
+    rank0.matcher._unclaimed_limit = MIB  # as MWRT_MAX_UNCLAIMED_BYTES=1048576 would make it
     sent, payload = 0, b"u" * 60_000
     with caplog.at_level(logging.WARNING), connect() as sock:
         try:
@@ -93,7 +93,7 @@ def test_unclaimed_messages_are_bounded_per_peer(trio, monkeypatch, caplog):
             assert sock.recv(1) == b"", "the connection stayed open past the limit"
         except OSError:
             pass  # dropped while we sent: what we want
-    assert rank0._unclaimed.get(1, 0) <= MIB
+    assert rank0.matcher._unclaimed.get(1, 0) <= MIB
     assert "MWRT_MAX_UNCLAIMED_BYTES" in caplog.text, caplog.text[-2000:]
     still_talks(rank0, rank2)
 
