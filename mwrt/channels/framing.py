@@ -39,6 +39,10 @@ class Frame(NamedTuple):
     desc: str = ""
     aux: int = 0
 
+    def as_kind(self, kind: int, aux: int = 0) -> Frame:
+        """This frame, of another kind (a path's own, carrying the same segment)."""
+        return self._replace(kind=kind, aux=aux)
+
     def pack(self) -> bytes:
         """The header and description as they go on the wire."""
         desc = self.desc.encode()

@@ -185,9 +185,9 @@ class Inbound:
         self._role = threading.local()  # .conn: the inbound connection this thread reads
 
     def read_frames(self, sock, peer: int, on_frame) -> None:
-        """Read frames from `peer` on `sock` until the stream ends; on_frame(reader, peer,
-        frame) handles a kind other than DATA (a path's own), reading and answering through
-        the framing.Reader."""
+        """Read frames from `peer` on `sock` until the stream ends; on_frame(reader, frame)
+        handles a kind other than DATA (a path's own), reading and answering through the
+        framing.Reader."""
         # Receives finished here wake their waiters just before this thread waits: a
         # waiter woken earlier would only wait again, for the GIL this thread still holds.
         done: list = []
@@ -253,7 +253,7 @@ class Inbound:
                     reader.read_into(target, "a segment")
                 self.matcher.segment_done(peer, tag, seglen)
             else:
-                on_frame(reader, peer, frame)
+                on_frame(reader, frame)
         return ready is not None
 
     # -- reading for ourselves (mwrt.channels.inbound) ---------------------------------

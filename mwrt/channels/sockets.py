@@ -1,19 +1,23 @@
-"""Connections and receiver threads shared by the socket channels (tcp, shm).
+"""The socket channel, of which tcp, shm and auto are configurations: each says where it
+listens, how it connects, and which path a connection of each socket family takes.
 
-Each rank listens on one socket and publishes its address in the store. A rank
-sends to a peer over a connection it opened itself, one per direction and pair,
-so two ranks that send to each other at once never race to set up a shared one;
-the HMAC challenge of `mwrt.auth` runs before any payload byte is read. A message
-travels as frames (`framing.py`): a fixed header, the sender's description of its
-buffer on the first frame (for size-mismatch errors), then the raw segment.
-Messages longer than `segment_bytes` go in segments and the connection is released
-between them, so a large transfer delays a small one to the same peer by one segment.
+Each rank listens (on one socket or more) and publishes its address in the store. A rank
+sends to a peer over a connection it opened itself, one per direction and pair, so two
+ranks that send to each other at once never race to set up a shared one; the HMAC
+challenge of `mwrt.auth` runs before any payload byte is read. A message travels as
+frames (`framing.Frame`): a fixed header, the sender's description of its buffer on the
+first frame (for size-mismatch errors), then the raw segment. Messages longer than a
+path's segment size go in segments and the connection is released between them, so a
+large transfer delays a small one to the same peer by one segment.
 
-One receiver thread per inbound connection reads frames (`inbound.py`) and asks
-`matching.py` where each message goes: a large segment straight into a posted receive's
-buffer (recv_into, no copy), a small message in one piece to its receive or a stash. So
-receivers always drain their sockets, and a ring of blocking sends cannot deadlock. A
-thread that waits for a small message may read the connection itself for a moment.
+The channel has the parts that do the work: its path to each peer (`paths.py`,
+`memorypaths.py`) sends the segments, one receiver thread per inbound connection reads
+frames (`inbound.Inbound`, which hands a path's own kinds of frame to that connection's
+path), and the matcher (`matching.Matcher`) says where each message goes: a large segment
+straight into a posted receive's buffer (recv_into, no copy), a small message in one
+piece to its receive or a stash. So receivers always drain their sockets, and a ring of
+blocking sends cannot deadlock. A thread that waits for a small message may read the
+connection itself for a moment.
 """
 
 from __future__ import annotations
@@ -22,17 +26,20 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping
+from typing import ClassVar
 
 from .. import config
 from ..errors import AuthError, ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
 from ..protocol.auth import client_handshake, server_handshake
 from ..protocol.refusals import PeerLog
 from .base import DataChannel, byte_view, describe
-from .framing import DATA, HEADER, MAGIC, Frame, send_parts
+from .framing import DATA, HEADER, MAGIC, Frame
 from .inbound import Inbound
 from .matching import Matcher
+from .paths import OutConn, SocketPath
 
-__all__ = ["DATA", "HEADER", "MAGIC", "Frame", "SocketChannel"]  # the frame format, for subclasses
+__all__ = ["DATA", "HEADER", "MAGIC", "Frame", "SocketChannel"]  # the frame format too
 
 log = logging.getLogger("mwrt.channels")
 
@@ -51,23 +58,20 @@ _LINGER = 5.0  # seconds close() waits for peers to read what we sent
 _HANDSHAKE_SECONDS = 10.0
 
 
-class OutConn:
-    """Our connection to a peer, used for sending; `lock` is held for one frame."""
-
-    def __init__(self, sock, address):
-        self.sock, self.address = sock, address
-        self.lock = threading.Lock()
-        self.error: str | None = None
-
-
 class SocketChannel(DataChannel):
     """A channel over stream sockets; subclasses say how to listen and connect.
 
-    It has a matcher (`matching.Matcher`: which receive each message goes to) and a frame
-    reader (`inbound.Inbound`: the receiver threads, and waiters that read for themselves).
+    It has a matcher (`matching.Matcher`: which receive each message goes to), a frame
+    reader (`inbound.Inbound`: the receiver threads, and waiters that read for themselves)
+    and a path per connection (`paths.SocketPath` or the class `paths` names for the
+    connection's socket family: how segments go out, and the frames of its own kinds are
+    read).
     """
 
     name = "sockets"
+    # The path of a connection by its socket family (socket.AF_UNIX ...); SocketPath, every
+    # segment a DATA frame, for the others.
+    paths: ClassVar[Mapping[int, type[SocketPath]]] = {}
     buffered_sends = True  # unmatched messages are stashed, so sends never wait for receives
     any_size_recv = True
     posted_receives = True  # irecv posts the buffer and returns: any number may be pending
@@ -84,7 +88,8 @@ class SocketChannel(DataChannel):
             raise ConfigError(f"MWRT_SEGMENT_BYTES: must be >= 1 (got {self.segment_bytes})")
         self._busy_tags: dict[tuple[int, int], int] = {}  # (peer, tag) -> the sending thread
         self._tag_waiters = 0
-        self._outbound: dict[int, OutConn] = {}
+        self._outbound: dict[int, SocketPath] = {}  # the sending path to each peer
+        self._inpaths: dict[int, SocketPath] = {}  # the reading path from each peer
         self._out_locks = [threading.Lock() for _ in range(world_size)]
         self._inbound: set = set()
         self._threads: list[threading.Thread] = []
@@ -110,23 +115,15 @@ class SocketChannel(DataChannel):
         """How errors name a peer's address: its published record (tcp: host:port)."""
         return record
 
-    def _send_segment(self, conn, peer, frame: Frame, seg, deadline) -> None:
-        """Send one segment of a message, `seg`, as the DATA frame `frame` says; shm
-        overrides this for large ones."""
-        self._write(conn, peer, [frame.pack(), seg], deadline)
-
-    def _segment_step(self, peer: int, total: int) -> int:
-        """The segment size of a `total`-byte message to `peer` (shm's in-place ones differ)."""
-        return self.segment_bytes
-
-    def _on_frame(self, sock, peer: int, frame: Frame) -> None:
-        """Handle a frame kind other than DATA (shm's slot frames), reading via `sock`."""
-        # `sock` is the framing.Reader: read the frame's bytes, and answer, through it.
-        raise WireError(f"{self.name} channel rank {self.rank}: unknown frame kind {frame.kind} "
-                        f"from rank {peer}; are both sides the same mwrt version?")
+    def _path(self, peer: int, sock, conn: OutConn | None) -> SocketPath:
+        """The path over `sock` to (conn) or from (None) `peer`."""
+        return self.paths.get(sock.family, SocketPath)(self, peer, conn)
 
     def _on_peer_gone(self, peer: int) -> None:
-        """Release per-peer receive resources (shm mappings)."""
+        """Release the reading path's resources (shm mappings)."""
+        path = self._inpaths.pop(peer, None)
+        if path is not None:
+            path.close()
 
     # -- receiving: the matcher's and the frame reader's -------------------------------
 
@@ -162,19 +159,18 @@ class SocketChannel(DataChannel):
         key = (peer, tag)
         try:
             # Connected once, the connection stays: skip the per-peer connect lock.
-            conn = self._outbound.get(peer) or self._out_conn(peer, deadline, timeout)
+            path = self._outbound.get(peer) or self._out_path(peer, deadline, timeout)
             self._claim_tag(key, deadline)
         except ChannelTimeoutError as exc:
             raise ChannelTimeoutError(f"{exc} [sending {desc} on tag {tag}, timeout {timeout} s]"
                                       ) from None
         try:
             total, offset, head = view.nbytes, 0, desc
-            step = self._segment_step(peer, total)
+            step = path.segment_step(total)
             while True:
                 n = min(step, total - offset)
                 seg = view[offset:offset + n] if n < total else view
-                self._send_segment(conn, peer, Frame(DATA, tag, total, offset, n, head), seg,
-                                   deadline)
+                path.send_segment(Frame(DATA, tag, total, offset, n, head), seg, deadline)
                 offset, head = offset + n, ""
                 if offset >= total:
                     break
@@ -206,46 +202,20 @@ class SocketChannel(DataChannel):
             with self._cond:
                 self._cond.notify_all()
 
-    def _write(self, conn: OutConn, peer: int, parts, deadline: float) -> None:
-        """Write one frame on `conn`, converting socket errors to channel errors."""
-        if not conn.lock.acquire(False):
-            self.inbound.before_blocking()  # never wait while a receiver thread is shut out
-            if not conn.lock.acquire(True, max(deadline - time.monotonic(), 0)):
-                raise ChannelTimeoutError(f"{self._what(peer)}: connection busy past the send's "
-                                          "timeout")
-        try:
-            if conn.error:
-                raise ChannelClosedError(f"{self._what(peer)}: connection unusable after an "
-                                         f"earlier error ({conn.error})", peer=peer)
-            send_parts(conn.sock, parts, deadline, self.inbound.before_blocking)
-        except TimeoutError:
-            conn.error = "a send timed out mid-frame"
-            raise ChannelTimeoutError(f"{self._what(peer)}: rank {peer} at {conn.address} did "
-                                      "not take the data within the timeout; is it stalled, or "
-                                      "the link to it down?") from None
-        except OSError as exc:
-            conn.error = conn.error or f"{type(exc).__name__}: {exc}"  # fail_peer's why first
-            raise ChannelClosedError(f"{self._what(peer)}: connection to rank {peer} at "
-                                     f"{conn.address} lost ({conn.error}); check the logs of "
-                                     f"rank {peer}",
-                                     peer=peer) from None
-        finally:
-            conn.lock.release()
-
     def _connected(self, peer: int) -> bool:
         return peer in self._outbound
 
     def _what(self, peer: int) -> str:
         return f"{self.name} send rank {self.rank}->{peer}"
 
-    def _out_conn(self, peer: int, deadline: float, timeout: float) -> OutConn:
+    def _out_path(self, peer: int, deadline: float, timeout: float) -> SocketPath:
         what = self._what(peer)
         if not self._out_locks[peer].acquire(timeout=max(deadline - time.monotonic(), 0)):
             raise ChannelTimeoutError(f"{what}: connecting took longer than {timeout} s")
         try:
-            conn = self._outbound.get(peer)
-            if conn is not None:
-                return conn
+            path = self._outbound.get(peer)
+            if path is not None:
+                return path
             key = self._address_key(peer)
             try:
                 address = self.store.get(key, timeout=max(deadline - time.monotonic(), 0))
@@ -270,10 +240,11 @@ class SocketChannel(DataChannel):
                     f"handshake ({type(exc).__name__}: {exc}); check the logs of rank {peer}",
                     peer=peer) from None
             sock.setblocking(False)  # send_parts waits itself, only when the buffer is full
-            conn = self._outbound[peer] = OutConn(sock, address)
+            conn = OutConn(sock, address, peer, what, self.inbound.before_blocking)
+            path = self._outbound[peer] = self._path(peer, sock, conn)
             if self.closed:  # close() ran while we connected: do not leak the socket
                 self._shut(sock)
-            return conn
+            return path
         finally:
             self._out_locks[peer].release()
 
@@ -281,7 +252,7 @@ class SocketChannel(DataChannel):
         """Fail receives from `peer` and sends to it: a send blocked on a dead link (its
         socket buffer full, no reset ever coming) wakes now instead of at its timeout."""
         self.matcher.fail_peer(peer, why)
-        conn = self._outbound.get(peer)
+        conn = self._outbound[peer].conn if peer in self._outbound else None
         if conn is not None and conn.error is None:
             conn.error = why
             self._shut(conn.sock, close=False)  # a blocked send returns EPIPE at once
@@ -306,7 +277,8 @@ class SocketChannel(DataChannel):
         try:
             peer = self._authenticate(sock)
             if peer is not None:
-                self.inbound.read_frames(sock, peer, self._on_frame)
+                path = self._inpaths[peer] = self._path(peer, sock, None)
+                self.inbound.read_frames(sock, peer, path.on_frame)
         except (OSError, WireError) as exc:
             why = f"broke the connection ({type(exc).__name__}: {exc})"
             if isinstance(exc, WireError):
@@ -352,11 +324,13 @@ class SocketChannel(DataChannel):
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(max(deadline - time.monotonic(), 0))
+        for path in list(self._outbound.values()):
+            path.close()  # shm: unlink slots the receiver never mapped (it died or never received)
 
     def _close_outbound(self) -> None:
         # Half-close, then wait for the peer to finish reading: closing a socket with unread
         # acks sends a reset, which would make the peer drop frames we already sent.
-        conns = list(self._outbound.values())
+        conns = [path.conn for path in self._outbound.values()]
         for conn in conns:
             try:
                 conn.sock.shutdown(socket.SHUT_WR)

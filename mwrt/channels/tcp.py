@@ -1,4 +1,5 @@
-"""The tcp channel: the socket machinery of `sockets.py` over TCP, the default between hosts.
+"""The tcp channel: the socket channel over TCP, every segment a DATA frame; the default
+between hosts.
 
 A rank listens on the address `mwrt.netaddr` picks (the interface that routes to the
 store's host, or the one MWRT_IFNAME / MWRT_ADVERTISE_ADDR names) and publishes it.

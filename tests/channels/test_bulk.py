@@ -15,7 +15,7 @@ import pytest
 from tests.channels.test_channels import DirStore
 
 from mwrt import channels
-from mwrt.channels.shm import ShmChannel
+from mwrt.channels.memorypaths import CmaPath
 from mwrt.errors import ChannelClosedError
 
 SLOT = 64 << 10  # small slots: a 1 MiB message is 16 chunks through 2 of them
@@ -23,8 +23,9 @@ MESSAGE = (1 << 20) + 13
 
 
 def _die_at(method: str, calls: int) -> None:
-    """SIGKILL this process when ShmChannel.`method` is called the (calls+1)-th time."""
-    seen, original = [0], getattr(ShmChannel, method)
+    """SIGKILL this process when CmaPath.`method` (the shm channel's path) is called the
+    (calls+1)-th time."""
+    seen, original = [0], getattr(CmaPath, method)
 
     def counting(self, *args):
         if seen[0] == calls:
@@ -32,7 +33,7 @@ def _die_at(method: str, calls: int) -> None:
         seen[0] += 1
         return original(self, *args)
 
-    setattr(ShmChannel, method, counting)
+    setattr(CmaPath, method, counting)
 
 
 @contextlib.contextmanager
@@ -66,7 +67,7 @@ def _send_and_die(path: str, chunks: int, in_place: str) -> None:
     """Rank 1: send MESSAGE bytes to rank 0, and SIGKILL ourselves before chunk `chunks`."""
     os.environ["MWRT_SHM_SLOT_BYTES"], os.environ["MWRT_SHM_SLOTS"] = str(SLOT), "2"
     os.environ["MWRT_SHM_CMA"] = in_place
-    _die_at("_send_segment", chunks)
+    _die_at("send_segment", chunks)
     ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
     ch.send(np.ones(1), 0)  # connected: the parent posts its large receive after this
     DirStore(path).get("posted")
@@ -135,7 +136,7 @@ def test_odd_sizes_around_chunk_boundaries_go_and_come_back_intact(tmp_path, mon
 
 def _receive_and_die(path: str, frames: int) -> None:
     """Rank 1: receive a message read in place, and SIGKILL ourselves at frame `frames`."""
-    _die_at("_on_cma", frames)
+    _die_at("_read_in_place", frames)
     ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
     ch.recv(np.zeros(MESSAGE, np.uint8), 0, tag=9)
 
@@ -185,7 +186,7 @@ def _refusal_rank(path: str, rank: int) -> None:
                 ch.recv(out, 1, tag=tag)
                 np.testing.assert_array_equal(out, data)
         if rank == 1:
-            assert ch._out_slots[0].cma is False  # refused once: slots from then on
+            assert ch._outbound[0].cma is False  # refused once: slots from then on
         ch.recv(np.zeros(1), 1 - rank, tag=3) if rank else ch.send(np.ones(1), 1, tag=3)
     finally:
         ch.close()

@@ -341,7 +341,7 @@ def test_ctrl_c_of_a_worker_daemon(script, tmp_path, kind):
 AFTER_CTRL_C = textwrap.dedent("""
     import os, signal, sys, numpy as np, mwrt
     from mwrt.channels.matching import Matcher
-    from mwrt.channels.sockets import SocketChannel
+    from mwrt.channels.paths import OutConn
     from mwrt.master.client import Node
     kind, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     seen = [-1]  # armed at 0
@@ -356,7 +356,7 @@ AFTER_CTRL_C = textwrap.dedent("""
         return at_segment
 
     if kind == "send":
-        SocketChannel._write = counting(SocketChannel._write)
+        OutConn.write = counting(OutConn.write)
     elif kind == "post":
         Node.wait = counting(Node.wait)
     else:
