@@ -149,8 +149,8 @@ def main() -> None:
         ddp = ddp_rate(n, steps)
         eager, captured = mesh_rates(n, steps)
         rows.append((n, eager, captured, ddp))
-    print(f"training steps/s, MLP 20-64-64-4, AdamW, batch {BATCH} (median-free: {steps} steps "
-          f"after {WARMUP}; load {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, shared)")
+    print(f"training steps/s, MLP 20-64-64-4, AdamW, batch {BATCH} ({steps} steps over their "
+          f"time, after {WARMUP}; load {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, shared)")
     print(f"{'workers':>7} {'mwrt eager':>11} {'mwrt captured':>14} {'DDP gloo':>9} "
           f"{'eager/DDP':>10} {'captured/DDP':>13}")
     for n, eager, captured, ddp in rows:
