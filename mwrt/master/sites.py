@@ -12,6 +12,7 @@ import re
 import sys
 import types
 import warnings
+from collections import OrderedDict
 
 
 def cell_name(filename: str) -> str | None:
@@ -70,6 +71,11 @@ def restore_places(text: str) -> str:
 
 
 _REGISTRIES: dict[str, dict] = {}  # file -> the warnings registry of its lines (as a module's)
+# Warnings issued lately: (id of the site, text) -> the site. One op's site is one tuple,
+# shared by every place of a mesh op, and a new one (equal, but not the same) for each op
+# issued: a mesh op whose places all warn warns once; a line issued twice, twice.
+_ISSUED: OrderedDict[tuple, tuple] = OrderedDict()
+_ISSUED_KEPT = 4096
 
 
 def warn_at_sites(warned: list, site_of) -> None:
@@ -81,6 +87,11 @@ def warn_at_sites(warned: list, site_of) -> None:
         if site is None:
             warnings.warn(text, RuntimeWarning, stacklevel=2)
             continue
+        if _ISSUED.get((id(site), text)) is site:  # another place of the op said it already
+            continue
+        _ISSUED[id(site), text] = site  # kept alive: its id names no other site meanwhile
+        if len(_ISSUED) > _ISSUED_KEPT:
+            _ISSUED.popitem(last=False)
         code, line = site
         registry = _REGISTRIES.setdefault(code.co_filename, {})
         warnings.warn_explicit(text, RuntimeWarning, code.co_filename, line,

@@ -107,9 +107,10 @@ def test_mean_over_an_empty_sharded_axis_is_nan(four):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         expected = z.mean(axis=0)
-    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+    with pytest.warns(RuntimeWarning) as record:  # and the workers' 0 / 0, as NumPy's
         got = Z.mean(axis=0)
-    same(got, expected)
+        same(got, expected)
+    assert "Mean of empty slice." in [str(w.message) for w in record]
     i = mwrt.dist_send(np.arange(6).reshape(2, 3), mesh=mesh, shard=0)
     same(i.mean(axis=0), np.arange(6).reshape(2, 3).mean(axis=0))  # ints: a float64 mean
 

@@ -103,3 +103,74 @@ def test_a_remote_functions_warning_is_issued_at_its_call(mw):
     assert {(w.filename, w.lineno) for w in record} == {(__file__, line)}
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(got, host / 0)
+
+
+def sharded_zero_and_one(mw, size=8):
+    host = np.zeros(size)
+    host[::4] = 1.0  # a one at every place of the 2-node mesh
+    return mw.dist_send(host, mesh=mwrt.mesh(), shard=0), host
+
+
+def test_errstate_raise_fails_a_mesh_op_at_the_sync_point(mw):
+    x, host = sharded_zero_and_one(mw)
+    with np.errstate(divide="raise"):
+        y = x / 0
+    with pytest.raises(RemoteError, match="FloatingPointError: divide by zero") as raised:
+        y.numpy()
+    assert f"{__file__}:" in str(raised.value)  # the line that issued it
+    with np.errstate(all="ignore"):
+        expected = host / 0
+        z = x / 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # under errstate(all="ignore") no place warns
+        np.testing.assert_array_equal(z.numpy(), expected)
+
+
+def test_a_mesh_ops_warning_is_issued_once_at_its_line(mw):
+    """Every place divides by zero: the master hears of it once, at the op's line."""
+    x, host = sharded_zero_and_one(mw)
+    with pytest.warns(RuntimeWarning) as record:
+        y = x / 0; line = sys._getframe().f_lineno  # noqa: E702 (the op's line)
+        got = y.numpy()
+    assert sorted(str(w.message).split(" encountered")[0] for w in record) == [
+        "divide by zero", "invalid value"]
+    assert {(w.filename, w.lineno) for w in record} == {(__file__, line)}
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, host / 0)
+
+
+def test_a_mesh_op_run_place_by_place_warns_once(mw):
+    """A mean over an empty sharded axis: a sum at every place, then a division by the count
+    at every place, each issued on its own; their warnings are one op's."""
+    Z = mw.dist_send(np.zeros((0, 3)), mesh=mwrt.mesh(), shard=0)
+    with pytest.warns(RuntimeWarning) as record:
+        got = Z.mean(axis=0); line = sys._getframe().f_lineno  # noqa: E702 (the op's line)
+        got.numpy()
+        mwrt.synchronize()  # every place has answered: what each noted has come
+    from_workers = [w for w in record if "encountered" in str(w.message)]
+    assert [str(w.message) for w in from_workers] == ["invalid value encountered in true_divide"]
+    assert (from_workers[0].filename, from_workers[0].lineno) == (__file__, line)
+
+
+def test_each_issue_of_an_op_warns(mw):
+    """One warning per op issued, as NumPy: a line run twice warns twice."""
+    x, _ = zero_and_one(mw, 4)
+    with pytest.warns(RuntimeWarning) as record:
+        for _ in range(2):
+            (x / 0).numpy()
+    assert len(record) == 4  # divide by zero and 0 / 0, twice
+
+
+@pytest.mark.slow  # torch's import on the workers
+def test_torch_handles_do_as_torch_does(mw):
+    """torch has no floating-point error state: its ops neither warn nor raise, and
+    np.errstate does not reach them, on a worker as on the master."""
+    torch = pytest.importorskip("torch")
+    local = torch.tensor([0.0, 1.0])
+    t = mw.dist_send(local)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="raise"):
+            got = (t / 0).numpy()
+            expected = (local / 0).numpy()
+    np.testing.assert_array_equal(got, expected)

@@ -16,7 +16,7 @@ from ... import ops
 from ...ops import UNKNOWN, Spec
 from ...protocol import wire
 from .. import context, issue, ordering
-from ..client import issue_site, queue_everywhere
+from ..client import issue_site, pin_site, queue_everywhere, unpin_site
 from ..handle import Handle
 from . import fallback, moves, rules
 from .placement import local_shape
@@ -31,7 +31,16 @@ _PLANS: dict = {}  # (op, mesh, operands' placements and Specs, argument kinds) 
 
 
 def call(name: str, *args, **kwargs):
-    """Issue registry op `name` on mesh tensors at every place; the result's handles."""
+    """Issue registry op `name` on mesh tensors at every place; the result's handles. What
+    it issues, at every place and on the way (moves), names one site: the op's line."""
+    pinned = pin_site()
+    try:
+        return _call(name, *args, **kwargs)
+    finally:
+        unpin_site(pinned)
+
+
+def _call(name: str, *args, **kwargs):
     operands: list = []
     margs = tuple([mark(a, operands, name) for a in args])
     mkwargs = {k: mark(v, operands, name) for k, v in kwargs.items()} if kwargs else {}
@@ -143,7 +152,7 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
     nodes, places = mesh.nodes, mesh.places
     inplace = placements is None
     written = inplace and bool(slots) and slots[0] == (0, 0)
-    site = issue_site()
+    site, fp = issue_site(), issue.fp_state()
     if not inplace:
         specs = local_specs(spec, placements, mesh)
         nodes[0].limits.check_result(name, specs[0])  # place 0's block is the largest
@@ -163,17 +172,17 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
     if type(devices) is int and not varying:  # one device everywhere: one command
         body = _encode(wire.Call(id=now, stream=devices, outs=outs_ids, op=name,
                                  args=_sentinel_args(template, slots, operands, varying),
-                                 kwargs=kwargs), 0)
+                                 kwargs=kwargs, fp=fp), 0)
         bodies, streams = [body] * len(nodes), [devices] * len(nodes)
     else:
         bodies, streams = _bodies(name, template, slots, operands, varying, now, outs_ids,
-                                  kwargs, places, written, type(devices) is not int)
+                                  kwargs, fp, places, written, type(devices) is not int)
     queue_everywhere(nodes, bodies, now, streams, site, _WINDOW * max(1.0, len(nodes) / 8))
     return None if inplace else operands[0].results.on_mesh(
         mesh, placements, outs, spec, outs[0]._storage if type(mesh.devices) is int else None)
 
 
-def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, places,
+def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, fp, places,
             written, order):
     """Each place's bytes of the op (its device's stream; varying references spliced in),
     its operands' uses ordered first if `order`."""
@@ -187,7 +196,7 @@ def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, pla
         if pieces is None:
             pieces = encoded[device] = _encode(wire.Call(
                 id=now, stream=device, outs=outs_ids, op=name,
-                args=_sentinel_args(template, slots, operands, varying), kwargs=kwargs),
+                args=_sentinel_args(template, slots, operands, varying), kwargs=kwargs, fp=fp),
                 len(varying))
         if not varying:
             bodies.append(pieces)
@@ -197,7 +206,7 @@ def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, pla
                 args[pos] = operands[k]._locals[i]._ref
             bodies.append(Raw(wire.encode_message(wire.Call(
                 id=now, stream=device, outs=outs_ids, op=name, args=tuple(args),
-                kwargs=kwargs))))
+                kwargs=kwargs, fp=fp))))
         else:
             bodies.append(_splice(pieces, [operands[k]._locals[i]._ref.data for k in varying]))
         streams.append(device)
@@ -258,7 +267,7 @@ def _place_by_place(name, placements, operands, wired, spec):
     mesh = operands[0]._mesh
     inplace = placements is None
     written = inplace and bool(slots) and slots[0] == (0, 0)
-    site = issue_site()
+    site, fp = issue_site(), issue.fp_state()
     outs = []
     specs = () if placements is None else local_specs(spec, placements, mesh)
     chosen = context.stream_stack()  # empty: every place on its device's default stream
@@ -278,7 +287,7 @@ def _place_by_place(name, placements, operands, wired, spec):
             ordering.order((tensor,), stream, now, written and k == 0)
             args[pos] = tensor._ref
         node.issue(wire.Call(id=now, stream=stream, outs=ids, op=name, args=tuple(args),
-                             kwargs=kwargs), site=site)
+                             kwargs=kwargs, fp=fp), site=site)
     return None if inplace else operands[0].results.on_mesh(mesh, placements, outs, spec)
 
 
