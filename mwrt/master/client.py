@@ -417,7 +417,8 @@ class Node:
                         asked = self._after_interrupt(asked, what)
                     if spin:  # once a wait, before its first read
                         spin = False
-                        self._spin()
+                        self._spin(token)
+                        continue
                     try:  # small replies: bytes beat Frames
                         frames = wire.recv_parts(self.rx)
                     except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, read again
@@ -436,23 +437,26 @@ class Node:
             raise self.remote_error(reply.info)
         return reply, frames
 
-    def _spin(self) -> None:
-        """Poll for a reply without sleeping until it is there or MWRT_MASTER_SPIN_US have
-        passed: the reply to a small read comes within it, and a
-        thread woken from a blocking read takes tens of us more on a VM. After a miss the spin
-        is skipped for the next 1, 3, 7 ... waits (up to 63), a hit taking one miss back, so
-        a loaded host or long ops cost no CPU in spins that do not pay."""
+    def _spin(self, token: int) -> None:
+        """Read replies without sleeping until reply `token` is in or MWRT_MASTER_SPIN_US
+        have passed: the reply to a small read comes within it, and a thread woken from a
+        blocking read takes tens of us more on a VM. After a miss the spin is skipped for
+        the next 1, 3, 7 ... waits (up to 63), a hit taking one miss back, so a loaded host
+        or long ops cost no CPU in spins that do not pay."""
         if self.spin_skips:
             self.spin_skips -= 1
             return
         rx, clock = self.rx, time.monotonic
         deadline = clock() + self.spin
-        while not rx.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
-            if clock() >= deadline:
+        while token not in self.replies:
+            if rx.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
+                self._route(wire.recv_parts(rx))  # another's reply, or a warning, first
+            elif clock() >= deadline:
                 self.spin_misses = min(self.spin_misses + 1, 6)
                 self.spin_skips = (1 << self.spin_misses) - 1
                 return
-            os.sched_yield()  # the core, to whoever waits for it (the worker, if local)
+            else:
+                os.sched_yield()  # the core, to whoever waits for it (the worker, if local)
         self.spin_misses = max(self.spin_misses - 1, 0)  # on only while hits outnumber misses
 
     def _after_interrupt(self, asked: int | None, what: str) -> int | None:
