@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from mwrt import channels
+from mwrt.channels.shm import reap_orphan_segments
 from mwrt.errors import AuthError, ChannelClosedError, ChannelError, ChannelTimeoutError
 from mwrt.protocol.auth import generate_hmac_key
 from mwrt.store import HashStore
@@ -370,6 +371,15 @@ def _spawn(name, rank, world, path, mode):
     return proc
 
 
+def _stop(proc):
+    """Kill a spawned rank, and unlink the segments it made and no receiver mapped (a
+    daemon reaps a killed master's; here no daemon runs)."""
+    proc.kill()
+    proc.join()
+    proc.close()
+    reap_orphan_segments()
+
+
 @pytest.mark.parametrize("name", SOCKET_NAMES)
 def test_contract_processes(name, tmp_path):
     procs = [_spawn(name, r, 2, tmp_path, "contract") for r in range(2)]
@@ -379,9 +389,7 @@ def test_contract_processes(name, tmp_path):
         assert [p.exitcode for p in procs] == [0, 0]
     finally:
         for p in procs:
-            p.kill()
-            p.join()
-            p.close()
+            _stop(p)
 
 
 @pytest.mark.parametrize("connected", [True, False])
@@ -404,9 +412,7 @@ def test_killed_receiver_fails_blocked_send(name, connected, tmp_path):
             work.wait(10)
         assert info.value.peer == 1
     finally:
-        child.kill()
-        child.join()
-        child.close()
+        _stop(child)
         ch.close()
 
 
@@ -422,9 +428,7 @@ def test_killed_sender_fails_waiting_recv(name, tmp_path):
             work.wait(10)
         assert info.value.peer == 1
     finally:
-        child.kill()
-        child.join()
-        child.close()
+        _stop(child)
         ch.close()
 
 
