@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import zmq
 from tests.conftest import start_worker, stop_worker
+from tests.support.machine import seconds
 
 import mwrt
 from mwrt.protocol import wire
@@ -173,10 +174,11 @@ def test_sigterm_stops_a_daemon_within_a_second_mid_transfer(keyed_worker):
     thread = threading.Thread(target=transfers, daemon=True)
     thread.start()
     time.sleep(1.0)
+    bound = seconds(1.0, 10.0)  # a second on a quiet machine, scaled by the load
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)
     assert process.wait(10) == 0
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < bound
     thread.join(10)
     assert errors and "node 0" in str(errors[0])
 
