@@ -86,8 +86,8 @@ def _rank(rank: int, world: int, store: str, steps: int, queue) -> None:
     dist.destroy_process_group()
 
 
-def _collect(queue, procs, seconds: float):
-    """Rank 0's rows, or an error as soon as a rank exits without them."""
+def collect(queue, procs, seconds: float, who: str = "bench_torch_ddp"):
+    """Rank 0's result, or an error naming `who` as soon as a rank exits without it."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -95,8 +95,8 @@ def _collect(queue, procs, seconds: float):
         except Empty:
             dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             if dead:
-                raise SystemExit(f"bench_torch_ddp: a rank exited with {dead[0]}; see above")
-    raise SystemExit(f"bench_torch_ddp: no result after {seconds} s")
+                raise SystemExit(f"{who}: a rank exited with {dead[0]}; see above")
+    raise SystemExit(f"{who}: no result after {seconds} s")
 
 
 def main() -> None:
@@ -120,7 +120,7 @@ def main() -> None:
         for p in procs:
             p.start()
         try:
-            rows = _collect(queue, procs, 600)
+            rows = collect(queue, procs, 600)
         finally:
             for p in procs:
                 p.join(60)

@@ -19,7 +19,6 @@ import os
 import sys
 import tempfile
 import time
-from queue import Empty
 
 import torch
 import torch.nn.functional as F
@@ -27,15 +26,10 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mwrt  # noqa: E402
 import mwrt.torch  # noqa: E402,F401
+from bench_torch_ddp import collect  # noqa: E402
+from examples.torch_training import make_model  # noqa: E402 - the example's MLP, not a copy
 
 BATCH, WARMUP = 64, 3
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 4))
 
 
 def make_batch() -> tuple:
@@ -90,7 +84,7 @@ def ddp_rate(workers: int, steps: int) -> float:
         for p in procs:
             p.start()
         try:
-            return _collect(queue, procs, 300)
+            return collect(queue, procs, 300, "bench_torch_mesh: DDP")
         finally:
             for p in procs:
                 p.join(timeout=60)
@@ -121,19 +115,6 @@ def _ddp_rank(rank: int, world: int, store: str, steps: int, queue) -> None:
     if rank == 0:
         queue.put(steps / (time.perf_counter() - start))
     dist.destroy_process_group()
-
-
-def _collect(queue, procs, seconds: float) -> float:
-    """Rank 0's figure, or an error as soon as a rank exits without it."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            return queue.get(timeout=1.0)
-        except Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                raise SystemExit(f"bench_torch_mesh: a DDP rank exited with {dead[0]}")
-    raise SystemExit(f"bench_torch_mesh: no DDP figure after {seconds} s")
 
 
 def main() -> None:
