@@ -23,6 +23,16 @@ def process_alive(pid: int) -> bool:
         return True  # no /proc: assume alive rather than accuse
 
 
+def runnable_per_core() -> float:
+    """The processes that want a core, per core (the 1-minute load average), at least 1: 1 on
+    an idle machine, 10 at load 20 on 2 cores; 1 where the platform has no load average."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
 def stop_processes(procs, grace: float = 3.0) -> None:
     """SIGTERM every process we started that still runs (subprocess.Popen or
     multiprocessing.Process), then SIGKILL those not gone within `grace` seconds."""

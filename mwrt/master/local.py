@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from ..procs import stop_processes
+from ..procs import runnable_per_core, stop_processes
 
 # The folder that holds the mwrt package (mwrt/master/local.py, three levels up).
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -128,15 +128,11 @@ def _starting_at_once() -> int:
 
 
 def _load_slack() -> float:
-    """How much longer than on an idle machine a start may take: the runnable processes per
-    core (1-minute load average), from 1 to 6. A daemon's start is imports, CPU work that a
-    busy machine slices thin (at load 20 on 2 cores one took over 10 s); a fixed bound took
-    such a machine's live daemons for hung ones."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # no load average here: as an idle machine
-        return 1.0
-    return min(6.0, max(1.0, load / (os.cpu_count() or 1)))
+    """How much longer than on an idle machine a start may take: runnable_per_core(), at
+    most 6. A daemon's start is imports, CPU work that a busy machine slices thin (at load
+    20 on 2 cores one took over 10 s); a fixed bound took such a machine's live daemons for
+    hung ones."""
+    return min(6.0, runnable_per_core())
 
 
 def _address(worker: LocalWorker, line: str, place: int, count: int, timeout: float) -> str:

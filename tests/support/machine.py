@@ -3,17 +3,13 @@ machine meets with room to spare is scaled by the load, never fixed in seconds."
 
 from __future__ import annotations
 
-import os
+from mwrt.procs import runnable_per_core
 
 
 def slack() -> float:
     """How many runnable processes share each CPU now (the 1-minute load average per CPU), at
     least 1: 1 on a quiet machine, 7.5 at load 15 on 2 cores."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # no load average on this platform: assume a quiet machine
-        return 1.0
-    return max(1.0, load / (os.cpu_count() or 1))
+    return runnable_per_core()
 
 
 def seconds(quiet: float, most: float) -> float:
