@@ -42,7 +42,9 @@ HANDSHAKE_SECONDS = 2.0  # to finish the challenge (one round trip), from the ac
 FRAME_SECONDS = 30.0  # to finish a frame whose length has arrived
 # Connections still in the challenge, in all and from one address: when either is reached,
 # the oldest of that address's (or of the busiest one's) is cut off for the new one, so a
-# stranger holds only its newest few slots, and a rank elsewhere always finds room.
+# stranger holds only its newest few slots, and a rank elsewhere always finds room. A job's
+# ranks may all share one address (local workers), so an address's share is at least the
+# world size, and the whole grows by as much.
 _MAX_PENDING = 64
 _MAX_PENDING_PER_ADDRESS = 8
 _MAX_CLAIM = 256
@@ -246,6 +248,8 @@ class StoreServer:
         # the last ranks away, however large the cap looked.
         self.max_connections = max(int(config.get("store_max_connections")),
                                    (world_size or 0) + 64)
+        self.per_address = max(_MAX_PENDING_PER_ADDRESS, world_size or 0)
+        self.max_pending = _MAX_PENDING + self.per_address - _MAX_PENDING_PER_ADDRESS
         self.limit, self.log = frame_limit(), PeerLog(log)
         self.sock = _listen(host, port)
         self.port = self.sock.getsockname()[1]
@@ -306,14 +310,14 @@ class StoreServer:
         """Cut off the oldest connection in the challenge of `address` when it has its share,
         or of the busiest address when all slots are taken (holding self.cond)."""
         mine = self.pending.get(address, [])
-        if len(mine) < _MAX_PENDING_PER_ADDRESS:
-            if sum(map(len, self.pending.values())) < _MAX_PENDING:
+        if len(mine) < self.per_address:
+            if sum(map(len, self.pending.values())) < self.max_pending:
                 return
             mine = max(self.pending.values(), key=len)
         oldest = mine.pop(0)
         self.deadlines.pop(oldest, None)
         self.expired[oldest] = ("pushed out of the challenge by newer connections (at most "
-                                f"{_MAX_PENDING_PER_ADDRESS} from one address, {_MAX_PENDING} "
+                                f"{self.per_address} from one address, {self.max_pending} "
                                 "in all)")
         _shutdown(oldest)
 

@@ -420,3 +420,22 @@ def test_a_flood_of_silent_strangers_cannot_hold_the_challenge_slots(keyed):
     finally:
         out, _ = flood.communicate(timeout=60)
     print(f"\n[figure] {out.strip()} connections by the stranger meanwhile")
+
+
+def test_a_burst_of_one_hosts_ranks_is_never_pushed_out_of_the_challenge():
+    """32 local workers connect at once from one address: every one of the job's members
+    keeps its place in the challenge until it answers (eight did, and the rest pushed the
+    oldest out), while a stranger's address still holds only its share."""
+    world = 32
+    store = TCPStore("127.0.0.1", 0, world + 1, is_master=True, timeout=5, key=KEY)
+    socks = [socket.create_connection(("127.0.0.1", store.port), timeout=5)
+             for _ in range(world)]
+    try:
+        for sock in socks:  # the server sent each its challenge: all admitted, none answered
+            assert sock.recv(1, socket.MSG_PEEK), "the store closed a connection in the challenge"
+        for rank, sock in enumerate(socks):
+            client_handshake(sock, KEY, 5, f"localhost:{rank + 1}:burst".encode())
+    finally:
+        for sock in socks:
+            sock.close()
+        store.close()
