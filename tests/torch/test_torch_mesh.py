@@ -217,3 +217,48 @@ def test_a_copied_model_is_not_the_mesh_model(mesh):
     opt.step()
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name])
+
+
+def test_constructors_on_a_mesh_match_local_torch(mesh):
+    """mwrt.torch's constructors take mesh= and shard= as the NumPy ones do: a block at every
+    place, the global tensor torch's (value, dtype, shape), leaves that require grad."""
+    z = mwrt.torch.zeros(7, 3, mesh=mesh, shard=0, dtype=torch.float64, requires_grad=True)
+    assert (z._placements, z.dtype, tuple(z.shape)) == ((Shard(0),), torch.float64, (7, 3))
+    assert (z.requires_grad, z.is_leaf) == (True, True)
+    assert [tuple(b.shape) for b in z._locals] == [(3, 3), (2, 3), (2, 3)]
+    assert torch.equal(z.torch(), torch.zeros(7, 3, dtype=torch.float64))
+    (z * 2 + 1).sum().backward()
+    lz = torch.zeros(7, 3, dtype=torch.float64, requires_grad=True)
+    (lz * 2 + 1).sum().backward()
+    assert z.grad._placements == (Shard(0),) and torch.equal(z.grad.torch(), lz.grad)
+    cases = [(mwrt.torch.ones(4, mesh=mesh), torch.ones(4), (Replicate(),)),
+             (mwrt.torch.full((2, 6), 3.0, mesh=mesh, shard=1, dtype=torch.float16),
+              torch.full((2, 6), 3.0, dtype=torch.float16), (Shard(1),)),
+             (mwrt.torch.tensor([[1, 2], [3, 4]], mesh=mesh, shard=0),
+              torch.tensor([[1, 2], [3, 4]]), (Shard(0),)),
+             (mwrt.torch.empty(5, mesh=mesh, shard=Shard(0)).zero_(), torch.zeros(5),
+              (Shard(0),))]
+    for got, want, placements in cases:
+        assert got._placements == placements
+        assert (got.dtype, tuple(got.shape)) == (want.dtype, tuple(want.shape))
+        assert torch.equal(got.torch(), want)
+    with mesh:
+        assert mwrt.torch.zeros(2)._placements == (Replicate(),)
+
+
+def test_drawn_mesh_tensors_are_equal_where_replicated(mesh):
+    """randn and rand draw a replicated tensor once and copy it to every place; a sharded one
+    draws each block at its place, from that worker's generator."""
+    r = mwrt.torch.randn(4, 2, mesh=mesh, requires_grad=True)
+    blocks = [b.torch() for b in r._locals]
+    assert all(torch.equal(blocks[0], b) for b in blocks[1:])
+    assert (r.requires_grad, r.is_leaf, r.dtype) == (True, True, torch.float32)
+    mwrt.torch.manual_seed(5)
+    s = mwrt.torch.rand(6, 2, mesh=mesh, shard=0, dtype=torch.float64)
+    assert (s._placements, tuple(s.shape), s.dtype) == ((Shard(0),), (6, 2), torch.float64)
+    first = torch.rand(2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(s._locals[1].torch(), first)  # node 1's generator, seeded alike
+    with pytest.raises(ValueError, match=r"randn: shard=2 is not an axis of a 2-D tensor"):
+        mwrt.torch.randn(4, 2, mesh=mesh, shard=2)
+    with pytest.raises(ValueError, match="shard=: no mesh to shard over"):
+        mwrt.torch.zeros(4, shard=0)
