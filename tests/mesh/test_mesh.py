@@ -285,8 +285,12 @@ def test_shape_ops_follow_the_sharded_axis(m):
     same(X.expand_dims(0), x[None])
     same(X.reshape(6, 4, 2, 1).squeeze(3), x)
     same(X.reshape(6, 4, 1, 2), x.reshape(6, 4, 1, 2))
+    with strict():  # axis 0 sharded first, then the rows regrouped: no replicate
+        flat = X.reshape(-1)
+    assert flat.placement == Shard(0)
+    same(flat, x.reshape(-1))
     with strict(), pytest.raises(mwrt.PlacementError, match="replicate"):
-        X.reshape(-1)
+        X.reshape(-1, order="F")
 
 
 def test_indexing_along_and_across_the_sharded_axis(m):

@@ -15,13 +15,20 @@ sharded axis, or an op that runs on redistributed operands, gives a copy (NumPy:
 so no line writes a variable that views another or is viewed.
 
 MESH_DIFFERENTIAL_EXAMPLES=2000 pytest tests/mesh/test_mesh_differential.py --hypothesis-seed=N
-runs more.
+runs more. With MESH_DIFFERENTIAL_LOG=file, every program's outcome is appended to the file as
+a JSON line (ok, mismatch, error where NumPy runs, or slow: over 20 s, a wait that a timeout
+ended), with its steps and the ops that ran on redistributed operands (a PlacementWarning),
+and the run goes on past a failure; `python tests/mesh/test_mesh_differential.py file` sums
+the lines.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import json
 import os
+import sys
 import time
 import warnings
 
@@ -32,8 +39,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import mwrt
+from mwrt.master.mesh import fallback
+from mwrt.master.mesh.placement import describe
 
 EXAMPLES = int(os.environ.get("MESH_DIFFERENTIAL_EXAMPLES", "300"))
+LOG = os.environ.get("MESH_DIFFERENTIAL_LOG")
+SLOW = 20.0  # seconds: a program this long waited on something a timeout ended
 MESHES = {"2": [0, 1], "3": [0, 1, 2], "4": [0, 1, 2, 3], "2x2": None}
 SIZES = {"2": 2, "3": 3, "4": 4, "2x2": 4}
 DTYPES = ["bool", "int32", "int64", "uint8", "float32", "float64", "complex128"]
@@ -408,8 +419,66 @@ def streams(four):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
 @given(program=programs())
-def test_random_mesh_programs_equal_numpy(meshes, streams, program):
-    _check(program, meshes, streams)
+def test_random_mesh_programs_equal_numpy(meshes, streams, tally, program):
+    if LOG is None:
+        _check(program, meshes, streams)
+        return
+    tally.clear()
+    start, outcome, message = time.monotonic(), "ok", ""
+    try:
+        _check(program, meshes, streams)
+    except AssertionError as exc:
+        outcome = "error" if "mwrt raised" in str(exc) else "mismatch"
+        message = str(exc)
+    seconds = time.monotonic() - start
+    if outcome == "ok" and seconds > SLOW:
+        outcome = "slow"
+    with open(LOG, "a") as out:
+        out.write(json.dumps({"outcome": outcome, "mesh": program[0], "steps": len(program[2]),
+                              "seconds": round(seconds, 2), "redistributed": dict(tally),
+                              "message": message[:4000],
+                              "source": _as_source(program[0], program[1], program[2])
+                              if tally or message else ""}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def tally():
+    """{op and its operands' placements: how many times it ran on redistributed operands},
+    counted at each PlacementWarning's making (a call site is told once, each run counts)."""
+    counts: collections.Counter = collections.Counter()
+    told = fallback._warn
+
+    def counting(name, operands, error):
+        counts[name + " " + " and ".join(describe(t._placements) for t in operands)] += 1
+        told(name, operands, error)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fallback, "_warn", counting)
+        yield counts
+
+
+def summary(path: str) -> str:
+    """The sums of a MESH_DIFFERENTIAL_LOG file: programs, steps, outcomes, and the steps
+    that ran on redistributed operands, by op (then by op and placements)."""
+    rows = [json.loads(line) for line in open(path)]
+    outcomes = collections.Counter(r["outcome"] for r in rows)
+    ops: collections.Counter = collections.Counter()
+    kinds: collections.Counter = collections.Counter()
+    for r in rows:
+        for kind, n in r["redistributed"].items():
+            ops[kind.split(" ")[0]] += n
+            kinds[kind] += n
+    refused = collections.Counter(r["message"].split("PlacementError('")[1].split(":")[0]
+                                  for r in rows if "PlacementError('" in r["message"])
+    lines = [f"programs {len(rows)}, steps {sum(r['steps'] for r in rows)}, "
+             f"outcomes {dict(outcomes)}",
+             f"redistributed (PlacementWarning) {sum(ops.values())}: {dict(ops.most_common())}",
+             f"refused (PlacementError) {sum(refused.values())}: {dict(refused)}"]
+    lines += [f"  {n:5d} {kind}" for kind, n in kinds.most_common()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summary(sys.argv[1]))
 
 
 # What the programs found, and the defects of meshes listed before they ran, each kept as a

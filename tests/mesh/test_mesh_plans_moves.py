@@ -52,7 +52,11 @@ RESHAPES = [  # (shape, sharded axis, new shape, the result's sharded axis)
     ((4, 3, 2), 0, (-1,), 0), ((4, 3, 2), 0, (2, 2, 6), 0), ((4, 3, 2), 1, (2, 2, 6), 2),
     ((4, 3, 2), 1, (4, 6), 1), ((7, 3), 0, (21,), 0), ((7, 3), 0, (3, 7), 0),
     ((5,), 0, (5, 1), 0), ((6,), 0, (1, 2, 3), 1), ((1, 5), 0, (5,), 0), ((0, 3), 0, (3, 0), 0),
-    ((4, 0), 0, (2, 2, 0), 0), ((2, 2), 1, (4,), None), ((3, 1), 0, (1, 3), 1),
+    ((4, 0), 0, (2, 2, 0), 0), ((3, 1), 0, (1, 3), 1),
+    # no axis of the result lines up with the sharded one: another axis sharded first
+    ((2, 2), 1, (4,), 0), ((4, 3), 1, (12,), 0), ((4, 3, 2), 2, (3, 8), 0),
+    ((5, 3), 1, (3, 5), 0), ((2, 3, 4), 1, (4, 6), 0), ((1, 6), 1, (2, 3), 0),
+    ((3, 0), 1, (0,), 0),
 ]
 
 
@@ -258,14 +262,32 @@ def test_setitem_of_a_mesh_value_on_the_columns_and_on_a_2d_mesh(m, square):
     same(Y, expected)
 
 
-def test_setitem_of_a_value_sharded_where_the_target_is_not_redistributes(m):
-    y = arange(4, 6)
-    Y, V = mwrt.dist_send(y, mesh=m, shard=1), mwrt.dist_send(arange(4, 6), mesh=m, shard=0)
-    with strict(), pytest.raises(mwrt.PlacementError, match="setitem"):
-        Y[...] = V
-    R = mwrt.dist_send(y, mesh=m)
-    with strict(), pytest.raises(mwrt.PlacementError, match="setitem"):
-        R[...] = V
+def test_setitem_of_a_value_sharded_otherwise_moves_only_the_value(m, square):
+    """The target sharded on another axis than V: V's blocks are exchanged to the target's
+    (all-to-all), each place receiving the part it writes; the target replicated: every
+    place writes the whole of V, gathered there. Neither replicates the target, nor warns
+    (both ran on replicated copies, with a PlacementWarning)."""
+    y, v = arange(4, 6), arange(4, 6) + 100
+    for shard, vshard, index, value in [
+            (1, 0, np.s_[...], v), (0, 1, np.s_[...], v), (1, 0, np.s_[1:3, 2:], v[1:3, 2:]),
+            (0, 1, np.s_[1:], v[1:]), (0, None, np.s_[2:], v[2:]), (None, 0, np.s_[...], v),
+            (None, 0, np.s_[1:, 3], v[1:, 0]), (1, 0, np.s_[:, 1:5], v[:, :4])]:
+        Y = mwrt.dist_send(y, mesh=m, shard=shard)
+        V = mwrt.dist_send(value, mesh=m, shard=vshard)
+        planned(lambda: Y.__setitem__(index, V))
+        expected = y.copy()
+        expected[index] = value
+        assert Y.placement == (Replicate() if shard is None else Shard(shard))
+        same(Y, expected)
+        same(V, value)
+    P = mwrt.dist_send(np.stack([v, v]), mesh=mwrt.mesh(nodes=[0, 1]), shard=0).sum(axis=0)
+    Y = mwrt.dist_send(y, mesh=P.mesh, shard=1)  # a Partial value: summed, then exchanged
+    planned(lambda: Y.__setitem__(Ellipsis, P))
+    same(Y, 2 * v)
+    Y = mwrt.dist_send(y, mesh=square, shard=(None, 1))
+    V = mwrt.dist_send(v, mesh=square, shard=(0, 0))
+    planned(lambda: Y.__setitem__(Ellipsis, V))
+    same(Y, v)
 
 
 def test_the_scans_and_concatenate_of_the_flattened_tensor(m):
@@ -279,9 +301,11 @@ def test_the_scans_and_concatenate_of_the_flattened_tensor(m):
     got = planned(lambda: np.concatenate([X, Y, R], axis=None))
     assert got.placement == Shard(0)
     same(got, np.concatenate([x, y, y], axis=None))
-    X1 = mwrt.dist_send(x, mesh=m, shard=1)  # no axis of (15,) lines up: redistributed
-    with strict(), pytest.raises(mwrt.PlacementError):
-        np.cumsum(X1)
+    X1 = mwrt.dist_send(x, mesh=m, shard=1)  # no axis of (15,) lines up: axis 0 sharded first
+    got = planned(lambda: np.cumsum(X1))
+    assert got.placement == Shard(0)
+    same(got, np.cumsum(x))
+    same(planned(lambda: np.concatenate([X1, X], axis=None)), np.concatenate([x, x], axis=None))
 
 
 def test_setitem_of_a_mesh_value_with_more_axes_than_the_part_it_writes(m):

@@ -5,6 +5,8 @@
   block as rows (the elements before the axis) of consecutive columns, runs of the result's
   columns; the result is sharded on that axis of its own (the longest such), and
   runs.exchange moves each place the columns of its block. A copy (NumPy's may view).
+  Where no axis of the result lines up so ((4, 3) sharded on 1 -> (12,)), t is first
+  sharded on an axis that does (redistribute's all-to-all along the same mesh dimension).
 - concatenate along the sharded axis: each operand's blocks are runs of the result's axis
   at its offset (a replicated operand's, a run every place holds), moved by runs.exchange
   to the result's blocks, as np.array_split cuts its length.
@@ -42,6 +44,29 @@ def reshape_axis(t, new: tuple) -> int | None:
     before = math.prod(t.shape[:found[1]])
     fits = [j for j in range(len(new)) if math.prod(new[:j]) == before]
     return max(fits, key=lambda j: new[j]) if fits else None
+
+
+def exchange_axis(t, new: tuple) -> int | None:
+    """Where no axis of the result has as many elements before it as t's sharded axis
+    ((4, 3) sharded on 1 -> (12,)): the axis of t to shard instead (an all-to-all along the
+    same mesh dimension, redistribute's exchange) whose reshape the exchange plan takes,
+    the one that keeps the longest axis of the result sharded; None where there is none."""
+    found = _one_shard(t)
+    if found is None or ordering.capture or not new:
+        return None
+    best = None  # (the result's axis length, t's axis)
+    for a in range(t.ndim):
+        before = math.prod(t.shape[:a])
+        for j in range(len(new)):
+            if math.prod(new[:j]) == before and (best is None or new[j] > best[0]):
+                best = (new[j], a)
+    return None if best is None else best[1]
+
+
+def flattens(t) -> bool:
+    """True if t.reshape(-1) keeps t sharded (one of the two plans above takes it)."""
+    new = (math.prod(t.shape),)
+    return reshape_axis(t, new) is not None or exchange_axis(t, new) is not None
 
 
 def reshape(t, spec, j: int):

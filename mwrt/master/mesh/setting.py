@@ -5,7 +5,9 @@ V replicated: each place cuts its part from its own copy. V sharded along the me
 dimension that shards the matching axis of t (V placed as t[index] is, or broadcast along
 it): where V's blocks are the runs the places write (`Y[...] = X`, `Y[:, 1] = X[:, 0]`) each
 place writes from its own block; where they are not (`Y[1:5] = V`), runs.exchange moves each
-place the run of V it writes, from the places of its line. Nothing goes through the master.
+place the run of V it writes, from the places of its line. V sharded on another axis than
+t's is first redistributed to where it is written (matching): each place receives only its
+part. Nothing goes through the master.
 """
 
 from __future__ import annotations
@@ -47,6 +49,23 @@ def values(t, v, entries: list, cuts: dict, skip: set, resolve) -> dict | None:
         whole = all(item == slice(None) for item in index)
         parts[i] = rows[i] if whole else issue.call("getitem", rows[i], index)
     return parts
+
+
+def matching(t, v, entries: list) -> tuple | None:
+    """The placements of V that t[index] = V writes from without moving more of V than each
+    place writes: V's axis under each axis that a mesh dimension shards in t (a slice of it)
+    sharded along that dimension, Replicate elsewhere; None where V already lies so, or t
+    and V are on different kinds of mesh."""
+    kept = [ax for ax, item in entries if isinstance(item, slice)]
+    off = len(kept) - v.ndim
+    if off < 0:
+        return None
+    wanted = []
+    for p in t._placements:
+        x = kept.index(p.axis) - off if type(p) is Shard and p.axis in kept else -1
+        wanted.append(Shard(x) if x >= 0 and v.shape[x] != 1 else REPLICATE)
+    placed = tuple(wanted)
+    return None if placed == v._placements else placed
 
 
 def _aligned(v, off: int, cuts: dict, skip: set) -> bool:

@@ -7,14 +7,12 @@ unsharded axis, and sort merges blocks along a sharded one (sorting.py)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ...ops.meta_helpers import normalize_axes
 from . import regroup, setting, slicing, sorting
-from .moves import pick
-from .placement import Shard, basic_index, local_box, sharded_axes
+from .moves import pick, redistribute
+from .placement import REPLICATE, Shard, basic_index, local_box, sharded_axes
 from .plan import Plan, Slot, no_plan, no_rule, replicated_only
 
 PERMUTING = {"transpose", "swapaxes", "moveaxis", "expand_dims"}
@@ -84,6 +82,11 @@ def _regrouped(name, operands, spec, what: str) -> Plan:
         return Plan(None, whole=lambda: pick(t, (0,) * t.ndim, spec))
     axis = regroup.reshape_axis(t, tuple(spec.shape))
     if axis is None:
+        other = regroup.exchange_axis(t, tuple(spec.shape))
+        if other is not None:  # shard another axis of t first: each place gets its block
+            wanted = tuple(Shard(other) if type(p) is Shard else p for p in t._placements)
+            return Plan(None, whole=lambda: _regrouped(
+                name, [redistribute(t, wanted)], spec, what).whole())
         raise no_rule(name, operands, f"{what} moves elements between shards where no axis "
                       "of the result has as many elements before it as the sharded axis; "
                       "replicate first (t.replicate())")
@@ -113,7 +116,7 @@ def _sorted(name, t, axis, args, kwargs, spec) -> Plan | None:
     if name != "sort" or kwargs.get("order", args[3] if len(args) > 3 else None) is not None:
         return None
     if axis is None and t.ndim != 1:
-        if regroup.reshape_axis(t, (math.prod(t.shape),)) is None:
+        if not regroup.flattens(t):
             return None
         return Plan(None, whole=lambda: np.sort(t.reshape(-1), axis=0))
     axis = 0 if axis is None else axis % t.ndim
@@ -167,7 +170,7 @@ def join(name, operands, args, kwargs, spec, resolve) -> Plan:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
     axis = kwargs.get("axis", args[1] if len(args) > 1 else 0)
     if axis is None:  # of the flattened operands, where they stay sharded
-        if name == "stack" or any(regroup.reshape_axis(t, (math.prod(t.shape),)) is None
+        if name == "stack" or any(not regroup.flattens(t)
                                   for t in operands if t.ndim != 1 and sharded_axes(
                                       t._placements)):
             return replicated_only(name, operands, args, kwargs, spec, resolve)
@@ -194,6 +197,10 @@ def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     sharded = {p.axis for p in t._placements if type(p) is Shard}
     mesh_value = len(operands) == 2 and type(args[2]) is Slot and args[2].k == 1
     if not sharded:
+        if mesh_value and any(p != REPLICATE for p in operands[1]._placements):
+            # every place writes all of V: V's blocks gathered (and parts summed) there
+            whole = redistribute(operands[1], (REPLICATE,) * t._mesh.ndim)
+            return Plan(None, views={1: whole._locals})
         return replicated_only(name, operands, args, kwargs, spec, resolve)
     if entries is None or (len(operands) > 1 and not mesh_value) or None in entries:
         raise no_rule(name, operands, "setting through a sharded tensor takes basic indices "
@@ -202,6 +209,10 @@ def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     skip, local_index, cuts = _local_parts(t, entries, sharded)
     if mesh_value:
         parts = setting.values(t, operands[1], entries, cuts, skip, resolve)
+        wanted = None if parts is not None else setting.matching(t, operands[1], entries)
+        if wanted is not None:  # V sharded otherwise: each place receives its part of V
+            parts = setting.values(t, redistribute(operands[1], wanted), entries, cuts, skip,
+                                   resolve)
         if parts is None:
             raise no_rule(name, operands, "a mesh value sharded where the target is not, "
                           "or along two mesh dimensions: redistribute it (t.replicate())")

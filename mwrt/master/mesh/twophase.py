@@ -93,7 +93,7 @@ def _scan_plan(name: str, t, args: tuple, kwargs: dict):
         return None
     extra = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
     if axis is None and t.ndim != 1:  # of the flattened tensor, where it stays sharded
-        if not t.ndim or regroup.reshape_axis(t, (math.prod(t.shape),)) is None:
+        if not t.ndim or not regroup.flattens(t):
             return None
         return lambda: getattr(t.reshape(-1), name)(axis=0, **extra)
     axis = 0 if axis is None else axis
