@@ -12,6 +12,7 @@ only when a torch op is first seen.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, NamedTuple
 
@@ -471,9 +472,12 @@ def _bits_meta(t) -> Spec:
 
 def build_module(meta_model, names: tuple, *tensors):
     """A module shipped on the meta device (structure, no values), given its values: run on
-    the worker by mwrt.torch.module through the authenticated path of mwrt.remote."""
-    meta_model.load_state_dict(dict(zip(names, tensors, strict=True)), assign=True)
-    return meta_model
+    the worker by mwrt.torch.module through the authenticated path of mwrt.remote. A copy:
+    the worker keeps one unpickled function per content, so two models of one structure
+    would otherwise share one module, the second's values assigned into the first's."""
+    model = copy.deepcopy(meta_model)
+    model.load_state_dict(dict(zip(names, tensors, strict=True)), assign=True)
+    return model
 
 
 def _new(xp, path: str, grad: bool, *args, **kwargs) -> list:

@@ -262,3 +262,19 @@ def test_drawn_mesh_tensors_are_equal_where_replicated(mesh):
         mwrt.torch.randn(4, 2, mesh=mesh, shard=2)
     with pytest.raises(ValueError, match="shard=: no mesh to shard over"):
         mwrt.torch.zeros(4, shard=0)
+
+
+def test_two_models_of_one_structure_on_one_worker_keep_their_own_parameters(mesh):
+    """A worker keeps one unpickled function per content: the module each build made was
+    one object, so a second model of the same structure took the first one's place (its
+    values assigned into it), and the first model's forward ran on the second's values."""
+    torch.manual_seed(0)
+    first = mwrt.torch.module(torch.nn.Linear(3, 2), node=1)
+    second = mwrt.torch.module(torch.nn.Linear(3, 2), node=1)
+    with torch.no_grad():
+        for p in second.parameters():
+            p.zero_()
+    x = torch.ones(4, 3)
+    out = first(mwrt.dist_send(x, node=1)).torch()
+    assert torch.equal(out, torch.nn.functional.linear(x, *first.state_dict().values()))
+    assert torch.equal(second(mwrt.dist_send(x, node=1)).torch(), torch.zeros(4, 2))
