@@ -55,6 +55,7 @@ _NAMES: dict = {}
 # Leaves that require grad, per mesh: id -> (weak reference, their gradients' placements or
 # None while they have none). A backward changes them all (see _backward).
 _LEAVES: dict = {}
+_AFTER: dict = {}  # mesh -> the modules told after each backward on it (see after_backward)
 
 
 def call(func, args: tuple, kwargs: dict):
@@ -194,9 +195,17 @@ def _backward(func, name: str, args: tuple, kwargs: dict, operands: list):
         remember(leaf, wanted)
     for i in range(mesh.size):
         torchissue.torch_call(func, *walk((args, kwargs), lambda t, i=i: t._locals[i]))
+    for module in list(_AFTER.get(mesh, ())):  # a sharded module's reduce_scatter
+        module.backward_done()
     for leaf, _ in _leaves_of(mesh):  # one the backward did not reach keeps None
         if not torchgrad.filled(leaf._locals[0]):
             remember(leaf, None)
+
+
+def after_backward(mesh, module) -> None:
+    """Have `module.backward_done()` run after every backward on `mesh` (while the module
+    lives): a sharded module moves its gradients to its shards then."""
+    _AFTER.setdefault(mesh, weakref.WeakSet()).add(module)
 
 
 def remember(leaf, placements: tuple | None) -> None:

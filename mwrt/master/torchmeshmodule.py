@@ -149,9 +149,9 @@ def _local(params: Any, i: int) -> list:
 
 
 def _cleared(params: list, set_to_none: bool) -> None:
-    for p in params:  # zeros, where a gradient was, are the same everywhere
+    for p in params:  # zeros, where a gradient was, are placed as the parameter
         was = torchmesh.placed(p)
-        torchmesh.remember(p, None if set_to_none or was is None else (REPLICATE,))
+        torchmesh.remember(p, None if set_to_none or was is None else p._placements)
 
 
 def module(model: Any, node: int | None = None, device: int | None = None,

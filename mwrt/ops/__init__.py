@@ -18,6 +18,7 @@ from . import (  # noqa: F401
     reductions,
     shape,
     torchops,
+    torchshards,
 )
 from .registry import UNKNOWN, Op, Spec, doc, get, has, infer, names, register, summary
 

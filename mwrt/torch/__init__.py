@@ -12,8 +12,9 @@ and error text. torch is an optional dependency: `pip install mwrt[torch]`.
 
 It also names the constructors of torch handles in master-worker mode (`mwrt.torch.zeros`,
 `ones`, `empty`, `full`, `randn`, `rand`, `tensor`, `manual_seed`), `module` and `optim`
-(models and optimizers kept where their parameters live), made by mwrt.master's
-torchcreation and torchmodule and loaded on first use, so an SPMD rank never loads them.
+(models and optimizers kept where their parameters live) and `fully_shard` (a model's
+parameters sharded over a mesh), made by mwrt.master's torchcreation, torchmodule and
+torchfsdp and loaded on first use, so an SPMD rank never loads them.
 """
 
 from __future__ import annotations
@@ -73,15 +74,17 @@ dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True,
                               devices=["cpu"])
 
 _HANDLES = frozenset({"zeros", "ones", "empty", "full", "randn", "rand", "tensor",
-                      "manual_seed", "TorchTensor", "module", "optim"})
+                      "manual_seed", "TorchTensor", "module", "optim", "fully_shard"})
 
 
 def __getattr__(name: str):
     """The constructors of torch handles (master-worker mode), loaded on first use."""
     if name not in _HANDLES:
         raise AttributeError(f"module 'mwrt.torch' has no attribute {name!r}")
-    from ..master import torchcreation, torchmeshmodule
+    from ..master import torchcreation, torchfsdp, torchmeshmodule
 
+    if name == "fully_shard":
+        return torchfsdp.fully_shard
     return getattr(torchmeshmodule if name in ("module", "optim") else torchcreation, name)
 
 

@@ -150,7 +150,8 @@ MASTER_LAYERS = [
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad",
                "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
-                 "torchtensor", "torchcreation", "torchmodule", "torchmeshmodule"}),
+                 "torchtensor", "torchcreation", "torchmodule", "torchmeshmodule",
+                 "torchfsdp"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py
 ]
 

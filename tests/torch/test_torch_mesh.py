@@ -278,3 +278,81 @@ def test_two_models_of_one_structure_on_one_worker_keep_their_own_parameters(mes
     out = first(mwrt.dist_send(x, node=1)).torch()
     assert torch.equal(out, torch.nn.functional.linear(x, *first.state_dict().values()))
     assert torch.equal(second(mwrt.dist_send(x, node=1)).torch(), torch.zeros(4, 2))
+
+
+def test_a_fully_sharded_module_trains_as_local_torch_and_as_the_replicated_one(mesh):
+    """fully_shard: each parameter Shard(0) over the mesh (8 rows on 3 places: 3, 3, 2),
+    gathered before each forward, its gradient reduce_scattered back to the shards, AdamW
+    stepping on the shards: the same losses, parameters and gradients as local torch on the
+    whole batch and as the replicated (DDP-style) mesh module."""
+    X, y = _data(12)
+    local, replicated = _model(), mwrt.torch.module(_model(), mesh=mesh)
+    sharded = mwrt.torch.fully_shard(_model(), mesh=mesh)
+    for (name, p), lp in zip(sharded.named_parameters(), local.parameters()):
+        assert (p._placements, tuple(p.shape), p.dtype) == ((Shard(0),), tuple(lp.shape),
+                                                            lp.dtype), name
+        assert (p.requires_grad, p.is_leaf, p.grad) == (True, True, None)
+    assert [tuple(b.shape) for b in next(sharded.parameters())._locals] == [(3, 6), (3, 6),
+                                                                            (2, 6)]
+    opts = [mwrt.torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (sharded, replicated)]
+    lopt = torch.optim.AdamW(local.parameters(), lr=1e-2)
+    xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+    for _ in range(3):
+        losses = []
+        for model, opt in zip((sharded, replicated), opts):
+            loss = F.cross_entropy(model(xs), ys)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        lloss = F.cross_entropy(local(X), y)
+        lopt.zero_grad()
+        lloss.backward()
+        lopt.step()
+        assert losses == pytest.approx([lloss.item()] * 2, rel=1e-6)
+    for (name, p), lp in zip(sharded.named_parameters(), local.parameters()):
+        assert p.grad._placements == (Shard(0),), name
+        _close(p, lp)
+        _close(p.grad, lp.grad)
+    for (name, value), lp in zip(sharded.state_dict().items(), local.parameters()):
+        torch.testing.assert_close(value, lp.detach(), **TOL)
+
+
+def test_a_sharded_module_accumulates_and_clears_gradients_as_torch(mesh):
+    X, y = _data(7)
+    local, sharded = _model(), mwrt.torch.fully_shard(_model(), mesh=mesh)
+    xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+    for _ in range(2):  # no zero_grad between: the shards' gradients add up
+        F.cross_entropy(sharded(xs), ys).backward()
+        F.cross_entropy(local(X), y).backward()
+    for p, lp in zip(sharded.parameters(), local.parameters()):
+        _close(p.grad, lp.grad)
+    sharded.zero_grad(set_to_none=False)
+    assert all(torch.equal(p.grad.torch(), torch.zeros(p.shape)) for p in sharded.parameters())
+    sharded.zero_grad()
+    assert all(p.grad is None for p in sharded.parameters())
+    with pytest.raises(ValueError, match="fully_shard: no mesh to shard over"):
+        mwrt.torch.fully_shard(_model())
+
+
+def test_a_captured_sharded_step_replays_as_local_steps(mesh):
+    """The all_gather, the reduce_scatter and the step on the shards, captured once."""
+    X, y = _data(12)
+    local, sharded = _model(), mwrt.torch.fully_shard(_model(), mesh=mesh)
+    opt = mwrt.torch.optim.SGD(sharded.parameters(), lr=0.1, momentum=0.9)
+    lopt = torch.optim.SGD(local.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+    with mwrt.graph() as step:
+        loss = F.cross_entropy(sharded(xs), ys)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for _ in range(3):
+        step.replay()
+        lloss = F.cross_entropy(local(X), y)
+        lopt.zero_grad()
+        lloss.backward()
+        lopt.step()
+        assert loss.item() == pytest.approx(lloss.item(), rel=1e-6)
+    for p, lp in zip(sharded.parameters(), local.parameters()):
+        _close(p, lp)

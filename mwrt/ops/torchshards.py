@@ -1,0 +1,83 @@
+"""A sharded module's buffers on the worker: its shards packed for an all_gather, the gathered
+rows unpacked into the module's whole parameters, their gradients cut and laid out place by
+place for a reduce_scatter, and a place's part added to its shards' gradients.
+
+Shard(0) blocks are row ranges, so each is a contiguous run of its tensor's row-major
+elements and the whole tensor is its places' blocks, flat, joined in place order. A buffer
+holds one run per tensor for each place, padded to one length, as the collectives move
+equal parts (FSDP's flat parameter, one per dtype).
+"""
+
+from __future__ import annotations
+
+from .registry import register
+from .torchops import worker_torch
+
+
+def _pack(xp, grad: bool, length: int, *blocks) -> list:
+    """The blocks' values in one flat tensor of `length` elements (zeros after them)."""
+    torch = worker_torch()
+    with torch.no_grad():
+        parts = [b.reshape(-1) for b in blocks]
+        used = sum(p.numel() for p in parts)
+        pad = torch.zeros(length - used, dtype=blocks[0].dtype, device=blocks[0].device)
+        return [torch.cat([*parts, pad])]
+
+
+def _unpack(xp, grad: bool, gathered, counts: tuple, *wholes) -> list:
+    """Each whole tensor k copied from the gathered rows (row j: place j's buffer, holding
+    counts[j][k] elements of tensor k after those of the tensors before it)."""
+    torch = worker_torch()
+    with torch.no_grad():
+        for k, whole in enumerate(wholes):
+            pieces = [gathered[j, sum(row[:k]):sum(row[:k + 1])] for j, row in enumerate(counts)]
+            whole.copy_(torch.cat(pieces).view(whole.shape))
+    return []
+
+
+def _pack_grads(xp, grad: bool, length: int, counts: tuple, *wholes) -> list:
+    """The whole tensors' gradients (zeros for one without) cut into their places' blocks
+    and laid out place by place, each place's run padded to `length`: the buffer a
+    reduce_scatter sums and splits. The gradients are cleared: the shards hold them next."""
+    torch = worker_torch()
+    with torch.no_grad():
+        flats = [(w.grad if w.grad is not None else torch.zeros_like(w)).reshape(-1)
+                 for w in wholes]
+        parts, starts = [], [0] * len(wholes)
+        for row in counts:
+            for k, n in enumerate(row):
+                parts.append(flats[k][starts[k]:starts[k] + n])
+                starts[k] += n
+            parts.append(torch.zeros(length - sum(row), dtype=flats[0].dtype,
+                                     device=flats[0].device))
+        out = torch.cat(parts)
+        for w in wholes:
+            w.grad = None
+    return [out]
+
+
+def _add_grads(xp, grad: bool, part, counts: tuple, *shards) -> list:
+    """A place's part of the summed buffer into its shards' gradients: set where a shard has
+    none, added where it has one (torch accumulates gradients)."""
+    torch = worker_torch()
+    offset = 0
+    with torch.no_grad():
+        for shard, n in zip(shards, counts):
+            piece = part[offset:offset + n].view(shard.shape)
+            if shard.grad is None:
+                shard.grad = piece.clone()
+            else:
+                shard.grad.add_(piece)
+            offset += n
+    return []
+
+
+register("torch_shards_pack", _pack, lambda *args, **kwargs: None, own_results=True,
+         doc="A sharded module's blocks in one flat buffer (for an all_gather).")
+register("torch_shards_unpack", _unpack, lambda *args, **kwargs: None, own_results=True,
+         doc="Gathered blocks copied into a sharded module's whole parameters.")
+register("torch_shards_pack_grads", _pack_grads, lambda *args, **kwargs: None,
+         own_results=True, doc="Whole gradients cut into blocks, place by place (for a "
+         "reduce_scatter).")
+register("torch_shards_add_grads", _add_grads, lambda *args, **kwargs: None, own_results=True,
+         doc="A place's part of the summed gradients into its shards' gradients.")
