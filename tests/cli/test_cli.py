@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
 from mwrt import config

@@ -20,7 +20,7 @@ import urllib.request
 import numpy as np
 import pytest
 from tests.support.children import Lines
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
 

@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 import pytest
 import zmq
-from tests.conftest import stop_worker
+from tests.support.daemons import stop_worker
 from tests.support.faultkit import TALLY, fd_count, start_logged_worker, still_talks, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

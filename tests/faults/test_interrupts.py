@@ -18,7 +18,7 @@ import time
 
 import pytest
 from tests.support.children import Lines, ctrl_c_reaches
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
 from mwrt.procs import process_alive

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from tests.conftest import quick_to_notice_losses
+from tests.support.daemons import quick_to_notice_losses
 from tests.channels.test_channels import run_ranks
 
 import mwrt

@@ -240,7 +240,7 @@ def test_unreachable_worker_is_a_connection_error_naming_it():
 
 
 def test_registered_workers_are_found_and_missing_ones_named(tmp_path, monkeypatch):
-    from tests.conftest import start_worker
+    from tests.support.daemons import start_worker
 
     mwrt.shutdown()
     registry = tmp_path / "workers"

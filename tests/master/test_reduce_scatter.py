@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from tests.conftest import quick_to_notice_losses
+from tests.support.daemons import quick_to_notice_losses
 from tests.mesh.test_mesh import data, four, same  # noqa: F401 - four: the module's fixture
 
 import mwrt

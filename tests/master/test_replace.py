@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from tests.conftest import quick_to_notice_losses
+from tests.support.daemons import quick_to_notice_losses
 
 import mwrt
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
 from mwrt.protocol import wire

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from tests.conftest import quick_to_notice_losses
+from tests.support.daemons import quick_to_notice_losses
 from tests.support.hosts import hosts3  # noqa: F401  (fixture)
 from tests.hosts.test_hosts_mw import keyed_workers, master_env
 

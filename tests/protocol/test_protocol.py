@@ -11,7 +11,7 @@ import os
 import msgspec
 import numpy as np
 import pytest
-from tests.conftest import stop_worker
+from tests.support.daemons import stop_worker
 from tests.faults.test_faults_wire import RawMaster
 
 import mwrt
@@ -129,7 +129,7 @@ def test_every_command_has_a_handler_named_like_it():
 
 def test_a_command_on_the_wrong_socket_is_refused_naming_it():
     mwrt.shutdown()
-    from tests.conftest import start_worker
+    from tests.support.daemons import start_worker
 
     process, address = start_worker()
     master = RawMaster(address, "protocol")

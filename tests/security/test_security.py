@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 import pytest
 import zmq
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
 from mwrt.errors import AuthError

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 from tests.faults.test_faults_wire import RawMaster
 from tests.worker.test_quotas import MiB, status
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 from tests.worker.test_quotas import finish, master_process
 
 import mwrt

@@ -9,7 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
 

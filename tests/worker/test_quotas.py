@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 import zmq
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 from tests.faults.test_faults_wire import RawMaster
 
 import mwrt

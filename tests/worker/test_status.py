@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 from tests.support.children import Lines, ctrl_c_reaches
 from tests.cli.test_cli import run
 

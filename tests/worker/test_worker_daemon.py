@@ -10,7 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 import zmq
-from tests.conftest import start_worker, stop_worker
+from tests.support.daemons import start_worker, stop_worker
 from tests.support.machine import seconds
 
 import mwrt
