@@ -32,6 +32,18 @@ SLOW_MODULES = {
 }
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """How many processes `-n auto` (pyproject.toml's addopts) runs the tests in: none when
+    the command names test files or tests (they run in this process, as before), else twice
+    the CPUs, 2 to 8: most tests wait on daemons, sockets and sleeps, not on a CPU."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if any(".py" in arg for arg in config.args):
+        return 0
+    return min(8, max(2, 2 * (os.cpu_count() or 1)))
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test of a SLOW_MODULES module slow, and give each test its pytest-timeout
     limit scaled by the load: a limit set for a quiet machine, which only load breaks."""
@@ -78,29 +90,43 @@ def keyed_worker(tmp_path):
     stop_worker(process)
 
 
-def _leftovers() -> list[str]:
+def _workers_left() -> list[str]:
+    """The worker daemons this process started that still run."""
     found = []
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
     for line in out.splitlines():
         pid, ppid, args = line.split(None, 2)
         if "mwrt.worker" in args and int(ppid) == os.getpid():
             found.append(f"worker process {pid}: {args}")
-    if os.path.isdir("/dev/shm"):
-        found += [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "mwrt" in name]
     return found
+
+
+def _segments_left() -> list[str]:
+    if not os.path.isdir("/dev/shm"):
+        return []
+    return [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "mwrt" in name]
+
+
+def _parallel(config) -> bool:
+    """True in the process that hands tests to pytest-xdist's workers, or in one of those."""
+    return getattr(config.option, "dist", "no") != "no" or hasattr(config, "workerinput")
 
 
 _FD_SLACK = 16  # pytest, hypothesis and lazily opened modules keep a few files open
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_leaks():
+def no_leaks(request):
     """After the suite: no worker process started by it, no mwrt shared-memory segment, and
-    not many more open file descriptors than before it."""
+    not many more open file descriptors than before it. In a parallel run each process checks
+    its own daemons and descriptors, and the segments are checked once all have finished
+    (pytest_sessionfinish below): until then another process's are in use."""
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     yield
     mwrt.shutdown()
-    leftovers = _leftovers()
+    leftovers = _workers_left()
+    if not _parallel(request.config):
+        leftovers += _segments_left()
     if "cupy" in sys.modules:  # CUDA keeps device files, eventfds, pipes and a socket open
         fds = None  # for the process's life once used: the count cannot tell them from ours
     if fds is not None and len(os.listdir("/proc/self/fd")) > fds + _FD_SLACK:
@@ -112,9 +138,37 @@ def no_leaks():
         pytest.fail("leaked after the test suite:\n" + "\n".join(leftovers))
 
 
+_LEFT_IN_PARALLEL: list[str] = []
+
+
+def pytest_sessionfinish(session):
+    """A parallel run's segment check, in the process that ran the workers, after them all;
+    a worker sends its fault tally there."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        from tests.support import faultkit
+        config.workeroutput["faultkit"] = faultkit.TALLY.state()
+    elif _parallel(config) and session.testscollected:
+        _LEFT_IN_PARALLEL.extend(_segments_left())
+        if _LEFT_IN_PARALLEL:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """Add a finished worker's fault tally to this process's."""
+    from tests.support import faultkit
+    state = getattr(node, "workeroutput", {}).get("faultkit")
+    if state:
+        faultkit.TALLY.merge(state)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The fault suite's one-line summary (tests/support/faultkit.py), when any of it ran."""
     from tests.support import faultkit
     line = faultkit.TALLY.line()
     if line:
         terminalreporter.write_line(line)
+    if _LEFT_IN_PARALLEL:
+        terminalreporter.write_line("leaked after the test suite:\n" + "\n".join(
+            _LEFT_IN_PARALLEL), red=True)

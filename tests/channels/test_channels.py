@@ -8,7 +8,6 @@ multi-segment and shared-memory slot paths with small arrays.
 
 from __future__ import annotations
 
-import glob
 import logging
 import multiprocessing
 import os
@@ -49,7 +48,7 @@ def no_leaks():
     deadline = time.monotonic() + 5
     while threading.active_count() > threads and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert glob.glob("/dev/shm/mwrt*") == []
+    assert machine.segments([os.getpid(), *_SPAWNED]) == []
     leaked = set(os.listdir("/proc/self/fd")) - fds
     assert not leaked, {fd: _readlink(f"/proc/self/fd/{fd}") for fd in leaked}
     assert threading.active_count() <= threads, threading.enumerate()
@@ -364,10 +363,14 @@ def _proc_main(name, rank, world, path, mode):
         ch.close()
 
 
+_SPAWNED: list[int] = []  # the ranks' pids, whose segments the module's check looks for
+
+
 def _spawn(name, rank, world, path, mode):
     proc = multiprocessing.get_context("spawn").Process(
         target=_proc_main, args=(name, rank, world, str(path), mode), daemon=True)
     proc.start()
+    _SPAWNED.append(proc.pid)
     return proc
 
 
@@ -403,7 +406,9 @@ def test_killed_receiver_fails_blocked_send(name, connected, tmp_path):
             ch.send(np.ones(1), 1)
         os.kill(child.pid, signal.SIGSTOP)  # its kernel buffers (or shm slots) fill, then we block
         work = ch.isend(np.ones(64 << 20, np.uint8), 1)
-        time.sleep(0.3)
+        # Time for the send to fill the buffers before the next one queues behind it (under
+        # load its thread may not run for a while, and the next send then fits instead).
+        time.sleep(machine.seconds(0.3, 3))
         assert not work.is_completed()
         with pytest.raises(ChannelTimeoutError, match=r"rank 0->1.*tag 2, timeout 0.3 s"):
             ch.send(np.ones(1 << 20, np.uint8), 1, tag=2, timeout=0.3)

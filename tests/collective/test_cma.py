@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from tests.support import machine, ranks
 from tests.support.ranks import available, run_ranks
 
 import mwrt.distributed as dist
@@ -129,9 +130,9 @@ def _stage_sizes_differ(g, r, sizes):
                          ids=["smaller-wins", "one-cannot-stage"])
 def test_ranks_agree_on_what_to_stage(sizes):
     """A rank with a smaller staging area, or none (/dev/shm too small), decides for all."""
-    before = set(os.listdir("/dev/shm"))
+    started = len(ranks.STARTED)
     results = run_ranks("shm", 2, _stage_sizes_differ, sizes, timeout=30)
     for out, stage_bytes in results:
         assert stage_bytes == (1 << 20 if sizes[0] == 1 << 20 else 0)
         assert all((a == 3.0).all() for a in out)
-    assert set(os.listdir("/dev/shm")) <= before  # every staging area was unlinked
+    assert machine.segments(ranks.STARTED[started:]) == []  # every staging area was unlinked

@@ -41,6 +41,20 @@ class Tally:
             self.bad_frames += sent
             self.crashes += crashes
 
+    def state(self) -> dict:
+        """The counts, for a parallel run's worker to send to the process that prints them."""
+        with self.lock:
+            return {k: v for k, v in vars(self).items() if k != "lock"}
+
+    def merge(self, state: dict) -> None:
+        """Add another process's counts (state()) to these."""
+        with self.lock:
+            for key, value in state.items():
+                if key == "load":
+                    self.load = self.load or value
+                else:
+                    setattr(self, key, getattr(self, key) + value)
+
     def line(self) -> str | None:
         if not (self.injected or self.bad_frames or self.fuzz_cases or self.load):
             return None

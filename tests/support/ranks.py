@@ -86,6 +86,9 @@ def _child(backend, n, r, path, fn, args, timeout, group_kw, queue):
         queue.put((r, "err", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
+STARTED: list[int] = []  # the pids of the ranks run_ranks forked, for tests that check leaks
+
+
 def _processes(backend, n, fn, args, timeout, join, group_kw):
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -95,6 +98,7 @@ def _processes(backend, n, fn, args, timeout, join, group_kw):
                                                     group_kw, queue)) for r in range(n)]
         for p in procs:
             p.start()
+            STARTED.append(p.pid)
         results, errors = [None] * n, [None] * n
         try:
             for _ in range(n):
