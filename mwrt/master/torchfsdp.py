@@ -86,11 +86,16 @@ class ShardedModule(MeshModule):
             counts = self._counts(group)
             length = max(sum(row) for row in counts)
             wholes = [self._wholes[k] for k in group]
+            # the gradients are parts along some mesh dimensions and copies along the
+            # others: one copy of each part goes into the sum, zeros from the rest
+            copied = [d for d, p in enumerate(torchmesh.placed(wholes[0]) or ())
+                     if not p.is_partial()]
             packed = [torchissue.run("shards.pack_grads",
                                      _flat_rule(wholes[0].dtype, length * mesh.size),
-                                     (length, counts, *(w._locals[i] for w in wholes)), {},
+                                     (length, counts, not any(coord[d] for d in copied),
+                                      *(w._locals[i] for w in wholes)), {},
                                      "torch_shards_pack_grads", ())
-                      for i in range(mesh.size)]
+                      for i, coord in enumerate(mesh.coords)]
             parts = reduce_scatter_group(mesh, [_bits(p) for p in packed],
                                          list(range(mesh.size)), "sum", 0)
             for i, part in enumerate(parts):

@@ -3,9 +3,11 @@
 A torch op on mesh tensors runs at every place on that place's blocks (one `torch` command
 each, through torchissue), as each DDP rank runs the same program on its part of the batch.
 The result's placements come from shapes, with torch's meta device on the master: an output
-whose blocks are the blocks of its global shape split along one axis is `Shard(axis)`; one
+whose blocks are the blocks of its global shape split along one axis is `Shard(axis)` (along
+the mesh dimensions that split the operands, which must be the same for all of them); one
 made from Replicate operands alone is `Replicate()`; a sum over the sharded axis (`x.sum()`,
-`x.T @ y`, a loss with reduction="sum") is `Partial("sum")`, and a mean over it (`x.mean()`,
+`x.T @ y`, a loss with reduction="sum") is `Partial("sum")` along those mesh dimensions
+(Replicate along the others), and a mean over it (`x.mean()`,
 a loss's default reduction="mean") is `Partial("sum")` too, each place's part weighted by its
 share of the rows (n_i / N), so that the sum of the parts is the mean over every row. Any
 other op that would mix rows across places (`softmax(x, 0)`, `cumsum(0)`, `argmax(0)`) is
@@ -35,7 +37,7 @@ from .mesh.moves import all_reduce_group, gather_to_master, resolve
 from .mesh.placement import REPLICATE, Partial, Shard, describe, local_shape
 from .mesh.plan import PlacementError
 
-PARTIAL = (Partial("sum"),)
+PARTIAL = Partial("sum")
 _SUMS = frozenset({"torch.sum", "torch.Tensor.sum", "torch.matmul", "torch.Tensor.matmul",
                    "torch.Tensor.__matmul__", "torch.mm", "torch.Tensor.mm", "torch.einsum",
                    "torch.tensordot", "torch.Tensor.__rmatmul__"})
@@ -79,9 +81,10 @@ def call(func, args: tuple, kwargs: dict):
                              None if key is None else ("mesh", name, grad, key))
     if outcome.value is not None and not outcome.written:
         return outcome.value  # metadata alone (a.size(), a.dim()): the global answer
-    sharded = [t for t in operands if t._placements != (REPLICATE,)]
+    sharded = [t for t in operands if not replicated(t._placements)]
+    _aligned(name, sharded)
     for i in outcome.written:
-        if sharded and operands[i]._placements == (REPLICATE,):
+        if sharded and replicated(operands[i]._placements):
             raise PlacementError(f"{name}: writes a replicated tensor from sharded operands "
                                  f"({describe(sharded[0]._placements)}); each place would "
                                  "write its own rows into it: write a sharded tensor, or "
@@ -102,7 +105,7 @@ def call(func, args: tuple, kwargs: dict):
 def results(name, mesh, operands, outcome, per_place, args, kwargs):
     """The mesh handles of the places' results, placed as the module's doc says."""
     handle = type(operands[0])
-    sharded = [t for t in operands if t._placements != (REPLICATE,)]
+    sharded = [t for t in operands if not replicated(t._placements)]
     trees: list = []
     for result in per_place:
         leaves: list = []
@@ -115,7 +118,7 @@ def results(name, mesh, operands, outcome, per_place, args, kwargs):
             continue
         blocks = [leaves[j] for leaves in trees]
         placements = _placements(name, mesh, spec, blocks, sharded, kwargs)
-        if placements == PARTIAL and _mean(name, args, kwargs):
+        if any(p == PARTIAL for p in placements) and _mean(name, args, kwargs):
             blocks = [torchissue.torch_call(_torch().mul, (b, _share(sharded[0], i)), {})
                       for i, b in enumerate(blocks)]
         made.append(handle.on_mesh(mesh, placements, blocks, spec))
@@ -127,18 +130,20 @@ def results(name, mesh, operands, outcome, per_place, args, kwargs):
 def _placements(name, mesh, spec: TorchSpec, blocks: list, sharded: list, kwargs) -> tuple:
     """The placements of one output of `name`, from its global and its blocks' shapes."""
     if not sharded:
-        return (REPLICATE,)
+        return (REPLICATE,) * mesh.ndim
+    given = sharded[0]._placements
     shape = tuple(spec.shape)
     local = [tuple(b._spec.shape) for b in blocks]
     differ = {a for block in local for a, (g, n) in enumerate(zip(shape, block)) if g != n}
     if not differ and all(block == shape for block in local):
         if mesh.size == 1 and not (name in _SUMS or name in _MEANS or name in _LOSSES):
-            return (REPLICATE,)  # one place holds the whole, however it was placed
+            return (REPLICATE,) * mesh.ndim  # one place holds the whole, however it was placed
         if name in _SUMS or name in _MEANS or (name in _LOSSES and kwargs.get(
                 "reduction", "mean") in ("mean", "sum", "batchmean")):
-            return PARTIAL
+            return tuple(PARTIAL if type(p) is Shard else REPLICATE for p in given)
     elif len(differ) == 1:
-        placements = (Shard(differ.pop()),)
+        axis = differ.pop()  # split along the mesh dimensions that split the operand
+        placements = tuple(Shard(axis) if type(p) is Shard else REPLICATE for p in given)
         if all(local_shape(shape, placements, mesh.shape, c) == block
                for c, block in zip(mesh.coords, local)):
             return placements
@@ -181,17 +186,21 @@ def _backward(func, name: str, args: tuple, kwargs: dict, operands: list):
     """backward() at every place; the leaves' gradients are Partial after a Partial or
     sharded root (each place holds its part), Replicate after a replicated one."""
     mesh = operands[0]._mesh
-    parts = any(t._placements != (REPLICATE,) for t in operands)
-    wanted = PARTIAL if parts else (REPLICATE,)
+    # the gradients are parts along the mesh dimensions that split (or part) a root
+    wanted = tuple(REPLICATE if all(type(t._placements[d]) is type(REPLICATE)
+                                    for t in operands) else PARTIAL for d in range(mesh.ndim))
     for leaf, now in _leaves_of(mesh):
-        if leaf._placements != (REPLICATE,):  # a sharded leaf's gradient is sharded alike
+        if not replicated(leaf._placements):  # a sharded leaf's gradient is sharded alike
             remember(leaf, leaf._placements)
             continue
-        if now == (REPLICATE,) and parts:  # the whole at one place, zeros at the others
-            for g in grad_blocks(leaf)[1:]:
-                torchissue.torch_call(_torch().Tensor.zero_, (g,), {})
-        elif now == PARTIAL and not parts:  # the parts summed first: the whole everywhere
-            _all_reduce_grads(mesh, [leaf])
+        if now is not None and now != wanted:
+            if PARTIAL in now:  # the parts summed first: the whole everywhere
+                _all_reduce_grads(mesh, [leaf])
+            if PARTIAL in wanted:  # the whole at one place of each line, zeros elsewhere
+                dims = [d for d, p in enumerate(wanted) if p == PARTIAL]
+                for g, coord in zip(grad_blocks(leaf), mesh.coords):
+                    if any(coord[d] for d in dims):
+                        torchissue.torch_call(_torch().Tensor.zero_, (g,), {})
         remember(leaf, wanted)
     for i in range(mesh.size):
         torchissue.torch_call(func, *walk((args, kwargs), lambda t, i=i: t._locals[i]))
@@ -255,7 +264,7 @@ def grad_of(leaf):
     gradient is resolved first (one all_reduce)."""
     if not leaf._spec.requires_grad or not torchgrad.filled(leaf._locals[0]):
         return None  # as torch's, until a backward reached it
-    if placed(leaf) == PARTIAL:
+    if PARTIAL in (placed(leaf) or ()):
         _all_reduce_grads(leaf._mesh, [leaf])
     found = _LEAVES.get(id(leaf))
     if found is not None and found[2] is not None:
@@ -283,24 +292,27 @@ def _set_grad(func, args: tuple, operands: list) -> None:
 
 def _all_reduce_grads(mesh, leaves: list) -> None:
     """Sum the leaves' Partial gradients at every place: one all_reduce of a flat bucket per
-    dtype (each place's gradients concatenated, then copied back), worker to worker."""
+    dtype and Partial mesh dimensions (each place's gradients concatenated, then copied
+    back), along each of those dimensions, worker to worker."""
     by_dtype: dict = {}
     for leaf in leaves:
-        by_dtype.setdefault(leaf._spec.dtype, []).append(leaf)
-    for dtype, group in by_dtype.items():
+        dims = tuple(d for d, p in enumerate(placed(leaf) or ()) if p == PARTIAL)
+        by_dtype.setdefault((leaf._spec.dtype, dims), []).append(leaf)
+    for (dtype, dims), group in by_dtype.items():
         total = sum(leaf.numel() for leaf in group)
         bucket = _bucket_rule(dtype, total)
         buckets = [torchissue.run("grads.flat", bucket, tuple(leaf._locals[i] for leaf in group),
                                   {}, "torch_grads_flat", (), key=("grads.flat", dtype, total))
                    for i in range(mesh.size)]
-        for line in mesh.groups(0):
-            all_reduce_group(mesh, buckets, line, "sum")
+        for d in dims:
+            for line in mesh.groups(d):
+                all_reduce_group(mesh, buckets, line, "sum")
         for i in range(mesh.size):
             torchissue.run("grads.set", _nothing, (buckets[i], *(leaf._locals[i]
                                                                  for leaf in group)),
                            {}, "torch_grads_set", ())
     for leaf in leaves:
-        remember(leaf, (REPLICATE,))
+        remember(leaf, (REPLICATE,) * mesh.ndim)
 
 
 def _bucket_rule(dtype, total: int):
@@ -316,7 +328,7 @@ def _nothing(*args) -> None:
 
 def all_reduce_grads(leaves: list) -> None:
     """Resolve the Partial gradients among `leaves` (the optimizer step's all_reduce)."""
-    partial = [leaf for leaf in leaves if placed(leaf) == PARTIAL]
+    partial = [leaf for leaf in leaves if PARTIAL in (placed(leaf) or ())]
     if partial:
         _all_reduce_grads(partial[0]._mesh, partial)
 
@@ -364,6 +376,23 @@ def is_partial(t) -> bool:
     return any(type(p) is Partial for p in t._placements)
 
 
+def replicated(placements: tuple) -> bool:
+    """Whether every mesh dimension replicates a tensor so placed."""
+    return all(type(p) is type(REPLICATE) for p in placements)
+
+
+def _aligned(name: str, sharded: list) -> None:
+    """Sharded operands must be split along the same mesh dimensions (their rows at one
+    place are then the same rows), whichever of their axes each splits."""
+    split = [tuple(type(p) is Shard for p in t._placements) for t in sharded]
+    if any(s != split[0] for s in split[1:]):
+        other = next(t for t, s in zip(sharded, split) if s != split[0])
+        raise PlacementError(f"{name}: operands split along different mesh dimensions "
+                             f"({describe(sharded[0]._placements)} and "
+                             f"{describe(other._placements)}); each place would meet "
+                             "other rows: redistribute one to the other's placements")
+
+
 def one_mesh(name: str, operands: list):
     mesh = operands[0]._mesh
     for t in operands:
@@ -374,9 +403,6 @@ def one_mesh(name: str, operands: list):
         if t._mesh != mesh:
             raise PlacementError(f"{name}: operands lie on different meshes ({mesh!r} and "
                                  f"{t._mesh!r}); put them on one mesh first")
-    if mesh.ndim != 1:
-        raise PlacementError(f"{name}: torch tensors run on 1-D meshes (got {mesh!r}); make "
-                             "the mesh with mwrt.mesh() or mwrt.mesh(nodes=[...])")
     for node in mesh.nodes:  # all or none: a lost node is named before any place runs it
         if node.lost is not None:
             node.check_lost()

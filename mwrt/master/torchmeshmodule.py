@@ -33,8 +33,8 @@ class MeshModule(torchmodule.RemoteModule):
         torch = ready()
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"module: expected a torch.nn.Module (got {type(model).__name__})")
-        if not isinstance(mesh, Mesh) or mesh.ndim != 1:
-            raise ValueError(f"module: mesh= takes a 1-D mesh from mwrt.mesh() (got {mesh!r})")
+        if not isinstance(mesh, Mesh):
+            raise ValueError(f"module: mesh= takes a mesh from mwrt.mesh() (got {mesh!r})")
         self.mesh, self.meta = mesh, copy.deepcopy(model).to("meta")
         self._places = [torchmodule.RemoteModule(model, node.index, device)
                         for node, (_, device) in zip(mesh.nodes, mesh.places)]
@@ -45,7 +45,7 @@ class MeshModule(torchmodule.RemoteModule):
         for k, meta in enumerate(self.meta.parameters()):
             blocks = [params[k] for params in places]
             spec: Any = torchops.spec_of(meta)
-            param: Any = TorchTensor.on_mesh(mesh, (REPLICATE,), blocks, spec)
+            param: Any = TorchTensor.on_mesh(mesh, (REPLICATE,) * mesh.ndim, blocks, spec)
             torchmesh.remember(param, None)
             self._params.append(param)
 

@@ -35,13 +35,14 @@ def _unpack(xp, grad: bool, gathered, counts: tuple, *wholes) -> list:
     return []
 
 
-def _pack_grads(xp, grad: bool, length: int, counts: tuple, *wholes) -> list:
-    """The whole tensors' gradients (zeros for one without) cut into their places' blocks
-    and laid out place by place, each place's run padded to `length`: the buffer a
-    reduce_scatter sums and splits. The gradients are cleared: the shards hold them next."""
+def _pack_grads(xp, grad: bool, length: int, counts: tuple, keep: bool, *wholes) -> list:
+    """The whole tensors' gradients (zeros for one without, or for all unless `keep`: a
+    copy another place holds too) cut into their places' blocks and laid out place by
+    place, each place's run padded to `length`: the buffer a reduce_scatter sums and
+    splits. The gradients are cleared: the shards hold them next."""
     torch = worker_torch()
     with torch.no_grad():
-        flats = [(w.grad if w.grad is not None else torch.zeros_like(w)).reshape(-1)
+        flats = [(w.grad if w.grad is not None and keep else torch.zeros_like(w)).reshape(-1)
                  for w in wholes]
         parts, starts = [], [0] * len(wholes)
         for row in counts:
