@@ -2,10 +2,13 @@
 
 1. N local daemons (1, 2, 4, 8; --full: 1 to 128; --nodes picks): the master's CPU per op
    for `X += 1.0` and `Y = X * 2.0` on a tensor sharded over the N nodes, beside the same
-   op written as a loop over the N shards (`for x in X.shards(): x += 1.0`), the ratio, and
-   the master's CPU per op per node beside its floor in Python (appending one bytes object
-   to N lists); the fan-out round (the op, then every node synchronized) beside one 16-byte
-   pyzmq DEALER/ROUTER echo to each of N echo processes (all sent, then all received).
+   op on a 1-node mesh of the same session (in turns: the same load), the cost per extra
+   node and its ratio to the goal (1 us for an in-place op, 2 us for a new result), the op
+   written as a loop over the N shards (`for x in X.shards(): x += 1.0`); per node, beside a
+   loop of pyzmq sends (one 48-byte message on each of N DEALER sockets per op, the
+   master's CPU, its I/O thread's included, as mwrt's) and the floor in Python (appending
+   one bytes object to N lists); the fan-out round (the op, then every node synchronized)
+   beside one 16-byte pyzmq DEALER/ROUTER echo to each of N echo processes.
 2. A captured step of 100 mesh ops (50 times `t = X * 1.0001; w += t`) on 64 nodes (--full;
    8 otherwise): the master's CPU per replay beside the same 100 ops issued eagerly.
 3. examples/mesh_training.py's step on 4 nodes (1024 x 8 float64 rows split over them):
@@ -32,10 +35,12 @@ import argparse
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import time
 
 import numpy as np
+import zmq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -65,35 +70,37 @@ def in_turns(impls: dict, reps: int, measure) -> dict:
     return {name: statistics.median(v) for name, v in got.items()}
 
 
-def op_row(n: int, echoes: EchoFarm, reps: int, ops: int) -> dict:
+def op_row(n: int, echoes: EchoFarm, sink: SendSink, reps: int, ops: int) -> dict:
     """Table 1's figures for n local daemons."""
     mwrt.init_master_worker(local_workers=n, timeout=120)
     try:
         mesh = mwrt.mesh()
         X = mwrt.zeros(64 * n, mesh=mesh, shard=0)
+        one = mwrt.zeros(64, mesh=mwrt.mesh(nodes=[0]), shard=0)  # the 1-node mesh
         shards = X.shards()
         held = []
 
-        def mesh_inplace():
-            X.__iadd__(1.0)
+        def new(T):
+            def make():
+                held.append(T * 2.0)
+                if len(held) > 64:
+                    held.clear()
+            return make
 
         def hand_inplace():
             for x in shards:
                 x += 1.0
-
-        def mesh_new():
-            held.append(X * 2.0)
-            if len(held) > 64:
-                held.clear()
 
         def hand_new():
             held.append([x * 2.0 for x in shards])
             if len(held) > 64:
                 held.clear()
 
-        row = in_turns({"mesh +=": mesh_inplace, "loop +=": hand_inplace,
-                        "mesh *": mesh_new, "loop *": hand_new}, reps,
+        row = in_turns({"mesh +=": lambda: X.__iadd__(1.0), "one +=": lambda: one.__iadd__(1.0),
+                        "loop +=": hand_inplace, "mesh *": new(X), "one *": new(one),
+                        "loop *": hand_new, "sends": lambda: sink.send_to(n)}, reps,
                        lambda fn: cpu_per_op(fn, ops))
+        held.clear()
 
         def fan_out():
             X.__iadd__(1.0)
@@ -105,6 +112,48 @@ def op_row(n: int, echoes: EchoFarm, reps: int, ops: int) -> dict:
     finally:
         mwrt.shutdown()
     return row
+
+
+_SINK = """
+import sys, zmq
+ctx = zmq.Context(); router = ctx.socket(zmq.ROUTER)
+port = router.bind_to_random_port("tcp://127.0.0.1"); print(port, flush=True)
+while router.recv_multipart()[-1] != b"stop":
+    pass
+"""
+
+
+class SendSink:
+    """One process that drains what N DEALER sockets of this one send it: the baseline of a
+    master that sends each op to each node in its own message."""
+
+    def __init__(self, n: int):
+        self.proc = subprocess.Popen([sys.executable, "-c", _SINK], stdout=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True)
+        self.ctx = zmq.Context()
+        port = int(self.proc.stdout.readline())
+        self.dealers = [self.ctx.socket(zmq.DEALER) for _ in range(n)]
+        for dealer in self.dealers:
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+        self.body = b"x" * 48  # about a small Call's bytes
+
+    def send_to(self, n: int) -> None:
+        """One message to the sink on each of the first n sockets."""
+        body = self.body
+        for dealer in self.dealers[:n]:
+            dealer.send(body)
+
+    def close(self) -> None:
+        self.dealers[0].send(b"stop")
+        for dealer in self.dealers:
+            dealer.close(linger=1000)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.ctx.term()
 
 
 def append_floor(n: int, ops: int = 2000) -> float:
@@ -130,23 +179,32 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+GOALS = {"+=": 1e-6, "*": 2e-6}  # master CPU per extra node: an in-place op, a new result
+
+
 def op_table(sizes: list, reps: int, ops: int) -> None:
-    echoes = EchoFarm(max(sizes))
+    echoes, sink = EchoFarm(max(sizes)), SendSink(max(sizes))
     try:
-        print("| N | mesh `X += 1.0` us | loop over shards us | ratio | per node us | "
-              "mesh `X * 2.0` us | loop us | ratio | per node us | floor per node us | "
-              "fan-out round ms | N pyzmq echoes ms |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; master CPU "
+              "per op in us, per extra node: (N-node mesh - 1-node mesh) / (N - 1)")
+        print("| N | op | mesh us | 1-node mesh us | per extra node us | vs goal | loop over "
+              "shards us | per node us | pyzmq send per node us | floor per node us |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for n in sizes:
-            r = op_row(n, echoes, reps, ops)
-            print(f"| {n} | {r['mesh +='] * 1e6:.1f} | {r['loop +='] * 1e6:.1f} | "
-                  f"{r['mesh +='] / r['loop +=']:.2f}x | {r['mesh +='] / n * 1e6:.2f} | "
-                  f"{r['mesh *'] * 1e6:.1f} | {r['loop *'] * 1e6:.1f} | "
-                  f"{r['mesh *'] / r['loop *']:.2f}x | {r['mesh *'] / n * 1e6:.2f} | "
-                  f"{r['floor'] / n * 1e6:.3f} | {r['round'] * 1e3:.2f} | "
-                  f"{r['echo'] * 1e3:.2f} |", flush=True)
+            r = op_row(n, echoes, sink, reps, ops)
+            for op, goal in GOALS.items():
+                mesh, one = r[f"mesh {op}"], r[f"one {op}"]
+                extra = (mesh - one) / (n - 1) if n > 1 else None
+                per = "- | -" if extra is None else f"{extra * 1e6:.2f} | {extra / goal:.2f}x"
+                print(f"| {n} | `X {op} {'1.0' if op == '+=' else '2.0'}` | {mesh * 1e6:.1f} | "
+                      f"{one * 1e6:.1f} | {per} | "
+                      f"{r[f'loop {op}'] * 1e6:.1f} | {mesh / n * 1e6:.2f} | "
+                      f"{r['sends'] / n * 1e6:.2f} | {r['floor'] / n * 1e6:.3f} |", flush=True)
+            print(f"| {n} | fan-out round {r['round'] * 1e3:.2f} ms, N pyzmq echoes "
+                  f"{r['echo'] * 1e3:.2f} ms |", flush=True)
     finally:
         echoes.close()
+        sink.close()
 
 
 def training(n: int, steps: int, reps: int) -> None:

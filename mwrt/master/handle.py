@@ -9,7 +9,6 @@ DistributedTensor (tensor.py), which stands above them and calls them.
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING, Any
 
 from ..ops import Spec
@@ -72,22 +71,25 @@ class Handle:
         all, and, where `streams` is one stream (an int) for every place, one record of their
         uses, which on_mesh(record=) takes (not while a graph is captured: its records would
         not see them)."""
-        ref, new, handles = wire.ref(tensor_id), cls.__new__, []
-        one = type(streams) is int
-        if one:
+        ref, new = wire.ref(tensor_id), cls.__new__
+        handles: list = []
+        append = handles.append
+        if type(streams) is int:  # one record for all: the fields alone, per place
             shared = ordering.MeshStorage(streams, tensor_id, len(nodes))
-        for node, device, spec, stream in zip(nodes, devices, specs,
-                                               itertools.repeat(streams) if one else streams):
+            for node, device, spec in zip(nodes, devices, specs):
+                t = new(cls)
+                t._node, t._device, t._id, t._spec, t._ref, t._mesh, t._base, t._storage = \
+                    node, device, tensor_id, spec, ref, None, None, shared
+                append(t)
+            return handles
+        for node, device, spec, stream in zip(nodes, devices, specs, streams):
             t = new(cls)
             t._node, t._device, t._id, t._spec, t._ref, t._mesh, t._base = node, device, \
                 tensor_id, spec, ref, None, None
-            if one:
-                t._storage = shared
-            else:
-                t._storage = record = ordering.Storage()
-                record.writer, record.wtime, record.ltime, record.streams = stream, \
-                    tensor_id, tensor_id, (stream,)
-            handles.append(t)
+            t._storage = record = ordering.Storage()
+            record.writer, record.wtime, record.ltime, record.streams = stream, tensor_id, \
+                tensor_id, (stream,)
+            append(t)
         return handles
 
     @classmethod
@@ -111,11 +113,11 @@ class Handle:
     def __del__(self) -> None:
         """Free the worker's array once the streams that used it are done with it."""
         node = self._node  # None for a mesh tensor: its blocks free themselves
-        if node is not None:
-            try:
-                node.release(self._id, self._storage.streams)
-            except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
-                pass
+        try:  # Node.release, inline: a mesh result frees a block per place
+            if node is not None and not node.closed:
+                node.frees.append((self._id, self._storage.streams))
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
+            pass
 
 
 def check_same_place(first: Handle, other: Handle, what: str, fix: str) -> None:
