@@ -44,15 +44,26 @@ def pytest_xdist_auto_num_workers(config):
     return min(8, max(2, 2 * (os.cpu_count() or 1)))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Mark every test of a SLOW_MODULES module slow, and give each test its pytest-timeout
-    limit scaled by the load: a limit set for a quiet machine, which only load breaks."""
+    """Mark every test of a SLOW_MODULES module slow; put the tests of a module that share a
+    module-scoped fixture (a cluster of daemons) in one xdist group, so that it starts once;
+    and give each test its pytest-timeout limit scaled by the load: a limit set for a quiet
+    machine, which only load breaks."""
     for item in items:
         if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         limit = _timeout_of(item, config)
         if limit:
             item.add_marker(pytest.mark.timeout(machine.seconds(limit, 8 * limit)), append=False)
+
+
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and item.module is not None and any(
+        d.scope in ("module", "class") for defs in info.name2fixturedefs.values() for d in defs)
 
 
 def _timeout_of(item, config) -> float:
