@@ -13,6 +13,7 @@ import signal
 import numpy as np
 import pytest
 from tests.channels.test_channels import DirStore
+from tests.support import machine
 
 from mwrt import channels
 from mwrt.channels.memorypaths import CmaPath
@@ -20,6 +21,12 @@ from mwrt.errors import ChannelClosedError
 
 SLOT = 64 << 10  # small slots: a 1 MiB message is 16 chunks through 2 of them
 MESSAGE = (1 << 20) + 13
+
+
+def _bound(quiet: float) -> float:
+    """A wait that a quiet machine meets in `quiet` s, scaled by the load: a spawned rank
+    imports NumPy and mwrt first, which took past 20 s at load 20 on 2 cores."""
+    return machine.seconds(quiet, 10 * quiet)
 
 
 def _die_at(method: str, calls: int) -> None:
@@ -56,7 +63,7 @@ def _spawned(tmp_path, target, *arglists):
 def _beside(tmp_path, target, *args):
     """Rank 1 as a spawned process running target(path, *args); yields (it, rank 0)."""
     with _spawned(tmp_path, target, args) as (child,):
-        ch = channels.create("shm", 0, 2, store=DirStore(tmp_path), timeout=20)
+        ch = channels.create("shm", 0, 2, store=DirStore(tmp_path), timeout=_bound(20))
         try:
             yield child, ch
         finally:
@@ -68,7 +75,7 @@ def _send_and_die(path: str, chunks: int, in_place: str) -> None:
     os.environ["MWRT_SHM_SLOT_BYTES"], os.environ["MWRT_SHM_SLOTS"] = str(SLOT), "2"
     os.environ["MWRT_SHM_CMA"] = in_place
     _die_at("send_segment", chunks)
-    ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
+    ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=_bound(20))
     ch.send(np.ones(1), 0)  # connected: the parent posts its large receive after this
     DirStore(path).get("posted")
     ch.send(np.arange(MESSAGE, dtype=np.uint64).astype(np.uint8), 0, tag=9)
@@ -83,9 +90,9 @@ def test_a_sender_killed_mid_message_is_a_named_error_within_the_timeout(tmp_pat
         work = ch.irecv(np.zeros(MESSAGE, np.uint8), 1, tag=9)
         DirStore(tmp_path).set("posted", b"1")
         with pytest.raises(ChannelClosedError, match="rank 1") as info:
-            work.wait(15)
+            work.wait(_bound(15))
         assert info.value.peer == 1
-        child.join(10)
+        child.join(_bound(10))
         assert child.exitcode == -signal.SIGKILL
         assert glob.glob(f"/dev/shm/mwrt-{child.pid}-*") == []  # mapped, then unlinked
 
@@ -94,7 +101,7 @@ def _echo(path: str, in_place: str) -> None:
     """Rank 1: send back every message rank 0 sends, until an empty one."""
     os.environ["MWRT_SHM_SLOT_BYTES"], os.environ["MWRT_SHM_SLOTS"] = str(SLOT), "3"
     os.environ["MWRT_SHM_CMA"], os.environ["MWRT_SHM_CMA_BYTES"] = in_place, str(SLOT)
-    ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
+    ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=_bound(20))
     try:
         while True:
             size = np.zeros(1, np.int64)
@@ -125,10 +132,10 @@ def test_odd_sizes_around_chunk_boundaries_go_and_come_back_intact(tmp_path, mon
             ch.send(np.array([n], np.int64), 1, tag=1)
             work = ch.irecv(back, 1, tag=3)
             ch.send(data, 1, tag=2)
-            work.wait(20)
+            work.wait(_bound(20))
             np.testing.assert_array_equal(back, data, err_msg=f"{n} bytes")
         ch.send(np.array([-1], np.int64), 1, tag=1)
-        child.join(20)
+        child.join(_bound(20))
         assert child.exitcode == 0
     for pid in pids:
         assert glob.glob(f"/dev/shm/mwrt-{pid}-*") == []
@@ -137,7 +144,7 @@ def test_odd_sizes_around_chunk_boundaries_go_and_come_back_intact(tmp_path, mon
 def _receive_and_die(path: str, frames: int) -> None:
     """Rank 1: receive a message read in place, and SIGKILL ourselves at frame `frames`."""
     _die_at("_read_in_place", frames)
-    ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=20)
+    ch = channels.create("shm", 1, 2, store=DirStore(path), timeout=_bound(20))
     ch.recv(np.zeros(MESSAGE, np.uint8), 0, tag=9)
 
 
@@ -147,7 +154,7 @@ def test_a_receiver_killed_while_reading_in_place_fails_the_send_naming_it(
     monkeypatch.setenv("MWRT_SHM_SLOT_BYTES", str(SLOT))  # 1 MiB: 17 segments in place
     with _beside(tmp_path, _receive_and_die, frames) as (_, ch):
         with pytest.raises(ChannelClosedError, match="rank 1") as info:
-            ch.send(np.ones(MESSAGE, np.uint8), 1, tag=9, timeout=15)
+            ch.send(np.ones(MESSAGE, np.uint8), 1, tag=9, timeout=_bound(15))
         assert info.value.peer == 1
 
 
@@ -175,7 +182,7 @@ def _refusal_rank(path: str, rank: int) -> None:
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the kernel refuses others' reads
     else:
         _drop_ptrace_capability()
-    ch = channels.create("shm", rank, 2, store=DirStore(path), timeout=20)
+    ch = channels.create("shm", rank, 2, store=DirStore(path), timeout=_bound(20))
     try:
         data = np.arange(MESSAGE, dtype=np.uint64).astype(np.uint8)
         for tag in (1, 2):
@@ -195,5 +202,5 @@ def _refusal_rank(path: str, rank: int) -> None:
 def test_a_receiver_the_kernel_refuses_gets_the_message_through_slots(tmp_path):
     with _spawned(tmp_path, _refusal_rank, (0,), (1,)) as procs:
         for proc in procs:
-            proc.join(60)
+            proc.join(_bound(60))
         assert [proc.exitcode for proc in procs] == [0, 0]
