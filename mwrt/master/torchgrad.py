@@ -8,7 +8,7 @@ in-place op gives the written tensor a new node, and the other tensors of its st
 torch rebases the history of a base and its views when one of them is written. A backward
 walks the nodes from its roots and marks the leaves it reaches; a node that stands for a
 tensor moved from another node (`.to(node=)`) is handed back to the caller, which sends
-its gradient home (see torchissue.carry_back).
+its gradient home (see torchacross).
 """
 
 from __future__ import annotations
@@ -130,3 +130,20 @@ def backward(roots: list, inputs: list | None) -> list:
             crossed.append(node)
         stack.extend(node.parents)
     return crossed if inputs is None else []
+
+
+def reach(roots: list) -> tuple[set, list]:
+    """The ids of the nodes a backward from `roots` walks on their node, and the nodes
+    among them that stand for tensors moved from another node; marks nothing."""
+    stack = [n for n in map(node_of, roots) if n is not None]
+    seen: set = set()
+    crossed = []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.cross is not None:
+            crossed.append(node)
+        stack.extend(node.parents)
+    return seen, crossed

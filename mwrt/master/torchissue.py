@@ -32,6 +32,11 @@ _SCALARS = (int, float, bool, complex, str, type(None))
 _torch: Any = None  # the torch module, once a torch handle was made
 
 
+class Crossing(Exception):
+    """Raised, before anything is issued, by a backward whose graph reaches tensors moved
+    from other nodes: it runs as walks on each node (mwrt.master.torchacross)."""
+
+
 class OnMesh(Exception):
     """Raised by the conversion of a call's arguments when one is a mesh tensor: the call
     goes to mwrt.master.torchmesh instead (the one-place path pays nothing for it)."""
@@ -95,19 +100,27 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
     inputs = [*place, *(u[0] for u in uses)]
     if grad:
         torchgrad.record(inputs, made, outcome.outs, outcome.written)
-    crossed = _backward(name, args, kwargs) if name in _BACKWARDS else None
-    if crossed and len(args) <= 2:  # walked again from the tensors sent home: kept
-        wkwargs = {**wkwargs, "retain_graph": True}
+    if name in _AUTOGRAD and _crosses(name, args, kwargs):
+        raise Crossing(name)
     _issue(node, stream, inputs, written, op, (*prefix, grad, *wargs), wkwargs,
            tuple(r._id for r, (_, same, _) in zip(made, outcome.outs) if same < 0))
-    if crossed:
-        carry_back(crossed)
     if outcome.tree is None:
         return made[0] if made else None
     return torchops.unflatten(outcome.tree, iter(made))
 
 
 _BACKWARDS = frozenset(("torch.Tensor.backward", "torch.autograd.backward"))
+_AUTOGRAD = _BACKWARDS | {"torch.autograd.grad"}
+
+
+def _crosses(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a backward (which marks the leaves it fills) or autograd.grad reaches
+    tensors moved from other nodes."""
+    if name == "torch.autograd.grad":
+        roots = args[0] if args else kwargs.get("outputs")
+        return bool(torchgrad.reach(list(roots) if isinstance(roots, (tuple, list))
+                                    else [roots])[1])
+    return bool(_backward(name, args, kwargs))
 
 
 def _backward(name: str, args: tuple, kwargs: dict) -> list:
@@ -121,26 +134,6 @@ def _backward(name: str, args: tuple, kwargs: dict) -> list:
     if inputs is not None:
         inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
     return torchgrad.backward(roots, inputs)
-
-
-def carry_back(crossed: list) -> None:
-    """Send the gradient each moved tensor received to the node it came from and run the
-    backward there, one per node, from all the tensors sent from it (one walk of its graph;
-    kept, as a later one may walk it again from another tensor sent home)."""
-    torch = _torch
-    get, put = torch.Tensor.grad.__get__, torch.Tensor.grad.__set__
-    homes: dict = {}
-    for node in crossed:
-        source, anchor, raw = node.cross
-        here = torch_call(get, (anchor,), {})
-        torch_call(put, (anchor, None), {})  # the next backward starts from nothing
-        sent = transfer.move(bits(here, raw), source._node.index, HOST)
-        home = from_raw(sent, str(here._spec.dtype), False, source._device, type(source))
-        sources, grads = homes.setdefault((source._node.index, source._device), ([], []))
-        sources.append(source)
-        grads.append(home)
-    for sources, grads in homes.values():
-        torch_call(torch.autograd.backward, (sources, grads), {"retain_graph": True})
 
 
 def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs: dict,
@@ -291,7 +284,7 @@ def from_raw(raw: Any, dtype: str, grad: bool, device: int, results: type) -> Ha
 def arrive(raw: Any, source: Any, device: int, raw_class: type) -> Handle:
     """A torch handle of the bytes of torch handle `source` moved to another node (`raw`, a
     NumPy handle there): it needs grad, and a backward reaching it carries its gradient back
-    to `source` (see carry_back); `raw_class` makes the NumPy handles that carry it."""
+    to `source` (see torchacross); `raw_class` makes the NumPy handles that carry it."""
     node, torch = raw._node, ready()
     stream = context.stream_for(node.index, device)
     shape, dtype = tuple(raw._spec.shape), source._spec.dtype

@@ -67,6 +67,8 @@ def call(func, args: tuple, kwargs: dict):
     mesh = one_mesh(name, operands)
     if name in _BACKWARD:
         return _backward(func, name, args, kwargs, operands)
+    if name == "torch.autograd.grad":
+        return _autograd_grad(func, args, kwargs, operands)
     if name == _GRAD_GET:
         return grad_of(operands[0])
     if name == _GRAD_SET:
@@ -186,9 +188,7 @@ def _backward(func, name: str, args: tuple, kwargs: dict, operands: list):
     """backward() at every place; the leaves' gradients are Partial after a Partial or
     sharded root (each place holds its part), Replicate after a replicated one."""
     mesh = operands[0]._mesh
-    # the gradients are parts along the mesh dimensions that split (or part) a root
-    wanted = tuple(REPLICATE if all(type(t._placements[d]) is type(REPLICATE)
-                                    for t in operands) else PARTIAL for d in range(mesh.ndim))
+    wanted = _parts(mesh, operands)
     for leaf, now in _leaves_of(mesh):
         if not replicated(leaf._placements):  # a sharded leaf's gradient is sharded alike
             remember(leaf, leaf._placements)
@@ -209,6 +209,33 @@ def _backward(func, name: str, args: tuple, kwargs: dict, operands: list):
     for leaf, _ in _leaves_of(mesh):  # one the backward did not reach keeps None
         if not torchgrad.filled(leaf._locals[0]):
             remember(leaf, None)
+
+
+def _parts(mesh, roots: list) -> tuple:
+    """How gradients from `roots` lie: parts along the mesh dimensions that split (or part)
+    a root, whole along the others."""
+    return tuple(REPLICATE if all(type(t._placements[d]) is type(REPLICATE) for t in roots)
+                 else PARTIAL for d in range(mesh.ndim))
+
+
+def _autograd_grad(func, args: tuple, kwargs: dict, operands: list) -> tuple:
+    """torch.autograd.grad at every place: each input's gradient placed as a backward
+    leaves it (sharded as a sharded input, else as _parts says)."""
+    mesh = operands[0]._mesh
+    outputs = args[0] if args else kwargs["outputs"]
+    inputs = args[1] if len(args) > 1 else kwargs["inputs"]
+    inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+    parts = _parts(mesh, operands_of(outputs))
+    per_place = [torchissue.torch_call(func, *walk((args, kwargs), lambda t, i=i:
+                                                     t._locals[i]))
+                 for i in range(mesh.size)]
+    made = []
+    for j, x in enumerate(inputs):
+        blocks = [grads[j] for grads in per_place]
+        placements = x._placements if not replicated(x._placements) else parts
+        spec = mesh_spec(tuple(x._spec.shape), x._spec.dtype, blocks[0]._spec.requires_grad)
+        made.append(type(x).on_mesh(mesh, placements, blocks, spec))
+    return tuple(made)
 
 
 def after_backward(mesh, module) -> None:

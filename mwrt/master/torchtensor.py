@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import HOST
-from . import torchgrad, torchmesh, transfer
+from . import torchacross, torchgrad, torchmesh, transfer
 from .tensor import DistributedTensor
-from .torchissue import OnMesh, arrive, bits, from_raw, torch_call
+from .torchissue import Crossing, OnMesh, arrive, bits, from_raw, torch_call
 from .torchissue import ready as torch_ready
 
 
@@ -225,11 +225,18 @@ def ready() -> Any:
 
 def dispatch(func: Callable, args: tuple, kwargs: dict) -> Any:
     """torch's `func` where its handles live: one place (torchissue), or a mesh
-    (torchmesh)."""
+    (torchmesh); a backward (or autograd.grad) across nodes as walks on each
+    (torchacross)."""
     try:
         return torch_call(func, args, kwargs)
     except OnMesh:
         return torchmesh.call(func, args, kwargs)
+    except Crossing:
+        return torchacross.call(func, args, kwargs)
+    except ValueError:  # handles in several places: an error, unless autograd spans them
+        if func not in _across():
+            raise
+    return torchacross.call(func, args, kwargs)
 
 
 def install_methods(cls: type, call: Callable) -> None:
@@ -244,6 +251,11 @@ def install_methods(cls: type, call: Callable) -> None:
     for name in _PROPERTIES:
         setattr(cls, name, property(_getter(getattr(torch.Tensor, name).__get__, call),
                                     doc=f"torch.Tensor.{name}, on the tensor's worker."))
+
+
+def _across() -> tuple:
+    torch = _torch()
+    return (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
 
 
 _NOT_LEAF = ("The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its "

@@ -271,7 +271,9 @@ def _grads(args: tuple, kwargs: dict) -> Outcome:
     inputs = kwargs.get("inputs", args[1] if len(args) > 1 else ())
     specs = inputs if type(inputs) in (tuple, list) else (inputs,)
     grad = bool(kwargs.get("create_graph"))
-    outs = tuple((TorchSpec(s.shape, s.dtype, s.stride, grad, True), -1, -1) for s in specs)
+    # an input whose layout overlaps (an expanded one) gets a contiguous gradient
+    outs = tuple((TorchSpec(s.shape, s.dtype, s.stride if _dense(s.shape, s.stride)
+                            else _contiguous(s.shape), grad, True), -1, -1) for s in specs)
     return Outcome(outs, (), (), (tuple, (LEAF,) * len(outs)), None)
 
 
@@ -420,7 +422,7 @@ _ARRIVAL: list = []  # the autograd Function of tensors received from another no
 def _arrive(xp, array, dtype: str, device: str) -> list:
     """A tensor of a NumPy array's bytes received from another node, which needs grad: its
     gradient goes to `anchor`, a leaf of its shape on one element of memory, from where the
-    master sends it to the sender (mwrt.master.torchissue.carry_back)."""
+    master sends it to the sender (mwrt.master.torchacross)."""
     torch = torch_module()
     if not _ARRIVAL:
         class Arrival(torch.autograd.Function):  # type: ignore[name-defined]  # torch: imported now

@@ -148,6 +148,7 @@ MASTER_LAYERS = [
                "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
                "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting", "mesh.sorting",
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad",
+               "torchacross",
                "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
                  "torchtensor", "torchcreation", "torchmodule", "torchmeshmodule",
