@@ -5,8 +5,9 @@ monotonic clock, which every process of a host shares), and the master's sends a
 are wrapped alike; then `x.numpy()` of one element and `float(t.sum())` of four run in a
 loop. Each round trip's notes, from both processes, are put in time order: the path they
 take (the most common sequence of notes) and the p50 of each hop along it. A change that
-adds a hop (a hand-off to a stream thread, a second message) shows as a new line of the
-path; the test (tests/master/test_round_trips.py) checks the read's path by its notes, untimed.
+adds a hop (a hand-off to a stream thread, a second message, another ZeroMQ frame per
+message) shows as a new or changed line of the path; the test
+(tests/master/test_round_trips.py) checks both round trips' paths by their notes, untimed.
 
 Beside it, in the same run: a pyzmq DEALER/ROUTER echo between two fresh processes, and
 each side's CPU per round trip (the wrappers add about a microsecond a note).
@@ -57,7 +58,13 @@ def on_thread(fn):  # which thread runs the command: the socket's, or its stream
     return wrapped
 zmq.Poller.poll = note("worker: wakes from poll", zmq.Poller.poll, when_true=True)
 daemon.Daemon._spin = note("worker: sees it while spinning", daemon.Daemon._spin, True)
-daemon.Daemon._on_message = note("worker: message read", daemon.Daemon._on_message)
+on_message = daemon.Daemon._on_message
+def read(self, frames):  # the frames a message took, its routing identity aside
+    NOTES.append((clock(), f"worker: message read ({frames_text(len(frames) - 1)})"))
+    on_message(self, frames)
+def frames_text(count):
+    return "1 frame" if count == 1 else f"{count} frames"
+daemon.Daemon._on_message = read
 daemon.Daemon._dispatch = note("worker: batch decoded and admitted", daemon.Daemon._dispatch)
 daemon.Daemon._forward = note("worker: forwards a stream's reply", daemon.Daemon._forward)
 executor.StreamExecutor.submit = note("worker: hands off to a stream thread",
@@ -79,15 +86,19 @@ def _master_notes(notes: list):
     clock, send, recv = time.perf_counter_ns, wire.send_parts, wire.recv_parts
 
     def send_parts(sock, parts):
-        notes.append((clock(), "master: batch encoded, send"))
+        notes.append((clock(), f"master: batch encoded, send ({_frames(len(parts))})"))
         send(sock, parts)
         notes.append((clock(), "master: send returned"))
 
     def recv_parts(sock):
         got = recv(sock)
-        notes.append((clock(), "master: reply read"))
+        notes.append((clock(), f"master: reply read ({_frames(len(got))})"))
         return got
     wire.send_parts, wire.recv_parts = send_parts, recv_parts
+
+
+def _frames(count: int) -> str:
+    return "1 frame" if count == 1 else f"{count} frames"
 
 
 def _start_workers(count: int, folder: str, keys) -> list:
@@ -161,7 +172,7 @@ def paths(notes: list, spans: list) -> dict:
     for when, label in notes:
         while k < len(spans) and spans[k][1] < when:
             k += 1
-        if label == "worker: message read":
+        if label.startswith("worker: message read"):
             current = k
         owner = current if label.startswith("worker") and label not in _WAKES else k
         if owner is not None and owner < len(spans) and when >= spans[owner][0]:

@@ -233,7 +233,7 @@ class Node:
                            grace=self.cluster.grace)
         monitor = self.rx.get_monitor_socket(_HANDSHAKE_EVENTS)
         try:
-            self.rx.send_multipart([wire.encode_header(0), wire.encode_body([hello])])
+            wire.send_parts(self.rx, wire.encode(0, [hello]))
             self._await_welcome(monitor, timeout)
         finally:
             self.rx.disable_monitor()
@@ -374,7 +374,7 @@ class Node:
         # issued: cheap, and it frees the caller to reuse its array at once.
         body = wire.encode_body(self.batch)
         try:
-            wire.send_parts(self.tx, [wire.encode_header(self.seq), body, *self.frames])
+            wire.send_parts(self.tx, [wire.envelope(self.seq, body, self.frames)])
         except BaseException:  # a Ctrl-C between frames: ZeroMQ would glue the next message
             self.torn = True  # (the Bye at exit) onto this half, and the worker refuse both
             raise
@@ -511,7 +511,8 @@ class Node:
 
     def _route(self, frames) -> None:
         try:
-            (reply,) = wire.decode_body(frames[1])
+            _, body, data = wire.open_envelope(frames)
+            (reply,) = wire.decode_body(body)
         except (wire.WireError, ValueError) as exc:
             log.error("%s: undecodable reply: %s", self, exc)
             return
@@ -527,7 +528,7 @@ class Node:
                 if reply.info.get("kind") == "quota":  # over this master's share: by name
                     self.rejected = QuotaError(f"{self}: {self.rejected}")
             return
-        self.replies[reply.token] = (reply, frames[2:])
+        self.replies[reply.token] = (reply, data)
 
     # -- failures -------------------------------------------------------------------------
 

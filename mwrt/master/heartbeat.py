@@ -130,7 +130,7 @@ class Heartbeat(threading.Thread):
             except zmq.Again:
                 return
             try:
-                (message,) = wire.decode_body(frames[1])
+                (message,) = wire.decode(frames)[1]
             except Exception as exc:  # noqa: BLE001 - logged; the heartbeat goes on
                 log.error("node %d: undecodable heartbeat reply: %s", index, exc)
                 continue

@@ -1,8 +1,10 @@
 """The command and reply format: the messages of messages.py, as MessagePack (msgspec).
 
-A message is a ZeroMQ multipart: [header, body, *data frames]. The header is
-(MAGIC, VERSION, batch sequence); the body a list of messages, each `[code, *fields]`.
-Array bytes ride in the data frames (or on a data channel), never inside the body.
+A message is one ZeroMQ frame (after a ROUTER's routing identity): an envelope, a fixed
+prefix (MAGIC, VERSION, batch sequence, the body's length and each inline data frame's),
+then the body, a list of messages each `[code, *fields]`, then the inline data frames.
+Array bytes ride in the data frames (large ones as frames of their own, sent zero-copy; or
+on a data channel), never inside the body.
 Both ways are msgspec's: a message Struct packs itself, and a body decodes straight into the
 message classes, each field's type checked as it is read (a body that fails that check is
 read again as plain values, to name what is wrong). Decoding never runs code. Lists arrive
@@ -38,7 +40,12 @@ _FIELD_TYPES = [tuple(_TYPES.get(f.type, get_origin(f.type) or f.type)
                       for f in msgspec.structs.fields(cls)) for cls in MESSAGES]
 
 MAGIC = b"mwrt"
-VERSION = 1
+VERSION = 2
+# The envelope's prefix: magic, version, inline data frames, body bytes, batch sequence.
+# One frame per message, where version 1 had a header frame, a body frame and a frame per
+# array: each ZeroMQ frame costs a call and a check of RCVMORE on both sides.
+_PREFIX = struct.Struct("<4sBBIq")
+_OLD_HEADER = b"\x93\xc4\x04" + MAGIC  # version 1's header frame: a msgpack [MAGIC, version, seq]
 
 # msgpack extension codes for values that plain msgpack cannot carry.
 EXT_REF, EXT_SLICE, EXT_ELLIPSIS, EXT_ARRAY, EXT_COMPLEX, EXT_SCALAR = 1, 2, 3, 4, 5, 6
@@ -182,25 +189,83 @@ def ref(tensor_id: int) -> msgspec.msgpack.Ext:
 
 # -- messages -------------------------------------------------------------------------------
 
-def encode_header(seq: int) -> bytes:
-    """The first frame of every message."""
-    return _pack((MAGIC, VERSION, seq))
+def envelope(seq: int, body, data=()) -> bytes:
+    """A message's one frame: the prefix, `body` (encode_body's) and the `data` frames."""
+    if not data:
+        return _PREFIX.pack(MAGIC, VERSION, 0, len(body), seq) + body
+    if len(data) > 255:
+        raise WireError(f"wire: a message carries at most 255 inline data frames (got "
+                        f"{len(data)}); send the arrays in several batches")
+    sizes = [memoryview(frame).nbytes for frame in data]
+    return b"".join([_PREFIX.pack(MAGIC, VERSION, len(data), len(body), seq),
+                     _sizes(len(data)).pack(*sizes), body, *data])
 
 
-def decode_header(frame) -> int:
-    """Check magic and version of a header frame; return its batch sequence number."""
+def open_envelope(frames, max_bytes: int | None = None) -> tuple[int, memoryview, list]:
+    """(batch sequence, body, data frames) of a message's frames (its routing identity
+    taken off): the envelope's inline frames, then the frames sent on their own."""
+    first = frames[0] if frames else b""
     try:
-        magic, version, seq = _values(frame)
-    except Exception as exc:  # noqa: BLE001 - garbage of any kind is a malformed header
-        raise WireError(f"wire: malformed header ({type(exc).__name__}: {exc})") from None
-    if type(magic) is not bytes or magic != MAGIC:
-        raise WireError(f"wire: not an mwrt message (got magic {magic!r}, expected {MAGIC!r})")
-    if type(version) is not int or version != VERSION:
-        raise WireError(f"wire: protocol version mismatch (got {version}, expected {VERSION}); "
-                        "run the same mwrt version on master and workers")
-    if not isinstance(seq, int):
-        raise WireError(f"wire: batch sequence must be an int (got {type(seq).__name__})")
-    return seq
+        magic, version, count, size, seq = _unprefix(first)
+    except (struct.error, TypeError):
+        raise WireError(_stranger(first)) from None
+    if magic != MAGIC or version != VERSION:
+        raise WireError(_stranger(first))
+    if max_bytes is not None:
+        _check_size(size, max_bytes)
+    view = memoryview(first)
+    if count == 0:  # a command's batch, most replies
+        if _PREFIX_BYTES + size != len(first):
+            raise _unequal(len(first), _PREFIX_BYTES + size)
+        return seq, view[_PREFIX_BYTES:], frames[1:]
+    start = _PREFIX_BYTES + 4 * count
+    if start + size > len(first):
+        raise _unequal(len(first), start + size)
+    end = start + size
+    data = []
+    for length in _sizes(count).unpack_from(first, _PREFIX_BYTES):
+        data.append(view[end:end + length])
+        end += length
+    if end != len(first):
+        raise _unequal(len(first), end)
+    return seq, view[start:start + size], data + frames[1:]
+
+
+def _unequal(got: int, said: int) -> WireError:
+    return WireError(f"wire: a message's envelope does not add up (got {got} bytes, its "
+                     f"prefix says {said})")
+
+
+_unprefix, _PREFIX_BYTES = _PREFIX.unpack_from, _PREFIX.size
+_SIZES = [struct.Struct(f"<{n}I") for n in range(4)]
+
+
+def _sizes(count: int) -> struct.Struct:
+    """The struct of `count` frame lengths (uint32)."""
+    return _SIZES[count] if count < len(_SIZES) else struct.Struct(f"<{count}I")
+
+
+def _stranger(first) -> str:
+    """What is wrong with a frame that does not open with this version's prefix."""
+    head = bytes(first[:8]) if isinstance(first, (bytes, memoryview)) else b""
+    if head[:7] == _OLD_HEADER and len(head) == 8:
+        return (f"wire: protocol version mismatch (got {head[7]}, expected {VERSION}); run the "
+                "same mwrt version on master and workers")
+    if len(head) >= 5 and head[:4] == MAGIC:
+        return (f"wire: protocol version mismatch (got {head[4]}, expected {VERSION}); run the "
+                "same mwrt version on master and workers")
+    return f"wire: not an mwrt message (got {head!r:.40}, expected it to open with {MAGIC!r})"
+
+
+def encode(seq: int, messages: list, data=()) -> list[bytes]:
+    """The frames of one message of `messages` (what send_parts sends)."""
+    return [envelope(seq, encode_body(messages), data)]
+
+
+def decode(frames, max_bytes: int | None = None) -> tuple[int, list, list]:
+    """(batch sequence, messages, data frames) of a message's frames; a WireError if bad."""
+    seq, body, data = open_envelope(frames, max_bytes)
+    return seq, decode_body(body), data
 
 
 def encode_body(messages: list) -> bytes:
@@ -216,7 +281,7 @@ def encode_message(message) -> bytes:
 
 def decode_body(frame, max_bytes: int | None = None) -> list:
     """Unpack a body frame into messages; any malformation is a WireError."""
-    _check_size(frame, max_bytes)
+    _check_size(len(frame), max_bytes)
     try:
         return [_settled(message) for message in _messages(frame)]
     except WireError:  # an extension's own check
@@ -231,7 +296,7 @@ def decode_body(frame, max_bytes: int | None = None) -> list:
 def iter_body(frame, max_bytes: int | None = None):
     """decode_body a few messages at a time, each few a short call: a thread decoding a long
     body beside a busy one can let it run between them."""
-    _check_size(frame, max_bytes)
+    _check_size(len(frame), max_bytes)
     try:
         rows = _rows(frame)  # where each message lies: one quick pass in C, nothing decoded
     except Exception as exc:  # noqa: BLE001 - whatever msgspec finds wrong with the frame
@@ -273,9 +338,9 @@ def _build(row):
     return cls(*row[1:])
 
 
-def _check_size(frame, max_bytes: int | None) -> None:
-    if max_bytes is not None and len(frame) > max_bytes:
-        raise WireError(f"wire: command frame too large (got {len(frame)} bytes, "
+def _check_size(nbytes: int, max_bytes: int | None) -> None:
+    if max_bytes is not None and nbytes > max_bytes:
+        raise WireError(f"wire: command frame too large (got {nbytes} bytes, "
                         f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
 
 
@@ -330,18 +395,19 @@ def rides_inline(nbytes: int) -> bool:
 
 
 def send(sock, identity, message, frames=()) -> None:
-    """Send one message (after a routing identity, if given); array frames go zero-copy."""
-    copy = not frames or sum(len(memoryview(f)) for f in frames) < ZERO_COPY_BYTES
-    if copy and frames:  # pyzmq sends a non-bytes buffer zero-copy anyway (+40 µs a round trip)
-        frames = [f if type(f) is bytes else bytes(memoryview(f)) for f in frames]
-    parts = [_HEADER_0, encode_body([message]), *frames]
-    if identity is not None:
-        parts.insert(0, identity)
+    """Send one message (after a routing identity, if given): one frame holding the array
+    `frames` too, or, past ZERO_COPY_BYTES of them, the frames after it zero-copy."""
+    body = _pack([message])
     # pyzmq's zero-copy path costs tens of µs per frame: only worth it for big payloads.
-    if copy:
-        send_parts(sock, parts)
-    else:
+    if frames and sum(memoryview(f).nbytes for f in frames) >= ZERO_COPY_BYTES:
+        parts = [_PREFIX.pack(MAGIC, VERSION, 0, len(body), 0) + body, *frames]
+        if identity is not None:
+            parts.insert(0, identity)
         sock.send_multipart(parts, copy=False)
+        return
+    if identity is not None:
+        sock.send(identity, _MORE)
+    sock.send(envelope(0, body, frames))
 
 
 _MORE, _RCVMORE = int(zmq.SNDMORE), int(zmq.RCVMORE)
@@ -364,4 +430,3 @@ def recv_parts(sock) -> list:
 
 
 ZERO_COPY_BYTES = 1 << 16
-_HEADER_0 = encode_header(0)  # every reply's header: encoded once

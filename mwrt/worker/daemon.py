@@ -270,10 +270,8 @@ class Daemon:
         identity = frames[0]
         sid, _, role = identity.rpartition(b"/")
         try:
-            if len(frames) < 3:
-                raise WireError(f"wire: a message has at least 2 frames (got {len(frames) - 1})")
-            seq = wire.decode_header(frames[1])
-            commands = wire.decode_body(frames[2], self.max_frame)
+            seq, body, data = wire.open_envelope(frames[1:], self.max_frame)
+            commands = wire.decode_body(body)
             self._read += len(commands)
             _check_socket(role, commands)
         except WireError as exc:
@@ -284,7 +282,7 @@ class Daemon:
                                                             "message": str(exc)}))
             return
         try:
-            self._route(identity, sid, role, seq, commands, frames)
+            self._route(identity, sid, role, seq, commands, body, data)
         except Exception as exc:  # noqa: BLE001 - ill-typed fields: the loop must outlive them
             self._log_rejection("rejected a message from %r: %s: %s", identity[:40],
                         type(exc).__name__, exc)
@@ -293,13 +291,13 @@ class Daemon:
                 "kind": "wire", "message": f"wire: a command has a field of the wrong type "
                 f"({type(exc).__name__}: {exc}); it and the rest of its batch did not run"}))
 
-    def _route(self, identity, sid, role, seq, commands, frames) -> None:
+    def _route(self, identity, sid, role, seq, commands, body, data) -> None:
         if role == HB:
             self._on_heartbeat(identity, sid, commands)
         elif role == RX and len(commands) == 1:
             self._hello(sid, commands[0])
         elif role == TX:
-            self._on_batch(sid, seq, commands, frames[2], frames[3:])
+            self._on_batch(sid, seq, commands, body, data)
         else:
             self._log_rejection("rejected a message from %r: expected one Hello on rx",
                                 identity[:40])

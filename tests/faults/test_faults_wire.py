@@ -48,27 +48,27 @@ class RawMaster:
             sock.setsockopt(zmq.IDENTITY, self.sid + b"/" + role)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(address)
-        self.socks[b"rx"].send_multipart([wire.encode_header(0), wire.encode_body(
-            [wire.Hello(1, session, "raw-master", 0)])])
+        self.socks[b"rx"].send_multipart(wire.encode(0, [wire.Hello(1, session, "raw-master",
+                                                                     0)]))
         assert isinstance(self.recv(b"rx", 10), wire.Welcome)
 
     def batch(self, seq: int, commands, frames=()) -> None:
-        self.socks[b"tx"].send_multipart([wire.encode_header(seq), wire.encode_body(commands),
+        self.socks[b"tx"].send_multipart([wire.envelope(seq, wire.encode_body(commands)),
                                           *frames])
 
     def recv(self, role=b"rx", timeout: float = 5.0):
         sock = self.socks[role]
         if not sock.poll(timeout * 1000):
             return None
-        return wire.decode_body(sock.recv_multipart()[1])[0]
+        return wire.decode(sock.recv_multipart())[1][0]
 
     def alive(self, timeout: float = 5.0) -> bool:
         """Ping on hb: True once a Pong comes back (other replies are skipped)."""
         hb = self.socks[b"hb"]
-        hb.send_multipart([wire.encode_header(0), wire.encode_body([wire.Ping(0)])])
+        hb.send_multipart(wire.encode(0, [wire.Ping(0)]))
         deadline = time.monotonic() + timeout
         while hb.poll(max(deadline - time.monotonic(), 0) * 1000):
-            if isinstance(wire.decode_body(hb.recv_multipart()[1])[0], wire.Pong):
+            if isinstance(wire.decode(hb.recv_multipart())[1][0], wire.Pong):
                 return True
         return False
 
@@ -113,19 +113,17 @@ def test_a_resent_batch_is_not_run_twice(daemon):
         master.batch(3, [wire.Call(30, -1, (), "add_", (wire.Ref(5), 10), {})])
         master.batch(3, add)  # a new command under an old number is dropped too
         master.batch(0, add)
-        master.socks[b"tx"].send_multipart([wire.encode_header(4), wire.encode_body(
-            [wire.Get(40, -1, 5, 7)])])
+        master.socks[b"tx"].send_multipart(wire.encode(4, [wire.Get(40, -1, 5, 7)]))
         reply = master.recv()
         assert isinstance(reply, wire.Data), reply
         assert reply.token == 7
         # Every resend above would have changed the sum: 1 + 10 proves each ran once.
-        master.socks[b"tx"].send_multipart([wire.encode_header(4), wire.encode_body(
-            [wire.Get(41, -1, 5, 8)])])  # the same Get resent: no second answer
+        master.socks[b"tx"].send_multipart(wire.encode(4, [wire.Get(41, -1, 5, 8)]))  # resent
         assert master.recv(timeout=1.0) is None
         master.batch(5, [wire.Get(50, -1, 5, 9)])
         frames = master.socks[b"rx"].recv_multipart() if master.socks[b"rx"].poll(5000) else None
         assert frames is not None
-        np.testing.assert_array_equal(np.frombuffer(frames[2], np.int64), [11] * 4)
+        np.testing.assert_array_equal(np.frombuffer(wire.decode(frames)[2][0], np.int64), [11] * 4)
     finally:
         master.close()
 
@@ -165,7 +163,7 @@ FUZZ_STRUCTURED = settings(max_examples=300, deadline=None,
 @FUZZ
 @given(st.binary(max_size=256))
 def test_decoders_raise_only_wire_errors_on_any_bytes(data):
-    _only_wire_errors(wire.decode_header, data)
+    _only_wire_errors(_decode_envelope, data)
     _only_wire_errors(wire.decode_body, data)
     _only_wire_errors(lambda d: wire.decode_body(d, 64), data)
 
@@ -174,7 +172,8 @@ def test_decoders_raise_only_wire_errors_on_any_bytes(data):
 @given(VALUES)
 def test_decoders_raise_only_wire_errors_on_any_msgpack_value(value):
     data = msgspec.msgpack.encode(value)
-    _only_wire_errors(wire.decode_header, data)
+    _only_wire_errors(_decode_envelope, data)
+    _only_wire_errors(_decode_envelope, wire.envelope(1, data))
     _only_wire_errors(wire.decode_body, data)
 
 
@@ -187,9 +186,14 @@ def test_decoders_raise_only_wire_errors_on_mutated_batches(rows, cut, flip):
         data[cut % len(data)] ^= 1 << flip
         _only_wire_errors(wire.decode_body, bytes(data))
         _only_wire_errors(wire.decode_body, bytes(data[:cut % len(data)]))
-    header = bytearray(wire.encode_header(cut))
-    header[cut % len(header)] ^= 1 << flip
-    _only_wire_errors(wire.decode_header, bytes(header))
+    envelope = bytearray(wire.envelope(cut, bytes(data), [b"\x01" * cut]))
+    envelope[cut % len(envelope)] ^= 1 << flip
+    _only_wire_errors(_decode_envelope, bytes(envelope))
+    _only_wire_errors(_decode_envelope, bytes(envelope[:cut % len(envelope)]))
+
+
+def _decode_envelope(data: bytes):
+    return wire.decode([data])
 
 
 class Canary:
@@ -214,7 +218,7 @@ def test_decoding_never_unpickles(tmp_path):
     packed = msgspec.msgpack.encode([[wire.code(wire.Call), 1, -1, (), "add", (blob,), {}]])
     for data in (blob, packed, msgspec.msgpack.encode([msgspec.msgpack.Ext(wire.EXT_ARRAY, blob)]),
                  msgspec.msgpack.encode([[wire.code(wire.Remote), 1, -1, (), blob, (), {}]])):
-        for decode in (wire.decode_header, wire.decode_body):
+        for decode in (_decode_envelope, wire.decode_body):
             try:
                 decode(data)
             except WireError:
@@ -256,7 +260,6 @@ def _confused_rows(rng: random.Random) -> bytes:
 def bad_message(rng: random.Random, seq: int) -> list:
     """One malformed multipart message: garbage, mutation, type confusion or oversize."""
     kind = rng.random()
-    header = wire.encode_header(seq)
     if kind < 0.15:
         return [os.urandom(rng.randrange(0, 40)) for _ in range(rng.randrange(1, 4))]
     if kind < 0.45:
@@ -265,16 +268,19 @@ def bad_message(rng: random.Random, seq: int) -> list:
             body[rng.randrange(len(body))] ^= 1 << rng.randrange(8)
         if rng.random() < 0.5:
             body = body[:rng.randrange(len(body))]
-        return [header, bytes(body)]
+        return [wire.envelope(seq, bytes(body))]
     if kind < 0.9:
-        return [header, _confused_rows(rng), *([b"\x00" * rng.randrange(64)]
-                                                 if rng.random() < 0.3 else [])]
+        return [wire.envelope(seq, _confused_rows(rng)), *([b"\x00" * rng.randrange(64)]
+                                                           if rng.random() < 0.3 else [])]
     if kind < 0.97:
-        pack = msgspec.msgpack.encode
-        bad = rng.choice([pack([b"mwrt", 2, seq]), pack([b"mwrT", 1, seq]),
-                          pack([b"mwrt", 1, "seq"]), pack([b"mwrt", 1]), pack(None), b""])
-        return [bad, wire.encode_body(_valid_batch(rng))]
-    return [header, b"\x91" + b"\xda\xff\xff" + b"x" * 65535 * rng.randrange(1, 40)]
+        body = wire.encode_body(_valid_batch(rng))
+        good = wire.envelope(seq, body, [b"\x00" * 8])
+        bad = rng.choice([
+            good[:4] + bytes([wire.VERSION + 1]) + good[5:],  # another version
+            b"mwrT" + good[4:], good[:-1], good + b"x",  # wrong magic; lengths that disagree
+            good[:6] + (1 << 31).to_bytes(4, "little") + good[10:], good[:12], b""])
+        return rng.choice([[bad], [msgspec.msgpack.encode([b"mwrt", 1, seq]), body]])
+    return [wire.envelope(seq, b"\x91" + b"\xda\xff\xff" + b"x" * 65535 * rng.randrange(1, 40))]
 
 
 STRANGERS = [b"other/tx", b"", b"/", b"x" * 200, b"fuzzer/zz"]
@@ -347,8 +353,8 @@ def test_oversized_and_many_framed_messages_do_not_stop_the_daemon(daemon):
     try:
         huge = b"\x00" * (4 << 20)  # over MWRT_MAX_FRAME_BYTES (1 MiB)
         master.batch(1, [wire.Sync(1, -1, 1)], frames=[huge] * 3)
-        master.socks[b"tx"].send_multipart([wire.encode_header(2), huge])
-        master.socks[b"tx"].send_multipart([wire.encode_header(3), b"\x90", *[b""] * 5000])
+        master.socks[b"tx"].send_multipart([wire.envelope(2, huge)])
+        master.socks[b"tx"].send_multipart([wire.envelope(3, b"\x90"), *[b""] * 5000])
         reply = master.recv()
         assert reply is not None  # the Sync's answer or the refusal, not silence
         assert master.alive()

@@ -201,13 +201,13 @@ def _path(kind: str) -> tuple:
 _WAKES = {"worker: wakes from poll", "worker: sees it while spinning"}  # either, by load
 
 
-def test_a_read_takes_one_message_each_way_and_no_hand_off():
+def test_a_read_takes_one_message_of_one_frame_each_way_and_no_hand_off():
     path = _path("read")  # each side's notes in its order (the two sides' may interleave)
     assert [label for label in path if label.startswith("master")] == [
-        "master: op called", "master: batch encoded, send", "master: send returned",
-        "master: reply read", "master: value returned"]
+        "master: op called", "master: batch encoded, send (1 frame)", "master: send returned",
+        "master: reply read (1 frame)", "master: value returned"]
     assert [label for label in path if label.startswith("worker") and label not in _WAKES] == [
-        "worker: message read", "worker: batch decoded and admitted",
+        "worker: message read (1 frame)", "worker: batch decoded and admitted",
         "worker: Get starts (socket thread)", "worker: reply encoded and sent",
         "worker: reply send returned", "worker: Get done"]
 
@@ -217,7 +217,7 @@ def test_a_small_op_and_its_read_run_on_the_socket_thread():
     assert "worker: Call starts (socket thread)" in path
     assert "worker: Get starts (socket thread)" in path
     assert not [label for label in path if "stream thread" in label or "forwards" in label]
-    assert path.count("master: reply read") == 1
+    assert path.count("master: reply read (1 frame)") == 1
 
 
 @pytest.mark.parametrize("limit", ["0", "4096"])

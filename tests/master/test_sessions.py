@@ -163,7 +163,7 @@ def _ping_as(address: str, key: str, sid: bytes, stop: threading.Event) -> None:
     sock = dealer(context, sid + b"/hb", address, load_key_file(key))
     try:
         while not stop.is_set():
-            sock.send_multipart([wire.encode_header(0), wire.encode_body([wire.Ping(0)])])
+            sock.send_multipart(wire.encode(0, [wire.Ping(0)]))
             time.sleep(0.1)
     finally:
         sock.close(linger=0)

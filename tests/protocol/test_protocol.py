@@ -48,6 +48,30 @@ def test_every_message_round_trips_with_its_traits(cls):
 
 
 
+@pytest.mark.parametrize("data", [(), (b"\x01\x02",), (b"", b"abc", np.arange(3, dtype=np.uint8))])
+def test_a_message_is_one_frame_holding_its_body_and_small_arrays(data):
+    body = wire.encode_body([wire.Get(5, -1, 7, 9)])
+    frames = wire.encode(41, [wire.Get(5, -1, 7, 9)], data)
+    assert len(frames) == 1  # where version 1 sent a header, a body and a frame per array
+    seq, messages, got = wire.decode(frames + [b"big"])  # a large array rides on its own
+    assert (seq, messages) == (41, [wire.Get(5, -1, 7, 9)])
+    assert [bytes(frame) for frame in got] == [bytes(memoryview(d)) for d in data] + [b"big"]
+    assert bytes(wire.open_envelope(frames)[1]) == body
+
+
+@pytest.mark.parametrize("first, error", [
+    (msgspec.msgpack.encode([b"mwrt", 1, 3]), r"version mismatch \(got 1, expected 2\)"),
+    (b"mwrt\x07" + bytes(13), r"version mismatch \(got 7, expected 2\)"),
+    (b"xyz", "not an mwrt message"),
+    (wire.envelope(1, b"\x90")[:-1], "does not add up"),
+    (wire.envelope(1, b"\x90", [b"ab"]) + b"!", "does not add up"),
+    (wire.envelope(1, b"\x90" * 64), "too large"),
+])
+def test_a_malformed_envelope_is_named(first, error):
+    with pytest.raises(WireError, match=error):
+        wire.open_envelope([first], max_bytes=32)
+
+
 NESTED = (wire.Ref(3), (slice(0, 4, None), 2, (Ellipsis, None)), [[1, 2], {"a": [3, (4,)]}],
           {"k": [5, [6]]}, np.float32(0.5), np.arange(3))
 

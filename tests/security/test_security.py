@@ -130,7 +130,7 @@ def test_plain_zmq_client_gets_nothing_and_daemon_serves_on(served):
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(served[1])
     body = msgspec.msgpack.encode([[wire.code(wire.Hello), 1, "s", "intruder", 0]])
-    sock.send_multipart([wire.encode_header(1), body])
+    sock.send_multipart([wire.envelope(1, body)])
     assert not sock.poll(1000)
     sock.close(0)
     ctx.term()

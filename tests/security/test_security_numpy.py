@@ -58,9 +58,9 @@ class Attacker(RawMaster):
         if not sock.poll(timeout * 1000):
             return None
         frames = sock.recv_multipart()
-        reply = wire.decode_body(frames[1])[0]
+        _, (reply,), data = wire.decode(frames)
         if isinstance(reply, wire.Data):
-            self.array = np.frombuffer(frames[2], np.dtype(reply.dtype)).reshape(reply.shape)
+            self.array = np.frombuffer(data[0], np.dtype(reply.dtype)).reshape(reply.shape)
         return reply
 
     def run(self, commands: list):

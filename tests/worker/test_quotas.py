@@ -280,16 +280,14 @@ def test_hello_or_bye_naming_a_foreign_session_is_refused(daemon):
         evil.setsockopt(zmq.IDENTITY, b"evil/rx")
         evil.setsockopt(zmq.LINGER, 0)
         evil.connect(address)
-        evil.send_multipart([wire.encode_header(0), wire.encode_body(
-            [wire.Hello(1, victim, "evil", 0)])])
+        evil.send_multipart(wire.encode(0, [wire.Hello(1, victim, "evil", 0)]))
         assert evil.poll(5000)
-        reply = wire.decode_body(evil.recv_multipart()[1])[0]
+        reply = wire.decode(evil.recv_multipart())[1][0]
         assert isinstance(reply, wire.Failed) and "opens only its own session" in \
             reply.info["message"], reply
         evil.close(0)
         other = RawMaster(address, "other")  # a session of its own, then a second Hello
-        other.socks[b"rx"].send_multipart([wire.encode_header(0), wire.encode_body(
-            [wire.Hello(2, "other", "evil", 0)])])
+        other.socks[b"rx"].send_multipart(wire.encode(0, [wire.Hello(2, "other", "evil", 0)]))
         reply = other.recv(timeout=5)
         assert isinstance(reply, wire.Failed) and "already open" in reply.info["message"]
         other.batch(1, [wire.Bye(3)])  # ends "other" alone

@@ -42,7 +42,7 @@ def raw_exchange(address, parts, identity=b"x/tx", reply_to=None):
         if not listener.poll(3000):
             return None
         frames = listener.recv_multipart()
-        return wire.decode_body(frames[1])[0]
+        return wire.decode(frames)[1][0]
     finally:
         for sock in sockets.values():
             sock.close(0)
@@ -51,12 +51,14 @@ def raw_exchange(address, parts, identity=b"x/tx", reply_to=None):
 
 BAD_FRAMES = [
     [b"garbage"],
-    [b"\x93\xa4xxxx\x01\x00", b"body"],  # wrong magic
-    [msgspec.msgpack.encode([b"mwrt", 99, 1]), b"\x90"],  # another protocol version
-    [wire.encode_header(1), b"\xc1"],  # invalid msgpack
-    [wire.encode_header(1), msgspec.msgpack.encode([[999, 1, 2]])],  # unknown message code
-    [wire.encode_header(1), msgspec.msgpack.encode([[wire.code(wire.Call), 1]])],  # missing fields
-    [wire.encode_header(1), msgspec.msgpack.encode({"a": 1})],  # not a list
+    [b"xxxx" + wire.envelope(1, b"\x90")[4:]],  # wrong magic
+    [b"mwrt\x63" + wire.envelope(1, b"\x90")[5:]],  # another protocol version
+    [msgspec.msgpack.encode([b"mwrt", 1, 1]), b"\x90"],  # version 1's header and body frames
+    [wire.envelope(1, b"\x90")[:-1]],  # shorter than its prefix says
+    [wire.envelope(1, b"\xc1")],  # invalid msgpack
+    [wire.envelope(1, msgspec.msgpack.encode([[999, 1, 2]]))],  # unknown message code
+    [wire.envelope(1, msgspec.msgpack.encode([[wire.code(wire.Call), 1]]))],  # missing fields
+    [wire.envelope(1, msgspec.msgpack.encode({"a": 1}))],  # not a list
 ]
 
 
@@ -74,7 +76,7 @@ def test_malformed_messages_get_an_error_reply_and_the_daemon_serves_on(worker, 
 def test_commands_without_a_session_are_refused(worker):
     _, address = worker
     body = wire.encode_body([wire.Create(1, -1, 5, "zeros", (3,), "<f4", -1, ())])
-    reply = raw_exchange(address, [wire.encode_header(1), body], identity=b"nosuch/tx",
+    reply = raw_exchange(address, [wire.envelope(1, body)], identity=b"nosuch/tx",
                          reply_to=b"nosuch/rx")
     assert isinstance(reply, wire.Failed) and reply.info["kind"] == "unknown_session"
 
