@@ -116,34 +116,32 @@ def backward(roots: list, inputs: list | None) -> list:
     """Mark the leaves a backward from `roots` fills (only `inputs`' if given); returns the
     nodes it reached that stand for tensors moved from another node."""
     wanted = None if inputs is None else {id(n) for n in map(node_of, inputs) if n}
-    stack = [n for n in map(node_of, roots) if n is not None]
-    seen: set = set()
     crossed = []
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in _walked(roots):
         if node.keeps if wanted is None else id(node) in wanted:
             node.filled = True
         if node.cross is not None:
             crossed.append(node)
-        stack.extend(node.parents)
     return crossed if inputs is None else []
 
 
 def reach(roots: list) -> tuple[set, list]:
     """The ids of the nodes a backward from `roots` walks on their node, and the nodes
     among them that stand for tensors moved from another node; marks nothing."""
+    nodes = _walked(roots)
+    return {id(n) for n in nodes}, [n for n in nodes if n.cross is not None]
+
+
+def _walked(roots: list) -> list:
+    """The nodes a backward from `roots` walks on their node, each once."""
     stack = [n for n in map(node_of, roots) if n is not None]
     seen: set = set()
-    crossed = []
+    walked = []
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if node.cross is not None:
-            crossed.append(node)
+        walked.append(node)
         stack.extend(node.parents)
-    return seen, crossed
+    return walked

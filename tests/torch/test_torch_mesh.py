@@ -49,6 +49,15 @@ def _close(handle, local) -> None:
     torch.testing.assert_close(handle.torch(), local.detach(), **TOL)
 
 
+def _step(model, opt, X, y):
+    """One training step: the loss, before the step."""
+    loss = F.cross_entropy(model(X), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def _same_everywhere(param) -> None:
     blocks = [b.torch() for b in param._locals]
     assert all(torch.equal(blocks[0], b) for b in blocks[1:])
@@ -138,27 +147,25 @@ def test_two_backwards_without_zero_grad_accumulate_as_torch(mesh):
         _close(p.grad, lp.grad)
 
 
-def test_a_captured_mesh_step_replays_as_local_steps(mesh):
+@pytest.mark.parametrize("make", ["module", "fully_shard"])
+def test_a_captured_mesh_step_replays_as_local_steps(mesh, make):
+    """A replicated module's step (the all_reduce), or a sharded one's (the all_gather,
+    the reduce_scatter and the step on the shards), captured once."""
     X, y = _data(12)
     local = _model()
-    model = mwrt.torch.module(_model(), mesh=mesh)
+    model = getattr(mwrt.torch, make)(_model(), mesh=mesh)
     opt = mwrt.torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     lopt = torch.optim.SGD(local.parameters(), lr=0.1, momentum=0.9)
     xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
     with mwrt.graph() as step:
-        loss = F.cross_entropy(model(xs), ys)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = _step(model, opt, xs, ys)
     for _ in range(3):
         step.replay()
-        lloss = F.cross_entropy(local(X), y)
-        lopt.zero_grad()
-        lloss.backward()
-        lopt.step()
+        lloss = _step(local, lopt, X, y)
         assert loss.item() == pytest.approx(lloss.item(), rel=1e-6)
     for p, lp in zip(model.parameters(), local.parameters()):
-        _same_everywhere(p)
+        if make == "module":  # a sharded one's blocks differ
+            _same_everywhere(p)
         _close(p, lp)
 
 
@@ -298,23 +305,14 @@ def test_a_fully_sharded_module_trains_as_local_torch_and_as_the_replicated_one(
     lopt = torch.optim.AdamW(local.parameters(), lr=1e-2)
     xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
     for _ in range(3):
-        losses = []
-        for model, opt in zip((sharded, replicated), opts):
-            loss = F.cross_entropy(model(xs), ys)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        lloss = F.cross_entropy(local(X), y)
-        lopt.zero_grad()
-        lloss.backward()
-        lopt.step()
-        assert losses == pytest.approx([lloss.item()] * 2, rel=1e-6)
+        losses = [_step(model, opt, xs, ys).item()
+                  for model, opt in zip((sharded, replicated), opts)]
+        assert losses == pytest.approx([_step(local, lopt, X, y).item()] * 2, rel=1e-6)
     for (name, p), lp in zip(sharded.named_parameters(), local.parameters()):
         assert p.grad._placements == (Shard(0),), name
         _close(p, lp)
         _close(p.grad, lp.grad)
-    for (name, value), lp in zip(sharded.state_dict().items(), local.parameters()):
+    for value, lp in zip(sharded.state_dict().values(), local.parameters()):
         torch.testing.assert_close(value, lp.detach(), **TOL)
 
 
@@ -333,26 +331,3 @@ def test_a_sharded_module_accumulates_and_clears_gradients_as_torch(mesh):
     assert all(p.grad is None for p in sharded.parameters())
     with pytest.raises(ValueError, match="fully_shard: no mesh to shard over"):
         mwrt.torch.fully_shard(_model())
-
-
-def test_a_captured_sharded_step_replays_as_local_steps(mesh):
-    """The all_gather, the reduce_scatter and the step on the shards, captured once."""
-    X, y = _data(12)
-    local, sharded = _model(), mwrt.torch.fully_shard(_model(), mesh=mesh)
-    opt = mwrt.torch.optim.SGD(sharded.parameters(), lr=0.1, momentum=0.9)
-    lopt = torch.optim.SGD(local.parameters(), lr=0.1, momentum=0.9)
-    xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
-    with mwrt.graph() as step:
-        loss = F.cross_entropy(sharded(xs), ys)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    for _ in range(3):
-        step.replay()
-        lloss = F.cross_entropy(local(X), y)
-        lopt.zero_grad()
-        lloss.backward()
-        lopt.step()
-        assert loss.item() == pytest.approx(lloss.item(), rel=1e-6)
-    for p, lp in zip(sharded.parameters(), local.parameters()):
-        _close(p, lp)

@@ -16,7 +16,7 @@ import mwrt  # noqa: E402
 import mwrt.torch  # noqa: E402
 from mwrt.errors import PlacementError  # noqa: E402
 from mwrt.master.mesh.placement import Partial, Replicate, Shard  # noqa: E402
-from tests.torch.test_torch_mesh import TOL, _close, _data, _model  # noqa: E402
+from tests.torch.test_torch_mesh import TOL, _close, _data, _model, _step  # noqa: E402
 
 R, P = Replicate(), Partial("sum")
 
@@ -38,15 +38,8 @@ def _train(model, grid, shard, steps: int = 3) -> None:
     lopt = torch.optim.AdamW(local.parameters(), lr=1e-2)
     xs, ys = mwrt.dist_send(X, mesh=grid, shard=shard), mwrt.dist_send(y, mesh=grid, shard=shard)
     for _ in range(steps):
-        loss = F.cross_entropy(model(xs), ys)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        lloss = F.cross_entropy(local(X), y)
-        lopt.zero_grad()
-        lloss.backward()
-        lopt.step()
-        assert loss.item() == pytest.approx(lloss.item(), rel=1e-6)
+        loss = _step(model, opt, xs, ys)
+        assert loss.item() == pytest.approx(_step(local, lopt, X, y).item(), rel=1e-6)
     for (name, p), lp in zip(model.named_parameters(), local.parameters()):
         _close(p, lp)
         _close(p.grad, lp.grad)
