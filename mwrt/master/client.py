@@ -44,11 +44,13 @@ log = logging.getLogger("mwrt")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SITES = 1 << 16  # issue sites remembered per node, for error reports
+_SITE_MASK = _SITES - 1
 _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | sum(_AUTH_FAILURES)
 _READ_SLICE_MS = 50  # a wait notices a lost worker or a refused batch within this
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
+_clock = time.monotonic  # (one global read per command)
 _SAY_AFTER = 2.0  # seconds a wait after an interrupted one goes before it says what it awaits
 
 
@@ -190,6 +192,7 @@ class Node:
         self.batch_started = self.last_flush = 0.0
         self.batch_size = config.get("batch_size")
         self.inline_bytes = config.get("inline_bytes")
+        self.quick_elements = config.get("inline_op_elements")  # issue.call's hold
         self.sync_timeout = config.get("sync_timeout")
         self.spin = config.get("master_spin_us") * 1e-6
         self.spin_misses = self.spin_skips = 0  # the spin's back-off (_spin)
@@ -214,7 +217,8 @@ class Node:
         self.info: wire.Welcome | None = None
         self.resumed: dict | None = None  # what a re-attached named session held
         self.closed = False
-        self.torn = False  # a batch was cut off mid-send: no more messages on tx
+        self.torn = False  # a Ctrl-C came at a batch's send: no more messages on tx
+        self.refusing = False  # closed, torn or lost: one test per command issued
         # (token, what, when) of a wait a Ctrl-C cut short.
         self.interrupted: tuple[int, str, float] | None = None
         self.bye: int | None = None  # the id of the Bye sent, awaited by close()
@@ -299,12 +303,13 @@ class Node:
 
     # -- issuing --------------------------------------------------------------------------
 
-    def issue(self, command, frame=None, site=None) -> None:
+    def issue(self, command, frame=None, site=None, hold: bool = False) -> None:
         """Queue one command; it goes out with its batch (now, if the node was quiet).
 
         A `frame` (bytes beside a command with a data_frame trait) rides in the batch; the
         command's `frame` field is set to its index. `site`: the issuing line, when the caller
-        already found it (a mesh op issues one command per node from one line).
+        already found it (a mesh op issues one command per node from one line). `hold`: an op
+        of microseconds, which a quiet node's batch keeps for the next command (queue()).
         """
         if command.on_stream:
             stream = command.stream
@@ -314,18 +319,23 @@ class Node:
                 self.streams.add(command.stream)
         if site is None and not command.sync_point:  # a read's errors name the op, not it
             site = issue_site()
-        self.queue(command, command.id, stream, site, time.monotonic(), None, frame)
+        self.queue(command, command.id, stream, site, _clock(), None, frame, hold)
 
     def queue(self, body, command_id: int, stream: int | None, site, now: float,
-              window: float | None = None, frame=None) -> None:
+              window: float | None = None, frame=None, hold: bool = False) -> None:
         """Queue one command (a message, or its bytes: msgspec.Raw) issued from `site` on
         `stream` (None: not on one) at time `now`. The batch goes out at once when the node
         was quiet (no send for a millisecond), when it is full, with a data `frame`, and when
         it is `window` seconds old (None: whenever a millisecond passed since the last send;
-        the heartbeat sends stragglers)."""
-        if self.closed or self.torn or self.lost is not None:
+        the heartbeat sends stragglers).
+
+        A quiet node's batch keeps a command to `hold` (a small op) for the next one, which
+        sends both: a read that follows, `float(t.sum())`, makes one message, not an op's
+        and then a read's. Nothing waits on it meanwhile (a read, a relay's Record, a
+        transfer come as that next command); if none comes, the heartbeat sends it."""
+        if self.refusing:
             self._refuse_issue()
-        self.sites[command_id & (_SITES - 1)] = site
+        self.sites[command_id & _SITE_MASK] = site
         if stream is not None:
             self.streams.add(stream)
             self.limits.streams.add(stream)
@@ -333,7 +343,8 @@ class Node:
             batch = self.batch
             if not batch:  # (a send just went out, from this thread or the heartbeat's)
                 self.batch_started = now
-                due, sent = now - self.last_flush > 1e-3, True  # quiet: the worker may wait
+                # quiet: the worker may wait (unless the op is one the read after it takes)
+                due, sent = not hold and now - self.last_flush > 1e-3, True
             elif window is None:
                 due, sent = now - self.last_flush > 1e-3, False
             else:
@@ -372,13 +383,13 @@ class Node:
         self.seq += 1
         # Data frames here are inline arrays (at most MWRT_INLINE_BYTES), copied to bytes when
         # issued: cheap, and it frees the caller to reuse its array at once.
-        body = wire.encode_body(self.batch)
+        message = wire.envelope(self.seq, wire.encode_body(self.batch), self.frames)
         try:
-            wire.send_parts(self.tx, [wire.envelope(self.seq, body, self.frames)])
-        except BaseException:  # a Ctrl-C between frames: ZeroMQ would glue the next message
-            self.torn = True  # (the Bye at exit) onto this half, and the worker refuse both
+            wire.send_parts(self.tx, [message])
+        except BaseException:  # a Ctrl-C at the send: whether the batch went out is unknown,
+            self.torn = self.refusing = True  # so nothing more goes (resent, it could run twice)
             raise
-        self.limits.count(len(body) + sum(len(frame) for frame in self.frames))
+        self.limits.count(len(message))
         self.batch, self.frames = [], []
 
     def _append_frees(self) -> None:
@@ -398,11 +409,11 @@ class Node:
         """The line that issued command `command_id` (or captured it in a graph), '' if not
         remembered."""
         site = self.graph_sites.get(command_id)
-        return site if site is not None else site_text(self.sites[command_id & (_SITES - 1)])
+        return site if site is not None else site_text(self.sites[command_id & _SITE_MASK])
 
     def sites_of(self, command_id: int):
         """The (code, line) that issued command `command_id`, or None if not remembered."""
-        site = self.sites[command_id & (_SITES - 1)]
+        site = self.sites[command_id & _SITE_MASK]
         return site if type(site) is tuple else None
 
     def known_streams(self) -> list[int]:
@@ -419,12 +430,15 @@ class Node:
         if self.closed:
             self.check_lost()
             self._raise_closed()
-        self.flush()
+        if self.batch or self.frees:  # (a request's own command went out as it was queued)
+            self.flush()
         timeout = self.sync_timeout if timeout is None else timeout
         start, began = time.monotonic(), time.time()
-        deadline, asked, spin = start + timeout, None, self.spin > 0
+        deadline, asked = start + timeout, None
         with self.rx_lock:
             try:
+                if self.spin:  # before the first read
+                    self._spin(token)
                 while token not in self.replies:
                     self.check_lost()
                     self._raise_rejected()
@@ -434,10 +448,6 @@ class Node:
                                            "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
                     if self.interrupted is not None and now - start > _SAY_AFTER:
                         asked = self._after_interrupt(asked, what)
-                    if spin:  # once a wait, before its first read
-                        spin = False
-                        self._spin(token)
-                        continue
                     try:  # small replies: bytes beat Frames
                         frames = wire.recv_parts(self.rx)
                     except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, read again
@@ -536,6 +546,7 @@ class Node:
         """Record that this worker is gone; every later wait on it raises WorkerLostError."""
         if self.lost is None:
             self.lost, self.lost_at = reason, time.strftime("%H:%M:%S")
+            self.refusing = True
             log.error("%s lost: %s", self, reason)
 
     def _raise_rejected(self) -> None:
@@ -557,9 +568,9 @@ class Node:
             self.check_lost()  # a replaced node: say it was lost, not that the session ended
             self._raise_closed()
         if self.torn:
-            raise MwrtError(f"{self}: a Ctrl-C cut a batch of commands in two as it was sent, "
-                            "so this session cannot send more; call mwrt.shutdown(), then "
-                            "mwrt.init_master_worker() again")
+            raise MwrtError(f"{self}: a Ctrl-C came as a batch of commands was sent (it may have "
+                            "gone out or not), so this session cannot send more; call "
+                            "mwrt.shutdown(), then mwrt.init_master_worker() again")
         self.check_lost()
 
     def check_lost(self) -> None:
@@ -601,7 +612,7 @@ class Node:
                 self._bye()
             except Exception as exc:  # noqa: BLE001 - a dying worker must not stop shutdown
                 log.info("%s: goodbye not answered: %s", self, exc)
-        self.closed = True
+        self.closed = self.refusing = True
         self.tx.close(linger=0)
         self.rx.close(linger=0)
 

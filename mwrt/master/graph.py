@@ -177,7 +177,7 @@ class Graph:
         commands, sites = self._commands.setdefault(node, []), self._sites.setdefault(node, {})
         issue = type(node).issue
 
-        def record(command, frame=None) -> None:
+        def record(command, frame=None, hold=False) -> None:  # (hold: the batch's, not ours)
             name = type(command).__name__
             if isinstance(command, wire.NewStream):  # streams are made now, not replayed
                 return issue(node, command)

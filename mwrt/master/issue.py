@@ -13,11 +13,13 @@ that cannot be encoded would fail every later command of the session.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from .. import ops
+from ..arrays import HOST
 from ..ops import UNKNOWN
 from ..protocol import wire
 from . import context, ordering
@@ -69,11 +71,25 @@ def call(name: str, *args, **kwargs):
     if outs and name in _ALIASING:  # (in this order: x += 1 pays one test)
         _share(name, args, outs)  # a view shares its base's record
     ordering.order(place, stream, now, False, written)
+    # (an empty batch first: in a stream of ops the batch is seldom empty, and never quiet)
+    hold = not node.batch and _fits_quick_path(place, outs, node.quick_elements)
     node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),
-                         op=name, args=wire_args, kwargs=wire_kwargs, fp=fp_state()))
+                         op=name, args=wire_args, kwargs=wire_kwargs, fp=fp_state()), hold=hold)
     if op.inplace:
         return None
     return outs[0] if type(result) is not tuple else tuple(outs)
+
+
+def _fits_quick_path(operands: list, results: list, limit: int) -> bool:
+    """Whether an op's operands and results hold at most `limit` elements in host memory
+    (MWRT_INLINE_OP_ELEMENTS): its worker runs it on the socket thread, in microseconds."""
+    total = 0
+    for tensor in (*operands, *results):
+        spec = tensor._spec
+        if type(spec) is not ops.Spec or tensor._device != HOST:
+            return False
+        total += math.prod(spec.shape)
+    return total <= limit
 
 
 def create(cls: type, kind: str, shape: tuple, dtype: np.dtype, node, device: int,

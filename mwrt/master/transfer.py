@@ -87,7 +87,7 @@ def fetch(tensor) -> np.ndarray:
     node = tensor._node
     spec = tensor._spec
     if spec is None or math.prod(spec.shape) * spec.dtype.itemsize <= node.inline_bytes:
-        ahead = read_ahead(tensor)
+        ahead = read_ahead(tensor) if _READ_AHEAD[0] is not None else None
         if ahead is not None:
             return ahead
         stream = ordering.read_stream(tensor)  # its events first: ids rise in issue order

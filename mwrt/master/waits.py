@@ -55,9 +55,12 @@ class WaitLog:
 
     def note(self, node: int, what: str, start: float, end: float) -> None:
         """Count one wait on node `node` (wall-clock `start`, `end`) at its user's line."""
-        if threading.current_thread().name.startswith(_OWN_THREADS):
-            return  # the heartbeat's or the dashboard's own requests: not the program's
-        site = getattr(threading.current_thread(), "mwrt_site", None) or caller(3)
+        thread = threading.current_thread()
+        site = getattr(thread, "mwrt_site", None)
+        if site is None:
+            if thread is not _MAIN and thread.name.startswith(_OWN_THREADS):
+                return  # the heartbeat's or the dashboard's own requests: not the program's
+            site = caller(3)
         seconds = end - start
         with self.lock:
             self.count += 1
@@ -83,6 +86,7 @@ class WaitLog:
 
 
 _OWN_THREADS = ("mwrt-heartbeat", "mwrt-dashboard")
+_MAIN = threading.main_thread()
 LOG = WaitLog()
 
 

@@ -218,6 +218,11 @@ def open_envelope(frames, max_bytes: int | None = None) -> tuple[int, memoryview
         if _PREFIX_BYTES + size != len(first):
             raise _unequal(len(first), _PREFIX_BYTES + size)
         return seq, view[_PREFIX_BYTES:], frames[1:]
+    if count == 1 and len(first) >= _PREFIX_BYTES + 4:  # a small read's reply
+        end = _PREFIX_BYTES + 4 + size
+        if end + _one_size(first, _PREFIX_BYTES)[0] != len(first):
+            raise _unequal(len(first), end + _one_size(first, _PREFIX_BYTES)[0])
+        return seq, view[_PREFIX_BYTES + 4:end], [view[end:], *frames[1:]]
     start = _PREFIX_BYTES + 4 * count
     if start + size > len(first):
         raise _unequal(len(first), start + size)
@@ -238,6 +243,7 @@ def _unequal(got: int, said: int) -> WireError:
 
 _unprefix, _PREFIX_BYTES = _PREFIX.unpack_from, _PREFIX.size
 _SIZES = [struct.Struct(f"<{n}I") for n in range(4)]
+_one_size = _SIZES[1].unpack_from
 
 
 def _sizes(count: int) -> struct.Struct:

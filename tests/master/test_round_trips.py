@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import mwrt
+from mwrt.master import heartbeat
 from mwrt.protocol import wire
 
 
@@ -99,6 +100,34 @@ def test_a_masters_spin_that_found_nothing_is_skipped_at_the_next_waits(cluster)
 
 def _waits() -> int:
     return mwrt.stats()["waits"]
+
+
+def test_a_scalar_read_after_its_op_after_a_quiet_spell_is_one_message(cluster, monkeypatch):
+    monkeypatch.setattr(heartbeat, "_STRAGGLER_AGE", 60.0)  # no straggler sent in between
+    node = mwrt.master.cluster.current().nodes[0]
+    x = mwrt.dist_send(np.array([1.0, 2.0, 4.0]))
+    got, sent = [], []
+    for _ in range(5):
+        time.sleep(0.005)  # quiet: an op alone would go out at once
+        before = node.seq
+        got.append(float(x.sum()))
+        sent.append(node.seq - before)
+    assert got == [7.0] * 5
+    assert sent == [1] * 5  # the op rides with its read
+
+
+def test_a_held_op_that_nothing_follows_is_sent_by_the_heartbeat(cluster):
+    node = mwrt.master.cluster.current().nodes[0]
+    x = mwrt.dist_send(np.array([1.0, 2.0]))
+    float(x.sum())
+    time.sleep(0.005)
+    before = node.seq
+    y = x * 3
+    deadline = time.monotonic() + 10
+    while node.seq == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert node.seq == before + 1 and not node.batch
+    np.testing.assert_array_equal(y.numpy(), [3.0, 6.0])
 
 
 def test_a_scalar_read_after_its_op_is_one_round_trip(cluster):
@@ -217,6 +246,7 @@ def test_a_small_op_and_its_read_run_on_the_socket_thread():
     assert "worker: Call starts (socket thread)" in path
     assert "worker: Get starts (socket thread)" in path
     assert not [label for label in path if "stream thread" in label or "forwards" in label]
+    assert path.count("master: batch encoded, send (1 frame)") == 1  # the op, with the read
     assert path.count("master: reply read (1 frame)") == 1
 
 
