@@ -148,9 +148,9 @@ def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: floa
     Node.queue's rule, written out in one loop: a call per node cost a mesh op about as
     much as the rest of its work per node (the goal is a microsecond per node)."""
     now = time.monotonic()
-    slot = command_id & (_SITES - 1)
+    slot = command_id & _SITE_MASK
     for node, body, stream in zip(nodes, bodies, streams or itertools.repeat(None)):
-        if node.closed or node.torn or node.lost is not None:
+        if node.refusing:
             node._refuse_issue()
         node.sites[slot] = site
         if stream is not None and stream not in node.limits.streams:  # (a subset of streams)
