@@ -19,15 +19,18 @@ print("GOT", store.get("rank1", timeout=40).decode(), flush=True)
 
 # A stranger that never answers a challenge: it opens connections as fast as it can without
 # waiting for them and keeps each until the server closes it (up to 20,000 at once, or its fd limit), so the
-# slots it got are held, and it takes any slot that frees within microseconds.
+# slots it got are held, and it takes any slot that frees within microseconds. It says
+# FLOODING once it has opened 1,000, and stops at SIGTERM (the test is done) or after its time.
 FLOOD = """
-import resource, select, socket, sys, time
+import resource, select, signal, socket, sys, time
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 most = min(hard - 64, 20000)
 target, source, seconds = (sys.argv[1], int(sys.argv[2])), sys.argv[3], float(sys.argv[4])
 held, opened, end, poller = {}, 0, time.monotonic() + seconds, select.poll()
-while time.monotonic() < end:
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+while time.monotonic() < end and not stop:
     if len(held) < most:
         sock = socket.socket()
         sock.setblocking(False)
@@ -37,6 +40,8 @@ while time.monotonic() < end:
         held[sock.fileno()] = sock
         poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
         opened += 1
+        if opened == 1000:
+            print("FLOODING", flush=True)
     if opened % 200 == 0 or len(held) >= most:  # let go of those the server closed
         for fd, _ in poller.poll(0):
             try:
@@ -54,7 +59,6 @@ print("OPENED", opened, flush=True)
 RANK = f"""
 import time
 from mwrt.store import TCPStore
-time.sleep(3)  # the flood is under way
 start = time.monotonic()
 rank = TCPStore("{{addr}}", {PORT}, timeout=6, key=bytes.fromhex("{KEY}"))
 rank.set("rank1", "here")
@@ -73,8 +77,11 @@ def test_a_stranger_on_another_host_cannot_hold_the_stores_challenge_slots(hosts
         flood = stranger.popen([sys.executable, "-c", FLOOD, store_host.addr, str(PORT), "",
                                 "25"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        started = flood.stdout.readline()
+        assert "FLOODING" in started, started + flood.stdout.read()[-2000:]
         rank = rank_host.python(RANK.format(addr=store_host.addr), timeout=60, check=False)
         out, _ = server.communicate(timeout=60)
+        flood.terminate()
         flooded, _ = flood.communicate(timeout=60)
     finally:
         for process in (server,):

@@ -410,7 +410,7 @@ def test_a_flood_of_silent_strangers_cannot_hold_the_challenge_slots(keyed):
     flood = subprocess.Popen([sys.executable, "-c", FLOOD, "127.0.0.1", str(keyed.port),
                               "127.0.0.2", "12"], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(2)  # the flood is under way
+        assert "FLOODING" in flood.stdout.readline()  # the flood is under way
         # 6 s: past the 2 s challenge deadline, short of the 5 s one before this change + 1
         ranks = [TCPStore("127.0.0.1", keyed.port, timeout=6, key=KEY) for _ in range(2)]
         ranks[0].set("rank0", "here")
@@ -418,6 +418,7 @@ def test_a_flood_of_silent_strangers_cannot_hold_the_challenge_slots(keyed):
         for rank in ranks:
             rank.close()
     finally:
+        flood.terminate()  # the ranks are in: no need to flood on for the rest of its 12 s
         out, _ = flood.communicate(timeout=60)
     print(f"\n[figure] {out.strip()} connections by the stranger meanwhile")
 
