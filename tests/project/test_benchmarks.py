@@ -24,6 +24,7 @@ BENCH = os.path.join(ROOT, "benchmarks")
     ("bench_scale.py", ["--quick"]),
     ("bench_mesh.py", ["--quick"]),  # skips its hosts table itself where hosts cannot be made
     ("bench_reduce_scatter.py", ["--nodes", "2", "--mib", "1", "--reps", "1"]),
+    ("bench_mesh_sort.py", ["--quick"]),
     ("bench_gpu.py", ["--quick", "--fake"]),
     ("bench_checkpoint.py", ["--mb", "4"]),
     ("bench_wire.py", ["--quick"]),  # its table on the fake GPU; on a GPU: real

@@ -9,7 +9,7 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
   one that joins a sharded result is reduce_scattered to its blocks, others all_reduced.
 - reductions: over unsharded axes keep the shards; over a sharded axis give Partial(sum, max,
   min, prod) (mean: a sum scaled by the global count); var, std, argmax, argmin, cumsum and
-  cumprod over it run in two phases (twophase.py).
+  cumprod over it run in two phases (twophase.py); median takes the sort's plan (sorting.py).
 - matmul: Shard(row) @ Replicate -> Shard(row); Replicate @ Shard(col) -> Shard(col);
   Shard(contraction) @ Shard(contraction) -> Partial(sum); stacks sharded on a batch axis
   (both alike, or one with the other replicated and broadcast along it) keep it.
@@ -29,7 +29,7 @@ from ...ops.elementwise import UFUNCS
 from ...ops.meta_helpers import normalize_axes
 from ...ops.reductions import REDUCTIONS
 from ..issue import call
-from . import moves, shapes, twophase
+from . import moves, shapes, sorting, twophase
 from .placement import REPLICATE, Partial, Placement, Shard, describe, local_box
 from .plan import (
     PlacementError,
@@ -215,9 +215,11 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
         axes = tuple(range(t.ndim))
     else:
         axes = normalize_axes(axis, t.ndim, name) if not isinstance(axis, Slot) else ()
-    if (name in twophase.MOMENTS or name in twophase.INDEXES or name in twophase.SCANS) and any(
-            type(p) is Shard and p.axis in axes for p in t._placements):
-        whole = twophase.plan(name, t, args, kwargs, axes)
+    if (name in twophase.MOMENTS or name in twophase.INDEXES or name in twophase.SCANS or
+            name == "median") and any(type(p) is Shard and p.axis in axes
+                                      for p in t._placements):
+        whole = sorting.median_plan(t, args, kwargs, axes) if name == "median" else \
+            twophase.plan(name, t, args, kwargs, axes)
         if whole is not None:
             return Plan(None, whole=whole)
     out, scaled = [], False

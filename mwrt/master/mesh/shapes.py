@@ -3,7 +3,7 @@ sharded axis, or regroup it (regroup.py); concatenate and stack join operands sh
 or replicated, and concatenate along the sharded axis regroups it; getitem and setitem take
 basic indices (an int along the sharded axis is taken where it lies and broadcast; a slice
 along it moves runs: slicing.py; a mesh value: setting.py); sort and argsort hold along an
-unsharded axis, and sort merges blocks along a sharded one (sorting.py)."""
+unsharded axis, and sort (argsort, stable) merges blocks along a sharded one (sorting.py)."""
 
 from __future__ import annotations
 
@@ -105,23 +105,29 @@ def axiswise(name, operands, args, kwargs, spec, resolve) -> Plan:
         plan = _sorted(name, t, axis, args, kwargs, spec)
         if plan is not None:
             return plan
-        raise no_rule(name, operands, f"{name} along the sharded axis: replicate first "
-                      f"(t.replicate().{name}(...)) or shard another axis")
+        stable = " (a stable argsort, kind='stable', has a plan)" if name == "argsort" else ""
+        raise no_rule(name, operands, f"{name} along the sharded axis{stable}: replicate "
+                      f"first (t.replicate().{name}(...)) or shard another axis")
     return Plan(t._placements)
 
 
 def _sorted(name, t, axis, args, kwargs, spec) -> Plan | None:
-    """np.sort along the sharded axis (of the flattened tensor for axis=None, where it stays
-    sharded) by sorting.py's plan; None where it has none."""
-    if name != "sort" or kwargs.get("order", args[3] if len(args) > 3 else None) is not None:
+    """np.sort, and np.argsort of a stable kind, along the sharded axis (of the flattened
+    tensor for axis=None, where it stays sharded) by sorting.py's plan; None where it has
+    none."""
+    kind = kwargs.get("kind", args[2] if len(args) > 2 else None)
+    if kwargs.get("order", args[3] if len(args) > 3 else None) is not None or (
+            name == "argsort" and kind not in sorting.STABLE):
         return None
     if axis is None and t.ndim != 1:
         if not regroup.flattens(t):
             return None
-        return Plan(None, whole=lambda: np.sort(t.reshape(-1), axis=0))
+        sort = np.sort if name == "sort" else np.argsort
+        return Plan(None, whole=lambda: sort(t.reshape(-1), axis=0, kind=kind))
     axis = 0 if axis is None else axis % t.ndim
     dim = sorting.plannable(t, axis)
-    return None if dim is None else Plan(None, whole=lambda: sorting.sort(t, axis, dim, spec))
+    return None if dim is None else Plan(None, whole=lambda: sorting.sort(
+        t, axis, dim, spec, positions=name == "argsort"))
 
 
 def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:

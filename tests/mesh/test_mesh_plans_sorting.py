@@ -1,0 +1,84 @@
+"""Sorting along a sharded axis by local plans: np.argsort of a stable kind and np.median
+keep to sorting.py's merge-split between neighbours (median then takes the middle elements
+where they lie), with no PlacementWarning, no wait of the master on a worker, and NumPy's
+value, dtype and shape. Both ran on replicated copies before."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from tests.mesh.test_mesh import four, same, strict  # noqa: F401 - four: the module's fixture
+from tests.mesh.test_mesh_plans_moves import m, planned, square  # noqa: F401 - fixtures
+
+import mwrt
+from mwrt import Replicate, Shard
+
+pytestmark = pytest.mark.timeout(120)
+
+DTYPES = [np.bool_, np.int8, np.uint8, np.int64, np.float32, np.float64, np.complex128]
+
+
+def ties(shape, dtype, seed=3):
+    """Values with many ties (and NaNs among floats): where a stable order shows."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, shape).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.integers(0, 2, shape)
+    if np.dtype(dtype).kind == "f" and x.size > 4:
+        x.flat[[1, x.size - 2]] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_stable_argsort_along_the_sharded_axis_stays_sharded(m, dtype):
+    x = ties((11, 3), dtype)
+    for rows in (11, 4, 1, 0):
+        v = x[:rows]
+        X = mwrt.dist_send(v, mesh=m, shard=0)
+        for kind in ("stable", "mergesort"):
+            got = planned(lambda: np.argsort(X, axis=0, kind=kind))
+            assert got.placement == Shard(0)
+            same(got, np.argsort(v, axis=0, kind=kind))
+    X1 = mwrt.dist_send(x.T.copy(), mesh=m, shard=1)
+    same(planned(lambda: X1.argsort(kind="stable")), x.T.argsort(kind="stable"))
+    same(planned(lambda: np.argsort(X1, axis=None, kind="stable")),
+         np.argsort(x.T, axis=None, kind="stable"))
+    with strict(), pytest.raises(mwrt.PlacementError, match="kind='stable'"):
+        np.argsort(X1, axis=1)  # NumPy's default orders ties its own way: replicated
+
+
+def test_a_stable_argsort_on_a_2d_mesh_and_of_three_dimensions(m, square):
+    x = ties((4, 9, 2), np.float64)
+    for mesh, shard, axis in [(m, 1, 1), (square, (1, None), 1), (square, (0, 1), 1),
+                              (square, (None, 2), -1)]:
+        X = mwrt.dist_send(x, mesh=mesh, shard=shard)
+        same(planned(lambda: np.argsort(X, axis=axis, kind="stable")),
+             np.argsort(x, axis=axis, kind="stable"))
+        same(planned(lambda: np.sort(X, axis=axis)), np.sort(x, axis=axis))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_median_along_the_sharded_axis_takes_the_middle_of_the_sorted_axis(m, dtype):
+    x = ties((7, 4), dtype)
+    for rows in (7, 6, 2, 1):
+        v = x[:rows]
+        X = mwrt.dist_send(v, mesh=m, shard=0)
+        for kwargs in ({"axis": 0}, {"axis": 0, "keepdims": True}, {}, {"keepdims": True},
+                       {"axis": (0, 1)}):
+            got = planned(lambda: np.median(X, **kwargs))
+            same(got, np.median(v, **kwargs))
+        assert planned(lambda: np.median(X, axis=0)).placement == Replicate()
+    X1 = mwrt.dist_send(x, mesh=m, shard=1)
+    same(planned(lambda: np.median(X1, axis=-1)), np.median(x, axis=-1))
+    same(planned(lambda: X1.median(axis=1)), np.median(x, axis=1))
+
+
+def test_median_of_an_empty_sharded_axis_is_numpys_nan(m):
+    """No middle to take: NumPy's nan, on replicated copies."""
+    X = mwrt.dist_send(np.zeros((0, 3)), mesh=m, shard=0)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        got = np.median(X, axis=0)
+    same(got, np.full(3, np.nan))
