@@ -1,8 +1,9 @@
 """NumPy is the oracle on meshes: random programs run on NumPy arrays and on mesh tensors.
 
 Hypothesis writes a short program, as tests/ops/test_differential.py does for one node, over
-variables laid on a mesh (1-D of 2, 3 or 4 local nodes, or 2x2) with every placement:
-Shard(axis) (uneven, size-0 and size-1 axes; on 2x2 one per dimension), Replicate(), and
+variables laid on a mesh (1-D of 2, 3 or 4 local nodes, 2x2, or 1x3 with a dimension of one
+place) with every placement: Shard(axis) (uneven, size-0 and size-1 axes; on a 2-D mesh one
+per dimension, one axis split by both among them), Replicate(), and
 Partial (a sum of parts). Lines: elementwise ops with arrays, Python and NumPy scalars,
 in-place ops, reductions and scans, matmul, shape ops and joins, indexing and setitem,
 redistribute, graphs captured and replayed, two streams per node (a slow write first, so a
@@ -45,8 +46,10 @@ from mwrt.master.mesh.placement import describe
 EXAMPLES = int(os.environ.get("MESH_DIFFERENTIAL_EXAMPLES", "300"))
 LOG = os.environ.get("MESH_DIFFERENTIAL_LOG")
 SLOW = 20.0  # seconds: a program this long waited on something a timeout ended
-MESHES = {"2": [0, 1], "3": [0, 1, 2], "4": [0, 1, 2, 3], "2x2": None}
-SIZES = {"2": 2, "3": 3, "4": 4, "2x2": 4}
+MESHES = {"2": "mwrt.mesh(nodes=[0, 1])", "3": "mwrt.mesh(nodes=[0, 1, 2])",
+          "4": "mwrt.mesh(nodes=[0, 1, 2, 3])", "2x2": "mwrt.mesh({'a': 2, 'b': 2})",
+          "1x3": "mwrt.mesh({'a': 1, 'b': 3}, nodes=[1, 2, 3])"}
+SIZES = {"2": 2, "3": 3, "4": 4, "2x2": 4, "1x3": 3}
 DTYPES = ["bool", "int32", "int64", "uint8", "float32", "float64", "complex128"]
 SHAPES = [(0,), (1,), (2,), (5,), (4, 3), (3, 1), (1, 3), (2, 0), (0, 3), (7, 2), (5, 4),
           (2, 3, 2), (3, 4, 1)]
@@ -71,7 +74,10 @@ FUNCTIONS = ["np.where({a} > 0, {a}, {s})", "np.clip({a}, 1, 3)", "np.maximum({a
              "np.matmul({a}, {b})", "np.dot({a}, {b})", "{a} @ {b}.T", "np.round({a})",
              "{a}.astype(np.float64)", "{a}.copy()", "np.abs({a} - {b})",
              "np.concatenate([{a}, {b}, {a}], axis=0)", "np.cumprod({a}, axis=0)",
-             "np.cumsum({a}, axis=-1)", "np.stack([{a}, {b}], axis=-1)"]
+             "np.cumsum({a}, axis=-1)", "np.stack([{a}, {b}], axis=-1)",
+             "np.argsort({a}, axis=0, kind='stable')", "np.argsort({a}, axis=None, "
+             "kind='stable')", "np.median({a}, axis=0)", "np.median({a})",
+             "np.median({a}, axis=-1, keepdims=True)", "np.sort({a}, axis=-1)"]
 
 
 class _NumpyWorld:
@@ -222,7 +228,7 @@ def _initial(draw, name: str, mesh: str) -> str:
 def _shard(draw, shape: tuple, mesh: str):
     """A shard= for `shape`: None (replicate), an axis, or one per mesh dimension."""
     axes = [None, *range(len(shape))]
-    if mesh != "2x2" or draw(st.booleans()):
+    if "x" not in mesh or draw(st.booleans()):
         return draw(st.sampled_from(axes))
     return (draw(st.sampled_from(axes)), draw(st.sampled_from(axes)))
 
@@ -343,9 +349,7 @@ def _graph(draw, env: dict, known: dict, new: str):
 
 
 def _as_source(mesh: str, head: list, lines: list) -> str:
-    nodes = MESHES[mesh]
-    made = "mwrt.mesh({'a': 2, 'b': 2})" if nodes is None else f"mwrt.mesh(nodes={nodes})"
-    return "\n".join([f"# world: the mesh {made}", *head, *lines])
+    return "\n".join([f"# world: the mesh {MESHES[mesh]}", *head, *lines])
 
 
 def _compare(name: str, expected, got, source: str) -> None:
@@ -400,8 +404,7 @@ def four():
 @pytest.fixture(scope="module")
 def meshes(four):
     """The meshes the programs run on, made once."""
-    square = mwrt.mesh({"a": 2, "b": 2})
-    return {k: mwrt.mesh(nodes=v) if v is not None else square for k, v in MESHES.items()}
+    return {k: eval(made, {"mwrt": mwrt}) for k, made in MESHES.items()}
 
 
 @pytest.fixture(scope="module")

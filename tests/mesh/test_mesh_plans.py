@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 from tests.mesh.test_mesh import data, four, same, strict  # noqa: F401 - four: the module's fixture
+from tests.mesh.test_mesh_plans_moves import square  # noqa: F401 - a fixture
 
 import mwrt
 from mwrt import Replicate, Shard
@@ -156,6 +157,48 @@ def test_matmul_of_stacks_keeps_the_batch_shards(m):
         got, warned = told(lambda: X @ Y)
         assert warned == [] and got.placement == Shard(axis)
         same(got, x @ y, exact=False)
+
+
+def test_matmul_with_the_contracted_axis_sharded_on_one_side_is_partial(m):
+    """Shard(1) @ Replicate, Replicate @ Shard(0), a sharded vector at either side: each
+    place cuts the replicated operand to the other's block of the contracted axis, and the
+    result is a Partial sum; all ran on replicated copies (a PlacementWarning)."""
+    rng = np.random.default_rng(6)
+    a, b, v, w = rng.standard_normal((4, 5)), rng.standard_normal((5, 3)), \
+        rng.standard_normal(5), rng.integers(-3, 4, (3, 2, 5))
+    for x, sx, y, sy in [(a, 1, b, None), (a, None, b, 0), (v, 0, b, None), (a, None, v, 0),
+                         (v, 0, v, None), (w, 2, w[0].T.copy(), None),
+                         (a > 0, 1, b > 0, None), (a[:, :1], 1, b[:1], None)]:
+        X, Y = mwrt.dist_send(x, mesh=m, shard=sx), mwrt.dist_send(y, mesh=m, shard=sy)
+        for op in (np.matmul, np.dot):
+            got, warned = told(lambda: op(X, Y))
+            assert warned == []
+            assert got.placement == mwrt.Partial("sum") or x.shape[-1] == 1
+            same(got, op(x, y), exact=x.dtype.kind != "f")
+        same(X, x)
+        same(Y, y)
+
+
+def test_matmul_cutting_the_contraction_on_a_2d_mesh(square):
+    a, b = data(4, 6), data(6, 3, seed=1)
+    for sa, sb in [((1, 1), None), ((1, None), (None, 1)), (None, (0, 0)), ((0, 1), None)]:
+        A, B = mwrt.dist_send(a, mesh=square, shard=sa), mwrt.dist_send(b, mesh=square, shard=sb)
+        got, warned = told(lambda: A @ B)
+        assert warned == []
+        same(got, a @ b, exact=False)
+
+
+def test_argmin_and_argmax_with_no_axis_take_two_phases(m):
+    """Of the flattened tensor: they ran on replicated copies (a PlacementWarning)."""
+    x = (np.random.default_rng(7).integers(-5, 5, (7, 3))).astype(np.float64)
+    x[5, 1] = np.nan
+    for v, shard in [(x, 0), (x, 1), (x[:, 0], 0), (x[:4, :1], 1), (x[:2] > 0, 0)]:
+        X = mwrt.dist_send(v, mesh=m, shard=shard)
+        for name in ("argmin", "argmax"):
+            for kwargs in ({}, {"keepdims": True}):
+                got, warned = told(lambda: getattr(np, name)(X, **kwargs))
+                assert warned == []
+                same(got, getattr(np, name)(v, **kwargs))
 
 
 def test_matmul_outside_its_rules_keeps_the_left_placement(m):

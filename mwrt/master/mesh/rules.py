@@ -11,7 +11,8 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
   min, prod) (mean: a sum scaled by the global count); var, std, argmax, argmin, cumsum and
   cumprod over it run in two phases (twophase.py); median takes the sort's plan (sorting.py).
 - matmul: Shard(row) @ Replicate -> Shard(row); Replicate @ Shard(col) -> Shard(col);
-  Shard(contraction) @ Shard(contraction) -> Partial(sum); stacks sharded on a batch axis
+  Shard(contraction) @ Shard(contraction) -> Partial(sum), and so with either side replicated
+  (each place cuts it to the other's block of the contraction); stacks sharded on a batch axis
   (both alike, or one with the other replicated and broadcast along it) keep it.
 - shape ops (transpose, swapaxes, moveaxis, expand_dims, squeeze, reshape keeping the sharded
   axis and those before it) follow the sharded axis; other reshapes, and concatenate along
@@ -298,6 +299,8 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
     row_out = r - 2 if nb >= 2 else r - 1
     out: list[Placement] = []
     cuts: dict = {}  # operand side -> its batch axis cut to each place's block
+    ka, kb = na - 1, nb - 2 if nb >= 2 else 0  # the contracted axes
+    contracted: set = set()  # the side whose contracted axis is cut to the other's blocks
     for pa, pb in zip(ta._placements, tb._placements):
         if pa == REPLICATE and pb == REPLICATE:
             out.append(REPLICATE)
@@ -305,19 +308,46 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
             out.append(Shard(row_out))
         elif col is not None and pa == REPLICATE and pb == Shard(col):
             out.append(Shard(r - 1))
-        elif pa == Shard(na - 1) and pb == Shard(nb - 2 if nb >= 2 else 0):
+        elif pa == Shard(ka) and pb == Shard(kb):
+            out.append(Partial("sum"))
+        elif (side := _contracted(ta, tb, pa, pb, ka, kb)) is not None:
+            contracted.add(side)  # Shard(1) @ Replicate: each place its rows of the right
             out.append(Partial("sum"))
         elif (batch := _batch(ta, tb, pa, pb, r - (na >= 2) - (nb >= 2), cuts)) is not None:
             out.append(Shard(batch))
         else:
             raise no_rule(name, [ta, tb], "matmul shards rows of the left (Shard(0) @ "
                           "Replicate), columns of the right (Replicate @ Shard(1)), or the "
-                          "contracted axis of both (Shard(1) @ Shard(0)); redistribute one, "
-                          "e.g. t.replicate()")
+                          "contracted axis of either (Shard(1) @ Shard(0), or Replicate); "
+                          "redistribute one, e.g. t.replicate()")
     placed = tuple(out)
+    if len(contracted) > 1 or contracted & set(cuts):
+        raise no_rule(name, [ta, tb], "matmul cuts one operand to the other's blocks, along "
+                      "one axis; redistribute one, e.g. t.replicate()")
     views = {(a.k, b.k)[side]: _cut(operands[(a.k, b.k)[side]], own, axis, spec.shape, placed)
              for side, (own, axis) in cuts.items()}
+    for side in contracted:
+        whole, sharded = ((ta, tb), (tb, ta))[side]
+        views[(a.k, b.k)[side]] = _cut_to(whole, (ka, kb)[side], sharded, (kb, ka)[side])
     return Plan(placed, views)
+
+
+def _contracted(ta, tb, pa, pb, ka: int, kb: int):
+    """The side (0: the left) whose whole contracted axis each place cuts to the other's
+    block of it, where the other shards it here and this one is replicated; else None."""
+    if pa == Shard(ka) and pb == REPLICATE and Shard(kb) not in tb._placements:
+        return 1
+    if pa == REPLICATE and pb == Shard(kb) and Shard(ka) not in ta._placements:
+        return 0
+    return None
+
+
+def _cut_to(t, own: int, other, axis: int) -> list:
+    """Per place, t's block cut along its axis `own` to `other`'s block of its `axis`."""
+    mesh = t._mesh
+    return [_getitem(t._locals[i], (slice(None),) * own + (slice(*local_box(
+        other.shape, other._placements, mesh.shape, coord)[axis]),))
+        for i, coord in enumerate(mesh.coords)]
 
 
 def _batch(ta, tb, pa, pb, batches: int, cuts: dict):

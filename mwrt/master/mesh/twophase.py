@@ -5,7 +5,8 @@ place reduces its block, then the places combine (an all_reduce of a small resul
   squared deviations (a Partial sum) over n - ddof: no place ever holds another's block.
 - argmax, argmin: the extreme (a Partial max or min, made real as the comparison takes it),
   then the least global position where a block holds it (a Partial min): NumPy's first
-  occurrence, NaN first where there is one.
+  occurrence, NaN first where there is one. With no axis, of the flattened tensor (where
+  it stays sharded).
 - cumsum, cumprod: each place scans its block and reduces it (its total, the identity for
   an empty block); the totals, one element along the axis per place, are all_gathered along
   the mesh dimension; each place combines those of the places before it (an exclusive
@@ -45,11 +46,17 @@ def plan(name: str, t, args: tuple, kwargs: dict, axes: tuple):
         return lambda: _moment(name, t, axes, int(kwargs.get("ddof", 0)), keepdims)
     if name in SCANS:
         return _scan_plan(name, t, args, kwargs)
-    if name in INDEXES and len(axes) == 1 and "ddof" not in kwargs and \
-            t.dtype.kind in "biuf" and t.shape[axes[0]] and (
-                kwargs.get("axis", args[1] if len(args) > 1 else None) is not None):
-        return lambda: _index(name, t, axes[0], keepdims)
-    return None
+    if name not in INDEXES or "ddof" in kwargs or t.dtype.kind not in "biuf" or \
+            not math.prod(t.shape[a] for a in axes):
+        return None
+    if kwargs.get("axis", args[1] if len(args) > 1 else None) is not None:
+        return (lambda: _index(name, t, axes[0], keepdims)) if len(axes) == 1 else None
+    if t.ndim == 1:  # of the flattened tensor: along its one axis
+        return lambda: _index(name, t, 0, keepdims)
+    if not regroup.flattens(t):
+        return None
+    return lambda: _index(name, t.reshape(-1), 0, False).reshape(
+        (1,) * t.ndim if keepdims else ())
 
 
 def _moment(name: str, t, axes: tuple, ddof: int, keepdims: bool):
