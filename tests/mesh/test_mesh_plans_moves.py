@@ -212,8 +212,6 @@ def test_scans_on_a_2d_mesh(square):
     for shard in [(0, None), (None, 0), (0, 1), (1, 0), (1, 1)]:
         X = mwrt.dist_send(x, mesh=square, shard=shard)
         for axis in (0, 1):
-            if shard == (1, 1) and axis == 1:  # two dimensions shard it: redistributed
-                continue
             same(planned(lambda: np.cumsum(X, axis=axis)), np.cumsum(x, axis=axis))
             same(planned(lambda: np.cumprod(X, axis=axis)), np.cumprod(x, axis=axis))
 
@@ -350,9 +348,27 @@ def test_sort_on_a_2d_mesh(square):
     for shard, axis in [((0, None), 0), ((None, 0), 0), ((0, 1), 0), ((1, 0), 1)]:
         X = mwrt.dist_send(x, mesh=square, shard=shard)
         same(planned(lambda: np.sort(X, axis=axis)), np.sort(x, axis=axis))
-    X = mwrt.dist_send(x, mesh=square, shard=(0, 0))  # two dimensions shard it: redistributed
-    with strict(), pytest.raises(mwrt.PlacementError, match="sort"):
-        np.sort(X, axis=0)
+
+
+
+def test_sort_and_scans_of_an_axis_sharded_by_both_dimensions_of_a_2d_mesh(square):
+    """(Shard(0), Shard(0)): the four blocks lie along the axis in the places' row-major
+    order, one line of four; sort, stable argsort, median, cumsum and cumprod run along it
+    (they ran on replicated copies, with a PlacementWarning)."""
+    rng = np.random.default_rng(8)
+    for rows in (9, 6, 4, 3, 1):
+        x = rng.integers(-4, 5, (rows, 3)).astype(np.float64)
+        for shard, axis in [((0, 0), 0), ((1, 1), 1), ((0, 0), -1)]:
+            v = x if axis != 1 else x.T.copy()
+            X = mwrt.dist_send(v, mesh=square, shard=shard)
+            got = planned(lambda: np.sort(X, axis=axis))
+            assert got.placements == X.placements
+            same(got, np.sort(v, axis=axis))
+            same(planned(lambda: np.argsort(X, axis=axis, kind="stable")),
+                 np.argsort(v, axis=axis, kind="stable"))
+            same(planned(lambda: np.median(X, axis=axis)), np.median(v, axis=axis))
+            same(planned(lambda: np.cumsum(X, axis=axis)), np.cumsum(v, axis=axis))
+            same(planned(lambda: X.cumprod(axis=axis)), v.cumprod(axis=axis))
 
 
 def test_replicating_a_tall_unevenly_sharded_tensor(m):

@@ -94,12 +94,16 @@ class Mesh:
             raise ValueError(f"mesh: no dimension {name} (it has {self.ndim})")
         return name % self.ndim
 
-    def groups(self, dim: int) -> list[list[int]]:
-        """The places along mesh dimension `dim`: one list (flat indices) per line of it."""
+    def groups(self, dim: int | tuple) -> list[list[int]]:
+        """The places along mesh dimension `dim`: one list (flat indices) per line of it;
+        along several (a tuple), each line in their row-major order, as nested shards of
+        one axis lie along it."""
         found = self._groups.get(dim)
         if found is None:
+            dims = dim if isinstance(dim, tuple) else (dim,)
             grid = np.arange(self.size).reshape(self.shape)
-            lines = np.moveaxis(grid, dim, -1).reshape(-1, self.shape[dim])
+            lines = np.moveaxis(grid, dims, range(-len(dims), 0)).reshape(
+                -1, math.prod(self.shape[d] for d in dims))
             found = self._groups[dim] = [[int(i) for i in line] for line in lines]
         return found
 

@@ -4,10 +4,11 @@ Slicing, reshaping and joining along a sharded axis leave each place holding con
 runs of the result along an axis (its positions [first, last)), of any lengths, where the
 result wants each place to hold one block [a, b) of it (as np.array_split cuts the
 result's length). Each place receives from the places of its line (along the mesh
-dimension that shards the axis) the pieces of their runs that fall in its block, worker to
-worker, and joins them in order: no bytes go through the master, and no place holds more
-than its block and the pieces it sends. A run that every place holds (a replicated
-operand's) is cut where it is wanted, and moves nothing.
+dimension that shards the axis, or the several that shard it nested) the pieces of their
+runs that fall in its block, worker to worker, and joins them in order: no bytes go
+through the master, and no place holds more than its block and the pieces it sends. A run
+that every place holds (a replicated operand's) is cut where it is wanted, and moves
+nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import math
 from .. import issue
 
 
-def exchange(mesh, dim: int, axis: int, held: list, wanted: list, everywhere=()) -> list:
+def exchange(mesh, dim: int | tuple, axis: int, held: list, wanted: list,
+             everywhere=()) -> list:
     """Per place p, the run wanted[p] = (a, b) of a result's `axis`, a new tensor joined from
     the pieces of the runs its line holds: held[q] is [(part, first, last)] where part's
     `axis` holds result positions [first, last); everywhere is [(parts, first, last)], one

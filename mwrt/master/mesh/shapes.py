@@ -125,9 +125,9 @@ def _sorted(name, t, axis, args, kwargs, spec) -> Plan | None:
         sort = np.sort if name == "sort" else np.argsort
         return Plan(None, whole=lambda: sort(t.reshape(-1), axis=0, kind=kind))
     axis = 0 if axis is None else axis % t.ndim
-    dim = sorting.plannable(t, axis)
-    return None if dim is None else Plan(None, whole=lambda: sorting.sort(
-        t, axis, dim, spec, positions=name == "argsort"))
+    dims = sorting.plannable(t, axis)
+    return None if dims is None else Plan(None, whole=lambda: sorting.sort(
+        t, axis, dims, spec, positions=name == "argsort"))
 
 
 def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:

@@ -9,9 +9,9 @@ place reduces its block, then the places combine (an all_reduce of a small resul
   it stays sharded).
 - cumsum, cumprod: each place scans its block and reduces it (its total, the identity for
   an empty block); the totals, one element along the axis per place, are all_gathered along
-  the mesh dimension; each place combines those of the places before it (an exclusive
-  scan) into its scan. Integers wrap as NumPy's do (in any order); floats round in
-  another order than NumPy's one pass.
+  the mesh dimension (or the several that shard the axis nested); each place combines those
+  of the places before it (an exclusive scan) into its scan. Integers wrap as NumPy's do
+  (in any order); floats round in another order than NumPy's one pass.
 
 Each is written with mesh ops on the operand where it can be, so every step takes its
 placement rule.
@@ -105,26 +105,29 @@ def _scan_plan(name: str, t, args: tuple, kwargs: dict):
         return lambda: getattr(t.reshape(-1), name)(axis=0, **extra)
     axis = 0 if axis is None else axis
     axis %= t.ndim
-    dims = [d for d, p in enumerate(t._placements) if p == Shard(axis)]
-    if len(dims) != 1 or any(p.is_partial() for p in t._placements):
+    dims = tuple(d for d, p in enumerate(t._placements) if p == Shard(axis))
+    if not dims or any(p.is_partial() for p in t._placements):
         return None
-    return lambda: _scan(name, t, axis, dims[0], extra)
+    return lambda: _scan(name, t, axis, dims, extra)
 
 
-def _scan(name: str, t, axis: int, dim: int, extra: dict):
+def _scan(name: str, t, axis: int, dims: tuple, extra: dict):
+    """The scan along `axis`, sharded along mesh dimensions `dims` (nested: a place's rank
+    along them is its block's order along the axis)."""
     total, combine = SCANS[name]
     mesh = t._mesh
+    rank = {p: k for line in mesh.groups(dims) for k, p in enumerate(line)}
     scans = [issue.call(name, block, axis=axis, **extra) for block in t._locals]
     totals = [issue.call(total, block, axis=axis, keepdims=True, **extra)
               for block in t._locals]
-    shape = t.shape[:axis] + (mesh.shape[dim],) + t.shape[axis + 1:]
+    shape = t.shape[:axis] + (math.prod(mesh.shape[d] for d in dims),) + t.shape[axis + 1:]
     spread = t.results.on_mesh(mesh, t._placements, totals,
                                Spec(shape, np.dtype(scans[0].dtype)))
-    whole = redistribute(spread, tuple(REPLICATE if d == dim else p
+    whole = redistribute(spread, tuple(REPLICATE if d in dims else p
                                        for d, p in enumerate(t._placements)))
     blocks = []
-    for i, coord in enumerate(mesh.coords):
-        k = coord[dim]  # the places before this one along the line
+    for i in range(mesh.size):
+        k = rank[i]  # the places before this one along the line
         if k == 0:
             blocks.append(scans[i])
             continue
