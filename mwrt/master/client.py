@@ -51,6 +51,7 @@ _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | sum
 _READ_SLICE_MS = 50  # a wait notices a lost worker or a refused batch within this
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
 _clock = time.monotonic  # (one global read per command)
+QUIET = 1e-3  # seconds without a send after which a node is quiet: its next batch goes at once
 _SAY_AFTER = 2.0  # seconds a wait after an interrupted one goes before it says what it awaits
 
 
@@ -162,7 +163,7 @@ def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: floa
                 due, sent = now - node.batch_started >= window, False
             else:  # (a send just went out, from this thread or the heartbeat's)
                 node.batch_started = now
-                due, sent = now - node.last_flush > 1e-3, True  # quiet: the worker may wait
+                due, sent = now - node.last_flush > QUIET, True  # quiet: the worker may wait
             if node.frees:  # handles dropped before this command: their frees run before it
                 node._append_frees()
             batch.append(body)
@@ -344,9 +345,9 @@ class Node:
             if not batch:  # (a send just went out, from this thread or the heartbeat's)
                 self.batch_started = now
                 # quiet: the worker may wait (unless the op is one the read after it takes)
-                due, sent = not hold and now - self.last_flush > 1e-3, True
+                due, sent = not hold and now - self.last_flush > QUIET, True
             elif window is None:
-                due, sent = now - self.last_flush > 1e-3, False
+                due, sent = now - self.last_flush > QUIET, False
             else:
                 due, sent = now - self.batch_started >= window, False
             if self.frees:  # handles dropped before this command: their frees run before it

@@ -14,6 +14,7 @@ that cannot be encoded would fail every later command of the session.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..arrays import HOST
 from ..ops import UNKNOWN
 from ..protocol import wire
 from . import context, ordering
+from .client import QUIET
 from .handle import Handle, check_same_place
 from .mesh.placement import PlacementError
 
@@ -72,7 +74,8 @@ def call(name: str, *args, **kwargs):
         _share(name, args, outs)  # a view shares its base's record
     ordering.order(place, stream, now, False, written)
     # (an empty batch first: in a stream of ops the batch is seldom empty, and never quiet)
-    hold = not node.batch and _fits_quick_path(place, outs, node.quick_elements)
+    hold = (not node.batch and time.monotonic() - node.last_flush > QUIET
+            and _fits_quick_path(place, outs, node.quick_elements))
     node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),
                          op=name, args=wire_args, kwargs=wire_kwargs, fp=fp_state()), hold=hold)
     if op.inplace:

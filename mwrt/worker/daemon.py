@@ -449,6 +449,7 @@ class Daemon:
             return False
         session.inline += 1
         executor.execute_safely(command, data)
+        executor.prepared = None  # (a command that failed before its op ran left it)
         return True
 
     def submit(self, session, groups, data) -> None:

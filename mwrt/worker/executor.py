@@ -36,6 +36,9 @@ class StreamExecutor:
         self.submitted = self.taken = self.drop_through = 0
         # (command, monotonic start) running now: what a wait waits on
         self.running: tuple[wire.Command, float] | None = None
+        # (Call, args, kwargs, result Specs) that the socket thread's quick_call worked out
+        # for the Call it runs next: resolved and checked once, not twice.
+        self.prepared: tuple | None = None
         # For `mwrt status`: commands run and bytes moved (inline frames and data channel).
         # Plain ints, written by the thread running the stream's commands: no lock.
         self.ops = self.bytes_in = self.bytes_out = 0

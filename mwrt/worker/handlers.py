@@ -97,7 +97,12 @@ KEPT_WARNINGS = 100  # per stream until its next answer: a loop that never syncs
 def _run_op(ex, op, cmd) -> None:
     """Run Call `cmd`; its results must have the shapes and dtypes of the op's meta rule,
     as the master announced them."""
-    args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
+    prepared, expected = ex.prepared, _UNSET
+    if prepared is not None and prepared[0] is cmd:  # quick_call's of a moment ago
+        ex.prepared = None
+        _, args, kwargs, expected = prepared
+    else:
+        args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
     if op.own_results:  # torch's: checked by the op against torch's meta device
         ex.use_torch_stream()
         table = ex.session.tensors
@@ -110,7 +115,8 @@ def _run_op(ex, op, cmd) -> None:
                                  ex.device == arrays.HOST)
         op.impl(ex.xp, *args, **kwargs)
         return
-    expected = _expected(ex, op, cmd, args)
+    if expected is _UNSET:
+        expected = _expected(ex, op, cmd, args)
     result = op.impl(ex.xp, *args, **kwargs)
     if len(cmd.outs) == 1:
         store(ex, cmd.outs[0], _checked(op.name, result, expected))
@@ -228,15 +234,22 @@ def quick_call(ex, cmd, limit: int) -> bool:
     try:
         args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
         count = _elements(args, limit) + _elements(kwargs, limit)
-        if count > limit or not cmd.outs:
-            return count <= limit
-        expected = _expected(ex, ops.get(cmd.op), cmd, args)
+        if count > limit:
+            return False
+        expected = _expected(ex, ops.get(cmd.op), cmd, args) if cmd.outs else _UNSET
     except Exception:  # noqa: BLE001 - whatever it is, the executor's run reports it
         return False
-    for spec in expected if type(expected) is tuple else (expected,):
-        # a data-dependent result (a mask's) holds at most what its operands hold
-        count += math.prod(spec.shape) if type(spec) is ops.Spec else count
-    return count <= limit
+    if cmd.outs:
+        for spec in expected if type(expected) is tuple else (expected,):
+            # a data-dependent result (a mask's) holds at most what its operands hold
+            count += math.prod(spec.shape) if type(spec) is ops.Spec else count
+    if count > limit:
+        return False
+    ex.prepared = (cmd, args, kwargs, expected)  # for its run, next (the caller clears it)
+    return True
+
+
+_UNSET = object()  # no result Specs worked out yet
 
 
 _NEVER_QUICK = frozenset(("to_device",))  # a GPU's copy: on its own stream's thread
