@@ -2,18 +2,20 @@
 
 `mwrt.torch.fully_shard(model, mesh=m)` keeps the model at every place of `m`, as a
 replicated mesh module does (torchmeshmodule.MeshModule), and holds each parameter of one
-or more dimensions as a mesh tensor placed Shard(0) over every mesh dimension: place i owns
-rows of it, a leaf that requires grad. Those shards are the module's parameters(): the
+or more dimensions as a mesh tensor placed Shard(0) along the mesh's last dimension and
+Replicate along the others (FSDP2's HSDP on a 2-D mesh): each place owns rows of it, a leaf
+that requires grad. Those shards are the module's parameters(): the
 optimizer made on them steps each place's rows alone (its state sharded alike).
 
-Before every forward the shards are all_gathered, one flat buffer per dtype (FSDP's flat
-parameter), into the whole parameters each place's module computes with. The backward
-leaves each place its part of the whole gradients (Partial, as data parallel does); right
-after it, they are cut into the places' blocks, reduce_scattered (one buffer per dtype,
-worker to worker) and added to the shards' gradients, and the whole gradients are cleared,
-as FSDP's post-backward hook does. 0-d parameters stay replicated, their gradients summed
-at the step as a replicated module's are. The whole parameters stay allocated at every
-place between steps (FSDP's reshard_after_forward=False).
+Before every forward the shards are all_gathered along the last dimension's lines, one
+flat buffer per dtype (FSDP's flat parameter), into the whole parameters each place's
+module computes with. The backward leaves each place its part of the whole gradients
+(Partial, as data parallel does); right after it, they are cut into the places' blocks,
+reduce_scattered along those lines and all_reduced over the replicas along the other
+dimensions (one buffer per dtype, worker to worker), and added to the shards' gradients,
+and the whole gradients are cleared, as FSDP's post-backward hook does. 0-d parameters stay
+replicated, their gradients summed at the step as a replicated module's are. The whole
+parameters stay allocated at every place between steps (FSDP's reshard_after_forward=False).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from . import torchgrad, torchissue, torchmesh
 from .mesh.device_mesh import Mesh, current_mesh
-from .mesh.moves import all_gather_group, reduce_scatter_group
+from .mesh.moves import all_gather_group, all_reduce_group, reduce_scatter_group
 from .mesh.placement import local_box, shard_arg
 from .tensor import DistributedTensor
 from .torchmeshmodule import MeshModule
@@ -69,8 +71,12 @@ class ShardedModule(MeshModule):
                                          (length, *(self._params[k]._locals[i] for k in group)),
                                          {}, "torch_shards_pack", ())
                           for i in range(mesh.size)]
-                gathered = all_gather_group(mesh, [_bits(p) for p in packed],
-                                            list(range(mesh.size)))
+                raw = [_bits(p) for p in packed]
+                gathered: list = [None] * mesh.size
+                for line in mesh.groups(mesh.ndim - 1):  # the shards of one replica
+                    made = all_gather_group(mesh, [raw[i] for i in line], line)
+                    for i, rows in zip(line, made):
+                        gathered[i] = rows
                 for i, rows in enumerate(gathered):
                     rows = _torch_of(rows, packed[i])
                     torchissue.run("shards.unpack", _nothing,
@@ -91,18 +97,17 @@ class ShardedModule(MeshModule):
             copied = [d for d, p in enumerate(torchmesh.placed(wholes[0]) or ())
                      if not p.is_partial()]
             packed = [torchissue.run("shards.pack_grads",
-                                     _flat_rule(wholes[0].dtype, length * mesh.size),
+                                     _flat_rule(wholes[0].dtype, length * len(counts)),
                                      (length, counts, not any(coord[d] for d in copied),
                                       *(w._locals[i] for w in wholes)), {},
                                      "torch_shards_pack_grads", ())
                       for i, coord in enumerate(mesh.coords)]
-            parts = reduce_scatter_group(mesh, [_bits(p) for p in packed],
-                                         list(range(mesh.size)), "sum", 0)
+            parts = _reduce_scattered(mesh, [_bits(p) for p in packed])
             for i, part in enumerate(parts):
                 shards = [self._params[k]._locals[i] for k in group]
                 torchissue.run("shards.add_grads", _nothing,
-                               (_torch_of(part, packed[i]), counts[i], *shards), {},
-                               "torch_shards_add_grads", ())
+                               (_torch_of(part, packed[i]), counts[mesh.coords[i][-1]],
+                                *shards), {}, "torch_shards_add_grads", ())
                 for shard in shards:
                     torchgrad.set_filled(shard, True)
             for whole in wholes:
@@ -140,19 +145,22 @@ class ShardedModule(MeshModule):
         return list(groups.values())
 
     def _counts(self, group: list) -> tuple:
-        """(elements of each parameter's block at place j, for each j)."""
+        """(elements of each parameter's block at the j-th place of a line of the mesh's
+        last dimension, for each j): every line holds the same blocks."""
         return tuple(tuple(self._params[k]._locals[j].numel() for k in group)
-                     for j in range(self.mesh.size))
+                     for j in self.mesh.groups(self.mesh.ndim - 1)[0])
 
     def __repr__(self) -> str:
         return f"ShardedModule({self.mesh!r}, {self.meta!r})"
 
 
 def _shard(whole: Any, mesh: Mesh) -> Any:
-    """A whole parameter's rows at each place as a mesh tensor placed Shard(0) over every
-    mesh dimension, each block a leaf that requires grad (made under no_grad)."""
+    """A whole parameter's rows at each place as a mesh tensor placed Shard(0) along the
+    mesh's last dimension and Replicate along the others, each block a leaf that requires
+    grad (made under no_grad)."""
     torch = ready()
-    placements = shard_arg(0, whole.ndim, mesh.ndim, "fully_shard")
+    placements = shard_arg((None,) * (mesh.ndim - 1) + (0,), whole.ndim, mesh.ndim,
+                           "fully_shard")
     shape = tuple(whole.shape)
     blocks = []
     for block, coord in zip(whole._locals, mesh.coords):
@@ -164,6 +172,21 @@ def _shard(whole: Any, mesh: Mesh) -> Any:
     made: Any = TorchTensor.on_mesh(mesh, placements, blocks, spec)
     torchmesh.remember(made, None)
     return made
+
+
+def _reduce_scattered(mesh: Mesh, raw: list) -> list:
+    """Each place's part of the sum of the buffers `raw`: summed and split along the lines
+    of the last mesh dimension (reduce_scatter), then summed over the replicas along the
+    others (all_reduce)."""
+    parts: list = [None] * mesh.size
+    for line in mesh.groups(mesh.ndim - 1):
+        for i, part in zip(line, reduce_scatter_group(mesh, [raw[i] for i in line], line,
+                                                      "sum", 0)):
+            parts[i] = part
+    for d in range(mesh.ndim - 1):
+        for line in mesh.groups(d):
+            all_reduce_group(mesh, parts, line, "sum")
+    return parts
 
 
 def _bits(t: Any) -> Any:
@@ -188,8 +211,9 @@ def _nothing(*args: Any) -> None:
 
 def fully_shard(model: Any, mesh: Mesh | None = None) -> ShardedModule:
     """`model` at every place of `mesh` (or of the mesh of a `with mesh:` block), its
-    parameters sharded Shard(0) over the mesh and gathered for each forward (FSDP2's
-    fully_shard, as a handle: the model given stays a local model)."""
+    parameters sharded Shard(0) along the mesh's last dimension, replicated along the
+    others, and gathered for each forward (FSDP2's fully_shard, HSDP on a 2-D mesh, as a
+    handle: the model given stays a local model)."""
     mesh = current_mesh() if mesh is None else mesh
     if mesh is None:
         raise ValueError("fully_shard: no mesh to shard over; pass mesh=mwrt.mesh(), or call "

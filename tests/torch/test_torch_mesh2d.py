@@ -74,12 +74,16 @@ def test_data_parallel_over_every_place_of_a_2d_mesh(grid):
     _train(mwrt.torch.module(_model(), mesh=grid), grid, 0)
 
 
-def test_a_fully_sharded_module_on_a_2d_mesh(grid):
-    """Parameters Shard(0) over both dimensions (split over all four places), the batch
-    data parallel along dp."""
+@pytest.mark.parametrize("shard", [0, (0, None)])
+def test_a_fully_sharded_module_on_a_2d_mesh_is_hybrid(grid, shard):
+    """As FSDP2's on a 2-D mesh (HSDP): parameters Shard(0) along the last dimension and
+    replicated along the first; the batch split over every place, or along dp alone."""
     model = mwrt.torch.fully_shard(_model(), mesh=grid)
-    assert next(model.parameters()).placements == (Shard(0), Shard(0))
-    _train(model, grid, (0, None))
+    w = next(model.parameters())
+    assert w.placements == (R, Shard(0))
+    assert [tuple(b.shape) for b in w.shards()] == [(4, 6), (4, 6)] * 2
+    _train(model, grid, shard)
+    assert w.grad.placements == (R, Shard(0))
 
 
 def test_constructors_and_refusals_on_a_2d_mesh(grid):
