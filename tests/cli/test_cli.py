@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.support import machine
 from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
@@ -18,8 +19,10 @@ CLIS = {"mwrt": ["-m", "mwrt.cli"], "mwrt-worker": ["-m", "mwrt.worker"],
         "mwrt-launch": ["-m", "mwrt.distributed.launch"]}
 
 
-def run(cli: str, *args, env=None, cwd=None, timeout=60) -> subprocess.CompletedProcess:
-    """`cli ARGS` with MWRT_* variables only from `env` (the test's own would leak in)."""
+def run(cli: str, *args, env=None, cwd=None, timeout=None) -> subprocess.CompletedProcess:
+    """`cli ARGS` with MWRT_* variables only from `env` (the test's own would leak in); it
+    must end within 60 s on a quiet machine, more under load."""
+    timeout = machine.seconds(60, 480) if timeout is None else timeout
     base = {k: v for k, v in os.environ.items() if not k.startswith("MWRT_")}
     root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [root, base.get("PYTHONPATH")]))

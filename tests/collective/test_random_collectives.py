@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.support import machine
 from tests.support.ranks import available
 
 import mwrt.distributed as dist
@@ -72,4 +73,4 @@ def _run(rank: int, backend: str, iterations: int) -> None:
 
 @pytest.mark.parametrize("backend", [b for b in ("tcp", "shm") if available(b)])
 def test_a_random_sequence_of_calls_is_exact_on_every_rank(backend):
-    dist.spawn(_run, args=(backend, 600), nprocs=3, timeout=100)
+    dist.spawn(_run, args=(backend, 600), nprocs=3, timeout=machine.seconds(100, 800))

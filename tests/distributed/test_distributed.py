@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from tests.support import machine
 from tests.support.ranks import available, spawn_and_collect
 
 import mwrt.distributed as dist
@@ -130,7 +131,7 @@ def _torch_extras(rank, n):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_facade_end_to_end(backend):
-    dist.spawn(_facade, args=(backend,), nprocs=3, timeout=50)
+    dist.spawn(_facade, args=(backend,), nprocs=3, timeout=machine.seconds(50, 500))
 
 
 def _fails(rank):
@@ -142,7 +143,7 @@ def _fails(rank):
 
 def test_spawn_names_the_failing_rank_and_its_traceback():
     with pytest.raises(dist.RankFailedError, match="rank 1 exited with code 1") as info:
-        dist.spawn(_fails, nprocs=3, timeout=40)
+        dist.spawn(_fails, nprocs=3, timeout=machine.seconds(40, 400))
     assert "rank one is unhappy" in str(info.value) and info.value.rank == 1
 
 
@@ -281,7 +282,7 @@ def _any_source(rank, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recv_from_any_source_returns_the_sender(backend):
-    dist.spawn(_any_source, args=(backend,), nprocs=3, timeout=40)
+    dist.spawn(_any_source, args=(backend,), nprocs=3, timeout=machine.seconds(40, 400))
 
 
 def _bfloat16_lists(rank):
@@ -302,11 +303,11 @@ def _bfloat16_lists(rank):
 
 def test_torch_bfloat16_lists():
     pytest.importorskip("torch", reason="torch is only compared against, not required")
-    dist.spawn(_bfloat16_lists, nprocs=2, timeout=40)
+    dist.spawn(_bfloat16_lists, nprocs=2, timeout=machine.seconds(40, 400))
 
 
 def test_torch_tutorial_runs_unchanged():
-    dist.spawn(_torch_tutorial, nprocs=2, timeout=40)
+    dist.spawn(_torch_tutorial, nprocs=2, timeout=machine.seconds(40, 400))
 
 
 SCRIPT = textwrap.dedent("""
@@ -331,7 +332,7 @@ def _launch(tmp_path, *args):
                                                                    os.environ.get("PYTHONPATH")])))
     return subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
                            "2", str(script), *args], capture_output=True, text=True, env=env,
-                          timeout=50)
+                          timeout=machine.seconds(50, 500))
 
 
 @pytest.mark.parametrize("given", [None, "3"])
@@ -341,7 +342,8 @@ def test_launcher_gives_each_rank_one_math_thread_unless_told(tmp_path, given):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update({"OMP_NUM_THREADS": given} if given else {})
     res = subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
-                          "2", str(script)], capture_output=True, text=True, env=env, timeout=50)
+                          "2", str(script)], capture_output=True, text=True, env=env,
+                         timeout=machine.seconds(50, 500))
     assert res.stdout.count(f"threads {given or 1}") == 2, res.stdout + res.stderr
     assert ("OMP_NUM_THREADS=1 for each rank" in res.stderr) == (given is None)
 
@@ -391,7 +393,7 @@ def test_example_runs_under_the_launcher(example):
                                                                    os.environ.get("PYTHONPATH")])))
     res = subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
                           "2", os.path.join(ROOT, "examples", example)], capture_output=True,
-                         text=True, env=env, timeout=50, cwd=ROOT)
+                         text=True, env=env, timeout=machine.seconds(50, 500), cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "[rank 0]" in res.stdout
 
@@ -412,4 +414,4 @@ def _async_then_objects(rank, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS + ["auto"])
 def test_an_object_collective_waits_for_a_pending_async_one(backend):
-    dist.spawn(_async_then_objects, args=(backend,), nprocs=2, timeout=60)
+    dist.spawn(_async_then_objects, args=(backend,), nprocs=2, timeout=machine.seconds(60, 600))

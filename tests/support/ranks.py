@@ -116,8 +116,10 @@ def _processes(backend, n, fn, args, timeout, join, group_kw):
 def spawn_and_collect(fn, nprocs: int, reports: int, join: float) -> tuple[bool, dict]:
     """dist.spawn fn(rank, queue) on nprocs ranks, wait up to `join` s for each; return
     whether all exited and {rank: text} of up to `reports` reports they queued. Ranks
-    still running at the end are killed."""
+    still running at the end are killed. `join` is for a quiet machine, scaled by the load."""
     import mwrt.distributed as dist
+
+    join = machine.seconds(join, 10 * join)
 
     queue = mp.get_context("spawn").SimpleQueue()
     context = dist.spawn(fn, args=(queue,), nprocs=nprocs, join=False)
