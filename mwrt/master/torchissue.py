@@ -6,7 +6,9 @@ torch's dtypes to their names), checks that every handle lives in one place, ask
 mwrt.ops.torchops.infer what the call makes (torch's meta device, remembered per input
 metadata), makes the result handles (a result that is an input is that handle; one that may
 view an input shares its ordering record), orders the uses and queues one `torch` Call.
-Nothing here waits. Results are of their operands' class (Handle.results), or of the class
+A call whose arguments are torch handles and plain scalars (nearly every op of a training
+step) skips the conversion: one dict lookup by their metadata finds what it makes. Nothing
+here waits. Results are of their operands' class (Handle.results), or of the class
 a constructor names.
 """
 
@@ -27,7 +29,7 @@ from . import context, ordering, torchgrad, transfer
 from .handle import Handle, check_same_place
 
 _NAMES: dict = {}  # torch function -> its qualified name, once checked
-_STARTED: weakref.WeakSet = weakref.WeakSet()  # the nodes sent a torch command
+_STARTED: dict = {}  # id of a node sent a torch command -> a weak reference to it
 _SCALARS = (int, float, bool, complex, str, type(None))
 _torch: Any = None  # the torch module, once a torch handle was made
 
@@ -65,6 +67,51 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
     """Issue `op` with arguments (*prefix, grad mode, *args) and `kwargs`, its results as
     `func` makes them on the meta device (remembered by `key`, else by `name`); `uses`:
     (handle, written) pairs it also uses (a module's, an optimizer's parameters)."""
+    grad = _torch.is_grad_enabled()
+    flat = None if key is not None or uses else _flat(args, kwargs)
+    known = None if flat is None else _KNOWN.get((name, grad, flat[3]))
+    if known is not None:
+        place, wargs, wkwargs = flat[0], flat[1], flat[2]  # type: ignore[index]
+        outcome, records = known
+    else:
+        place, wargs, wkwargs, outcome = _inferred(name, func, grad, args, kwargs, key, uses)
+        records = bool(uses) or any(s.requires_grad for s, _, _ in outcome.outs) or any(
+            getattr(t._spec, "requires_grad", False) for t in place)
+        if flat is not None:
+            if len(_KNOWN) > 100_000:
+                _KNOWN.clear()
+            _KNOWN[(name, grad, flat[3])] = (outcome, records)
+    outs, written, respec, tree, value = outcome
+    if value is not None and not written:
+        return value  # metadata alone (a.size(), a.dim()): nothing to run
+    first = place[0] if place else uses[0][0] if uses else None
+    if first is not None:
+        node, results = first._node, results or first.results
+        device = first._device if device is None else device
+    stream = context.stream_for(node.index, device)
+    made, fresh = _results(outs, place, node, device, stream, results, name)
+    for index, spec in respec:
+        place[index]._spec = spec
+    inputs = place
+    if uses:
+        written = (*written, *(len(place) + i for i, (_, w) in enumerate(uses) if w))
+        inputs = [*place, *(u[0] for u in uses)]
+    if grad and records:
+        torchgrad.record(inputs, made, outs, outcome.written)
+    if name in _AUTOGRAD and _crosses(name, args, kwargs):
+        raise Crossing(name)
+    _issue(node, stream, inputs, written, op, (*prefix, grad, *wargs), wkwargs, fresh)
+    if tree is None:
+        return made[0] if made else None
+    return torchops.unflatten(tree, iter(made))
+
+
+# (name, grad mode, _flat's key) -> (Outcome, whether autograd's graph may need a record)
+_KNOWN: dict = {}
+
+
+def _inferred(name: str, func, grad: bool, args: tuple, kwargs: dict, key, uses: tuple):
+    """(torch handles used, wire args, wire kwargs, Outcome), by the general conversion."""
     place: list = []
     try:
         sargs, wargs, kargs = _convert(args, place, name)
@@ -74,39 +121,76 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
         sargs, wargs, kargs = _convert(args, place, name)
         skwargs, wkwargs, kkwargs = _convert(kwargs, place, name) if kwargs else ({}, {}, ())
         del place[0]
-    grad = _torch.is_grad_enabled()
     key = None if kargs is None or kkwargs is None else (key or name, grad, kargs, kkwargs)
-    outcome = torchops.infer(name, func, grad, sargs, skwargs, key)
-    if outcome.value is not None and not outcome.written:
-        return outcome.value  # metadata alone (a.size(), a.dim()): nothing to run
-    first = place[0] if place else uses[0][0] if uses else None
-    if first is not None:
-        node, results = first._node, results or first.results
-        device = first._device if device is None else device
-    stream = context.stream_for(node.index, device)
-    made: list = []
-    for spec, same, view in outcome.outs:
+    return place, wargs, wkwargs, torchops.infer(name, func, grad, sargs, skwargs, key)
+
+
+def _results(outs: tuple, place: list, node, device, stream: int, results, name: str):
+    """(the handles of a call's tensors, the ids of the new ones): an input a result is, or a
+    new handle, sharing the ordering record of the input it may view."""
+    made, fresh = [], []
+    for spec, same, view in outs:
         if same >= 0:
             made.append(place[same])
             continue
-        result = results(node, device, next(node.ids), spec, stream)  # type: ignore[misc]
+        result = results(node, device, next(node.ids), spec, stream)
         if view >= 0:
             ordering.share(result, place[view])
             torchgrad.viewed(result)
         made.append(result)
-    for index, spec in outcome.respec:
-        place[index]._spec = spec
-    written = (*outcome.written, *(len(place) + i for i, (_, w) in enumerate(uses) if w))
-    inputs = [*place, *(u[0] for u in uses)]
-    if grad:
-        torchgrad.record(inputs, made, outcome.outs, outcome.written)
-    if name in _AUTOGRAD and _crosses(name, args, kwargs):
-        raise Crossing(name)
-    _issue(node, stream, inputs, written, op, (*prefix, grad, *wargs), wkwargs,
-           tuple(r._id for r, (_, same, _) in zip(made, outcome.outs) if same < 0))
-    if outcome.tree is None:
-        return made[0] if made else None
-    return torchops.unflatten(outcome.tree, iter(made))
+        fresh.append(result._id)
+    return made, tuple(fresh)
+
+
+def _flat(args: tuple, kwargs: dict):
+    """(torch handles used, wire args, wire kwargs, a key of their metadata) for a call whose
+    arguments are torch handles in one place and plain scalars (nearly every op); None for
+    any other, which the general conversion takes."""
+    place: list = []
+    wargs: list = []
+    key: list = []
+    for value in args:
+        kind = type(value)
+        if kind in _PLAIN:
+            wargs.append(value)
+            key.append(kind)
+            key.append(value)
+        elif _is_handle(kind, value, place):
+            place.append(value)
+            wargs.append(value._ref)
+            key.append(value._spec)
+        else:
+            return None
+    wkwargs = {}
+    for word, value in kwargs.items():
+        kind = type(value)
+        if kind in _PLAIN:
+            wkwargs[word] = value
+            key.append(word)
+            key.append(kind)
+            key.append(value)
+        elif _is_handle(kind, value, place):
+            place.append(value)
+            wkwargs[word] = value._ref
+            key.append(word)
+            key.append(value._spec)
+        else:
+            return None
+    return place, tuple(wargs), wkwargs, tuple(key)
+
+
+_PLAIN = frozenset((int, float, bool, complex, str, type(None)))
+_HANDLES: dict = {}  # class -> whether it is a torch handle's
+
+
+def _is_handle(kind: type, value, place: list) -> bool:
+    """Whether `value` is a torch handle on one place, where `place`'s first one lives."""
+    torch_handle = _HANDLES.get(kind)
+    if torch_handle is None:
+        torch_handle = _HANDLES[kind] = issubclass(kind, Handle) and kind.holds_torch
+    if not torch_handle or value._mesh is not None:
+        return False
+    return not place or (place[0]._node is value._node and place[0]._device == value._device)
 
 
 _BACKWARDS = frozenset(("torch.Tensor.backward", "torch.autograd.backward"))
@@ -138,8 +222,9 @@ def _backward(name: str, args: tuple, kwargs: dict) -> list:
 
 def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs: dict,
            outs: tuple) -> None:
-    if node not in _STARTED:  # its first torch command: the worker imports torch
-        _STARTED.add(node)
+    started = _STARTED.get(id(node))
+    if started is None or started() is not node:  # its first torch command: torch's import
+        _STARTED[id(node)] = weakref.ref(node)
         node.quiet_until = time.monotonic() + config.get("torch_import_grace")
     now = next(node.ids)
     if written:  # an in-place op, a step: the rule for reads, then for writes
