@@ -96,6 +96,8 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
     if uses:
         written = (*written, *(len(place) + i for i, (_, w) in enumerate(uses) if w))
         inputs = [*place, *(u[0] for u in uses)]
+    elif op in _WRITES_PARAMS:  # a bucket's parts copied back into the gradients
+        written = tuple(range(1, len(place)))
     if grad and records:
         torchgrad.record(inputs, made, outs, outcome.written)
     if name in _AUTOGRAD and _crosses(name, args, kwargs):
@@ -108,6 +110,10 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
 
 # (name, grad mode, _flat's key) -> (Outcome, whether autograd's graph may need a record)
 _KNOWN: dict = {}
+_GRAD_GET = "torch.Tensor.grad.__get__"
+# Ops that write the gradients of every tensor argument after the first (the bucket): the
+# gradient shares its parameter's ordering record (see _results).
+_WRITES_PARAMS = frozenset(("torch_grads_set",))
 
 
 def _inferred(name: str, func, grad: bool, args: tuple, kwargs: dict, key, uses: tuple):
@@ -127,7 +133,8 @@ def _inferred(name: str, func, grad: bool, args: tuple, kwargs: dict, key, uses:
 
 def _results(outs: tuple, place: list, node, device, stream: int, results, name: str):
     """(the handles of a call's tensors, the ids of the new ones): an input a result is, or a
-    new handle, sharing the ordering record of the input it may view."""
+    new handle, sharing the ordering record of the input it may view; a gradient shares its
+    tensor's, as commands that name the tensor write it (a mesh optimizer's bucket)."""
     made, fresh = [], []
     for spec, same, view in outs:
         if same >= 0:
@@ -137,6 +144,8 @@ def _results(outs: tuple, place: list, node, device, stream: int, results, name:
         if view >= 0:
             ordering.share(result, place[view])
             torchgrad.viewed(result)
+        elif name == _GRAD_GET:
+            ordering.share(result, place[0])
         made.append(result)
         fresh.append(result._id)
     return made, tuple(fresh)
