@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import HOST
+from ..ops import torchops
 from . import torchacross, torchgrad, torchmesh, transfer
 from .tensor import DistributedTensor
 from .torchissue import Crossing, OnMesh, arrive, bits, from_raw, torch_call
@@ -248,6 +249,9 @@ def install_methods(cls: type, call: Callable) -> None:
         name = (resolve_name(func) or "").removeprefix("torch.Tensor.")
         if name and "." not in name and name not in cls.__dict__ and name not in _OWN | _SKIPPED:
             setattr(cls, name, _method(func, call, name))
+    for name in torchops.NEW:  # torch hands them to __torch_function__, but lists them not
+        if name not in cls.__dict__:
+            setattr(cls, name, _method(getattr(torch.Tensor, name), call, name))
     for name in _PROPERTIES:
         setattr(cls, name, property(_getter(getattr(torch.Tensor, name).__get__, call),
                                     doc=f"torch.Tensor.{name}, on the tensor's worker."))

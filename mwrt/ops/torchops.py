@@ -96,9 +96,13 @@ _FUNCTIONS: dict[str, Any] = {}
 # memory reach past the tensor.
 _DENIED = ("hook", "__reduce", "__setstate__", "share_memory_", "module_load", "storage",
            "__deepcopy__", "data_ptr", "pin_memory", "__dlpack__", "tolist", "numpy")
+# Tensor methods that torch hands to __torch_function__ but leaves out of
+# get_overridable_functions(): a tensor of new values, of the tensor's dtype and device.
+NEW = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
 EXTRA = ("torch.autograd.grad", "torch.autograd.backward", "torch.manual_seed",
          "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.randn", "torch.rand",
-         "torch.arange", "torch.eye", "torch.linspace", "torch.Tensor.grad.__set__")
+         "torch.arange", "torch.eye", "torch.linspace", "torch.Tensor.grad.__set__",
+         *(f"torch.Tensor.{name}" for name in NEW))
 
 
 def function(name: str):
