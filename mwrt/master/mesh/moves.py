@@ -16,6 +16,7 @@ import numpy as np
 
 from ...errors import MwrtError
 from .. import collectives, issue, ordering
+from ..cluster import current
 from ..handle import Handle
 from .fetch import fetch_many, settle
 from .placement import (
@@ -103,6 +104,18 @@ def broadcast_group(mesh, tensors: list, root: int) -> None:
     for t in tensors:
         if t is not source:
             t.copy_(source.to(t.get_node(), t.get_device()))
+
+
+def carry(t, node: int, device: int):
+    """t (one place's tensor) at (node, device): t.to(), worker to worker; inside a graph
+    capture, which records no moves between nodes, a broadcast from t's node over the two
+    (a collective, which it records) into a tensor made there."""
+    if not ordering.capture or t.get_node() == node:
+        return t.to(node=node, device=device)
+    target = current().node(node)
+    out = issue.create(t.results, "zeros", t.shape, t.dtype, target, device)
+    collectives.broadcast([issue.call("ascontiguousarray", t), out], src=0)
+    return out
 
 
 def resolve(t) -> None:
@@ -275,9 +288,9 @@ def _reduce_scatter_dims(t, dims: list, wanted: tuple) -> tuple[list, list]:
 
 def _exchangeable(current: list, wanted: tuple, d: int) -> bool:
     """Whether dimension d goes Shard(a) -> Shard(b) with neither axis split by another
-    dimension, outside a graph capture (whose moves between nodes cannot be recorded)."""
+    dimension."""
     now, then = current[d], wanted[d]
-    if type(now) is not Shard or type(then) is not Shard or now == then or ordering.capture:
+    if type(now) is not Shard or type(then) is not Shard or now == then:
         return False
     others = [p for e, p in enumerate(current) if e != d] + \
         [p for e, p in enumerate(wanted) if e != d]
@@ -295,7 +308,7 @@ def _exchange_dim(mesh, spec, placements, locals_, d, new_axis) -> list:
         for k, p in enumerate(line):
             node, device = mesh.places[p]
             cut = (slice(None),) * new_axis + (slice(*bounds(length, parts, k)),)
-            pieces = [issue.call("getitem", locals_[q], cut).to(node=node, device=device)
+            pieces = [carry(issue.call("getitem", locals_[q], cut), node, device)
                       for q in line]
             out[p] = issue.call("concatenate", pieces, axis=old_axis)
     return out

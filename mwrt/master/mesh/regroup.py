@@ -12,15 +12,13 @@
   to the result's blocks, as np.array_split cuts its length.
 - concatenate and stack along another axis, of operands sharded alike or replicated: each
   replicated one is cut at every place to the result's block, as a view; nothing moves.
-
-A plan that moves runs between nodes stays out of graph captures, which cannot record it.
 """
 
 from __future__ import annotations
 
 import math
 
-from .. import issue, ordering
+from .. import issue
 from . import runs
 from .placement import REPLICATE, Shard, bounds, local_box
 
@@ -39,7 +37,7 @@ def reshape_axis(t, new: tuple) -> int | None:
     elements before it as before t's sharded axis; the longest), where the exchange plan
     takes t; else None."""
     found = _one_shard(t)
-    if found is None or ordering.capture or not new:
+    if found is None or not new:
         return None
     before = math.prod(t.shape[:found[1]])
     fits = [j for j in range(len(new)) if math.prod(new[:j]) == before]
@@ -52,7 +50,7 @@ def exchange_axis(t, new: tuple) -> int | None:
     same mesh dimension, redistribute's exchange) whose reshape the exchange plan takes,
     the one that keeps the longest axis of the result sharded; None where there is none."""
     found = _one_shard(t)
-    if found is None or ordering.capture or not new:
+    if found is None or not new:
         return None
     best = None  # (the result's axis length, t's axis)
     for a in range(t.ndim):
@@ -95,8 +93,6 @@ def join_dim(operands: list, axis: int) -> int | None:
     """The mesh dimension that shards `axis` where concatenating `operands` along it has the
     exchange plan (each operand sharded there or replicated, along the other dimensions
     placed alike and not on `axis`); else None."""
-    if ordering.capture:
-        return None
     dims = {d for t in operands for d, p in enumerate(t._placements) if p == Shard(axis)}
     if len(dims) != 1:
         return None

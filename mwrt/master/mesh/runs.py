@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from .. import issue
+from .moves import carry
 
 
 def exchange(mesh, dim: int | tuple, axis: int, held: list, wanted: list,
@@ -30,8 +31,8 @@ def exchange(mesh, dim: int | tuple, axis: int, held: list, wanted: list,
         for p in line:
             a, b = wanted[p]
             node, device = mesh.places[p]
-            pieces = [(max(a, first), _cut(part, axis, max(a, first) - first,
-                                           min(b, last) - first).to(node=node, device=device))
+            pieces = [(max(a, first), carry(_cut(part, axis, max(a, first) - first,
+                                                 min(b, last) - first), node, device))
                       for q in line for part, first, last in held[q]
                       if min(b, last) > max(a, first)]
             pieces += [(max(a, first), _cut(parts[p], axis, max(a, first) - first,

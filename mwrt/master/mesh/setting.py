@@ -12,7 +12,7 @@ part. Nothing goes through the master.
 
 from __future__ import annotations
 
-from .. import issue, ordering
+from .. import issue
 from . import runs
 from .placement import REPLICATE, Shard, local_box
 
@@ -83,7 +83,7 @@ def _aligned(v, off: int, cuts: dict, skip: set) -> bool:
 
 def _runs(t, v, dim: int, axis: int, off: int, cuts: dict) -> list | None:
     """Per place, the rows of V along its sharded `axis` that the place writes (V's own
-    block where they are it; else moved by runs.exchange, outside graph captures)."""
+    block where they are it; else moved by runs.exchange)."""
     mesh, length = t._mesh, v.shape[axis]
     held, wanted = [], []
     for i, coord in enumerate(mesh.coords):
@@ -97,7 +97,5 @@ def _runs(t, v, dim: int, axis: int, off: int, cuts: dict) -> list | None:
             wanted.append(cuts[i][axis + off].indices(length)[:2])
     if all(w == h or i not in cuts for i, (w, h) in enumerate(zip(wanted, held))):
         return list(v._locals)
-    if ordering.capture:
-        return None
     return runs.exchange(mesh, dim, axis, [[(block, *run)] for block, run in
                                            zip(v._locals, held)], wanted)

@@ -8,16 +8,15 @@ whose blocks they fall in, worker to worker. The result is a copy (NumPy's is a 
 
 from __future__ import annotations
 
-from .. import issue, ordering
+from .. import issue
 from . import runs
 from .placement import Shard, bounds, local_box
 
 
 def plannable(t, entries: list) -> int | None:
     """The one axis a slice with a positive step cuts along a sharded axis, where this plan
-    takes it (slices only, that axis sharded by one mesh dimension, outside a graph
-    capture, whose moves between nodes cannot be recorded); else None."""
-    if ordering.capture or any(e is None or not isinstance(e[1], slice) for e in entries):
+    takes it (slices only, that axis sharded by one mesh dimension); else None."""
+    if any(e is None or not isinstance(e[1], slice) for e in entries):
         return None
     sharded = [p.axis for p in t._placements if type(p) is Shard]
     cut = [ax for ax, item in entries if ax in sharded and item != slice(None)]

@@ -30,8 +30,9 @@ import math
 
 import numpy as np
 
-from .. import issue, ordering
+from .. import issue
 from . import regroup, runs
+from .moves import carry
 from .placement import Shard, local_box
 
 STABLE = ("stable", "mergesort")  # the kinds whose ties an argsort plan orders as NumPy
@@ -39,10 +40,9 @@ STABLE = ("stable", "mergesort")  # the kinds whose ties an argsort plan orders 
 
 def plannable(t, axis: int) -> tuple | None:
     """The mesh dimensions that shard t's `axis` (one, or several nested), where this plan
-    sorts along them (outside a graph capture, which cannot record moves between nodes);
-    else None."""
+    sorts along them; else None."""
     dims = tuple(d for d, p in enumerate(t._placements) if p == Shard(axis))
-    if not dims or ordering.capture or any(p.is_partial() for p in t._placements):
+    if not dims or any(p.is_partial() for p in t._placements):
         return None
     return dims
 
@@ -133,16 +133,16 @@ def _merge(a, b, left: int, right: int, mesh, axis: int, keep: int, both: int):
     """The sorted union of blocks a and b (each (values, positions or None)) merged at place
     `left`: its first `keep` there, positions [keep, both) sent to place `right`."""
     node, device = mesh.places[left]
-    union = issue.call("concatenate", [a[0], b[0].to(node=node, device=device)], axis=axis)
+    union = issue.call("concatenate", [a[0], carry(b[0], node, device)], axis=axis)
     if a[1] is None:
         merged = (issue.call("sort", union, axis, "stable"), None)  # two sorted runs: one pass
     else:
         order = issue.call("argsort", union, axis, "stable")
-        at = issue.call("concatenate", [a[1], b[1].to(node=node, device=device)], axis=axis)
+        at = issue.call("concatenate", [a[1], carry(b[1], node, device)], axis=axis)
         merged = (_take(union, order, axis), _take(at, order, axis))
     node, device = mesh.places[right]
     return (tuple(None if m is None else _cut(m, axis, 0, keep) for m in merged),
-            tuple(None if m is None else _cut(m, axis, keep, both).to(node=node, device=device)
+            tuple(None if m is None else carry(_cut(m, axis, keep, both), node, device)
                   for m in merged))
 
 
