@@ -79,6 +79,10 @@ FUNCTIONS = ["np.where({a} > 0, {a}, {s})", "np.clip({a}, 1, 3)", "np.maximum({a
              "kind='stable')", "np.median({a}, axis=0)", "np.median({a})",
              "np.median({a}, axis=-1, keepdims=True)", "np.sort({a}, axis=-1)"]
 
+CAPTURED = ["np.sort({a}, axis=0)", "np.concatenate([{a}, {b}])", "np.median({a}, axis=0)",
+            "np.argsort({a}, axis=0, kind='stable')", "np.cumsum({a}, axis=0)",
+            "{a}.flatten()", "{a}[1:].copy()"]
+
 
 class _NumpyWorld:
     """The oracle's names: placing and moving copy; a graph runs its lines per replay."""
@@ -325,8 +329,9 @@ def _reduction(draw, a: str, new: str) -> str:
 
 def _graph(draw, env: dict, known: dict, new: str):
     """A captured block over variables placed by world.put (an elementwise line, then
-    perhaps an in-place one; or a reduction), replayed at once and by later lines. Not over
-    a Partial tensor: one made real after the capture is summed again by a replay (below)."""
+    perhaps an in-place one; a reduction; or an op whose plan moves pieces), replayed at
+    once and by later lines. Not over a Partial tensor: one made real after the capture is
+    summed again by a replay (below)."""
     plain = [n for n in sorted(known) if known[n].placed and not known[n].view and
              isinstance(env.get(n), np.ndarray)]
     if not plain:
@@ -335,6 +340,8 @@ def _graph(draw, env: dict, known: dict, new: str):
     body = [f"{new} = {a} {draw(st.sampled_from(BINARY[:5]))} {b}"]
     if draw(st.booleans()):
         body = [f"{new} = {a}.{draw(st.sampled_from(['sum', 'max', 'mean']))}(axis=0)"]
+    elif draw(st.booleans()):  # ops whose plans move pieces between the workers: copies
+        body = [f"{new} = " + draw(st.sampled_from(CAPTURED)).format(a=a, b=b)]
     elif known[a].writable() and draw(st.booleans()):
         scalar = draw(st.sampled_from(SCALARS[:5]))
         body.append(f"{a} {draw(st.sampled_from(INPLACE[:3]))} {scalar}")
