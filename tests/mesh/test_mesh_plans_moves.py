@@ -351,6 +351,18 @@ def test_sort_on_a_2d_mesh(square):
 
 
 
+def test_a_slice_along_an_axis_sharded_by_both_dimensions_of_a_2d_mesh(square):
+    """(Shard(0), Shard(0)): the slice's runs move along the line of four places to the
+    result's nested blocks (it ran on replicated copies, with a PlacementWarning)."""
+    for rows in (9, 6, 5, 1, 0):
+        x = arange(rows, 2)
+        X = mwrt.dist_send(x, mesh=square, shard=(0, 0))
+        for index in (np.s_[1:], np.s_[::2], np.s_[1:4], np.s_[-3:], np.s_[2:2], np.s_[1::3, 1:]):
+            got = planned(lambda: X[index])
+            assert got.placements == X.placements
+            same(got, x[index])
+
+
 def test_sort_and_scans_of_an_axis_sharded_by_both_dimensions_of_a_2d_mesh(square):
     """(Shard(0), Shard(0)): the four blocks lie along the axis in the places' row-major
     order, one line of four; sort, stable argsort, median, cumsum and cumprod run along it

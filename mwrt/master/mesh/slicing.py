@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from .. import issue
 from . import runs
-from .placement import Shard, bounds, local_box
+from .placement import Shard, local_box
 
 
 def plannable(t, entries: list) -> int | None:
     """The one axis a slice with a positive step cuts along a sharded axis, where this plan
-    takes it (slices only, that axis sharded by one mesh dimension); else None."""
+    takes it (slices only; that axis sharded by one mesh dimension, or several nested);
+    else None."""
     if any(e is None or not isinstance(e[1], slice) for e in entries):
         return None
     sharded = [p.axis for p in t._placements if type(p) is Shard]
     cut = [ax for ax, item in entries if ax in sharded and item != slice(None)]
-    if len(cut) != 1 or sharded.count(cut[0]) != 1:
+    if len(cut) != 1:
         return None
     step = entries[cut[0]][1].step
     return cut[0] if step is None or step > 0 else None
@@ -29,7 +30,7 @@ def plannable(t, entries: list) -> int | None:
 def take(t, index: list, axis: int, spec):
     """t[index] (basic_index's entries), sharded on `axis` as t is (see the module's text)."""
     mesh, entries = t._mesh, [item for _, item in index]
-    dim = next(d for d, p in enumerate(t._placements) if p == Shard(axis))
+    dims = tuple(d for d, p in enumerate(t._placements) if p == Shard(axis))
     start, stop, step = entries[axis].indices(t.shape[axis])
     parts, held = [], []  # per place: its selected part (a view), the result run it holds
     for i, coord in enumerate(mesh.coords):
@@ -42,9 +43,9 @@ def take(t, index: list, axis: int, spec):
             else slice(0, 0)
         parts.append(issue.call("getitem", t._locals[i], tuple(local)))
         held.append((first, last))
-    length = spec.shape[axis]
-    wanted = [bounds(length, mesh.shape[dim], coord[dim]) for coord in mesh.coords]
-    blocks = runs.exchange(mesh, dim, axis, [[(part, *run)] for part, run in
+    wanted = [local_box(spec.shape, t._placements, mesh.shape, coord)[axis]
+              for coord in mesh.coords]
+    blocks = runs.exchange(mesh, dims, axis, [[(part, *run)] for part, run in
                                              zip(parts, held)], wanted)
     return t.results.on_mesh(mesh, t._placements, blocks, spec)
 
