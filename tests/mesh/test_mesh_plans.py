@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 from tests.mesh.test_mesh import data, four, same, strict  # noqa: F401 - four: the module's fixture
-from tests.mesh.test_mesh_plans_moves import square  # noqa: F401 - a fixture
+from tests.mesh.test_mesh_plans_moves import planned, square  # noqa: F401 - a fixture
 
 import mwrt
 from mwrt import Replicate, Shard
@@ -39,15 +39,15 @@ def test_an_op_without_a_plan_runs_and_warns_once_per_call_site(four):
     X0, X1 = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m, shard=1)
 
     def three_times():
-        return [X0 + X1 for _ in range(3)]
+        return [np.concatenate([X0, X1]) for _ in range(3)]
     results, warned = told(three_times)
     assert len(warned) == 1
     text = str(warned[0].message)
     assert "Shard(0) and Shard(1)" in text and "bytes" in text and "worker to worker" in text
-    assert "redistribute(shard=0)" in text and "MWRT_STRICT_PLACEMENT=1" in text
+    assert "redistribute them alike" in text and "MWRT_STRICT_PLACEMENT=1" in text
     assert warned[0].filename == __file__
     for r in results:
-        same(r, x + y)
+        same(r, np.concatenate([x, y]))
     _, again = told(three_times)
     assert again == []  # the same call site: told already
 
@@ -55,10 +55,31 @@ def test_an_op_without_a_plan_runs_and_warns_once_per_call_site(four):
 def test_the_strict_setting_raises_instead(m):
     X0, X1 = mwrt.dist_send(data(6, 4), mesh=m, shard=0), mwrt.dist_send(data(6, 4), mesh=m,
                                                                           shard=1)
-    with strict(), pytest.raises(mwrt.PlacementError, match=r"redistribute\(shard=0\)"):
-        X0 + X1
+    with strict(), pytest.raises(mwrt.PlacementError, match="redistribute them alike"):
+        np.concatenate([X0, X1])
     with strict(), pytest.raises(mwrt.PlacementError, match="argsort"):
         np.argsort(X0, axis=0)
+
+
+def test_operands_sharded_on_different_axes_are_exchanged_to_the_first(m, square):
+    """X0 + X1, X0 *= X1, and their kind on a 2-D mesh: the other operand is exchanged to
+    the first's (the target's) blocks, each place receiving only its block (all-to-all),
+    and the result is placed as the first; they ran on replicated copies of the other
+    operand, with a PlacementWarning."""
+    x, y = data(6, 4), data(6, 4, seed=1)
+    for mesh, sx, sy in [(m, 0, 1), (m, 1, 0), (square, (0, 1), (1, 0)),
+                         (square, (0, None), (None, 0)), (square, (0, 0), (1, 1))]:
+        X, Y = mwrt.dist_send(x, mesh=mesh, shard=sx), mwrt.dist_send(y, mesh=mesh, shard=sy)
+        got = planned(lambda: X - Y)
+        assert got.placements == X.placements
+        same(got, x - y)
+        same(planned(lambda: np.maximum(Y, X)), np.maximum(y, x))
+        V = mwrt.dist_send(y[0], mesh=mesh, shard=0)  # along the result's axis 1
+        same(planned(lambda: X * V), x * y[0])
+        planned(lambda: X.__imul__(Y))
+        assert X.placements == mwrt.dist_send(x, mesh=mesh, shard=sx).placements
+        same(X, x * y, exact=False)
+        same(Y, y)
 
 
 def test_in_place_ops_without_a_plan_write_into_their_target(m):

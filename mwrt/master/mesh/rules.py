@@ -4,7 +4,8 @@ marked, and the result's global Spec; it returns a Plan, or raises PlacementErro
 placements and the redistribute() call that fixes them. No rule ever gathers data silently.
 
 - elementwise (ufuncs, where, clip, astype, in-place forms): operands sharded on one result
-  axis per mesh dimension; a replicated operand joins, sliced to each place's block; a
+  axis per mesh dimension (one sharded otherwise exchanged to the first's blocks, an
+  all-to-all); a replicated operand joins, sliced to each place's block; a
   Partial(sum) operand stays Partial under a scalar multiply/divide or a sum with its like;
   one that joins a sharded result is reduce_scattered to its blocks, others all_reduced.
 - reductions: over unsharded axes keep the shards; over a sharded axis give Partial(sum, max,
@@ -64,6 +65,10 @@ def elementwise(name, operands, args, kwargs, spec, resolve) -> Plan:
         spec[0] if type(spec) is tuple else spec).shape
     moved = _unbroadcast(operands, shape)  # {operand index: its new tensor}
     placed = [moved.get(k, t) for k, t in enumerate(operands)]
+    aligned = _aligned(name, placed, target, shape)
+    if aligned:
+        moved.update(aligned)
+        placed = [moved.get(k, t) for k, t in enumerate(operands)]
     scattered: dict = dict(moved)
     if any(is_partial(t) for t in placed):
         if _stays_partial(name, placed, args):
@@ -99,6 +104,28 @@ def _unbroadcast(operands, shape) -> dict:
             moved[k] = moves.redistribute(t, tuple(
                 REPLICATE if wide or type(p) is Partial else p
                 for p, wide in zip(t._placements, spread)))
+    return moved
+
+
+def _aligned(name, operands, target, shape) -> dict:
+    """Operands sharded on other axes than the first sharded one (an in-place op's target)
+    exchanged to its blocks, each place receiving only its block (all-to-all): {operand
+    index: the new tensor}; {} where they agree already, or one is Partial."""
+    sharded = [t for t in operands if any(type(p) is Shard for p in t._placements)]
+    if not sharded or any(is_partial(t) for t in operands):
+        return {}
+    lead = target if target is not None else sharded[0]
+    lead_off = len(shape) - lead.ndim
+    moved = {}
+    for k, t in enumerate(operands):
+        off = len(shape) - t.ndim
+        wanted = []
+        for p in lead._placements:
+            ax = p.axis + lead_off - off if type(p) is Shard else -1
+            wanted.append(Shard(ax) if ax >= 0 and t.shape[ax] == shape[ax + off] else REPLICATE)
+        if t is not lead and any(type(p) is Shard and p != w
+                                 for p, w in zip(t._placements, wanted)):
+            moved[k] = moves.redistribute(t, tuple(wanted))
     return moved
 
 
