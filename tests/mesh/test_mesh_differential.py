@@ -524,6 +524,10 @@ FOUND = {
     "a reduction of a 0-d tensor over axis -1": (
         "2x2", ["v0 = world.put(np.arange(6.0), 0)"], ["v1 = v0.all(axis=0)",
                                                         "v2 = np.any(v1, axis=-1)"]),
+    "a Partial tensor divided by zero in place is combined first": (
+        "4", ["v0 = world.partial(np.array([[[16.0, -3.5]], [[10.0, -10.0]], [[1.25, 4.0]], "
+              "[[-11.75, -19.75]]]))"], ["v0 /= 0", "v1 = world.partial(np.array([[2.0], "
+                                          "[-1.0], [0.5], [0.0]])) * np.inf"]),
 }
 
 

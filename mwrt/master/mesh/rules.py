@@ -23,6 +23,7 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
 
 from __future__ import annotations
 
+import cmath
 import warnings
 
 import numpy as np
@@ -173,7 +174,10 @@ def _stays_partial(name, operands, args) -> bool:
     if not all(all_sum(t) for t in operands):
         return False
     if name in _LINEAR_SCALAR:
-        scalars = all(isinstance(a, (int, float, complex)) for a in args if type(a) is not Slot)
+        # a scalar that is not finite, or a zero divisor, makes infinities of the parts
+        # whose sum is nan (inf + -inf) where the whole's is not: combined first
+        scalars = all(isinstance(a, (int, float, complex)) and cmath.isfinite(a) and not (
+            a == 0 and name.startswith("true_divide")) for a in args if type(a) is not Slot)
         first = type(args[0]) is Slot
         return len(operands) == 1 and scalars and (first or name.startswith("multiply"))
     if name in _LINEAR_SUM:
