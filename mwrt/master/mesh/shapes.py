@@ -186,11 +186,11 @@ def join(name, operands, args, kwargs, spec, resolve) -> Plan:
     placed = regroup.join_in_place(operands, axis, stack, tuple(spec.shape))
     if placed is not None:
         return Plan(placed[0], placed[1])
-    dim = None if stack else regroup.join_dim(operands, axis)
-    if dim is None:
+    dims = None if stack else regroup.join_dim(operands, axis)
+    if dims is None:
         raise no_rule(name, operands, f"{name} of operands sharded on different axes: "
                       "redistribute them alike (t.redistribute(...)) or replicate first")
-    return Plan(None, whole=lambda: regroup.concatenate(operands, axis, dim, spec))
+    return Plan(None, whole=lambda: regroup.concatenate(operands, axis, dims, spec))
 
 
 def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
