@@ -43,8 +43,8 @@ from .sites import cell_name, restore_places, warn_at_sites
 log = logging.getLogger("mwrt")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_SITES = 1 << 16  # issue sites remembered per node, for error reports
-_SITE_MASK = _SITES - 1
+SITES = 1 << 16  # issue sites remembered per id counter (a session's nodes share one)
+_SITE_MASK = SITES - 1
 _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | sum(_AUTH_FAILURES)
@@ -140,17 +140,53 @@ def site_text(site: tuple | str | None) -> str:
     return f"{cell}, line {line} in {code.co_name}" + (f"\n    {source}" if source else "")
 
 
+class Run(list):
+    """Mesh commands queued alike at every node of a mesh: one list that each node's batch
+    holds, so a mesh op is one append, not one per node. A node seals its last run (under
+    the run's lock) before it queues anything else or sends its batch: from then on the run
+    no longer grows, and the next mesh op starts a new one."""
+
+    __slots__ = ("nodes", "stream", "started", "lock", "sealed", "tables")
+
+    def __init__(self, nodes, stream, started: float, body) -> None:
+        super().__init__((body,))
+        self.nodes, self.stream, self.started = nodes, stream, started
+        self.lock, self.sealed = threading.Lock(), False
+        self.tables = list({id(node.sites): node.sites for node in nodes}.values())
+
+
 def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: float) -> None:
     """Queue one command already encoded (msgspec.Raw: a mesh op's, made once) at each of
-    `nodes`, with one clock read. A node's batch goes out at once after a quiet spell, else
-    when full or `window` seconds old: a mesh of N nodes sends N batches per window, so a
-    window that grows with N keeps that cost per op from growing with N.
-
-    Node.queue's rule, written out in one loop: a call per node cost a mesh op about as
-    much as the rest of its work per node (the goal is a microsecond per node)."""
+    `nodes`, with one clock read: `bodies` and `streams` one per node, or one for all (a
+    bytes object and an int), which grows the nodes' last Run while no node has queued
+    anything since (one append per op). A node's batch goes out at once after a quiet
+    spell, else when full or `window` seconds old: a mesh of N nodes sends N batches per
+    window, so a window that grows with N keeps that cost per op from growing with N."""
     now = time.monotonic()
     slot = command_id & _SITE_MASK
-    for node, body, stream in zip(nodes, bodies, streams or itertools.repeat(None)):
+    if type(streams) is int:  # one command for all
+        run = nodes[0].run  # the last run queued at these nodes, if it may grow
+        if run is not None and run.nodes is nodes and run.stream == streams:
+            with run.lock:
+                grew = not run.sealed
+                if grew:
+                    run.append(bodies)
+            if grew:
+                for table in run.tables:
+                    table[slot] = site
+                if now - run.started >= window or len(run) >= nodes[0].batch_size:
+                    _flush_all(nodes, now)
+                return
+        _queue_each(nodes, itertools.repeat(Run(nodes, streams, now, bodies)), slot,
+                    itertools.repeat(streams), site, now, window)
+        return
+    _queue_each(nodes, bodies, slot, streams or itertools.repeat(None), site, now, window)
+
+
+def _queue_each(nodes, bodies, slot: int, streams, site, now: float, window: float) -> None:
+    """Node.queue's rule, written out in one loop (a call per node cost a mesh op about as
+    much as the rest of its work per node); a Run queued is each node's last."""
+    for node, body, stream in zip(nodes, bodies, streams):
         if node.refusing:
             node._refuse_issue()
         node.sites[slot] = site
@@ -166,12 +202,37 @@ def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: floa
                 due, sent = now - node.last_flush > QUIET, True  # quiet: the worker may wait
             if node.frees:  # handles dropped before this command: their frees run before it
                 node._append_frees()
+            elif node.run is not None:
+                node.seal_run()
             batch.append(body)
+            if type(body) is Run:
+                node.run = body
+                node.runs = True
             if due or len(batch) >= node.batch_size:
                 node._flush_locked(now)
                 sent = True
         if sent and node.limits.due():  # far behind: wait for it (never under the lock)
             node.limits.checkpoint()
+
+
+def _flush_all(nodes, now: float) -> None:
+    """Send every node's batch (a run grew past its window or size)."""
+    for node in nodes:
+        with node.tx_lock:
+            node._flush_locked(now)
+        if node.limits.due():
+            node.limits.checkpoint()
+
+
+def _flat(batch: list) -> list:
+    """The batch's commands, its runs' spliced in."""
+    flat: list = []
+    for item in batch:
+        if type(item) is Run:
+            flat += item
+        else:
+            flat.append(item)
+    return flat
 
 
 class Node:
@@ -188,6 +249,8 @@ class Node:
         self.rx.setsockopt(zmq.RCVTIMEO, _READ_SLICE_MS)
         self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
         self.batch: list = []  # commands queued for the next send
+        self.run: Run | None = None  # the batch's last item, a Run still growing
+        self.runs = False  # the batch holds runs (spliced in when sent)
         self.frames: list = []
         self.frees: deque = deque()  # (id, streams) of dropped handles (Handle.__del__)
         self.batch_started = self.last_flush = 0.0
@@ -204,7 +267,9 @@ class Node:
         self.tokens = itertools.count(1)
         self.replies: dict[int, tuple] = {}
         self.warned: list = []  # (command id, text): NumPy's warnings on the worker, to issue
-        self.sites: list = [None] * _SITES
+        # One table for the nodes that share the session's id counter (an id names one
+        # command among all of them): a mesh op's line is written once for all its nodes.
+        self.sites: list = cluster.sites
         self.graph_sites: dict = {}  # command id -> its line, for the graphs defined here
         self.streams: set[int] = set()  # every stream this master has used on the node
         self.lost: str | None = None
@@ -257,6 +322,7 @@ class Node:
         if reply.resumed:  # a named session re-attached: number past its earlier commands
             self.resumed = reply.resumed
             self.ids = itertools.count(int(reply.resumed["last_id"]) + 1)
+            self.sites = [None] * SITES  # ids of its own: a table of its own
 
     def _await_welcome(self, monitor, timeout: float) -> None:
         """Wait for the Hello's answer; a refused key is reported as such, not as silence."""
@@ -352,6 +418,8 @@ class Node:
                 due, sent = now - self.batch_started >= window, False
             if self.frees:  # handles dropped before this command: their frees run before it
                 self._append_frees()
+            elif self.run is not None:
+                self.seal_run()
             if frame is not None:  # as bytes: pyzmq sends other buffers zero-copy (slow)
                 body = replace(body, frame=len(self.frames))
                 self.frames.append(frame if type(frame) is bytes else bytes(memoryview(frame)))
@@ -375,25 +443,45 @@ class Node:
             with self.tx_lock:
                 self._flush_locked(now)
 
+    def seal_run(self) -> None:
+        """The batch's last run grows no more (called under tx_lock, before the batch does)."""
+        run, self.run = self.run, None
+        if run is not None:
+            with run.lock:
+                run.sealed = True
+
+    def _stop_run(self) -> None:
+        """No mesh op grows the batch's last run any more: this node takes no more (lost or
+        closed), which the next op's own queueing then says (any thread, no tx_lock)."""
+        run = self.run
+        if run is not None:
+            with run.lock:
+                run.sealed = True
+
     def _flush_locked(self, now: float) -> None:
         self.last_flush = now
         if self.frees:
             self._append_frees()
+        elif self.run is not None:
+            self.seal_run()
         if not self.batch or self.closed or self.lost or self.torn:
             return
         self.seq += 1
         # Data frames here are inline arrays (at most MWRT_INLINE_BYTES), copied to bytes when
         # issued: cheap, and it frees the caller to reuse its array at once.
-        message = wire.envelope(self.seq, wire.encode_body(self.batch), self.frames)
+        message = wire.envelope(self.seq, wire.encode_body(_flat(self.batch) if self.runs
+                                                           else self.batch), self.frames)
         try:
             wire.send_parts(self.tx, [message])
         except BaseException:  # a Ctrl-C at the send: whether the batch went out is unknown,
             self.torn = self.refusing = True  # so nothing more goes (resent, it could run twice)
             raise
         self.limits.count(len(message))
-        self.batch, self.frames = [], []
+        self.batch, self.frames, self.runs = [], [], False
 
     def _append_frees(self) -> None:
+        if self.run is not None:
+            self.seal_run()
         by_streams: dict[tuple, list] = {}
         while True:
             try:
@@ -502,6 +590,7 @@ class Node:
         if asked is None:  # sent past issue(): its backpressure must not wait inside a wait
             stats = wire.Stats(id=next(self.ids), token=next(self.tokens))
             with self.tx_lock:
+                self.seal_run()
                 self.batch.append(stats)
                 self._flush_locked(time.monotonic())
             return stats.token
@@ -548,6 +637,7 @@ class Node:
         if self.lost is None:
             self.lost, self.lost_at = reason, time.strftime("%H:%M:%S")
             self.refusing = True
+            self._stop_run()  # no mesh op grows its runs any more
             log.error("%s lost: %s", self, reason)
 
     def _raise_rejected(self) -> None:
@@ -613,6 +703,7 @@ class Node:
                 self._bye()
             except Exception as exc:  # noqa: BLE001 - a dying worker must not stop shutdown
                 log.info("%s: goodbye not answered: %s", self, exc)
+        self._stop_run()
         self.closed = self.refusing = True
         self.tx.close(linger=0)
         self.rx.close(linger=0)
@@ -624,6 +715,7 @@ class Node:
             return
         bye = wire.Bye(id=next(self.ids))
         with self.tx_lock:
+            self.seal_run()
             self.batch.append(bye)
             self._flush_locked(time.monotonic())
         self.bye = bye.id

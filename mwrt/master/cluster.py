@@ -26,7 +26,7 @@ from ..netaddr import advertise_address, join_host_port, resolve, split_host_por
 from ..protocol import auth, wire
 from ..store import TCPStore
 from ..store.daemon_registry import wait_for as wait_for_workers
-from .client import Node
+from .client import SITES, Node
 from .heartbeat import Heartbeat
 from .local import LocalWorker, start_many, stop_all
 from .progress import Progress
@@ -57,6 +57,7 @@ class Cluster:
         self.context = _context_for(len(addresses))
         self.local = local
         self.ids = itertools.count(1)  # command and tensor ids, shared by every node
+        self.sites: list = [None] * SITES  # the line that issued each of them (by id)
         self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
         self.attached: dict | None = None  # handles of a re-attached session (reattach.py)

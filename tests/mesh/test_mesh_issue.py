@@ -103,6 +103,48 @@ def test_many_ops_without_a_read_all_reach_the_workers(cluster):
     same(U, np.full(6, 1000.0, np.float32))
 
 
+def test_mesh_ops_in_a_row_are_one_run_that_every_node_sends(cluster):
+    """A mesh op after another, nothing queued between, is one append to a Run that every
+    node's batch holds (not one append per node); each node sends it whole."""
+    mesh = mwrt.mesh()
+    U = mwrt.zeros(6, mesh=mesh, shard=0)
+    mwrt.synchronize()
+    nodes = mesh.nodes
+    for node in nodes:
+        node.last_flush = time.monotonic()  # not quiet: the first op waits in its batch
+    for _ in range(5):
+        U += 1.0
+    runs = [node.batch[-1] for node in nodes if node.batch]
+    if len(runs) == 2:  # (a loaded machine may have sent them already)
+        assert runs[0] is runs[1] and len(runs[0]) >= 2
+    same(U, np.full(6, 5.0, np.float32))
+
+
+def test_a_command_between_mesh_ops_at_one_node_ends_the_run(cluster):
+    """A command queued at one node (a place's own op, a flush, a free) seals the nodes'
+    run: the mesh op after it starts a new one, so every node runs its commands in the
+    order they were issued."""
+    mesh = mwrt.mesh()
+    x = data(6)
+    X = mwrt.dist_send(x, mesh=mesh, shard=0)
+    U = X * 1.0  # one id at every place
+    first = U.shards()[0]
+    expected = x * 1.0
+    for step in range(30):
+        U += 1.0
+        expected += 1.0
+        if step % 3 == 0:
+            first *= 2.0  # at node 0 alone, between two mesh ops
+            expected[:3] *= 2.0
+        if step % 7 == 0:
+            mesh.nodes[1].flush()  # node 1's batch goes out mid-run
+        if step % 5 == 0:
+            del first
+            first = U.shards()[0]
+            _ = U * 3.0  # a result dropped at once: its frees queued at every node
+    same(U, expected)
+
+
 def test_a_graph_result_read_on_another_stream_is_ordered_after_each_replay(cluster):
     mesh = mwrt.mesh()
     x = data(8, 2)

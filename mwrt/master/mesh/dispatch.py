@@ -173,7 +173,7 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
         body = _encode(wire.Call(id=now, stream=devices, outs=outs_ids, op=name,
                                  args=_sentinel_args(template, slots, operands, varying),
                                  kwargs=kwargs, fp=fp), 0)
-        bodies, streams = [body] * len(nodes), [devices] * len(nodes)
+        bodies, streams = body, devices  # one for all: queued as one Run
     else:
         bodies, streams = _bodies(name, template, slots, operands, varying, now, outs_ids,
                                   kwargs, fp, places, written, type(devices) is not int)
