@@ -252,6 +252,8 @@ def install_methods(cls: type, call: Callable) -> None:
     for name in torchops.NEW:  # torch hands them to __torch_function__, but lists them not
         if name not in cls.__dict__:
             setattr(cls, name, _method(getattr(torch.Tensor, name), call, name))
+    for name in _UNARY:  # listed as neg, positive, abs: else NumPy's, inherited, would run
+        setattr(cls, name, _method(getattr(torch.Tensor, name), call, name))
     for name in _PROPERTIES:
         setattr(cls, name, property(_getter(getattr(torch.Tensor, name).__get__, call),
                                     doc=f"torch.Tensor.{name}, on the tensor's worker."))
@@ -275,6 +277,7 @@ _OWN = frozenset({"__repr__", "__format__", "__hash__", "__iter__", "__bool__", 
                   "__torch_function__", "__len__", "__array_priority__", "__class__",
                   "__init__", "__new__", "__getattribute__", "__setattr__", "__delattr__",
                   "get_device"})  # mwrt's and torch's alike: -1 on the host, else the GPU
+_UNARY = ("__neg__", "__pos__", "__abs__", "__invert__")
 _PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
 _SKIPPED = frozenset({"numpy", "tolist", "item", "data_ptr", "storage", "untyped_storage",
                       "register_hook", "register_post_accumulate_grad_hook", "share_memory_",

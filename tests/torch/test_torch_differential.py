@@ -376,6 +376,9 @@ FOUND = {
         {"v0": torch.zeros(2, 0)}, {"v0"},
         ["v1 = v0.new_ones(())", "v2 = v0.new_zeros(3)", "v3 = v0.new_full((2,), 3.0)",
          "v4 = v0.new_tensor([1.0, 2.0])", "v5 = v0.new_empty(0)"]),
+    "-, + and abs() of a handle are torch's neg, positive and abs, not NumPy's": (
+        {"v0": torch.tensor([1.0, -2.0]), "v1": torch.tensor([3, -4])}, {"v0"},
+        ["v2 = -2 ** v0", "v3 = +v0", "v4 = abs(v0)", "v5 = -v1", "v6 = ~v1", "v7 = abs(v1)"]),
 }
 
 
