@@ -84,9 +84,11 @@ def same_layout(a: TorchSpec, b: TorchSpec) -> bool:
     """Whether two specs agree on shape, dtype and the strides that address memory."""
     # A stride along a length-0 or length-1 axis never moves the address, and torch's
     # kernels leave it free (a gradient of a (1, 3) tensor may come back with strides
-    # (1, 1) where the meta rule says (3, 1)), as its own check_significant_strides does.
+    # (1, 1) where the meta rule says (3, 1)), as its own check_significant_strides does;
+    # nor does any stride of a tensor without elements (flip's kernel gives (0, 0)).
     return (a.shape == b.shape and a.dtype == b.dtype
-            and all(x == y for x, y, n in zip(a.stride, b.stride, a.shape) if n > 1))
+            and (0 in a.shape
+                 or all(x == y for x, y, n in zip(a.stride, b.stride, a.shape) if n > 1)))
 
 
 # -- the names a worker runs -------------------------------------------------------------

@@ -379,6 +379,9 @@ FOUND = {
     "-, + and abs() of a handle are torch's neg, positive and abs, not NumPy's": (
         {"v0": torch.tensor([1.0, -2.0]), "v1": torch.tensor([3, -4])}, {"v0"},
         ["v2 = -2 ** v0", "v3 = +v0", "v4 = abs(v0)", "v5 = -v1", "v6 = ~v1", "v7 = abs(v1)"]),
+    "a tensor without elements may come back with any strides (flip's are (0, 0))": (
+        {"v0": torch.zeros(2, 0, dtype=torch.float16)}, set(),
+        ["v1 = torch.flip(v0, [0])", "v2 = torch.flip(v0, [0, 1]) + 1"]),
 }
 
 
