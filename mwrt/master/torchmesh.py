@@ -98,6 +98,8 @@ def call(func, args: tuple, kwargs: dict):
     per_place = [torchissue.torch_call(func, *walk((args, kwargs), lambda t, i=i:
                                                      t._locals[i]))
                  for i in range(mesh.size)]
+    for index, spec in outcome.respec:  # requires_grad_(), t_(): the whole changed as well
+        operands[index]._spec = spec
     made = results(name, mesh, operands, outcome, per_place, args, kwargs)
     if name == "torch.Tensor.requires_grad_":
         remember(made, None)

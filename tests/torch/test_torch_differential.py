@@ -394,15 +394,13 @@ def test_what_the_programs_found(two_streams, what):
     _check((initial, grads, lines, final), two_streams)
 
 
-@pytest.mark.xfail(strict=True, reason="torchmesh: an in-place op that changes the blocks' "
-                   "metadata (requires_grad_) leaves the mesh handle's spec as it was")
 def test_requires_grad_of_a_mesh_tensor_in_place(two_streams):
-    """Found by the mesh programs: t.requires_grad_() sets it at every place, but
-    t.requires_grad stays False on the master (v1 = v0 + v0 then needs no grad either)."""
+    """Found by the mesh programs: t.requires_grad_() set it at every place, but
+    t.requires_grad stayed False on the master (v1 = v0 + v0 then needed no grad either)."""
     t = mwrt.dist_send(torch.zeros(4), mesh=mwrt.mesh())
     assert t.requires_grad_() is t
     assert all(b.requires_grad for b in t._locals)
-    assert t.requires_grad
+    assert t.requires_grad and (t + t).requires_grad
 
 
 @pytest.mark.xfail(strict=True, reason="torchmesh: the replicated result of a Partial sum "
