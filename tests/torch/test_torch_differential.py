@@ -86,7 +86,8 @@ def _slow(t):
 
 class _TorchWorld:
     """The oracle's names: local torch, streams that do nothing, moves that copy (a copy that
-    carries its gradient back, as clone does), optimizers kept by the tensor's name."""
+    carries its gradient back, as clone does) unless the tensor is there already, optimizers
+    kept by the tensor's name."""
 
     S1 = S2 = contextlib.nullcontext()
 
@@ -98,8 +99,8 @@ class _TorchWorld:
         return None
 
     @staticmethod
-    def move(a):
-        return a.clone()
+    def move(a, there: bool = False):
+        return a if there else a.clone()
 
     def step(self, kind: str, name: str, leaf) -> None:
         found = self._optimizers.get((kind, name))
@@ -135,7 +136,7 @@ class _MwrtWorld(_TorchWorld):
         self._slow(a)
 
     @staticmethod
-    def move(a):
+    def move(a, there: bool = False):
         return a.to(node=1)
 
     def step(self, kind: str, name: str, leaf) -> None:
@@ -249,7 +250,9 @@ def _line(draw, nodes: dict):
             return f"with torch.no_grad():\n    {inner}", made, node
         return (f"world.slow({a})\nwith world.S1:\n    {inner}\nwith world.S2:\n"
                 f"    v_read = {a} * 1"), made, node
-    return f"{new} = world.move({a})", new, 1
+    # a tensor made from node 1's tensors is there already: its move is itself
+    there = ", there=True" if nodes[a] == 1 else ""
+    return f"{new} = world.move({a}{there})", new, 1
 
 
 def _mesh_line(draw, nodes: dict):
@@ -382,6 +385,10 @@ FOUND = {
     "a tensor without elements may come back with any strides (flip's are (0, 0))": (
         {"v0": torch.zeros(2, 0, dtype=torch.float16)}, set(),
         ["v1 = torch.flip(v0, [0])", "v2 = torch.flip(v0, [0, 1]) + 1"]),
+    ".to(node=) of a tensor already there is the tensor (seed 7)": (
+        {"v0": torch.tensor([1.0, 2.0]), "v1": torch.tensor([3.0])}, {"v1"},
+        ["v2 = world.move(v0)", "v3 = world.move(v1)", "v4 = world.move(v2, there=True)",
+         "v5 = world.move(v3 * 2, there=True)", "v2.add_(v2)", "v4.mul_(3)"]),
 }
 
 
