@@ -217,6 +217,8 @@ def _run_meta(name: str, func, grad: bool, args: tuple, kwargs: dict) -> Outcome
     if "device" in mkwargs:
         mkwargs["device"] = "meta"
     versions, before = [t._version for t in inputs], [spec_of(t) for t in inputs]
+    if name == "torch.Tensor.__setitem__":
+        func = _setitem_on_host
     try:
         with torch.set_grad_enabled(grad):
             result = func(*margs, **mkwargs)
@@ -238,6 +240,21 @@ def _run_meta(name: str, func, grad: bool, args: tuple, kwargs: dict) -> Outcome
     if not outs:
         return Outcome((), written, respec, None, result)
     return Outcome(tuple(outs), written, respec, tree, None)
+
+
+def _setitem_on_host(target, index, value) -> None:
+    """target[index] = value as torch does it on the host: a 0-d CPU tensor is filled into
+    a basic index's view of another shape (its copy_to), not copied as a meta one is, and
+    fill_ from a tensor that needs grad makes even an integer target need it."""
+    torch = torch_module()
+    parts = index if type(index) is tuple else (index,)
+    if (isinstance(value, torch.Tensor) and value.dim() == 0
+            and all(p is None or p is Ellipsis or type(p) in (int, slice) for p in parts)):
+        view = target[index]
+        if view.dim() != 0:
+            view.fill_(value)
+            return
+    target[index] = value
 
 
 def _root(t):

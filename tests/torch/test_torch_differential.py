@@ -389,6 +389,11 @@ FOUND = {
         {"v0": torch.tensor([1.0, 2.0]), "v1": torch.tensor([3.0])}, {"v1"},
         ["v2 = world.move(v0)", "v3 = world.move(v1)", "v4 = world.move(v2, there=True)",
          "v5 = world.move(v3 * 2, there=True)", "v2.add_(v2)", "v4.mul_(3)"]),
+    "a 0-d tensor that needs grad, set into a slice, makes even an integer tensor need it": (
+        {"v0": torch.zeros(0, dtype=torch.int64), "v1": torch.tensor(2.0),
+         "v2": torch.arange(3), "v3": torch.zeros(2, 2, dtype=torch.int32),
+         "v4": torch.zeros(2, 2, dtype=torch.int32), "v5": torch.zeros(3)}, {"v1"},
+        ["v0[1:] = v1", "v2[1:] = v1", "v3[..., 0] = v1", "v4[1] = v1 * 2", "v5[0] = v1"]),
 }
 
 
