@@ -345,8 +345,8 @@ def test_random_programs_equal_torch(two_streams, program):
     _check(program, two_streams)
 
 
-@pytest.mark.xfail(strict=False, reason="the mesh's two known defects below (requires_grad "
-                   "lost in place and through a resolved Partial) show in random programs")
+@pytest.mark.xfail(strict=False, reason="the mesh's known defect below (requires_grad lost "
+                   "through a resolved Partial) shows in random programs")
 @pytest.mark.timeout(3600)
 @settings(max_examples=MESH_EXAMPLES, **_SETTINGS)
 @given(program=programs(mesh=True), shard=st.booleans())
