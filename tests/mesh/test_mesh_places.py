@@ -36,6 +36,7 @@ def test_a_node_of_a_mesh_killed_mid_program(three):
     w -= 0.01 * (X.T @ (X @ w))  # a step with its all_reduce, finished before the kill
     expected = np.ones(3) - 0.01 * (x.T @ (x @ np.ones(3)))
     np.testing.assert_allclose(w.numpy(), expected)
+    y = X @ w  # held across the kill: the loss may be heard at the first op after it
     three.local[1].process.send_signal(signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(mwrt.WorkerLostError, match="node 1"):
