@@ -35,16 +35,16 @@ SLOW_MODULES = {
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """How many processes `-n auto` (pyproject.toml's addopts) runs the tests in: none when
-    the command names test files or tests (they run in this process, as before), else twice
-    the CPUs, 2 to 8, as most tests wait on daemons, sockets and sleeps, not on a CPU; as
-    many as the CPUs where others already keep them busy (over 2 runnable per CPU), where
-    more would only stretch every test's waits past its bounds."""
+    the command names test files or tests (they run in this process, as before), else as
+    many as the CPUs, 2 to 8: on two cores, four processes took no less time than two (the
+    torch, training and benchmark tests that dominate use a CPU each), and only stretched
+    every test's waits toward their bounds."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     if any(".py" in arg for arg in config.args):
         return 0
     cpus = os.cpu_count() or 1
-    return min(8, max(2, cpus if machine.slack() > 2 else 2 * cpus))
+    return min(8, max(2, cpus))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
