@@ -10,6 +10,7 @@ import sys
 import mwrt
 
 from . import machine
+from .faultkit import reap
 
 
 def quick_to_notice_losses(monkeypatch, workers: int):
@@ -45,11 +46,4 @@ def stop_worker(process) -> None:
     """Stop a daemon start_worker started (SIGTERM, then SIGKILL after 5 s); close its pipes."""
     if process.poll() is None:
         process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
+    reap(process, 5)
