@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.meta_helpers import normalize_axes
-from . import regroup, setting, slicing, sorting
+from . import regroup, selecting, setting, slicing, sorting
 from .moves import pick, redistribute
 from .placement import REPLICATE, Shard, basic_index, local_box, sharded_axes
 from .plan import Plan, Slot, no_plan, no_rule, replicated_only
@@ -136,6 +136,10 @@ def getitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     moves the selected runs to the result's blocks (slicing.py)."""
     t = operands[0]
     entries = basic_index(args[1], t.ndim)
+    if entries is None:
+        selected = selecting.getitem_plan(t, operands, args[1], resolve)
+        if selected is not None:
+            return selected
     if entries is None or len(operands) > 1:
         return replicated_only(name, operands, args, kwargs, spec, resolve)
     sliced = slicing.plannable(t, entries)
@@ -198,6 +202,9 @@ def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
     part of `index` in its block, from its part of `value` (setting.py moves a sharded mesh
     value's runs to the places that write them)."""
     t = operands[0]
+    masked = selecting.setitem_plan(t, operands, args, resolve)
+    if masked is not None:
+        return masked
     resolve(t)
     entries = basic_index(args[1], t.ndim)
     sharded = {p.axis for p in t._placements if type(p) is Shard}

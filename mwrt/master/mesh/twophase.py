@@ -5,8 +5,9 @@ place reduces its block, then the places combine (an all_reduce of a small resul
   squared deviations (a Partial sum) over n - ddof: no place ever holds another's block.
 - argmax, argmin: the extreme (a Partial max or min, made real as the comparison takes it),
   then the least global position where a block holds it (a Partial min): NumPy's first
-  occurrence, NaN first where there is one. With no axis, of the flattened tensor (where
-  it stays sharded).
+  occurrence, NaN first where there is one. With no axis, of the flattened tensor: the
+  position is each element's in C order, a sum of the aranges of its axes (each sharded as
+  its axis), so no block moves.
 - cumsum, cumprod: each place scans its block and reduces it (its total, the identity for
   an empty block); the totals, one element along the axis per place, are all_gathered along
   the mesh dimension (or the several that shard the axis nested); each place combines those
@@ -20,6 +21,7 @@ placement rule.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -42,21 +44,16 @@ def plan(name: str, t, args: tuple, kwargs: dict, axes: tuple):
             "dtype" in kwargs and name not in SCANS):
         return None
     keepdims = bool(kwargs.get("keepdims", False))
-    if name in MOMENTS and math.prod(t.shape[a] for a in axes):
+    if name in MOMENTS:
         return lambda: _moment(name, t, axes, int(kwargs.get("ddof", 0)), keepdims)
     if name in SCANS:
         return _scan_plan(name, t, args, kwargs)
     if name not in INDEXES or "ddof" in kwargs or t.dtype.kind not in "biuf" or \
             not math.prod(t.shape[a] for a in axes):
         return None
-    if kwargs.get("axis", args[1] if len(args) > 1 else None) is not None:
-        return (lambda: _index(name, t, axes[0], keepdims)) if len(axes) == 1 else None
-    if t.ndim == 1:  # of the flattened tensor: along its one axis
-        return lambda: _index(name, t, 0, keepdims)
-    if not regroup.flattens(t):
+    if kwargs.get("axis", args[1] if len(args) > 1 else None) is not None and len(axes) > 1:
         return None
-    return lambda: _index(name, t.reshape(-1), 0, False).reshape(
-        (1,) * t.ndim if keepdims else ())
+    return lambda: _index(name, t, axes, keepdims)  # no axis: of the flattened tensor
 
 
 def _moment(name: str, t, axes: tuple, ddof: int, keepdims: bool):
@@ -69,14 +66,20 @@ def _moment(name: str, t, axes: tuple, ddof: int, keepdims: bool):
     return np.sqrt(var) if name == "std" else var
 
 
-def _index(name: str, t, axis: int, keepdims: bool):
-    length = t.shape[axis]
-    extreme = (t.max if name == "argmax" else t.min)(axis=axis, keepdims=True)
+def _index(name: str, t, axes: tuple, keepdims: bool):
+    length = math.prod(t.shape[a] for a in axes)
+    extreme = (t.max if name == "argmax" else t.min)(axis=axes, keepdims=True)
     hit = t == extreme
     if t.dtype.kind == "f":  # NaN is the extreme wherever there is one, as NumPy's
         hit = hit | (t != t)
-    positions = _positions(t, axis).reshape((length,) + (1,) * (t.ndim - 1 - axis))
-    return np.where(hit, positions, length).min(axis=axis, keepdims=keepdims)
+    positions = None  # each element's position in the C order of `axes`, where it lies
+    for a in reversed(axes):
+        stride = math.prod(t.shape[b] for b in axes if b > a)
+        along = _positions(t, a).reshape((t.shape[a],) + (1,) * (t.ndim - 1 - a))
+        along = along * stride if stride != 1 else along
+        positions = along if positions is None else along + positions
+    first: Any = np.where(hit, positions, length)  # mesh tensors: np.where dispatches
+    return first.min(axis=axes, keepdims=keepdims)
 
 
 def _positions(t, axis: int):

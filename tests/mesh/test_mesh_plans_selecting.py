@@ -1,0 +1,138 @@
+"""Plans that once redistributed (the mesh differential suite counted them): int lists and
+masks along a sharded axis, setitem through a mask, argmin/argmax of the whole on a 2-D mesh,
+var/std over an empty sharded axis. Each runs under MWRT_STRICT_PLACEMENT=1 (no fallback)
+with NumPy's value."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from tests.mesh.test_mesh import data, four, same, strict  # noqa: F401 - four: the module's fixture
+from tests.mesh.test_mesh_plans_moves import planned, square  # noqa: F401 - a fixture
+
+import mwrt
+from mwrt import Shard
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=["2", "3", "2x2"])
+def mesh(four, request):
+    """1-D meshes of 2 and 3 nodes, and a 2x2 one."""
+    if request.param == "2x2":
+        return mwrt.mesh({"a": 2, "b": 2})
+    return mwrt.mesh(nodes=list(range(int(request.param))))
+
+
+def shards(mesh, *axes):
+    """The shard= values to try: each axis, and on a 2-D mesh both dimensions on it."""
+    return [(a, a) if mesh.ndim == 2 else a for a in axes] + \
+        ([(0, 1)] if mesh.ndim == 2 else [])
+
+
+def no_fallback(fn):
+    """fn()'s result, with the strict setting on and no PlacementWarning."""
+    with strict(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    assert [w for w in caught if issubclass(w.category, mwrt.PlacementWarning)] == []
+    return result
+
+
+def test_an_int_list_along_any_axis_takes_each_places_rows(mesh):
+    """Along a sharded axis the rows move to the result's even blocks, in the list's order
+    (repeated, negative, descending, empty), the master waiting on no worker."""
+    x = data(7, 3)
+    lists = [[0, -1], [6, 0, 3, 3, -1, 2, 5], [], [4, 4, 4, 4, 4], list(range(7))[::-1]]
+    for shard in shards(mesh, 0, 1):
+        X = mwrt.dist_send(x, mesh=mesh, shard=shard)
+        for rows in lists:
+            got = planned(lambda: X[rows])
+            assert got.placements == X.placements
+            same(got, x[rows])
+        same(planned(lambda: X[:, [2, 0, 2]]), x[:, [2, 0, 2]])
+        same(planned(lambda: X[..., [1]]), x[..., [1]])
+        mask = np.array([True, False, True, True, False, False, True])
+        same(planned(lambda: X[mask]), x[mask])
+        got = X[[1, 2]]
+        X += 1  # a copy: NumPy's is one too
+        same(got, x[[1, 2]])
+        x = x + 1
+
+
+def test_an_int_list_on_an_unsharded_axis_keeps_the_shards(mesh):
+    x = data(2, 3, 4)
+    X = mwrt.dist_send(x, mesh=mesh, shard=shards(mesh, 2)[0])
+    got = planned(lambda: X[[1, 0, 1]])
+    assert got.placements == X.placements
+    same(got, x[[1, 0, 1]])
+    index = np.array([[0, 2], [1, 1]])  # axis 2 moves to 3
+    got = planned(lambda: X[:, index])
+    assert got.placements == tuple(Shard(3) for _ in got.placements)
+    same(got, x[:, index])
+
+
+def test_a_mask_selects_at_each_place(mesh):
+    """The result is sharded on its one axis, blocks even; a tensor sharded on another axis
+    than the first is sharded on it first; a mask placed otherwise is placed as the tensor."""
+    x = np.arange(-12.0, 12.0).reshape(4, 3, 2) % 7 - 3
+    for shard in shards(mesh, 0, 1, 2):
+        X = mwrt.dist_send(x, mesh=mesh, shard=shard)
+        for cut in (0, 10, -10):
+            got = no_fallback(lambda: X[X > cut])
+            same(got, x[x > cut])
+            assert all(type(p) is not mwrt.Partial for p in got.placements)
+        other = mwrt.dist_send(x > 0, mesh=mesh, shard=None)
+        same(no_fallback(lambda: X[other]), x[x > 0])
+    Y = mwrt.dist_send(np.zeros((0, 3)), mesh=mesh, shard=0)
+    same(no_fallback(lambda: Y[Y > 0]), np.zeros(0))
+    v = np.arange(5) - 2
+    V = mwrt.dist_send(v, mesh=mesh, shard=0)
+    got = no_fallback(lambda: V[V != 0])
+    assert got.placements == V.placements == (Shard(0),) * mesh.ndim  # nested: row-major
+    assert [s.shape[0] for s in got.shards()] == \
+        [len(b) for b in np.array_split(v[v != 0], mesh.size)]
+    same(got, v[v != 0])
+
+
+def test_setting_through_a_mask_at_each_place(mesh):
+    x = np.arange(-6.0, 6.0).reshape(4, 3)
+    for shard in shards(mesh, 0, 1):
+        for value in (7, np.array([2.5]), np.float32(1.5), True):
+            X, want = mwrt.dist_send(x, mesh=mesh, shard=shard), x.copy()
+            no_fallback(lambda: X.__setitem__(X > 0, value))
+            want[want > 0] = value
+            same(X, want)
+        X, want = mwrt.dist_send(x, mesh=mesh, shard=shard), x.copy()
+        total = X.sum()  # a Partial one-element value, made whole at every place
+        no_fallback(lambda: X.__setitem__(X < 0, total))
+        want[want < 0] = x.sum()
+        same(X, want)
+
+
+def test_argmin_and_argmax_of_the_whole_on_a_2d_mesh(square):
+    """Each element's position in C order is a sum of its axes' aranges: no block moves."""
+    x = np.array([[3, 9, 1], [9, 0, 9], [2, 2, 9], [1, 1, 1]], np.int32)
+    f = x.astype(np.float64)
+    f[1, 2] = f[3, 0] = np.nan
+    for v in (x, f, np.arange(24.0).reshape(2, 3, 4) % 7):
+        for shard in [(1, 1), (0, 0), (1, 0), (v.ndim - 1, 0)]:
+            X = mwrt.dist_send(v, mesh=square, shard=shard)
+            for name in ("argmin", "argmax"):
+                for kwargs in ({}, {"keepdims": True}):
+                    same(planned(lambda: getattr(np, name)(X, **kwargs)),
+                         getattr(np, name)(v, **kwargs))
+
+
+def test_var_and_std_over_an_empty_sharded_axis_are_nan(mesh):
+    for v in (np.zeros((0, 3), np.uint8), np.zeros((2, 0), bool), np.zeros((0, 3))):
+        X = mwrt.dist_send(v, mesh=mesh, shard=0)
+        for name, kwargs in [("var", {"keepdims": True}), ("std", {"axis": 0}),
+                             ("var", {"axis": 0, "ddof": 1})]:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                want = getattr(v, name)(**kwargs)
+                got = no_fallback(lambda: getattr(X, name)(**kwargs))
+                same(got, want)
