@@ -1,6 +1,7 @@
 """Plans that once redistributed (the mesh differential suite counted them): int lists and
 masks along a sharded axis, setitem through a mask, argmin/argmax of the whole on a 2-D mesh,
-var/std over an empty sharded axis. Each runs under MWRT_STRICT_PLACEMENT=1 (no fallback)
+var/std over an empty sharded axis, reshapes of nested shards or two sharded axes, an int
+along one sharded axis of two. Each runs under MWRT_STRICT_PLACEMENT=1 (no fallback)
 with NumPy's value."""
 
 from __future__ import annotations
@@ -136,3 +137,33 @@ def test_var_and_std_over_an_empty_sharded_axis_are_nan(mesh):
                 want = getattr(v, name)(**kwargs)
                 got = no_fallback(lambda: getattr(X, name)(**kwargs))
                 same(got, want)
+
+
+RESHAPES = [((4, 3), (0, 0), (-1,)), ((4, 3), (0, 0), (2, -1)), ((4, 3), (1, 1), (-1,)),
+            ((4, 3), (0, 1), (-1,)), ((4, 3), (1, 0), (12, 1)), ((2, 0), (0, 0), (-1, 2)),
+            ((3, 4, 2), (2, 2), (1, -1, 1)), ((3, 4, 2), (0, 2), (6, 4)),
+            ((2, 3, 4), (2, 1), (4, 6))]
+
+
+@pytest.mark.parametrize("shape, shard, new", RESHAPES)
+def test_a_reshape_of_nested_shards_or_of_two_sharded_axes_moves_runs(square, shape, shard,
+                                                                         new):
+    """Nested shards of one axis lie along their line in row-major order, as one mesh
+    dimension's do; two sharded axes are first one (an all-to-all)."""
+    x = np.arange(float(np.prod(shape))).reshape(shape)
+    X = mwrt.dist_send(x, mesh=square, shard=shard)
+    same(no_fallback(lambda: X.reshape(new)), x.reshape(new))
+    same(no_fallback(lambda: X.ravel()), x.ravel())
+
+
+def test_an_int_along_a_sharded_axis_keeps_another_sharded(square):
+    """The row is broadcast along the mesh dimensions that shard the picked axis only."""
+    x = np.arange(24.0).reshape(3, 4, 2)
+    for shard, index in [((0, 2), np.s_[1]), ((0, 2), np.s_[-1, :, None, 1]),
+                         ((0, 1), np.s_[:, 2]), ((0, 1), np.s_[:, 2, 1:]), ((1, 0), np.s_[2])]:
+        X = mwrt.dist_send(x, mesh=square, shard=shard)
+        got = no_fallback(lambda: X[index])
+        same(got, x[index])
+    X = mwrt.dist_send(x, mesh=square, shard=(0, 2))
+    same(no_fallback(lambda: np.median(X, axis=-1, keepdims=True)),
+         np.median(x, axis=-1, keepdims=True))

@@ -28,6 +28,8 @@ from .placement import (
     bounds,
     describe,
     local_box,
+    local_shape,
+    sharded_axes,
 )
 from .plan import PlacementError, no_plan
 
@@ -369,44 +371,46 @@ def _length(spec, placements, mesh, i, axis) -> int:
 
 
 def pick(t, index, spec):
-    """t[index] with an int along a sharded axis: taken where it lies, broadcast to the rest."""
+    """t[index] with an int along a sharded axis: taken where it lies, broadcast along the
+    mesh dimensions that shard the axes the ints pick (another sharded axis, whole in the
+    index, stays sharded)."""
     resolve(t)
     mesh = t._mesh
     entries = basic_index(index, t.ndim)
-    sharded = {p.axis for p in t._placements if type(p) is Shard}
-    out_placements = []
-    for p in t._placements:  # the picked axis is gone: every place gets the same row
-        out_placements.append(REPLICATE if type(p) is Shard and isinstance(
-            dict(e for e in entries if e is not None)[p.axis], (int, np.integer)) else p)
-    if any(type(p) is Shard for p in out_placements):
-        raise no_plan(f"getitem: an int along one sharded axis of a tensor placed "
-                             f"{describe(t._placements)} is not supported; replicate first "
-                             "(t.replicate()[...])")
-    locals_, holders = [], []
+    items = dict(e for e in entries if e is not None)
+    out_axis, kept = 0, {}  # t's axis -> the result's
+    for entry in entries:
+        if entry is None or not isinstance(entry[1], (int, np.integer)):
+            if entry is not None:
+                kept[entry[0]] = out_axis
+            out_axis += 1
+    picked = tuple(d for d, p in enumerate(t._placements)
+                   if type(p) is Shard and p.axis not in kept)
+    out = tuple(REPLICATE if d in picked else Shard(kept[p.axis]) if type(p) is Shard else p
+                for d, p in enumerate(t._placements))
+    if any(type(p) is Shard and p.axis in kept and items[p.axis] != slice(None)
+           for p in t._placements):
+        raise no_plan(f"getitem: an int along one sharded axis and a slice along another of "
+                      f"a tensor placed {describe(t._placements)}; replicate first "
+                      "(t.replicate()[...])")
+    locals_, holders = [], set()
     for i, coord in enumerate(mesh.coords):
         box = local_box(t.shape, t._placements, mesh.shape, coord)
-        local_index: list = []  # this place's part of the index
-        mine = True
-        for entry in entries:
-            if entry is None:
-                local_index.append(None)
-                continue
-            ax, item = entry
-            if ax in sharded and isinstance(item, (int, np.integer)):
-                at = int(item) % t.shape[ax]
-                mine = mine and box[ax][0] <= at < box[ax][1]
-                item = at - box[ax][0] if mine else 0
-            local_index.append(item)
+        at = {ax: int(item) % t.shape[ax] for ax, item in items.items()
+              if isinstance(item, (int, np.integer)) and ax in sharded_axes(t._placements)}
         local = t._locals[i]
-        if mine:
-            locals_.append(issue.call("getitem", local, tuple(local_index)))
-            holders.append(i)
+        if all(box[ax][0] <= k < box[ax][1] for ax, k in at.items()):
+            local_index = tuple(None if e is None else at[e[0]] - box[e[0]][0]
+                                if e[0] in at else e[1] for e in entries)
+            locals_.append(issue.call("getitem", local, local_index))
+            holders.add(i)
         else:
-            locals_.append(issue.create(local.results, "empty", spec.shape, spec.dtype,
-                                        local._node, local._device))
-    holder = holders[0]
-    broadcast_group(mesh, locals_, holder)
-    return t.results.on_mesh(mesh, (REPLICATE,) * mesh.ndim, locals_, spec)
+            locals_.append(issue.create(local.results, "empty", local_shape(
+                spec.shape, out, mesh.shape, coord), spec.dtype, local._node, local._device))
+    for group in mesh.groups(picked) if len(picked) else ():
+        holder = next(i for i in group if i in holders)
+        broadcast_group(mesh, [locals_[i] for i in group], group.index(holder))
+    return t.results.on_mesh(mesh, out, locals_, spec)
 
 
 def per_place(label: str, operands: list, fn, keep: bool = False):

@@ -20,16 +20,17 @@ import math
 
 from .. import issue
 from . import runs
-from .placement import REPLICATE, Shard, bounds, local_box
+from .placement import REPLICATE, Shard, local_box
 
 
-def _one_shard(t) -> tuple[int, int] | None:
-    """(mesh dimension, axis) of t's one Shard, its other dimensions Replicate; else None."""
-    shards = [(d, p.axis) for d, p in enumerate(t._placements) if type(p) is Shard]
-    if len(shards) != 1 or any(type(p) not in (Shard, type(REPLICATE))
-                               for p in t._placements):
+def _one_shard(t) -> tuple[tuple, int] | None:
+    """(the mesh dimensions, axis) of t's one sharded axis (split by one dimension, or by
+    several nested), its other dimensions Replicate; else None."""
+    axes = {p.axis for p in t._placements if type(p) is Shard}
+    if len(axes) != 1 or any(type(p) not in (Shard, type(REPLICATE)) for p in t._placements):
         return None
-    return shards[0]
+    axis = axes.pop()
+    return tuple(d for d, p in enumerate(t._placements) if p == Shard(axis)), axis
 
 
 def reshape_axis(t, new: tuple) -> int | None:
@@ -70,22 +71,20 @@ def flattens(t) -> bool:
 def reshape(t, spec, j: int):
     """t reshaped to spec.shape (C order), sharded on the result's axis `j` (see above)."""
     mesh, new = t._mesh, tuple(spec.shape)
-    dim, k = _one_shard(t)  # type: ignore[misc]  # reshape_axis found it
+    dims, k = _one_shard(t)  # type: ignore[misc]  # reshape_axis found it
+    placements = tuple(Shard(j) if d in dims else p for d, p in enumerate(t._placements))
     rows = math.prod(t.shape[:k])
     inner, inner_new = math.prod(t.shape[k + 1:]), math.prod(new[j + 1:])
-    held, wanted = [], []
+    held, wanted, spans = [], [], []
     for i, coord in enumerate(mesh.coords):
         lo, hi = local_box(t.shape, t._placements, mesh.shape, coord)[k]
         flat = issue.call("reshape", t._locals[i], (rows, (hi - lo) * inner))
         held.append([(flat, lo * inner, hi * inner)])
-        a, b = bounds(new[j], mesh.shape[dim], coord[dim])
-        wanted.append((a * inner_new, b * inner_new))
-    joined = runs.exchange(mesh, dim, 1, held, wanted)
-    blocks = []
-    for block, coord in zip(joined, mesh.coords):
-        a, b = bounds(new[j], mesh.shape[dim], coord[dim])
-        blocks.append(issue.call("reshape", block, new[:j] + (b - a,) + new[j + 1:]))
-    placements = tuple(Shard(j) if d == dim else p for d, p in enumerate(t._placements))
+        spans.append(local_box(new, placements, mesh.shape, coord)[j])
+        wanted.append((spans[-1][0] * inner_new, spans[-1][1] * inner_new))
+    joined = runs.exchange(mesh, dims, 1, held, wanted)
+    blocks = [issue.call("reshape", block, new[:j] + (b - a,) + new[j + 1:])
+              for block, (a, b) in zip(joined, spans)]
     return t.results.on_mesh(mesh, placements, blocks, spec)
 
 

@@ -13,7 +13,7 @@ from ...ops.meta_helpers import normalize_axes
 from . import regroup, selecting, setting, slicing, sorting
 from .moves import pick, redistribute
 from .placement import REPLICATE, Shard, basic_index, local_box, sharded_axes
-from .plan import Plan, Slot, no_plan, no_rule, replicated_only
+from .plan import Plan, Slot, is_partial, no_plan, no_rule, replicated_only
 
 PERMUTING = {"transpose", "swapaxes", "moveaxis", "expand_dims"}
 
@@ -83,6 +83,9 @@ def _regrouped(name, operands, spec, what: str) -> Plan:
     axis = regroup.reshape_axis(t, tuple(spec.shape))
     if axis is None:
         other = regroup.exchange_axis(t, tuple(spec.shape))
+        sharded = sorted(sharded_axes(t._placements))
+        if other is None and len(sharded) > 1 and not is_partial(t):
+            other = sharded[0]  # two axes sharded: one first (its nested shards), then as so
         if other is not None:  # shard another axis of t first: each place gets its block
             wanted = tuple(Shard(other) if type(p) is Shard else p for p in t._placements)
             return Plan(None, whole=lambda: _regrouped(
