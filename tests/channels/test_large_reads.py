@@ -83,10 +83,11 @@ def _session(n: int, tries: int, run=subprocess.run, **env) -> list[str]:
 
 @pytest.mark.timeout(600)
 def test_a_first_large_read_in_fresh_sessions_never_hangs():
-    # A thousand answered segments per message, in five fresh sessions: each hung before.
-    assert _session(1 << 20, 5, MWRT_SHM_SLOT_BYTES=TINY) == ["ok"] * 5
-    # The user's case: 600 MB with the default settings.
-    assert _session(150_000_000, 2) == ["ok"] * 2
+    # A thousand answered segments per message, in three fresh sessions: each hung before
+    # (4 of 4 sessions with 4 KiB slots), so these are what catch the defect.
+    assert _session(1 << 20, 3, MWRT_SHM_SLOT_BYTES=TINY) == ["ok"] * 3
+    # The user's case, 600 MB with the default settings, runs through (it hung 1 in 6).
+    assert _session(150_000_000, 1) == ["ok"]
 
 
 @pytest.mark.timeout(600)
@@ -100,7 +101,7 @@ def test_a_first_large_read_across_two_hosts_over_tcp(hosts2, tmp_path):  # noqa
         kwargs.pop("env"), kwargs.pop("capture_output"), kwargs.pop("text")
         return hosts2[0].run(argv, env=env, **kwargs)
 
-    assert _session(150_000_000, 2, run=on_host) == ["ok"] * 2
+    assert _session(150_000_000, 1, run=on_host) == ["ok"]
 
 
 def _mapped_segments() -> int:
