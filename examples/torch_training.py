@@ -9,13 +9,13 @@ With --mesh, the same function trains data parallel on a mesh of 4 local workers
 replicated at every place, each batch sent Shard(0) (16 rows to each), the gradients summed
 by an all_reduce between the workers at each step; and beside it, the same model under torch
 DDP on gloo with 4 processes, each given the same 16 rows. The losses agree within float
-tolerance (the sums run in another order).
+tolerance (the sums run in another order). --ranks N trains on N workers beside N processes.
 
-    python examples/torch_training.py [--mesh]
+    python examples/torch_training.py [--mesh [--ranks 4]]
 """
 
+import argparse
 import os
-import sys
 import tempfile
 
 import torch
@@ -67,8 +67,12 @@ def train(model, opt, sched, batch, X, y) -> tuple[list, float]:
 
 
 def main() -> None:
-    if "--mesh" in sys.argv[1:]:
-        return main_mesh()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mesh", action="store_true", help="data parallel, beside DDP")
+    parser.add_argument("--ranks", type=int, default=RANKS, help="--mesh: workers and ranks")
+    args = parser.parse_args()
+    if args.mesh:
+        return main_mesh(args.ranks)
     X, y = make_data()
 
     model = make_model()
@@ -93,18 +97,22 @@ def main() -> None:
 
 
 
-def main_mesh() -> None:
-    """Data parallel on a mesh of 4 workers, beside torch DDP on gloo with 4 processes."""
+def main_mesh(ranks: int) -> None:
+    """Data parallel on a mesh of `ranks` workers, beside torch DDP on gloo with as many
+    processes."""
+    if ranks < 1 or BATCH % ranks:
+        raise SystemExit(f"torch_training: --ranks must divide the batch of {BATCH} (got "
+                         f"{ranks}, expected 1, 2, 4, 8, ...)")
     X, y = make_data()
-    ddp = run_ddp(X, y)
-    mwrt.init_master_worker(local_workers=RANKS)
+    ddp = run_ddp(X, y, ranks)
+    mwrt.init_master_worker(local_workers=ranks)
     try:
-        m = mwrt.mesh()  # the 4 nodes' host memory
+        m = mwrt.mesh()  # the nodes' host memory
         model = mwrt.torch.module(make_model(), mesh=m)  # a replica at every place
         opt = mwrt.torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
         sched = mwrt.torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
 
-        def send(t):  # 16 rows to each place
+        def send(t):  # BATCH // ranks rows to each place
             return mwrt.dist_send(t, mesh=m, shard=0)
         meshed, accuracy = train(model, opt, sched, batches(X, y, send), send(X), send(y))
     finally:
@@ -117,16 +125,16 @@ def main_mesh() -> None:
     print(f"same losses as DDP within 1e-05: {worst < 1e-5}")
 
 
-def run_ddp(X, y) -> list:
-    """The losses of the same training under torch DDP, gloo, RANKS processes."""
+def run_ddp(X, y, ranks: int) -> list:
+    """The losses of the same training under torch DDP, gloo, `ranks` processes."""
     import torch.multiprocessing as tmp
 
     ctx = tmp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as folder:
         store = os.path.join(folder, "store")
-        procs = [ctx.Process(target=ddp_rank, args=(r, store, X, y, queue))
-                 for r in range(RANKS)]
+        procs = [ctx.Process(target=ddp_rank, args=(r, ranks, store, X, y, queue))
+                 for r in range(ranks)]
         for p in procs:
             p.start()
         try:
@@ -139,18 +147,18 @@ def run_ddp(X, y) -> list:
     return losses
 
 
-def ddp_rank(rank: int, store: str, X, y, queue) -> None:
+def ddp_rank(rank: int, ranks: int, store: str, X, y, queue) -> None:
     """One DDP rank: the model, AdamW and schedule as above, rows of each batch its own."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=RANKS)
+                            world_size=ranks)
     model = DDP(make_model())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
-    rows = BATCH // RANKS
+    rows = BATCH // ranks
     losses = []
     for step in range(STEPS):
         xb, yb = batches(X, y)(step)
