@@ -197,7 +197,7 @@ def programs(draw, max_lines: int = 8):
     head, known = [], {}
     for i in range(draw(st.integers(1, 3))):
         head.append(_initial(draw, f"v{i}", mesh))
-        known[f"v{i}"] = _Var(placed="world.put" in head[-1])
+        known[f"v{i}"] = _Var(placed=True)
     env = _numpy_env(head, [])
     lines: list[str] = []
     for _ in range(draw(st.integers(1, max_lines))):
@@ -328,10 +328,9 @@ def _reduction(draw, a: str, new: str) -> str:
 
 
 def _graph(draw, env: dict, known: dict, new: str):
-    """A captured block over variables placed by world.put (an elementwise line, then
-    perhaps an in-place one; a reduction; or an op whose plan moves pieces), replayed at
-    once and by later lines. Not over a Partial tensor: one made real after the capture is
-    summed again by a replay (below)."""
+    """A captured block over the variables placed first (world.put or world.partial: an
+    elementwise line, then perhaps an in-place one; a reduction; or an op whose plan moves
+    pieces), replayed at once and by later lines (a Partial one is made real at the capture)."""
     plain = [n for n in sorted(known) if known[n].placed and not known[n].view and
              isinstance(env.get(n), np.ndarray)]
     if not plain:
@@ -530,13 +529,11 @@ FOUND = {
                                           "[-1.0], [0.5], [0.0]])) * np.inf"]),
 }
 
-
-# Found and not fixed yet: an expected failure until its fix lands.
 FOUND["a Partial tensor made real after a graph's capture is read whole by its replays"] = (
     "2", ["v0 = world.partial(np.arange(40).reshape(2, 5, 4))"],
     ["g1 = world.graph(globals(), 'v1 = v0.mean(axis=0)')\ng1.replay()", "v2 = v0 < v0",
      "g1.replay()"])
-KNOWN = {"a Partial tensor made real after a graph's capture is read whole by its replays"}
+KNOWN: set = set()  # found and not fixed yet: an expected failure until its fix lands
 
 
 @pytest.mark.parametrize("what", [pytest.param(k, marks=pytest.mark.xfail(

@@ -54,6 +54,8 @@ def _call(name: str, *args, **kwargs):
     for node in mesh.nodes:  # all or none: a lost node is named before any place runs it
         if node.lost is not None:
             node.check_lost()
+    if ordering.capture:
+        _real_before_capture(operands)
     if name in ordering.VIEWS and _views_first(margs):  # before the plan: a Partial
         moves.before_view(name, operands[0], margs)  # operand it may copy is made real
     op = ops.get(name)
@@ -84,6 +86,16 @@ def _call(name: str, *args, **kwargs):
             _PLANS.clear()
         _PLANS[key] = (spec, plan)
     return run(name, plan, operands, margs, mkwargs, spec)
+
+
+def _real_before_capture(operands: list) -> None:
+    """Inside a graph capture, a Partial operand made before it is made real now, once and
+    unrecorded (moves.resolve): a replay reads its blocks as they are then, whole if a later
+    op made it real, and would sum them again."""
+    graph = ordering.capture[-1]
+    for t in operands:
+        if is_partial(t) and not graph.makes((t if t._base is None else t._base)._locals[0]):
+            moves.resolve(t)
 
 
 def _views_first(margs) -> bool:
