@@ -207,12 +207,15 @@ def test_matmul_rules(m):
             (A0 @ BR, Shard(0), a @ b), (AR @ B1, Shard(1), a @ b),
             (A1 @ B0, Partial("sum"), a @ b), (AR @ BR, Replicate(), a @ b),
             (A0 @ V, Shard(0), a @ v), (A1 @ V0, Partial("sum"), a @ v),
-            (V0 @ B0, Partial("sum"), v @ b), (V @ B1, Shard(0), v @ b)]:
+            (V0 @ B0, Partial("sum"), v @ b), (V @ B1, Shard(0), v @ b),
+            (A0 @ B1, Shard(0), a @ b)]:  # the smaller, B, replicated first
         assert got.placement == placement
         same(got, expected, exact=False)
     if m.size > 1:
-        with strict(), pytest.raises(mwrt.PlacementError, match=r"Shard\(0\) and Shard\(1\)"):
-            A0 @ B1
+        S2 = mwrt.dist_send(data(3, 7, 5), mesh=m, shard=2)
+        S0 = mwrt.dist_send(data(3, 5, 6), mesh=m, shard=0)
+        with strict(), pytest.raises(mwrt.PlacementError, match=r"Shard\(2\) and Shard\(0\)"):
+            S2 @ S0
 
 
 # -- Partial -------------------------------------------------------------------------------

@@ -167,3 +167,33 @@ def test_an_int_along_a_sharded_axis_keeps_another_sharded(square):
     X = mwrt.dist_send(x, mesh=square, shard=(0, 2))
     same(no_fallback(lambda: np.median(X, axis=-1, keepdims=True)),
          np.median(x, axis=-1, keepdims=True))
+
+
+def test_argmin_and_argmax_of_complex_tensors_take_two_phases(mesh):
+    """NumPy orders complex numbers by real part, then imaginary; a NaN in either is the
+    extreme, the first one found."""
+    x = np.array([[8 - 6j, 15.75 - 13.75j], [16.75 - 12.75j, -14 + 15j], [16.75 + 11j, 3 + 1j],
+                  [16.75 + 11j, 0j]])
+    nan = x.copy()
+    nan[2, 1], nan[3, 0] = complex(0, np.nan), complex(np.nan, 1)
+    for v in (x, nan):
+        for shard in shards(mesh, 0, 1):
+            X = mwrt.dist_send(v, mesh=mesh, shard=shard)
+            for name in ("argmin", "argmax"):
+                for kwargs in ({}, {"axis": 0}, {"axis": 1, "keepdims": True}):
+                    same(planned(lambda: getattr(np, name)(X, **kwargs)),
+                         getattr(np, name)(v, **kwargs))
+
+
+def test_a_product_of_row_and_column_shards_replicates_the_smaller_operand(mesh):
+    """A @ A.T of a row-sharded A: the right operand (or the left, where it is smaller) is
+    all_gathered and the product keeps the other's rows (columns); no fallback."""
+    a, b = data(6, 5), data(5, 3, seed=1)
+    for x, sx, y, sy, placed in [(a, 0, a.T, 1, Shard(0)), (a, 0, b, 1, Shard(0)),
+                                 (a[:2], 0, b, 1, Shard(1)), (a, 0, a[0], 0, Shard(0))]:
+        X, Y = (mwrt.dist_send(v, mesh=mesh, shard=shards(mesh, s)[0])
+                for v, s in ((x, sx), (y, sy)))
+        for product in (np.matmul, np.dot):
+            got = no_fallback(lambda: product(X, Y))
+            assert got.placements == (placed,) * mesh.ndim
+            same(got, product(x, y), exact=False)

@@ -11,13 +11,11 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
 - reductions: over unsharded axes keep the shards; over a sharded axis give Partial(sum, max,
   min, prod) (mean: a sum scaled by the global count); var, std, argmax, argmin, cumsum and
   cumprod over it run in two phases (twophase.py); median takes the sort's plan (sorting.py).
-- matmul: Shard(row) @ Replicate -> Shard(row); Replicate @ Shard(col) -> Shard(col);
-  Shard(contraction) @ Shard(contraction) -> Partial(sum), and so with either side replicated
-  (each place cuts it to the other's block of the contraction); stacks sharded on a batch axis
-  (both alike, or one with the other replicated and broadcast along it) keep it.
+- matmul, dot: products.py.
 - shape ops (transpose, swapaxes, moveaxis, expand_dims, squeeze, reshape keeping the sharded
   axis and those before it) follow the sharded axis; other reshapes, and concatenate along
-  it, regroup it between the places (regroup.py); getitem/setitem with basic indices.
+  it, regroup it between the places (regroup.py); getitem/setitem with basic indices
+  (shapes.py), int lists and masks (selecting.py).
 - anything else runs on replicated operands only.
 """
 
@@ -32,8 +30,8 @@ from ...ops.elementwise import UFUNCS
 from ...ops.meta_helpers import normalize_axes
 from ...ops.reductions import REDUCTIONS
 from ..issue import call
-from . import moves, shapes, sorting, twophase
-from .placement import REPLICATE, Partial, Placement, Shard, describe, local_box
+from . import moves, products, shapes, sorting, twophase
+from .placement import REPLICATE, Partial, Shard, describe, local_box
 from .plan import (
     PlacementError,
     Plan,
@@ -315,115 +313,6 @@ def _with_initial(name, t, axes, out) -> Plan:
     return Plan(out, adjust=initial)
 
 
-# -- matmul --------------------------------------------------------------------------------
-
-def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
-    for t in operands:
-        resolve(t)
-    a, b = args[0], args[1]
-    if type(a) is not Slot or type(b) is not Slot:
-        return _one_side(name, operands, args, spec)
-    ta, tb = operands[a.k], operands[b.k]
-    na, nb, r = ta.ndim, tb.ndim, len(spec.shape)
-    row = na - 2 if na >= 2 else None
-    col = nb - 1 if nb >= 2 else None
-    row_out = r - 2 if nb >= 2 else r - 1
-    out: list[Placement] = []
-    cuts: dict = {}  # operand side -> its batch axis cut to each place's block
-    ka, kb = na - 1, nb - 2 if nb >= 2 else 0  # the contracted axes
-    contracted: set = set()  # the side whose contracted axis is cut to the other's blocks
-    for pa, pb in zip(ta._placements, tb._placements):
-        if pa == REPLICATE and pb == REPLICATE:
-            out.append(REPLICATE)
-        elif row is not None and pa == Shard(row) and pb == REPLICATE:
-            out.append(Shard(row_out))
-        elif col is not None and pa == REPLICATE and pb == Shard(col):
-            out.append(Shard(r - 1))
-        elif pa == Shard(ka) and pb == Shard(kb):
-            out.append(Partial("sum"))
-        elif (side := _contracted(ta, tb, pa, pb, ka, kb)) is not None:
-            contracted.add(side)  # Shard(1) @ Replicate: each place its rows of the right
-            out.append(Partial("sum"))
-        elif (batch := _batch(ta, tb, pa, pb, r - (na >= 2) - (nb >= 2), cuts)) is not None:
-            out.append(Shard(batch))
-        else:
-            raise no_rule(name, [ta, tb], "matmul shards rows of the left (Shard(0) @ "
-                          "Replicate), columns of the right (Replicate @ Shard(1)), or the "
-                          "contracted axis of either (Shard(1) @ Shard(0), or Replicate); "
-                          "redistribute one, e.g. t.replicate()")
-    placed = tuple(out)
-    if len(contracted) > 1 or contracted & set(cuts):
-        raise no_rule(name, [ta, tb], "matmul cuts one operand to the other's blocks, along "
-                      "one axis; redistribute one, e.g. t.replicate()")
-    views = {(a.k, b.k)[side]: _cut(operands[(a.k, b.k)[side]], own, axis, spec.shape, placed)
-             for side, (own, axis) in cuts.items()}
-    for side in contracted:
-        whole, sharded = ((ta, tb), (tb, ta))[side]
-        views[(a.k, b.k)[side]] = _cut_to(whole, (ka, kb)[side], sharded, (kb, ka)[side])
-    return Plan(placed, views)
-
-
-def _contracted(ta, tb, pa, pb, ka: int, kb: int):
-    """The side (0: the left) whose whole contracted axis each place cuts to the other's
-    block of it, where the other shards it here and this one is replicated; else None."""
-    if pa == Shard(ka) and pb == REPLICATE and Shard(kb) not in tb._placements:
-        return 1
-    if pa == REPLICATE and pb == Shard(kb) and Shard(ka) not in ta._placements:
-        return 0
-    return None
-
-
-def _cut_to(t, own: int, other, axis: int) -> list:
-    """Per place, t's block cut along its axis `own` to `other`'s block of its `axis`."""
-    mesh = t._mesh
-    return [_getitem(t._locals[i], (slice(None),) * own + (slice(*local_box(
-        other.shape, other._placements, mesh.shape, coord)[axis]),))
-        for i, coord in enumerate(mesh.coords)]
-
-
-def _batch(ta, tb, pa, pb, batches: int, cuts: dict):
-    """The result's axis where a matmul of stacks keeps a sharded batch axis: both operands
-    sharded on it alike, or one sharded and the other replicated (absent or of length 1:
-    broadcast; else cut to each place's block: cuts[0 or 1] = (its axis, the result's)); else
-    None."""
-    axes = {p.axis + batches - (t.ndim - 2) for t, p in ((ta, pa), (tb, pb))
-            if type(p) is Shard and p.axis < t.ndim - 2}
-    if len(axes) != 1:
-        return None
-    axis = axes.pop()
-    for side, (t, p) in enumerate(((ta, pa), (tb, pb))):
-        own = axis - (batches - max(t.ndim - 2, 0))  # its axis of the result's batch axis
-        if type(p) is Shard and p.axis == own:
-            continue
-        if p != REPLICATE:
-            return None
-        if 0 <= own < t.ndim - 2 and t.shape[own] != 1:
-            if cuts.get(side, (own, axis)) != (own, axis):
-                return None  # cut along two axes: none of these plans
-            cuts[side] = (own, axis)
-    return axis
-
-
-def _cut(t, own: int, axis: int, shape: tuple, out: tuple) -> list:
-    """Per place, replicated `t` cut along its axis `own` to the block of the result's
-    `axis` there."""
-    mesh = t._mesh
-    views = []
-    for i, coord in enumerate(mesh.coords):
-        lo, hi = local_box(shape, out, mesh.shape, coord)[axis]
-        views.append(_getitem(t._locals[i], (slice(None),) * own + (slice(lo, hi),)))
-    return views
-
-
-def _one_side(name, operands, args, spec) -> Plan:
-    """matmul with a master array on one side: only a replicated mesh tensor joins it."""
-    t = operands[0]
-    if any(p != REPLICATE for p in t._placements):
-        raise no_rule(name, operands, "the other operand is not on the mesh: send it there "
-                      "(mwrt.dist_send(x, mesh=m)) or replicate this one (t.replicate())")
-    return Plan(t._placements)
-
-
 # -- shapes and indexing -------------------------------------------------------------------
 
 def find(name: str):
@@ -433,7 +322,7 @@ def find(name: str):
     if name in REDUCTIONS:
         return reduction
     if name in ("matmul", "dot"):
-        return matmul
+        return products.matmul
     if name in shapes.PERMUTING:
         return shapes.permuting
     if name in ("sort", "argsort"):

@@ -39,7 +39,7 @@ _PLAIN = {"axis", "keepdims", "ddof", "dtype"}  # arguments these plans take; ot
 
 def plan(name: str, t, args: tuple, kwargs: dict, axes: tuple):
     """The two-phase computation of `name` over `axes` as a function of nothing, or None
-    where it has none (other arguments, empty axes, complex extremes)."""
+    where it has none (other arguments, an index over empty axes)."""
     if len(args) > 2 or set(kwargs) - _PLAIN or not axes or (
             "dtype" in kwargs and name not in SCANS):
         return None
@@ -48,7 +48,7 @@ def plan(name: str, t, args: tuple, kwargs: dict, axes: tuple):
         return lambda: _moment(name, t, axes, int(kwargs.get("ddof", 0)), keepdims)
     if name in SCANS:
         return _scan_plan(name, t, args, kwargs)
-    if name not in INDEXES or "ddof" in kwargs or t.dtype.kind not in "biuf" or \
+    if name not in INDEXES or "ddof" in kwargs or t.dtype.kind not in "biufc" or \
             not math.prod(t.shape[a] for a in axes):
         return None
     if kwargs.get("axis", args[1] if len(args) > 1 else None) is not None and len(axes) > 1:
@@ -70,7 +70,7 @@ def _index(name: str, t, axes: tuple, keepdims: bool):
     length = math.prod(t.shape[a] for a in axes)
     extreme = (t.max if name == "argmax" else t.min)(axis=axes, keepdims=True)
     hit = t == extreme
-    if t.dtype.kind == "f":  # NaN is the extreme wherever there is one, as NumPy's
+    if t.dtype.kind in "fc":  # NaN is the extreme wherever there is one, as NumPy's
         hit = hit | (t != t)
     positions = None  # each element's position in the C order of `axes`, where it lies
     for a in reversed(axes):
