@@ -14,7 +14,7 @@ from typing import Any
 
 from ..arrays import HOST, as_shape
 from ..ops import torchops
-from . import context, torchmesh
+from . import context, torchmeshgrad
 from .cluster import current
 from .mesh.device_mesh import current_mesh, wanted
 from .mesh.moves import broadcast_group
@@ -44,10 +44,10 @@ def _put_on_mesh(tensor: Any, mesh: Any, shard: Any, grad: bool) -> TorchTensor:
     blocks = [put(tensor[tuple(slice(lo, hi) for lo, hi in local_box(
         shape, placements, mesh.shape, coord))], node.index, device, requires_grad=grad)
         for node, (_, device), coord in zip(mesh.nodes, mesh.places, mesh.coords)]
-    spec: Any = torchmesh.mesh_spec(shape, tensor.dtype, grad)
+    spec: Any = torchmeshgrad.mesh_spec(shape, tensor.dtype, grad)
     made: Any = TorchTensor.on_mesh(mesh, placements, blocks, spec)
     if grad:
-        torchmesh.remember(made, None)
+        torchmeshgrad.remember(made, None)
     return made
 
 
@@ -91,10 +91,10 @@ def _create_on_mesh(func_name: str, args: tuple, mesh: Any, shard: ShardArg, dty
             broadcast_group(mesh, [blocks[i] for i in places], 0)
     if grad:  # leaves that require grad, made so after their values are in
         blocks = [torch_call(ready().Tensor.requires_grad_, (b,), {}) for b in blocks]
-    spec: Any = torchmesh.mesh_spec(shape, blocks[0].dtype, grad)
+    spec: Any = torchmeshgrad.mesh_spec(shape, blocks[0].dtype, grad)
     made: Any = TorchTensor.on_mesh(mesh, placements, blocks, spec)
     if grad:
-        torchmesh.remember(made, None)
+        torchmeshgrad.remember(made, None)
     return made
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import torchgrad, torchissue, torchmesh
+from . import torchgrad, torchissue, torchmeshgrad
 from .mesh.device_mesh import Mesh, current_mesh
 from .mesh.moves import all_gather_group, all_reduce_group, reduce_scatter_group
 from .mesh.placement import local_box, shard_arg
@@ -48,7 +48,7 @@ class ShardedModule(MeshModule):
                 self._sharded.append(k)
                 params.append(_shard(whole, mesh))
         self._params = params
-        torchmesh.after_backward(mesh, self)
+        torchmeshgrad.after_backward(mesh, self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The shards gathered into the whole parameters, then the forward at every place."""
@@ -94,7 +94,7 @@ class ShardedModule(MeshModule):
             wholes = [self._wholes[k] for k in group]
             # the gradients are parts along some mesh dimensions and copies along the
             # others: one copy of each part goes into the sum, zeros from the rest
-            copied = [d for d, p in enumerate(torchmesh.placed(wholes[0]) or ())
+            copied = [d for d, p in enumerate(torchmeshgrad.placed(wholes[0]) or ())
                      if not p.is_partial()]
             packed = [torchissue.run("shards.pack_grads",
                                      _flat_rule(wholes[0].dtype, length * len(counts)),
@@ -113,9 +113,9 @@ class ShardedModule(MeshModule):
             for whole in wholes:
                 for block in whole._locals:
                     torchgrad.set_filled(block, False)
-                torchmesh.remember(whole, None)
+                torchmeshgrad.remember(whole, None)
             for k in group:
-                torchmesh.remember(self._params[k], self._params[k]._placements)
+                torchmeshgrad.remember(self._params[k], self._params[k]._placements)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the shards' gradients (and any whole one) at every place."""
@@ -132,7 +132,7 @@ class ShardedModule(MeshModule):
                 else:
                     grad = torchissue.torch_call(torch.Tensor.grad.__get__, (block,), {})
                     torchissue.torch_call(torch.Tensor.zero_, (grad,), {})
-            torchmesh.remember(shard, None if set_to_none else shard._placements)
+            torchmeshgrad.remember(shard, None if set_to_none else shard._placements)
 
     def state_dict(self) -> dict:
         """Its parameters' whole values as local torch tensors, gathered from the shards."""
@@ -168,9 +168,9 @@ def _shard(whole: Any, mesh: Mesh) -> Any:
         rows = torchissue.torch_call(torch.Tensor.__getitem__, (block, slice(lo, hi)), {})
         rows = torchissue.torch_call(torch.Tensor.clone, (rows,), {})
         blocks.append(torchissue.torch_call(torch.Tensor.requires_grad_, (rows,), {}))
-    spec: Any = torchmesh.mesh_spec(shape, whole.dtype, True)
+    spec: Any = torchmeshgrad.mesh_spec(shape, whole.dtype, True)
     made: Any = TorchTensor.on_mesh(mesh, placements, blocks, spec)
-    torchmesh.remember(made, None)
+    torchmeshgrad.remember(made, None)
     return made
 
 

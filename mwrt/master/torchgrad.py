@@ -8,7 +8,9 @@ in-place op gives the written tensor a new node, and the other tensors of its st
 torch rebases the history of a base and its views when one of them is written. A backward
 walks the nodes from its roots and marks the leaves it reaches; a node that stands for a
 tensor moved from another node (`.to(node=)`) is handed back to the caller, which sends
-its gradient home (see torchacross).
+its gradient home (see torchacross), and one that stands for a Partial mesh tensor made
+real (an all_reduce) to the caller that carries its gradient on to the parts (see
+torchmeshgrad).
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from typing import Any
 class Node:
     """One node of the master's copy of the autograd graph."""
 
-    __slots__ = ("parents", "keeps", "filled", "cross")
+    __slots__ = ("parents", "keeps", "filled", "cross", "resolved")
 
     def __init__(self, parents: tuple = (), keeps: bool = False, cross: Any = None):
         self.parents = parents  # the nodes its gradient flows on to
         self.keeps = keeps  # a leaf's (or retain_grad()'s): a backward fills its .grad
         self.filled = False  # its .grad is set on the worker
         self.cross = cross  # (source, anchor, raw class): a tensor moved here from another node
+        # (order made, the tensor its parts' backward starts from, what the caller needs):
+        # a mesh tensor made real from a Partial one
+        self.resolved: tuple | None = None
 
 
 def node_of(tensor: Any) -> Node | None:
@@ -130,6 +135,21 @@ def reach(roots: list) -> tuple[set, list]:
     among them that stand for tensors moved from another node; marks nothing."""
     nodes = _walked(roots)
     return {id(n) for n in nodes}, [n for n in nodes if n.cross is not None]
+
+
+def resolutions(roots: list) -> list:
+    """The `resolved` marks of the nodes a backward from `roots` reaches, and of those that
+    the backwards from their parts reach in turn, the latest made first."""
+    found: dict = {}
+    todo = roots
+    while todo:
+        nodes, todo = _walked(todo), []
+        for node in nodes:
+            mark = node.resolved
+            if mark is not None and mark[0] not in found:
+                found[mark[0]] = mark
+                todo.append(mark[1])
+    return [found[k] for k in sorted(found, reverse=True)]
 
 
 def _walked(roots: list) -> list:

@@ -11,33 +11,27 @@ made from Replicate operands alone is `Replicate()`; a sum over the sharded axis
 a loss's default reduction="mean") is `Partial("sum")` too, each place's part weighted by its
 share of the rows (n_i / N), so that the sum of the parts is the mean over every row. Any
 other op that would mix rows across places (`softmax(x, 0)`, `cumsum(0)`, `argmax(0)`) is
-refused by name. A Partial operand is made real first (mesh/moves.resolve, an all_reduce
-worker to worker); one that requires grad is made real in a detached copy, as the all_reduce
-is not differentiated: `backward()` runs on the parts.
+refused by name. A Partial operand is made real first (an all_reduce worker to worker); one
+that requires grad into a tensor that stays in autograd's graph (torchmeshgrad.real).
 
-`loss.backward()` on a Partial (or Shard) loss runs at every place and leaves each place a
-part of each parameter's gradient: the gradients are `Partial("sum")`, and their sum is the
-gradient of the mean over the whole batch. That is DDP's averaged gradient (DDP divides each
-rank's gradient by the world size, then sums): the same values, up to the order of the
-sums. The optimizer step (torchmeshmodule) resolves them by one all_reduce of a flat bucket
-between the workers, never through the master; reading `p.grad` resolves them too.
+Backward, gradients and their placements are torchmeshgrad's. The gradients of a backward
+from a Partial loss are Partial, as DDP's averaged gradient (DDP divides each rank's gradient
+by the world size, then sums): the same values, up to the order of the sums.
 """
 
 from __future__ import annotations
 
-import functools
-import weakref
 from typing import Any
 
 from ..ops import Spec, torchops
 from ..ops.torchops import TorchSpec
-from . import torchgrad, torchissue
+from . import torchissue, torchmeshgrad
 from .handle import Handle
-from .mesh.moves import all_reduce_group, gather_to_master, resolve
-from .mesh.placement import REPLICATE, Partial, Shard, describe, local_shape
+from .mesh.moves import gather_to_master
+from .mesh.placement import REPLICATE, Shard, describe, local_shape
 from .mesh.plan import PlacementError
+from .torchmeshgrad import PARTIAL, is_partial, operands_of, real, remember, replicated, walk
 
-PARTIAL = Partial("sum")
 _SUMS = frozenset({"torch.sum", "torch.Tensor.sum", "torch.matmul", "torch.Tensor.matmul",
                    "torch.Tensor.__matmul__", "torch.mm", "torch.Tensor.mm", "torch.einsum",
                    "torch.tensordot", "torch.Tensor.__rmatmul__"})
@@ -54,10 +48,6 @@ _ALONG = frozenset(f"torch.{n}" for p in ("", "Tensor.") for n in (
 _BACKWARD = frozenset({"torch.Tensor.backward", "torch.autograd.backward"})
 _GRAD_GET, _GRAD_SET = "torch.Tensor.grad.__get__", "torch.Tensor.grad.__set__"
 _NAMES: dict = {}
-# Leaves that require grad, per mesh: id -> (weak reference, their gradients' placements or
-# None while they have none). A backward changes them all (see _backward).
-_LEAVES: dict = {}
-_AFTER: dict = {}  # mesh -> the modules told after each backward on it (see after_backward)
 
 
 def call(func, args: tuple, kwargs: dict):
@@ -66,13 +56,13 @@ def call(func, args: tuple, kwargs: dict):
     operands = operands_of((args, kwargs))
     mesh = one_mesh(name, operands)
     if name in _BACKWARD:
-        return _backward(func, name, args, kwargs, operands)
+        return torchmeshgrad.backward(func, args, kwargs, operands)
     if name == "torch.autograd.grad":
-        return _autograd_grad(func, args, kwargs, operands)
+        return torchmeshgrad.autograd_grad(func, args, kwargs, operands)
     if name == _GRAD_GET:
-        return grad_of(operands[0])
+        return torchmeshgrad.grad_of(operands[0])
     if name == _GRAD_SET:
-        return _set_grad(func, args, operands)
+        return torchmeshgrad.set_grad(args[0], args[1])
     if any(is_partial(t) for t in operands):
         args, kwargs = walk((args, kwargs), lambda t: real(t) if is_partial(t) else t)
         operands = operands_of((args, kwargs))
@@ -184,231 +174,19 @@ def _along_sharded(args: tuple, kwargs: dict, t) -> bool:
     return False
 
 
-# -- autograd ------------------------------------------------------------------------------
-
-def _backward(func, name: str, args: tuple, kwargs: dict, operands: list):
-    """backward() at every place; the leaves' gradients are Partial after a Partial or
-    sharded root (each place holds its part), Replicate after a replicated one."""
-    mesh = operands[0]._mesh
-    wanted = _parts(mesh, operands)
-    for leaf, now in _leaves_of(mesh):
-        if not replicated(leaf._placements):  # a sharded leaf's gradient is sharded alike
-            remember(leaf, leaf._placements)
-            continue
-        if now is not None and now != wanted:
-            if PARTIAL in now:  # the parts summed first: the whole everywhere
-                _all_reduce_grads(mesh, [leaf])
-            if PARTIAL in wanted:  # the whole at one place of each line, zeros elsewhere
-                dims = [d for d, p in enumerate(wanted) if p == PARTIAL]
-                for g, coord in zip(grad_blocks(leaf), mesh.coords):
-                    if any(coord[d] for d in dims):
-                        torchissue.torch_call(_torch().Tensor.zero_, (g,), {})
-        remember(leaf, wanted)
-    for i in range(mesh.size):
-        torchissue.torch_call(func, *walk((args, kwargs), lambda t, i=i: t._locals[i]))
-    for module in list(_AFTER.get(mesh, ())):  # a sharded module's reduce_scatter
-        module.backward_done()
-    for leaf, _ in _leaves_of(mesh):  # one the backward did not reach keeps None
-        if not torchgrad.filled(leaf._locals[0]):
-            remember(leaf, None)
-
-
-def _parts(mesh, roots: list) -> tuple:
-    """How gradients from `roots` lie: parts along the mesh dimensions that split (or part)
-    a root, whole along the others."""
-    return tuple(REPLICATE if all(type(t._placements[d]) is type(REPLICATE) for t in roots)
-                 else PARTIAL for d in range(mesh.ndim))
-
-
-def _autograd_grad(func, args: tuple, kwargs: dict, operands: list) -> tuple:
-    """torch.autograd.grad at every place: each input's gradient placed as a backward
-    leaves it (sharded as a sharded input, else as _parts says)."""
-    mesh = operands[0]._mesh
-    outputs = args[0] if args else kwargs["outputs"]
-    inputs = args[1] if len(args) > 1 else kwargs["inputs"]
-    inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
-    parts = _parts(mesh, operands_of(outputs))
-    per_place = [torchissue.torch_call(func, *walk((args, kwargs), lambda t, i=i:
-                                                     t._locals[i]))
-                 for i in range(mesh.size)]
-    made = []
-    for j, x in enumerate(inputs):
-        blocks = [grads[j] for grads in per_place]
-        placements = x._placements if not replicated(x._placements) else parts
-        spec = mesh_spec(tuple(x._spec.shape), x._spec.dtype, blocks[0]._spec.requires_grad)
-        made.append(type(x).on_mesh(mesh, placements, blocks, spec))
-    return tuple(made)
-
-
-def after_backward(mesh, module) -> None:
-    """Have `module.backward_done()` run after every backward on `mesh` (while the module
-    lives): a sharded module moves its gradients to its shards then."""
-    _AFTER.setdefault(mesh, weakref.WeakSet()).add(module)
-
-
-def remember(leaf, placements: tuple | None) -> None:
-    """Record how a leaf's gradient lies over its mesh (None: it has none); the handle
-    leaf.grad gave follows (torch accumulates into that tensor), or is dropped with it."""
-    key = id(leaf)
-    found = _LEAVES.get(key)
-    if found is None:
-        found = _LEAVES[key] = [weakref.ref(leaf, functools.partial(_forget, key)), None, None]
-    found[1] = placements
-    if placements is None:
-        found[2] = None
-    elif found[2] is not None:
-        found[2]._placements = placements
-
-
-def _forget(key: int, _ref) -> None:
-    _LEAVES.pop(key, None)
-
-
-def placed(leaf) -> tuple | None:
-    """How a leaf's gradient lies (None: it has none, or it is no known leaf); a handle
-    leaf.grad gave, made real since, says."""
-    found = _LEAVES.get(id(leaf))
-    if found is None:
-        return None
-    return found[2]._placements if found[2] is not None else found[1]
-
-
-def _leaves_of(mesh) -> list:
-    found = []
-    for entry in list(_LEAVES.values()):
-        leaf = entry[0]()
-        if leaf is not None and leaf._mesh == mesh:
-            found.append((leaf, placed(leaf)))
-    return found
-
-
-def grad_blocks(leaf) -> list:
-    """Each place's handle to the leaf's gradient there."""
-    getter = _torch().Tensor.grad.__get__
-    return [torchissue.torch_call(getter, (block,), {}) for block in leaf._locals]
-
-
-def grad_of(leaf):
-    """leaf.grad over the mesh (the same handle until the gradient is cleared); a Partial
-    gradient is resolved first (one all_reduce)."""
-    if not leaf._spec.requires_grad or not torchgrad.filled(leaf._locals[0]):
-        return None  # as torch's, until a backward reached it
-    if PARTIAL in (placed(leaf) or ()):
-        _all_reduce_grads(leaf._mesh, [leaf])
-    found = _LEAVES.get(id(leaf))
-    if found is not None and found[2] is not None:
-        return found[2]
-    spec = leaf._spec
-    made = type(leaf).on_mesh(leaf._mesh, placed(leaf) or leaf._placements, grad_blocks(leaf),
-                              TorchSpec(spec.shape, spec.dtype, spec.stride, False, True))
-    if found is not None and found[1] is not None:
-        found[2] = made
-    return made
-
-
-def _set_grad(func, args: tuple, operands: list) -> None:
-    leaf, value = args[0], args[1]
-    if value is not None and value._placements != leaf._placements:
-        raise PlacementError(f"grad: a gradient placed {describe(value._placements)} for a "
-                             f"tensor placed {describe(leaf._placements)}; place it alike")
-    for i in range(leaf._mesh.size):
-        torchissue.torch_call(func, (leaf._locals[i], None if value is None else
-                                     value._locals[i]), {})
-    remember(leaf, None)  # the handle leaf.grad gave names the gradient it replaced
-    if value is not None:
-        remember(leaf, value._placements)
-
-
-def _all_reduce_grads(mesh, leaves: list) -> None:
-    """Sum the leaves' Partial gradients at every place: one all_reduce of a flat bucket per
-    dtype and Partial mesh dimensions (each place's gradients concatenated, then copied
-    back), along each of those dimensions, worker to worker."""
-    by_dtype: dict = {}
-    for leaf in leaves:
-        dims = tuple(d for d, p in enumerate(placed(leaf) or ()) if p == PARTIAL)
-        by_dtype.setdefault((leaf._spec.dtype, dims), []).append(leaf)
-    for (dtype, dims), group in by_dtype.items():
-        total = sum(leaf.numel() for leaf in group)
-        bucket = _bucket_rule(dtype, total)
-        buckets = [torchissue.run("grads.flat", bucket, tuple(leaf._locals[i] for leaf in group),
-                                  {}, "torch_grads_flat", (), key=("grads.flat", dtype, total))
-                   for i in range(mesh.size)]
-        for d in dims:
-            for line in mesh.groups(d):
-                all_reduce_group(mesh, buckets, line, "sum")
-        for i in range(mesh.size):
-            torchissue.run("grads.set", _nothing, (buckets[i], *(leaf._locals[i]
-                                                                 for leaf in group)),
-                           {}, "torch_grads_set", ())
-    for leaf in leaves:
-        remember(leaf, (REPLICATE,) * mesh.ndim)
-
-
-def _bucket_rule(dtype, total: int):
-    """The meta rule of a bucket: one flat tensor of `total` elements."""
-    def made(*params):
-        return _torch().empty(total, dtype=dtype, device="meta")
-    return made
-
-
-def _nothing(*args) -> None:
-    """The meta rule of a call that makes no tensor."""
-
-
-def all_reduce_grads(leaves: list) -> None:
-    """Resolve the Partial gradients among `leaves` (the optimizer step's all_reduce)."""
-    partial = [leaf for leaf in leaves if PARTIAL in (placed(leaf) or ())]
-    if partial:
-        _all_reduce_grads(partial[0]._mesh, partial)
-
-
 # -- values --------------------------------------------------------------------------------
-
-def real(t):
-    """t made real: in place (mesh/moves.resolve), or, for a tensor that requires grad (a
-    loss), in a detached copy, leaving t's parts for backward()."""
-    if not t._spec.requires_grad:
-        resolve(t)
-        return t
-    torch = _torch()
-    copies = [torchissue.torch_call(torch.Tensor.detach, (b,), {}) for b in t._locals]
-    copies = [torchissue.torch_call(torch.Tensor.clone, (b,), {}) for b in copies]
-    spec = t._spec
-    made = type(t).on_mesh(t._mesh, t._placements, copies,
-                           TorchSpec(spec.shape, spec.dtype, spec.stride, False, True))
-    resolve(made)
-    return made
-
 
 def fetch(t, numpy_handle: Any):
     """t's whole value on the master (a NumPy array): each distinct block once, straight
     from its worker; a Partial t is made real first, worker to worker."""
     if is_partial(t):
-        t = real(t)
+        t = real(t, graph=False)
     blocks = [torchissue.bits(b, numpy_handle) for b in t._locals]
     spec = Spec(tuple(t._spec.shape), blocks[0].spec.dtype)
     return gather_to_master(numpy_handle.on_mesh(t._mesh, t._placements, blocks, spec))
 
 
-def mesh_spec(shape: tuple, dtype, requires_grad: bool) -> TorchSpec:
-    """The TorchSpec of a contiguous mesh tensor of global `shape`."""
-    stride, step = [], 1
-    for n in reversed(shape):
-        stride.append(step)
-        step *= max(n, 1)
-    return TorchSpec(tuple(shape), dtype, tuple(reversed(stride)), requires_grad, True)
-
-
 # -- helpers -------------------------------------------------------------------------------
-
-def is_partial(t) -> bool:
-    return any(type(p) is Partial for p in t._placements)
-
-
-def replicated(placements: tuple) -> bool:
-    """Whether every mesh dimension replicates a tensor so placed."""
-    return all(type(p) is type(REPLICATE) for p in placements)
-
 
 def _aligned(name: str, sharded: list) -> None:
     """Sharded operands must be split along the same mesh dimensions (their rows at one
@@ -436,25 +214,6 @@ def one_mesh(name: str, operands: list):
         if node.lost is not None:
             node.check_lost()
     return mesh
-
-
-def operands_of(value) -> list:
-    """The torch handles in `value`, in order."""
-    found: list = []
-    walk(value, found.append)
-    return found
-
-
-def walk(value, fn):
-    """`value` with each torch handle replaced by fn(handle), through tuples, lists, dicts."""
-    if isinstance(value, Handle):
-        return fn(value) if value.holds_torch else value
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return kind(walk(v, fn) for v in value)
-    if kind is dict:
-        return {k: walk(v, fn) for k, v in value.items()}
-    return value
 
 
 def _torch():

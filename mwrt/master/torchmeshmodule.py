@@ -17,7 +17,7 @@ import itertools
 from typing import Any
 
 from ..ops import torchops
-from . import torchmesh, torchmodule
+from . import torchmesh, torchmeshgrad, torchmodule
 from .mesh.device_mesh import Mesh, current_mesh
 from .mesh.placement import REPLICATE
 from .torchtensor import TorchTensor, ready
@@ -46,13 +46,13 @@ class MeshModule(torchmodule.RemoteModule):
             blocks = [params[k] for params in places]
             spec: Any = torchops.spec_of(meta)
             param: Any = TorchTensor.on_mesh(mesh, (REPLICATE,) * mesh.ndim, blocks, spec)
-            torchmesh.remember(param, None)
+            torchmeshgrad.remember(param, None)
             self._params.append(param)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The forward at every place, on its blocks of the arguments; handles at once."""
         torch = ready()
-        operands = torchmesh.operands_of((args, kwargs))
+        operands = torchmeshgrad.operands_of((args, kwargs))
         if not operands:
             raise TypeError("module: a mesh module's forward takes mesh tensors (got none); "
                             "send the batch with mwrt.dist_send(x, mesh=m, shard=0)")
@@ -60,17 +60,17 @@ class MeshModule(torchmodule.RemoteModule):
         if operands[0]._mesh != self.mesh:
             raise ValueError(f"module: the batch lies on {operands[0]._mesh!r}, the model on "
                              f"{self.mesh!r}; send it to the model's mesh")
-        args, kwargs = torchmesh.walk((args, kwargs), lambda t: torchmesh.real(t)
-                                      if torchmesh.is_partial(t) else t)
-        operands = torchmesh.operands_of((args, kwargs))
+        args, kwargs = torchmeshgrad.walk((args, kwargs), lambda t: torchmeshgrad.real(t)
+                                      if torchmeshgrad.is_partial(t) else t)
+        operands = torchmeshgrad.operands_of((args, kwargs))
         grad = torch.is_grad_enabled()
-        gargs, gkwargs = torchmesh.walk((args, kwargs), lambda t: t._spec)
+        gargs, gkwargs = torchmeshgrad.walk((args, kwargs), lambda t: t._spec)
         key = torchops.key_of((gargs, gkwargs))
         outcome = torchops.infer("module", self.meta, grad, gargs, gkwargs,
                                  None if key is None else (*self._key, grad, key))
         per_place = []
         for i, place in enumerate(self._places):
-            largs, lkwargs = torchmesh.walk((args, kwargs), lambda t, i=i: t._locals[i])
+            largs, lkwargs = torchmeshgrad.walk((args, kwargs), lambda t, i=i: t._locals[i])
             per_place.append(place(*largs, **lkwargs))
         return torchmesh.results("module", self.mesh, operands, outcome, per_place, args,
                                  kwargs)
@@ -113,7 +113,7 @@ class MeshOptimizer:
     def step(self) -> None:
         """Sum the Partial gradients (one all_reduce between the workers), then step
         everywhere: the parameters stay equal at every place."""
-        torchmesh.all_reduce_grads(self.params)
+        torchmeshgrad.all_reduce_grads(self.params)
         for place in self._places:
             place.step()
 
@@ -150,8 +150,8 @@ def _local(params: Any, i: int) -> list:
 
 def _cleared(params: list, set_to_none: bool) -> None:
     for p in params:  # zeros, where a gradient was, are placed as the parameter
-        was = torchmesh.placed(p)
-        torchmesh.remember(p, None if set_to_none or was is None else p._placements)
+        was = torchmeshgrad.placed(p)
+        torchmeshgrad.remember(p, None if set_to_none or was is None else p._placements)
 
 
 def module(model: Any, node: int | None = None, device: int | None = None,

@@ -219,6 +219,8 @@ def _run_meta(name: str, func, grad: bool, args: tuple, kwargs: dict) -> Outcome
     versions, before = [t._version for t in inputs], [spec_of(t) for t in inputs]
     if name == "torch.Tensor.__setitem__":
         func = _setitem_on_host
+    elif name in _POWS and _bool_power(torch, margs, mkwargs):
+        func = getattr(torch.Tensor, _POWS[name])
     try:
         with torch.set_grad_enabled(grad):
             result = func(*margs, **mkwargs)
@@ -255,6 +257,19 @@ def _setitem_on_host(target, index, value) -> None:
             view.fill_(value)
             return
     target[index] = value
+
+
+# A bool tensor to a bool power stays bool on the host (its kernel's result type), where the
+# meta device promotes to int64, and refuses the in-place form: bool's own mul runs in its place.
+_POWS = {"torch.pow": "mul", "torch.Tensor.pow": "mul", "torch.Tensor.__pow__": "mul",
+         "torch.Tensor.pow_": "mul_", "torch.Tensor.__ipow__": "mul_"}
+
+
+def _bool_power(torch, args: tuple, kwargs: dict) -> bool:
+    """Whether a pow's base is a bool tensor and its exponent a Python bool (both given by
+    position)."""
+    return (len(args) == 2 and not kwargs and isinstance(args[0], torch.Tensor)
+            and args[0].dtype == torch.bool and type(args[1]) is bool)
 
 
 def _root(t):

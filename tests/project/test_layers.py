@@ -149,7 +149,7 @@ MASTER_LAYERS = [
                "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting", "mesh.sorting",
                "mesh.selecting", "mesh.products",
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad",
-               "torchacross",
+               "torchacross", "torchmeshgrad",
                "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
                  "torchtensor", "torchcreation", "torchmodule", "torchmeshmodule",
