@@ -15,7 +15,9 @@ reduce_scattered along those lines and all_reduced over the replicas along the o
 dimensions (one buffer per dtype, worker to worker), and added to the shards' gradients,
 and the whole gradients are cleared, as FSDP's post-backward hook does. 0-d parameters stay
 replicated, their gradients summed at the step as a replicated module's are. The whole
-parameters stay allocated at every place between steps (FSDP's reshard_after_forward=False).
+parameters' storage is freed after the forward and after the backward (FSDP's
+reshard_after_forward=True), and gathered again before each backward on the mesh, which
+may need them (the forward's graph saved them): between steps a place holds its shards.
 """
 
 from __future__ import annotations
@@ -48,18 +50,41 @@ class ShardedModule(MeshModule):
                 self._sharded.append(k)
                 params.append(_shard(whole, mesh))
         self._params = params
+        self._gathered = True  # whether the whole parameters hold their values now
+        self.reshard()
         torchmeshgrad.after_backward(mesh, self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The shards gathered into the whole parameters, then the forward at every place."""
+        """The shards gathered into the whole parameters, then the forward at every place,
+        then their storage freed."""
         self.gather()
-        return super().__call__(*args, **kwargs)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            self.reshard()
 
     forward = __call__
+
+    def reshard(self) -> None:
+        """Free the whole parameters' storage at every place (their metadata stays)."""
+        if not self._gathered or not self._sharded:
+            return
+        for i in range(self.mesh.size):
+            torchissue.run("shards.free", _nothing,
+                           tuple(self._wholes[k]._locals[i] for k in self._sharded), {},
+                           "torch_shards_free", ())
+        self._gathered = False
+
+    def backward_starts(self) -> None:
+        """Before a backward on the mesh: the whole parameters gathered again, as the
+        forward's graph may read them."""
+        if not self._gathered:
+            self.gather()
 
     def gather(self) -> None:
         """all_gather the shards into the whole parameters at every place (one flat buffer
         per dtype)."""
+        self._gathered = True
         torch = ready()
         mesh = self.mesh
         with torch.no_grad():
@@ -116,6 +141,7 @@ class ShardedModule(MeshModule):
                 torchmeshgrad.remember(whole, None)
             for k in group:
                 torchmeshgrad.remember(self._params[k], self._params[k]._placements)
+        self.reshard()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the shards' gradients (and any whole one) at every place."""

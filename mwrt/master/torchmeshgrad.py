@@ -36,7 +36,7 @@ PARTIAL = Partial("sum")
 # Leaves that require grad, per mesh: id -> (weak reference, their gradients' placements or
 # None while they have none). A backward changes them all (see backward).
 _LEAVES: dict = {}
-_AFTER: dict = {}  # mesh -> the modules told after each backward on it (see after_backward)
+_AFTER: dict = {}  # mesh -> the modules told around each backward on it (see after_backward)
 _MADE = itertools.count()  # the order tensors are made real in (see real)
 
 
@@ -44,6 +44,8 @@ def backward(func, args: tuple, kwargs: dict, operands: list) -> None:
     """backward() at every place; through tensors made real from Partial ones, as walks
     (see the module's doc)."""
     mesh = operands[0]._mesh
+    for module in list(_AFTER.get(mesh, ())):  # a sharded module's whole parameters
+        module.backward_starts()
     marks = torchgrad.resolutions([t._locals[0] for t in operands if t._spec.requires_grad])
     if not marks:
         _walk(mesh, _parts(mesh, operands), func, args, kwargs)
@@ -112,6 +114,8 @@ def autograd_grad(func, args: tuple, kwargs: dict, operands: list) -> tuple:
     inputs = args[1] if len(args) > 1 else kwargs["inputs"]
     inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
     roots = [t._locals[0] for t in operands_of(outputs) if t._spec.requires_grad]
+    for module in list(_AFTER.get(mesh, ())):  # a sharded module's whole parameters
+        module.backward_starts()
     if torchgrad.resolutions(roots):
         raise PlacementError("torch.autograd.grad: the graph passes a Partial tensor made "
                              "real (an all_reduce) on the mesh; run loss.backward() and read "
@@ -130,8 +134,9 @@ def autograd_grad(func, args: tuple, kwargs: dict, operands: list) -> tuple:
 
 
 def after_backward(mesh, module) -> None:
-    """Have `module.backward_done()` run after every backward on `mesh` (while the module
-    lives): a sharded module moves its gradients to its shards then."""
+    """Have `module.backward_starts()` run before and `module.backward_done()` after every
+    backward on `mesh` (while the module lives): a sharded module gathers its whole
+    parameters first, and moves its gradients to its shards then."""
     _AFTER.setdefault(mesh, weakref.WeakSet()).add(module)
 
 

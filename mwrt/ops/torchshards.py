@@ -1,6 +1,7 @@
 """A sharded module's buffers on the worker: its shards packed for an all_gather, the gathered
-rows unpacked into the module's whole parameters, their gradients cut and laid out place by
-place for a reduce_scatter, and a place's part added to its shards' gradients.
+rows unpacked into the module's whole parameters (whose storage is freed between uses), their
+gradients cut and laid out place by place for a reduce_scatter, and a place's part added to
+its shards' gradients.
 
 Shard(0) blocks are row ranges, so each is a contiguous run of its tensor's row-major
 elements and the whole tensor is its places' blocks, flat, joined in place order. A buffer
@@ -26,12 +27,38 @@ def _pack(xp, grad: bool, length: int, *blocks) -> list:
 
 def _unpack(xp, grad: bool, gathered, counts: tuple, *wholes) -> list:
     """Each whole tensor k copied from the gathered rows (row j: place j's buffer, holding
-    counts[j][k] elements of tensor k after those of the tensors before it)."""
+    counts[j][k] elements of tensor k after those of the tensors before it), its storage
+    allocated again if it was freed. Its version stays: the graph of a forward that saved
+    it reads it in the backward, as FSDP's all_gather before the backward does."""
     torch = worker_torch()
     with torch.no_grad():
         for k, whole in enumerate(wholes):
+            storage = whole.untyped_storage()
+            needed = _extent(whole) * whole.element_size()
+            if storage.nbytes() < needed:
+                storage.resize_(needed)
             pieces = [gathered[j, sum(row[:k]):sum(row[:k + 1])] for j, row in enumerate(counts)]
-            whole.copy_(torch.cat(pieces).view(whole.shape))
+            with torch.autograd._unsafe_preserve_version_counter(whole):
+                whole.copy_(torch.cat(pieces).view(whole.shape))
+    return []
+
+
+def _extent(t) -> int:
+    """The elements of storage that tensor t reaches (its offset, then its last element)."""
+    if t.numel() == 0:
+        return t.storage_offset()
+    return t.storage_offset() + 1 + sum((n - 1) * step for n, step in zip(t.shape, t.stride()))
+
+
+def _free(xp, grad: bool, *wholes) -> list:
+    """The whole tensors' storage given back (FSDP's reshard): they keep their metadata, and
+    the next all_gather allocates it again."""
+    torch = worker_torch()
+    for whole in wholes:
+        if not whole.untyped_storage().resizable():  # made over a received NumPy buffer
+            whole.data = torch.empty_strided(whole.shape, whole.stride(), dtype=whole.dtype,
+                                             device=whole.device)
+        whole.untyped_storage().resize_(0)
     return []
 
 
@@ -77,6 +104,8 @@ register("torch_shards_pack", _pack, lambda *args, **kwargs: None, own_results=T
          doc="A sharded module's blocks in one flat buffer (for an all_gather).")
 register("torch_shards_unpack", _unpack, lambda *args, **kwargs: None, own_results=True,
          doc="Gathered blocks copied into a sharded module's whole parameters.")
+register("torch_shards_free", _free, lambda *args, **kwargs: None, own_results=True,
+         doc="A sharded module's whole parameters' storage freed until the next all_gather.")
 register("torch_shards_pack_grads", _pack_grads, lambda *args, **kwargs: None,
          own_results=True, doc="Whole gradients cut into blocks, place by place (for a "
          "reduce_scatter).")

@@ -261,7 +261,7 @@ class Session:
     def stats(self) -> dict:
         """Live tensors and their bytes."""
         arrays = [t for t in list(self.tensors.values()) if hasattr(t, "nbytes")]
-        return {"tensors": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)),
+        return {"tensors": len(arrays), "bytes": _held(arrays),
                 "streams": len(self.streams), "events": len(self.events),
                 "events_fired": len(self.fired), "waits": self.waits,
                 "functions": len(self.functions), "graphs": len(self.graphs.graphs),
@@ -317,3 +317,19 @@ class Session:
             except FileNotFoundError:
                 pass
         self.shared = []
+
+
+def _held(arrays: list) -> int:
+    """The bytes `arrays` hold: an array's, or a torch tensor's storage as it is now (once
+    per storage; a sharded module's whole parameters, freed between uses, hold none)."""
+    total, seen = 0, set()
+    for a in arrays:
+        storage = getattr(a, "untyped_storage", None)
+        if storage is None:
+            total += a.nbytes
+            continue
+        storage = storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return int(total)

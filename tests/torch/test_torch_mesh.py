@@ -319,6 +319,47 @@ def test_a_fully_sharded_module_trains_as_local_torch_and_as_the_replicated_one(
         torch.testing.assert_close(value, lp.detach(), **TOL)
 
 
+def _held(mesh) -> list:
+    """The bytes the session holds at each worker (torch tensors by their storage now)."""
+    return [mwrt.memory_stats(node.index)["bytes"] for node in mesh.nodes]
+
+
+def test_a_fully_sharded_module_holds_its_shards_between_uses(mesh):
+    """The whole parameters' storage is freed after the forward and after the backward
+    (FSDP's reshard_after_forward): between steps, and while a forward's graph waits for
+    its backward, each worker holds its shards; the backward gathers them again, and the
+    losses and gradients stay local torch's."""
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(96, 96), torch.nn.Tanh(),  # noqa: E731
+                                       torch.nn.Linear(96, 3))
+    local = make()
+    X, y = torch.randn(6, 96), torch.randint(0, 3, (6,))
+    xs, ys = mwrt.dist_send(X, mesh=mesh, shard=0), mwrt.dist_send(y, mesh=mesh, shard=0)
+    before = _held(mesh)
+    torch.manual_seed(0)
+    sharded = mwrt.torch.fully_shard(make(), mesh=mesh)
+    params = list(sharded.parameters())
+    shards = [sum(b.numel() * 4 for p in params for b in p._locals[i:i + 1])
+              for i in range(mesh.size)]
+    whole = sum(p.numel() * 4 for p in params)
+    assert [a - b for a, b in zip(_held(mesh), before)] == shards
+    opt, lopt = (mwrt.torch.optim.SGD(params, lr=0.1),
+                 torch.optim.SGD(local.parameters(), lr=0.1))
+    for _ in range(2):
+        loss = F.cross_entropy(sharded(xs), ys)
+        waiting = [a - b for a, b in zip(_held(mesh), before)]  # activations, the loss
+        assert all(s <= w < s + whole // 4 for s, w in zip(shards, waiting)), (waiting, shards)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert loss.item() == pytest.approx(_step(local, lopt, X, y).item(), rel=1e-6)
+        del loss
+        assert [a - b for a, b in zip(_held(mesh), before)] == shards
+    for p, lp in zip(params, local.parameters()):
+        _close(p, lp)
+        _close(p.grad, lp.grad)
+
+
 def test_a_sharded_module_accumulates_and_clears_gradients_as_torch(mesh):
     X, y = _data(7)
     local, sharded = _model(), mwrt.torch.fully_shard(_model(), mesh=mesh)
