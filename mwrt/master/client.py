@@ -21,6 +21,7 @@ from collections import deque
 from types import FrameType
 
 import zmq
+from msgspec import Raw
 from msgspec.structs import replace
 from zmq.utils.monitor import recv_monitor_message
 
@@ -181,6 +182,28 @@ def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: floa
                     itertools.repeat(streams), site, now, window)
         return
     _queue_each(nodes, bodies, slot, streams or itertools.repeat(None), site, now, window)
+
+
+def free_everywhere(nodes, tensor_id: int, streams: tuple) -> None:
+    """Free block `tensor_id` at each of `nodes` (a mesh tensor one command made everywhere)
+    after the streams that used it: one Free grown into the nodes' last run where it may
+    grow on the block's one stream (one append for all nodes), else one entry in each node's
+    frees. It runs in Handle.__del__, at any point of any thread: nothing under a run's lock
+    allocates or drops a handle, so this never waits for its own thread."""
+    run = nodes[0].run
+    if run is not None and run.nodes is nodes and streams == (run.stream,):
+        body = Raw(wire.encode_message(wire.Free(id=next(nodes[0].ids), stream=run.stream,
+                                                 ids=(tensor_id,), uses=1)))
+        with run.lock:
+            grew = not run.sealed
+            if grew:
+                run.append(body)
+        if grew:
+            return
+    freed = (tensor_id, streams)
+    for node in nodes:
+        if not node.closed:
+            node.frees.append(freed)
 
 
 def _queue_each(nodes, bodies, slot: int, streams, site, now: float, window: float) -> None:
@@ -480,19 +503,31 @@ class Node:
         self.batch, self.frames, self.runs = [], [], False
 
     def _append_frees(self) -> None:
+        """One Free per stream for the handles dropped so far (some), grouped by streams."""
         if self.run is not None:
             self.seal_run()
+        frees = self.frees  # emptied only here, under tx_lock; any thread appends
+        tensor_id, streams = frees.popleft()
+        if not frees:  # one dropped since the last command: a loop's temporary
+            self._free((tensor_id,), streams)
+            return
+        pop = frees.popleft  # (those dropped meanwhile, even here, wait for the next)
+        taken = [(tensor_id, streams), *[pop() for _ in range(len(frees))]]
+        freed, uses = zip(*taken)
+        if uses.count(streams) == len(uses):  # all used on the same streams
+            self._free(freed, streams)
+            return
         by_streams: dict[tuple, list] = {}
-        while True:
-            try:
-                tensor_id, streams = self.frees.popleft()
-            except IndexError:
-                break
+        for tensor_id, streams in taken:
             by_streams.setdefault(streams, []).append(tensor_id)
         for streams, ids in by_streams.items():
-            for stream in streams:
-                self.batch.append(wire.Free(id=next(self.ids), stream=stream, ids=tuple(ids),
-                                           uses=len(streams)))
+            self._free(tuple(ids), streams)
+
+    def _free(self, ids: tuple, streams: tuple) -> None:
+        """Free tensors `ids` once every one of `streams` has reached this point."""
+        for stream in streams:
+            self.batch.append(wire.Free(id=next(self.ids), stream=stream, ids=ids,
+                                        uses=len(streams)))
 
     def site_of(self, command_id: int) -> str:
         """The line that issued command `command_id` (or captured it in a graph), '' if not

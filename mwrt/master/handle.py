@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from ..ops import Spec
 from ..protocol import wire
 from . import ordering
+from .client import free_everywhere
+from .mesh.placement import local_specs
 
 
 class Handle:
@@ -22,16 +24,19 @@ class Handle:
     # One place: _node, _device, _id, _ref (its id pre-encoded), _storage, the record of its
     # storage's uses (ordering.Storage). A view holds its base's record and its base, _base
     # (as NumPy's ndarray.base), and _writer and _wtime, the stream and command that made it.
-    # A mesh tensor: _mesh, _placements (one per mesh dimension), _locals (a one-place handle
-    # per place) and one record for them all; a view of it holds its base too (a view of a
-    # Partial tensor is made real by its base's all_reduce: moves.resolve).
+    # A mesh tensor: _mesh, _placements (one per mesh dimension), _blocks (a one-place handle
+    # per place, read as _locals) and one record for them all; a view of it holds its base too
+    # (a view of a Partial tensor is made real by its base's all_reduce: moves.resolve). One
+    # made by one command at every place (everywhere()) has _id and _ref, the id of its block
+    # at each of _nodes, and no block handles until one is asked for (_blocks None).
     __slots__ = ("_node", "_device", "_id", "_spec", "_storage", "_writer", "_wtime", "_base",
-                 "_ref", "_mesh", "_placements", "_locals", "__weakref__")
+                 "_ref", "_mesh", "_placements", "_blocks", "_nodes", "__weakref__")
     results: type  # the class a verb makes its results of (see __init_subclass__)
     holds_torch = False  # a torch tensor's handle (TorchTensor): NumPy's ops refuse it
-    _mesh: Any  # a Mesh, or None on one place (then _placements and _locals are unset)
+    _mesh: Any  # a Mesh, or None on one place (then _placements and _blocks are unset)
     _placements: tuple
-    _locals: list
+    _blocks: list | None
+    _nodes: tuple
     if TYPE_CHECKING:  # what DistributedTensor gives every handle, which the verbs read
         @property
         def spec(self) -> Spec: ...
@@ -67,21 +72,11 @@ class Handle:
     @classmethod
     def at_places(cls, nodes, devices, tensor_id: int, specs, streams) -> list:
         """One handle per place to tensor `tensor_id`, the id every place's worker gives its
-        block of a mesh op's result: __init__'s fields, with one pre-encoded reference for
-        all, and, where `streams` is one stream (an int) for every place, one record of their
-        uses, which on_mesh(record=) takes (not while a graph is captured: its records would
-        not see them)."""
+        block of a mesh op's result, made on its place's stream: __init__'s fields, with one
+        pre-encoded reference for all."""
         ref, new = wire.ref(tensor_id), cls.__new__
         handles: list = []
         append = handles.append
-        if type(streams) is int:  # one record for all: the fields alone, per place
-            shared = ordering.MeshStorage(streams, tensor_id, len(nodes))
-            for node, device, spec in zip(nodes, devices, specs):
-                t = new(cls)
-                t._node, t._device, t._id, t._spec, t._ref, t._mesh, t._base, t._storage = \
-                    node, device, tensor_id, spec, ref, None, None, shared
-                append(t)
-            return handles
         for node, device, spec, stream in zip(nodes, devices, specs, streams):
             t = new(cls)
             t._node, t._device, t._id, t._spec, t._ref, t._mesh, t._base = node, device, \
@@ -93,16 +88,50 @@ class Handle:
         return handles
 
     @classmethod
-    def on_mesh(cls, mesh, placements: tuple, blocks: list, spec: Spec | None,
-                record: ordering.MeshStorage | None = None) -> Any:
-        """A handle to a tensor laid over `mesh`: `blocks`, one per place, make the whole;
-        `record`, the one they share (at_places made them so), else each keeps its own."""
+    def on_mesh(cls, mesh, placements: tuple, blocks: list, spec: Spec | None) -> Any:
+        """A handle to a tensor laid over `mesh`: `blocks`, one per place, make the whole,
+        each keeping its own record."""
         t = cls.__new__(cls)
-        t._mesh, t._placements, t._locals, t._spec = mesh, placements, list(blocks), spec
-        t._storage = ordering.MeshStorage.parted_over(len(blocks)) if record is None else \
-            record
+        t._mesh, t._placements, t._blocks, t._spec = mesh, placements, list(blocks), spec
+        t._storage = ordering.MeshStorage.parted_over(len(blocks))
         t._node = t._base = None
         return t
+
+    @classmethod
+    def everywhere(cls, mesh, placements: tuple, spec: Spec, tensor_id: int,
+                   stream: int) -> Any:
+        """A handle to a tensor laid over `mesh` whose blocks one command made, all named
+        `tensor_id`, on `stream` at every place: one record for them all, and no handle per
+        place until one is asked for (_locals): a mesh op's cost per node is then its send."""
+        t = cls.__new__(cls)
+        t._mesh, t._placements, t._spec, t._blocks, t._nodes = mesh, placements, spec, None, \
+            mesh.nodes
+        t._id, t._ref = tensor_id, wire.ref(tensor_id)
+        t._storage = ordering.MeshStorage(stream, tensor_id, len(mesh.nodes))
+        t._node = t._base = None
+        return t
+
+    @property
+    def _locals(self) -> list:
+        """A mesh tensor's handle per place (row-major), made on first use if need be."""
+        blocks = self._blocks
+        if blocks is None:
+            blocks = self._blocks = self._made_blocks()
+        return blocks
+
+    def _made_blocks(self) -> list:
+        """The handles of the blocks everywhere() named: they share the tensor's record, and
+        from now on each frees its own block."""
+        cls, record, tensor_id, ref = type(self), self._storage, self._id, self._ref
+        mesh = self._mesh
+        blocks = []
+        for node, device, spec in zip(self._nodes, mesh.place_devices,
+                                      local_specs(self.spec, self._placements, mesh)):
+            t = cls.__new__(cls)
+            t._node, t._device, t._id, t._spec, t._ref, t._mesh, t._base, t._storage = \
+                node, device, tensor_id, spec, ref, None, None, record
+            blocks.append(t)
+        return blocks
 
     def __reduce__(self) -> Any:
         """Refuses: a handle is this master's, and means nothing pickled elsewhere."""
@@ -112,10 +141,13 @@ class Handle:
 
     def __del__(self) -> None:
         """Free the worker's array once the streams that used it are done with it."""
-        node = self._node  # None for a mesh tensor: its blocks free themselves
-        try:  # Node.release, inline: a mesh result frees a block per place
-            if node is not None and not node.closed:
-                node.frees.append((self._id, self._storage.streams))
+        node = self._node  # None for a mesh tensor: its blocks free themselves, if it has any
+        try:  # Node.release, inline
+            if node is not None:
+                if not node.closed:
+                    node.frees.append((self._id, self._storage.streams))
+            elif self._blocks is None:  # made by everywhere(): its block at every node
+                free_everywhere(self._nodes, self._id, self._storage.streams)
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
             pass
 

@@ -203,13 +203,14 @@ def order(tensors, stream: int, now: int, write: bool = False, written=None) -> 
 def order_mesh(tensor, stream: int, now: int, write: bool = False) -> None:
     """Order the use of mesh tensor `tensor` on `stream` (at every place) by command `now`:
     once for all places while they share its record, else place by place."""
-    owner, blocks = tensor._storage, tensor._locals
-    if owner.parted or capture or blocks[0]._storage is not owner:  # (a view: its own blocks)
-        order(blocks, stream, now, write)
+    owner, blocks = tensor._storage, tensor._blocks
+    if capture or owner.parted or (blocks is not None and blocks[0]._storage is not owner):
+        order(tensor._locals, stream, now, write)  # (a view: its own blocks)
         return
     if owner.writer != stream or (write and len(owner.streams) > 1):
-        for block in blocks:  # every place waits as the record says, then it changes
-            _waits(block, owner, stream, write)
+        tensor_id = tensor._id  # (one record for all: made everywhere, one id at each node)
+        for node in tensor._nodes:  # every place waits as the record says, then it changes
+            _waits(node, tensor_id, owner, stream, write)
         _used(owner, stream, now, write)
     elif write:
         owner.wtime = owner.ltime = now
@@ -224,19 +225,20 @@ def use(tensor, stream: int, now: int, write: bool = False) -> None:
     if capture:  # before the fields change: a graph restores what it found
         capture[-1].used(tensor, stream, write)
     if tensor._base is not None and tensor._writer != stream:
-        _after(tensor, stream, tensor._writer, tensor._wtime)
-    _waits(tensor, owner, stream, write)
+        _after(tensor._node, tensor._id, stream, tensor._writer, tensor._wtime)
+    _waits(tensor._node, tensor._id, owner, stream, write)
     _used(owner, stream, now, write)
 
 
-def _waits(tensor, owner: Storage, stream: int, write: bool) -> None:
-    """The waits of a use of `tensor` (at its place) on `stream` that record `owner` asks."""
+def _waits(node, tensor_id: int, owner: Storage, stream: int, write: bool) -> None:
+    """The waits of a use of tensor `tensor_id` on `node` on `stream` that record `owner`
+    asks."""
     if write:  # after every other stream's last use (the writer is among streams)
         for other in owner.streams:
             if other != stream:
-                _after(tensor, stream, other, owner.ltime)
+                _after(node, tensor_id, stream, other, owner.ltime)
     elif owner.writer != stream:
-        _after(tensor, stream, owner.writer, owner.wtime)
+        _after(node, tensor_id, stream, owner.writer, owner.wtime)
 
 
 def _used(owner: Storage, stream: int, now: int, write: bool) -> None:
@@ -252,7 +254,7 @@ def read_stream(tensor) -> int:
     ordered after the view's making if another stream made it."""
     owner = tensor._storage
     if tensor._base is not None and tensor._writer != owner.writer:
-        _after(tensor, owner.writer, tensor._writer, tensor._wtime)
+        _after(tensor._node, tensor._id, owner.writer, tensor._writer, tensor._wtime)
     return owner.writer
 
 
@@ -284,14 +286,14 @@ def _ordered(node) -> dict:
     return done
 
 
-def _after(tensor, target: int, source: int, upto: int) -> None:
-    """Make `target` wait for `source` up to command `upto`, unless it already does."""
-    node = tensor._node
+def _after(node, tensor_id: int, target: int, source: int, upto: int) -> None:
+    """Make `target` wait for `source` up to command `upto` on `node`, unless it already does
+    (`tensor_id`: the tensor a manual stream is checked to find made)."""
     done = _ordered(node)
     if done.get((target, source), 0) >= upto:
         return
     if is_manual(target):
-        node.issue(wire.Expect(id=next(node.ids), stream=target, ref=tensor._id,
+        node.issue(wire.Expect(id=next(node.ids), stream=target, ref=tensor_id,
                                made_on=source))
         return
     event = next(_IMPLICIT)

@@ -181,8 +181,8 @@ class DistributedTensor(Handle):
     @property
     def kind(self) -> str:
         """The array behind the handle: "numpy" (host memory), "cupy" (a GPU) or "torch"."""
-        return "numpy" if self._device == HOST or (self._mesh is not None and \
-            self._locals[0]._device == HOST) else "cupy"
+        device = self._device if self._mesh is None else self._mesh.place_devices[0]
+        return "numpy" if device == HOST else "cupy"
 
     @property
     def device(self) -> context.Device:

@@ -4,6 +4,7 @@ are spliced in, streams and graphs still hold (values checked against NumPy)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 
 import numpy as np
@@ -187,3 +188,52 @@ def test_a_place_used_alone_takes_its_own_record_of_uses(cluster):
     expected[:4] += 1.0
     same(U, expected * 2.0)
     same(V, expected * 2.0 + 1.0)
+
+
+def _held() -> list:
+    return [mwrt.memory_stats(n)["tensors"] for n in range(2)]
+
+
+def test_a_result_made_everywhere_has_no_handle_per_place_until_one_is_asked_for(cluster):
+    """A mesh op's result is one handle and one record: its blocks' handles are made when
+    a plan or the user (shards()) needs them, named by the one id, and the values hold."""
+    mesh = mwrt.mesh()
+    x = data(10, 3)
+    X = mwrt.dist_send(x, mesh=mesh, shard=0)
+    Y = X * 2.0
+    Z = mwrt.zeros(10, 3, mesh=mesh, shard=0)
+    assert Y._blocks is None and Z._blocks is None
+    Y += Z  # an in-place op of two such tensors makes none either
+    W = Y - 1.0
+    assert (Y._blocks, Z._blocks, W._blocks) == (None, None, None)
+    blocks = Y.shards()
+    assert [b._node for b in blocks] == list(mesh.nodes) and len(ids(Y)) == 1
+    assert [b.shape for b in blocks] == [(5, 3), (5, 3)]
+    assert all(b._storage is Y._storage for b in blocks)  # the one record, shared
+    same(blocks[1], x[5:] * 2.0)
+    same(W, x * 2.0 - 1.0)
+
+
+def test_a_dropped_mesh_result_frees_its_block_at_every_node(cluster):
+    """A result made everywhere frees every place's block when dropped (one Free per node);
+    once its blocks' handles were asked for, each frees its own when the last of the mesh
+    handle and it goes."""
+    mesh = mwrt.mesh()
+    x = data(8)
+    X = mwrt.dist_send(x, mesh=mesh, shard=0)
+    gc.collect()
+    before = _held()
+    made = [X * float(k) for k in range(20)]
+    assert _held() == [n + 20 for n in before]
+    del made
+    gc.collect()
+    assert _held() == before
+    Y = X + 1.0
+    first = Y.shards()[0]
+    del Y
+    gc.collect()
+    assert _held() == [before[0] + 1, before[1]]  # place 0's block lives on with its handle
+    same(first, x[:4] + 1.0)
+    del first
+    gc.collect()
+    assert _held() == before

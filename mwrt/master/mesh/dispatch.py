@@ -19,14 +19,13 @@ from .. import context, issue, ordering
 from ..client import issue_site, pin_site, queue_everywhere, unpin_site
 from ..handle import Handle
 from . import fallback, moves, rules
-from .placement import local_shape
+from .placement import local_specs
 from .plan import PlacementError, Slot, is_partial
 
 _SCALARS = (int, float, bool, complex)
 _WRITES = rules.IN_PLACE | {"setitem"}  # ops that write their first operand
 # NumPy functions that write an argument: on mesh tensors with no plan they would write a copy
 WRITING_FUNCTIONS = {"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis"}
-_LOCAL_SPECS: dict = {}  # (global Spec, placements, mesh) -> each place's Spec
 _PLANS: dict = {}  # (op, mesh, operands' placements and Specs, argument kinds) -> (Spec, Plan)
 
 
@@ -169,9 +168,6 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
         specs = local_specs(spec, placements, mesh)
         nodes[0].limits.check_result(name, specs[0])  # place 0's block is the largest
         out_id = next(counter)
-        outs = operands[0].results.at_places(nodes, mesh.place_devices, out_id, specs,
-                                             mesh.devices if type(mesh.devices) is int
-                                             else mesh.place_devices)
     now = next(counter)
     # An operand made by this path has one id at every place (the same bytes everywhere);
     # another's reference is spliced into the bytes at each place.
@@ -190,8 +186,13 @@ def _issue_at_every_place(name, placements, operands, margs, mkwargs, spec):
         bodies, streams = _bodies(name, template, slots, operands, varying, now, outs_ids,
                                   kwargs, fp, places, written, type(devices) is not int)
     queue_everywhere(nodes, bodies, now, streams, site, _WINDOW * max(1.0, len(nodes) / 8))
-    return None if inplace else operands[0].results.on_mesh(
-        mesh, placements, outs, spec, outs[0]._storage if type(mesh.devices) is int else None)
+    if inplace:
+        return None
+    made = operands[0].results
+    if type(devices) is int:  # one record for every place, and no handle per place yet
+        return made.everywhere(mesh, placements, spec, out_id, devices)
+    return made.on_mesh(mesh, placements, made.at_places(
+        nodes, mesh.place_devices, out_id, specs, mesh.place_devices), spec)
 
 
 def _bodies(name, template, slots, operands, varying, now, outs_ids, kwargs, fp, places,
@@ -235,7 +236,7 @@ def _sentinel_args(template, slots, operands, varying) -> tuple:
     args = list(template)
     for pos, k in slots:
         args[pos] = wire.ref(_SENTINEL + varying.index(k)) if k in varying else \
-            operands[k]._locals[0]._ref
+            _ref_of(operands[k])
     return tuple(args)
 
 
@@ -269,8 +270,14 @@ def _splice(pieces: list, refs: list):
 def _one_id(tensor) -> bool:
     """True if every place's block has one id: a mesh tensor's blocks either all share the
     id (made by _issue_at_every_place) or all have their own (made place by place)."""
-    blocks = tensor._locals
-    return blocks[0]._id == blocks[-1]._id
+    blocks = tensor._blocks
+    return blocks is None or blocks[0]._id == blocks[-1]._id
+
+
+def _ref_of(tensor):
+    """The reference to a mesh tensor's block at place 0 (at every place if _one_id)."""
+    blocks = tensor._blocks
+    return tensor._ref if blocks is None else blocks[0]._ref
 
 
 def _place_by_place(name, placements, operands, wired, spec):
@@ -321,19 +328,6 @@ def _wire_form(margs, mkwargs):
                 type(value) is tuple and all(type(v) is int for v in value))):
             return None
     return template, slots, mkwargs
-
-
-def local_specs(spec: Spec, placements: tuple, mesh) -> tuple:
-    """The Spec of each place's block of a tensor of global `spec` (remembered)."""
-    key = (spec, placements, mesh)
-    found = _LOCAL_SPECS.get(key)
-    if found is None:
-        if len(_LOCAL_SPECS) > 10_000:
-            _LOCAL_SPECS.clear()
-        found = _LOCAL_SPECS[key] = tuple(
-            Spec(local_shape(spec.shape, placements, mesh.shape, c), spec.dtype)
-            for c in mesh.coords)
-    return found
 
 
 def _known(spec):

@@ -9,7 +9,6 @@ from ...arrays import as_dtype
 from ...ops import Spec
 from ...protocol import wire
 from .. import context, issue, ordering, transfer
-from ..ordering import MeshStorage
 from ..tensor import DistributedTensor
 from .device_mesh import Mesh
 from .moves import broadcast_group
@@ -36,10 +35,7 @@ def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
     placements = shard_arg(shard, len(shape), mesh.ndim, kind)
     counter = mesh.shared_ids()
     if counter is not None and not ordering.capture:  # one id for every place's block
-        blocks = _create_everywhere(kind, shape, dtype, mesh, placements, args, counter)
-        shared = blocks[0]._storage  # the blocks' one record, if they are made on one stream
-        return DistributedTensor.on_mesh(mesh, placements, blocks, Spec(shape, dtype),
-                                         shared if isinstance(shared, MeshStorage) else None)
+        return _create_everywhere(kind, shape, dtype, mesh, placements, args, counter)
     locals_ = []
     for node, (_, device), coord in zip(mesh.nodes, mesh.places, mesh.coords):
         box = local_box(shape, placements, mesh.shape, coord)
@@ -49,22 +45,26 @@ def create(kind: str, shape: tuple, dtype, mesh: Mesh, shard, args=()):
     return DistributedTensor.on_mesh(mesh, placements, locals_, Spec(shape, dtype))
 
 
-def _create_everywhere(kind, shape, dtype, mesh, placements, args, counter) -> list:
-    """Each place's block, all named by one id (mesh ops then encode one command for all)."""
+def _create_everywhere(kind, shape, dtype, mesh, placements, args, counter):
+    """The tensor, each place's block named by one id (mesh ops then encode one command for
+    all): one record for all where every place makes its block on one stream."""
     tensor_id, now = next(counter), next(counter)
-    devices = [d for _, d in mesh.places]
+    devices = mesh.place_devices
     streams = [context.stream_for(node.index, d) for node, d in zip(mesh.nodes, devices)]
     boxes = [local_box(shape, placements, mesh.shape, c) for c in mesh.coords]
     shapes = [tuple(hi - lo for lo, hi in box) for box in boxes]
-    one = streams[0] if all(s == streams[0] for s in streams) else streams
-    blocks = DistributedTensor.at_places(mesh.nodes, devices, tensor_id,
-                                         [Spec(s, dtype) for s in shapes], one)
+    spec = Spec(shape, dtype)
+    if all(s == streams[0] for s in streams):
+        made = DistributedTensor.everywhere(mesh, placements, spec, tensor_id, streams[0])
+    else:
+        made = DistributedTensor.on_mesh(mesh, placements, DistributedTensor.at_places(
+            mesh.nodes, devices, tensor_id, [Spec(s, dtype) for s in shapes], streams), spec)
     for node, device, stream, box, local_shape in zip(mesh.nodes, devices, streams, boxes,
                                                       shapes):
         node.issue(wire.Create(id=now, stream=stream, out=tensor_id, kind=kind,
                                shape=local_shape, dtype=dtype.str, device=device,
                                args=tuple(_local_args(kind, args, box, placements))))
-    return blocks
+    return made
 
 
 def _local_args(kind: str, args: tuple, box: tuple, placements: tuple) -> tuple:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import PlacementError as PlacementError  # its home before errors.py
+from ...ops import Spec
 
 PARTIAL_OPS = ("sum", "max", "min", "prod")
 
@@ -92,6 +93,7 @@ class Partial(Placement):
 
 
 REPLICATE = Replicate()
+
 # What `shard=` takes: an axis (split over every mesh dimension), None (replicate), a
 # Placement, or one of them per mesh dimension.
 ShardArg = int | Placement | Sequence[int | Placement | None] | None
@@ -119,6 +121,22 @@ def local_box(shape: tuple, placements: tuple, mesh_shape: tuple, coord: tuple) 
 def local_shape(shape: tuple, placements: tuple, mesh_shape: tuple, coord: tuple) -> tuple:
     """The shape of the block at `coord` (Replicate and Partial keep the whole length)."""
     return tuple(stop - start for start, stop in local_box(shape, placements, mesh_shape, coord))
+
+
+_LOCAL_SPECS: dict = {}  # (global Spec, placements, mesh) -> each place's Spec
+
+
+def local_specs(spec: Spec, placements: tuple, mesh) -> tuple:
+    """The Spec of each place's block of a tensor of global `spec` (remembered)."""
+    key = (spec, placements, mesh)
+    found = _LOCAL_SPECS.get(key)
+    if found is None:
+        if len(_LOCAL_SPECS) > 10_000:
+            _LOCAL_SPECS.clear()
+        found = _LOCAL_SPECS[key] = tuple(
+            Spec(local_shape(spec.shape, placements, mesh.shape, c), spec.dtype)
+            for c in mesh.coords)
+    return found
 
 
 def sharded_axes(placements: tuple) -> set:
