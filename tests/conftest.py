@@ -47,7 +47,7 @@ def pytest_xdist_auto_num_workers(config):
     return min(8, max(2, cpus))
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # around pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark every test of a SLOW_MODULES module slow; put the tests of a module that share a
     module-scoped fixture (a cluster of daemons) in one xdist group, so that it starts once;
@@ -61,6 +61,25 @@ def pytest_collection_modifyitems(config, items):
         limit = _timeout_of(item, config)
         if limit:
             item.add_marker(pytest.mark.timeout(machine.seconds(limit, 8 * limit)), append=False)
+    yield
+    _name_the_groups(config, items)
+
+
+def _name_the_groups(config, items) -> None:
+    """End each grouped test's node id in `@group`, which is how --dist loadgroup sends a
+    group to one process. pytest-xdist (3.8) writes that suffix where pytest 9, whose node ids
+    are structured, no longer reads it (pytest-xdist issue 1386): the groups were lost, and a
+    module's tests spread over the processes, each starting the module's daemons."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        nodeid = item.nodeid
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or nodeid.rfind("@") > nodeid.rfind("]"):  # none, or pytest-xdist's
+            continue
+        from _pytest.nodeid import NodeId  # pytest 9's node ids, where the suffix was lost
+        item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
 
 
 def _shares_a_module_fixture(item) -> bool:
