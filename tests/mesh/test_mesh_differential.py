@@ -523,6 +523,9 @@ FOUND = {
     "a reduction of a 0-d tensor over axis -1": (
         "2x2", ["v0 = world.put(np.arange(6.0), 0)"], ["v1 = v0.all(axis=0)",
                                                         "v2 = np.any(v1, axis=-1)"]),
+    "dot of a sharded vector and a 0-d tensor multiplies": (
+        "3", ["v0 = world.put(np.array([5.75, 0.0, -4.75, -11.5, -5.5]), 0)"],
+        ["v1 = np.median(v0[1:].copy(), axis=0)", "v2 = np.dot(v0, v1)"]),
     "a Partial tensor divided by zero in place is combined first": (
         "4", ["v0 = world.partial(np.array([[[16.0, -3.5]], [[10.0, -10.0]], [[1.25, 4.0]], "
               "[[-11.75, -19.75]]]))"], ["v0 /= 0", "v1 = world.partial(np.array([[2.0], "

@@ -197,3 +197,15 @@ def test_a_product_of_row_and_column_shards_replicates_the_smaller_operand(mesh)
             got = no_fallback(lambda: product(X, Y))
             assert got.placements == (placed,) * mesh.ndim
             same(got, product(x, y), exact=False)
+
+
+def test_dot_with_a_0d_operand_multiplies(mesh):
+    """np.dot of a sharded vector and a 0-d tensor (a median's, a sum's) is NumPy's multiply:
+    the rule cut the 0-d operand as a contracted axis (IndexError), or placed the result on
+    axis -1 (ValueError)."""
+    x = np.array([5.75, 0.0, -4.75, -11.5, -5.5])
+    X = mwrt.dist_send(x, mesh=mesh, shard=shards(mesh, 0)[0])
+    m, total = np.median(X[1:].copy(), axis=0), X.sum()
+    same(no_fallback(lambda: np.dot(X, m)), np.dot(x, np.median(x[1:], axis=0)))
+    same(no_fallback(lambda: np.dot(total, X)), np.dot(x.sum(), x), exact=False)
+    same(no_fallback(lambda: np.dot(X, 2)), np.dot(x, 2))

@@ -25,6 +25,9 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
     for t in operands:
         resolve(t)
     a, b = args[0], args[1]
+    scalar = _scalar_dot(name, operands, args, kwargs)
+    if scalar is not None:
+        return scalar
     if type(a) is not Slot or type(b) is not Slot:
         return _one_side(name, operands, args, spec)
     ta, tb = operands[a.k], operands[b.k]
@@ -68,6 +71,16 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
         whole, sharded = ((ta, tb), (tb, ta))[side]
         views[(a.k, b.k)[side]] = _cut_to(whole, (ka, kb)[side], sharded, (kb, ka)[side])
     return Plan(placed, views)
+
+
+def _scalar_dot(name, operands, args, kwargs) -> Plan | None:
+    """np.dot with a 0-d operand, NumPy's multiply: by multiply's plan; else None."""
+    if name != "dot" or len(args) != 2 or kwargs:
+        return None
+    values = [operands[x.k] if type(x) is Slot else x for x in args]
+    if all(v.ndim if type(x) is Slot else np.ndim(v) for x, v in zip(args, values)):
+        return None
+    return Plan(None, whole=lambda: np.multiply(*values))
 
 
 def _gathering(name, ta, tb, row, col, args, kwargs) -> Plan | None:
