@@ -407,12 +407,16 @@ class Node:
             stream = None
             if isinstance(command, wire.NewStream):  # synchronize() waits on streams it made
                 self.streams.add(command.stream)
-        if site is None and not command.sync_point:  # a read's errors name the op, not it
+        if command.sync_point:  # a read's errors name the op, not it; its answer is
+            self.queue(command, command.id, stream, site, _clock(), None, frame, send=True)
+            return  # awaited at once: sent now, not at the wait
+        if site is None:
             site = issue_site()
         self.queue(command, command.id, stream, site, _clock(), None, frame, hold)
 
     def queue(self, body, command_id: int, stream: int | None, site, now: float,
-              window: float | None = None, frame=None, hold: bool = False) -> None:
+              window: float | None = None, frame=None, hold: bool = False,
+              send: bool = False) -> None:
         """Queue one command (a message, or its bytes: msgspec.Raw) issued from `site` on
         `stream` (None: not on one) at time `now`. The batch goes out at once when the node
         was quiet (no send for a millisecond), when it is full, with a data `frame`, and when
@@ -422,7 +426,8 @@ class Node:
         A quiet node's batch keeps a command to `hold` (a small op) for the next one, which
         sends both: a read that follows, `float(t.sum())`, makes one message, not an op's
         and then a read's. Nothing waits on it meanwhile (a read, a relay's Record, a
-        transfer come as that next command); if none comes, the heartbeat sends it."""
+        transfer come as that next command); if none comes, the heartbeat sends it. A
+        command to `send` goes out at once with the batch (a read, awaited next)."""
         if self.refusing:
             self._refuse_issue()
         self.sites[command_id & _SITE_MASK] = site
@@ -448,7 +453,7 @@ class Node:
                 self.frames.append(frame if type(frame) is bytes else bytes(memoryview(frame)))
                 due = True
             batch.append(body)
-            if due or len(batch) >= self.batch_size:
+            if due or send or len(batch) >= self.batch_size:
                 self._flush_locked(now)
                 sent = True
         # What the worker is behind by grows only when a batch goes out: asked then.
@@ -559,13 +564,15 @@ class Node:
         timeout = self.sync_timeout if timeout is None else timeout
         start, began = time.monotonic(), time.time()
         deadline, asked = start + timeout, None
+        site = waits.site()  # the user's line, found while the worker works
         with self.rx_lock:
             try:
                 if self.spin:  # before the first read
                     self._spin(token)
                 while token not in self.replies:
                     self.check_lost()
-                    self._raise_rejected()
+                    if self.rejected is not None:
+                        self._raise_rejected()
                     now = time.monotonic()
                     if now >= deadline:
                         raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
@@ -581,11 +588,12 @@ class Node:
                 self.interrupted = (token, what, time.monotonic())
                 raise
             reply, frames = self.replies.pop(token)
-            self._raise_rejected()  # a refusal routed with the answer: it came first
+            if self.rejected is not None:  # a refusal routed with the answer: it came first
+                self._raise_rejected()
         if self.warned:  # outside the lock: a filter set to "error" raises here
             warned, self.warned = self.warned, []
             warn_at_sites(warned, self.sites_of)
-        waits.LOG.note(self.index, what, began, time.time())
+        waits.LOG.note(self.index, what, began, time.time(), site)
         if isinstance(reply, wire.Failed):
             raise self.remote_error(reply.info)
         return reply, frames

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
-from types import FrameType
+from types import CodeType, FrameType
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mwrt/
 _KEPT = 20_000  # wait slices kept while recording (a profile reads those of its block)
@@ -33,14 +33,36 @@ _CALLS = {"__float__": "float()", "__bool__": "bool()", "__int__": "int()",
 def caller(depth: int = 2) -> tuple[str, int, str, str]:
     """(file, line, function) of the first frame outside mwrt, and the mwrt call it made."""
     frame: FrameType | None = sys._getframe(depth)
-    entry = ""
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        entry = frame.f_code.co_name
-        frame = frame.f_back
-    call = _CALLS.get(entry, f"{entry}()" if entry else "")
+    last: CodeType | None = None
+    inside = _INSIDE
+    while frame is not None:  # (a set of mwrt's code seen: no string test per frame)
+        code = frame.f_code
+        if code not in inside:
+            if not code.co_filename.startswith(_PACKAGE_DIR):
+                break
+            inside.add(code)
+        last, frame = code, frame.f_back
+    entry = last.co_name if last is not None else ""
+    call = _CALLS.get(entry) or (f"{entry}()" if entry else "")
     if frame is None:
         return ("", 0, "", call)
     return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, call)
+
+
+_INSIDE: set = set()  # code objects of mwrt's functions that a wait's walk went through
+
+
+def site() -> tuple | None:
+    """The user's line that a wait of this thread, which calls this, counts at: found while
+    the worker works on the request (the walk up the stack is not in the round trip); None
+    for the heartbeat's and the dashboard's own requests, which are not the program's."""
+    if _get_ident() == _MAIN_IDENT:  # (threading.current_thread() is Python code)
+        return caller(3)
+    thread = threading.current_thread()
+    found = getattr(thread, "mwrt_site", None)
+    if found is None and not thread.name.startswith(_OWN_THREADS):
+        found = caller(3)
+    return found
 
 
 class WaitLog:
@@ -53,14 +75,11 @@ class WaitLog:
         self.recording = 0  # profiles and timelines that want slices
         self.slices: deque = deque(maxlen=_KEPT)
 
-    def note(self, node: int, what: str, start: float, end: float) -> None:
-        """Count one wait on node `node` (wall-clock `start`, `end`) at its user's line."""
-        thread = threading.current_thread()
-        site = getattr(thread, "mwrt_site", None)
+    def note(self, node: int, what: str, start: float, end: float, site: tuple | None) -> None:
+        """Count one wait on node `node` (wall-clock `start`, `end`) at `site`, its user's
+        line (site(); None: not the program's wait)."""
         if site is None:
-            if thread is not _MAIN and thread.name.startswith(_OWN_THREADS):
-                return  # the heartbeat's or the dashboard's own requests: not the program's
-            site = caller(3)
+            return
         seconds = end - start
         with self.lock:
             self.count += 1
@@ -86,7 +105,7 @@ class WaitLog:
 
 
 _OWN_THREADS = ("mwrt-heartbeat", "mwrt-dashboard")
-_MAIN = threading.main_thread()
+_MAIN_IDENT, _get_ident = threading.main_thread().ident, threading.get_ident
 LOG = WaitLog()
 
 

@@ -40,6 +40,11 @@ _ROLES = {TX: "tx", RX: "rx", HB: "hb"}
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
 
 
+def _recv_frames(sock) -> list:
+    """A reply a stream thread queued (zmq.Again if none), as Frames: forwarded uncopied."""
+    return sock.recv_multipart(zmq.NOBLOCK, copy=False)
+
+
 def _check_socket(role: bytes, commands: list) -> None:
     """Every command must be one a master sends on this socket; a WireError names the first
     that is not (a reply, or a command of another socket), so its batch does not run."""
@@ -105,7 +110,8 @@ class Daemon:
         self.replies = self.context.socket(zmq.PULL)
         self.replies.bind(self._reply_address)
         self.sessions: dict[bytes, Session] = {}
-        self.decoder = GraphDecoder(self.context, self.incarnation)
+        self.decoder = GraphDecoder(self.context, self._reply_address)
+        self._decoded = False  # the decoder finished a graph since the last _resume()
         self.errors: deque = deque(maxlen=report.ERRORS_KEPT)  # the last ops that failed
         self.streams = quotas.StreamPool()
         self.op_slots = OpSlots(config.get("worker_slots"), config.get("turn_wait"))
@@ -134,7 +140,6 @@ class Daemon:
         poller.register(self.replies, zmq.POLLIN)
         monitor = self.router.get_monitor_socket(RefusalLog.EVENTS)
         poller.register(monitor, zmq.POLLIN)
-        poller.register(self.decoder.wakes, zmq.POLLIN)
         self.decoder.start()
         next_reap = time.monotonic() + 1.0
         lifecycle.off_thread(lambda: lifecycle.reap_segments(self), "mwrt-shm-reaper")
@@ -147,15 +152,15 @@ class Daemon:
             if not (ready and spin and self._streams_idle() and self._spin_paid(spin, ready)):
                 ready = dict(poller.poll(0 if self._more_parked or self._turns else 200))
             if self.replies in ready:
-                self._drain(self.replies, self._forward, copy=False)
+                self._drain(self.replies, _recv_frames, self._forward)
             if self.router in ready:
                 self._read = 0  # commands read: _on_message counts them, _drain stops past a bound
-                self._drain(self.router, self._on_message, copy=True)
+                self._drain(self.router, wire.recv_routed, self._on_message)
             if self._turns:
                 self._take_turns()
             if monitor in ready:
                 self.refusals.note(recv_monitor_message(monitor))
-            if self.decoder.wakes in ready or self._more_parked:
+            if self._decoded or self._more_parked:
                 self._resume()
             if time.monotonic() >= next_reap:
                 self._reap()
@@ -247,21 +252,30 @@ class Daemon:
             return
         self.context.term()
 
-    def _drain(self, sock, handle, copy: bool) -> None:
-        # Bounded, so replies and requests take turns; EVENTS avoids a zmq.Again per wake-up.
-        # Requests are read as bytes: commands and inline frames are small, and a Frame
-        # object costs more than copying them.
+    def _drain(self, sock, read, handle) -> None:
+        # Bounded, so replies and requests take turns. The poll (or the spin) found the first
+        # message: it is read at once (NOBLOCK, a wait of none), the next ones after EVENTS
+        # says they are there, which costs a system call but avoids a zmq.Again per wake-up.
+        # Requests are read as bytes (recv_routed): commands and inline frames are small, and
+        # a Frame object costs more than copying them.
         for _ in range(1000):
-            if not sock.getsockopt(_EVENTS) & _POLLIN:
+            try:
+                frames = read(sock)
+            except zmq.Again:  # (the poll said one was there, and only this thread reads)
                 return
-            handle(wire.recv_parts(sock) if copy else sock.recv_multipart(copy=False))
+            handle(frames)
             # A turn ends after so many commands or so long (a Replay is one command that
             # runs many): the replies, and the other masters' slices, come next.
             if self._read > _READ_COMMANDS:
                 self._read = 0
                 return
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
+                return
 
     def _forward(self, frames) -> None:
+        if len(frames) == 1:  # not a reply (identity, message): the graph decoder's wake
+            self._decoded = True
+            return
         self.router.send_multipart(frames, copy=False)
 
     # -- requests -------------------------------------------------------------------------
@@ -369,8 +383,7 @@ class Daemon:
         """Dispatch, in order, what sessions parked behind graphs now decoded: a few batches
         a session per turn of the loop, so a master that parked thousands (a flood of
         Replays) does not keep the others' messages waiting."""
-        self.decoder.drain_wakes()
-        self._more_parked = False
+        self._decoded = self._more_parked = False
         for session in list(self.sessions.values()):
             waiting = session.waiting
             if session.parked is None or waiting is None or not waiting.ready.is_set():
@@ -423,7 +436,7 @@ class Daemon:
         """
         executor = session.streams.get(command.stream)
         # GPU streams run asynchronously on the device: only their own thread may answer.
-        if executor is None or executor.device != -1 or not executor.idle():
+        if executor is None or executor.device != -1 or executor.pending:
             return False
         if type(command) is wire.Get or type(command) is wire.Share:  # they copy bytes
             found = session.tensors.get(command.ref)
@@ -441,7 +454,7 @@ class Daemon:
         spends microseconds on it; never a remote() function, a collective or a transfer.
         """
         executor = session.streams.get(command.stream)
-        if executor is None or executor.device != -1 or not executor.idle():
+        if executor is None or executor.device != -1 or executor.pending:
             return False
         if type(command) is wire.Call and not (
                 self.inline_op_elements and quick_call(executor, command,

@@ -19,6 +19,7 @@ from . import fperrors, handlers, report, routes, tensors
 from .compiled import Prepared
 
 log = logging.getLogger("mwrt.worker")
+_get_ident = threading.get_ident
 
 
 class StreamExecutor:
@@ -53,6 +54,7 @@ class StreamExecutor:
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"mwrt-stream-{session.node}-{stream_id}")
         self.thread.start()
+        self.ident = self.thread.ident  # (Thread.ident is a property: read once)
 
     def submit(self, commands: list, frames: list) -> None:
         """Queue a list of commands (with the batch's data frames) for this stream."""
@@ -83,8 +85,8 @@ class StreamExecutor:
 
     def send(self, identity: bytes, message, frames=()) -> None:
         """Send a message to `identity`: directly when called on the socket thread."""
-        if threading.get_ident() != self.thread.ident:
-            self.session.daemon.send(identity, message, frames)
+        if _get_ident() != self.ident:  # the socket thread's own socket
+            wire.send(self.session.daemon.router, identity, message, frames)
             return
         wire.send(self._reply_socket, identity, message, frames)
 
@@ -199,7 +201,7 @@ class StreamExecutor:
             return
         # Not on the socket thread (its inline ops are short), nor twice in a replay's turn.
         turn = (type(command) in self._turned and not self.in_turn
-                and threading.get_ident() == self.thread.ident)
+                and _get_ident() == self.ident)
         if turn and not self._take_turn():
             return
         trace = self.session.trace

@@ -183,8 +183,8 @@ def _value_key(name: str, args: tuple, kwargs: dict, table) -> tuple | None:
     """What decides any op's results: its tensors' shapes and dtypes (from the table, by
     Ref) and its other arguments' values, typed; None where an argument is an array sent
     by value (a mask's values decide its result) or a tensor is missing."""
-    try:
-        return (name, _plain_key(args, table), _plain_key(kwargs, table))
+    try:  # (most ops have no keywords)
+        return (name, _plain_key(args, table), _plain_key(kwargs, table) if kwargs else None)
     except (_Unkeyed, KeyError, AttributeError):
         return None
 
@@ -233,7 +233,7 @@ def quick_call(ex, cmd, limit: int) -> bool:
         return False
     try:
         args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
-        count = _elements(args, limit) + _elements(kwargs, limit)
+        count = _elements(args, limit) + (_elements(kwargs, limit) if kwargs else 0)
         if count > limit:
             return False
         expected = _expected(ex, ops.get(cmd.op), cmd, args) if cmd.outs else _UNSET
@@ -297,7 +297,7 @@ def get(ex, cmd, frames):
     if type(value) is not np.ndarray:  # on a GPU: through a pinned buffer, on this stream
         host = staging.download(value, ex.cuda_stream)
     else:
-        host = np.asarray(arrays.to_host(value), order="C")
+        host = np.asarray(value, order="C")
     ex.reply(wire.Data(token=cmd.token, shape=host.shape, dtype=host.dtype.str),
              [host.reshape(-1).view(np.uint8)])
     ex.bytes_out += host.nbytes

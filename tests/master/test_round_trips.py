@@ -215,6 +215,16 @@ def test_stats_count_waits_per_line(cluster):
     assert row["count"] >= 4
 
 
+def test_the_waits_of_a_helper_thread_count_at_the_line_that_started_it(cluster):
+    big = np.arange(1 << 15, dtype=np.float64)  # over MWRT_INLINE_BYTES: sent by a helper thread
+    before = {r["line"]: r["count"] for r in mwrt.stats()["lines"]}
+    here = f"{__file__}:{sys._getframe().f_lineno + 1} in "
+    t = mwrt.dist_send(big)
+    grew = {r["line"]: r["count"] - before.get(r["line"], 0) for r in mwrt.stats()["lines"]}
+    assert [line for line, count in grew.items() if count and line.startswith(here)], grew
+    np.testing.assert_array_equal(t.numpy(), big)
+
+
 def _path(kind: str) -> tuple:
     """The most common path of `kind`'s round trip, by its notes (benchmarks/bench_hops.py)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
