@@ -79,6 +79,29 @@ def viewed(view: Any) -> None:
     views.append(weakref.ref(view))
 
 
+# Views whose requires_grad_() set their own flag: a base's flag no longer says theirs.
+_OWN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def respecified(tensor: Any, spec: Any) -> None:
+    """requires_grad_() is changing a leaf's flag to spec's: the views made of it before,
+    leaves too, follow it, as torch asks a view's base whether it needs grad (unless the
+    view set its own)."""
+    old = tensor._spec
+    if not spec.leaf or spec.requires_grad == getattr(old, "requires_grad", None):
+        return
+    if tensor._base is not None:
+        if spec.requires_grad:
+            _OWN[id(tensor)] = tensor
+        else:
+            _OWN.pop(id(tensor), None)
+        return
+    for ref in getattr(tensor, "_views", None) or ():
+        view = ref()
+        if view is not None and view._spec.leaf and _OWN.get(id(view)) is not view:
+            view._spec = view._spec._replace(requires_grad=spec.requires_grad)
+
+
 def record(inputs: list, made: list, outs: tuple, written: tuple) -> None:
     """An op ran with grad enabled: its new results that need grad get a node of `inputs`';
     each input it `written` gets one too, with the rest of its storage."""

@@ -91,6 +91,7 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
     stream = context.stream_for(node.index, device)
     made, fresh = _results(outs, place, node, device, stream, results, name)
     for index, spec in respec:
+        torchgrad.respecified(place[index], spec)
         place[index]._spec = spec
     inputs = place
     if uses:

@@ -397,6 +397,11 @@ FOUND = {
          "v2": torch.tensor([True, False])}, set(),
         ["v3 = v0 ** True", "v4 = torch.pow(v1, False)", "v5 = v1[::2].pow(True)",
          "v2.pow_(True)", "v1 **= False"]),
+    "views made before their base's requires_grad_() need grad with it (seed 2)": (
+        {"v0": torch.zeros(2, 3), "v1": torch.zeros(4)}, set(),
+        ["v2 = v0[1:]", "v3 = v0.t()", "v4 = v0[0][1:]", "v5 = v0.detach()",
+         "v0.requires_grad_()", "v6 = v1[::2]", "v6.requires_grad_()", "v1.requires_grad_()",
+         "v1.requires_grad_(False)", "v7 = v2 * 2"]),
 }
 
 
