@@ -40,9 +40,17 @@ def node_of(tensor: Any) -> Node | None:
     if not getattr(spec, "requires_grad", False):  # a module's handle has no TorchSpec
         return None
     node = getattr(tensor, "_autograd", None)
-    if node is None or (spec.leaf and not node.keeps):
+    if node is None or (spec.leaf and not node.keeps and type(node) is not Inert):
         node = tensor._autograd = Node((), spec.leaf)
     return node
+
+
+class Inert(Node):
+    """The node of a view that needs grad only as its base does (made before the base's
+    requires_grad_()): torch gives it no grad_fn and no gradient, so a backward through it
+    fills nothing."""
+
+    __slots__ = ()
 
 
 def filled(tensor: Any) -> bool:
@@ -91,6 +99,7 @@ def respecified(tensor: Any, spec: Any) -> None:
     if not spec.leaf or spec.requires_grad == getattr(old, "requires_grad", None):
         return
     if tensor._base is not None:
+        tensor._autograd = None  # a leaf of its own now, whose .grad a backward fills
         if spec.requires_grad:
             _OWN[id(tensor)] = tensor
         else:
@@ -100,6 +109,7 @@ def respecified(tensor: Any, spec: Any) -> None:
         view = ref()
         if view is not None and view._spec.leaf and _OWN.get(id(view)) is not view:
             view._spec = view._spec._replace(requires_grad=spec.requires_grad)
+            view._autograd = Inert()
 
 
 def record(inputs: list, made: list, outs: tuple, written: tuple) -> None:

@@ -401,7 +401,8 @@ FOUND = {
         {"v0": torch.zeros(2, 3), "v1": torch.zeros(4)}, set(),
         ["v2 = v0[1:]", "v3 = v0.t()", "v4 = v0[0][1:]", "v5 = v0.detach()",
          "v0.requires_grad_()", "v6 = v1[::2]", "v6.requires_grad_()", "v1.requires_grad_()",
-         "v1.requires_grad_(False)", "v7 = v2 * 2"]),
+         "v1.requires_grad_(False)", "v7 = v2 * 2", "(v2.sum() + v6.sum() + v7.sum()).backward()",
+         "v8 = v6.grad"]),
 }
 
 
