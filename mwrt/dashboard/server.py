@@ -33,6 +33,10 @@ class Server(ThreadingHTTPServer):
     """Serves one History to whoever shows the token; stop with close()."""
 
     daemon_threads = True
+    # The kernel's queue of connections not yet accepted: socketserver's 5 dropped the SYNs
+    # of a burst (a page's requests, idle sockets), and each such client waited a second or
+    # more for its retry.
+    request_queue_size = 4 * MAX_CONNECTIONS
 
     def __init__(self, history: History, host: str, port: int, token: str):
         self.history, self.token = history, token

@@ -75,6 +75,24 @@ def test_every_path_is_refused_without_the_token(board):
     assert fetch(f"{base}/static/uplot.iife.min.js?token={token}")[0] == 200
 
 
+def test_a_burst_of_connections_waits_in_the_queue_not_for_a_retry():
+    """Connections that come while the server accepts none are held by the kernel's queue:
+    with socketserver's queue of 5 their SYNs were dropped, and each client waited a second
+    or more for its retry (120 idle connections took 15 s to open)."""
+    from mwrt.dashboard import server
+    from mwrt.dashboard.history import History
+
+    listening = server.Server(History(), "127.0.0.1", 0, "token")  # not accepting yet
+    held = []
+    try:
+        for _ in range(2 * server.MAX_CONNECTIONS):
+            held.append(socket.create_connection(listening.server_address[:2], timeout=5))
+    finally:
+        for sock in held:
+            sock.close()
+        listening.close()
+
+
 def test_idle_connections_take_a_bounded_number_of_threads(board, monkeypatch):
     from mwrt.dashboard import server
 
