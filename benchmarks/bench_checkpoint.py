@@ -9,7 +9,10 @@ Rows, each with its baseline measured in the same run:
 - wait=False: a training step's time with a background save every 25 steps, beside the
   same step with no checkpoint (goal < 5%).
 
-    python benchmarks/bench_checkpoint.py [--workers 2] [--mb 256]
+    python benchmarks/bench_checkpoint.py [--workers 2] [--mb 256] [--quick]
+
+--quick: 4 MB a worker, one round of each NumPy baseline, 30 steps a row with a save every
+10: that every row runs, not figures to keep.
 """
 
 from __future__ import annotations
@@ -100,11 +103,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--mb", type=int, default=256, help="MB each worker holds")
+    parser.add_argument("--quick", action="store_true", help="4 MB, 30 steps: a short run")
     opts = parser.parse_args()
+    if opts.quick:
+        opts.mb = 4
+    rounds, steps, every = (1, 30, 10) if opts.quick else (3, 100, 25)
     nbytes = opts.mb << 20
     with tempfile.TemporaryDirectory(dir=os.environ.get("MWRT_BENCH_DIR")) as directory:
-        floor_save = numpy_floor(directory, opts.workers, nbytes, "save")
-        floor_load = numpy_floor(directory, opts.workers, nbytes, "load")
+        floor_save = numpy_floor(directory, opts.workers, nbytes, "save", rounds)
+        floor_load = numpy_floor(directory, opts.workers, nbytes, "load", rounds)
         mwrt.init_master_worker(local_workers=opts.workers)
         tensors = {}
         for i in range(opts.workers):
@@ -123,8 +130,8 @@ def main() -> None:
                 y.append(mwrt.randn(2048))
                 w.append(mwrt.zeros(1024))
         step_ms(w, x, y, 10, None)  # warm: the first steps fault their pages in
-        plain = step_ms(w, x, y, 100, None)
-        saving = step_ms(w, x, y, 100, os.path.join(directory, "steps"))
+        plain = step_ms(w, x, y, steps, None)
+        saving = step_ms(w, x, y, steps, os.path.join(directory, "steps"), every)
         mwrt.shutdown()
     n = opts.workers
     print(f"checkpoint: {n} local workers, {opts.mb} MB each, fsync'd, on {directory}'s disk")
@@ -135,7 +142,7 @@ def main() -> None:
           f"{save / master:6.2f}x  (today's save through the master)")
     print(f"{'load, GB/s (all workers, CRC32 checked)':44} {load:10.2f} {floor_load:10.2f} "
           f"{load / floor_load:6.2f}x  >= 0.9x (np.load in {n} processes)")
-    print(f"{'step, save(wait=False) every 25 steps, ms':44} {saving:10.2f} {plain:10.2f} "
+    print(f"{f'step, save(wait=False) every {every} steps, ms':44} {saving:10.2f} {plain:10.2f} "
           f"{saving / plain:6.2f}x  < 1.05x (the step without checkpoints)")
 
 

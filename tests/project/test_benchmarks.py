@@ -26,7 +26,7 @@ BENCH = os.path.join(ROOT, "benchmarks")
     ("bench_reduce_scatter.py", ["--nodes", "2", "--mib", "1", "--reps", "1"]),
     ("bench_mesh_sort.py", ["--quick"]),
     ("bench_gpu.py", ["--quick", "--fake"]),
-    ("bench_checkpoint.py", ["--mb", "4"]),
+    ("bench_checkpoint.py", ["--quick"]),
     ("bench_wire.py", ["--quick"]),  # its table on the fake GPU; on a GPU: real
     ("bench_torch_workers.py", ["--quick"]),
     ("bench_torch_mesh.py", ["--quick"]),
