@@ -32,7 +32,7 @@ Every raw socket gets the tcp channel's own settings (`mwrt.channels.tcp.tune`: 
 Medians of several repetitions after one warm-up. On a 2-core machine every host shares
 the same two cores, so the veth link's ceiling is the kernel's copy and TCP cost, not a wire.
 
-    python benchmarks/bench_hosts.py [--quick]    # as root; --quick: 16 MiB, 2 reps, < 60 s
+    python benchmarks/bench_hosts.py [--quick]    # as root; --quick: 16 MiB, 2 reps, baselines once
 """
 
 from __future__ import annotations
@@ -372,9 +372,11 @@ def echo_round_trip(client, server, port: int) -> float:
     return seconds
 
 
-def transfer_rows(hosts, home: str, nbytes: int, reps: int) -> tuple[list, tuple]:
+def transfer_rows(hosts, home: str, nbytes: int, reps: int,
+                  again: bool = True) -> tuple[list, tuple]:
     """dist_send A->B, .numpy() B->A, .to B->C: mwrt's seconds and the raw socket's; and
-    the sync round trip A->B beside a pyzmq echo's (run before and after, the lower kept)."""
+    the sync round trip A->B beside a pyzmq echo's (the baselines run before mwrt and, if
+    `again`, after it too, the lower echo kept)."""
     a, b, c = hosts
     pairs = {"dist_send": (a, b), "numpy": (b, a), "to": (b, c)}
     raw = {name: raw_times(src, dst, nbytes, reps, RAW_PORT + i)
@@ -384,9 +386,10 @@ def transfer_rows(hosts, home: str, nbytes: int, reps: int) -> tuple[list, tuple
     env = {"MWRT_WORKERS": ",".join(f"{h.addr}:{WORKER_PORT}" for h in (b, c)),
            "MWRT_KEY_FILE": os.path.join(home, "keys", "master.key")}
     ours = result(launch(a, "master", {"nbytes": nbytes, "reps": reps}, env=env), "the master")
-    echo.append(echo_round_trip(a, b, ECHO_PORT + 1))
-    for i, (name, (src, dst)) in enumerate(pairs.items()):  # again after: the same load pooled
-        raw[name] += raw_times(src, dst, nbytes, reps, RAW_PORT + 10 + i)
+    for i, (name, (src, dst)) in enumerate(pairs.items() if again else ()):
+        raw[name] += raw_times(src, dst, nbytes, reps, RAW_PORT + 10 + i)  # the same load pooled
+    if again:
+        echo.append(echo_round_trip(a, b, ECHO_PORT + 1))
     size = f"{nbytes // MIB} MiB"
     labels = {"dist_send": f"dist_send {size}, {a.name} -> {b.name}",
               "numpy": f".numpy() {size}, {b.name} -> {a.name}",
@@ -439,12 +442,13 @@ def two_level_rows(hosts, sizes: list, reps: dict, port: int) -> list[tuple]:
     return rows
 
 
-def print_table(rows: list[tuple], reps: int) -> None:
+def print_table(rows: list[tuple], reps: int, again: bool = True) -> None:
     """One markdown table: what, mwrt, baseline, ratio, target."""
     print(f"# targets: transfers >= {TRANSFER_TARGET}x the raw socket; all_reduce busbw >= "
           f"{ALL_REDUCE_TARGET}x the raw-socket swap floor from 16 MiB up")
-    print(f"# medians of {reps} repetitions (raw transfer baselines: {2 * reps}, before and "
-          "after mwrt); GB/s = 1e9 bytes/s")
+    raw = f"{2 * reps}, before and after mwrt" if again else f"{reps}, before mwrt"
+    print(f"# medians of {reps} repetitions (raw transfer baselines: {raw}); "
+          "GB/s = 1e9 bytes/s")
     print("| what | mwrt GB/s | baseline (same run) | GB/s | ratio | target |")
     print("|---|---|---|---|---|---|")
     for what, ours, base_name, base, target in rows:
@@ -479,7 +483,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mwrt-bench-hosts-") as home, \
             make_hosts(3) as hosts:
         stage = time.monotonic()
-        transfers, latency = transfer_rows(hosts, home, size, reps[size])
+        transfers, latency = transfer_rows(hosts, home, size, reps[size], not args.quick)
         rows += transfers
         print(f"# transfers: {time.monotonic() - stage:.1f} s", file=sys.stderr)
         for i, backend in enumerate(backends):
@@ -490,7 +494,7 @@ def main() -> None:
         stage = time.monotonic()
         rows += two_level_rows(hosts, sizes, reps, RENDEZVOUS_PORT + 50)
         print(f"# all_reduce 2x2: {time.monotonic() - stage:.1f} s", file=sys.stderr)
-    print_table(rows, reps[size])
+    print_table(rows, reps[size], not args.quick)
     what, ours, base_name, base = latency
     print(f"\n| what | mwrt | baseline (same run) | | ratio | target |\n|---|---|---|---|---|---|\n"
           f"| {what} | {ours * 1e6:.0f} µs | {base_name} | {base * 1e6:.0f} µs | "
