@@ -145,7 +145,8 @@ def _expected(ex, op, cmd, args):
         bound = quotas.numpy_bytes(specs, kwspecs) if op.name == "numpy" else -1
         if host and bound >= 0:
             quotas.check_bytes(bound, f"np.{specs[0]!s:.60}", table)
-        seen = (ops.infer(op, specs, kwspecs), bound, specs, kwspecs)
+        result = ops.infer(op, specs, kwspecs)
+        seen = (result, bound, specs, kwspecs, quotas.largest_result(result))
         if key is not None:
             if len(_SEEN) > 10_000:
                 _SEEN.clear()
@@ -153,11 +154,11 @@ def _expected(ex, op, cmd, args):
     elif host and seen[1] >= 0:
         quotas.check_bytes(seen[1], f"np.{seen[2][0]!s:.60}", table)
     if host and seen[1] < 0:
-        quotas.check_result(op.name, seen[0], seen[2], seen[3], table)
+        quotas.check_result(op.name, seen[0], seen[2], seen[3], table, seen[4])
     return seen[0]
 
 
-_SEEN: dict = {}  # an op's (result Specs, numpy bound, Specs) by what decides them
+_SEEN: dict = {}  # an op's (result Specs, numpy bound, Specs, largest) by what decides them
 _SCALAR_TYPES = frozenset((int, float, bool, complex))
 
 

@@ -16,6 +16,8 @@ import gc
 import math
 import threading
 
+import numpy as np
+
 from .. import arrays, config
 from ..errors import QuotaError, WireError
 from ..ops import UNKNOWN, Spec, numpy_allowlist, numpy_functions
@@ -84,6 +86,8 @@ class TensorTable(dict):
 
 def _host_bytes(value) -> int:
     """The bytes of host memory `value` holds (0 for a GPU array or a failure's marker)."""
+    if type(value) is np.ndarray:  # (exactly: a stand-in's GPU arrays may subclass it)
+        return value.nbytes
     if arrays.in_host_memory(value) or getattr(value, "is_cpu", False):  # torch's host tensors
         return value.nbytes
     return 0
@@ -136,10 +140,13 @@ def specs(table, value):
     return value
 
 
-def check_result(name: str, result, args: tuple, kwargs: dict, table: TensorTable) -> None:
+def check_result(name: str, result, args: tuple, kwargs: dict, table: TensorTable,
+                 most: int | None = None) -> None:
     """Refuse an op's results, sized by its meta rule (`result`, on the command's Specs
-    `args` and `kwargs`), before the op runs."""
+    `args` and `kwargs`), before the op runs; `most`: largest_result(result), if known."""
     room = min(table.max_tensor, table.max_bytes - table.nbytes)
+    if most is not None and most <= room:
+        return
     for spec in result if type(result) is tuple else (result,):
         if type(spec) is Spec:
             refuse_objects(spec.dtype, name)
@@ -147,6 +154,17 @@ def check_result(name: str, result, args: tuple, kwargs: dict, table: TensorTabl
                 check_tensor(spec.shape, spec.dtype, name, table)
         elif spec is UNKNOWN:  # a mask's selection: at most what it selects from
             check_bytes(_spec_bytes((args, kwargs)), name, table)
+
+
+def largest_result(result) -> int | None:
+    """The bytes of an op's largest result by its meta rule, where every result has a Spec
+    of numbers (check_result's test then reduces to this against the room left); else None."""
+    most = 0
+    for spec in result if type(result) is tuple else (result,):
+        if type(spec) is not Spec or spec.dtype.hasobject:
+            return None
+        most = max(most, math.prod(spec.shape) * spec.dtype.itemsize)
+    return most
 
 
 def numpy_bytes(args: tuple, kwargs: dict) -> int:

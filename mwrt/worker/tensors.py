@@ -71,6 +71,9 @@ def ref_ids(value) -> set:
 def store(ex, out: int, value) -> None:
     """Keep a result as tensor `out`, as an array of the stream's namespace (torch's tensors,
     modules, optimizers and schedulers as they are)."""
+    if type(value) is np.ndarray and not value.dtype.hasobject:  # (nearly every result)
+        ex.session.tensors[out] = value
+        return
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, _torch_kinds(torch)):
         ex.session.tensors[out] = value
