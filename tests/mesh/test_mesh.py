@@ -338,11 +338,12 @@ def test_no_rule_is_an_error_naming_placements_and_fix(m, monkeypatch):
         pytest.skip("one place: every placement agrees")
     monkeypatch.setenv("MWRT_STRICT_PLACEMENT", "1")
     X0 = mwrt.dist_send(data(4, 4), mesh=m, shard=0)
-    X1 = mwrt.dist_send(data(4, 4), mesh=m, shard=1)
+    S2, S0 = mwrt.dist_send(data(3, 4, 5), mesh=m, shard=2), mwrt.dist_send(data(3, 5, 2),
+                                                                          mesh=m, shard=0)
     with pytest.raises(mwrt.PlacementError) as info:
-        np.concatenate([X0, X1])
+        S2 @ S0
     text = str(info.value)
-    assert "Shard(0)" in text and "Shard(1)" in text and "redistribute them alike" in text
+    assert "Shard(2)" in text and "Shard(0)" in text and "redistribute one" in text
     with pytest.raises(mwrt.PlacementError, match="argsort.*kind='stable'"):
         np.argsort(X0, axis=0)
     with pytest.raises(mwrt.PlacementError, match="one node"):

@@ -35,28 +35,28 @@ def told(fn):
 
 def test_an_op_without_a_plan_runs_and_warns_once_per_call_site(four):
     m = mwrt.mesh(nodes=[0, 1, 2])  # once: the call site below is told once in a session
-    x, y = data(6, 4), data(6, 4, seed=1)
-    X0, X1 = mwrt.dist_send(x, mesh=m, shard=0), mwrt.dist_send(y, mesh=m, shard=1)
+    x, y = data(6, 4, 5), data(6, 5, 3, seed=1)  # stacks: contracted @ batch-sharded
+    X2, Y0 = mwrt.dist_send(x, mesh=m, shard=2), mwrt.dist_send(y, mesh=m, shard=0)
 
     def three_times():
-        return [np.concatenate([X0, X1]) for _ in range(3)]
+        return [X2 @ Y0 for _ in range(3)]
     results, warned = told(three_times)
     assert len(warned) == 1
     text = str(warned[0].message)
-    assert "Shard(0) and Shard(1)" in text and "bytes" in text and "worker to worker" in text
-    assert "redistribute them alike" in text and "MWRT_STRICT_PLACEMENT=1" in text
+    assert "Shard(2) and Shard(0)" in text and "bytes" in text and "worker to worker" in text
+    assert "redistribute one" in text and "MWRT_STRICT_PLACEMENT=1" in text
     assert warned[0].filename == __file__
     for r in results:
-        same(r, np.concatenate([x, y]))
+        same(r, x @ y, exact=False)
     _, again = told(three_times)
     assert again == []  # the same call site: told already
 
 
 def test_the_strict_setting_raises_instead(m):
-    X0, X1 = mwrt.dist_send(data(6, 4), mesh=m, shard=0), mwrt.dist_send(data(6, 4), mesh=m,
-                                                                          shard=1)
-    with strict(), pytest.raises(mwrt.PlacementError, match="redistribute them alike"):
-        np.concatenate([X0, X1])
+    X0, X2 = mwrt.dist_send(data(6, 4), mesh=m, shard=0), mwrt.dist_send(data(6, 4, 5), mesh=m,
+                                                                          shard=2)
+    with strict(), pytest.raises(mwrt.PlacementError, match="redistribute one"):
+        X2 @ mwrt.dist_send(data(6, 5, 3), mesh=m, shard=0)
     with strict(), pytest.raises(mwrt.PlacementError, match="argsort"):
         np.argsort(X0, axis=0)
 

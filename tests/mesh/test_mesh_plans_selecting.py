@@ -209,3 +209,29 @@ def test_dot_with_a_0d_operand_multiplies(mesh):
     same(no_fallback(lambda: np.dot(X, m)), np.dot(x, np.median(x[1:], axis=0)))
     same(no_fallback(lambda: np.dot(total, X)), np.dot(x.sum(), x), exact=False)
     same(no_fallback(lambda: np.dot(X, 2)), np.dot(x, 2))
+
+
+def test_operands_sharded_on_fewer_nested_dimensions_are_placed_as_the_first(square):
+    """(Shard(0), Shard(0)) beside (Replicate(), Shard(0)): elementwise ops and concatenate
+    place the second as the first, where they ran on replicated copies."""
+    x = np.arange(12.0).reshape(4, 3)
+    X = mwrt.dist_send(x, mesh=square, shard=(0, 0))
+    Y = mwrt.dist_send(x, mesh=square, shard=(None, 0))
+    same(no_fallback(lambda: X - Y), x - x)
+    same(no_fallback(lambda: Y * X), x * x)
+    same(no_fallback(lambda: np.concatenate([X, 2 * Y, X.replicate()])),
+         np.concatenate([x, 2 * x, x]))
+    v = np.arange(5.0)
+    V, W = (mwrt.dist_send(v, mesh=square, shard=s) for s in ((0, 0), (None, 0)))
+    same(no_fallback(lambda: np.concatenate([V, W], axis=-1)), np.concatenate([v, v]))
+
+
+def test_concatenate_and_stack_of_operands_sharded_on_different_axes(mesh):
+    """The others are exchanged to the first sharded operand's placements first."""
+    x = np.arange(24.0).reshape(4, 3, 2)
+    first, other = shards(mesh, 0, 1)[:2]
+    X, Y = mwrt.dist_send(x, mesh=mesh, shard=first), mwrt.dist_send(x, mesh=mesh, shard=other)
+    for join, kwargs in [(np.concatenate, {}), (np.concatenate, {"axis": 1}),
+                         (np.stack, {}), (np.stack, {"axis": -1})]:
+        got = no_fallback(lambda: join([X, Y * 2], **kwargs))
+        same(got, join([x, x * 2], **kwargs))

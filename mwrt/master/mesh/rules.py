@@ -122,8 +122,10 @@ def _aligned(name, operands, target, shape) -> dict:
         for p in lead._placements:
             ax = p.axis + lead_off - off if type(p) is Shard else -1
             wanted.append(Shard(ax) if ax >= 0 and t.shape[ax] == shape[ax + off] else REPLICATE)
-        if t is not lead and any(type(p) is Shard and p != w
-                                 for p, w in zip(t._placements, wanted)):
+        pairs = list(zip(t._placements, wanted))
+        if t is not lead and (any(type(p) is Shard and p != w for p, w in pairs) or any(
+                p == REPLICATE and w in t._placements for p, w in pairs if type(w) is Shard)):
+            # sharded otherwise, or along fewer of the dimensions that nest the lead's axis
             moved[k] = moves.redistribute(t, tuple(wanted))
     return moved
 

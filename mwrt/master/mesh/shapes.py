@@ -194,10 +194,18 @@ def join(name, operands, args, kwargs, spec, resolve) -> Plan:
     if placed is not None:
         return Plan(placed[0], placed[1])
     dims = None if stack else regroup.join_dim(operands, axis)
-    if dims is None:
+    if dims is not None:
+        return Plan(None, whole=lambda: regroup.concatenate(operands, axis, dims, spec))
+    lead = next(t for t in operands if sharded_axes(t._placements))
+    if all(t._placements == lead._placements for t in operands if sharded_axes(t._placements)):
         raise no_rule(name, operands, f"{name} of operands sharded on different axes: "
                       "redistribute them alike (t.redistribute(...)) or replicate first")
-    return Plan(None, whole=lambda: regroup.concatenate(operands, axis, dims, spec))
+
+    def alike():  # the others' blocks exchanged to the first sharded one's placements
+        return (np.stack if stack else np.concatenate)(
+            [t if not sharded_axes(t._placements) or t._placements == lead._placements
+             else redistribute(t, lead._placements) for t in operands], axis=axis)
+    return Plan(None, whole=alike)
 
 
 def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
