@@ -177,6 +177,9 @@ class TorchTensor(DistributedTensor):
     def to(self, *args: Any, node: int | None = None, **kwargs: Any) -> Any:
         """torch's to() (a dtype, a device, another tensor's), run on the worker; with
         `node=`, a copy on that node (the device stays unless given, as an mwrt index)."""
+        if node is not None and node == self._node.index:  # itself, as torch's to() there
+            moved = self.dist_send(node, kwargs.pop("device", None))
+            return moved.to(*args, **kwargs) if args or kwargs else moved
         if node is not None:
             return self._moved(node, kwargs.pop("device", self._device), *args, **kwargs)
         return dispatch(_torch().Tensor.to, (self, *args), kwargs)

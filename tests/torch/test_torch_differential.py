@@ -403,6 +403,10 @@ FOUND = {
          "v0.requires_grad_()", "v6 = v1[::2]", "v6.requires_grad_()", "v1.requires_grad_()",
          "v1.requires_grad_(False)", "v7 = v2 * 2", "(v2.sum() + v6.sum() + v7.sum()).backward()",
          "v8 = v6.grad"]),
+    ".to(node=) of a tensor already there is itself under no_grad too (seed 2)": (
+        {"v0": torch.tensor(1.0)}, {"v0"},
+        ["v1 = world.move(v0)", "with torch.no_grad():\n    v2 = world.move(v1, there=True)",
+         "v2.mul_(3)"]),
 }
 
 
