@@ -9,6 +9,11 @@ zero_grad, forward, loss, backward (the gradients' all_reduce), step; no value i
 until the last step (then one wait). steps/s = steps / seconds over the timed steps, after
 warm-up steps; the ratio is mwrt's over DDP's (the goal: captured at least DDP's).
 
+A second table trains the same model sharded: mwrt.torch.fully_shard on 2 or more workers
+(each parameter Shard(0), gathered for the forward and the backward, freed after each, the
+gradients reduce_scattered), beside torch's FSDP2 (fully_shard of each Linear, then of the
+model) on gloo with as many processes, in the same run.
+
     python benchmarks/bench_torch_mesh.py [--quick] [--steps N] [--workers 1,2,4]
 """
 
@@ -38,12 +43,13 @@ def make_batch() -> tuple:
     return X, (X @ torch.randn(20, 4, generator=g)).argmax(1)
 
 
-def mesh_rates(workers: int, steps: int) -> tuple[float, float]:
-    """(eager, captured) steps/s on a mesh of `workers` local workers."""
+def mesh_rates(workers: int, steps: int, place=mwrt.torch.module) -> tuple[float, float]:
+    """(eager, captured) steps/s on a mesh of `workers` local workers, the model placed by
+    `place` (replicated, or fully_shard)."""
     mwrt.init_master_worker(local_workers=workers, timeout=60)
     try:
         m = mwrt.mesh()
-        model = mwrt.torch.module(make_model(), mesh=m)
+        model = place(make_model(), mesh=m)
         opt = mwrt.torch.optim.AdamW(model.parameters(), lr=3e-3)
         X, y = (mwrt.dist_send(t, mesh=m, shard=0) for t in make_batch())
 
@@ -71,15 +77,16 @@ def _rate(step, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def ddp_rate(workers: int, steps: int) -> float:
-    """steps/s of the same training under torch DDP, gloo, `workers` processes."""
+def ddp_rate(workers: int, steps: int, wrap: str = "ddp") -> float:
+    """steps/s of the same training under torch DDP (or FSDP2: wrap="fsdp"), gloo,
+    `workers` processes."""
     import torch.multiprocessing as tmp
 
     ctx = tmp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as folder:
         store = os.path.join(folder, "store")
-        procs = [ctx.Process(target=_ddp_rank, args=(r, workers, store, steps, queue))
+        procs = [ctx.Process(target=_ddp_rank, args=(r, workers, store, steps, queue, wrap))
                  for r in range(workers)]
         for p in procs:
             p.start()
@@ -92,14 +99,22 @@ def ddp_rate(workers: int, steps: int) -> float:
                     p.kill()
 
 
-def _ddp_rank(rank: int, world: int, store: str, steps: int, queue) -> None:
+def _ddp_rank(rank: int, world: int, store: str, steps: int, queue, wrap: str) -> None:
     import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
-    model = DDP(make_model())
+    model = make_model()
+    if wrap == "fsdp":  # FSDP2's pattern: each layer with weights, then the root
+        for layer in model.modules():
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    else:
+        model = DDP(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     X, y = make_batch()
     rows = BATCH // world
@@ -125,18 +140,27 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [2] if args.quick else [int(n) for n in args.workers.split(",")]
     steps = 5 if args.quick else args.steps
-    rows = []
+    rows, sharded = [], []
     for n in sizes:
         ddp = ddp_rate(n, steps)
         eager, captured = mesh_rates(n, steps)
         rows.append((n, eager, captured, ddp))
+        if n >= 2:
+            fsdp = ddp_rate(n, steps, "fsdp")
+            eager, captured = mesh_rates(n, steps, mwrt.torch.fully_shard)
+            sharded.append((n, eager, captured, fsdp))
     print(f"training steps/s, MLP 20-64-64-4, AdamW, batch {BATCH} ({steps} steps over their "
           f"time, after {WARMUP}; load {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, shared)")
-    print(f"{'workers':>7} {'mwrt eager':>11} {'mwrt captured':>14} {'DDP gloo':>9} "
-          f"{'eager/DDP':>10} {'captured/DDP':>13}")
-    for n, eager, captured, ddp in rows:
-        print(f"{n:7d} {eager:11.1f} {captured:14.1f} {ddp:9.1f} {eager / ddp:10.2f} "
-              f"{captured / ddp:13.2f}")
+    _table(rows, "replicated", "DDP gloo", "DDP")
+    _table(sharded, "fully_shard", "FSDP2 gloo", "FSDP")
+
+
+def _table(rows: list, kind: str, baseline: str, short: str) -> None:
+    print(f"{kind}:\n{'workers':>7} {'mwrt eager':>11} {'mwrt captured':>14} {baseline:>10} "
+          f"{'eager/' + short:>11} {'captured/' + short:>14}")
+    for n, eager, captured, base in rows:
+        print(f"{n:7d} {eager:11.1f} {captured:14.1f} {base:10.1f} {eager / base:11.2f} "
+              f"{captured / base:14.2f}")
 
 
 if __name__ == "__main__":

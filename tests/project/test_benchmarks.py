@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.support import machine
 from tests.support.hosts import unavailable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,6 +36,7 @@ def test_benchmark_runs_and_prints_its_table(script, args):
     if script == "bench_hosts.py" and unavailable():
         pytest.skip(unavailable())
     res = subprocess.run([sys.executable, os.path.join(BENCH, script), *args],
-                         capture_output=True, text=True, timeout=240, check=False)
+                         capture_output=True, text=True,
+                         timeout=machine.seconds(240, 900), check=False)
     assert res.returncode == 0, res.stderr[-2000:]
     assert len(res.stdout.strip().splitlines()) >= 3, res.stdout[-2000:]  # a table
