@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install mwrt[torch])")
 
-from tests.support.torchspawn import spawn
+from tests.support.torchspawn import spawn  # noqa: E402 - after the importorskip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -8,13 +8,14 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install mwrt[torch])")
 
-from tests.support.torchspawn import spawn
+from tests.support.torchspawn import spawn  # noqa: E402 - after the importorskip
 
 pytestmark = pytest.mark.timeout(600)  # the first test waits for both spawns (1-3 min)
 
 N = 3  # all_to_all_single in place goes wrong from 3 ranks; a third rank also joins late
 SAME_AS_GLOO = ["recv_any", "recv_order", "all_to_all_list", "all_reduce_coalesced",
-                "all_gather_coalesced", "coalescing_manager", "group_name", "non_contiguous", "a2a_one_split",
+                "all_gather_coalesced", "coalescing_manager", "group_name", "non_contiguous",
+                "a2a_one_split",
                 "recv_larger", "large_p2p", "work_result", "work_result_layout", "requires_grad",
                 "completed_after_wait", "future_of_all_gather",
                 "callback_collective", "ddp_powersgd", "ddp_join", "device_mesh_dtensor",

@@ -169,8 +169,8 @@ def programs(draw, max_lines: int = 8, mesh: bool = False):
         line, made, node = (_mesh_line if mesh else _line)(draw, nodes)
         try:
             _run(line, env)
-        except Exception:  # torch refuses it (so may mwrt, in any way); it may have written
-            env = _torch_env(initial, grads, lines)  # part of a tensor first: run again
+        except Exception:  # noqa: BLE001 - torch refuses it (so may mwrt, in any way)
+            env = _torch_env(initial, grads, lines)  # it may have written part of a tensor
             continue
         if made is not None:
             if not isinstance(env[made], torch.Tensor):
@@ -213,8 +213,8 @@ def _line(draw, nodes: dict):
     kind = draw(st.sampled_from(["binary", "rbinary", "scalar", "unary", "reduce", "view",
                                  "inplace", "setitem", "func", "grad", "no_grad", "step",
                                  "stream", "move", "read_grad"]))
-    fill = dict(a=a, b=b, s=s, x=draw(st.sampled_from([b, s])),
-                dtype=draw(st.sampled_from(DTYPES)))
+    fill = {"a": a, "b": b, "s": s, "x": draw(st.sampled_from([b, s])),
+            "dtype": draw(st.sampled_from(DTYPES))}
     if kind == "binary":
         return f"{new} = {a} {draw(st.sampled_from(BINARY))} {b}", new, nodes[a]
     if kind == "rbinary":
@@ -323,9 +323,9 @@ def _check(program, streams: tuple) -> None:
         _compare(name, want, env[name], source)
 
 
-_SETTINGS = dict(deadline=None, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                        HealthCheck.function_scoped_fixture])
+_SETTINGS = {"deadline": None, "database": None,
+             "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture]}
 
 
 @pytest.fixture(scope="module")

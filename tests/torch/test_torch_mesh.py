@@ -23,7 +23,7 @@ import mwrt.torch  # noqa: E402
 from mwrt.errors import PlacementError  # noqa: E402
 from mwrt.master.mesh.placement import Partial, Replicate, Shard  # noqa: E402
 
-TOL = dict(rtol=1e-5, atol=1e-6)
+TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_ops_that_would_mix_rows_across_places_are_refused_by_name(mesh):
     whole = mwrt.dist_send(torch.zeros(12, 6), mesh=mesh)
     with pytest.raises(PlacementError, match="writes a replicated tensor from sharded"):
         whole.add_(x)
-    with pytest.raises(PlacementError, match="one node.*meets a mesh tensor"):
+    with pytest.raises(PlacementError, match=r"one node.*meets a mesh tensor"):
         x + mwrt.dist_send(torch.ones(6), node=0)
     model = mwrt.torch.module(_model(), mesh=mesh)
     with pytest.raises(TypeError, match="takes mesh tensors"):

@@ -4,10 +4,10 @@ Hypothesis writes a short program, one line at a time, over variables holding fl
 float64 and int64 tensors (some requiring grad) and local tensors (sent beside a handle):
 operators, torch's and F's functions, reductions, views, in-place ops (through views too),
 metadata changes (t_()), no_grad, detach, `.grad` reads and copies to node 1 and back
-(autograd follows them across); then, if a loss can be made, backward(). Each line runs on local torch first; a
-line torch refuses is dropped. The same text then runs with every variable a torch handle
-on one node, and every tensor is compared bit for bit: shape, dtype, strides,
-requires_grad, the values, and every tensor's gradient (None where torch's is). A failure
+(autograd follows them across); then, if a loss can be made, backward(). Each line runs on
+local torch first; a line torch refuses is dropped. The same text then runs with every
+variable a torch handle on one node, and every tensor is compared bit for bit: shape, dtype,
+strides, requires_grad, the values, and every tensor's gradient (None where torch's is). A failure
 prints the program.
 
 TORCH_EXAMPLES=2000 pytest tests/torch/test_torch_workers.py --hypothesis-seed=N runs more.
@@ -414,7 +414,7 @@ def test_remote_functions_take_and_return_torch_handles(cluster):
     assert (loss.requires_grad, loss.is_leaf) == (True, False)
     loss.backward()
     assert torch.equal(w.grad.torch(), torch.full((3,), 2.0))
-    with pytest.raises(TypeError, match="returned a float32 array.*torch.from_numpy"):
+    with pytest.raises(TypeError, match=r"returned a float32 array.*torch\.from_numpy"):
         mwrt.remote(lambda t: t.numpy())(a)
 
 
