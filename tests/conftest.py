@@ -49,14 +49,17 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # around pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Mark every test of a SLOW_MODULES module slow; put the tests of a module that share a
-    module-scoped fixture (a cluster of daemons) in one xdist group, so that it starts once;
-    and give each test its pytest-timeout limit scaled by the load: a limit set for a quiet
-    machine, which only load breaks."""
+    """Mark every test of a SLOW_MODULES module slow; put the tests of a module where any
+    test uses a module-scoped fixture (a cluster of daemons) in one xdist group, so that it
+    starts once and a test that finds the module's cluster running without naming it finds it
+    in its process too; and give each test its pytest-timeout limit scaled by the load: a
+    limit set for a quiet machine, which only load breaks."""
+    shared = {item.module.__name__ for item in items if _shares_a_module_fixture(item)}
     for item in items:
         if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
+        if item.get_closest_marker("xdist_group") is None and item.module is not None \
+                and item.module.__name__ in shared:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         limit = _timeout_of(item, config)
         if limit:
