@@ -128,10 +128,12 @@ def _backward(walks: list[Walk], seeds: list | None, inputs: list | None, retain
             if not here and not anchors:
                 continue
             options["inputs"] = [*here, *anchors]
-        torchgrad.backward(walk.roots, here)
-        # by another name than torch's: issued as it is, not planned again
+        filled: list = []
+        torchgrad.backward(walk.roots, here, filled)
+        # by another name than torch's: issued as it is, not planned again; it writes the
+        # .grad of the tensors it fills
         run("across.backward", _nothing, (walk.roots, _seeds(walk, seeds, sent)), options,
-            "torch", ("torch.autograd.backward",))
+            "torch", ("torch.autograd.backward",), uses=tuple((t, True) for t in filled))
         for node, anchor in zip(walk.crossed, anchors):
             sent[k, id(node)] = _home(torch_call(get, (anchor,), {}), node)
             torch_call(put, (anchor, None), {})  # the next backward starts from nothing

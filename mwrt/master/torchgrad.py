@@ -22,7 +22,7 @@ from typing import Any
 class Node:
     """One node of the master's copy of the autograd graph."""
 
-    __slots__ = ("parents", "keeps", "filled", "cross", "resolved")
+    __slots__ = ("parents", "keeps", "filled", "cross", "resolved", "owner")
 
     def __init__(self, parents: tuple = (), keeps: bool = False, cross: Any = None):
         self.parents = parents  # the nodes its gradient flows on to
@@ -32,6 +32,7 @@ class Node:
         # (order made, the tensor its parts' backward starts from, what the caller needs):
         # a mesh tensor made real from a Partial one
         self.resolved: tuple | None = None
+        self.owner: Any = None  # a weak reference to the tensor whose .grad a backward fills
 
 
 def node_of(tensor: Any) -> Node | None:
@@ -42,6 +43,8 @@ def node_of(tensor: Any) -> Node | None:
     node = getattr(tensor, "_autograd", None)
     if node is None or (spec.leaf and not node.keeps and type(node) is not Inert):
         node = tensor._autograd = Node((), spec.leaf)
+        if spec.leaf:
+            node.owner = weakref.ref(tensor)
     return node
 
 
@@ -74,6 +77,7 @@ def retain(tensor: Any) -> None:
     node = node_of(tensor)
     if node is not None:
         node.keeps = True
+        node.owner = weakref.ref(tensor)
 
 
 def viewed(view: Any) -> None:
@@ -150,14 +154,18 @@ def _rebase(written: Any, node: Node) -> None:
         member._autograd = Node((node,) if old is None else (old, node))
 
 
-def backward(roots: list, inputs: list | None) -> list:
-    """Mark the leaves a backward from `roots` fills (only `inputs`' if given); returns the
-    nodes it reached that stand for tensors moved from another node."""
+def backward(roots: list, inputs: list | None, filled: list | None = None) -> list:
+    """Mark the leaves a backward from `roots` fills (only `inputs`' if given), and add
+    those tensors to `filled` (the backward writes their .grad); returns the nodes it
+    reached that stand for tensors moved from another node."""
     wanted = None if inputs is None else {id(n) for n in map(node_of, inputs) if n}
     crossed = []
     for node in _walked(roots):
         if node.keeps if wanted is None else id(node) in wanted:
             node.filled = True
+            owner = node.owner() if node.owner is not None else None
+            if filled is not None and owner is not None:
+                filled.append(owner)
         if node.cross is not None:
             crossed.append(node)
     return crossed if inputs is None else []

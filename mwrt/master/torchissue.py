@@ -101,8 +101,12 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
         written = tuple(range(1, len(place)))
     if grad and records:
         torchgrad.record(inputs, made, outs, outcome.written)
-    if name in _AUTOGRAD and _crosses(name, args, kwargs):
+    filled: list = []  # a backward writes the .grad of the tensors it fills: ordered so
+    if name in _AUTOGRAD and _crosses(name, args, kwargs, filled):
         raise Crossing(name)
+    if filled:
+        written = (*written, *range(len(inputs), len(inputs) + len(filled)))
+        inputs = [*inputs, *filled]
     _issue(node, stream, inputs, written, op, (*prefix, grad, *wargs), wkwargs, fresh)
     if tree is None:
         return made[0] if made else None
@@ -207,17 +211,17 @@ _BACKWARDS = frozenset(("torch.Tensor.backward", "torch.autograd.backward"))
 _AUTOGRAD = _BACKWARDS | {"torch.autograd.grad"}
 
 
-def _crosses(name: str, args: tuple, kwargs: dict) -> bool:
+def _crosses(name: str, args: tuple, kwargs: dict, filled: list) -> bool:
     """Whether a backward (which marks the leaves it fills) or autograd.grad reaches
     tensors moved from other nodes."""
     if name == "torch.autograd.grad":
         roots = args[0] if args else kwargs.get("outputs")
         return bool(torchgrad.reach(list(roots) if isinstance(roots, (tuple, list))
                                     else [roots])[1])
-    return bool(_backward(name, args, kwargs))
+    return bool(_backward(name, args, kwargs, filled))
 
 
-def _backward(name: str, args: tuple, kwargs: dict) -> list:
+def _backward(name: str, args: tuple, kwargs: dict, filled: list) -> list:
     """A backward is issued: mark the leaves it fills; returns the tensors moved from other
     nodes it reaches."""
     names = ("gradient" if name == "torch.Tensor.backward" else "grad_tensors",
@@ -227,7 +231,7 @@ def _backward(name: str, args: tuple, kwargs: dict) -> list:
     inputs = {**dict(zip(names, args[1:])), **kwargs}.get("inputs")
     if inputs is not None:
         inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
-    return torchgrad.backward(roots, inputs)
+    return torchgrad.backward(roots, inputs, filled)
 
 
 def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs: dict,

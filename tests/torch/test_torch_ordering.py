@@ -80,3 +80,24 @@ def test_a_write_to_a_gradient_on_another_stream_comes_before_the_bucket_reads_i
             g._locals[i].fill_(1.0)
     got = weight.grad  # the bucket, on the default stream: after the writes
     assert torch.equal(got.torch(), torch.full((1, 4), float(mesh.size)))
+
+
+def _hold(t) -> None:
+    """A remote read of `t` that holds its stream a while."""
+    time.sleep(0.3)
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_a_gradient_read_on_another_stream_waits_for_the_backward_that_fills_it(two, across):
+    """A backward issued on one stream behind a slow op writes the .grad of the leaves it
+    fills: reading w.grad on another stream waits for it (it ran at once, before the
+    backward, and found no gradient), on one node and when the backward crosses nodes."""
+    hold = mwrt.remote(_hold, outputs=0)
+    w = mwrt.dist_send(torch.tensor([2.0, -1.0])).requires_grad_()
+    stream = mwrt.Stream(node=0)
+    v = w.to(node=1) if across else w * 3
+    with mwrt.stream(stream):
+        hold(v)
+        (v * v).sum().backward()
+    want = 2 * w.torch() * (1 if across else 9)
+    assert torch.equal(w.grad.torch(), want)
