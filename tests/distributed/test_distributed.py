@@ -382,7 +382,16 @@ def test_launcher_refuses_counts_that_start_nothing():
             plan(_parse([*args, "x.py"]), {})
 
 
-EXAMPLES = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
+def _is_spmd(name: str) -> bool:
+    with open(os.path.join(ROOT, "examples", name)) as f:
+        return "init_master_worker" not in f.read()
+
+
+# Every SPMD example, and one master-worker example: under the launcher each rank of a
+# master-worker script is a master with its own local workers, so one shows that two such
+# masters side by side keep apart; each runs as a user runs it in tests/project/test_examples_mw.py.
+EXAMPLES = sorted(f for f in os.listdir(os.path.join(ROOT, "examples"))
+                  if f.endswith(".py") and (_is_spmd(f) or f == "quickstart.py"))
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
