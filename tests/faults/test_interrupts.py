@@ -313,7 +313,7 @@ def test_ctrl_c_of_a_worker_daemon(script, tmp_path, kind):
         workers = ",".join(a.removeprefix("tcp://") for a in (address, other_address))
         master = subprocess.Popen([sys.executable, script("master.py"), workers, kind],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=env)
+                                  env=env, preexec_fn=ctrl_c_reaches())
         said, failed = Lines(master.stdout), Lines(master.stderr)
         said.until("ready")
         time.sleep(0.5)  # the point of the interrupt, not a measurement
@@ -399,7 +399,8 @@ def test_a_session_works_after_a_ctrl_c_inside_a_large_transfer(tmp_path, kind, 
                MWRT_SEGMENT_BYTES=str(64 << 10),
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen([sys.executable, str(path), kind, str(ELEMENTS), str(segment)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=ctrl_c_reaches())
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     try:
         out.until("interrupted")
@@ -448,7 +449,7 @@ def test_a_wait_behind_an_interrupted_op_says_what_it_waits_for(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
         ROOT, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env,
-                          timeout=90, check=False)
+                          timeout=90, check=False, preexec_fn=ctrl_c_reaches())
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout.splitlines()
     assert out[0] == "interrupted" and out[1] == "next [6.0, 6.0, 6.0, 6.0]", done.stdout
@@ -497,7 +498,8 @@ def test_a_ctrl_c_while_a_collective_is_issued_reaches_every_node_or_none(tmp_pa
     env = dict(os.environ, MWRT_COLLECTIVE_TIMEOUT="100", MWRT_SYNC_TIMEOUT="100",
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=ctrl_c_reaches())
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     try:
         out.until("interrupted")
