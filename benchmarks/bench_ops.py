@@ -12,6 +12,12 @@ copy=False view) as a user measures them, each in fresh processes beside a basel
 in fresh processes (`fresh_rows`), and scikit-learn on mwrt tensors vs NumPy with the
 round trips counted. --round-trips and --sklearn run those rows alone. --quick: the default
 rows with 8 MiB and a tenth of the repetitions, for a test that the script still runs.
+
+The round trips run in rounds, with an echo between any two runs, and each run's ratio is
+to the echoes around it (round_trip_runs): on a shared machine whose speed drifts between
+runs, drift hits mwrt and its baseline alike. `--round-trips --tries N --reps N` sets the
+rounds and the round trips per run; `--against DIR` runs another tree's mwrt (a checkout of
+the code before a change) in the same rounds, its rows after each of this tree's.
 """
 
 from __future__ import annotations
@@ -501,9 +507,13 @@ def _fresh(script: str, *args) -> float:
     return _fresh_line(script, *args)[-1]
 
 
-def _fresh_line(script: str, *args) -> list[float]:
-    """Run `script` in a fresh Python process; the numbers of the last line it prints."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def _fresh_line(script: str, *args, root: str = _ROOT) -> list[float]:
+    """Run `script` in a fresh Python process (mwrt imported from `root`); the numbers of the
+    last line it prints."""
+    env = dict(os.environ, PYTHONPATH=root)
     done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, timeout=300,
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -521,26 +531,45 @@ ROUND_TRIPS = (("x.numpy(), 1 element, 1 local worker", 1, "read"),
                ("float(t.sum()), 4 elements, 2 local workers", 2, "sum"))
 
 
-def round_trip_rows(tries: int = 5, reps: int = 2000) -> list:
-    """Each of ROUND_TRIPS in fresh sessions, each run followed by a pyzmq DEALER/ROUTER echo
-    in fresh processes (unpinned, never beside a live session): medians of `tries` runs'
-    p50 and p99, and the ratios to the echo's."""
-    runs: dict = {kind: [] for kind in ROUND_TRIPS}
-    echo: list = []
+def round_trip_runs(tries: int, reps: int, roots: tuple) -> tuple[dict, list]:
+    """Each of ROUND_TRIPS from each tree of `roots` in fresh sessions, `tries` rounds, with
+    a pyzmq DEALER/ROUTER echo in fresh processes before the first run and after every run
+    (unpinned, never beside a live session); a round's order is the last one's reversed.
+    Each run's (p50, p99, p50 ratio, p99 ratio), its ratios to the mean of the echoes just
+    before and after it, so the machine's drift between runs hits both alike; and every
+    echo's (p50, p99)."""
+    runs: dict = {(root, kind): [] for root in roots for kind in ROUND_TRIPS}
+    order = list(runs)
+    echoes = [_fresh_line(_FRESH_ECHO, reps, _ECHO)]
     for _ in range(tries):
-        for kind in ROUND_TRIPS:
-            runs[kind].append(_fresh_line(_FRESH_SYNC, reps, kind[1], kind[2]))
-            echo.append(_fresh_line(_FRESH_ECHO, reps, _ECHO))
-    e50 = statistics.median(e[0] for e in echo)
-    e99 = statistics.median(e[1] for e in echo)
+        for root, kind in order:
+            got = _fresh_line(_FRESH_SYNC, reps, kind[1], kind[2], root=root)
+            before, after = echoes[-1], _fresh_line(_FRESH_ECHO, reps, _ECHO)
+            echoes.append(after)
+            runs[root, kind].append((got[0], got[1], 2 * got[0] / (before[0] + after[0]),
+                                     2 * got[1] / (before[1] + after[1])))
+        order.reverse()
+    return runs, echoes
+
+
+def round_trip_rows(tries: int = 5, reps: int = 2000, roots: tuple = (_ROOT,)) -> list:
+    """ROUND_TRIPS as round_trip_runs() measures them: medians over the rounds of each p50
+    and p99 and of their ratios to the echoes around each run, and the ratios' spread. With
+    a second tree in `roots` (--against DIR), its rows follow each of this tree's."""
+    runs, echoes = round_trip_runs(tries, reps, roots)
+    e50 = statistics.median(e[0] for e in echoes)
+    e99 = statistics.median(e[1] for e in echoes)
     rows = []
-    for kind in ROUND_TRIPS:
-        p50 = statistics.median(r[0] for r in runs[kind])
-        p99 = statistics.median(r[1] for r in runs[kind])
-        rows.append((f"{kind[0]}: p50", f"{p50:.0f} us", f"DEALER/ROUTER echo {e50:.0f} us",
-                     f"{p50 / e50:.2f}x", "<= 1.5x, then 1.2x"))
-        rows.append(("  p99", f"{p99:.0f} us", f"echo p99 {e99:.0f} us", f"{p99 / e99:.2f}x",
-                     "<= 2x"))
+    for (root, kind), got in runs.items():
+        p50, p99, r50, r99 = (statistics.median(run[i] for run in got) for i in range(4))
+        where = "" if len(roots) == 1 else f" [{os.path.relpath(root)}]"
+        rows.append((f"{kind[0]}{where}: p50", f"{p50:.0f} us", f"DEALER/ROUTER echo {e50:.0f} us",
+                     f"{r50:.2f}x", "<= 1.5x, then 1.2x"))
+        rows.append(("  p99", f"{p99:.0f} us", f"echo p99 {e99:.0f} us", f"{r99:.2f}x", "<= 2x"))
+        rows.append(("  ratio's spread over the rounds", f"p50 {_spread([r[2] for r in got])}x",
+                     f"p99 {_spread([r[3] for r in got])}x", "", ""))
+    rows.append(("  echo's spread over the runs", "", f"p50 {_spread([e[0] for e in echoes])} "
+                 "us", "", f"load {os.getloadavg()[0]:.1f}"))
     return rows
 
 
@@ -582,11 +611,19 @@ def fresh_rows(tries: int = 5) -> list:
     return rows + sync_bound_rows()
 
 
+def _option(name: str, default):
+    """The value after `name` on the command line, else `default`."""
+    args = sys.argv[1:]
+    return args[args.index(name) + 1] if name in args[:-1] else default
+
+
 def print_fresh() -> None:
     print(f"{'what (fresh processes)':46} {'mwrt':>16}   {'baseline (same run)':32} {'ratio':>6}"
           "   goal")
     if "--round-trips" in sys.argv[1:]:
-        rows = round_trip_rows()
+        against = _option("--against", None)
+        rows = round_trip_rows(int(_option("--tries", 5)), int(_option("--reps", 2000)),
+                               (_ROOT,) if against is None else (_ROOT, against))
     elif "--sklearn" in sys.argv[1:]:
         rows = sync_bound_rows()
     else:
