@@ -75,10 +75,20 @@ def test_median_along_the_sharded_axis_takes_the_middle_of_the_sorted_axis(m, dt
     same(planned(lambda: X1.median(axis=1)), np.median(x, axis=1))
 
 
-def test_median_of_an_empty_sharded_axis_is_numpys_nan(m):
-    """No middle to take: NumPy's nan, on replicated copies."""
-    X = mwrt.dist_send(np.zeros((0, 3)), mesh=m, shard=0)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        got = np.median(X, axis=0)
-    same(got, np.full(3, np.nan))
+@pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.float32, np.complex128])
+def test_median_over_an_empty_sharded_axis_is_numpys_nan_at_every_place(m, square, dtype):
+    """No middle to take: each place's block holds all of the empty axis, so its own median
+    is NumPy's nan (the kept axes stay sharded), with no redistribution."""
+    cases = [(m, (0, 3), 0, {"axis": 0}), (m, (0, 3), 0, {}), (m, (2, 0), 1, {"axis": 1}),
+             (m, (0, 3), 0, {"axis": 0, "keepdims": True}), (m, (2, 0), 1, {}),
+             (square, (0, 3), (1, 0), {"axis": 0}), (square, (2, 0), (1, 1), {}),
+             (square, (4, 0, 3), (0, 1), {"axis": 1})]
+    for mesh, shape, shard, kwargs in cases:
+        x = np.zeros(shape, dtype)
+        X = mwrt.dist_send(x, mesh=mesh, shard=shard)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = planned(lambda: np.median(X, **kwargs))
+            same(got, np.median(x, **kwargs))
+    X = mwrt.dist_send(np.zeros((3, 0)), mesh=m, shard=0)
+    assert planned(lambda: np.median(X, axis=1)).placement == Shard(0)  # the rows' blocks

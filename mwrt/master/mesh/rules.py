@@ -10,7 +10,8 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
   one that joins a sharded result is reduce_scattered to its blocks, others all_reduced.
 - reductions: over unsharded axes keep the shards; over a sharded axis give Partial(sum, max,
   min, prod) (mean: a sum scaled by the global count); var, std, argmax, argmin, cumsum and
-  cumprod over it run in two phases (twophase.py); median takes the sort's plan (sorting.py).
+  cumprod over it run in two phases (twophase.py); median takes the sort's plan (sorting.py),
+  and over an empty axis runs at every place on its block (all of that axis).
 - matmul, dot: products.py.
 - shape ops (transpose, swapaxes, moveaxis, expand_dims, squeeze, reshape keeping the sharded
   axis and those before it) follow the sharded axis; other reshapes, and concatenate along
@@ -22,6 +23,7 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
 from __future__ import annotations
 
 import cmath
+import math
 import warnings
 
 import numpy as np
@@ -254,10 +256,15 @@ def reduction(name, operands, args, kwargs, spec, resolve) -> Plan:
             twophase.plan(name, t, args, kwargs, axes)
         if whole is not None:
             return Plan(None, whole=whole)
+    # median over an empty axis: each place's block holds all of it (none), so its own
+    # median (NumPy's nan, with its warnings) is the whole's, for its block of the rest
+    empty = name == "median" and not math.prod(t.shape[a] for a in axes)
     out, scaled = [], False
     for p in t._placements:
         if type(p) is not Shard:
             out.append(p)
+        elif p.axis in axes and empty:
+            out.append(REPLICATE)
         elif p.axis in axes:
             if name not in PARTIAL_OF:
                 raise no_rule(name, operands, f"{name} along a sharded axis: replicate it "

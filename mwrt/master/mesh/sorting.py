@@ -96,7 +96,7 @@ def sort(t, axis: int, dims: tuple, spec, positions: bool = False):
 def median_plan(t, args: tuple, kwargs: dict, axes: tuple):
     """np.median over the sharded axis as a function of nothing (the sort's plan, then the
     middle elements taken where they lie and broadcast), or None where it has none (other
-    arguments, several axes, an empty axis: NumPy's nan and warning on replicated copies)."""
+    arguments, several axes; an empty axis has no middle: rules.reduction runs it locally)."""
     if len(args) > 2 or set(kwargs) - {"axis", "keepdims"} or not math.prod(
             t.shape[a] for a in axes):
         return None
