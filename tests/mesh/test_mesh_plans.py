@@ -100,6 +100,25 @@ def test_in_place_ops_without_a_plan_write_into_their_target(m):
     same(X0, expected, exact=False)
 
 
+def test_an_in_place_op_on_a_partial_target_with_a_sharded_operand(m, square):
+    """P += X0 with P a Partial sum: P is made real (its all_reduce) and X0 all_gathered to
+    it, worker to worker, then the op runs at every place; it ran on replicated copies (a
+    PlacementWarning) as the target's placements and the operand's did not agree."""
+    for mesh, shard in [(m, 0), (square, (0, None)), (square, (0, 1))]:
+        for shape, other in [((4, 3), (4, 3)), ((4, 3), (3,)), ((4, 3), (4, 1)), ((1,), (1,)),
+                             ((2, 0), (2, 0))]:
+            parts = np.arange(mesh.size * np.prod(shape), dtype=np.int32).reshape(
+                (mesh.size,) + shape)
+            o = np.arange(np.prod(other), dtype=np.int32).reshape(other) + 1
+            for op in ("__iadd__", "__isub__", "__imul__"):
+                P = mwrt.dist_send(parts, mesh=mesh, shard=0).sum(axis=0)
+                X = mwrt.dist_send(o, mesh=mesh, shard=shard if len(other) > 1 else 0)
+                planned(lambda: getattr(P, op)(X))
+                assert set(P.placements) == {Replicate()}
+                same(P, getattr(parts.sum(axis=0), op)(o))
+                same(X, o)
+
+
 ISSUE_OPS = {  # what users hit, as the issue counted it: each now NumPy's value
     "cumsum along the sharded axis": lambda a: a.cumsum(axis=0),
     "sort along it": lambda a: np.sort(a, axis=0),

@@ -66,6 +66,8 @@ def elementwise(name, operands, args, kwargs, spec, resolve) -> Plan:
         spec[0] if type(spec) is tuple else spec).shape
     moved = _unbroadcast(operands, shape)  # {operand index: its new tensor}
     placed = [moved.get(k, t) for k, t in enumerate(operands)]
+    if target is not None and is_partial(target) and not _stays_partial(name, placed, args):
+        resolve(target)  # made real (replicated) first: the others then take its placements
     aligned = _aligned(name, placed, target, shape)
     if aligned:
         moved.update(aligned)
