@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import tensorfile
 from ..arrays import HOST
-from ..ops import Spec, torchops
+from ..ops import Spec, torchspec
 from ..protocol import wire
 from . import context, ordering
 from .cluster import current
@@ -202,7 +202,7 @@ def _issue_load(node, device: int, path: str, name: str, entry: dict) -> Distrib
     if made is None:
         return out
     dtype = str(made.get("dtype")) if isinstance(made, dict) else ""
-    if dtype not in torchops.objects():
+    if dtype not in torchspec.objects():
         raise ValueError(f"mwrt.load: {os.path.join(path, MANIFEST)}: tensor {name!r} names no "
                          f"torch dtype (got {dtype!r:.40}, expected one like 'torch.float32')")
     torch_ready()
@@ -254,7 +254,7 @@ def _save_stream(node, device: int) -> int:
 
 def _stored_dtype(t) -> np.dtype:
     """The NumPy dtype a tensor is written as (a torch dtype NumPy lacks: its bits')."""
-    return torchops.bits_dtype(t.dtype) if t.holds_torch else np.dtype(t.dtype)
+    return torchspec.bits_dtype(t.dtype) if t.holds_torch else np.dtype(t.dtype)
 
 
 def _nbytes(entry: dict) -> int:

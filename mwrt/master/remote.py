@@ -8,7 +8,7 @@ import sys
 import cloudpickle
 
 from ..arrays import as_dtype
-from ..ops import Spec, torchops
+from ..ops import Spec, torchspec
 from ..protocol import wire
 from . import context, ordering, torchgrad
 from .cluster import current
@@ -74,7 +74,7 @@ def _torch_results(place: list, outs: list) -> None:
     """Torch handles' metadata is known at once: a function's results' is asked of the
     worker now (one wait), and the results that need grad come from its torch arguments."""
     for out in outs:
-        if not isinstance(out.spec, torchops.TorchSpec):
+        if not isinstance(out.spec, torchspec.TorchSpec):
             raise TypeError(f"remote: the function got torch handles and returned a "
                             f"{out.spec.dtype} array (expected torch tensors); return "
                             "torch.from_numpy(result), or pass NumPy handles")

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from ..arrays import HOST, as_dtype
-from ..ops import Spec, torchops
+from ..ops import Spec, torchspec
 from ..protocol import wire
 from . import context, methods, ordering
 from .arrayfunc import array_function, array_ufunc
@@ -580,7 +580,7 @@ def _asked_spec(tensor: DistributedTensor) -> Spec:
         keep_read_ahead(tensor, frames[0], spec)
         return spec
     if "stride" in reply.value:  # a torch tensor's metadata
-        torch_spec: Any = torchops.spec_from(reply.value)  # a torch handle's
+        torch_spec: Any = torchspec.spec_from(reply.value)  # a torch handle's
         return torch_spec
     return Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
 

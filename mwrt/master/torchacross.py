@@ -192,7 +192,7 @@ def _listed(value: Any) -> list:
 
 def _grads_rule(outputs: Any, inputs: list, **kwargs: Any) -> tuple:
     """torch.autograd.grad's results on the meta device, as torch's meta rule for it gives
-    them (mwrt.ops.torchops): one per input, of its layout (contiguous where it overlaps)."""
+    them (mwrt.ops.torchmeta): one per input, of its layout (contiguous where it overlaps)."""
     torch = _torch()
     grad = bool(kwargs.get("create_graph"))
     made = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..arrays import HOST, as_shape
-from ..ops import torchops
+from ..ops import torchspec
 from . import context, torchmeshgrad
 from .cluster import current
 from .mesh.device_mesh import current_mesh, wanted
@@ -64,7 +64,7 @@ def create(func_name: str, args: tuple, node: int | None, device: int | None, dt
     kwargs = {"dtype": torch.float32 if dtype is None else dtype,
               "device": "cpu" if device == HOST else f"cuda:{device}",
               "requires_grad": requires_grad}
-    return torch_call(torchops.function(func_name), args, kwargs, node=target, device=device,
+    return torch_call(torchspec.function(func_name), args, kwargs, node=target, device=device,
                       results=TorchTensor)
 
 
@@ -166,5 +166,5 @@ def manual_seed(seed: int, node: int | None = None) -> None:
     ready()
     nodes = current().nodes if node is None else [current().node(node)]
     for target in nodes:
-        torch_call(torchops.function("torch.manual_seed"), (seed,), {}, node=target,
+        torch_call(torchspec.function("torch.manual_seed"), (seed,), {}, node=target,
                    device=HOST, results=TorchTensor)

@@ -3,7 +3,7 @@
 torch_call() is the torch handle's hot path, as issue.call() is the NumPy handle's: it
 converts the arguments (handles to TorchSpecs for the meta rule and to Refs for the wire,
 torch's dtypes to their names), checks that every handle lives in one place, asks
-mwrt.ops.torchops.infer what the call makes (torch's meta device, remembered per input
+mwrt.ops.torchmeta.infer what the call makes (torch's meta device, remembered per input
 metadata), makes the result handles (a result that is an input is that handle; one that may
 view an input shares its ordering record), orders the uses and queues one `torch` Call.
 A call whose arguments are torch handles and plain scalars (nearly every op of a training
@@ -22,8 +22,8 @@ import numpy as np
 
 from .. import config
 from ..arrays import HOST
-from ..ops import Spec, torchops
-from ..ops.torchops import TorchSpec
+from ..ops import Spec, torchmeta, torchspec
+from ..ops.torchspec import TorchSpec
 from ..protocol import wire
 from . import context, ordering, torchgrad, transfer
 from .handle import Handle, check_same_place
@@ -48,7 +48,7 @@ def ready() -> Any:
     """torch, imported the first time a torch handle is made."""
     global _torch
     if _torch is None:
-        _torch = torchops.torch_module()
+        _torch = torchspec.torch_module()
     return _torch
 
 
@@ -110,7 +110,7 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
     _issue(node, stream, inputs, written, op, (*prefix, grad, *wargs), wkwargs, fresh)
     if tree is None:
         return made[0] if made else None
-    return torchops.unflatten(tree, iter(made))
+    return torchmeta.unflatten(tree, iter(made))
 
 
 # (name, grad mode, _flat's key) -> (Outcome, whether autograd's graph may need a record)
@@ -133,7 +133,7 @@ def _inferred(name: str, func, grad: bool, args: tuple, kwargs: dict, key, uses:
         skwargs, wkwargs, kkwargs = _convert(kwargs, place, name) if kwargs else ({}, {}, ())
         del place[0]
     key = None if kargs is None or kkwargs is None else (key or name, grad, kargs, kkwargs)
-    return place, wargs, wkwargs, torchops.infer(name, func, grad, sargs, skwargs, key)
+    return place, wargs, wkwargs, torchmeta.infer(name, func, grad, sargs, skwargs, key)
 
 
 def _results(outs: tuple, place: list, node, device, stream: int, results, name: str):
@@ -251,7 +251,7 @@ def _issue(node, stream: int, place: list, written, op: str, args: tuple, kwargs
 
 def _name(func) -> str:
     """`func`'s qualified name, if a worker may run it; else the worker's named error, now."""
-    name = _NAMES[func] = torchops.name_of(func)
+    name = _NAMES[func] = torchspec.name_of(func)
     return name
 
 
@@ -371,7 +371,7 @@ def from_raw(raw: Any, dtype: str, grad: bool, device: int, results: type) -> Ha
     node = raw._node
     stream = context.stream_for(node.index, device)
     shape = tuple(raw._spec.shape)
-    meta = torch.empty(shape, dtype=torchops.objects()[dtype], device="meta")
+    meta = torch.empty(shape, dtype=torchspec.objects()[dtype], device="meta")
     spec: Any = TorchSpec(shape, meta.dtype, meta.stride(), grad, True)
     out = results(node, device, next(node.ids), spec, stream)
     place = "cpu" if device == HOST else f"cuda:{device}"
@@ -403,7 +403,7 @@ def bits(tensor: Handle, results: type) -> Handle:
     """A NumPy handle (of class `results`) of a torch handle's values (bfloat16 as its
     bits)."""
     node, device = tensor._node, tensor._device
-    spec = Spec(tuple(tensor.spec.shape), torchops.bits_dtype(tensor.spec.dtype))
+    spec = Spec(tuple(tensor.spec.shape), torchspec.bits_dtype(tensor.spec.dtype))
     stream = context.stream_for(node.index, device)
     out = results(node, HOST, next(node.ids), spec, stream)
     _issue(node, stream, [tensor], (), "torch_bits", (tensor._ref,), {}, (out._id,))

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ops import Spec, torchops
-from ..ops.torchops import TorchSpec
+from ..ops import Spec, torchmeta, torchspec
+from ..ops.torchspec import TorchSpec
 from . import torchissue, torchmeshgrad
 from .handle import Handle
 from .mesh.moves import gather_to_master
@@ -52,7 +52,7 @@ _NAMES: dict = {}
 
 def call(func, args: tuple, kwargs: dict):
     """torch's `func` on mesh torch handles, at every place; handles over the mesh."""
-    name = _NAMES.get(func) or _NAMES.setdefault(func, torchops.name_of(func))
+    name = _NAMES.get(func) or _NAMES.setdefault(func, torchspec.name_of(func))
     operands = operands_of((args, kwargs))
     mesh = one_mesh(name, operands)
     if name in _BACKWARD:
@@ -68,8 +68,8 @@ def call(func, args: tuple, kwargs: dict):
         operands = operands_of((args, kwargs))
     grad = torchissue.ready().is_grad_enabled()
     gargs, gkwargs = walk((args, kwargs), lambda t: t._spec)
-    key = torchops.key_of((gargs, gkwargs))
-    outcome = torchops.infer(name, func, grad, gargs, gkwargs,
+    key = torchmeta.key_of((gargs, gkwargs))
+    outcome = torchmeta.infer(name, func, grad, gargs, gkwargs,
                              None if key is None else ("mesh", name, grad, key))
     if outcome.value is not None and not outcome.written:
         return outcome.value  # metadata alone (a.size(), a.dim()): the global answer
@@ -103,7 +103,7 @@ def results(name, mesh, operands, outcome, per_place, args, kwargs):
     trees: list = []
     for result in per_place:
         leaves: list = []
-        torchops.flatten(result, leaves, Handle)
+        torchmeta.flatten(result, leaves, Handle)
         trees.append(leaves)
     made = []
     for j, (spec, same, _) in enumerate(outcome.outs):
@@ -118,7 +118,7 @@ def results(name, mesh, operands, outcome, per_place, args, kwargs):
         made.append(handle.on_mesh(mesh, placements, blocks, spec))
     if outcome.tree is None:
         return made[0] if made else None
-    return torchops.unflatten(outcome.tree, iter(made))
+    return torchmeta.unflatten(outcome.tree, iter(made))
 
 
 def _placements(name, mesh, spec: TorchSpec, blocks: list, sharded: list, kwargs) -> tuple:

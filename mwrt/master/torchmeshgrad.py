@@ -25,7 +25,7 @@ import inspect
 import itertools
 import weakref
 
-from ..ops.torchops import TorchSpec
+from ..ops.torchspec import TorchSpec
 from . import torchgrad, torchissue
 from .handle import Handle
 from .mesh.moves import all_reduce_group, resolve

@@ -16,7 +16,7 @@ import copy
 import itertools
 from typing import Any
 
-from ..ops import torchops
+from ..ops import torchmeta, torchspec
 from . import torchmesh, torchmeshgrad, torchmodule
 from .mesh.device_mesh import Mesh, current_mesh
 from .mesh.placement import REPLICATE
@@ -44,7 +44,7 @@ class MeshModule(torchmodule.RemoteModule):
         places = [list(place.parameters()) for place in self._places]
         for k, meta in enumerate(self.meta.parameters()):
             blocks = [params[k] for params in places]
-            spec: Any = torchops.spec_of(meta)
+            spec: Any = torchspec.spec_of(meta)
             param: Any = TorchTensor.on_mesh(mesh, (REPLICATE,) * mesh.ndim, blocks, spec)
             torchmeshgrad.remember(param, None)
             self._params.append(param)
@@ -65,8 +65,8 @@ class MeshModule(torchmodule.RemoteModule):
         operands = torchmeshgrad.operands_of((args, kwargs))
         grad = torch.is_grad_enabled()
         gargs, gkwargs = torchmeshgrad.walk((args, kwargs), lambda t: t._spec)
-        key = torchops.key_of((gargs, gkwargs))
-        outcome = torchops.infer("module", self.meta, grad, gargs, gkwargs,
+        key = torchmeta.key_of((gargs, gkwargs))
+        outcome = torchmeta.infer("module", self.meta, grad, gargs, gkwargs,
                                  None if key is None else (*self._key, grad, key))
         per_place = []
         for i, place in enumerate(self._places):

@@ -3,7 +3,7 @@
 It is a DistributedTensor (the same ids, ordering records and frees) whose ops are torch's:
 it takes part in `__torch_function__`, so `torch.matmul(a, b)`, `F.relu(a)`, `a.sum(1)`,
 `a @ b`, indexing, views and in-place ops issue one `torch` command each and return at
-once, their results' metadata from torch's meta device (see mwrt.ops.torchops). Its
+once, their results' metadata from torch's meta device (see mwrt.ops.torchmeta). Its
 methods are torch.Tensor's, generated when the first torch handle is made: nothing imports
 torch before then.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import HOST
-from ..ops import torchops
+from ..ops import torchspec
 from . import torchacross, torchgrad, torchmesh, transfer
 from .tensor import DistributedTensor
 from .torchissue import Crossing, OnMesh, arrive, bits, from_raw, torch_call
@@ -33,7 +33,7 @@ class TorchTensor(DistributedTensor):
     holds_torch = True
     kind = "torch"  # a property on NumPy and CuPy handles
     if TYPE_CHECKING:
-        _spec: Any  # a TorchSpec (mwrt.ops.torchops), always known
+        _spec: Any  # a TorchSpec (mwrt.ops.torchspec), always known
 
     @classmethod
     def __torch_function__(cls, func: Callable, types: Any, args: tuple = (),
@@ -252,7 +252,7 @@ def install_methods(cls: type, call: Callable) -> None:
         name = (resolve_name(func) or "").removeprefix("torch.Tensor.")
         if name and "." not in name and name not in cls.__dict__ and name not in _OWN | _SKIPPED:
             setattr(cls, name, _method(func, call, name))
-    for name in torchops.NEW:  # torch hands them to __torch_function__, but lists them not
+    for name in torchspec.NEW:  # torch hands them to __torch_function__, but lists them not
         if name not in cls.__dict__:
             setattr(cls, name, _method(getattr(torch.Tensor, name), call, name))
     for name in _UNARY:  # listed as neg, positive, abs: else NumPy's, inherited, would run

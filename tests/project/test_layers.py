@@ -58,7 +58,7 @@ ALLOWED = {
 # Python's own underscored API, which any module may use.
 STDLIB_PRIVATE = {"_exit", "_getframe"}
 # torch's, which it names no other way: a tensor's version counter (bumped by in-place ops)
-# and the base a view was made from (ops/torchops.py learns what a call writes and views).
+# and the base a view was made from (ops/torchmeta.py learns what a call writes and views).
 TORCH_PRIVATE = {"_version", "_base"}
 
 
@@ -423,7 +423,7 @@ def test_no_module_reaches_into_another_modules_private_attributes():
             continue
         tree = _tree(path)
         owned = _defined_here(tree) | STDLIB_PRIVATE | (
-            TORCH_PRIVATE if module == "ops.torchops" else set())
+            TORCH_PRIVATE if module == "ops.torchmeta" else set())
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")) or \
                     node.attr.startswith("__") or node.attr in owned:
