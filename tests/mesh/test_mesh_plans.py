@@ -35,19 +35,19 @@ def told(fn):
 
 def test_an_op_without_a_plan_runs_and_warns_once_per_call_site(four):
     m = mwrt.mesh(nodes=[0, 1, 2])  # once: the call site below is told once in a session
-    x, y = data(6, 4, 5), data(6, 5, 3, seed=1)  # stacks: contracted @ batch-sharded
+    x, y = data(6, 4, 5), data(6, 5, 3, seed=1)  # np.kron has no local plan
     X2, Y0 = mwrt.dist_send(x, mesh=m, shard=2), mwrt.dist_send(y, mesh=m, shard=0)
 
     def three_times():
-        return [X2 @ Y0 for _ in range(3)]
+        return [np.kron(X2, Y0) for _ in range(3)]
     results, warned = told(three_times)
     assert len(warned) == 1
     text = str(warned[0].message)
     assert "Shard(2) and Shard(0)" in text and "bytes" in text and "worker to worker" in text
-    assert "redistribute one" in text and "MWRT_STRICT_PLACEMENT=1" in text
+    assert "replicate them first" in text and "MWRT_STRICT_PLACEMENT=1" in text
     assert warned[0].filename == __file__
     for r in results:
-        same(r, x @ y, exact=False)
+        same(r, np.kron(x, y), exact=False)
     _, again = told(three_times)
     assert again == []  # the same call site: told already
 
@@ -55,8 +55,8 @@ def test_an_op_without_a_plan_runs_and_warns_once_per_call_site(four):
 def test_the_strict_setting_raises_instead(m):
     X0, X2 = mwrt.dist_send(data(6, 4), mesh=m, shard=0), mwrt.dist_send(data(6, 4, 5), mesh=m,
                                                                           shard=2)
-    with strict(), pytest.raises(mwrt.PlacementError, match="redistribute one"):
-        X2 @ mwrt.dist_send(data(6, 5, 3), mesh=m, shard=0)
+    with strict(), pytest.raises(mwrt.PlacementError, match="replicate them first"):
+        np.kron(X2, mwrt.dist_send(data(6, 5, 3), mesh=m, shard=0))
     with strict(), pytest.raises(mwrt.PlacementError, match="argsort"):
         np.argsort(X0, axis=0)
 
@@ -197,6 +197,50 @@ def test_matmul_of_stacks_keeps_the_batch_shards(m):
         got, warned = told(lambda: X @ Y)
         assert warned == [] and got.placement == Shard(axis)
         same(got, x @ y, exact=False)
+
+
+def test_matmul_of_stacks_sharded_on_the_contraction_and_a_batch_axis(m):
+    """Shard(2) @ Shard(0) (the left's contracted axis, the right's batch axis) and its kind:
+    the operand that moves fewer bytes is exchanged to pair with the other (an all-to-all,
+    worker to worker): the left to the right's batch shards, or the right to the left's
+    contracted axis (a local product, then a Partial sum), a Partial's all_reduce counted.
+    They ran on replicated copies (a PlacementWarning); a sharded batch axis of length 1
+    (broadcast) left some places with no block of it (a ValueError)."""
+    rng = np.random.default_rng(8)
+    partial = mwrt.Partial("sum")
+    for sa, sx, sb, sy, placed in [((6, 4, 5), 2, (6, 5, 3), 0, Shard(0)),
+                                   ((2, 3, 40), 2, (2, 40, 2), 0, partial),
+                                   ((6, 4, 5), 0, (6, 5, 3), 1, Shard(0)),
+                                   ((2, 6, 4, 5), 3, (6, 5, 3), 0, Shard(1)),
+                                   ((5,), 0, (6, 5, 3), 0, Shard(0)),
+                                   ((6, 4, 5), 2, (5,), 0, partial),
+                                   ((6, 4, 5), 0, (1, 5, 3), 0, Shard(0)),
+                                   ((6, 4, 5), None, (1, 5, 3), 0, Replicate())]:
+        x, y = rng.integers(-4, 5, sa).astype(np.float64), rng.integers(-4, 5, sb)
+        X, Y = mwrt.dist_send(x, mesh=m, shard=sx), mwrt.dist_send(y, mesh=m, shard=sy)
+        got = planned(lambda: X @ Y)
+        assert got.placement == placed
+        same(got, x @ y)
+        same(X, x)
+        same(Y, y)
+
+
+def test_matmul_of_stacks_on_a_2d_mesh_pairs_nested_batch_shards(square):
+    """A batch axis sharded along both dimensions of a 2x2 mesh in one operand, and along
+    one of them in the other, held other blocks of it: the places multiplied blocks that do
+    not match (a ValueError where NumPy runs); now the other is exchanged to the first's."""
+    rng = np.random.default_rng(9)
+    a, b, c = rng.standard_normal((6, 4, 5)), rng.standard_normal((6, 5, 3)), \
+        rng.standard_normal((2, 6, 4, 5))
+    for x, sx, y, sy in [(a, (None, 0), b, (0, None)), (a, (0, 0), b, (None, 0)),
+                         (a, (0, None), b, (0, 0)), (c, (None, 1), b, (0, 0)),
+                         (c, (1, 1), b, (None, 0)), (a, (2, 0), b[:1], (None, 0)),
+                         (a, (0, 2), b, (1, 0))]:
+        X, Y = mwrt.dist_send(x, mesh=square, shard=sx), mwrt.dist_send(y, mesh=square,
+                                                                        shard=sy)
+        same(planned(lambda: X @ Y), x @ y, exact=False)
+        same(planned(lambda: np.matmul(Y.swapaxes(-1, -2), X.swapaxes(-1, -2))),
+             np.matmul(y.swapaxes(-1, -2), x.swapaxes(-1, -2)), exact=False)
 
 
 def test_matmul_with_the_contracted_axis_sharded_on_one_side_is_partial(m):

@@ -1,18 +1,24 @@
 """Placement rules of matmul and dot: Shard(row) @ Replicate -> Shard(row); Replicate @
 Shard(col) -> Shard(col); Shard(contraction) @ Shard(contraction) -> Partial(sum), and so
 with either side replicated (each place cuts it to the other's block of the contraction);
-stacks sharded on a batch axis (both alike, or one with the other replicated and broadcast
-along it) keep it. Operands sharded otherwise (Shard(0) @ Shard(1): A @ A.T of a row-sharded
-A) take the first two rules after the smaller operand is replicated (its all_gather, worker
-to worker): each place then holds its rows (or columns) of the product.
+stacks sharded on a batch axis (both alike, along the same mesh dimensions, or one with the
+other replicated and broadcast along it) keep it. Operands sharded otherwise (Shard(0) @
+Shard(1): A @ A.T of a row-sharded A) take the first two rules after the smaller operand is
+replicated (its all_gather, worker to worker): each place then holds its rows (or columns)
+of the product. Any other pair (Shard(2) @ Shard(0) of stacks: the contracted axis and a
+batch axis) has one operand redistributed to the placements that pair with the other's (an
+all-to-all where it is sharded), whichever moves fewer bytes: a local product then follows.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from ..issue import call
 from .fallback import replicated
+from .moves import redistribute
 from .placement import REPLICATE, Partial, Placement, Shard, local_box
 from .plan import Plan, Slot, no_rule
 
@@ -31,7 +37,31 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
     if type(a) is not Slot or type(b) is not Slot:
         return _one_side(name, operands, args, spec)
     ta, tb = operands[a.k], operands[b.k]
-    na, nb, r = ta.ndim, tb.ndim, len(spec.shape)
+    paired = _pairing(ta, tb, ta._placements, tb._placements, len(spec.shape))
+    if paired is None:
+        moved = _gathering(name, ta, tb, args, kwargs) or _exchanging(name, ta, tb, args, kwargs,
+                                                                     spec)
+        if moved is not None:
+            return moved
+        raise no_rule(name, [ta, tb], "matmul shards rows of the left (Shard(0) @ "
+                      "Replicate), columns of the right (Replicate @ Shard(1)), the "
+                      "contracted axis of either (Shard(1) @ Shard(0), or Replicate) or a "
+                      "batch axis; redistribute one, e.g. t.replicate()")
+    placed, cuts, contracted = paired
+    ka, kb = ta.ndim - 1, tb.ndim - 2 if tb.ndim >= 2 else 0  # the contracted axes
+    views = {(a.k, b.k)[side]: _cut(operands[(a.k, b.k)[side]], own, axis, spec.shape, placed)
+             for side, (own, axis) in cuts.items()}
+    for side in contracted:
+        whole, sharded = ((ta, tb), (tb, ta))[side]
+        views[(a.k, b.k)[side]] = _cut_to(whole, (ka, kb)[side], sharded, (kb, ka)[side])
+    return Plan(placed, views)
+
+
+def _pairing(ta, tb, pas: tuple, pbs: tuple, r: int):
+    """(the result's placements, {side: its batch axis cut to each place's block}, {the side
+    whose contracted axis is cut to the other's blocks}) of ta @ tb placed `pas` and `pbs`,
+    the result of `r` axes; None where a mesh dimension pairs them by no rule."""
+    na, nb = ta.ndim, tb.ndim
     row = na - 2 if na >= 2 else None
     col = nb - 1 if nb >= 2 else None
     row_out = r - 2 if nb >= 2 else r - 1
@@ -39,7 +69,7 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
     cuts: dict = {}  # operand side -> its batch axis cut to each place's block
     ka, kb = na - 1, nb - 2 if nb >= 2 else 0  # the contracted axes
     contracted: set = set()  # the side whose contracted axis is cut to the other's blocks
-    for pa, pb in zip(ta._placements, tb._placements):
+    for pa, pb in zip(pas, pbs):
         if pa == REPLICATE and pb == REPLICATE:
             out.append(REPLICATE)
         elif row is not None and pa == Shard(row) and pb == REPLICATE:
@@ -48,29 +78,34 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
             out.append(Shard(r - 1))
         elif pa == Shard(ka) and pb == Shard(kb):
             out.append(Partial("sum"))
-        elif (side := _contracted(ta, tb, pa, pb, ka, kb)) is not None:
+        elif (side := _contracted(pas, pbs, pa, pb, ka, kb)) is not None:
             contracted.add(side)  # Shard(1) @ Replicate: each place its rows of the right
             out.append(Partial("sum"))
         elif (batch := _batch(ta, tb, pa, pb, r - (na >= 2) - (nb >= 2), cuts)) is not None:
             out.append(Shard(batch))
         else:
-            gathered = _gathering(name, ta, tb, row, col, args, kwargs)
-            if gathered is not None:
-                return gathered
-            raise no_rule(name, [ta, tb], "matmul shards rows of the left (Shard(0) @ "
-                          "Replicate), columns of the right (Replicate @ Shard(1)), or the "
-                          "contracted axis of either (Shard(1) @ Shard(0), or Replicate); "
-                          "redistribute one, e.g. t.replicate()")
-    placed = tuple(out)
+            return None
     if len(contracted) > 1 or contracted & set(cuts):
-        raise no_rule(name, [ta, tb], "matmul cuts one operand to the other's blocks, along "
-                      "one axis; redistribute one, e.g. t.replicate()")
-    views = {(a.k, b.k)[side]: _cut(operands[(a.k, b.k)[side]], own, axis, spec.shape, placed)
-             for side, (own, axis) in cuts.items()}
-    for side in contracted:
-        whole, sharded = ((ta, tb), (tb, ta))[side]
-        views[(a.k, b.k)[side]] = _cut_to(whole, (ka, kb)[side], sharded, (kb, ka)[side])
-    return Plan(placed, views)
+        return None  # one operand is cut to the other's blocks, along one axis
+    if not _nested_alike(ta, tb, pas, pbs, out, r - (na >= 2) - (nb >= 2)):
+        return None
+    return tuple(out), cuts, contracted
+
+
+def _nested_alike(ta, tb, pas, pbs, out: list, batches: int) -> bool:
+    """True if each operand holds each sharded batch axis of the result as the result's
+    blocks: sharded along every mesh dimension that shards it there, or along none (whole
+    at every place: cut, or broadcast)."""
+    for axis in {p.axis for p in out if type(p) is Shard and p.axis < batches}:
+        dims = [d for d, p in enumerate(out) if p == Shard(axis)]
+        for t, placed in ((ta, pas), (tb, pbs)):
+            own = axis - (batches - max(t.ndim - 2, 0))
+            if not 0 <= own < t.ndim - 2:
+                continue  # it has no such axis: broadcast
+            held = [placed[d] == Shard(own) for d in dims]
+            if any(held) and not all(held):
+                return False
+    return True
 
 
 def _scalar_dot(name, operands, args, kwargs) -> Plan | None:
@@ -83,12 +118,14 @@ def _scalar_dot(name, operands, args, kwargs) -> Plan | None:
     return Plan(None, whole=lambda: np.multiply(*values))
 
 
-def _gathering(name, ta, tb, row, col, args, kwargs) -> Plan | None:
+def _gathering(name, ta, tb, args, kwargs) -> Plan | None:
     """The product with one operand replicated first where the other then keeps its rows
     (Shard(row) @ Replicate) or columns (Replicate @ Shard(col)): the smaller one, where
     either would; None where neither would."""
     if len(args) != 2 or kwargs:
         return None
+    row = ta.ndim - 2 if ta.ndim >= 2 else None
+    col = tb.ndim - 1 if tb.ndim >= 2 else None
     rows = all(p == REPLICATE or (row is not None and p == Shard(row)) for p in ta._placements)
     cols = all(p == REPLICATE or (col is not None and p == Shard(col)) for p in tb._placements)
     if not (rows or cols):
@@ -99,12 +136,80 @@ def _gathering(name, ta, tb, row, col, args, kwargs) -> Plan | None:
     return Plan(None, whole=lambda: product(replicated(ta), tb))
 
 
-def _contracted(ta, tb, pa, pb, ka: int, kb: int):
+def _exchanging(name, ta, tb, args, kwargs, spec) -> Plan | None:
+    """Stacks sharded where no rule pairs them (the contracted axis of one, a batch axis of
+    the other: Shard(2) @ Shard(0)): one operand is redistributed to the placements that
+    pair with the other's, worker to worker (an all-to-all where it is sharded already),
+    then the product runs by a rule: the other's batch shards kept, or its contracted axis
+    met (a local product, then a Partial sum, as DTensor's). Of the two, the one that moves
+    fewer bytes, counting a Partial result's all_reduce; None where neither pairs."""
+    if len(args) != 2 or kwargs or (name != "matmul" and max(ta.ndim, tb.ndim) > 2):
+        return None  # dot of stacks has no batch axes
+    r, options = len(spec.shape), []
+    for side, (t, other) in enumerate(((ta, tb), (tb, ta))):
+        partners = [_partner(t, side, other, p, r) for p in other._placements]
+        kept = tuple(q if p == REPLICATE else w  # beside a replicated other: as it is, if
+                     for p, q, w in zip(other._placements, t._placements, partners))
+        for wanted in dict.fromkeys((kept, tuple(partners))):  # that pairs
+            pas, pbs = (wanted, tb._placements) if side == 0 else (ta._placements, wanted)
+            paired = _pairing(ta, tb, pas, pbs, r)
+            if paired is not None:
+                break
+        if paired is None or wanted == t._placements:
+            continue
+        partial = any(type(p) is Partial for p in paired[0])
+        cost = _moving(t, wanted) + (2 * math.prod(spec.shape) * spec.dtype.itemsize
+                                     if partial else 0)
+        options.append((cost, side, wanted))
+    if not options:
+        return None
+    _, side, wanted = min(options)
+    product = np.matmul if name == "matmul" else np.dot
+
+    def whole():
+        if side == 0:
+            return product(redistribute(ta, wanted), tb)
+        return product(ta, redistribute(tb, wanted))
+    return Plan(None, whole=whole)
+
+
+def _partner(t, side: int, other, p, r: int) -> Placement:
+    """The placement of operand `t` (side 0: the left) that pairs with the other's `p` along
+    a mesh dimension with no cut: its contracted axis with the other's, its batch axis
+    with the other's (replicated where it broadcasts along it), else replicated."""
+    if type(p) is not Shard:
+        return REPLICATE
+    kt = (t.ndim - 1) if side == 0 else (t.ndim - 2 if t.ndim >= 2 else 0)
+    ko = (other.ndim - 2 if other.ndim >= 2 else 0) if side == 0 else other.ndim - 1
+    if p.axis == ko:
+        return Shard(kt)
+    batches = r - (t.ndim >= 2) - (other.ndim >= 2)
+    if p.axis >= other.ndim - 2:  # the other's rows or columns: t is needed whole
+        return REPLICATE
+    axis = p.axis + batches - (other.ndim - 2)  # the result's batch axis
+    own = axis - (batches - max(t.ndim - 2, 0))
+    if 0 <= own < t.ndim - 2 and t.shape[own] == other.shape[p.axis]:
+        return Shard(own)
+    return REPLICATE
+
+
+def _moving(t, wanted: tuple) -> int:
+    """About the bytes that redistributing t to `wanted` moves between places: an all_gather
+    along a mesh dimension of n places n - 1 times its size, an all-to-all its size, a
+    cut none."""
+    shape, moved = t._mesh.shape, 0
+    for d, (p, w) in enumerate(zip(t._placements, wanted)):
+        if p != w and type(p) is Shard:
+            moved += t.nbytes * ((shape[d] - 1) if w == REPLICATE else 1)
+    return moved
+
+
+def _contracted(pas, pbs, pa, pb, ka: int, kb: int):
     """The side (0: the left) whose whole contracted axis each place cuts to the other's
     block of it, where the other shards it here and this one is replicated; else None."""
-    if pa == Shard(ka) and pb == REPLICATE and Shard(kb) not in tb._placements:
+    if pa == Shard(ka) and pb == REPLICATE and Shard(kb) not in pbs:
         return 1
-    if pa == REPLICATE and pb == Shard(kb) and Shard(ka) not in ta._placements:
+    if pa == REPLICATE and pb == Shard(kb) and Shard(ka) not in pas:
         return 0
     return None
 
@@ -127,9 +232,13 @@ def _batch(ta, tb, pa, pb, batches: int, cuts: dict):
     if len(axes) != 1:
         return None
     axis = axes.pop()
+    longest = max(t.shape[own] for t in (ta, tb)
+                  if 0 <= (own := axis - (batches - max(t.ndim - 2, 0))) < t.ndim - 2)
     for side, (t, p) in enumerate(((ta, pa), (tb, pb))):
         own = axis - (batches - max(t.ndim - 2, 0))  # its axis of the result's batch axis
         if type(p) is Shard and p.axis == own:
+            if t.shape[own] != longest:  # of length 1, broadcast: some places hold none
+                return None
             continue
         if p != REPLICATE:
             return None
