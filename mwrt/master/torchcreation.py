@@ -17,7 +17,7 @@ from ..ops import torchspec
 from . import context, torchmeshgrad
 from .cluster import current
 from .mesh.device_mesh import current_mesh, wanted
-from .mesh.moves import broadcast_group
+from .mesh.groups import broadcast_group
 from .mesh.placement import ShardArg, local_box, shard_arg
 from .torchissue import sent, torch_call
 from .torchtensor import TorchTensor, ready

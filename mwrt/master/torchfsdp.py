@@ -26,7 +26,7 @@ from typing import Any
 
 from . import torchgrad, torchissue, torchmeshgrad
 from .mesh.device_mesh import Mesh, current_mesh
-from .mesh.moves import all_gather_group, all_reduce_group, reduce_scatter_group
+from .mesh.groups import all_gather_group, all_reduce_group, reduce_scatter_group
 from .mesh.placement import local_box, shard_arg
 from .tensor import DistributedTensor
 from .torchmeshmodule import MeshModule

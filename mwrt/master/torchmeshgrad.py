@@ -28,7 +28,8 @@ import weakref
 from ..ops.torchspec import TorchSpec
 from . import torchgrad, torchissue
 from .handle import Handle
-from .mesh.moves import all_reduce_group, resolve
+from .mesh.groups import all_reduce_group
+from .mesh.moves import resolve
 from .mesh.placement import REPLICATE, Partial, describe
 from .mesh.plan import PlacementError
 

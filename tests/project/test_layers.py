@@ -145,9 +145,9 @@ MASTER_LAYERS = [
     ("places", {"context", "ordering", "streams", "queries", "methods", "mesh.device_mesh",
                 "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
-               "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback", "mesh.twophase",
-               "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting", "mesh.sorting",
-               "mesh.selecting", "mesh.products",
+               "mesh.groups", "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback",
+               "mesh.twophase", "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting",
+               "mesh.sorting", "mesh.selecting", "mesh.products",
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad",
                "torchacross", "torchmeshgrad",
                "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues

@@ -11,7 +11,7 @@ from ...protocol import wire
 from .. import context, issue, ordering, transfer
 from ..tensor import DistributedTensor
 from .device_mesh import Mesh
-from .moves import broadcast_group
+from .groups import broadcast_group
 from .placement import REPLICATE, local_box, shard_arg
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from .. import issue
-from .moves import carry
+from .groups import carry
 
 
 def exchange(mesh, dim: int | tuple, axis: int, held: list, wanted: list,

@@ -23,7 +23,8 @@ from ...ops import Spec
 from .. import issue, ordering
 from . import fallback, runs
 from .fetch import fetch_many
-from .moves import carry, redistribute
+from .groups import carry
+from .moves import redistribute
 from .placement import Shard, local_box
 from .plan import Plan, Slot
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import issue
 from . import regroup, runs
-from .moves import carry
+from .groups import carry
 from .placement import Shard, local_box
 
 STABLE = ("stable", "mergesort")  # the kinds whose ties an argsort plan orders as NumPy
