@@ -4,87 +4,35 @@ The master (this script) holds DistributedTensor handles; the arrays live on wor
 daemons. Every op returns at once; copies to the master are the sync points.
 """
 
-from . import channels
-from .arrays import HOST
-from .collective.reduce_ops import ReduceOp
-from .dashboard import dashboard
-from .errors import (
-    ChannelClosedError,
-    ChannelError,
-    CollectiveMismatchError,
-    MwrtError,
-    QuotaError,
-    RemoteError,
-    WireError,
-    WorkerLostError,
-)
-from .master.checkpoint import SaveHandle, load, save
-from .master.cluster import init_master_worker, is_initialized, replace_node, shutdown
-from .master.collectives import (
-    all_gather,
-    all_reduce,
-    broadcast,
-    gather,
-    reduce,
-    reduce_scatter,
-    scatter,
-)
-from .master.context import Device, current_device, current_node, device, node
-from .master.creation import (
-    TYPED_CONSTRUCTORS,
-    arange,
-    empty,
-    full,
-    manual_seed,
-    ones,
-    rand,
-    randn,
-    remote,
-    zeros,
-)
-from .master.creation import put as dist_send
-from .master.graph import Graph, graph
-from .master.mesh.device_mesh import Mesh, mesh
-from .master.mesh.placement import (
-    Partial,
-    Placement,
-    PlacementError,
-    PlacementWarning,
-    Replicate,
-    Shard,
-)
-from .master.profile import profile
-from .master.queries import (
-    cancel,
-    device_count,
-    devices,
-    memory_stats,
-    num_nodes,
-    status,
-    synchronize,
-)
-from .master.reattach import attached
-from .master.streams import Event, Stream, current_stream, stream
-from .master.tensor import DistributedTensor, ShardedTensor
-from .master.waits import stats
+from __future__ import annotations
 
-# isort: split
-from . import array_api  # over the master's modules above, after them
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
-globals().update(TYPED_CONSTRUCTORS)
+if TYPE_CHECKING:  # what type checkers and editors read; at run time __getattr__ loads it
+    from ._api import *  # noqa: F403
 
 __version__ = "0.1.0"
-__all__ = [
-    "init_master_worker", "shutdown", "is_initialized", "num_nodes", "node", "device",
-    "current_node", "current_device", "DistributedTensor", "dist_send", "empty", "zeros", "ones",
-    "full", "arange", "rand", "randn", "manual_seed", "remote", "synchronize", "cancel",
-    "memory_stats", "stats", "device_count", "ReduceOp", "all_reduce", "broadcast", "reduce",
-    "all_gather", "gather", "scatter", "Stream", "Event", "stream", "current_stream", "profile",
-    "graph", "Graph", "devices", "status", "dashboard", "channels", "array_api", "Device",
-    "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
-    "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
-    "mesh", "Mesh", "ShardedTensor", "Shard", "Replicate", "Partial", "Placement",
-    "PlacementError", "PlacementWarning", "reduce_scatter",
-]
-__all__ += list(TYPED_CONSTRUCTORS)  # float32, int64...: zeros and kin of one dtype
-__all__ += ["save", "load", "SaveHandle", "replace_node", "attached"]  # going on after a failure
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule, or a name of the public API (mwrt/_api.py), loaded on first use: a
+    worker daemon or an SPMD rank imports this package too, and never loads the master side."""
+    if name.startswith("__") and name != "__all__":  # probes: __path__, __wrapped__...
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # `from . import config` too
+    from . import _api
+
+    names = globals()
+    names.update((n, getattr(_api, n)) for n in _api.__all__)
+    names["__all__"] = _api.__all__
+    if name not in names:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return names[name]
+
+
+def __dir__() -> list[str]:
+    """The module's names and the public API's, loaded or not."""
+    return sorted({*globals(), *__getattr__("__all__")})

@@ -17,13 +17,14 @@ from ..errors import ConfigError
 from ..netaddr import is_loopback, join_host_port
 from .history import History
 from .sampler import Sampler
-from .server import Server
 
 
 class Dashboard:
     """A running dashboard: its `url` (with the token), and close()."""
 
     def __init__(self, host: str, port: int, interval: float, timeline: bool):
+        from .server import Server  # http.server (and ssl under it): ~0.1 s of every import
+
         self.token = secrets.token_urlsafe(24)
         self.history = History()
         self.sampler = Sampler(self.history, interval, timeline)

@@ -23,7 +23,6 @@ from types import FrameType
 import zmq
 from msgspec import Raw
 from msgspec.structs import replace
-from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
 from ..errors import (
@@ -36,7 +35,7 @@ from ..errors import (
     WorkerLostError,
 )
 from ..protocol import auth, wire
-from ..protocol.refusals import listening, master_refusal
+from ..protocol.refusals import listening, master_refusal, recv_monitor_message
 from . import waits
 from .limits import Limits
 from .sites import cell_name, restore_places, warn_at_sites

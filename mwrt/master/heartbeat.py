@@ -16,10 +16,10 @@ import weakref
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
 from ..protocol import wire
+from ..protocol.refusals import recv_monitor_message
 from .client import dealer
 
 log = logging.getLogger("mwrt")

@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from ..arrays import HOST, as_dtype
+from ..errors import MwrtError
 from ..ops import Spec, torchspec
 from ..protocol import wire
 from . import context, methods, ordering
@@ -199,6 +200,10 @@ class DistributedTensor(Handle):
     def __array_namespace__(self, *, api_version: str | None = None) -> Any:
         """The Array API namespace of mwrt tensors (mwrt.array_api)."""
         namespace = _ARRAY_API[0]
+        if namespace is None:  # it registers itself when imported, as `mwrt.NAME` does
+            raise MwrtError("__array_namespace__: mwrt.array_api is not loaded (a program "
+                            "that never used the package's names, mwrt.NAME); import "
+                            "mwrt.array_api first")
         if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
             raise ValueError(f"__array_namespace__: unsupported api_version {api_version!r} "
                              f"(expected None or a version up to "

@@ -19,9 +19,10 @@ COMPARISONS = {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal
                "gt": "greater", "ge": "greater_equal"}
 UNARY_OPERATORS = {"neg": "negative", "pos": "positive", "abs": "absolute", "invert": "invert"}
 
-UFUNCS = sorted({name for name in dir(np) if isinstance(getattr(np, name), np.ufunc)}
-                | {getattr(np, name).__name__ for name in dir(np)
-                   if isinstance(getattr(np, name), np.ufunc)})
+# vars(), not dir() + getattr(): NumPy 2 imports a submodule (testing, f2py, ctypeslib...)
+# on its first attribute access, ~90 ms of every process's start; ufuncs are never lazy.
+_NP_UFUNCS = {name: value for name, value in vars(np).items() if isinstance(value, np.ufunc)}
+UFUNCS = sorted(set(_NP_UFUNCS) | {value.__name__ for value in _NP_UFUNCS.values()})
 
 
 def _ufunc_impl(name):

@@ -249,45 +249,34 @@ def connect_curve(socket, keys: KeyFile) -> None:
 
 
 class MasterAdmission:
-    """ZAP callback: admit exactly the masters listed in the worker's key file; log refusals
-    (the only log line of such a refusal: the daemon's monitor leaves these to it)."""
+    """Admit exactly the masters listed in the worker's key file (the ZAP handler asks, see
+    protocol/zap.py); log refusals (the only log line of such a refusal: the daemon's monitor
+    leaves these to it)."""
 
     def __init__(self, keys: KeyFile):
         self.allowed = set(keys.trusted)
         self.refused = 0
-        self.peer = "?"  # address of the connection being judged, set by the authenticator
         self.logged: set[tuple[str, bytes]] = set()
 
-    def callback(self, domain: str, key: bytes) -> bool:
-        import zmq.utils.z85
+    def admit(self, key: bytes, peer: str) -> bool:
+        """Whether the master at address `peer` with CURVE public key `key` may connect."""
+        from zmq.utils import z85
 
-        encoded = zmq.utils.z85.encode(key) if len(key) == 32 else key
+        encoded = z85.encode(key) if len(key) == 32 else key
         if encoded in self.allowed:
             return True
         self.refused += 1
         # A master knocks on two sockets (and retries): one line per peer and key is enough.
-        if (self.peer, encoded) not in self.logged and len(self.logged) < 1024:
-            self.logged.add((self.peer, encoded))
+        if (peer, encoded) not in self.logged and len(self.logged) < 1024:
+            self.logged.add((peer, encoded))
             log.warning("refused a master at %s whose CURVE key is not in the key file "
                         "(key %s...); add its master.key's public key or give it this "
-                        "worker's master.key", self.peer, encoded[:8].decode(errors="replace"))
+                        "worker's master.key", peer, encoded[:8].decode(errors="replace"))
         return False
 
 
 def start_authenticator(context, keys: KeyFile):
     """Start the ZAP handler thread that checks masters' keys for `context`'s sockets."""
-    from zmq.auth.thread import ThreadAuthenticator
+    from .zap import ZapHandler
 
-    admission = MasterAdmission(keys)
-
-    class Authenticator(ThreadAuthenticator):
-        async def handle_zap_message(self, msg):
-            # The ZAP request's 4th frame is the peer's IP: the callback only gets the key.
-            admission.peer = msg[3].decode(errors="replace") if len(msg) > 3 else "?"
-            await super().handle_zap_message(msg)
-
-    authenticator = Authenticator(context, log=logging.getLogger("mwrt.auth"))
-    authenticator.start()
-    authenticator.configure_curve_callback("*", admission)
-    return authenticator
-
+    return ZapHandler(context, MasterAdmission(keys))

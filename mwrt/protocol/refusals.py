@@ -5,14 +5,25 @@ master's error (which side lacks a key, or that the keys differ) and the worker'
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 UNNAMED = "an unnamed peer (gone before its address could be read)"
+
+
+def recv_monitor_message(monitor, flags: int = 0) -> dict[str, Any]:
+    """One event from a socket monitor: {"event", "value", "endpoint"}, as pyzmq's
+    zmq.utils.monitor reads it; that module imports asyncio (~0.1 s of every start)."""
+    frames = monitor.recv_multipart(flags)
+    if len(frames) != 2 or len(frames[0]) != 6:
+        raise RuntimeError(f"socket monitor: malformed event (got {len(frames)} frames, "
+                           "expected 2: a 6-byte event and value, then the endpoint)")
+    event, value = struct.unpack("=hi", frames[0])
+    return {"event": zmq.Event(event), "value": value, "endpoint": frames[1]}
 
 
 def _mismatch(event: int, value: int) -> bool:

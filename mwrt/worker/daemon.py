@@ -19,14 +19,13 @@ import uuid
 from collections import deque
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
 from ..errors import ConfigError, QuotaError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..procs import process_alive
 from ..protocol import auth, wire
-from ..protocol.refusals import RefusalLog
+from ..protocol.refusals import RefusalLog, recv_monitor_message
 from . import fperrors, lifecycle, quotas, report, routes
 from .graphs import GraphDecoder
 from .handlers import quick_call
