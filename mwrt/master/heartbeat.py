@@ -18,6 +18,7 @@ from typing import Any
 import zmq
 
 from .. import config
+from ..netio import Waker
 from ..protocol import wire
 from ..protocol.refusals import recv_monitor_message
 from .client import dealer
@@ -42,6 +43,7 @@ class Heartbeat(threading.Thread):
         self.recorded: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.lock = threading.Lock()
         self._stop_event = threading.Event()
+        self._waker = Waker()  # stop() ends the poll's 50 ms wait: shutdown waits on it
         self._outbox: list = []  # (node index, message), sent by this thread
         sid = cluster.connection_id.encode()
         self.sockets = [dealer(cluster.context, sid + b"/hb", n.address, cluster.keys)
@@ -58,7 +60,10 @@ class Heartbeat(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+        self._waker.wake()
         self.join(timeout=2.0)
+        if not self.is_alive():
+            self._waker.close()
 
     def watch(self, event) -> None:
         """Note a recorded event, so its firing can be seen here."""
@@ -78,6 +83,7 @@ class Heartbeat(threading.Thread):
         for sock, monitor in zip(self.sockets, self.monitors):
             poller.register(sock, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
         next_ping = 0.0
         try:
             while not self._stop_event.is_set():
@@ -86,7 +92,8 @@ class Heartbeat(threading.Thread):
                     self._ping_all(now)
                     next_ping = now + self.interval
                 for sock in dict(poller.poll(50)):
-                    self._on_readable(sock)
+                    if sock != self._waker.fd:
+                        self._on_readable(sock)
                 for node in self.cluster.nodes:
                     node.flush_stale(time.monotonic(), _STRAGGLER_AGE)
                 self._fail_relays_of_lost_nodes()

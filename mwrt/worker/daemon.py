@@ -23,6 +23,7 @@ import zmq
 from .. import config
 from ..errors import ConfigError, QuotaError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
+from ..netio import Waker
 from ..procs import process_alive
 from ..protocol import auth, wire
 from ..protocol.refusals import RefusalLog, recv_monitor_message
@@ -120,6 +121,9 @@ class Daemon:
         self.inline_op_elements = config.get("inline_op_elements")
         self.parent_pid = parent_pid
         self.stopping = False
+        # stop() wakes the loop's poll: a SIGTERM alone only set the flag, which the poll
+        # (retrying after the signal) saw up to 200 ms later, in every stop.
+        self.waker = Waker()
         self.max_functions = max(config.get("session_functions"), 1)
         self.max_world, self.max_joins = config.get("max_world"), config.get("max_joins")
         self.max_sessions = max(config.get("max_sessions"), 1)
@@ -139,6 +143,7 @@ class Daemon:
         poller.register(self.replies, zmq.POLLIN)
         monitor = self.router.get_monitor_socket(RefusalLog.EVENTS)
         poller.register(monitor, zmq.POLLIN)
+        poller.register(self.waker.fd, zmq.POLLIN)
         self.decoder.start()
         next_reap = time.monotonic() + 1.0
         lifecycle.off_thread(lambda: lifecycle.reap_segments(self), "mwrt-shm-reaper")
@@ -170,6 +175,7 @@ class Daemon:
         self.router.disable_monitor()
         monitor.close(linger=0)
         self.close()
+        self.waker.close()
 
     def _spin_paid(self, seconds: float, ready: dict) -> bool:
         """_spin(), unless recent spins found nothing: after a miss the spin is skipped for
@@ -223,7 +229,9 @@ class Daemon:
             self._rejections[2] += 1
 
     def stop(self) -> None:
+        """End serve() at once (from a signal handler or another thread)."""
         self.stopping = True
+        self.waker.wake()
 
     def close(self, grace: float = 2.0) -> None:
         """Close every session and socket; streams get `grace` seconds to finish their op."""
