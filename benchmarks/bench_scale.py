@@ -1,5 +1,9 @@
 """How mwrt's costs grow with the number of nodes, each beside a baseline measured in the same run.
 
+0. A session's start and stop, each in a fresh process: `import mwrt` with its API,
+   `init_master_worker()` (2 local daemons) and its CPU, the daemons' CPU from start to exit,
+   and `shutdown()` (baseline: a bare `python -c "import numpy, zmq"`'s start, CPU, and
+   stop by SIGTERM, in the same rounds).
 1. Master-worker, N local daemons (N = 1, 2, 4, 8, 16, 32), `init_master_worker(
    local_workers=N)`: time to init, split into starting the daemons (baseline: N plain
    `python -c "import numpy, zmq"` started one after another, as init starts daemons), the
@@ -97,6 +101,60 @@ def status_field(pid, name: str) -> int:
 
 def fd_count(pid="self") -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# -- table 0: a session's start and stop, each in a fresh process --------------------------
+
+_SESSION = """
+import json, os, resource, time
+t, c = time.perf_counter(), time.process_time()
+import mwrt
+mwrt.init_master_worker  # the package and its API, loaded on first use
+imported, t, c = time.perf_counter() - t, time.perf_counter(), time.process_time()
+mwrt.init_master_worker()
+init, init_cpu, t = time.perf_counter() - t, time.process_time() - c, time.perf_counter()
+mwrt.shutdown()
+down, kids = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps([imported, init, init_cpu, down, kids.ru_utime + kids.ru_stime]))
+"""
+_BARE = "import numpy, zmq, sys; print(1, flush=True); sys.stdin.read()"
+
+
+def bare_python() -> tuple[float, float, float]:
+    """One plain Python importing numpy and zmq: its start (s), CPU (s) and stop by SIGTERM (s)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", _BARE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    proc.stdout.readline()
+    started, stop = time.perf_counter() - start, time.perf_counter()
+    proc.terminate()
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0  # reaped above
+    return started, usage.ru_utime + usage.ru_stime, time.perf_counter() - stop
+
+
+def start_stop_table(reps: int) -> None:
+    """`import mwrt`, init_master_worker() (2 local daemons) and shutdown() in fresh
+    processes, each beside a bare Python's start, CPU and stop in the same rounds."""
+    runs, bare = [], []
+    for _ in range(reps):
+        bare.append(bare_python())
+        out = subprocess.run([sys.executable, "-c", _SESSION], capture_output=True, text=True,
+                             check=True, timeout=120).stdout
+        runs.append(json.loads(out.splitlines()[-1]))
+    imp, init, init_cpu, down, daemons = (statistics.median(r[i] for r in runs) for i in range(5))
+    start, cpu, stop = (statistics.median(b[i] for b in bare) for i in range(3))
+    cached = "not written (PYTHONDONTWRITEBYTECODE)" if sys.dont_write_bytecode else "cached"
+    print(f"\n## a session's start and stop, fresh processes (medians of {reps}; load "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; bytecode {cached})\n")
+    print("| what | mwrt | baseline, same rounds | ratio |\n|---|---|---|---|")
+    for what, mine, base, name in [
+            ("`import mwrt` and its API s", imp, start, "a bare Python's start (numpy, zmq)"),
+            ("init_master_worker() s, 2 local daemons", init, start, "the same"),
+            ("CPU s per daemon, start to exit", daemons / 2, cpu, "a bare Python's CPU"),
+            ("the master's CPU s in init", init_cpu, cpu, "the same"),
+            ("shutdown() s", down, stop, "a bare Python stopped by SIGTERM")]:
+        print(f"| {what} | {mine:.3f} | {base:.3f} ({name}) | {mine / base:.2f}x |")
 
 
 # -- table 1: master-worker with N local daemons -------------------------------------------
@@ -593,6 +651,7 @@ def main() -> None:
         return
     started = time.monotonic()
     if not args.skip_workers:
+        start_stop_table(3 if args.quick else 10)
         if args.quick:
             mw_table([1, 2, 4], reps=5, ops=2000, window=1.0)
         else:
