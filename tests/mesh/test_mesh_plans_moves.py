@@ -319,15 +319,17 @@ def test_the_scans_and_concatenate_of_the_flattened_tensor(m):
     same(planned(lambda: np.concatenate([X1, X], axis=None)), np.concatenate([x, x], axis=None))
 
 
-def test_setitem_of_a_mesh_value_with_more_axes_than_the_part_it_writes(m):
-    """v[0] = v with v of shape (1, 3): the value's leading length-1 axis goes, as NumPy's.
-    Run on replicated copies, the replicated target refused the mesh value."""
+def test_setitem_of_a_mesh_value_with_more_axes_than_the_part_it_writes(m, square):
+    """v[0] = v with v of shape (1, 3): the value's leading length-1 axis goes, as NumPy's
+    (a reshape of the value, then the setitem's plan); with v sharded it ran on replicated
+    copies (a PlacementWarning). Run so, the replicated target refused the mesh value."""
     x = arange(1, 3)
-    V = mwrt.dist_send(x, mesh=m, shard=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", mwrt.PlacementWarning)
-        V[0] = V
-    same(V, x)
+    for mesh, shard in [(m, 0), (m, 1), (square, (0, 0)), (square, (0, 1))]:
+        V = mwrt.dist_send(x, mesh=mesh, shard=shard)
+        planned(lambda: V.__setitem__(0, V))
+        same(V, x)
+        planned(lambda: V.__setitem__((0, slice(1, None)), V[:, :2] * 2))
+        same(V, np.concatenate([x[:, :1], x[:, :2] * 2], axis=1))
     R = mwrt.dist_send(x, mesh=m)
     planned(lambda: R.__setitem__(0, R * 2))
     same(R, x * 2)

@@ -230,6 +230,13 @@ def setitem(name, operands, args, kwargs, spec, resolve) -> Plan:
         raise no_rule(name, operands, "setting through a sharded tensor takes basic indices "
                       "and a scalar, an array or a mesh tensor; replicate first "
                       "(t.replicate()) or set each shard (t.shards())")
+    extra = operands[1].ndim - sum(isinstance(item, slice) for _, item in entries) \
+        if mesh_value else 0
+    if extra > 0 and all(n == 1 for n in operands[1].shape[:extra]):
+        # V's leading length-1 axes go, as NumPy's: a reshape of V (a copy where it moves
+        # blocks, so t[0] = t reads no block it writes), then this plan
+        squeezed = operands[1].reshape(operands[1].shape[extra:])
+        return Plan(None, whole=lambda: t.__setitem__(args[1], squeezed))
     skip, local_index, cuts = _local_parts(t, entries, sharded)
     if mesh_value:
         parts = setting.values(t, operands[1], entries, cuts, skip, resolve)
