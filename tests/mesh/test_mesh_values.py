@@ -232,3 +232,30 @@ def test_a_reduction_of_a_0d_mesh_tensor_along_axis_minus_one(four):
     T = mwrt.dist_send(np.array(3), mesh=mwrt.mesh(nodes=[0, 1]))
     for name in ("min", "sum", "max"):
         same(getattr(np, name)(T, axis=-1), getattr(np, name)(np.array(3), axis=-1))
+
+
+def test_a_remembered_plan_is_not_reused_for_another_arrays_dtype_or_shape(four):
+    """A mesh op's plan is remembered by its arguments' kinds: a master array's type alone
+    let X * np.array(2, np.int16) reuse X * np.array(4.0)'s float64 handle (its value
+    int64), and X * np.ones((2, 6)) the (6,) shape of X * np.ones(1) (the mesh
+    differential, a random seed: v0 * np.array(2, np.int16))."""
+    mesh = mwrt.mesh(nodes=[0, 1])
+    x = np.arange(6, dtype=np.int64)
+    X = mwrt.dist_send(x, mesh=mesh)
+    for other in (np.array(4.0), np.array(2, np.int16), np.ones(1), np.ones((2, 6)),
+                  np.ones((2, 6), np.float32)):
+        same(X * other, x * other)
+
+
+def test_a_remembered_plan_keeps_a_partial_by_a_finite_scalar_only(four):
+    """P * 2.0 stays Partial (each place scales its part); P * inf is combined first, as
+    the parts' infinities sum to nan where the whole's does not. The plan of the first was
+    reused for the second (a scalar's type alone): [nan, nan], NumPy's [nan, inf]."""
+    mesh = mwrt.mesh(nodes=[0, 1])
+    parts = np.array([[1.0, -2.0], [-1.0, 3.0]])
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for scalar in (2.0, float("inf"), 3.0, -float("inf"), np.float64(2.0),
+                       np.float64(np.inf), 2.0 + 0j, complex(np.inf, 0)):
+            P = mwrt.dist_send(parts, mesh=mesh, shard=0).sum(axis=0)
+            same(P * scalar, parts.sum(axis=0) * scalar)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from msgspec import Raw
 
 from ... import ops
@@ -108,10 +109,25 @@ def _plan_key(name, op, mesh, operands, margs, mkwargs):
     if any(t._spec is None for t in operands):
         return None
     by_type = op.by_type
-    args = tuple([a.k if type(a) is Slot else type(a) if by_type else (type(a), a)
+    args = tuple([a.k if type(a) is Slot else _by_type(a) if by_type else (type(a), a)
                   for a in margs])
     return (name, mesh, *[(t._placements, t._spec) for t in operands], args,
             tuple(sorted(mkwargs.items())) if mkwargs else ())
+
+
+def _by_type(value):
+    """A ufunc's argument as far as its plan and result depend on it: a scalar's type, and
+    whether it is zero or not finite (a Partial operand stays Partial under a multiply by
+    a finite scalar only, rules._stays_partial); an array's dtype and shape (the result's);
+    anything else itself."""
+    kind = type(value)
+    if kind is float or kind is int or kind is complex:
+        return (kind, value == 0, value - value == 0)  # inf - inf and nan - nan are nan
+    if kind is np.ndarray:
+        return (kind, value.dtype, value.shape)
+    if isinstance(value, np.number):
+        return (kind, bool(value == 0), bool(np.isfinite(value)))
+    return (kind, value)
 
 
 def run(name, plan, operands, margs, mkwargs, spec):
