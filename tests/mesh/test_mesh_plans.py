@@ -243,6 +243,29 @@ def test_matmul_of_stacks_on_a_2d_mesh_pairs_nested_batch_shards(square):
              np.matmul(y.swapaxes(-1, -2), x.swapaxes(-1, -2)), exact=False)
 
 
+def test_dot_of_stacks_places_its_result_by_its_own_axes(m, square):
+    """np.dot of stacks contracts the left's last axis with the right's second-to-last and
+    has no batch axes ((6, 4, 5) . (6, 5, 3) is (6, 4, 6, 3)): matmul's rules placed it,
+    which raised where NumPy runs, or gave another value. Now the left's kept axes lead,
+    then the right's, the contracted axes give a Partial sum, and operands sharded both on
+    kept axes have the smaller replicated first."""
+    rng = np.random.default_rng(10)
+    pairs = [((6, 4, 5), (6, 5, 3)), ((4, 5), (6, 5, 3)), ((2, 3, 4, 5), (6, 5, 3)),
+             ((6, 4, 5), (5, 3)), ((5,), (6, 5, 3))]
+    for sa, sb in pairs:
+        x, y = rng.integers(-4, 5, sa), rng.integers(-4, 5, sb).astype(np.float64)
+        for sx in [None, *range(len(sa))]:
+            for sy in [None, *range(len(sb))]:
+                X, Y = mwrt.dist_send(x, mesh=m, shard=sx), mwrt.dist_send(y, mesh=m, shard=sy)
+                same(planned(lambda: np.dot(X, Y)), np.dot(x, y))
+    x, y = rng.integers(-4, 5, (6, 4, 5)), rng.standard_normal((6, 5, 3))
+    for sx, sy in [((0, 1), None), (None, (0, 2)), ((2, 2), (1, 1)), ((0, 2), (1, None)),
+                   ((0, 0), (0, 0)), ((1, None), (None, 2))]:
+        X, Y = mwrt.dist_send(x, mesh=square, shard=sx), mwrt.dist_send(y, mesh=square,
+                                                                        shard=sy)
+        same(planned(lambda: np.dot(X, Y)), np.dot(x, y), exact=False)
+
+
 def test_matmul_with_the_contracted_axis_sharded_on_one_side_is_partial(m):
     """Shard(1) @ Replicate, Replicate @ Shard(0), a sharded vector at either side: each
     place cuts the replicated operand to the other's block of the contracted axis, and the

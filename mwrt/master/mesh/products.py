@@ -8,6 +8,9 @@ replicated (its all_gather, worker to worker): each place then holds its rows (o
 of the product. Any other pair (Shard(2) @ Shard(0) of stacks: the contracted axis and a
 batch axis) has one operand redistributed to the placements that pair with the other's (an
 all-to-all where it is sharded), whichever moves fewer bytes: a local product then follows.
+np.dot of two stacks, whose result has the left's axes but its last and then the right's
+but its second-to-last (no batch axes), keeps a sharded kept axis of one beside the other
+replicated, and otherwise replicates the smaller operand.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ def matmul(name, operands, args, kwargs, spec, resolve) -> Plan:
     if type(a) is not Slot or type(b) is not Slot:
         return _one_side(name, operands, args, spec)
     ta, tb = operands[a.k], operands[b.k]
+    if name == "dot" and min(ta.ndim, tb.ndim) >= 2 and max(ta.ndim, tb.ndim) > 2:
+        return _dot_stacks(ta, tb, a.k, b.k, args, kwargs)
     paired = _pairing(ta, tb, ta._placements, tb._placements, len(spec.shape))
     if paired is None:
         moved = _gathering(name, ta, tb, args, kwargs) or _exchanging(name, ta, tb, args, kwargs,
@@ -108,6 +113,57 @@ def _nested_alike(ta, tb, pas, pbs, out: list, batches: int) -> bool:
     return True
 
 
+def _dot_stacks(ta, tb, ka_slot: int, kb_slot: int, args, kwargs) -> Plan:
+    """np.dot of stacks: the result's axes are the left's but its last, then the right's
+    but its second-to-last (no batch axes). Where the operands' placements pair (_dotted),
+    each place multiplies its blocks; else the smaller operand that pairs once replicated
+    is replicated first (its all_gather, worker to worker)."""
+    found = _dotted(ta, tb, ta._placements, tb._placements)
+    if found is None:
+        whole = (REPLICATE,) * ta._mesh.ndim
+        sides = sorted((t.nbytes, side) for side, t in enumerate((ta, tb)) if _dotted(
+            ta, tb, *((whole, tb._placements) if side == 0 else (ta._placements, whole))))
+        if not sides or len(args) != 2 or kwargs:
+            raise no_rule("dot", [ta, tb], "dot of stacks shards the left's axes but its "
+                          "last, the right's but its second-to-last, or the contracted axis "
+                          "of both; redistribute one, e.g. t.replicate()")
+        side = sides[0][1]
+        return Plan(None, whole=lambda: np.dot(replicated(ta), tb) if side == 0 else
+                    np.dot(ta, replicated(tb)))
+    placed, contracted = found
+    ka, kb = ta.ndim - 1, tb.ndim - 2
+    views = {}
+    for side in contracted:  # its contracted axis cut to the other's blocks of it
+        whole_t, sharded = ((ta, tb), (tb, ta))[side]
+        views[(ka_slot, kb_slot)[side]] = _cut_to(whole_t, (ka, kb)[side], sharded,
+                                                  (kb, ka)[side])
+    return Plan(placed, views)
+
+
+def _dotted(ta, tb, pas: tuple, pbs: tuple):
+    """(the placements of np.dot(ta, tb) placed `pas` and `pbs`, {the side whose contracted
+    axis is cut to the other's blocks}), or None where a mesh dimension pairs them by no
+    rule: a kept axis of one beside the other replicated, or the contracted axes."""
+    ka, kb = ta.ndim - 1, tb.ndim - 2
+    out: list[Placement] = []
+    contracted: set = set()
+    for pa, pb in zip(pas, pbs):
+        if pa == REPLICATE and pb == REPLICATE:
+            out.append(REPLICATE)
+        elif pa == Shard(ka) and pb == Shard(kb):
+            out.append(Partial("sum"))
+        elif (side := _contracted(pas, pbs, pa, pb, ka, kb)) is not None:
+            contracted.add(side)
+            out.append(Partial("sum"))
+        elif type(pa) is Shard and pb == REPLICATE and pa.axis != ka:
+            out.append(pa)  # the left's axes lead the result's
+        elif pa == REPLICATE and type(pb) is Shard and pb.axis != kb:
+            out.append(Shard(ka + pb.axis - (pb.axis > kb)))
+        else:
+            return None
+    return None if len(contracted) > 1 else (tuple(out), contracted)
+
+
 def _scalar_dot(name, operands, args, kwargs) -> Plan | None:
     """np.dot with a 0-d operand, NumPy's multiply: by multiply's plan; else None."""
     if name != "dot" or len(args) != 2 or kwargs:
@@ -143,8 +199,8 @@ def _exchanging(name, ta, tb, args, kwargs, spec) -> Plan | None:
     then the product runs by a rule: the other's batch shards kept, or its contracted axis
     met (a local product, then a Partial sum, as DTensor's). Of the two, the one that moves
     fewer bytes, counting a Partial result's all_reduce; None where neither pairs."""
-    if len(args) != 2 or kwargs or (name != "matmul" and max(ta.ndim, tb.ndim) > 2):
-        return None  # dot of stacks has no batch axes
+    if len(args) != 2 or kwargs:  # (dot of two stacks, whose axes differ: _dot_stacks)
+        return None
     r, options = len(spec.shape), []
     for side, (t, other) in enumerate(((ta, tb), (tb, ta))):
         partners = [_partner(t, side, other, p, r) for p in other._placements]
