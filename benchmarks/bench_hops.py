@@ -10,7 +10,10 @@ message) shows as a new or changed line of the path; the test
 (tests/master/test_round_trips.py) checks both round trips' paths by their notes, untimed.
 
 Beside it, in the same run: a pyzmq DEALER/ROUTER echo between two fresh processes, and
-each side's CPU per round trip (the wrappers add about a microsecond a note).
+each side's CPU per round trip (the wrappers add about a microsecond a note); and, where
+strace can attach, the system calls a round trip costs the worker's socket thread, beside
+the echo server's thread (`syscalls`: the test checks a read's and an op's bound, as each
+ZeroMQ socket the thread asks costs two).
 
     python benchmarks/bench_hops.py [--reps N] [--workers N]
 """
@@ -21,6 +24,8 @@ import collections
 import json
 import os
 import resource
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,9 +41,9 @@ from mwrt.protocol import auth, wire
 
 # Runs the daemon with its hops noted; the notes go to argv[1] when it stops.
 _WORKER = r"""
-import atexit, json, sys, threading, time, zmq
+import atexit, json, sys, threading, time
 from mwrt.protocol import wire
-from mwrt.worker import __main__ as main, daemon, executor
+from mwrt.worker import __main__ as main, daemon, executor, wakes
 NOTES, clock = [], time.perf_counter_ns
 def note(label, fn, when_true=False):
     def wrapped(*args, **kwargs):
@@ -56,8 +61,8 @@ def on_thread(fn):  # which thread runs the command: the socket's, or its stream
         fn(self, command, frames)
         NOTES.append((clock(), f"worker: {type(command).__name__} done"))
     return wrapped
-zmq.Poller.poll = note("worker: wakes from poll", zmq.Poller.poll, when_true=True)
-daemon.Daemon._spin = note("worker: sees it while spinning", daemon.Daemon._spin, True)
+wakes.Wakes.wait = note("worker: wakes from poll", wakes.Wakes.wait, when_true=True)
+wakes.Wakes.spin = note("worker: sees it while spinning", wakes.Wakes.spin, True)
 on_message = daemon.Daemon._on_message
 def read(self, frames):  # the frames a message took, its routing identity aside
     NOTES.append((clock(), f"worker: message read ({frames_text(len(frames) - 1)})"))
@@ -192,6 +197,80 @@ def paths(notes: list, spans: list) -> dict:
 _WAKES = ("worker: wakes from poll", "worker: sees it while spinning")
 
 
+def syscalls(kind: str, reps: int = 300) -> dict | None:
+    """System calls per round trip of `kind` ("read", "sum", or "echo": the pyzmq echo's
+    server) made by the serving thread alone, by name (strace -c on that one thread; the
+    worker's spin off, so each round trip sleeps and wakes once), or None where strace is
+    missing or cannot attach."""
+    if shutil.which("strace") is None:
+        return None
+    saved = os.environ.get("MWRT_WORKER_SPIN_US")
+    os.environ["MWRT_WORKER_SPIN_US"] = "0"
+    echo = None
+    try:
+        if kind == "echo":
+            import bench_ops
+            import zmq
+
+            echo = subprocess.Popen([sys.executable, "-c", bench_ops._ECHO],
+                                    stdout=subprocess.PIPE, text=True)
+            dealer = zmq.Context.instance().socket(zmq.DEALER)
+            dealer.connect(f"tcp://127.0.0.1:{int(echo.stdout.readline())}")
+            pid = echo.pid
+
+            def once():
+                dealer.send(b"x" * 16)
+                dealer.recv()
+        else:
+            mwrt.init_master_worker(local_workers=1)
+            from mwrt.master.cluster import current
+
+            pid = current().local[0].process.pid  # its main thread is the socket thread
+            x = mwrt.ones(1) if kind == "read" else mwrt.ones(4)
+            once = x.numpy if kind == "read" else (lambda: float(x.sum()))
+        return _count_calls(pid, once, reps)
+    finally:
+        if echo is not None:
+            dealer.send(b"stop")
+            echo.wait(10)
+            echo.stdout.close()
+            dealer.close(0)
+        else:
+            mwrt.shutdown()
+        if saved is None:
+            del os.environ["MWRT_WORKER_SPIN_US"]
+        else:
+            os.environ["MWRT_WORKER_SPIN_US"] = saved
+
+
+def _count_calls(pid: int, once, reps: int) -> dict | None:
+    """The system calls of process `pid`'s main thread over `reps` calls of once(), from
+    strace -f: every thread traced, so that each runs as slowly as the others (one thread
+    traced alone falls behind the rest and finds the next request in before it sleeps)."""
+    for _ in range(100):
+        once()
+    with tempfile.NamedTemporaryFile("r", suffix=".strace") as out:
+        tracer = subprocess.Popen(["strace", "-f", "-p", str(pid), "-o", out.name],
+                                  stderr=subprocess.PIPE, text=True)
+        attached = tracer.stderr.readline()  # "strace: Process N attached", or why not
+        if "attached" not in attached:
+            tracer.wait(10)
+            return None
+        time.sleep(0.5)  # its other threads too
+        for _ in range(reps):
+            once()
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(30)
+        tracer.stderr.close()
+        counts: dict = {}
+        for line in out:  # "TID name(args) = result", or "TID <... name resumed>..."
+            tid, _, call = line.partition(" ")
+            if tid == str(pid) and call[:1].isalpha():
+                name = call.split("(", 1)[0]
+                counts[name] = counts.get(name, 0) + 1
+    return {name: count / reps for name, count in counts.items()}
+
+
 def echo_us(reps: int) -> float:
     """p50 of a pyzmq DEALER/ROUTER echo between two fresh processes (bench_ops's)."""
     import bench_ops
@@ -214,6 +293,15 @@ def main() -> None:
         print(f"  {'hop, ending at':58} {'p50 us':>8}")
         for label, us in got["hops"]:
             print(f"  {label:58} {us:8.1f}")
+        calls, echo_calls = syscalls(kind), syscalls("echo")
+        if calls is not None and echo_calls is not None:
+            print(f"  system calls per round trip, the serving thread alone (spins off): worker "
+                  f"{_calls_text(calls)}; echo server {_calls_text(echo_calls)}")
+
+
+def _calls_text(calls: dict) -> str:
+    top = sorted(calls.items(), key=lambda kv: -kv[1])[:3]
+    return f"{sum(calls.values()):.1f} (" + ", ".join(f"{n} {c:.1f}" for n, c in top) + ")"
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from .graphs import GraphDecoder
 from .handlers import quick_call
 from .session import HB, RX, TX, Session
 from .slots import OpSlots
+from .wakes import Wakes
 
 log = logging.getLogger("mwrt.worker")
 
@@ -83,7 +84,6 @@ class Daemon:
         self._more_parked = False  # sessions have parked batches left for the next turn
         self._turns: deque[Session] = deque()  # sessions with commands in their inbox, in turn
         self._read = 0  # commands read in this turn of the loop
-        self._spin_misses = self._spin_skips = 0  # the spin's back-off (_spin_paid)
         self.incarnation = uuid.uuid4().hex
         self.started = time.monotonic()
         self.context = zmq.Context()
@@ -138,31 +138,26 @@ class Daemon:
     def serve(self) -> None:
         """Run until stop() (or SIGTERM/SIGINT in the CLI)."""
         fperrors.note_in_this_thread()  # short ops run here too
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.replies, zmq.POLLIN)
         monitor = self.router.get_monitor_socket(RefusalLog.EVENTS)
-        poller.register(monitor, zmq.POLLIN)
-        poller.register(self.waker.fd, zmq.POLLIN)
+        wakes = Wakes((self.router, self.replies, monitor), config.get("worker_spin_us") * 1e-6,
+                      fds=(self.waker.fd,))  # stop() writes to the waker
         self.decoder.start()
         next_reap = time.monotonic() + 1.0
         lifecycle.off_thread(lambda: lifecycle.reap_segments(self), "mwrt-shm-reaper")
-        spin = config.get("worker_spin_us") * 1e-6
-        ready: dict[zmq.Socket, int] = {}
+        ready: list = []
         while not self.stopping:
             # After a message, a short spin: waking a sleeping thread costs more than the
             # rest of a round trip on a VM, and a sync loop's next request comes within it.
             # Only while no stream runs an op: one would contend with the spin for the GIL.
-            if not (ready and spin and self._streams_idle() and self._spin_paid(spin, ready)):
-                ready = dict(poller.poll(0 if self._more_parked or self._turns else 200))
-            if self.replies in ready:
-                self._drain(self.replies, _recv_frames, self._forward)
-            if self.router in ready:
-                self._read = 0  # commands read: _on_message counts them, _drain stops past a bound
-                self._drain(self.router, wire.recv_routed, self._on_message)
+            ready = wakes.spin() if ready and self._streams_idle() else []
+            if not ready:
+                ready = wakes.wait(0 if self._more_parked or self._turns else 200)
+            wakes.settled.discard(self.router)  # a reply sent from here on may take its signal
+            if self.replies in ready and self._drain(self.replies, _recv_frames, self._forward):
+                wakes.settled.add(self.replies)
             if self._turns:
                 self._take_turns()
-            if monitor in ready:
+            if monitor in ready:  # one event read: asked again before the next sleep
                 self.refusals.note(recv_monitor_message(monitor))
             if self._decoded or self._more_parked:
                 self._resume()
@@ -170,44 +165,16 @@ class Daemon:
                 self._reap()
                 self.refusals.flush()
                 next_reap = time.monotonic() + 1.0
+            if self.router in ready:  # last: a drain that reads it empty leaves it settled
+                self._read = 0  # commands read: _on_message counts them, _drain stops past a bound
+                if self._drain(self.router, wire.recv_routed, self._on_message):
+                    wakes.settled.add(self.router)
         self.refusals.drain(monitor)
         self.refusals.flush()
         self.router.disable_monitor()
         monitor.close(linger=0)
         self.close()
         self.waker.close()
-
-    def _spin_paid(self, seconds: float, ready: dict) -> bool:
-        """_spin(), unless recent spins found nothing: after a miss the spin is skipped for
-        the next 1, 3, 7 ... turns (up to 63), a hit taking one miss back, so a loaded host,
-        a master that reads rarely or many daemons on few cores spend no CPU on spins that
-        do not pay."""
-        if self._spin_skips:
-            self._spin_skips -= 1
-            return False
-        if self._spin(seconds, ready):
-            self._spin_misses = max(self._spin_misses - 1, 0)  # on while hits outnumber misses
-            return True
-        self._spin_misses = min(self._spin_misses + 1, 6)
-        self._spin_skips = (1 << self._spin_misses) - 1
-        return False
-
-    def _spin(self, seconds: float, ready: dict) -> bool:
-        """Poll the router and the reply queue without sleeping, at most `seconds`; fill
-        `ready` as poll() would and say whether anything came."""
-        router, replies, clock = self.router, self.replies, time.perf_counter
-        ready.clear()
-        deadline = clock() + seconds
-        while clock() < deadline:
-            # EVENTS is an int option (getsockopt's bytes are other options').
-            if router.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
-                ready[router] = _POLLIN
-            if replies.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
-                ready[replies] = _POLLIN
-            if ready:
-                return True
-            os.sched_yield()  # lets the GIL and this core go to whoever waits for them
-        return False
 
     def _streams_idle(self) -> bool:
         """True when no stream of any session has an op queued or running."""
@@ -259,8 +226,10 @@ class Daemon:
             return
         self.context.term()
 
-    def _drain(self, sock, read, handle) -> None:
-        # Bounded, so replies and requests take turns. The poll (or the spin) found the first
+    def _drain(self, sock, read, handle) -> bool:
+        """Read and handle `sock`'s messages; True if it was read empty, False if a bound
+        ended the turn with messages left."""
+        # Bounded, so replies and requests take turns. The wait (or the spin) found the first
         # message: it is read at once (NOBLOCK, a wait of none), the next ones after EVENTS
         # says they are there, which costs a system call but avoids a zmq.Again per wake-up.
         # Requests are read as bytes (recv_routed): commands and inline frames are small, and
@@ -268,16 +237,17 @@ class Daemon:
         for _ in range(1000):
             try:
                 frames = read(sock)
-            except zmq.Again:  # (the poll said one was there, and only this thread reads)
-                return
+            except zmq.Again:  # (the wait said one was there, and only this thread reads)
+                return True
             handle(frames)
             # A turn ends after so many commands or so long (a Replay is one command that
             # runs many): the replies, and the other masters' slices, come next.
             if self._read > _READ_COMMANDS:
                 self._read = 0
-                return
+                return False
             if not sock.getsockopt(_EVENTS) & _POLLIN:
-                return
+                return True
+        return False
 
     def _forward(self, frames) -> None:
         if len(frames) == 1:  # not a reply (identity, message): the graph decoder's wake

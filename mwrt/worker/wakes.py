@@ -1,0 +1,94 @@
+"""The socket thread's wait: one poll() of its sockets' descriptors, ZeroMQ asked only as needed.
+
+ZeroMQ's own poll (zmq.Poller) asks every socket for its events before it sleeps and again
+after it wakes, and each ask is two system calls (a read of the socket's command queue, and
+libzmq's check that the process did not fork): for the daemon's three sockets, 13 polls and
+15 getpid a round trip. Here the thread sleeps in one poll() of the sockets' descriptors
+(ZMQ_FD), which become readable when something comes, and asks ZeroMQ (ZMQ_EVENTS) about a
+socket only where its descriptor fired or where a call since the last ask may have taken the
+signal (a send on the router processes its commands too).
+
+A ZMQ_FD is edge-triggered: it fires when the socket's state may have changed, not while it
+holds messages. So a socket is `settled` only when the last call on it was an ask, or a read,
+that found nothing; the others are asked before each sleep. A sleep that ends with nothing
+fired forgets them all, so a socket wrongly thought settled waits one timeout at most.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+import zmq
+
+_EVENTS, _POLLIN, _FD = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.FD)
+_SPIN_MISSES = 6  # a spin that keeps missing is skipped for up to 2**6 - 1 turns
+
+
+class Wakes:
+    """Waits for any of `sockets` to have a message, or for one of `fds` to be readable;
+    spins first where that pays."""
+
+    def __init__(self, sockets, spin_seconds: float, fds=()):
+        self.sockets = tuple(sockets)
+        self.settled: set = set()  # sockets whose last call was an ask or read that found none
+        self._poll = select.poll()
+        self._by_fd: dict = dict.fromkeys(fds)  # plain descriptors (a Waker's) end a sleep only
+        for sock in self.sockets:
+            self._by_fd[sock.getsockopt(_FD)] = sock
+        for fd in self._by_fd:
+            self._poll.register(fd, select.POLLIN)
+        self.spin_seconds = spin_seconds
+        self.spin_misses = self.spin_skips = 0  # the spin's back-off (spin())
+
+    def _ready(self, timeout_ms: int) -> list:
+        """The sockets that hold a message, after waiting up to `timeout_ms` for one (0: not
+        at all). Every socket is looked at (one poll() for all), so none starves another."""
+        settled, ready = self.settled, []
+        for sock in self.sockets:
+            if sock not in settled:
+                if sock.getsockopt(_EVENTS) & _POLLIN:
+                    ready.append(sock)
+                else:
+                    settled.add(sock)
+        fired = self._poll.poll(0 if ready else timeout_ms)
+        if not fired:
+            if not ready and timeout_ms > 0:  # slept through: ask every socket next time
+                settled.clear()
+            return ready
+        for fd, _ in fired:
+            sock = self._by_fd[fd]
+            if sock is None or sock in ready:
+                continue
+            if sock.getsockopt(_EVENTS) & _POLLIN:
+                settled.discard(sock)
+                ready.append(sock)
+            else:
+                settled.add(sock)
+        return ready
+
+    wait = _ready  # (spin() calls _ready: a tracer that wraps wait sees the wakes from a sleep)
+
+    def spin(self) -> list:
+        """wait() without sleeping, again and again for up to spin_seconds: the sockets that
+        hold a message, or [] if none came. After a miss the spin is skipped for the next 1,
+        3, 7 ... calls (up to 63), a hit taking one miss back, so a loaded host, a master
+        that reads rarely or many daemons on few cores spend no CPU on spins that do not pay."""
+        if not self.spin_seconds:
+            return []
+        if self.spin_skips:
+            self.spin_skips -= 1
+            return []
+        clock = time.perf_counter
+        deadline = clock() + self.spin_seconds
+        while True:
+            ready = self._ready(0)
+            if ready:
+                self.spin_misses = max(self.spin_misses - 1, 0)  # on while hits outnumber misses
+                return ready
+            if clock() >= deadline:
+                self.spin_misses = min(self.spin_misses + 1, _SPIN_MISSES)
+                self.spin_skips = (1 << self.spin_misses) - 1
+                return []
+            os.sched_yield()  # lets the GIL and this core go to whoever waits for them
