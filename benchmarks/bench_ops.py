@@ -560,9 +560,10 @@ def round_trip_rows(tries: int = 5, reps: int = 2000, roots: tuple = (_ROOT,)) -
     e50 = statistics.median(e[0] for e in echoes)
     e99 = statistics.median(e[1] for e in echoes)
     rows = []
-    for (root, kind), got in runs.items():
+    for kind, root in ((kind, root) for kind in ROUND_TRIPS for root in roots):
+        got = runs[root, kind]
         p50, p99, r50, r99 = (statistics.median(run[i] for run in got) for i in range(4))
-        where = "" if len(roots) == 1 else f" [{os.path.relpath(root)}]"
+        where = f" [{root}]" if root != _ROOT else ""
         rows.append((f"{kind[0]}{where}: p50", f"{p50:.0f} us", f"DEALER/ROUTER echo {e50:.0f} us",
                      f"{r50:.2f}x", "<= 1.5x, then 1.2x"))
         rows.append(("  p99", f"{p99:.0f} us", f"echo p99 {e99:.0f} us", f"{r99:.2f}x", "<= 2x"))

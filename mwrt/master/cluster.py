@@ -26,10 +26,11 @@ from ..netaddr import advertise_address, join_host_port, resolve, split_host_por
 from ..protocol import auth, wire
 from ..store import TCPStore
 from ..store.daemon_registry import wait_for as wait_for_workers
-from .client import SITES, Node
+from .client import Node
 from .heartbeat import Heartbeat
 from .local import LocalWorker, start_many, stop_all
 from .progress import Progress
+from .sites import SITES
 
 log = logging.getLogger("mwrt")
 

@@ -17,10 +17,12 @@ from ..collective.reduce_ops import ReduceOp, reduce_op
 from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
-from .client import Node, issue_site, uninterrupted
+from .client import Node
 from .cluster import current
 from .handle import Handle
 from .mesh.placement import bounds
+from .sites import issue_site
+from .waits import uninterrupted
 
 Tensors = Sequence[Handle]
 Sends = list[tuple[Node, wire.Collective, tuple | None]]  # (node, its part, the user's line)

@@ -27,9 +27,10 @@ from msgspec import Raw
 from ..errors import MwrtError
 from ..protocol import wire
 from . import ordering
-from .client import issue_site, queue_everywhere, site_text
+from .batches import queue_everywhere
 from .cluster import current
 from .mesh.moves import place
+from .sites import issue_site, site_text
 from .tensor import DistributedTensor
 
 _GRAPH_IDS = itertools.count(1)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..ops import Spec
 from ..protocol import wire
 from . import ordering
-from .client import free_everywhere
+from .batches import free_everywhere
 from .mesh.placement import local_specs
 
 

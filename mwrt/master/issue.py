@@ -24,7 +24,7 @@ from ..arrays import HOST
 from ..ops import UNKNOWN
 from ..protocol import wire
 from . import context, ordering
-from .client import QUIET
+from .batches import QUIET
 from .handle import Handle, check_same_place
 from .mesh.placement import PlacementError
 

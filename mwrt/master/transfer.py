@@ -24,8 +24,9 @@ from ..errors import ChannelError, WorkerLostError
 from ..ops import Spec
 from ..protocol import wire
 from . import context, ordering
-from .client import issue_site, uninterrupted
 from .cluster import current
+from .sites import issue_site
+from .waits import uninterrupted
 
 _TAGS = itertools.count(1)  # the low bits of transfer tags, in the space wire.TRANSFER_TAGS
 

@@ -147,3 +147,27 @@ def stats() -> dict:
 def clock() -> float:
     """The wall clock the workers' timelines use (time.time())."""
     return time.time()
+
+
+def uninterrupted(fn, *args):
+    """Run fn(*args) on a helper thread and wait for it here: a Ctrl-C lands in this wait,
+    while the helper runs to the end, so what fn sends goes out whole (every node's part of
+    a collective, a transfer's receive and its bytes) and no worker waits for the rest."""
+    done, box = threading.Event(), []
+
+    def run():
+        try:
+            box.append((True, fn(*args)))
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    helper = threading.Thread(target=run, name="mwrt-uninterrupted", daemon=True)
+    helper.mwrt_site = caller()  # type: ignore[attr-defined]  # its waits are the caller's
+    helper.start()
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value

@@ -17,8 +17,9 @@ from ... import ops
 from ...ops import UNKNOWN, Spec
 from ...protocol import wire
 from .. import context, issue, ordering
-from ..client import issue_site, pin_site, queue_everywhere, unpin_site
+from ..batches import queue_everywhere
 from ..handle import Handle
+from ..sites import issue_site, pin_site, unpin_site
 from . import fallback, moves, rules
 from .placement import local_specs
 from .plan import PlacementError, Slot, is_partial

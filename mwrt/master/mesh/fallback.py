@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 
 from ... import config
-from ..client import issue_site
+from ..sites import issue_site
 from .moves import redistribute
 from .placement import REPLICATE, PlacementError, PlacementWarning, describe
 
