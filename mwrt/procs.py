@@ -4,6 +4,7 @@ stopping the ones we started."""
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import time
 
@@ -53,10 +54,26 @@ def _running(p) -> bool:
 def _wait(p, timeout: float) -> bool:
     """Wait up to `timeout` seconds for `p` to exit; True if it did."""
     if isinstance(p, subprocess.Popen):
+        deadline = time.monotonic() + timeout
+        _until_exit(p.pid, timeout)
         try:
-            p.wait(timeout)
+            p.wait(max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             return False
         return True
     p.join(timeout)
     return not p.is_alive()
+
+
+def _until_exit(pid: int, timeout: float) -> None:
+    """Return once child `pid` exits, or after `timeout` seconds: woken by its exit (a pidfd,
+    Linux 5.3+), where Popen.wait(timeout) looks with sleeps of up to 50 ms in between (on
+    average ~15 ms late to each daemon's stop)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfds here, or it is reaped already
+        return
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
