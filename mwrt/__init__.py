@@ -14,6 +14,9 @@ if TYPE_CHECKING:  # what type checkers and editors read; at run time __getattr_
     from ._api import *  # noqa: F403
 
 __version__ = "0.1.0"
+# Packages whose use means a master: `mwrt.master.cluster` after a bare `import mwrt` finds
+# the whole API loaded, as it did when this module imported it all.
+_MASTER_SIDE = frozenset({"master", "dashboard", "array_api"})
 
 
 def __getattr__(name: str) -> Any:
@@ -21,7 +24,7 @@ def __getattr__(name: str) -> Any:
     worker daemon or an SPMD rank imports this package too, and never loads the master side."""
     if name.startswith("__") and name != "__all__":  # probes: __path__, __wrapped__...
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    if name not in _MASTER_SIDE and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")  # `from . import config` too
     from . import _api
 

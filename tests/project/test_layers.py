@@ -25,6 +25,8 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import subprocess
+import sys
 
 import mwrt
 
@@ -150,6 +152,26 @@ def test_a_worker_daemon_never_loads_the_master_side():
     finally:
         mwrt.shutdown()
     assert loaded == "-", f"a worker daemon loaded: {loaded}"
+
+
+def test_the_package_root_loads_its_names_on_first_use():
+    """`import mwrt` loads no master module; the first `mwrt.NAME`, `mwrt.master` or `from
+    mwrt import *` loads the whole API; `dir(mwrt)` and `mwrt.__all__` name it all."""
+    script = (
+        "import sys, mwrt\n"
+        "assert not [m for m in sys.modules if m.startswith(('mwrt.master', 'mwrt._api'))]\n"
+        "assert {'zeros', 'FloatTensor', 'init_master_worker'} <= set(dir(mwrt))\n"
+        "assert callable(mwrt.master.cluster.current)\n"  # a master package: the API loads
+        "ns = {}\n"
+        "exec('from mwrt import *', ns)\n"
+        "assert set(mwrt.__all__) <= set(ns) and 'FloatTensor' in mwrt.__all__\n"
+        "print('ok')\n")
+    root = os.path.dirname(ROOT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get(
+        "PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def _ship_by_value(fn):
