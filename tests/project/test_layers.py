@@ -156,7 +156,8 @@ def test_a_worker_daemon_never_loads_the_master_side():
 
 def test_the_package_root_loads_its_names_on_first_use():
     """`import mwrt` loads no master module; the first `mwrt.NAME`, `mwrt.master` or `from
-    mwrt import *` loads the whole API; `dir(mwrt)` and `mwrt.__all__` name it all."""
+    mwrt import *` loads the whole API; `dir(mwrt)` and `mwrt.__all__` name it all; and the
+    whole API loads none of the modules a start need not pay for (numpy.testing...)."""
     script = (
         "import sys, mwrt\n"
         "assert not [m for m in sys.modules if m.startswith(('mwrt.master', 'mwrt._api'))]\n"
@@ -165,6 +166,9 @@ def test_the_package_root_loads_its_names_on_first_use():
         "ns = {}\n"
         "exec('from mwrt import *', ns)\n"
         "assert set(mwrt.__all__) <= set(ns) and 'FloatTensor' in mwrt.__all__\n"
+        "needless = ('numpy.testing', 'numpy.f2py', 'asyncio', 'http.server',\n"
+        "            'importlib.metadata')\n"
+        "assert not [m for m in needless if m in sys.modules], sorted(sys.modules)\n"
         "print('ok')\n")
     root = os.path.dirname(ROOT)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get(
