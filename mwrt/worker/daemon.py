@@ -140,7 +140,8 @@ class Daemon:
         fperrors.note_in_this_thread()  # short ops run here too
         monitor = self.router.get_monitor_socket(RefusalLog.EVENTS)
         wakes = Wakes((self.router, self.replies, monitor), config.get("worker_spin_us") * 1e-6,
-                      fds=(self.waker.fd,))  # stop() writes to the waker
+                      fds=(self.waker.fd,),  # stop() writes to the waker
+                      unasked=(self.router, self.replies))  # _drain reads them NOBLOCK
         self.decoder.start()
         next_reap = time.monotonic() + 1.0
         lifecycle.off_thread(lambda: lifecycle.reap_segments(self), "mwrt-shm-reaper")
@@ -237,7 +238,7 @@ class Daemon:
         for _ in range(1000):
             try:
                 frames = read(sock)
-            except zmq.Again:  # (the wait said one was there, and only this thread reads)
+            except zmq.Again:  # read empty (the wait saw the descriptor fire, or another call)
                 return True
             handle(frames)
             # A turn ends after so many commands or so long (a Replay is one command that

@@ -30,8 +30,11 @@ class Wakes:
     """Waits for any of `sockets` to have a message, or for one of `fds` to be readable;
     spins first where that pays."""
 
-    def __init__(self, sockets, spin_seconds: float, fds=()):
+    def __init__(self, sockets, spin_seconds: float, fds=(), unasked=()):
         self.sockets = tuple(sockets)
+        # Sockets the caller reads without a wait (NOBLOCK), taking zmq.Again as read empty:
+        # where their descriptor fires, the read asks ZeroMQ itself, so no ask comes first.
+        self.unasked = frozenset(unasked)
         self.settled: set = set()  # sockets whose last call was an ask or read that found none
         self._poll = select.poll()
         self._by_fd: dict = dict.fromkeys(fds)  # plain descriptors (a Waker's) end a sleep only
@@ -43,8 +46,9 @@ class Wakes:
         self.spin_misses = self.spin_skips = 0  # the spin's back-off (spin())
 
     def _ready(self, timeout_ms: int) -> list:
-        """The sockets that hold a message, after waiting up to `timeout_ms` for one (0: not
-        at all). Every socket is looked at (one poll() for all), so none starves another."""
+        """The sockets that hold a message (or may: those `unasked`), after waiting up to
+        `timeout_ms` for one (0: not at all). Every socket is looked at (one poll() for all),
+        so none starves another."""
         settled, ready = self.settled, []
         for sock in self.sockets:
             if sock not in settled:
@@ -61,7 +65,7 @@ class Wakes:
             sock = self._by_fd[fd]
             if sock is None or sock in ready:
                 continue
-            if sock.getsockopt(_EVENTS) & _POLLIN:
+            if sock in self.unasked or sock.getsockopt(_EVENTS) & _POLLIN:
                 settled.discard(sock)
                 ready.append(sock)
             else:
