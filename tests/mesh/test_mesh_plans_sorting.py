@@ -75,6 +75,17 @@ def test_median_along_the_sharded_axis_takes_the_middle_of_the_sorted_axis(m, dt
     same(planned(lambda: X1.median(axis=1)), np.median(x, axis=1))
 
 
+def test_median_of_a_tensor_sharded_on_two_axes_flattens_it_first(square):
+    """np.median with no axis of a tensor whose blocks are not runs of its C order (two axes
+    sharded, or one by both mesh dimensions out of order): the reshape's plan moves them
+    first (an all-to-all), then the sort's; it ran on replicated copies (a warning)."""
+    x = ties((4, 3, 2), np.float64)
+    for shard in [(1, 2), (0, 1), (2, 0), (1, 1), (None, 2)]:
+        X = mwrt.dist_send(x, mesh=square, shard=shard)
+        for kwargs in ({}, {"keepdims": True}, {"axis": (0, 1, 2)}):
+            same(planned(lambda: np.median(X, **kwargs)), np.median(x, **kwargs))
+
+
 @pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.float32, np.complex128])
 def test_median_over_an_empty_sharded_axis_is_numpys_nan_at_every_place(m, square, dtype):
     """No middle to take: each place's block holds all of the empty axis, so its own median

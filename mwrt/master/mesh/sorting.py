@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from .. import issue
-from . import regroup, runs
+from . import runs
 from .groups import carry
 from .placement import Shard, local_box
 
@@ -101,7 +101,7 @@ def median_plan(t, args: tuple, kwargs: dict, axes: tuple):
             t.shape[a] for a in axes):
         return None
     keepdims = bool(kwargs.get("keepdims", False))
-    if len(axes) == t.ndim > 1 and regroup.flattens(t):  # of the flattened tensor
+    if len(axes) == t.ndim > 1:  # of the flattened tensor (a reshape that may move blocks)
         return lambda: _median(t.reshape(-1), 0, False).reshape(
             (1,) * t.ndim if keepdims else ())
     if len(axes) != 1:
