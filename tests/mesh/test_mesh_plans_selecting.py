@@ -113,6 +113,40 @@ def test_setting_through_a_mask_at_each_place(mesh):
         same(X, want)
 
 
+def test_setting_an_empty_tensor_through_a_mask_sets_nothing(mesh):
+    """t[t > 0] = V of an empty t, V a mesh tensor or array of none or one element: no place
+    has an element to set; it ran on replicated copies (the mesh differential, seed 6:
+    v3[v3 > 0] = v2 of two empty (0,) tensors)."""
+    for shape, shard in [((0,), 0), ((0,), None), ((0, 3), 0), ((2, 0), 1)]:
+        x = np.zeros(shape, np.complex128)
+        for value in (mwrt.dist_send(np.zeros(0), mesh=mesh, shard=0),
+                      mwrt.dist_send(np.ones(1), mesh=mesh), np.zeros(0), np.ones(1), 2.5):
+            X = mwrt.dist_send(x, mesh=mesh, shard=shard)
+            no_fallback(lambda: X.__setitem__(np.absolute(X) > 0, value))
+            same(X, x)
+
+
+def test_real_and_imag_keep_the_placement_and_view_their_base(mesh):
+    """X.real and X.imag run at every place on its block, as elementwise ops, and view X: a
+    write through X.real shows in X. A sharded X had no rule for them (PlacementError in
+    strict mode, else a copy on replicated operands, which a write did not reach)."""
+    x = (np.arange(12.0).reshape(4, 3) - 5) * (1 + 2j)
+    for shard in [None, *shards(mesh, 0, 1)]:
+        X, want = mwrt.dist_send(x, mesh=mesh, shard=shard), x.copy()
+        for name in ("real", "imag"):
+            got = no_fallback(lambda: getattr(X, name))
+            assert got.placements == X.placements
+            same(got, getattr(x, name))
+            same(no_fallback(lambda: getattr(np, name)(X)), getattr(np, name)(x))
+        R = no_fallback(lambda: X.real)
+        no_fallback(lambda: R.__setitem__(slice(1, None), 7.0))
+        want.real[1:] = 7.0
+        same(X, want)
+    y = np.arange(5.0)
+    Y = mwrt.dist_send(y, mesh=mesh, shard=0)
+    same(no_fallback(lambda: Y.imag), y.imag)
+
+
 def test_argmin_and_argmax_of_the_whole_on_a_2d_mesh(square):
     """Each element's position in C order is a sum of its axes' aranges: no block moves."""
     x = np.array([[3, 9, 1], [9, 0, 9], [2, 2, 9], [1, 1, 1]], np.int32)

@@ -3,9 +3,9 @@ computes. A rule sees the operands (ShardedTensors), the op's arguments with the
 marked, and the result's global Spec; it returns a Plan, or raises PlacementError naming the
 placements and the redistribute() call that fixes them. No rule ever gathers data silently.
 
-- elementwise (ufuncs, where, clip, astype, in-place forms): operands sharded on one result
-  axis per mesh dimension (one sharded otherwise exchanged to the first's blocks, an
-  all-to-all); a replicated operand joins, sliced to each place's block; a
+- elementwise (ufuncs, where, clip, astype, real, imag, in-place forms): operands sharded on
+  one result axis per mesh dimension (one sharded otherwise exchanged to the first's blocks,
+  an all-to-all); a replicated operand joins, sliced to each place's block; a
   Partial(sum) operand stays Partial under a scalar multiply/divide or a sum with its like;
   one that joins a sharded result is reduce_scattered to its blocks, others all_reduced.
 - reductions: over unsharded axes keep the shards; over a sharded axis give Partial(sum, max,
@@ -46,7 +46,8 @@ from .plan import (
 )
 
 _SCALAR_UFUNCS = {n for n in UFUNCS if getattr(np, n).signature is None}  # not matmul, vecdot
-ELEMENTWISE = _SCALAR_UFUNCS | {"where", "clip", "round", "astype", "copy", "ascontiguousarray"}
+ELEMENTWISE = _SCALAR_UFUNCS | {"where", "clip", "round", "astype", "copy", "ascontiguousarray",
+                                "real", "imag"}
 IN_PLACE = {f"{n}_" for n in _SCALAR_UFUNCS} | {"copy_", "fill_"}
 _LINEAR_SCALAR = {"multiply", "true_divide", "negative", "positive", "multiply_",
                   "true_divide_"}

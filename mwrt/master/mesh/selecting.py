@@ -12,7 +12,8 @@ mesh bool mask of the tensor's shape, read (getitem) or written (setitem with a 
   round trip: the result's length depends on the data), and the runs move to the result's
   blocks (runs.py). A tensor sharded on another axis is sharded on axis 0 first (each
   place receives its new block: redistribute's all-to-all), and so is the mask.
-- t[mask] = scalar: each place sets its block where its part of the mask holds.
+- t[mask] = scalar: each place sets its block where its part of the mask holds; of an
+  empty t, with a value of at most one element (NumPy's check), nothing.
 """
 
 from __future__ import annotations
@@ -152,6 +153,10 @@ def setitem_plan(t, operands: list, args: tuple, resolve) -> Plan | None:
         return None
     index, value = args[1], args[2]
     one = operands[value.k] if type(value) is Slot else None  # a mesh tensor of one element
+    if type(index) is Slot and t.size == 0 and operands[index.k].shape == t.shape and \
+            operands[index.k].dtype == np.bool_ and (one.size if one is not None else
+                                                     np.size(value)) <= 1:
+        return Plan(None, skip=frozenset(range(t._mesh.size)))  # no element to set
     if type(index) is not Slot or isinstance(value, (list, tuple)) or (
             isinstance(value, np.ndarray) and value.size != 1) or (
             one is not None and (one.ndim > 1 or one.size != 1 or one is t)):
