@@ -126,6 +126,28 @@ def test_setting_an_empty_tensor_through_a_mask_sets_nothing(mesh):
             same(X, x)
 
 
+def test_setting_an_array_through_a_mask_where_each_block_is_a_run(mesh):
+    """t[t > 0] = values (a master array): where each place's block is one run of t's C
+    order (sharded on axis 0, or on a later axis with those before it of length 1), the
+    places' counts come to the master and each place sets its block from its run of the
+    values; it ran on replicated copies (the mesh differential, seed 4: v1[v1 > 0] =
+    np.arange(2.0) of a (3, 1) v1 sharded on axis 1 of a 1x3 mesh)."""
+    for x, shard in [(np.arange(-6.0, 6.0).reshape(4, 3), 0), (np.arange(-3, 4), 0),
+                     (np.array([[19.25], [1.25], [-18.25]]), 1), (np.arange(-2, 4)[None], 1),
+                     (np.arange(-12.0, 12.0).reshape(4, 3, 2), 0), (np.zeros((5, 2)), 0)]:
+        for placed in [shard, None] + ([(shard, shard), (shard, None), (None, shard)]
+                                       if mesh.ndim == 2 else []):
+            X, want = mwrt.dist_send(x, mesh=mesh, shard=placed), x.copy()
+            values = np.arange(10.0, 10.0 + np.count_nonzero(x > 0))
+            with strict():
+                X[X > 0] = values
+            want[want > 0] = values
+            same(X, want)
+    X = mwrt.dist_send(np.arange(-3.0, 4.0), mesh=mesh, shard=0)
+    with strict(), pytest.raises(ValueError, match="cannot assign 2 input values to the 3"):
+        X[X > 0] = np.arange(2.0)
+
+
 def test_real_and_imag_keep_the_placement_and_view_their_base(mesh):
     """X.real and X.imag run at every place on its block, as elementwise ops, and view X: a
     write through X.real shows in X. A sharded X had no rule for them (PlacementError in

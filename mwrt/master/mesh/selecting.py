@@ -13,7 +13,10 @@ mesh bool mask of the tensor's shape, read (getitem) or written (setitem with a 
   blocks (runs.py). A tensor sharded on another axis is sharded on axis 0 first (each
   place receives its new block: redistribute's all-to-all), and so is the mask.
 - t[mask] = scalar: each place sets its block where its part of the mask holds; of an
-  empty t, with a value of at most one element (NumPy's check), nothing.
+  empty t, with a value of at most one element (NumPy's check), nothing. t[mask] = an
+  array, where each place's block is one run of t's C order (sharded on axis 0, or on a
+  later axis with those before it of length 1): the counts come to the master, and each
+  place sets its block from its run of the array.
 """
 
 from __future__ import annotations
@@ -157,6 +160,14 @@ def setitem_plan(t, operands: list, args: tuple, resolve) -> Plan | None:
             operands[index.k].dtype == np.bool_ and (one.size if one is not None else
                                                      np.size(value)) <= 1:
         return Plan(None, skip=frozenset(range(t._mesh.size)))  # no element to set
+    if type(index) is Slot and type(value) is np.ndarray and value.ndim == 1 and \
+            value.size != 1 and operands[index.k].dtype == np.bool_ and \
+            operands[index.k].shape == t.shape and not ordering.capture and all(
+                _runs_in_order(box, t.shape) for box in _boxes(t)):
+        mask = operands[index.k]
+        for x in (t, mask):
+            resolve(x)
+        return Plan(None, whole=lambda: _set_runs(t, mask, value))
     if type(index) is not Slot or isinstance(value, (list, tuple)) or (
             isinstance(value, np.ndarray) and value.size != 1) or (
             one is not None and (one.ndim > 1 or one.size != 1 or one is t)):
@@ -172,6 +183,44 @@ def setitem_plan(t, operands: list, args: tuple, resolve) -> Plan | None:
     if one is not None:  # every place sets it: whole at every place
         views[value.k] = fallback.replicated(one)._locals
     return Plan(None, views=views)
+
+
+def _boxes(t) -> list:
+    mesh = t._mesh
+    return [local_box(t.shape, t._placements, mesh.shape, c) for c in mesh.coords]
+
+
+def _runs_in_order(box, shape) -> bool:
+    """True if a block is one run of its tensor's C order: the axes before the last it cuts
+    hold one index each (an empty block: none)."""
+    if any(hi == lo for lo, hi in box):
+        return True
+    cut = [a for a, (lo, hi) in enumerate(box) if (lo, hi) != (0, shape[a])]
+    return not cut or all(hi - lo == 1 for lo, hi in box[:cut[-1]])
+
+
+def _set_runs(t, mask, values: np.ndarray) -> None:
+    """t[mask] = values, each block a run of t's C order: the places' counts come to the
+    master (one round trip, as a mask's read), and each place sets its block from its run
+    of `values`, sent inline with the op."""
+    if mask._placements != t._placements:
+        mask = redistribute(mask, t._placements)
+    boxes = _boxes(t)
+    first: dict = {}  # each distinct block -> the first place that holds it
+    for i, box in enumerate(boxes):
+        first.setdefault(box, i)
+    strides = np.cumprod((1,) + t.shape[:0:-1])[::-1]
+    ordered = sorted(first, key=lambda box: sum(lo * s for (lo, _), s in zip(box, strides)))
+    counts = [int(n) for n in fetch_many([issue.call("count_nonzero", mask._locals[first[box]])
+                                          for box in ordered])]
+    if sum(counts) != len(values):
+        raise ValueError(f"NumPy boolean array indexing assignment cannot assign "
+                         f"{len(values)} input values to the {sum(counts)} output values "
+                         "where the mask is true")
+    starts = dict(zip(ordered, np.cumsum([0] + counts[:-1]).tolist()))
+    ends = {box: starts[box] + n for box, n in zip(ordered, counts)}
+    for i, box in enumerate(boxes):
+        issue.call("setitem", t._locals[i], mask._locals[i], values[starts[box]:ends[box]])
 
 
 __all__ = ["getitem_plan", "setitem_plan", "take_rows"]
