@@ -265,6 +265,7 @@ def _count_calls(pid: int, once, reps: int) -> dict | None:
         counts: dict = {}
         for line in out:  # "TID name(args) = result", or "TID <... name resumed>..."
             tid, _, call = line.partition(" ")
+            call = call.lstrip()  # (strace pads the TID to the width of the longest)
             if tid == str(pid) and call[:1].isalpha():
                 name = call.split("(", 1)[0]
                 counts[name] = counts.get(name, 0) + 1

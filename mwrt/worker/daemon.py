@@ -153,9 +153,9 @@ class Daemon:
             ready = wakes.spin() if ready and self._streams_idle() else []
             if not ready:
                 ready = wakes.wait(0 if self._more_parked or self._turns else 200)
-            wakes.settled.discard(self.router)  # a reply sent from here on may take its signal
+            wakes.unsettled.add(self.router)  # a reply sent from here on may take its signal
             if self.replies in ready and self._drain(self.replies, _recv_frames, self._forward):
-                wakes.settled.add(self.replies)
+                wakes.unsettled.discard(self.replies)
             if self._turns:
                 self._take_turns()
             if monitor in ready:  # one event read: asked again before the next sleep
@@ -169,7 +169,7 @@ class Daemon:
             if self.router in ready:  # last: a drain that reads it empty leaves it settled
                 self._read = 0  # commands read: _on_message counts them, _drain stops past a bound
                 if self._drain(self.router, wire.recv_routed, self._on_message):
-                    wakes.settled.add(self.router)
+                    wakes.unsettled.discard(self.router)
         self.refusals.drain(monitor)
         self.refusals.flush()
         self.router.disable_monitor()

@@ -9,9 +9,10 @@ socket only where its descriptor fired or where a call since the last ask may ha
 signal (a send on the router processes its commands too).
 
 A ZMQ_FD is edge-triggered: it fires when the socket's state may have changed, not while it
-holds messages. So a socket is `settled` only when the last call on it was an ask, or a read,
-that found nothing; the others are asked before each sleep. A sleep that ends with nothing
-fired forgets them all, so a socket wrongly thought settled waits one timeout at most.
+holds messages. So a socket is settled only when the last call on it was an ask, or a read,
+that found nothing; the others (`unsettled`) are asked before each sleep. A sleep that ends
+with nothing fired asks them all again, so a socket wrongly thought settled waits one timeout
+at most.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ class Wakes:
         # Sockets the caller reads without a wait (NOBLOCK), taking zmq.Again as read empty:
         # where their descriptor fires, the read asks ZeroMQ itself, so no ask comes first.
         self.unasked = frozenset(unasked)
-        self.settled: set = set()  # sockets whose last call was an ask or read that found none
+        # Sockets to ask before a sleep: any but those whose last call was an ask or a read
+        # that found nothing (the caller takes a socket off once it has read it empty).
+        self.unsettled = set(self.sockets)
         self._poll = select.poll()
         self._by_fd: dict = dict.fromkeys(fds)  # plain descriptors (a Waker's) end a sleep only
         for sock in self.sockets:
@@ -49,27 +52,26 @@ class Wakes:
         """The sockets that hold a message (or may: those `unasked`), after waiting up to
         `timeout_ms` for one (0: not at all). Every socket is looked at (one poll() for all),
         so none starves another."""
-        settled, ready = self.settled, []
-        for sock in self.sockets:
-            if sock not in settled:
-                if sock.getsockopt(_EVENTS) & _POLLIN:
-                    ready.append(sock)
-                else:
-                    settled.add(sock)
+        unsettled, ready = self.unsettled, []
+        if unsettled:
+            for sock in self.sockets:
+                if sock in unsettled:
+                    if sock.getsockopt(_EVENTS) & _POLLIN:
+                        ready.append(sock)
+                    else:
+                        unsettled.discard(sock)
         fired = self._poll.poll(0 if ready else timeout_ms)
         if not fired:
             if not ready and timeout_ms > 0:  # slept through: ask every socket next time
-                settled.clear()
+                unsettled.update(self.sockets)
             return ready
         for fd, _ in fired:
             sock = self._by_fd[fd]
             if sock is None or sock in ready:
                 continue
             if sock in self.unasked or sock.getsockopt(_EVENTS) & _POLLIN:
-                settled.discard(sock)
+                unsettled.add(sock)
                 ready.append(sock)
-            else:
-                settled.add(sock)
         return ready
 
     wait = _ready  # (spin() calls _ready: a tracer that wraps wait sees the wakes from a sleep)
