@@ -124,9 +124,10 @@ def test_a_held_op_that_nothing_follows_is_sent_by_the_heartbeat(cluster):
     before = node.seq
     y = x * 3
     deadline = time.monotonic() + 10
-    while node.seq == before and time.monotonic() < deadline:
+    while node.batch and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert node.seq == before + 1 and not node.batch
+    # > not ==: under load a heartbeat may send the sum's Free in a batch of its own first
+    assert not node.batch and node.seq > before
     np.testing.assert_array_equal(y.numpy(), [3.0, 6.0])
 
 
