@@ -245,10 +245,12 @@ def _mpi_rank(sizes, quick, with_mwrt):
 
 
 def run_spawned(target, args, n, timeout=240) -> dict | None:
-    """Run target(rank, *args, queue) in n processes with env:// set; per-size rank times."""
+    """Run target(rank, *args, queue) in n processes with env:// set; per-size rank times.
+    Forked: this process has imported numpy, mwrt and torch but started no thread, and each
+    spawned rank spent more time importing them again than the quick run measures."""
     from mwrt.distributed.spawn import free_port, rank_env
 
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = free_port()
     procs = []

@@ -12,7 +12,9 @@ warm-up steps; the ratio is mwrt's over DDP's (the goal: captured at least DDP's
 A second table trains the same model sharded: mwrt.torch.fully_shard on 2 or more workers
 (each parameter Shard(0), gathered for the forward and the backward, freed after each, the
 gradients reduce_scattered), beside torch's FSDP2 (fully_shard of each Linear, then of the
-model) on gloo with as many processes, in the same run.
+model) on gloo with as many processes, in the same run. Both tables of one mesh size train on
+the same workers, and DDP and FSDP2 in the same ranks, one after the other: the processes
+start once per size.
 
     python benchmarks/bench_torch_mesh.py [--quick] [--steps N] [--workers 1,2,4]
 """
@@ -43,27 +45,31 @@ def make_batch() -> tuple:
     return X, (X @ torch.randn(20, 4, generator=g)).argmax(1)
 
 
-def mesh_rates(workers: int, steps: int, place=mwrt.torch.module) -> tuple[float, float]:
-    """(eager, captured) steps/s on a mesh of `workers` local workers, the model placed by
-    `place` (replicated, or fully_shard)."""
+def mesh_rates(workers: int, steps: int, places: tuple) -> list[tuple[float, float]]:
+    """(eager, captured) steps/s on a mesh of `workers` local workers for each way of placing
+    the model in `places` (replicated, fully_shard), one after another on the same workers
+    (their start-up is no part of a rate)."""
     mwrt.init_master_worker(local_workers=workers, timeout=60)
     try:
-        m = mwrt.mesh()
-        model = place(make_model(), mesh=m)
-        opt = mwrt.torch.optim.AdamW(model.parameters(), lr=3e-3)
-        X, y = (mwrt.dist_send(t, mesh=m, shard=0) for t in make_batch())
-
-        def step():
-            opt.zero_grad()
-            F.cross_entropy(model(X), y).backward()
-            opt.step()
-        eager = _rate(step, steps)
-        with mwrt.graph() as graph:
-            step()
-        captured = _rate(graph.replay, steps)
+        return [_placed_rates(place, steps) for place in places]
     finally:
         mwrt.shutdown()
-    return eager, captured
+
+
+def _placed_rates(place, steps: int) -> tuple[float, float]:
+    m = mwrt.mesh()
+    model = place(make_model(), mesh=m)
+    opt = mwrt.torch.optim.AdamW(model.parameters(), lr=3e-3)
+    X, y = (mwrt.dist_send(t, mesh=m, shard=0) for t in make_batch())
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(X), y).backward()
+        opt.step()
+    eager = _rate(step, steps)
+    with mwrt.graph() as graph:
+        step()
+    return eager, _rate(graph.replay, steps)
 
 
 def _rate(step, steps: int) -> float:
@@ -77,16 +83,16 @@ def _rate(step, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def ddp_rate(workers: int, steps: int, wrap: str = "ddp") -> float:
-    """steps/s of the same training under torch DDP (or FSDP2: wrap="fsdp"), gloo,
-    `workers` processes."""
+def ddp_rates(workers: int, steps: int, wraps: tuple) -> list[float]:
+    """steps/s of the same training under torch DDP (wrap "ddp") or FSDP2 ("fsdp") on gloo,
+    `workers` processes, for each wrap in `wraps`, one after another in the same processes."""
     import torch.multiprocessing as tmp
 
     ctx = tmp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as folder:
         store = os.path.join(folder, "store")
-        procs = [ctx.Process(target=_ddp_rank, args=(r, workers, store, steps, queue, wrap))
+        procs = [ctx.Process(target=_ddp_rank, args=(r, workers, store, steps, queue, wraps))
                  for r in range(workers)]
         for p in procs:
             p.start()
@@ -99,14 +105,23 @@ def ddp_rate(workers: int, steps: int, wrap: str = "ddp") -> float:
                     p.kill()
 
 
-def _ddp_rank(rank: int, world: int, store: str, steps: int, queue, wrap: str) -> None:
+def _ddp_rank(rank: int, world: int, store: str, steps: int, queue, wraps: tuple) -> None:
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
+    rates = [_wrapped_rate(rank, world, steps, wrap) for wrap in wraps]
+    if rank == 0:
+        queue.put(rates)
+    dist.destroy_process_group()
+
+
+def _wrapped_rate(rank: int, world: int, steps: int, wrap: str) -> float:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     model = make_model()
     if wrap == "fsdp":  # FSDP2's pattern: each layer with weights, then the root
         for layer in model.modules():
@@ -127,9 +142,7 @@ def _ddp_rank(rank: int, world: int, store: str, steps: int, queue, wrap: str) -
         F.cross_entropy(model(x), t).backward()
         opt.step()
     dist.barrier()
-    if rank == 0:
-        queue.put(steps / (time.perf_counter() - start))
-    dist.destroy_process_group()
+    return steps / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -141,14 +154,15 @@ def main() -> None:
     sizes = [2] if args.quick else [int(n) for n in args.workers.split(",")]
     steps = 5 if args.quick else args.steps
     rows, sharded = [], []
-    for n in sizes:
-        ddp = ddp_rate(n, steps)
-        eager, captured = mesh_rates(n, steps)
-        rows.append((n, eager, captured, ddp))
-        if n >= 2:
-            fsdp = ddp_rate(n, steps, "fsdp")
-            eager, captured = mesh_rates(n, steps, mwrt.torch.fully_shard)
-            sharded.append((n, eager, captured, fsdp))
+    for n in sizes:  # each world's workers and ranks start once, for both tables
+        sharded_too = n >= 2
+        wraps = ("ddp", "fsdp") if sharded_too else ("ddp",)
+        places = (mwrt.torch.module, mwrt.torch.fully_shard) if sharded_too else \
+            (mwrt.torch.module,)
+        bases, meshes = ddp_rates(n, steps, wraps), mesh_rates(n, steps, places)
+        rows.append((n, *meshes[0], bases[0]))
+        if sharded_too:
+            sharded.append((n, *meshes[1], bases[1]))
     print(f"training steps/s, MLP 20-64-64-4, AdamW, batch {BATCH} ({steps} steps over their "
           f"time, after {WARMUP}; load {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, shared)")
     _table(rows, "replicated", "DDP gloo", "DDP")
