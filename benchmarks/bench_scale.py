@@ -27,7 +27,7 @@
 
 Everything runs on this machine's cores: absolute times are the CPU's, not a network's.
 
-    python benchmarks/bench_scale.py [--quick]   # --quick: N <= 4, k = 2 and 4, few reps, < 60 s
+    python benchmarks/bench_scale.py [--quick]   # --quick: N <= 2, k = 2, few reps
 """
 
 from __future__ import annotations
@@ -638,7 +638,7 @@ def spmd_table(sizes: list, reps: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="N <= 4, k = 2 and 4, few repetitions")
+    ap.add_argument("--quick", action="store_true", help="N <= 2, k = 2, few repetitions")
     ap.add_argument("--skip-hosts", action="store_true", help="table 1 only")
     ap.add_argument("--skip-workers", action="store_true", help="table 2 only")
     ap.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
@@ -653,12 +653,12 @@ def main() -> None:
     if not args.skip_workers:
         start_stop_table(3 if args.quick else 10)
         if args.quick:
-            mw_table([1, 2, 4], reps=5, ops=2000, window=1.0)
+            mw_table([1, 2], reps=5, ops=2000, window=1.0)
         else:
             mw_table([1, 2, 4, 8, 16, 32], reps=20, ops=20000, window=3.0)
     if not args.skip_hosts:
         if args.quick:
-            spmd_table([2, 4], {4 * KIB: 10, 16 * MIB: 2})
+            spmd_table([2], {4 * KIB: 10, 16 * MIB: 2})
         else:
             spmd_table([2, 4, 8, 16], {4 * KIB: 50, 16 * MIB: 5})
     print(f"# {time.monotonic() - started:.1f} s in all", file=sys.stderr)

@@ -107,9 +107,9 @@ ATTACKS = [
 
 @pytest.mark.parametrize("path,args", ATTACKS, ids=[f"{p}-{i}" for i, (p, _) in
                                                     enumerate(ATTACKS)])
-def test_paths_into_memory_files_or_code_are_refused_by_name(daemon, path, args):
-    process, address = daemon
-    attacker = Attacker(address)
+def test_paths_into_memory_files_or_code_are_refused_by_name(shared_daemon, path, args):
+    process, address = shared_daemon
+    attacker = Attacker(address, f"attacker-{next(SESSIONS)}")
     try:
         reply = attacker.numpy(path, *args)
         assert isinstance(reply, wire.Failed), reply
