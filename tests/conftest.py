@@ -11,14 +11,16 @@ import pytest
 
 import mwrt
 from tests.support import machine
-from tests.support.daemons import start_worker, stop_worker
+from tests.support.daemons import next_test_asks, shared_session, start_worker, stop_worker
 
 
 # The slow tier: whole modules that cross simulated hosts, run the benchmarks, kill or stall
 # processes and wait out timeouts by design, start SPMD jobs, launchers or outside tools
-# (mpiexec, a notebook kernel, Chromium, Sphinx). `pytest -m "not slow"` is the fast tier an
+# (mpiexec, a notebook kernel, Chromium, Sphinx), or import torch on clusters of their own
+# (test_torch_workers keeps torch in the fast tier). `pytest -m "not slow"` is the fast tier an
 # engineer runs after each change; CI runs both. A slow test in another module says
-# @pytest.mark.slow itself.
+# @pytest.mark.slow itself; a quick test of a slow module that keeps its package in the fast
+# tier says @pytest.mark.quick.
 SLOW_MODULES = {
     "test_benchmarks", "test_bulk", "test_cli", "test_concurrent_groups", "test_dashboard",
     "test_distributed", "test_docs", "test_examples_mw", "test_faults_kill", "test_faults_load",
@@ -28,8 +30,9 @@ SLOW_MODULES = {
     "test_nccl", "test_notebook", "test_quotas", "test_random_collectives",
     "test_random_faults", "test_replace", "test_restarts", "test_security",
     "test_security_hosts", "test_security_worker", "test_sessions", "test_status",
-    "test_store_security", "test_torch_backend", "test_torch_backend_calls",
-    "test_worker_daemon",
+    "test_store_security", "test_torch_across", "test_torch_backend",
+    "test_torch_backend_calls", "test_torch_differential", "test_torch_gpu", "test_torch_mesh",
+    "test_torch_mesh2d", "test_torch_ordering", "test_worker_daemon",
 }
 
 
@@ -61,18 +64,20 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # around pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Mark every test of a SLOW_MODULES module slow; put the tests of a module where any
-    test uses a module-scoped fixture (a cluster of daemons) in one xdist group, so that it
-    starts once and a test that finds the module's cluster running without naming it finds it
-    in its process too; and give each test its pytest-timeout limit scaled by the load: a
-    limit set for a quiet machine, which only load breaks."""
-    shared = {item.module.__name__ for item in items if _shares_a_module_fixture(item)}
+    """Mark every test of a SLOW_MODULES module slow (but those marked quick); put the tests
+    of a module where any test uses a module-scoped fixture (a cluster of daemons) in one
+    xdist group (with the other modules of its shared session, if it asks for one), so that
+    it starts once and a test that finds the module's cluster running without naming it
+    finds it in its process too; and give each test its pytest-timeout limit scaled by the
+    load: a limit set for a quiet machine, which only load breaks."""
+    shared = _groups(items)
     for item in items:
-        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES \
+                and item.get_closest_marker("quick") is None:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("xdist_group") is None and item.module is not None \
                 and item.module.__name__ in shared:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            item.add_marker(pytest.mark.xdist_group(shared[item.module.__name__]))
         limit = _timeout_of(item, config)
         if limit:
             item.add_marker(pytest.mark.timeout(machine.seconds(limit, 8 * limit)), append=False)
@@ -97,6 +102,19 @@ def _name_the_groups(config, items) -> None:
         item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
 
 
+def _groups(items) -> dict:
+    """{module: its xdist group} of the modules where a test uses a module-scoped fixture: the
+    group of the shared session a test of it asks for, else the module's own."""
+    groups: dict = {}
+    for item in items:
+        if _shares_a_module_fixture(item):
+            module = item.module.__name__
+            session = next((group for name, group in SHARED_SESSIONS.items()
+                            if name in item.fixturenames), None)
+            groups[module] = session or groups.get(module, module)
+    return groups
+
+
 def _shares_a_module_fixture(item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
     return info is not None and item.module is not None and any(
@@ -116,13 +134,25 @@ def _timeout_of(item, config) -> float:
         return 0.0
 
 
+# Module-scoped fixtures that yield a session of local daemons shared with the modules before
+# and after (tests/support/daemons.py's shared_session), and the xdist group of the modules
+# that use each: one process runs them, one after another, on the same daemons.
+SHARED_SESSIONS = {"cluster": "shared-cluster", "four": "shared-four"}
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    """Two local worker daemons for the tests of one module."""
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=2, timeout=30)
-    yield mwrt
-    mwrt.shutdown()
+    """Two local worker daemons for the tests of one module (and the next, if it asks)."""
+    yield from shared_session(2)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Before a test's teardown (where a module's fixtures end), tell the shared sessions
+    whether the next test asks for one: then its daemons outlive the module."""
+    next_test_asks(nextitem is not None and any(name in SHARED_SESSIONS
+                                                 for name in nextitem.fixturenames))
+    yield
 
 
 @pytest.fixture

@@ -215,6 +215,7 @@ SKLEARN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # scikit-learn's import and fits
 def test_scikit_learn_fits_on_mwrt_tensors_equal_its_numpy_fits():
     """LDA and PCA fits, array-api-extra's cov and SciPy's logsumexp, on mwrt tensors."""
     pytest.importorskip("sklearn")

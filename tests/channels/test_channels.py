@@ -383,6 +383,7 @@ def _stop(proc):
     reap_orphan_segments()
 
 
+@pytest.mark.slow  # each rank a spawned process
 @pytest.mark.parametrize("name", SOCKET_NAMES)
 def test_contract_processes(name, tmp_path):
     procs = [_spawn(name, r, 2, tmp_path, "contract") for r in range(2)]
@@ -395,6 +396,7 @@ def test_contract_processes(name, tmp_path):
             _stop(p)
 
 
+@pytest.mark.slow  # spawns a receiver to kill
 @pytest.mark.parametrize("connected", [True, False])
 @pytest.mark.parametrize("name", SOCKET_NAMES)
 def test_killed_receiver_fails_blocked_send(name, connected, tmp_path):

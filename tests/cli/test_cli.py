@@ -68,6 +68,7 @@ def test_worker_help_names_the_keygen_subcommand():
     assert "mwrt-worker keygen DIR" in result.stdout and "--version" in result.stdout
 
 
+@pytest.mark.quick
 def test_mwrt_without_a_subcommand_lists_them():
     result = run("mwrt")
     assert result.returncode == 2 and "config" in result.stderr
@@ -82,6 +83,7 @@ def test_keygen_expands_home_and_variables(tmp_path, spelling):
     assert os.listdir(tmp_path) == ["keys"]  # no folder literally named '~' or '$KEYS_HOME'
 
 
+@pytest.mark.quick
 def test_config_lists_every_setting_with_value_and_source():
     result = run("mwrt", "config", env={"MWRT_SYNC_TIMEOUT": "7", "MWRT_CHANNEL": "tcp"})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -96,6 +96,7 @@ def _last_call(g, r):
     return a
 
 
+@pytest.mark.slow  # forks four ranks
 def test_ranks_that_leave_right_after_a_collective_do_not_fail_the_others():
     """The first rank to see a call done must not leave while a peer still polls it."""
     for _ in range(20):  # four ranks on fewer cores: the last one is often descheduled

@@ -316,6 +316,7 @@ def test_in_place_on_buffer_protocol_and_dlpack_arrays():
         assert got == ([3.0, 3.0, 3.0], [2, 2, 2, 2])
 
 
+@pytest.mark.slow  # torch's import in each rank
 def test_torch_cpu_tensors_reduce_in_place():
     torch = pytest.importorskip("torch", reason="torch is only compared against, not required")
 

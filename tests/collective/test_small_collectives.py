@@ -139,6 +139,7 @@ def _dies_in_a_loop(rank, queue):
         queue.put((rank, str(e)))
 
 
+@pytest.mark.slow  # spawns ranks, one of which dies
 @pytest.mark.skipif(not available("tcp"), reason="needs the tcp channel")
 def test_a_rank_dying_mid_small_collective_is_named_at_once():
     """Ranks that wait on a survivor rather than on the dead rank learn it from that

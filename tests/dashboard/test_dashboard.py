@@ -314,6 +314,7 @@ def test_the_dashboard_outlives_a_shutdown_and_follows_the_next_session():
         mwrt.shutdown()
 
 
+@pytest.mark.quick
 def test_the_timeline_is_sent_incrementally():
     """/state?since=CURSOR carries only the slices added after that cursor (the whole
     timeline every second was ~300 KB a poll); a cursor it does not know sends all again."""
@@ -334,6 +335,7 @@ def test_the_timeline_is_sent_incrementally():
     assert history.state(since=99)["timeline_reset"]  # a page from an earlier dashboard
 
 
+@pytest.mark.quick
 def test_the_page_asks_for_the_timeline_since_its_cursor(board):
     x = mwrt.dist_send(np.arange(10, dtype=np.float32))
 

@@ -141,12 +141,14 @@ def _fails(rank):
     dist.all_reduce(np.ones(3))  # survivors are stopped by spawn, or fail on rank 1's absence
 
 
+@pytest.mark.quick
 def test_spawn_names_the_failing_rank_and_its_traceback():
     with pytest.raises(dist.RankFailedError, match="rank 1 exited with code 1") as info:
         dist.spawn(_fails, nprocs=3, timeout=machine.seconds(40, 400))
     assert "rank one is unhappy" in str(info.value) and info.value.rank == 1
 
 
+@pytest.mark.quick
 def test_spawn_refuses_what_it_cannot_start():
     with pytest.raises(ValueError, match="nprocs must be a positive int"):
         dist.spawn(_fails, nprocs=0)
@@ -216,6 +218,7 @@ def test_monitored_barrier_names_every_rank_that_did_not_come(fn):
         assert "ranks [3] closed their connection or died" in got[rank], got[rank]
 
 
+@pytest.mark.quick
 def test_init_errors():
     with pytest.raises(RuntimeError, match="not initialized"):
         dist.get_rank()
@@ -361,6 +364,7 @@ def test_launcher_reports_a_failing_rank(tmp_path):
     assert "[rank 1] about to fail" in res.stderr
 
 
+@pytest.mark.quick
 def test_launcher_reads_slurm_variables():
     from mwrt.distributed.launch import _parse, plan
     from mwrt.store.launchers import first_host
@@ -373,6 +377,7 @@ def test_launcher_reads_slurm_variables():
     assert first_host("a1,b2") == "a1"
 
 
+@pytest.mark.quick
 def test_launcher_refuses_counts_that_start_nothing():
     from mwrt.distributed.launch import _parse, plan
 

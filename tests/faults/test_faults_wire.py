@@ -101,6 +101,7 @@ def _ask(master: RawMaster, seq: int, ref: int, token: int):
     return reply
 
 
+@pytest.mark.quick
 def test_a_resent_batch_is_not_run_twice(daemon):
     _, address = daemon
     master = RawMaster(address)
@@ -205,6 +206,7 @@ class Canary:
         return (open, (self.path, "w"))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("dtype", ["a", "O", "|O", "V8", "i8,O", "(2,3)f4", "f", "int32", 7])
 def test_inline_arrays_need_a_canonical_dtype(dtype):
     ext = msgspec.msgpack.Ext(wire.EXT_ARRAY, msgspec.msgpack.encode([dtype, [0], b""]))
@@ -212,6 +214,7 @@ def test_inline_arrays_need_a_canonical_dtype(dtype):
         wire._unpack(msgspec.msgpack.encode(ext))
 
 
+@pytest.mark.quick
 def test_decoding_never_unpickles(tmp_path):
     Canary.path = str(tmp_path / "canary")
     blob = pickle.dumps(Canary())

@@ -102,6 +102,7 @@ def test_environment_cwd_and_interfaces(hosts2, tmp_path):
         a.python("raise SystemExit('boom')")
 
 
+@pytest.mark.quick
 def test_tcp_between_hosts_and_private_loopback(hosts2):
     a, b = hosts2
     port = serve(b, "0.0.0.0")

@@ -161,6 +161,7 @@ def test_a_master_killed_mid_save_leaves_a_whole_checkpoint(cluster, tmp_path):
     assert loaded["big"].shape == (8_000_000,)
 
 
+@pytest.mark.slow  # saves and loads hundreds of MiB
 def test_long_saves_and_loads_show_their_progress(tmp_path):
     pytest.importorskip("tqdm", reason="the bar is tqdm's where it is installed")
     script = textwrap.dedent("""

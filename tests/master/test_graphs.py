@@ -179,6 +179,7 @@ def two(monkeypatch):
     yield from quick_to_notice_losses(monkeypatch, 2)
 
 
+@pytest.mark.slow  # kills a node of its own daemons
 def test_replay_after_a_worker_loss_raises_worker_lost(two):
     a, b = mwrt.ones(2, node=0), mwrt.ones(2, node=1)
     with mwrt.graph() as g:

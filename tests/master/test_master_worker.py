@@ -265,6 +265,7 @@ def test_the_mpi_channel_is_refused_for_a_session_by_name():
         mwrt.init_master_worker(local_workers=1, backend="mpi")
 
 
+@pytest.mark.slow  # twelve local daemons
 def test_a_master_makes_room_for_its_nodes(tmp_path):
     """A soft limit of 128 open files (ten per node would not fit) and a store capped at 4
     connections: the master raises the one and the store sizes the other from the nodes."""

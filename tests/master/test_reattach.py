@@ -78,6 +78,7 @@ def test_load_onto_one_node_gives_a_sharded_tensor_whole(cluster, tmp_path):
     assert [s.get_node() for s in again.shards()] == [0, 1]
 
 
+@pytest.mark.slow  # keyed daemons, two masters one after the other
 def test_a_sharded_tensor_is_re_attached_whole_and_by_name(two_keyed, monkeypatch):
     addresses, key = two_keyed
     env = dict(os.environ, MWRT_SESSION_GRACE="60")

@@ -188,6 +188,7 @@ def test_a_partial_operand_joining_a_sharded_result_takes_only_its_blocks(four):
 
 # -- beyond one healthy host ---------------------------------------------------------------
 
+@pytest.mark.slow  # fake GPUs and NCCL on fresh daemons
 def test_a_mesh_of_fake_gpus(monkeypatch):
     mwrt.shutdown()
     monkeypatch.setenv("MWRT_FAKE_GPUS", "2")
@@ -225,6 +226,7 @@ def three(monkeypatch):
     yield from quick_to_notice_losses(monkeypatch, 3)
 
 
+@pytest.mark.slow  # kills a node of its own daemons
 def test_a_dead_node_is_named(three):
     mesh = mwrt.mesh()
     x = data(12, 4)

@@ -11,17 +11,15 @@ import pytest
 
 import mwrt
 from mwrt import Partial, Replicate, Shard
+from tests.support.daemons import shared_session
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def four():
-    """Four local worker daemons for the module."""
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=4, timeout=30)
-    yield mwrt
-    mwrt.shutdown()
+    """Four local worker daemons for the module (and the next, if it asks)."""
+    yield from shared_session(4)
 
 
 @pytest.fixture(params=[1, 2, 3, 4])

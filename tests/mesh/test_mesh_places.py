@@ -28,6 +28,7 @@ def three(monkeypatch):
     yield from quick_to_notice_losses(monkeypatch, 3)
 
 
+@pytest.mark.slow  # kills a node of its own daemons
 def test_a_node_of_a_mesh_killed_mid_program(three):
     mesh = mwrt.mesh()
     x = np.arange(30, dtype=np.float64).reshape(10, 3)
@@ -89,6 +90,7 @@ def test_a_mesh_of_every_gpu(fake_gpus):
     np.testing.assert_allclose((by_gpu * 2).sum().numpy(), 2 * x.sum(), rtol=1e-5)
 
 
+@pytest.mark.slow  # crosses simulated hosts
 def test_a_mesh_across_simulated_hosts(hosts3, tmp_path):  # noqa: F811
     keyed_workers(hosts3, tmp_path)
     res = hosts3[0].run([sys.executable, os.path.join(ROOT, "tests", "programs",

@@ -108,6 +108,7 @@ def test_the_package_is_marked_typed():
                     subprocess.run([sys.executable, "-m", "mypy", "--version"],
                                    capture_output=True).returncode != 0,
                     reason="mypy is not installed (optional: pip install mypy)")
+@pytest.mark.slow  # mypy's run
 def test_mypy_checks_a_user_script(tmp_path):
     good, bad = tmp_path / "good.py", tmp_path / "bad.py"
     good.write_text(

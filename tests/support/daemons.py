@@ -27,6 +27,39 @@ def quick_to_notice_losses(monkeypatch, workers: int):
         mwrt.shutdown()
 
 
+# The session that module-scoped fixtures share (shared_session): the cluster, the MWRT_
+# settings it started under, and whether the next test asks for it (set before a teardown).
+_SHARED: dict = {}
+
+
+def shared_session(workers: int):
+    """mwrt with a session of `workers` local daemons, for a module-scoped fixture to yield
+    from: the one the module before left, while it runs with every daemon and the same MWRT_
+    settings, else a fresh one (starting daemons was much of what such a module cost). At the
+    module's end it is shut down, as before it was shared, unless the next test asks for it."""
+    from mwrt.master import cluster as clusters
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("MWRT_")}
+    kept = _SHARED.get("session")
+    usable = kept is not None and clusters.is_initialized() and clusters.current() is kept \
+        and env == _SHARED["env"] and len(kept.local or ()) == workers \
+        and all(node.lost is None for node in kept.nodes) \
+        and all(worker.process.poll() is None for worker in kept.local)
+    if not usable:
+        mwrt.shutdown()
+        mwrt.init_master_worker(local_workers=workers, timeout=30)
+        _SHARED.update(session=clusters.current(), env=env)
+    yield mwrt
+    if not _SHARED.get("next_asks"):
+        _SHARED.clear()
+        mwrt.shutdown()
+
+
+def next_test_asks(asks: bool) -> None:
+    """Say, before a test's teardown, whether the test after it asks for a shared session."""
+    _SHARED["next_asks"] = asks
+
+
 def start_worker(*extra, env=None):
     """A worker daemon process on a free loopback port: (process, address)."""
     child_env = dict(os.environ, **(env or {}))

@@ -338,6 +338,7 @@ def two_streams():
     mwrt.shutdown()
 
 
+@pytest.mark.slow  # torch on both workers, then hundreds of programs
 @pytest.mark.timeout(3600)
 @settings(max_examples=EXAMPLES, **_SETTINGS)
 @given(program=programs())

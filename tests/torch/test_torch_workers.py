@@ -170,6 +170,7 @@ def cluster():
 EXAMPLES = int(os.environ.get("TORCH_EXAMPLES", "60"))
 
 
+@pytest.mark.slow  # 60 random programs, each run on the workers and in local torch
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
 @pytest.mark.timeout(120 + 3 * EXAMPLES)  # about a second each on a loaded machine
 @settings(max_examples=EXAMPLES, deadline=None,
