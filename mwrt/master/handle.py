@@ -31,7 +31,9 @@ class Handle:
     # at each of _nodes, and no block handles until one is asked for (_blocks None).
     __slots__ = ("_node", "_device", "_id", "_spec", "_storage", "_writer", "_wtime", "_base",
                  "_ref", "_mesh", "_placements", "_blocks", "_nodes", "__weakref__")
-    results: type  # the class a verb makes its results of (see __init_subclass__)
+    results: type[Handle]  # the class a verb makes its results of (see __init_subclass__)
+    # the class of a 0-d result NumPy gives as a scalar (ops.Op.scalar), its element class
+    scalars: type | None = None
     holds_torch = False  # a torch tensor's handle (TorchTensor): NumPy's ops refuse it
     _mesh: Any  # a Mesh, or None on one place (then _placements and _blocks are unset)
     _placements: tuple
@@ -49,10 +51,13 @@ class Handle:
         def get_node(self) -> int: ...
 
     def __init_subclass__(cls, element: bool = False, **kwargs: Any) -> None:
-        """A subclass's ops make handles of its own class; an element's, of its base's."""
+        """A subclass's ops make handles of its own class; an element's, of its base's, whose
+        0-d scalar results are of the element's class."""
         super().__init_subclass__(**kwargs)
-        if not element:
-            cls.results = cls
+        if element:
+            cls.results.scalars = cls
+        else:
+            cls.results, cls.scalars = cls, None
 
     def __init__(self, node: Any, device: int, tensor_id: int, spec: Spec | None,
                  stream: int) -> None:

@@ -59,6 +59,10 @@ def call(name: str, *args, **kwargs):
     spec_kwargs, wire_kwargs = convert(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
+    if name in _ALIASING and any(type(t) is t.scalars for t in place):
+        copied = _scalars_copied(args)
+        if copied is not args:
+            return call(name, *copied, **kwargs)
     first = place[0]
     node, device = first._node, first._device
     if ordering.capture and _pending((spec_args, spec_kwargs)):
@@ -68,7 +72,8 @@ def call(name: str, *args, **kwargs):
     node.limits.check_result(name, result)
     stream = context.stream_for(node.index, device)
     written = args[0] if op.inplace else None
-    outs = _outputs(first.results, node, device, stream, result)
+    outs = _outputs(first.scalars if op.scalar and first.scalars is not None and _zero_d(
+        result) else first.results, node, device, stream, result)
     now = next(node.ids)
     if outs and name in _ALIASING:  # (in this order: x += 1 pays one test)
         _share(name, args, outs)  # a view shares its base's record
@@ -225,6 +230,21 @@ def _outputs(cls, node, device, stream, result) -> list:
     specs = result if type(result) is tuple else (result,)
     return [cls(node, device, next(node.ids), None if s is UNKNOWN else s, stream)
             for s in specs]
+
+
+def _scalars_copied(args: tuple) -> tuple:
+    """`args` with each scalar (an element: NumPy's is immutable) replaced by a copy, as
+    what views a scalar views a copy in NumPy (np.expand_dims(a0 + a0, 0)); `args` itself
+    if none is."""
+    if not any(type(a) is getattr(a, "scalars", None) for a in args):
+        return args
+    return tuple(call("copy", a) if type(a) is getattr(a, "scalars", None) else a for a in args)
+
+
+def _zero_d(result) -> bool:
+    """Whether an op's results (Specs, or a tuple of them) are all 0-d."""
+    specs = result if type(result) is tuple else (result,)
+    return all(type(s) is ops.Spec and not s.shape for s in specs)
 
 
 def _masked_assignment(name: str, args: tuple) -> bool:

@@ -121,13 +121,15 @@ def _inplace_meta(ufunc):
 for _name in UFUNCS:
     _np_ufunc = getattr(np, _name)
     if _np_ufunc.signature:  # vecdot, matvec, vecmat (matmul has its own rule, in misc.py)
-        register(_name, _ufunc_impl(_np_ufunc.__name__), _gufunc_meta(_np_ufunc), by_type=True)
+        register(_name, _ufunc_impl(_np_ufunc.__name__), _gufunc_meta(_np_ufunc), by_type=True,
+                 scalar=True)
     elif _np_ufunc.nout == 1:
-        register(_name, _ufunc_impl(_np_ufunc.__name__), _ufunc_meta(_np_ufunc), by_type=True)
+        register(_name, _ufunc_impl(_np_ufunc.__name__), _ufunc_meta(_np_ufunc), by_type=True,
+                 scalar=True)
         register(_name + "_", _inplace_impl(_np_ufunc.__name__), _inplace_meta(_np_ufunc),
                  inplace=True, by_type=True)
     else:
-        register(_name, _ufunc_impl(_np_ufunc.__name__), _ufunc_meta(_np_ufunc))
+        register(_name, _ufunc_impl(_np_ufunc.__name__), _ufunc_meta(_np_ufunc), scalar=True)
 
 
 # -- ufunc methods: np.add.accumulate(t), np.multiply.outer(a, b), np.add.at(t, i, v) -------

@@ -52,4 +52,4 @@ def _meta(name):
 
 
 for _name in REDUCTIONS:
-    register(_name, _impl(_name), _meta(_name))
+    register(_name, _impl(_name), _meta(_name), scalar=True)

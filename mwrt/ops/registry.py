@@ -38,15 +38,20 @@ class Op:
     # impl returns the new tensors to store, checked against its own rule (torch's ops: what
     # they make is known from torch's meta device, not from a Spec rule)
     own_results: bool = False
+    # A 0-d result is a NumPy scalar, as ufuncs' and reductions' are: immutable, so a view of
+    # it is of a copy and augmented assignment makes a new value (NumPy's a0 + a0 is a float64)
+    scalar: bool = False
 
 
 _OPS: dict[str, Op] = {}
 
 
 def register(name: str, impl: Callable, meta: Callable, *, inplace: bool = False,
-             by_type: bool = False, doc: str = "", own_results: bool = False) -> Op:
+             by_type: bool = False, doc: str = "", own_results: bool = False,
+             scalar: bool = False) -> Op:
     """Add (or replace) op `name`; `doc` defaults to the summary of NumPy's function `name`."""
-    op = Op(name, impl, meta, inplace, by_type, doc or _numpy_doc(name, inplace), own_results)
+    op = Op(name, impl, meta, inplace, by_type, doc or _numpy_doc(name, inplace), own_results,
+            scalar)
     _OPS[name] = op
     return op
 

@@ -312,6 +312,14 @@ FOUND = {
         {"v0": np.arange(3.0)},
         ["v1 = world.move(v0)", "v2 = world.move(v1, there=True)", "v3 = v1 + v1",
          "v4 = world.move(v3, there=True)", "v1 += 1", "v3 += 1"]),
+    "a view of a ufunc's 0-d result views a copy, as of NumPy's scalar": (
+        {"v0": np.array(1.0, np.float16)},
+        ["v1 = v0 + v0", "v2 = np.expand_dims(v1, 0)", "v2[0] = v0", "v3 = v1[None]",
+         "v3[0] = 5"]),
+    "a view of a reduction's or an element's 0-d result views a copy": (
+        {"v0": np.arange(3.0)},
+        ["v1 = v0.sum()", "v2 = v1.reshape(1)", "v2[0] = 9", "v3 = v0[1]", "v4 = np.ravel(v3)",
+         "v4[0] = 7"]),
 }
 
 

@@ -60,6 +60,23 @@ def test_inplace_operators_keep_the_handle(mw, name):
     same(a, expected)
 
 
+def test_a_zero_d_result_is_immutable_as_numpys_scalar(mw):
+    """NumPy's a.sum() and a0 + a0 are scalars: `s += 1` makes a new value, which a name
+    bound to the old one does not see, and a view of one is of a copy."""
+    a = mw.dist_send(A)
+    s = a.sum()
+    kept = s
+    s += 1
+    assert s is not kept and float(kept) == A.sum() and float(s) == A.sum() + 1
+    v = np.expand_dims(kept, 0)
+    v[0] = -1
+    assert float(kept) == A.sum() and v.numpy().tolist() == [-1]
+    z = mw.dist_send(np.array(2.0))  # a 0-d array, not a scalar: its views write it
+    w = z[None]
+    w[0] = 3
+    assert float(z) == 3
+
+
 def test_inplace_cast_error_is_raised_at_issue_time(mw):
     a = mw.dist_send(I)
     with pytest.raises(TypeError, match="cannot cast"):
