@@ -276,8 +276,9 @@ def send_to(ex, cmd, frames):
         staged = type(array) is not np.ndarray or staging.chunked(cmd.tag)
         if not staged:
             array = np.asarray(arrays.to_host(array), order="C")
-    except PoisonedInput:
-        if cmd.token < 0:  # another worker waits: tell it now that nothing is coming
+    except Exception:  # a poisoned input, or one never made here (its op failed and a sync
+        # cleared the stream's error): another worker waits, so tell it now that nothing comes
+        if cmd.token < 0:
             _data(ex).get_channel().send(b"", cmd.peer, cmd.tag)
         raise
     if cmd.token >= 0:
