@@ -59,7 +59,7 @@ def call(name: str, *args, **kwargs):
     spec_kwargs, wire_kwargs = convert(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
-    if name in _ALIASING and any(type(t) is t.scalars for t in place):
+    if name in _ALIASING:
         copied = _scalars_copied(args)
         if copied is not args:
             return call(name, *copied, **kwargs)
@@ -236,9 +236,10 @@ def _scalars_copied(args: tuple) -> tuple:
     """`args` with each scalar (an element: NumPy's is immutable) replaced by a copy, as
     what views a scalar views a copy in NumPy (np.expand_dims(a0 + a0, 0)); `args` itself
     if none is."""
-    if not any(type(a) is getattr(a, "scalars", None) for a in args):
+    scalars = [type(a) is getattr(a, "scalars", None) for a in args]
+    if not any(scalars):
         return args
-    return tuple(call("copy", a) if type(a) is getattr(a, "scalars", None) else a for a in args)
+    return tuple(call("copy", a) if scalar else a for a, scalar in zip(args, scalars))
 
 
 def _zero_d(result) -> bool:
