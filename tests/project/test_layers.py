@@ -217,7 +217,7 @@ MASTER_LAYERS = [
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad",
                "torchacross", "torchmeshgrad",
                "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues
-    ("handles", {"tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
+    ("handles", {"tensorreads", "tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
                  "torchtensor", "torchcreation", "torchmodule", "torchmeshmodule",
                  "torchfsdp"}),
     ("programs", {"graph", "profile", "checkpoint", ""}),  # "": master/__init__.py
