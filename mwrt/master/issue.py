@@ -59,8 +59,8 @@ def call(name: str, *args, **kwargs):
     spec_kwargs, wire_kwargs = convert(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
-    if name in _ALIASING:
-        copied = _scalars_copied(args)
+    if name in ALIASING:
+        copied = scalars_copied(args, call)
         if copied is not args:
             return call(name, *copied, **kwargs)
     first = place[0]
@@ -75,7 +75,7 @@ def call(name: str, *args, **kwargs):
     outs = _outputs(first.scalars if op.scalar and first.scalars is not None and _zero_d(
         result) else first.results, node, device, stream, result)
     now = next(node.ids)
-    if outs and name in _ALIASING:  # (in this order: x += 1 pays one test)
+    if outs and name in ALIASING:  # (in this order: x += 1 pays one test)
         _share(name, args, outs)  # a view shares its base's record
     ordering.order(place, stream, now, False, written)
     # (an empty batch first: in a stream of ops the batch is seldom empty, and never quiet)
@@ -111,7 +111,7 @@ def create(cls: type, kind: str, shape: tuple, dtype: np.dtype, node, device: in
     return tensor
 
 
-_ALIASING = ordering.VIEWS | {"numpy"}
+ALIASING = ordering.VIEWS | {"numpy"}
 
 
 def _share(name: str, args: tuple, outs: list) -> None:
@@ -232,14 +232,24 @@ def _outputs(cls, node, device, stream, result) -> list:
             for s in specs]
 
 
-def _scalars_copied(args: tuple) -> tuple:
-    """`args` with each scalar (an element: NumPy's is immutable) replaced by a copy, as
-    what views a scalar views a copy in NumPy (np.expand_dims(a0 + a0, 0)); `args` itself
-    if none is."""
+def scalars_copied(args: tuple, issue) -> tuple:
+    """`args` with each scalar (an element: NumPy's is immutable) replaced by a copy made
+    with `issue` (call, or the mesh's), as what views a scalar views a copy in NumPy
+    (np.expand_dims(a0 + a0, 0)); `args` itself if none is."""
     scalars = [type(a) is getattr(a, "scalars", None) for a in args]
     if not any(scalars):
         return args
-    return tuple(call("copy", a) if scalar else a for a, scalar in zip(args, scalars))
+    return tuple(issue("copy", a) if scalar else a for a, scalar in zip(args, scalars))
+
+
+def as_scalars(name: str, result):
+    """`result` (handles made on a mesh by op `name`) with each 0-d one of its element
+    class where NumPy gives a scalar (ops.Op.scalar), as _outputs makes them on one place."""
+    for r in result if type(result) is tuple else (result,):
+        if r is not None and r.scalars is not None and type(r._spec) is ops.Spec and \
+                not r._spec.shape and ops.get(name).scalar:
+            r.__class__ = r.scalars
+    return result
 
 
 def _zero_d(result) -> bool:

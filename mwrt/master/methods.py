@@ -190,9 +190,9 @@ def out_arg(out) -> dict:
     return {} if out is None else {"out": out}
 
 
-def rebinding(op: str, call):
+def rebinding(op: str, call, mesh_call):
     """An element's augmented assignment over op `op`: a new value, as a scalar's is."""
     def fn(self, other):
-        return call(op, self, operand(other))
+        return (call if self._mesh is None else mesh_call)(op, self, operand(other))
     fn.__name__, fn.__qualname__ = f"__i{op}__", f"Element.__i{op}__"
     return fn

@@ -287,16 +287,21 @@ class DistributedTensor(TensorReads):
         """The diagonal of axes (axis1, axis2), offset above (>0) or below (<0) the main one."""
         return _via(self)("diagonal", self, offset, axis1, axis2)
 
+    def conj(self) -> DistributedTensor:
+        """The complex conjugate, on the worker; a real tensor is its own, so this returns
+        it (as NumPy's and torch's conj() do: what writes the result writes the tensor)."""
+        return _via(self)("conj", self) if self.dtype.kind == "c" else self
+
+    conjugate = conj
+
     def trace(self, offset: int = 0, axis1: int = 0, axis2: int = 1) -> DistributedTensor:
         """The sum of the diagonal (see diagonal)."""
         return _via(self)("trace", self, offset, axis1, axis2)
 
     def __getitem__(self, index: Any) -> DistributedTensor:
         """t[index] as NumPy indexes (ints, slices, ..., None, int/bool tensors), on the worker."""
-        if self._mesh is not None:
-            return mesh_call("getitem", self, index_arg(index))
-        result = call("getitem", self, index_arg(index))
-        if is_element(index) and result._spec is not None and not result._spec.shape:
+        result = _via(self)("getitem", self, index_arg(index))
+        if is_element(index) and type(result._spec) is Spec and not result._spec.shape:
             result.__class__ = Element  # NumPy gives a scalar: `t[0] += 1` rebinds
         return result
 
@@ -372,11 +377,11 @@ class Element(DistributedTensor, element=True):
     casting on assignment (an int tensor keeps 3, a bool one True), as NumPy does."""
 
     __slots__ = ()
-    vars().update({f"__i{py}__": methods.rebinding(op, call)
+    vars().update({f"__i{py}__": methods.rebinding(op, call, mesh_call)
                    for py, op in methods.BINARY_OPERATORS.items()})
 
     def __imatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
-        return call("matmul", self, operand(other))
+        return _via(self)("matmul", self, operand(other))
 
     def __round__(self, ndigits: int | None = None) -> Any:
         """round(t[i]): a Python int as round() of a NumPy scalar gives (waits for the value),

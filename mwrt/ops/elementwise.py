@@ -192,7 +192,7 @@ def _at_meta(a, name, indices, *values):
                         f"{len(values)})")
 
 
-register("ufunc_method", _method_impl, _method_meta,
+register("ufunc_method", _method_impl, _method_meta, scalar=True,
          doc="A ufunc's reduce, accumulate, outer or reduceat (np.add.accumulate(t)).")
 register("ufunc_at_", _at_impl, _at_meta, inplace=True,
          doc="A ufunc applied in place at indices (np.add.at(t, i, v)).")

@@ -285,13 +285,17 @@ def _line(draw, env: dict, known: dict, mesh: str):
         return f"{new} = np.{draw(st.sampled_from(UNARY))}({a})", new, made()
     if kind == "reduce":
         return _reduction(draw, a, new), new, made()
+    scalar = isinstance(env.get(a), np.generic)  # a view of it views a copy; += rebinds it
     if kind == "view" and va.plain():
         def viewed():
+            if scalar:
+                known[new] = _Var()
+                return
             known[a].viewed = True
             known[new] = _Var(view=True)
         view = draw(st.sampled_from(VIEWS)).format(a=a)
         return f"{new} = {view if view.startswith('np.') else a + view}", new, viewed
-    if kind == "inplace" and a in arrays and va.writable():
+    if kind == "inplace" and ((a in arrays and va.writable()) or scalar):
         value = draw(st.sampled_from([b, s]))
         return f"{a} {draw(st.sampled_from(INPLACE))} {value}", None, lambda: None
     if kind == "setitem" and a in arrays and va.writable():
@@ -536,6 +540,14 @@ FOUND["a Partial tensor made real after a graph's capture is read whole by its r
     "2", ["v0 = world.partial(np.arange(40).reshape(2, 5, 4))"],
     ["g1 = world.graph(globals(), 'v1 = v0.mean(axis=0)')\ng1.replay()", "v2 = v0 < v0",
      "g1.replay()"])
+FOUND["a view of a 0-d result views a copy, as a view of NumPy's scalar does"] = (
+    "2", [f"v0 = world.put({X}, 0)"], ["v1 = v0.sum()", "v2 = np.expand_dims(v1, 0)",
+                                      "v2[0] = -1", "v3 = v0.max()", "v4 = v3[None]",
+                                      "v4[0] = 0", "v5 = v0[1, 1]", "v6 = v5.reshape(1)",
+                                      "v6[0] = 7"])
+FOUND["augmented assignment of a 0-d result makes a new value"] = (
+    "2", [f"v0 = world.put({X}, 0)"], ["v1 = v0.sum()", "v2 = v1", "v1 += 1",
+                                      "v3 = v0.sum(axis=0)[1]", "v4 = v3", "v3 *= 2"])
 KNOWN: set = set()  # found and not fixed yet: an expected failure until its fix lands
 
 

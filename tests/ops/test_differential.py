@@ -173,10 +173,11 @@ def _line(draw, nodes: dict, scalars: set):
         return f"{new} = {_reduction(draw, a)}", new, nodes[a]
     if kind == "view":
         return f"{new} = {a}{draw(st.sampled_from(VIEWS))}", new, nodes[a]
-    if kind in ("inplace", "setitem", "method") and a in scalars:
+    if kind in ("setitem", "method") and a in scalars:
         kind = "unary"
-    if kind == "inplace":
-        target = draw(st.sampled_from([a, f"{a}[1:]", f"{a}[0]", f"{a}[::2]", f"{a}[...]"]))
+    if kind == "inplace":  # of a scalar: a new value bound to its name
+        target = a if a in scalars else draw(st.sampled_from(
+            [a, f"{a}[1:]", f"{a}[0]", f"{a}[::2]", f"{a}[...]"]))
         return f"{target} {draw(st.sampled_from(INPLACE))} {draw(st.sampled_from([b, s]))}", \
             None, 0
     if kind == "setitem":

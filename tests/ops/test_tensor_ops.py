@@ -77,6 +77,23 @@ def test_a_zero_d_result_is_immutable_as_numpys_scalar(mw):
     assert float(z) == 3
 
 
+def test_conj_of_a_real_tensor_is_the_tensor_as_numpys(mw):
+    """NumPy's a.conj() of a real array is the array itself (what writes it writes a); of a
+    complex one, a new array; np.maximum.reduce's 0-d result is a scalar like sum()'s."""
+    a = mw.dist_send(A.copy())
+    b = a.conj()
+    b[0] = 9
+    assert b is a and a.numpy()[0].tolist() == [9.0] * A.shape[1]
+    c = mw.dist_send(np.array([1 + 2j, 3j]))
+    d = c.conjugate()
+    d[0] = 0
+    assert c.numpy().tolist() == [1 + 2j, 3j] and d.numpy().tolist() == [0, -3j]
+    m = np.maximum.reduce(mw.dist_send(np.arange(4.0)))
+    v = m[None]
+    v[0] = -1
+    assert float(m) == 3.0
+
+
 def test_inplace_cast_error_is_raised_at_issue_time(mw):
     a = mw.dist_send(I)
     with pytest.raises(TypeError, match="cannot cast"):

@@ -36,7 +36,9 @@ def call(name: str, *args, **kwargs):
     it issues, at every place and on the way (moves), names one site: the op's line."""
     pinned = pin_site()
     try:
-        return _call(name, *args, **kwargs)
+        if name in issue.ALIASING:  # what views a scalar views a copy of it
+            args = issue.scalars_copied(args, call)
+        return issue.as_scalars(name, _call(name, *args, **kwargs))
     finally:
         unpin_site(pinned)
 
@@ -136,7 +138,7 @@ def run(name, plan, operands, margs, mkwargs, spec):
     mesh, make = operands[0]._mesh, operands[0].results.on_mesh
     views, adjust, post, skip = plan.views, plan.adjust, plan.post, plan.skip
     if not (views or adjust or post or skip or ordering.capture) and (
-            plan.placements is None or type(spec) is Spec) and name not in issue._ALIASING:
+            plan.placements is None or type(spec) is Spec) and name not in issue.ALIASING:
         fast = _issue_at_every_place(name, plan.placements, operands, margs, mkwargs, spec)
         if fast is not False:
             return fast
