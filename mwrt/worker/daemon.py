@@ -3,9 +3,9 @@
 The socket thread never runs an op. It decodes each batch, checks that every command
 belongs on the socket it came by, answers session-level commands itself (Hello and Ping
 here, the rest in control.py, each a function named like it) and queues stream commands
-on their stream's executor. A command's traits (mwrt.protocol.messages) say which is which.
-Executors reply through an inproc PUSH socket that this loop forwards to the master,
-because a ZeroMQ socket belongs to one thread.
+on their stream's executor (dispatcher.py: in turns between masters). A command's traits
+(mwrt.protocol.messages) say which is which. Executors reply through an inproc PUSH socket
+that this loop forwards to the master, because a ZeroMQ socket belongs to one thread.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from collections import deque
 import zmq
 
 from .. import config
-from ..errors import ConfigError, QuotaError, WireError
+from ..errors import ConfigError, WireError
 from ..netaddr import is_loopback, join_host_port, resolve, split_host_port
 from ..netio import Waker
 from ..procs import process_alive
 from ..protocol import auth, wire
 from ..protocol.refusals import RefusalLog, recv_monitor_message
 from . import fperrors, lifecycle, quotas, report, routes
+from .dispatcher import Dispatcher
 from .graphs import GraphDecoder
-from .handlers import quick_call
 from .session import HB, RX, TX, Session
 from .slots import OpSlots
 from .wakes import Wakes
@@ -61,15 +61,14 @@ def _check_socket(role: bytes, commands: list) -> None:
         if type(getattr(command, "stream", 0)) is not int:  # a thread per junk id, else
             raise WireError(f"wire: {type(command).__name__}.stream must be an int (got "
                             f"{command.stream!r:.40})")
-_RESUME_STEP = 4  # parked batches a session dispatches per turn of the socket loop
-# Fairness between masters: a turn of the loop reads at most _READ_COMMANDS commands, then
-# dispatches at most _TURN_COMMANDS of each session's, in turn; one master's flood delays
-# another's command by a few such slices, never by the whole flood.
-_READ_COMMANDS, _TURN_COMMANDS = 4096, 256
 
 
+# A turn of the loop reads at most _READ_COMMANDS commands, then dispatches a slice of each
+# session's (dispatcher.py): one master's flood delays another's command by a few turns.
+_READ_COMMANDS = 4096
 
-class Daemon:
+
+class Daemon(Dispatcher):
     """A worker daemon: one ROUTER socket for masters, a session per master."""
 
     def __init__(self, listen: str = "127.0.0.1:0", *, keys=None, parent_pid: int | None = None):
@@ -306,152 +305,6 @@ class Daemon:
                 self.send(identity, wire.Pong(token=command.id, incarnation=self.incarnation))
             elif session is not None:
                 routes.SESSION[type(command)](self, session, command)
-
-    def _on_batch(self, sid, seq, commands, body, data) -> None:
-        session = self.sessions.get(sid)
-        if session is None:
-            self.send(sid + b"/" + RX, wire.Failed(token=-1, info={
-                "kind": "unknown_session", "incarnation": self.incarnation,
-                "message": f"worker {self.address} has no session for this master (it "
-                           "restarted, or freed the session after a silence)"}))
-            return
-        if seq <= session.last_seq:
-            log.info("dropped a resent batch %d from %s", seq, session.master)
-            return
-        session.last_seq, session.last_seen = seq, time.monotonic()
-        session.max_id = max(session.max_id, commands[-1].id) if commands else session.max_id
-        try:
-            data = quotas.admit(session, commands, data, len(body))
-        except (QuotaError, WireError) as exc:
-            self._log_rejection("refused a batch of session %s: %s", session.id, exc)
-            kind = "quota" if isinstance(exc, QuotaError) else "wire"
-            self.refuse(session, kind, str(exc))
-            return
-        if session.parked is not None:  # behind a Replay whose graph is being decoded
-            session.parked.append((commands, data))
-        elif not self._turns and len(commands) <= _TURN_COMMANDS:
-            self._dispatch(session, commands, data)  # nobody waits: no queue
-        else:
-            if not session.inbox:
-                self._turns.append(session)
-            session.inbox.extend((commands[i:i + _TURN_COMMANDS], data)
-                                 for i in range(0, len(commands), _TURN_COMMANDS))
-
-    def _take_turns(self) -> None:
-        """Dispatch one slice of each waiting session's inbox, in turn (round-robin)."""
-        for _ in range(len(self._turns)):
-            session = self._turns.popleft()
-            if self.sessions.get(session.sid) is not session or session.closed:
-                session.inbox.clear()  # it ended
-                continue
-            commands, data = session.inbox.popleft()
-            self._dispatch(session, commands, data)
-            time.sleep(0)  # the GIL, to threads that wait for it (a Join, another's stream)
-            if session.parked is not None:  # a Replay waits for its graph: so does the rest
-                session.parked.extend(session.inbox)
-                session.inbox.clear()
-            elif session.inbox and self.sessions.get(session.sid) is session:
-                self._turns.append(session)
-
-    def park(self, session, pending, replay) -> None:
-        """Hold `session`'s commands from `replay` on until `pending` is decoded."""
-        session.parked, session.waiting = [([replay], ())], pending
-
-    def _resume(self) -> None:
-        """Dispatch, in order, what sessions parked behind graphs now decoded: a few batches
-        a session per turn of the loop, so a master that parked thousands (a flood of
-        Replays) does not keep the others' messages waiting."""
-        self._decoded = self._more_parked = False
-        for session in list(self.sessions.values()):
-            waiting = session.waiting
-            if session.parked is None or waiting is None or not waiting.ready.is_set():
-                continue
-            parked, session.parked = session.parked, None
-            for i, (commands, data) in enumerate(parked):
-                if i == _RESUME_STEP:  # the rest next turn; new batches queue behind them
-                    session.parked, self._more_parked = parked[i:], True
-                    break
-                self._dispatch(session, commands, data)
-                if self.sessions.get(session.sid) is not session:
-                    break
-                if session.parked is not None:  # another graph to wait for
-                    session.parked.extend(parked[i + 1:])
-                    break
-
-    def _dispatch(self, session: Session, commands, data) -> None:
-        groups: dict[int, list] = {}
-        for i, command in enumerate(commands):
-            if not command.on_stream:  # answered here, in order with the streams' work
-                self.submit(session, groups, data)
-                groups = {}
-                routes.SESSION[type(command)](self, session, command)
-                if self.sessions.get(session.sid) is not session:  # it ended (Bye)
-                    return
-                if session.parked is not None:  # a Replay waits for its graph: so does the rest
-                    if i + 1 < len(commands):
-                        session.parked.append((commands[i + 1:], data))
-                    return
-            elif not (command.stream not in groups and (
-                    (command.sync_point and self._answer_now(session, command))
-                    or (command.quick and self._run_now(session, command, data)))):
-                if command.posts_receive and session.data is not None:
-                    refusal = session.data.refusal(command)
-                    if refusal:  # answered now: the sender never sends, the stream never waits
-                        self.send(session.identity, wire.Failed(command.token, {
-                            "kind": "quota", "message": refusal}))
-                        continue
-                    session.data.post(command)
-                    if command.token >= 0:
-                        self.send(session.identity, wire.Done(token=command.token, value=None))
-                groups.setdefault(command.stream, []).append(command)
-        self.submit(session, groups, data)
-
-    def _answer_now(self, session, command) -> bool:
-        """Answer a sync point on an idle stream here: saves two thread hand-offs.
-
-        Only when the stream has run everything before it and the answer is small, so the
-        socket thread never waits on an op nor copies much.
-        """
-        executor = session.streams.get(command.stream)
-        # GPU streams run asynchronously on the device: only their own thread may answer.
-        if executor is None or executor.device != -1 or executor.pending:
-            return False
-        if type(command) is wire.Get or type(command) is wire.Share:  # they copy bytes
-            found = session.tensors.get(command.ref)
-            if not hasattr(found, "nbytes") or found.nbytes > self.inline_bytes:
-                return False
-        session.inline += 1
-        executor.execute(command, ())
-        return True
-
-    def _run_now(self, session, command, data) -> bool:
-        """Run a short command (a Free, a Call on small arrays) on an idle host stream here:
-        a sync loop's op then costs no thread hand-off before the read that follows it.
-
-        Bounded by MWRT_INLINE_OP_ELEMENTS, so this thread, which serves every master,
-        spends microseconds on it; never a remote() function, a collective or a transfer.
-        """
-        executor = session.streams.get(command.stream)
-        if executor is None or executor.device != -1 or executor.pending:
-            return False
-        if type(command) is wire.Call and not (
-                self.inline_op_elements and quick_call(executor, command,
-                                                       self.inline_op_elements)):
-            return False
-        session.inline += 1
-        executor.execute_safely(command, data)
-        executor.prepared = None  # (a command that failed before its op ran left it)
-        return True
-
-    def submit(self, session, groups, data) -> None:
-        """Queue each stream's commands (by stream id) on its executor, started if new."""
-        for stream_id, commands in groups.items():
-            try:
-                executor = session.stream(stream_id)
-            except Exception as exc:  # noqa: BLE001 - any refusal is answered; the loop goes on
-                self.refuse(session, "quota" if isinstance(exc, QuotaError) else "remote", str(exc))
-                continue
-            executor.submit(commands, data)
 
     # -- the daemon, as session commands see it ------------------------------------------
 
