@@ -21,6 +21,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from ..arrays import HOST, as_dtype
 from ..errors import MwrtError
+from ..ops import Spec
 from . import context, methods, ordering
 from .arrayfunc import array_function, array_ufunc
 from .handle import Handle
