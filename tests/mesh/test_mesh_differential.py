@@ -9,7 +9,12 @@ in-place ops, reductions and scans, matmul, shape ops and joins, indexing and se
 redistribute, graphs captured and replayed, two streams per node (a slow write first, so a
 missing order shows).
 Each line runs on NumPy first; a line NumPy refuses is dropped. Every variable is then
-compared: the handle's shape and dtype, and the value, dtype and shape of `.numpy()`.
+compared: the handle's shape and dtype, and the value, dtype and shape of `.numpy()`. An
+argsort of NumPy's default kind (quicksort: not stable) is compared as NumPy's own tests
+compare it, where its ties make its indices differ from kind="stable"'s: indices that sort
+the values (a permutation of each fibre, the values taken by it equal to np.sort's); NumPy
+orders ties as its vectorized sort happens to, which differs by CPU, and a mesh orders
+them by position along a sharded axis. No later line uses such a result.
 
 Where mwrt's meshes differ from NumPy by design the programs keep out: an index along a
 sharded axis, or an op that runs on redistributed operands, gives a copy (NumPy: a view),
@@ -77,7 +82,8 @@ FUNCTIONS = ["np.where({a} > 0, {a}, {s})", "np.clip({a}, 1, 3)", "np.maximum({a
              "np.cumsum({a}, axis=-1)", "np.stack([{a}, {b}], axis=-1)",
              "np.argsort({a}, axis=0, kind='stable')", "np.argsort({a}, axis=None, "
              "kind='stable')", "np.median({a}, axis=0)", "np.median({a})",
-             "np.median({a}, axis=-1, keepdims=True)", "np.sort({a}, axis=-1)"]
+             "np.median({a}, axis=-1, keepdims=True)", "np.sort({a}, axis=-1)",
+             "np.argsort({a}, axis=0)", "np.argsort({a}, axis=None)"]
 
 CAPTURED = ["np.sort({a}, axis=0)", "np.concatenate([{a}, {b}])", "np.median({a}, axis=0)",
             "np.argsort({a}, axis=0, kind='stable')", "np.cumsum({a}, axis=0)",
@@ -178,10 +184,11 @@ class _Var:
     a replay writes the tensor, where NumPy's rebinds the name), it is a view (or a copy
     where NumPy views), it has views (no line writes it: a copy would not see it)."""
 
-    __slots__ = ("placed", "replayed", "view", "viewed")
+    __slots__ = ("placed", "replayed", "ties", "view", "viewed")
 
     def __init__(self, replayed=False, view=False, placed=False):
         self.replayed, self.view, self.viewed, self.placed = replayed, view, False, placed
+        self.ties = None  # an unstable argsort's (values, axis) where ties decide its order
 
     def plain(self) -> bool:
         return not (self.replayed or self.view)
@@ -214,7 +221,8 @@ def programs(draw, max_lines: int = 8):
             continue
         after()
         lines.append(line)
-    final = {k: env[k] for k in known if k in env}
+    final = {k: env[k] if known[k].ties is None else Sorting(env[k], *known[k].ties)
+             for k in known if k in env}
     return mesh, head, lines, final
 
 
@@ -263,7 +271,7 @@ def _elements(dtype):
 
 def _line(draw, env: dict, known: dict, mesh: str):
     """One line: (source or None, the name it binds or None, what to note once it ran)."""
-    names = sorted(known)
+    names = sorted(n for n in known if known[n].ties is None)
     arrays = [n for n in names if isinstance(env.get(n), np.ndarray)]
     a = draw(st.sampled_from(names))
     b = draw(st.sampled_from(names))
@@ -305,6 +313,8 @@ def _line(draw, env: dict, known: dict, mesh: str):
         return f"{a}[{index.format(a=a)}] = {value}", None, lambda: None
     if kind == "func":
         text = draw(st.sampled_from(FUNCTIONS)).format(a=a, b=b, s=s)
+        if text.startswith("np.argsort(") and "kind" not in text:
+            return f"{new} = {text}", new, _unstable(env, known, new, a, text)
         return f"{new} = {text}", new, made()
     if kind == "redistribute" and a in arrays:
         shard = _shard(draw, env[a].shape, mesh)
@@ -321,6 +331,37 @@ def _line(draw, env: dict, known: dict, mesh: str):
         return (f"world.slow({a})\nwith world.S1:\n    {inner}\nwith world.S2:\n"
                 f"    v_read = {a} + 0"), name, after
     return None, None, None
+
+
+def _unstable(env: dict, known: dict, new: str, a: str, text: str):
+    """What to note once np.argsort(a, axis) of NumPy's default kind ran: where its indices
+    differ from kind="stable"'s (ties ordered otherwise), the values it sorted."""
+    def after():
+        known[new] = _Var()
+        axis = eval(text.split("axis=")[1].rstrip(")"))
+        values = np.asarray(env[a])
+        if not np.array_equal(env[new], np.argsort(values, axis=axis, kind="stable")):
+            known[new].ties = (values.copy(), axis)
+    return after
+
+
+class Sorting:
+    """The oracle of an unstable argsort whose ties decide its order: NumPy's indices (for
+    their shape and dtype) and the values they sort along `axis`."""
+
+    def __init__(self, indices: np.ndarray, values: np.ndarray, axis):
+        self.indices, self.values, self.axis = indices, values, axis
+
+    def check(self, got: np.ndarray, where: str) -> None:
+        """got sorts the values: a permutation of each fibre, the values taken equal."""
+        values, axis = self.values, self.axis
+        if axis is None:
+            values, axis = values.reshape(-1), 0
+        lanes = np.indices(got.shape)[axis]
+        assert np.array_equal(np.sort(got, axis=axis), lanes), \
+            f"{where}argsort's indices are no permutation of each fibre: {got}"
+        np.testing.assert_array_equal(np.take_along_axis(values, got, axis),
+                                      np.sort(values, axis=axis), err_msg=where)
 
 
 def _reduction(draw, a: str, new: str) -> str:
@@ -363,8 +404,10 @@ def _as_source(mesh: str, head: list, lines: list) -> str:
 
 
 def _compare(name: str, expected, got, source: str) -> None:
-    """The handle's and .numpy()'s shape and dtype equal NumPy's, and so do the values."""
-    expected = np.asarray(expected)
+    """The handle's and .numpy()'s shape and dtype equal NumPy's, and so do the values (an
+    unstable argsort's: indices that sort, Sorting)."""
+    sorting = expected if isinstance(expected, Sorting) else None
+    expected = np.asarray(expected if sorting is None else sorting.indices)
     where = f"{name} of the program\n{source}\n"
     assert hasattr(got, "numpy") and hasattr(got, "shape"), f"{where}is {type(got).__name__}"
     assert tuple(got.shape) == expected.shape, f"{where}handle shape {got.shape}, NumPy's " \
@@ -374,7 +417,9 @@ def _compare(name: str, expected, got, source: str) -> None:
     value = got.numpy()
     assert value.shape == expected.shape and value.dtype == expected.dtype, \
         f"{where}.numpy() is {value.dtype}{value.shape}, NumPy's {expected.dtype}{expected.shape}"
-    if expected.dtype.kind in "fc":
+    if sorting is not None:
+        sorting.check(value, where)
+    elif expected.dtype.kind in "fc":
         # sums over shards add in another order than NumPy's pairwise sum, and a float64
         # result may come from float32 ones (np.maximum(float32 std, int64))
         rtol, atol = {2: (1e-2, 1e-2), 4: (1e-5, 1e-4), 8: (1e-6, 1e-6),

@@ -97,7 +97,7 @@ def _regrouped(name, operands, spec, what: str) -> Plan:
 
 
 def axiswise(name, operands, args, kwargs, spec, resolve) -> Plan:
-    """sort, argsort: fine along an unsharded axis; sort along a sharded one merges blocks
+    """sort, argsort: fine along an unsharded axis; along a sharded one they merge blocks
     between neighbours (sorting.py)."""
     t = operands[0]
     resolve(t)
@@ -108,19 +108,17 @@ def axiswise(name, operands, args, kwargs, spec, resolve) -> Plan:
         plan = _sorted(name, t, axis, args, kwargs, spec)
         if plan is not None:
             return plan
-        stable = " (a stable argsort, kind='stable', has a plan)" if name == "argsort" else ""
-        raise no_rule(name, operands, f"{name} along the sharded axis{stable}: replicate "
-                      f"first (t.replicate().{name}(...)) or shard another axis")
+        raise no_rule(name, operands, f"{name} along the sharded axis: replicate first "
+                      f"(t.replicate().{name}(...)) or shard another axis")
     return Plan(t._placements)
 
 
 def _sorted(name, t, axis, args, kwargs, spec) -> Plan | None:
-    """np.sort, and np.argsort of a stable kind, along the sharded axis (of the flattened
-    tensor for axis=None, where it stays sharded) by sorting.py's plan; None where it has
-    none."""
+    """np.sort and np.argsort (of any kind: ties in the order of their positions, as
+    kind="stable" orders them) along the sharded axis (of the flattened tensor for
+    axis=None, where it stays sharded) by sorting.py's plan; None where it has none."""
     kind = kwargs.get("kind", args[2] if len(args) > 2 else None)
-    if kwargs.get("order", args[3] if len(args) > 3 else None) is not None or (
-            name == "argsort" and kind not in sorting.STABLE):
+    if kwargs.get("order", args[3] if len(args) > 3 else None) is not None:
         return None
     if axis is None and t.ndim != 1:
         if not regroup.flattens(t):

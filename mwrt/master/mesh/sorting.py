@@ -1,4 +1,4 @@
-"""np.sort and a stable np.argsort along a sharded axis: the result sharded there, each place
+"""np.sort and np.argsort along a sharded axis: the result sharded there, each place
 ending with its block of the sorted axis (as np.array_split cuts it), by odd-even
 merge-split between neighbours.
 
@@ -19,9 +19,11 @@ replicated sort has each receive all but its block and hold the whole.
 np.median along the sharded axis takes the sorted axis's middle elements from where they lie.
 
 argsort carries each element's global position beside it (merged by the same order), so
-ties keep the order of their positions: np.argsort's with kind="stable". NumPy's default
-kind orders ties as its vectorized sort happens to, which no merge reproduces, so only a
-stable argsort takes this plan.
+ties keep the order of their positions: np.argsort's with kind="stable", whatever the kind
+asked. NumPy's default kind ("quicksort", not stable) promises only indices that sort the
+values; the order it gives ties is its vectorized sort's, which differs by CPU (AVX2,
+AVX-512, none) and no merge reproduces. The stable order is one it allows, and the same
+at any number of places: so every kind takes this plan. Without ties it is NumPy's.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ from .. import issue
 from . import runs
 from .groups import carry
 from .placement import Shard, local_box
-
-STABLE = ("stable", "mergesort")  # the kinds whose ties an argsort plan orders as NumPy
 
 
 def plannable(t, axis: int) -> tuple | None:
@@ -161,4 +161,4 @@ def _cut(part, axis: int, lo: int, hi: int):
     return issue.call("getitem", part, (slice(None),) * axis + (slice(lo, hi),))
 
 
-__all__ = ["STABLE", "median_plan", "plannable", "sort"]
+__all__ = ["median_plan", "plannable", "sort"]
