@@ -14,7 +14,7 @@ import functools
 
 from .. import ops
 from ..protocol import wire
-from . import handlers
+from . import calls
 from .tensors import Poisoned, ref_ids
 
 
@@ -88,8 +88,8 @@ def _step(command, xp):
 
 
 def _call(op, command, ex, tensors) -> None:
-    """Any other op: the registry lookup done once, the rest as handlers.call does it."""
-    handlers.run_op(ex, op, command)
+    """Any other op: the registry lookup done once, the rest as calls.call does it."""
+    calls.run_op(ex, op, command)
 
 
 def _generic(command, ex, tensors) -> None:

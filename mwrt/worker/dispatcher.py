@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..errors import QuotaError, WireError
 from ..protocol import wire
 from . import quotas, routes
-from .handlers import quick_call
+from .calls import quick_call
 from .session import RX, Session
 
 log = logging.getLogger("mwrt.worker")

@@ -15,7 +15,7 @@ import traceback
 
 from .. import arrays
 from ..protocol import wire
-from . import fperrors, handlers, report, routes, tensors
+from . import calls, fperrors, handlers, report, routes, tensors
 from .compiled import Prepared
 
 log = logging.getLogger("mwrt.worker")
@@ -220,7 +220,7 @@ class StreamExecutor:
                 self._give_turn()
             if fperrors.NOTED:  # a remote() function's, a collective's: as an op's
                 fperrors.claim(self.warned, command.id, handlers.op_name(command),
-                               handlers.KEPT_WARNINGS)
+                               calls.KEPT_WARNINGS)
         if trace is not None:
             trace.append((self.device, self.id, handlers.op_name(command), start, time.time(),
                           handlers.arg_shapes(self, command)))

@@ -1,5 +1,6 @@
-"""One handler per stream command, named like the command (Call: call, WaitEvent: wait_event);
-they run on stream executors."""
+"""The stream commands' handlers, each named like its command (WaitEvent: wait_event), run on
+stream executors, and how a failed command is reported; Call's are in calls.py, the data
+channel's in data.py, the checkpoint files' in checkpoint_files.py (routes.py lists them all)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import time
 
 import numpy as np
 
-from .. import arrays, config, ops, staging
+from .. import arrays, config, staging
 from ..protocol import wire
-from . import cuda_events, fperrors, quotas
+from . import cuda_events
 from .tensors import Poisoned, check_size, resolve, store
 
 
@@ -71,204 +72,6 @@ def put(ex, cmd, frames):
         store(ex, cmd.out, staging.upload(ex.xp, host, ex.cuda_stream))
         return
     store(ex, cmd.out, ex.xp.array(host))  # copies: the frame's memory is read-only
-
-
-def call(ex, cmd, frames):
-    run_op(ex, ops.get(cmd.op), cmd)
-
-
-def run_op(ex, op, cmd) -> None:
-    """Run Call `cmd` of registry op `op` (looked up once by a replayed graph) under the
-    master's floating-point error state, keeping the warnings NumPy noted for the master."""
-    try:
-        if cmd.fp is None:
-            _run_op(ex, op, cmd)
-        else:
-            with np.errstate(**fperrors.modes(cmd.fp)):
-                _run_op(ex, op, cmd)
-    finally:
-        if fperrors.NOTED:
-            fperrors.claim(ex.warned, cmd.id, cmd.op, KEPT_WARNINGS)
-
-
-KEPT_WARNINGS = 100  # per stream until its next answer: a loop that never syncs is bounded
-
-
-def _run_op(ex, op, cmd) -> None:
-    """Run Call `cmd`; its results must have the shapes and dtypes of the op's meta rule,
-    as the master announced them."""
-    prepared, expected = ex.prepared, _UNSET
-    if prepared is not None and prepared[0] is cmd:  # quick_call's of a moment ago
-        ex.prepared = None
-        _, args, kwargs, expected = prepared
-    else:
-        args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
-    if op.own_results:  # torch's: checked by the op against torch's meta device
-        ex.use_torch_stream()
-        table = ex.session.tensors
-        for out, value in zip(cmd.outs, op.impl(ex.xp, *args, **kwargs), strict=True):
-            table[out] = value
-        return
-    if not cmd.outs:  # in place, or out=: NumPy writes into tensors the master knows
-        if op.name == "numpy_":
-            quotas.check_inplace(ex.session.tensors, cmd.args, cmd.kwargs,
-                                 ex.device == arrays.HOST)
-        op.impl(ex.xp, *args, **kwargs)
-        return
-    if expected is _UNSET:
-        expected = _expected(ex, op, cmd, args)
-    result = op.impl(ex.xp, *args, **kwargs)
-    if len(cmd.outs) == 1:
-        store(ex, cmd.outs[0], _checked(op.name, result, expected))
-        return
-    if type(expected) is not tuple or not isinstance(result, (tuple, list)):
-        raise TypeError(f"{op.name}: returned {type(result).__name__} (expected a tuple of "
-                        f"{len(cmd.outs)} arrays)")
-    for out, value, spec in zip(cmd.outs, result, expected, strict=True):
-        store(ex, out, _checked(op.name, value, spec))
-
-
-def _expected(ex, op, cmd, args):
-    """The results' Specs by the op's meta rule: the same rule on the same Specs as on the
-    master, so what it announced, without the announcement riding in every command. An
-    oversized host result is refused here, before it is made (a GPU's allocator names its
-    own); the numpy op is sized by its allow-list entry before its rule probes NumPy.
-    Remembered by what decides them (operands' shapes and dtypes, plain values): a sync
-    loop's op pays one lookup, not the walk of its arguments."""
-    table, host = ex.session.tensors, ex.device == arrays.HOST
-    key = _ufunc_key(op, args) if op.by_type and not cmd.kwargs else \
-        _value_key(op.name, cmd.args, cmd.kwargs, table)
-    seen = _SEEN.get(key) if key is not None else None
-    if seen is None:
-        specs, kwspecs = quotas.specs(table, cmd.args), quotas.specs(table, cmd.kwargs)
-        # (on any device: the entry serves host and GPU streams alike)
-        bound = quotas.numpy_bytes(specs, kwspecs) if op.name == "numpy" else -1
-        if host and bound >= 0:
-            quotas.check_bytes(bound, f"np.{specs[0]!s:.60}", table)
-        result = ops.infer(op, specs, kwspecs)
-        seen = (result, bound, specs, kwspecs, quotas.largest_result(result))
-        if key is not None:
-            if len(_SEEN) > 10_000:
-                _SEEN.clear()
-            _SEEN[key] = seen
-    elif host and seen[1] >= 0:
-        quotas.check_bytes(seen[1], f"np.{seen[2][0]!s:.60}", table)
-    if host and seen[1] < 0:
-        quotas.check_result(op.name, seen[0], seen[2], seen[3], table, seen[4])
-    return seen[0]
-
-
-_SEEN: dict = {}  # an op's (result Specs, numpy bound, Specs, largest) by what decides them
-_SCALAR_TYPES = frozenset((int, float, bool, complex))
-
-
-def _ufunc_key(op, args) -> tuple | None:
-    """What decides a ufunc's results: its operands' shapes and dtypes, a scalar's type."""
-    key = [op.name]
-    for value in args:
-        kind = type(value)
-        if kind in _SCALAR_TYPES or isinstance(value, np.generic):
-            key.append(kind)
-        elif hasattr(value, "dtype"):
-            key.append((value.shape, value.dtype))
-        else:
-            return None
-    return tuple(key)
-
-
-class _Unkeyed(Exception):
-    """A value whose meta may depend on more than its type and value (an array)."""
-
-
-def _value_key(name: str, args: tuple, kwargs: dict, table) -> tuple | None:
-    """What decides any op's results: its tensors' shapes and dtypes (from the table, by
-    Ref) and its other arguments' values, typed; None where an argument is an array sent
-    by value (a mask's values decide its result) or a tensor is missing."""
-    try:  # (most ops have no keywords)
-        return (name, _plain_key(args, table), _plain_key(kwargs, table) if kwargs else None)
-    except (_Unkeyed, KeyError, AttributeError):
-        return None
-
-
-def _plain_key(value, table):
-    kind = type(value)
-    if kind is wire.Ref:
-        found = table[value.id]
-        return (found.shape, found.dtype)
-    if kind in _SCALAR_TYPES or kind is str or value is None or kind is bytes:
-        return (kind, value)
-    if kind is tuple or kind is list:
-        return (kind, tuple([_plain_key(v, table) for v in value]))
-    if kind is dict:
-        return (kind, tuple([(k, _plain_key(v, table)) for k, v in value.items()]))
-    if kind is slice:
-        return (kind, _plain_key((value.start, value.stop, value.step), table))
-    if value is Ellipsis or (isinstance(value, np.generic) and value.dtype.kind in "biufc"):
-        return (kind, value)
-    raise _Unkeyed
-
-
-def _checked(name: str, value, spec):
-    """`value` if it has `spec`'s shape and dtype (or the rule left them to the worker);
-    else a named error now, never bytes read later as another dtype or shape."""
-    if type(spec) is not ops.Spec:
-        return value
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is None:  # a Python scalar from a function: NumPy's 0-d array of it
-        value = np.asarray(value)
-        shape, dtype = value.shape, value.dtype
-    if shape != spec.shape or dtype != spec.dtype:
-        raise TypeError(f"{name}: the result disagrees with the shape and dtype the master "
-                        f"announced (got {dtype}{list(shape)}, expected {spec.dtype}"
-                        f"{list(spec.shape)}); mwrt's meta rule for {name} is wrong: please "
-                        "report it; .numpy() of the arguments and NumPy give the right value")
-    return value
-
-
-def quick_call(ex, cmd, limit: int) -> bool:
-    """True if Call `cmd` is short enough to run on the daemon's socket thread: a registry
-    op (never user code) over NumPy arrays in host memory, holding at most `limit` elements
-    among its operands and its results (by the meta rule). Anything odd (a missing or
-    poisoned input, a refused size) says False: the stream's executor reports it."""
-    if cmd.op in _NEVER_QUICK:
-        return False
-    try:
-        args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
-        count = _elements(args, limit) + (_elements(kwargs, limit) if kwargs else 0)
-        if count > limit:
-            return False
-        expected = _expected(ex, ops.get(cmd.op), cmd, args) if cmd.outs else _UNSET
-    except Exception:  # noqa: BLE001 - whatever it is, the executor's run reports it
-        return False
-    if cmd.outs:
-        for spec in expected if type(expected) is tuple else (expected,):
-            # a data-dependent result (a mask's) holds at most what its operands hold
-            count += math.prod(spec.shape) if type(spec) is ops.Spec else count
-    if count > limit:
-        return False
-    ex.prepared = (cmd, args, kwargs, expected)  # for its run, next (the caller clears it)
-    return True
-
-
-_UNSET = object()  # no result Specs worked out yet
-
-
-_NEVER_QUICK = frozenset(("to_device",))  # a GPU's copy: on its own stream's thread
-
-
-def _elements(value, limit: int) -> int:
-    """The elements of the NumPy arrays in `value` (also in tuples, lists and dicts); past
-    `limit`, or for any other array kind (torch, CuPy, a module), limit + 1."""
-    kind = type(value)
-    if kind is np.ndarray:
-        return value.size
-    if kind is tuple or kind is list:
-        return sum(_elements(v, limit) for v in value)
-    if kind is dict:
-        return sum(_elements(v, limit) for v in value.values())
-    if kind in _SCALAR_TYPES or kind is str or value is None or isinstance(value, np.generic):
-        return 0
-    return 0 if kind in (slice, bytes, type(Ellipsis)) else limit + 1
 
 
 def remote(ex, cmd, frames):

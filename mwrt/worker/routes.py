@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..protocol import wire
-from . import checkpoint_files, control, data, handlers
+from . import calls, checkpoint_files, control, data, handlers
 
 Handler = Callable[..., Any]
 
 STREAM: dict[type[wire.Command], Handler] = {
-    wire.Create: handlers.create, wire.Put: handlers.put, wire.Call: handlers.call,
+    wire.Create: handlers.create, wire.Put: handlers.put, wire.Call: calls.call,
     wire.Remote: handlers.remote, wire.Free: handlers.free, wire.Get: handlers.get,
     wire.Meta: handlers.meta, wire.Share: handlers.share, wire.Sync: handlers.sync,
     wire.Record: handlers.record,
