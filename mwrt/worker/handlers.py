@@ -1,6 +1,7 @@
 """The stream commands' handlers, each named like its command (WaitEvent: wait_event), run on
 stream executors, and how a failed command is reported; Call's are in calls.py, the data
-channel's in data.py, the checkpoint files' in checkpoint_files.py (routes.py lists them all)."""
+channel's in data_commands.py, the checkpoint files' in checkpoint_files.py (routes.py lists
+them all)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..protocol import wire
-from . import calls, checkpoint_files, control, data, handlers
+from . import calls, checkpoint_files, control, data_commands, handlers
 
 Handler = Callable[..., Any]
 
@@ -24,8 +24,8 @@ STREAM: dict[type[wire.Command], Handler] = {
     wire.Meta: handlers.meta, wire.Share: handlers.share, wire.Sync: handlers.sync,
     wire.Record: handlers.record,
     wire.WaitEvent: handlers.wait_event, wire.Expect: handlers.expect,
-    wire.SendTo: data.send_to, wire.RecvFrom: data.recv_from,
-    wire.Collective: data.collective,
+    wire.SendTo: data_commands.send_to, wire.RecvFrom: data_commands.recv_from,
+    wire.Collective: data_commands.collective,
     wire.SaveTensors: checkpoint_files.save_tensors,
     wire.LoadTensors: checkpoint_files.load_tensors,
 }
