@@ -7,30 +7,41 @@ Array bytes ride in the data frames (large ones as frames of their own, sent zer
 on a data channel), never inside the body.
 Both ways are msgspec's: a message Struct packs itself, and a body decodes straight into the
 message classes, each field's type checked as it is read (a body that fails that check is
-read again as plain values, to name what is wrong). Decoding never runs code. Lists arrive
-as tuples, at any depth: a list index must be sent as an array. NumPy scalars
-(np.int64(100), np.float32(0.5)) and 0-d arrays travel typed, so the worker promotes them as
-NumPy does (NEP 50: NumPy scalars are typed, Python scalars weak).
+read again as plain values, to name what is wrong). Decoding never runs code. The values
+inside messages travel as values.py packs them: lists arrive as tuples, at any depth (a
+list index must be sent as an array); NumPy scalars (np.int64(100), np.float32(0.5)) and
+0-d arrays travel typed, so the worker promotes them as NumPy does (NEP 50: NumPy scalars
+are typed, Python scalars weak).
 """
 
 from __future__ import annotations
 
-import re
 import struct
 from operator import attrgetter
 from typing import Any, Union, get_origin
 
 import msgspec
-import numpy as np
 import zmq
 
 from .. import config
 from ..errors import WireError
 from .messages import *  # noqa: F403  (the message classes and constants, as wire.Call etc.)
 from .messages import MESSAGES
-
-_int64 = struct.Struct("<q").unpack
-_ARRAY_DTYPE = re.compile(r"[<>|=][biufcSUmM]\d{1,3}(\[\w+\])?\Z")
+from .values import EXT_ARRAY as EXT_ARRAY  # the value encoding's names, as wire.NAME
+from .values import EXT_COMPLEX as EXT_COMPLEX
+from .values import EXT_ELLIPSIS as EXT_ELLIPSIS
+from .values import EXT_REF as EXT_REF
+from .values import EXT_SCALAR as EXT_SCALAR
+from .values import EXT_SLICE as EXT_SLICE
+from .values import NESTED as _NESTED
+from .values import Ref as Ref
+from .values import ext_hook as _ext_hook
+from .values import mapping as _mapping
+from .values import pack as _pack
+from .values import ref as ref
+from .values import sequence as _sequence
+from .values import tuples as _tuples
+from .values import unpack as _unpack
 
 _FIELDS = [cls.__struct_fields__ for cls in MESSAGES]
 # What each field must decode to: a command with a dict for a stream id is refused here,
@@ -47,145 +58,12 @@ VERSION = 2
 _PREFIX = struct.Struct("<4sBBIq")
 _OLD_HEADER = b"\x93\xc4\x04" + MAGIC  # version 1's header frame: a msgpack [MAGIC, version, seq]
 
-# msgpack extension codes for values that plain msgpack cannot carry.
-EXT_REF, EXT_SLICE, EXT_ELLIPSIS, EXT_ARRAY, EXT_COMPLEX, EXT_SCALAR = 1, 2, 3, 4, 5, 6
-
-
-class Ref:
-    """A tensor named by its session-wide id.
-
-    A plain class, not a dataclass: msgspec would pack a dataclass as a map by itself, and a
-    Ref must travel as its extension type.
-    """
-
-    __slots__ = ("id",)
-
-    def __init__(self, id: int):
-        self.id = id
-
-    def __eq__(self, other):
-        return type(other) is Ref and other.id == self.id
-
-    def __hash__(self):
-        return hash((Ref, self.id))
-
-    def __repr__(self):
-        return f"Ref(id={self.id})"
-
-
-
-# -- values ---------------------------------------------------------------------------------
-
-def _default(value):
-    if isinstance(value, Ref):
-        return ref(value.id)
-    if isinstance(value, slice):
-        return _Ext(EXT_SLICE, _pack((value.start, value.stop, value.step)))
-    if value is Ellipsis:
-        return _Ext(EXT_ELLIPSIS, b"")
-    if isinstance(value, np.ndarray):
-        if value.dtype.hasobject:
-            raise WireError(f"wire: object arrays cannot be sent (got dtype {value.dtype})")
-        # tobytes() is C order whatever the layout (ascontiguousarray would make a 0-d 1-d)
-        return _Ext(EXT_ARRAY, _pack((value.dtype.str, value.shape, value.tobytes())))
-    if isinstance(value, np.generic):
-        if value.dtype.hasobject or value.dtype.kind == "V":
-            raise WireError(f"wire: cannot encode a NumPy {value.dtype} scalar")
-        return _Ext(EXT_SCALAR, _pack((value.dtype.str, value.tobytes())))
-    if isinstance(value, complex):
-        return _Ext(EXT_COMPLEX, _pack((value.real, value.imag)))
-    if isinstance(value, np.dtype):
-        return value.str
-    if isinstance(value, type) and issubclass(value, np.generic):
-        return np.dtype(value).str
-    raise WireError(f"wire: cannot encode a {type(value).__name__} (got {value!r:.60})")
-
-
-def _ext_hook(code, data):
-    if code == EXT_REF:  # the common case, and struct reads a memoryview fastest
-        return Ref(_int64(data)[0] if len(data) == 8 else int.from_bytes(data, "little",
-                                                                         signed=True))
-    if code == EXT_SLICE:
-        return slice(*_values(data))
-    if code == EXT_ELLIPSIS:
-        return Ellipsis
-    if code == EXT_ARRAY:
-        dtype, shape, raw = _values(data)
-        return np.frombuffer(raw, dtype=_dtype(dtype)).reshape(shape).copy()
-    if code == EXT_SCALAR:
-        dtype, raw = _values(data)
-        dt = _dtype(dtype)
-        if not isinstance(raw, bytes) or len(raw) != dt.itemsize:
-            raise WireError(f"wire: a {dt} scalar needs {dt.itemsize} bytes (got "
-                            f"{len(raw) if isinstance(raw, bytes) else type(raw).__name__})")
-        return np.frombuffer(raw, dtype=dt)[0]
-    if code == EXT_COMPLEX:
-        return complex(*_values(data))
-    raise WireError(f"wire: unknown extension type {code}")
-
-
-def _dtype(dtype) -> np.dtype:
-    # Only the canonical form a sender writes (dtype.str): not object arrays, nor the
-    # aliases np.dtype would also take (some deprecated, some not numbers at all).
-    if not isinstance(dtype, str) or not _ARRAY_DTYPE.match(dtype):
-        raise WireError(f"wire: arrays need a dtype like '<f4' (got {dtype!r:.40})")
-    return np.dtype(dtype)
-
-
-_Ext = msgspec.msgpack.Ext
-# One encoder and decoder of each kind for every thread: each call keeps its state on its
-# own stack.
-_pack = msgspec.msgpack.Encoder(enc_hook=_default).encode
-_values = msgspec.msgpack.Decoder(ext_hook=_ext_hook).decode  # arrays as lists
 # Any one message class, by the code in its first field (a Union made at run time: no type
 # for mypy to read, so it is Any to it).
 _MESSAGE: Any = Union[tuple(MESSAGES)]  # noqa: UP007 - a Union of a tuple of types needs the name
 _messages = msgspec.msgpack.Decoder(list[_MESSAGE], ext_hook=_ext_hook).decode
 _message = msgspec.msgpack.Decoder(_MESSAGE, ext_hook=_ext_hook).decode
 _rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode  # a body's messages, not read yet
-_NESTED = frozenset((list, tuple, dict))
-
-
-def _unpack(data):
-    """A msgpack value, its arrays as tuples at every depth."""
-    return _tuples(_values(data))
-
-
-def _tuples(value):
-    """`value` with every list a tuple, inside tuples and dict values too (a value that
-    holds none is returned as it is)."""
-    kind = type(value)
-    if kind is list or kind is tuple:
-        if _NESTED.isdisjoint(map(type, value)):
-            return value if kind is tuple else tuple(value)
-        return _sequence(value)
-    if kind is dict and not _NESTED.isdisjoint(map(type, value.values())):
-        return _mapping(value)
-    return value
-
-
-def _sequence(value) -> tuple:
-    """A list or tuple that holds an array or map, as a tuple of settled items."""
-    return tuple([_tuples(v) if type(v) in _NESTED else v for v in value])
-
-
-def _mapping(value: dict) -> dict:
-    """A dict whose values hold an array or map, its values settled."""
-    settled = {}
-    for key, item in value.items():  # a reply's dict of shapes: a flat list, made a tuple here
-        kind = type(item)
-        if kind is list and _NESTED.isdisjoint(map(type, item)):
-            item = tuple(item)
-        elif kind in _NESTED:
-            item = _tuples(item)
-        settled[key] = item
-    return settled
-
-
-def ref(tensor_id: int) -> msgspec.msgpack.Ext:
-    """A tensor reference already in wire form (the master builds one per tensor)."""
-    return _Ext(EXT_REF, tensor_id.to_bytes(8, "little", signed=True))
-
 
 # -- messages -------------------------------------------------------------------------------
 
