@@ -13,7 +13,7 @@ import pytest
 
 import mwrt
 from mwrt.ops import Spec
-from mwrt.worker.handlers import _checked
+from mwrt.worker.calls import _checked
 
 M = np.arange(12).reshape(3, 4)
 
