@@ -24,7 +24,7 @@ from ..ops import numpy_functions
 from .handle import Handle, check_same_place
 from .issue import call
 from .issue import call as _call
-from .mesh import dispatch, fallback, moves
+from .mesh import dispatch, fallback, moves, products
 from .mesh.placement import PlacementError
 from .remote import RemoteFunction
 
@@ -170,8 +170,11 @@ def _on_every_place(func: Callable, args: tuple, kwargs: dict) -> Any:
     label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
 
     def again(local):
-        return moves.per_place(label, local, lambda blocks: array_function(
-            func, dispatch.fill(margs, blocks), dispatch.fill(mkwargs, blocks)))
+        made = products.kron(local, margs, mkwargs, numpy_functions.RULED) \
+            if path == "kron" else None  # its plan; any other runs on replicated operands
+        return made if made is not None else moves.per_place(
+            label, local, lambda blocks: array_function(
+                func, dispatch.fill(margs, blocks), dispatch.fill(mkwargs, blocks)))
     try:
         return again(operands)
     except PlacementError as error:

@@ -52,6 +52,21 @@ def test_an_op_without_a_plan_runs_and_warns_once_per_call_site(four):
     assert again == []  # the same call site: told already
 
 
+def test_kron_of_a_sharded_and_a_whole_operand_keeps_the_shards(m, square):
+    """np.kron(A, B), A sharded along one axis, B replicated or a master array: each place's
+    kron of its block is a run of the result's axis, moved to the result's blocks; it ran
+    on replicated copies with a PlacementWarning."""
+    for x, y, shard in [(data(5, 3), data(2, 4, seed=1), 0), (data(5, 3), data(3, 2, seed=1), 1),
+                        (data(4, 3, 2), data(3, 2, seed=1), 2), (data(7), data(2, 3), 0),
+                        (data(2, 3), data(2, 2, 3, seed=1), 0), (data(0, 3), data(2, 2), 0)]:
+        for mesh, placed in [(m, shard), (square, (shard, shard)), (square, (None, shard))]:
+            X = mwrt.dist_send(x, mesh=mesh, shard=placed)
+            for Y in (mwrt.dist_send(y, mesh=mesh), y):
+                got = planned(lambda: np.kron(X, Y))
+                same(got, np.kron(x, y), exact=False)
+                assert Shard(shard + got.ndim - x.ndim) in got.placements
+
+
 def test_the_strict_setting_raises_instead(m):
     X0, X2 = mwrt.dist_send(data(6, 4), mesh=m, shard=0), mwrt.dist_send(data(6, 4, 5), mesh=m,
                                                                           shard=2)

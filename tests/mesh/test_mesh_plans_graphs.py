@@ -1,11 +1,13 @@
 """Plans that move pieces between workers, chosen inside a graph capture: a reshape, sort,
-stable argsort, median, slice and concatenate along the sharded axis, a redistribute from
+argsort, median (over one axis or two), kron, slice and concatenate along the sharded axis, a redistribute from
 one axis to another and setitem of a value sharded otherwise keep to their plans (a
 capture records each move as a broadcast over the two nodes, a collective), where they
 ran on replicated copies with a PlacementWarning. Every replay gives NumPy's values, after
 the inputs change too."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -26,6 +28,10 @@ OPS = {
     "slice": (lambda X: X[2:6], lambda x: x[2:6]),
     "concatenate": (lambda X: np.concatenate([X, X[1:]]), lambda x: np.concatenate([x, x[1:]])),
     "redistribute": (lambda X: X.redistribute(shard=1), lambda x: x),
+    "argsort": (lambda X: np.argsort(X, axis=0), lambda x: np.argsort(x, axis=0)),
+    "kron": (lambda X: np.kron(X, np.ones((2, 1))), lambda x: np.kron(x, np.ones((2, 1)))),
+    "median over two axes": (lambda X: np.median(X[None], axis=(0, 1)),
+                             lambda x: np.median(x[None], axis=(0, 1))),
 }
 
 
@@ -67,3 +73,22 @@ def test_a_captured_sort_along_both_dimensions_of_a_2d_mesh(square):
     g, out = planned(capture)
     g.replay()
     same(out, np.sort(x, axis=0))
+
+
+def test_a_mask_in_a_capture_runs_on_replicated_copies_told_once(four):
+    """A mask inside a graph capture has no local plan (a capture cannot wait for the
+    counts): it runs on replicated copies, NumPy's values at each replay, with one PlacementWarning for its line however often it runs."""
+    x = np.arange(-5.0, 7.0).reshape(4, 3)
+    X = mwrt.dist_send(x, mesh=mwrt.mesh(nodes=[0, 1, 2]), shard=0)  # once: its line is told
+    told = []  # once in a session
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with mwrt.graph() as g:
+                Y = X[X > 0]
+        told += [w for w in caught if issubclass(w.category, mwrt.PlacementWarning)]
+        for _ in range(2):
+            g.replay()
+            same(Y, x[x > 0])
+    assert len(told) == 1 and "getitem" in str(told[0].message)
+    assert told[0].filename == __file__

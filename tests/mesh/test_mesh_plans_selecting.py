@@ -148,6 +148,26 @@ def test_setting_an_array_through_a_mask_where_each_block_is_a_run(mesh):
         X[X > 0] = np.arange(2.0)
 
 
+def test_setting_an_array_through_a_mask_where_blocks_are_several_runs(mesh):
+    """t[t > 0] = values where a block is several runs of t's C order (sharded on a later
+    axis than the first, or on two): each run's count comes to the master in one round trip
+    and each place sets its block from its runs of the values; it ran on replicated copies
+    with a PlacementWarning."""
+    for x, shard in [(np.arange(-6.0, 6.0).reshape(4, 3), 1), (np.zeros((0, 3)), 1),
+                     (np.arange(-12, 12).reshape(2, 3, 4), 2), (np.arange(-12, 12).reshape(
+                         2, 3, 4) % 5 - 2, 1), (np.arange(-6.0, 6.0).reshape(3, 4)[::-1], 1)]:
+        for placed in [shard] + ([(0, shard), (shard, 0), (shard, shard)]
+                                 if mesh.ndim == 2 else []):
+            X, want = mwrt.dist_send(x, mesh=mesh, shard=placed), x.copy()
+            values = np.arange(10, 10 + np.count_nonzero(x > 0)).astype(x.dtype)
+            no_fallback(lambda: X.__setitem__(X > 0, values))
+            want[want > 0] = values
+            same(X, want)
+    X = mwrt.dist_send(np.arange(-3.0, 3.0).reshape(2, 3), mesh=mesh, shard=1)
+    with strict(), pytest.raises(ValueError, match="cannot assign 3 input values to the 2"):
+        X[X > 0] = np.arange(3.0)
+
+
 def test_real_and_imag_keep_the_placement_and_view_their_base(mesh):
     """X.real and X.imag run at every place on its block, as elementwise ops, and view X: a
     write through X.real shows in X. A sharded X had no rule for them (PlacementError in

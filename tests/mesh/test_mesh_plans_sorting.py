@@ -121,6 +121,34 @@ def test_median_of_a_tensor_sharded_on_two_axes_flattens_it_first(square):
             same(planned(lambda: np.median(X, **kwargs)), np.median(x, **kwargs))
 
 
+def test_sort_and_argsort_of_the_whole_of_a_tensor_sharded_on_two_axes(square):
+    """np.sort and np.argsort with axis=None of a tensor whose blocks are not runs of its C
+    order: flattened by the reshape's plan, then sorted by the merges; they ran on
+    replicated copies with a PlacementWarning (the mesh differential, seed 1: argsort of a
+    (2, 0) tensor placed (Shard(1), Shard(0)))."""
+    for x in (ties((4, 3), np.int32), np.zeros((2, 0), np.int32), ties((3, 2, 4), np.float64)):
+        for shard in [(1, 0), (0, 1), (1, None), (1, 1)]:
+            X = mwrt.dist_send(x, mesh=square, shard=shard)
+            same(planned(lambda: np.argsort(X, axis=None)), np.argsort(x, axis=None,
+                                                                         kind="stable"))
+            same(planned(lambda: np.sort(X, axis=None)), np.sort(x, axis=None))
+
+
+def test_median_over_several_axes_not_all_merges_them(m, square):
+    """np.median over several axes, not all, one of them sharded: the axes moved last and
+    merged (the reshape's plan), then the sort's plan along the merged axis; it ran on
+    replicated copies with a PlacementWarning."""
+    x = ties((4, 3, 5), np.float64)
+    for mesh, shard in [(m, 0), (m, 1), (m, 2), (square, (0, 1)), (square, (2, 0)),
+                        (square, (None, 1))]:
+        X = mwrt.dist_send(x, mesh=mesh, shard=shard)
+        for kwargs in ({"axis": (0, 1)}, {"axis": (1, 2), "keepdims": True},
+                       {"axis": (0, 2)}, {"axis": (-1, 0), "keepdims": True}):
+            same(planned(lambda: np.median(X, **kwargs)), np.median(x, **kwargs))
+    I = mwrt.dist_send(ties((5, 2, 2), np.int64), mesh=m, shard=0)
+    same(planned(lambda: np.median(I, axis=(0, 2))), np.median(I.numpy(), axis=(0, 2)))
+
+
 @pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.float32, np.complex128])
 def test_median_over_an_empty_sharded_axis_is_numpys_nan_at_every_place(m, square, dtype):
     """No middle to take: each place's block holds all of the empty axis, so its own median

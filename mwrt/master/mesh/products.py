@@ -11,17 +11,24 @@ all-to-all where it is sharded), whichever moves fewer bytes: a local product th
 np.dot of two stacks, whose result has the left's axes but its last and then the right's
 but its second-to-last (no batch axes), keeps a sharded kept axis of one beside the other
 replicated, and otherwise replicates the smaller operand.
+
+np.kron(A, B) with A sharded along one axis and B whole at every place (replicated, or a
+master array): each place's kron of its block is a run of the result's axis (its rows
+times B's length there), moved to the result's blocks (runs.exchange, worker to worker).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
+from ...ops import Spec
 from ..issue import call
+from . import runs
 from .fallback import replicated
-from .moves import redistribute
+from .moves import redistribute, resolve
 from .placement import REPLICATE, Partial, Placement, Shard, local_box
 from .plan import Plan, Slot, no_rule
 
@@ -326,3 +333,35 @@ def _one_side(name, operands, args, spec) -> Plan:
 
 
 __all__ = ["matmul"]
+
+
+def kron(operands: list, args: tuple, kwargs: dict, count):
+    """np.kron(A, B) by its plan (see the module's text), A sharded along one axis and B
+    whole at every place; None where the operands lie otherwise."""
+    a, b = args if len(args) == 2 else (None, None)
+    if kwargs or type(a) is not Slot or not (type(b) is Slot or isinstance(b, np.ndarray)):
+        return None
+    for t in operands:
+        resolve(t)
+    ta = operands[a.k]
+    whole: Any = operands[b.k] if type(b) is Slot else b
+    sharded = {p.axis for p in ta._placements if type(p) is Shard}
+    if len(sharded) != 1 or (type(b) is Slot and any(p != REPLICATE
+                                                     for p in whole._placements)):
+        return None
+    axis, n = sharded.pop(), max(ta.ndim, whole.ndim)
+    r = axis + n - ta.ndim  # A's axis in the result's
+    ones = (1,) * n
+    sa, sb = ones[ta.ndim:] + tuple(ta.shape), ones[whole.ndim:] + tuple(whole.shape)
+    spec = Spec(tuple(x * y for x, y in zip(sa, sb)), np.result_type(ta.dtype, whole.dtype))
+    mesh = ta._mesh
+    out = tuple(Shard(r) if type(p) is Shard else REPLICATE for p in ta._placements)
+    dims = tuple(d for d, p in enumerate(ta._placements) if type(p) is Shard)
+    held, wanted = [], []
+    for i, coord in enumerate(mesh.coords):
+        lo, hi = local_box(ta.shape, ta._placements, mesh.shape, coord)[axis]
+        other = whole if type(b) is not Slot else whole._locals[i]
+        held.append([(call("numpy", "kron", count, ta._locals[i], other), lo * sb[r],
+                      hi * sb[r])])
+        wanted.append(local_box(spec.shape, out, mesh.shape, coord)[r])
+    return ta.results.on_mesh(mesh, out, runs.exchange(mesh, dims, r, held, wanted), spec)

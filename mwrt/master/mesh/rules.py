@@ -12,7 +12,8 @@ placements and the redistribute() call that fixes them. No rule ever gathers dat
   min, prod) (mean: a sum scaled by the global count); var, std, argmax, argmin, cumsum and
   cumprod over it run in two phases (twophase.py); median takes the sort's plan (sorting.py),
   and over an empty axis runs at every place on its block (all of that axis).
-- matmul, dot: products.py.
+- matmul, dot: products.py (and np.kron of a sharded operand and a whole one, which
+  arrayfunc.py asks it for).
 - shape ops (transpose, swapaxes, moveaxis, expand_dims, squeeze, reshape keeping the sharded
   axis and those before it) follow the sharded axis; other reshapes, and concatenate along
   it, regroup it between the places (regroup.py); getitem/setitem with basic indices

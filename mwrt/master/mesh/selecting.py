@@ -14,9 +14,10 @@ mesh bool mask of the tensor's shape, read (getitem) or written (setitem with a 
   place receives its new block: redistribute's all-to-all), and so is the mask.
 - t[mask] = scalar: each place sets its block where its part of the mask holds; of an
   empty t, with a value of at most one element (NumPy's check), nothing. t[mask] = an
-  array, where each place's block is one run of t's C order (sharded on axis 0, or on a
-  later axis with those before it of length 1): the counts come to the master, and each
-  place sets its block from its run of the array.
+  array: a block is runs of t's C order (one per index of the axes before the last
+  sharded one; one run where only axis 0 is sharded), the mask's count of each run comes to
+  the master (one round trip), which numbers the runs of every block in t's C order, and
+  each place sets its block from its runs of the array, sent inline.
 """
 
 from __future__ import annotations
@@ -162,8 +163,7 @@ def setitem_plan(t, operands: list, args: tuple, resolve) -> Plan | None:
         return Plan(None, skip=frozenset(range(t._mesh.size)))  # no element to set
     if type(index) is Slot and type(value) is np.ndarray and value.ndim == 1 and \
             value.size != 1 and operands[index.k].dtype == np.bool_ and \
-            operands[index.k].shape == t.shape and not ordering.capture and all(
-                _runs_in_order(box, t.shape) for box in _boxes(t)):
+            operands[index.k].shape == t.shape and not ordering.capture:
         mask = operands[index.k]
         for x in (t, mask):
             resolve(x)
@@ -190,37 +190,47 @@ def _boxes(t) -> list:
     return [local_box(t.shape, t._placements, mesh.shape, c) for c in mesh.coords]
 
 
-def _runs_in_order(box, shape) -> bool:
-    """True if a block is one run of its tensor's C order: the axes before the last it cuts
-    hold one index each (an empty block: none)."""
-    if any(hi == lo for lo, hi in box):
-        return True
-    cut = [a for a, (lo, hi) in enumerate(box) if (lo, hi) != (0, shape[a])]
-    return not cut or all(hi - lo == 1 for lo, hi in box[:cut[-1]])
-
-
 def _set_runs(t, mask, values: np.ndarray) -> None:
-    """t[mask] = values, each block a run of t's C order: the places' counts come to the
-    master (one round trip, as a mask's read), and each place sets its block from its run
-    of `values`, sent inline with the op."""
+    """t[mask] = values (see the module's text): the runs of each block are the indices of
+    the axes before the last sharded one, each over the block's part of that axis and all
+    of those after it; ordered by their first element, they are t's C order."""
     if mask._placements != t._placements:
         mask = redistribute(mask, t._placements)
+    last = max((p.axis for p in t._placements if type(p) is Shard), default=0)
     boxes = _boxes(t)
     first: dict = {}  # each distinct block -> the first place that holds it
     for i, box in enumerate(boxes):
         first.setdefault(box, i)
-    strides = np.cumprod((1,) + t.shape[:0:-1])[::-1]
-    ordered = sorted(first, key=lambda box: sum(lo * s for (lo, _), s in zip(box, strides)))
-    counts = [int(n) for n in fetch_many([issue.call("count_nonzero", mask._locals[first[box]])
-                                          for box in ordered])]
-    if sum(counts) != len(values):
+    inner = tuple(range(last, t.ndim))
+    counts = [np.asarray(n, np.int64).reshape(-1) for n in fetch_many(
+        [issue.call("count_nonzero", mask._locals[i], axis=inner) for i in first.values()])]
+    total = int(sum(int(c.sum()) for c in counts))
+    if total != len(values):
         raise ValueError(f"NumPy boolean array indexing assignment cannot assign "
-                         f"{len(values)} input values to the {sum(counts)} output values "
+                         f"{len(values)} input values to the {total} output values "
                          "where the mask is true")
-    starts = dict(zip(ordered, np.cumsum([0] + counts[:-1]).tolist()))
-    ends = {box: starts[box] + n for box, n in zip(ordered, counts)}
+    keys = [_run_keys(box, t.shape, last) for box in first]
+    order = np.argsort(np.concatenate(keys), kind="stable")
+    starts = np.empty(len(order), np.int64)
+    starts[order] = np.cumsum(np.concatenate(counts)[order]) - np.concatenate(counts)[order]
+    taken, at = {}, 0
+    for box, n in zip(first, counts):
+        mine = starts[at:at + len(n)]
+        at += len(n)
+        taken[box] = values[np.repeat(mine - np.cumsum(n) + n, n) + np.arange(n.sum())]
     for i, box in enumerate(boxes):
-        issue.call("setitem", t._locals[i], mask._locals[i], values[starts[box]:ends[box]])
+        issue.call("setitem", t._locals[i], mask._locals[i], taken[box])
+
+
+def _run_keys(box: tuple, shape: tuple, last: int) -> np.ndarray:
+    """Where each run of a block (the indices of axes before `last`, in C order) begins in
+    t's C order: its outer index flattened, then its start along `last`."""
+    if not last:
+        return np.full(1, box[0][0] if shape else 0, np.int64)
+    outer = np.indices([hi - lo for lo, hi in box[:last]]).reshape(last, -1)
+    at = np.ravel_multi_index(tuple(o + lo for o, (lo, _) in zip(outer, box[:last])),
+                              shape[:last])
+    return at * (shape[last] + 1) + box[last][0]
 
 
 __all__ = ["getitem_plan", "setitem_plan", "take_rows"]

@@ -120,10 +120,8 @@ def _sorted(name, t, axis, args, kwargs, spec) -> Plan | None:
     kind = kwargs.get("kind", args[2] if len(args) > 2 else None)
     if kwargs.get("order", args[3] if len(args) > 3 else None) is not None:
         return None
-    if axis is None and t.ndim != 1:
-        if not regroup.flattens(t):
-            return None
-        sort = np.sort if name == "sort" else np.argsort
+    if axis is None and t.ndim != 1:  # flattened by the reshape's plan (blocks that are not
+        sort = np.sort if name == "sort" else np.argsort  # runs of t's C order move first)
         return Plan(None, whole=lambda: sort(t.reshape(-1), axis=0, kind=kind))
     axis = 0 if axis is None else axis % t.ndim
     dims = sorting.plannable(t, axis)

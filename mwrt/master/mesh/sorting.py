@@ -16,7 +16,8 @@ of the result. Every fibre along the axis is sorted at once, as np.sort sorts th
 receives about the whole axis over the rounds (the places hold two blocks at most), where a
 replicated sort has each receive all but its block and hold the whole.
 
-np.median along the sharded axis takes the sorted axis's middle elements from where they lie.
+np.median along the sharded axis takes the sorted axis's middle elements from where they lie;
+over several axes, along the one they make when moved last and merged.
 
 argsort carries each element's global position beside it (merged by the same order), so
 ties keep the order of their positions: np.argsort's with kind="stable", whatever the kind
@@ -95,8 +96,9 @@ def sort(t, axis: int, dims: tuple, spec, positions: bool = False):
 
 def median_plan(t, args: tuple, kwargs: dict, axes: tuple):
     """np.median over the sharded axis as a function of nothing (the sort's plan, then the
-    middle elements taken where they lie and broadcast), or None where it has none (other
-    arguments, several axes; an empty axis has no middle: rules.reduction runs it locally)."""
+    middle elements taken where they lie and broadcast; over several axes, of them merged),
+    or None where it has none (other arguments; an empty axis has no middle:
+    rules.reduction runs it locally)."""
     if len(args) > 2 or set(kwargs) - {"axis", "keepdims"} or not math.prod(
             t.shape[a] for a in axes):
         return None
@@ -105,11 +107,22 @@ def median_plan(t, args: tuple, kwargs: dict, axes: tuple):
         return lambda: _median(t.reshape(-1), 0, False).reshape(
             (1,) * t.ndim if keepdims else ())
     if len(axes) != 1:
-        return None
+        return lambda: _median_over(t, axes, keepdims)
     axis = axes[0]
     if plannable(t, axis) is None:
         return None
     return lambda: _median(t, axis, keepdims)
+
+
+def _median_over(t, axes: tuple, keepdims: bool):
+    """np.median over several axes, not all: of the tensor with them moved last and merged
+    into one (the reshape's plan moves blocks where it merges the sharded axis), as NumPy
+    takes it."""
+    kept = [a for a in range(t.ndim) if a not in axes]
+    merged = np.moveaxis(t, axes, range(len(kept), t.ndim)).reshape(
+        tuple(t.shape[a] for a in kept) + (-1,))
+    middle = np.median(merged, axis=-1)
+    return np.expand_dims(middle, axes) if keepdims else middle
 
 
 def _median(t, axis: int, keepdims: bool):
