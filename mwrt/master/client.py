@@ -50,12 +50,17 @@ def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zm
 class Node(Replies):
     """The master's connection to one worker daemon."""
 
-    def __init__(self, cluster, index: int, address: str):
+    def __init__(self, cluster, index: int, address: str, route: str | None = None):
         self.cluster, self.index = cluster, index
         self.address = address if address.startswith("tcp://") else f"tcp://{address}"
+        # Where the sockets connect: the daemon's Unix socket for a local one, else address.
+        # That socket admits this process alone (the kernel names the peer: the daemon's
+        # _bind_ipc), so it takes no CURVE.
+        self.route = route or self.address
+        self.route_keys = None if self.route.startswith("ipc://") else cluster.keys
         sid = cluster.connection_id.encode()
-        self.tx = dealer(cluster.context, sid + b"/tx", self.address, cluster.keys)
-        self.rx = dealer(cluster.context, sid + b"/rx", self.address, cluster.keys)
+        self.tx = dealer(cluster.context, sid + b"/tx", self.route, self.route_keys)
+        self.rx = dealer(cluster.context, sid + b"/rx", self.route, self.route_keys)
         # A wait reads replies with this timeout, checking for a loss between reads: one
         # call per reply, where a poll and a read cost two.
         self.rx.setsockopt(zmq.RCVTIMEO, _READ_SLICE_MS)

@@ -59,7 +59,10 @@ class Cluster:
         self.local = local
         self.ids = itertools.count(1)  # command and tensor ids, shared by every node
         self.sites: list = [None] * SITES  # the line that issued each of them (by id)
-        self.nodes = [Node(self, i, address) for i, address in enumerate(addresses)]
+        # A local daemon is reached on its Unix socket (LocalWorker.route), any other by tcp.
+        routes = {worker.address: worker.route for worker in local}
+        self.nodes = [Node(self, i, address, routes.get(address))
+                      for i, address in enumerate(addresses)]
         self.rng = np.random.default_rng()
         self.attached: dict | None = None  # handles of a re-attached session (reattach.py)
         self.meshes: weakref.WeakSet = weakref.WeakSet()  # meshes over these nodes
@@ -141,7 +144,8 @@ class Cluster:
             worker = start_one_local_worker(self.worker_keys, timeout, len(self.nodes))
             address = worker.address
         try:
-            self._take_place(index, Node(self, index, address), worker, timeout)
+            self._take_place(index, Node(self, index, address, worker and worker.route),
+                             worker, timeout)
         except BaseException as exc:
             if worker is not None and self.nodes[index] is old:
                 worker.stop()

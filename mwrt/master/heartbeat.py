@@ -46,7 +46,7 @@ class Heartbeat(threading.Thread):
         self._waker = Waker()  # stop() ends the poll's 50 ms wait: shutdown waits on it
         self._outbox: list = []  # (node index, message), sent by this thread
         sid = cluster.connection_id.encode()
-        self.sockets = [dealer(cluster.context, sid + b"/hb", n.address, cluster.keys)
+        self.sockets = [dealer(cluster.context, sid + b"/hb", n.route, n.route_keys)
                         for n in cluster.nodes]
         self.monitors = [s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
                          for s in self.sockets]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,10 +19,11 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 
 
 class LocalWorker:
-    """A daemon process on this machine, listening on a loopback port it picked."""
+    """A daemon process on this machine, listening on a loopback port it picked, and on a
+    Unix socket (`route`, where the master connects; the address where it has none)."""
 
     def __init__(self, process: subprocess.Popen, address: str):
-        self.process, self.address = process, address
+        self.process, self.address, self.route = process, address, address
 
     @classmethod
     def start(cls, timeout: float, key_file: str | None = None,
@@ -41,7 +43,7 @@ class LocalWorker:
         child_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
         command = [sys.executable, "-m", "mwrt.worker", "--listen", "127.0.0.1:0",
-                   "--parent-pid", str(os.getpid())]
+                   "--parent-pid", str(os.getpid()), "--ipc"]
         if key_file is not None:
             command += ["--key-file", key_file]
         # A session of its own: a terminal's Ctrl-C is for the master, which then frees its
@@ -63,6 +65,8 @@ def stop_all(workers: list[LocalWorker], timeout: float = 5.0) -> None:
     for worker in workers:
         if worker.process.stdout is not None:
             worker.process.stdout.close()
+        if worker.route.startswith("ipc://"):  # the daemon removes it, unless it was killed
+            shutil.rmtree(os.path.dirname(worker.route.removeprefix("ipc://")), ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -105,7 +109,8 @@ def start_many(count: int, timeout: float, key_file: str | None = None,
             ready, _, _ = select.select(list(waiting), [], [], 0.1)
             for stream in ready:
                 worker, place, _ = waiting.pop(stream)
-                worker.address = _address(worker, stream.readline(), place, count, bound)
+                worker.address, worker.route = _address(worker, stream.readline(), place,
+                                                        count, bound)
                 if started is not None:
                     started(1)
             for stream, (worker, place, deadline) in list(waiting.items()):
@@ -135,11 +140,14 @@ def _load_slack() -> float:
     return min(6.0, runnable_per_core())
 
 
-def _address(worker: LocalWorker, line: str, place: int, count: int, timeout: float) -> str:
-    """The address in a daemon's first line, or a ConnectionError naming the daemon."""
+def _address(worker: LocalWorker, line: str, place: int, count: int,
+             timeout: float) -> tuple[str, str]:
+    """The tcp address in a daemon's first line and the one to connect to (its Unix socket
+    if it gave one, else the same), or a ConnectionError naming the daemon."""
     prefix = "mwrt-worker: listening on "
     if line.startswith(prefix):
-        return line[len(prefix):].strip()
+        address, *ipc = line[len(prefix):].split()
+        return address, ipc[0] if ipc else address
     which = f"local worker {place} of {count}" if count > 1 else "local worker"
     if line == "" or worker.process.poll() is not None:  # its output ended: it exited
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -71,7 +73,8 @@ _READ_COMMANDS = 4096
 class Daemon(Dispatcher):
     """A worker daemon: one ROUTER socket for masters, a session per master."""
 
-    def __init__(self, listen: str = "127.0.0.1:0", *, keys=None, parent_pid: int | None = None):
+    def __init__(self, listen: str = "127.0.0.1:0", *, keys=None, parent_pid: int | None = None,
+                 ipc: bool = False):
         host, port = split_host_port(listen, "mwrt-worker --listen")
         if host not in ("*", "0.0.0.0", "::"):
             host = resolve(host, "mwrt-worker --listen")
@@ -105,6 +108,7 @@ class Daemon(Dispatcher):
                               f"({exc}); pick another port with --listen HOST:PORT (port 0 "
                               "takes a free one)") from None
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.ipc_address, self._ipc_folder = self._bind_ipc(parent_pid) if ipc else ("", None)
         self._reply_address = f"inproc://mwrt-replies-{self.incarnation}"
         self.replies = self.context.socket(zmq.PULL)
         self.replies.bind(self._reply_address)
@@ -131,6 +135,27 @@ class Daemon(Dispatcher):
         self.refusals = RefusalLog(keys is not None, self._log_rejection, _REJECTION_WINDOW)
         self._ending: list[threading.Thread] = []  # sessions being freed off the socket thread
         self.retired = dict.fromkeys(report.COUNTERS, 0)  # of sessions that ended
+
+    def _bind_ipc(self, parent_pid: int | None) -> tuple[str, str | None]:
+        """Serve masters of this host on a Unix socket too: (its address, its folder).
+
+        The folder is mkdtemp's, mode 0700: only this user (and root) may connect. Given
+        the master's pid (a local worker's --parent-pid), the kernel's word on the peer
+        (SO_PEERCRED) admits that process alone, and the socket skips CURVE: that process
+        is the one the session's key was made for. Else the key applies as on tcp.
+        """
+        folder = tempfile.mkdtemp(prefix="mwrt-worker-")
+        address = f"ipc://{folder}/router"
+        try:
+            if parent_pid is not None:  # options are the listener's as at its bind
+                self.router.setsockopt(zmq.IPC_FILTER_PID, parent_pid)
+                self.router.curve_server = False
+            self.router.bind(address)
+        except zmq.ZMQError as exc:  # (a path too long for a Unix socket): tcp alone serves
+            log.warning("not serving on %s (%s); masters reach this daemon by tcp", address, exc)
+            shutil.rmtree(folder, ignore_errors=True)
+            return "", None
+        return address, folder
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -219,6 +244,8 @@ class Daemon(Dispatcher):
         # Only now: an op finishing as we stop sends its (unread) reply here, and a PUSH
         # with no PULL left to take it would block that stream until the grace ran out.
         self.replies.close(linger=0)
+        if self._ipc_folder is not None:
+            shutil.rmtree(self._ipc_folder, ignore_errors=True)
         busy = [t.name for t in threads if t.is_alive()]
         if busy:  # a user function still running: context.term() would wait for it
             log.warning("stopping with %d stream(s) still running an op (%s); not waiting",

@@ -185,3 +185,41 @@ def test_oversized_tensor_is_refused_naming_the_limit(served):
     with pytest.raises(mwrt.RemoteError, match="MWRT_MAX_TENSOR_BYTES"):
         huge.numpy()
     np.testing.assert_array_equal(mwrt.ones(2).numpy(), [1, 1])
+
+
+_KNOCK = """
+import sys, msgspec, zmq
+from mwrt.protocol import wire
+ctx = zmq.Context()
+answered = []
+for address in sys.argv[1:]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"intruder/rx")
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    body = msgspec.msgpack.encode([[wire.code(wire.Hello), 1, "s", "intruder", 0, 0.0]])
+    sock.send_multipart([wire.envelope(0, body)])
+    answered.append(bool(sock.poll(1000)))
+    sock.close(0)
+print(answered)
+"""
+
+
+def test_a_local_worker_admits_its_master_alone_on_either_socket():
+    # Its Unix socket (where the master connects) lets in the master's pid only, in a folder
+    # of mode 0700; its tcp port wants the session's key. A Hello from another process of
+    # the same user gets no answer on either, and the master computes on.
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=1)
+    try:
+        node = mwrt.master.cluster.current().nodes[0]
+        assert node.route.startswith("ipc://") and node.route_keys is None
+        folder = os.path.dirname(node.route.removeprefix("ipc://"))
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        knock = subprocess.run([sys.executable, "-c", _KNOCK, node.route, node.address],
+                               capture_output=True, text=True, timeout=60, check=True)
+        assert knock.stdout.split("\n")[0] == "[False, False]", knock
+        assert float(mwrt.ones(3).sum()) == 3.0
+    finally:
+        mwrt.shutdown()
+    assert not os.path.exists(folder)  # the daemon's exit removed it
