@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from functools import partial
 
 import numpy as np
@@ -26,46 +25,7 @@ import numpy as np
 from .. import config
 from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, WireError
 from .base import Work, size_mismatch
-
-_PENDING = object()
-
-
-class _Post:
-    """A receive: the buffer to fill (None: any size, made on arrival) and its outcome."""
-
-    __slots__ = ("desc", "error", "finished", "peer", "ready", "tag", "view")
-
-    def __init__(self, view, desc, peer, tag):
-        self.view, self.desc, self.peer, self.tag = view, desc, peer, tag
-        self.finished, self.error = False, _PENDING
-        self.ready = threading.Lock()
-        self.ready.acquire()
-
-    def release(self, error=None) -> None:
-        """Hand the outcome to the waiter; only the party that set `finished` calls this."""
-        self.error = error
-        self.ready.release()
-
-
-class _Msg:
-    """A stashed message from a peer: its bytes, and how many have arrived."""
-
-    __slots__ = ("buf", "desc", "done", "got", "post", "total")
-
-    def __init__(self, total, desc):
-        self.total, self.desc, self.buf, self.got = total, desc, None, 0
-        self.post, self.done = None, False
-
-
-class _Box:
-    """Per (peer, tag): receives waiting, messages nobody claimed yet, the one arriving."""
-
-    __slots__ = ("arrived", "current", "posted")
-
-    def __init__(self):
-        self.posted: deque[_Post] = deque()
-        self.arrived: deque[_Msg] = deque()
-        self.current: _Msg | None = None
+from .mailbox import PENDING, Box, Post, Stashed
 
 
 class Matcher:
@@ -81,7 +41,7 @@ class Matcher:
         self.read_for = _read_nothing
         self._on_peer_gone = on_peer_gone or (lambda peer: None)
         self._lock = threading.Lock()  # the boxes; a plain lock: `with` on it costs no Python
-        self._boxes: dict[tuple[int, int], _Box] = {}
+        self._boxes: dict[tuple[int, int], Box] = {}
         self.departed: dict[int, str] = {}  # peer -> why it is gone
         self._failed_tags: list[tuple] = []  # (match, why) of fail_tags: checked at each post
         # Bytes each peer sent that no receive claimed yet: a peer may not pile up more than
@@ -94,13 +54,13 @@ class Matcher:
     def recv(self, view, peer, tag, timeout, desc) -> None:
         """Fill `view` with the next message from `peer` on `tag`."""
         got = self._post(view, peer, tag, desc)
-        if type(got) is _Post:
+        if type(got) is Post:
             self.wait(got, timeout)
 
     def recv_message(self, peer, tag, timeout) -> memoryview:
         """The next message from `peer` on `tag`, whatever its size."""
         got = self._post(None, peer, tag, "any size")
-        if type(got) is _Post:
+        if type(got) is Post:
             self.wait(got, timeout)
             got = got.view
         return got
@@ -108,8 +68,8 @@ class Matcher:
     def irecv(self, view, desc, peer, tag, timeout) -> Work:
         """Post a receive now; the receiver thread fills `view` without a helper thread."""
         post = self._post(view, peer, tag, desc)
-        if type(post) is not _Post:  # it had arrived: a receive that is already complete
-            post = _Post(view, desc, peer, tag)
+        if type(post) is not Post:  # it had arrived: a receive that is already complete
+            post = Post(view, desc, peer, tag)
             post.finished = True
             post.release()
         return Work(f"{self.name} irecv rank {self.rank}<-{peer}", timeout,
@@ -117,7 +77,7 @@ class Matcher:
                     partial(self._cancel_post, post))
 
     def _post(self, view, peer, tag, desc):
-        """The arrived message for (peer, tag) in `view` (or the stash itself), or a _Post."""
+        """The arrived message for (peer, tag) in `view` (or the stash itself), or a Post."""
         with self._lock:
             box = self._boxes.get((peer, tag))
             if box is not None and box.arrived:
@@ -127,16 +87,16 @@ class Matcher:
                 if view is not None and msg.total != view.nbytes:
                     raise size_mismatch(self.channel, peer, tag, msg.desc, desc)
                 if not msg.done:  # still arriving: the receiver thread hands it over at the end
-                    msg.post = _Post(view if view is not None else msg.buf, desc, peer, tag)
+                    msg.post = Post(view if view is not None else msg.buf, desc, peer, tag)
                     return msg.post
             elif peer in self.departed or self.channel.closed:
                 raise self._closed_error(peer, tag)
             elif self._failed_tags and (why := self.tag_failed(tag)):
                 raise self._failed_tag_error(peer, tag, why)
             else:
-                post = _Post(view, desc, peer, tag)
+                post = Post(view, desc, peer, tag)
                 if box is None:
-                    box = self._boxes[(peer, tag)] = _Box()
+                    box = self._boxes[(peer, tag)] = Box()
                 box.posted.append(post)
                 return post
         if view is None:
@@ -153,7 +113,7 @@ class Matcher:
                 raise self._closed_error(peer, tag)
             return False
 
-    def wait(self, post: _Post, timeout: float | None) -> None:
+    def wait(self, post: Post, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
         if not post.finished:
             self.read_for(post, deadline)
@@ -187,7 +147,7 @@ class Matcher:
             self._gc(peer, tag, box)
             return msg.buf
 
-    def _unpost(self, post: _Post) -> None:
+    def _unpost(self, post: Post) -> None:
         """Take a posted receive out of its box (under the lock)."""
         box = self._boxes.get((post.peer, post.tag))
         if box is not None and post in box.posted:
@@ -226,10 +186,10 @@ class Matcher:
                 return None  # nothing will ever receive it
             if post is None:
                 self._unclaimed_more(peer, data.nbytes)
-                msg = _Msg(data.nbytes, desc)
+                msg = Stashed(data.nbytes, desc)
                 msg.buf, msg.got, msg.done = memoryview(bytearray(data)), data.nbytes, True
                 if box is None:
-                    box = self._boxes[(peer, tag)] = _Box()
+                    box = self._boxes[(peer, tag)] = Box()
                 box.arrived.append(msg)
             else:
                 post.finished = True
@@ -243,7 +203,7 @@ class Matcher:
                 self._gc(peer, tag, box)
         return None if post is None else (post, error)
 
-    def _next_post(self, box) -> _Post | None:
+    def _next_post(self, box) -> Post | None:
         """Take the oldest receive still waiting in `box` (under the lock)."""
         while box is not None and box.posted:
             post = box.posted.popleft()
@@ -258,7 +218,7 @@ class Matcher:
         with self._lock:
             box = self._boxes.get((peer, tag))
             if box is None:
-                box = self._boxes[(peer, tag)] = _Box()
+                box = self._boxes[(peer, tag)] = Box()
             msg = box.current
             if msg is None:
                 if offset != 0:
@@ -273,8 +233,8 @@ class Matcher:
                 return None
             return msg.buf[offset:offset + seglen]
 
-    def _start_message(self, box, peer, tag, total, desc) -> _Msg:
-        msg = _Msg(total, desc)
+    def _start_message(self, box, peer, tag, total, desc) -> Stashed:
+        msg = Stashed(total, desc)
         post = self._next_post(box)
         if post is None and self._failed_tags and self.tag_failed(tag):
             return msg  # no buffer: its segments are discarded, nothing will receive it
@@ -331,7 +291,7 @@ class Matcher:
         post.release()
 
     def peer_gone(self, peer: int, why: str) -> None:
-        failed: list[tuple[_Post, int | None, int | None]] = []  # (post, bytes got, of total)
+        failed: list[tuple[Post, int | None, int | None]] = []  # (post, bytes got, of total)
         with self._lock:
             self.departed[peer] = why
             for (p, tag), box in list(self._boxes.items()):
@@ -367,7 +327,7 @@ class Matcher:
         for post in posts:
             post.release(self._closed_error(post.peer, post.tag))
 
-    def _cancel_post(self, post: _Post) -> None:
+    def _cancel_post(self, post: Post) -> None:
         """Withdraw a posted receive (nothing will come): its buffer is no longer written."""
         with self._lock:
             mine = not post.finished
@@ -419,9 +379,9 @@ class Matcher:
                                   f"{tag}: {why}")
 
 
-def _read_nothing(post: _Post, deadline: float | None) -> None:
+def _read_nothing(post: Post, deadline: float | None) -> None:
     """A transport that reads nothing for its waiters."""
 
 
-def _completed(post: _Post) -> bool:
-    return post.error is not _PENDING
+def _completed(post: Post) -> bool:
+    return post.error is not PENDING
