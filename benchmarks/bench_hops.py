@@ -209,10 +209,10 @@ def syscalls(kind: str, reps: int = 300) -> dict | None:
     echo = None
     try:
         if kind == "echo":
-            import bench_ops
             import zmq
+            from baselines import ECHO
 
-            echo = subprocess.Popen([sys.executable, "-c", bench_ops._ECHO],
+            echo = subprocess.Popen([sys.executable, "-c", ECHO],
                                     stdout=subprocess.PIPE, text=True)
             dealer = zmq.Context.instance().socket(zmq.DEALER)
             dealer.connect(f"tcp://127.0.0.1:{int(echo.stdout.readline())}")
@@ -273,10 +273,11 @@ def _count_calls(pid: int, once, reps: int) -> dict | None:
 
 
 def echo_us(reps: int) -> float:
-    """p50 of a pyzmq DEALER/ROUTER echo between two fresh processes (bench_ops's)."""
-    import bench_ops
+    """p50 of a pyzmq DEALER/ROUTER echo between two fresh processes (bench_ops --fresh's)."""
+    from baselines import ECHO
+    from fresh_figures import FRESH_ECHO, fresh_line
 
-    return bench_ops._fresh_line(bench_ops._FRESH_ECHO, reps, bench_ops._ECHO)[0]
+    return fresh_line(FRESH_ECHO, reps, ECHO)[0]
 
 
 def main() -> None:
