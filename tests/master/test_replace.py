@@ -108,21 +108,18 @@ def test_a_replacement_that_dies_mid_replace_leaves_the_others_going(three, afte
     survivors = {i: _on(i, np.arange(3.0) + i) for i in (0, 2)}
     _kill(three, 1)
     doomed = start_one_local_worker(three.worker_keys, 30, 3)
-    killed: list[float] = []
-    killer = threading.Timer(after, lambda: (doomed.process.kill(),
-                                             killed.append(time.monotonic())))
+    killer = threading.Timer(after, doomed.process.kill)
     killer.start()
     try:
         mwrt.replace_node(1, doomed.address)
-        returned = time.monotonic()
     except mwrt.WorkerLostError as exc:
         assert re.search(rf"node 1 not replaced by the worker at {re.escape(doomed.address)}: "
                          r".*(died|lost).*nodes 0, 2 go on", str(exc)), exc
     else:
-        # On a loaded machine the timer can fire only after the replace is done: then the
-        # new node is lost the ordinary way. A kill before it returned must have raised.
+        # The kill came after the new worker's last answer (on a loaded machine the timer
+        # fires late, and a kill just before replace_node returned can fall after its last
+        # wait): the new node is then lost the ordinary way.
         killer.join()
-        assert killed[0] > returned, "replace_node returned though its new worker was killed"
         _wait_lost(three, 1)
     finally:
         killer.join()

@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+from . import machine
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROGRAMS = os.path.join(ROOT, "tests", "programs")
 
@@ -21,12 +23,14 @@ def spawn(program: str, args: list[str], out: str, n: int = 2, timeout: float = 
           codes=None, env=None) -> list:
     """Run programs/PROGRAM ARGS... OUT on n ranks; each rank's saved result, OUT.RANK (None
     for a rank expected to exit with a code other than 0). Checks the exit codes and that no
-    shared memory is left behind."""
+    shared memory is left behind. `timeout` is for a quiet machine, scaled by the load."""
     import torch
 
     codes = codes or [0] * n
+    timeout = machine.seconds(timeout, 10 * timeout)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(n), "MWRT_RENDEZVOUS_TIMEOUT": "60", **(env or {}),
+           "WORLD_SIZE": str(n), "MWRT_RENDEZVOUS_TIMEOUT": str(machine.seconds(60, 600)),
+           **(env or {}),
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs = [subprocess.Popen([sys.executable, os.path.join(PROGRAMS, program), *args, out],
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},

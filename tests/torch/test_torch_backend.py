@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install mwrt[torch])")
 
-from tests.support.torchspawn import spawn  # noqa: E402 - after the importorskip
+from tests.support import machine  # noqa: E402 - after the importorskip
+from tests.support.torchspawn import spawn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -73,6 +74,6 @@ def test_the_ddp_example_runs_as_a_user_runs_it():
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     done = subprocess.run([sys.executable, example], env=env, capture_output=True, text=True,
-                          check=False, timeout=120)
+                          check=False, timeout=machine.seconds(60, 600))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 ranks on mwrt: weight error" in done.stdout, done.stdout
