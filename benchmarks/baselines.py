@@ -1,7 +1,8 @@
 """The baselines the benchmarks measure mwrt against, in the same run: a pyzmq DEALER/ROUTER
 echo and a PUSH loop into another process, a loopback TCP socket, memory copies (into warm
 pages, fresh ones, pages the process never touched) and a multiprocessing.shared_memory
-handoff between two processes."""
+handoff between two processes; and for N nodes, N echo processes (EchoFarm) and N DEALER
+sockets into one sink (SendSink)."""
 
 from __future__ import annotations
 
@@ -196,3 +197,82 @@ def timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+class EchoFarm:
+    """N pyzmq ROUTER echo processes and one DEALER to each: the fan-out floor."""
+
+    def __init__(self, n: int):
+        self.procs = [subprocess.Popen([sys.executable, "-c", ECHO], stdout=subprocess.PIPE,
+                                       stdin=subprocess.DEVNULL, text=True) for _ in range(n)]
+        self.ctx = zmq.Context()
+        self.dealers = []
+        for proc in self.procs:
+            dealer = self.ctx.socket(zmq.DEALER)
+            dealer.connect(f"tcp://127.0.0.1:{int(proc.stdout.readline())}")
+            self.dealers.append(dealer)
+        self.round(n)  # every connection is up before anyone counts the master's sockets
+
+    def round(self, n: int) -> None:
+        """One 16-byte message to each of the first n echoes, then every answer."""
+        for dealer in self.dealers[:n]:
+            dealer.send(b"x" * 16)
+        for dealer in self.dealers[:n]:
+            if not dealer.poll(10_000):
+                raise SystemExit("EchoFarm: an echo process did not answer within 10 s")
+            dealer.recv()
+
+    def close(self) -> None:
+        for dealer in self.dealers:
+            dealer.send(b"stop")
+            dealer.close(linger=1000)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        self.ctx.term()
+
+
+ROUTER_SINK = """
+import sys, zmq
+ctx = zmq.Context(); router = ctx.socket(zmq.ROUTER)
+port = router.bind_to_random_port("tcp://127.0.0.1"); print(port, flush=True)
+while router.recv_multipart()[-1] != b"stop":
+    pass
+"""
+
+
+class SendSink:
+    """One process that drains what N DEALER sockets of this one send it: the baseline of a
+    master that sends each op to each node in its own message."""
+
+    def __init__(self, n: int):
+        self.proc = subprocess.Popen([sys.executable, "-c", ROUTER_SINK], stdout=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True)
+        self.ctx = zmq.Context()
+        port = int(self.proc.stdout.readline())
+        self.dealers = [self.ctx.socket(zmq.DEALER) for _ in range(n)]
+        for dealer in self.dealers:
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+        self.body = b"x" * 48  # about a small Call's bytes
+
+    def send_to(self, n: int) -> None:
+        """One message to the sink on each of the first n sockets."""
+        body = self.body
+        for dealer in self.dealers[:n]:
+            dealer.send(body)
+
+    def close(self) -> None:
+        self.dealers[0].send(b"stop")
+        for dealer in self.dealers:
+            dealer.close(linger=1000)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.ctx.term()

@@ -54,9 +54,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from mwrt.channels.tcp import tune  # noqa: E402  (the baselines' sockets get the channel's settings)
+import hostkit  # noqa: E402
+from baselines import timed  # noqa: E402
+from hostkit import (  # noqa: E402
+    MIB, connect_retrying, recv_exactly, role_raw_recv, role_raw_send, send_in_pieces)
 
-MIB = 1 << 20
-PIECE_BYTES = 4 * MIB  # the tcp channel's segment size (MWRT_SEGMENT_BYTES)
 WORKER_PORT = 7070
 RENDEZVOUS_PORT = 29500
 RAW_PORT = 29600  # each namespace is fresh, so fixed ports are free
@@ -64,79 +66,9 @@ ECHO_PORT = 29700
 ROUND_TRIPS = 2000
 TRANSFER_TARGET, ALL_REDUCE_TARGET, TWO_LEVEL_TARGET = 0.9, 0.85, 1.0
 START_TIMEOUT = 60.0
-RUN_TIMEOUT = 300.0
 
 
 # -- programs run on a simulated host (this file with --role) -------------------------------
-
-
-def connect_retrying(addr: tuple[str, int], timeout: float = 30.0) -> socket.socket:
-    """A plain TCP connection, retried while the peer's listener is not up yet."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            sock = socket.create_connection(addr)
-            tune(sock)
-            return sock
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
-def recv_exactly(sock: socket.socket, view: memoryview) -> None:
-    """Fill `view` from `sock`."""
-    got = 0
-    while got < view.nbytes:
-        n = sock.recv_into(view[got:])
-        if not n:
-            raise ConnectionError("peer closed mid-message")
-        got += n
-
-
-def send_in_pieces(sock: socket.socket, buf: np.ndarray) -> None:
-    """sendall in pieces of the channel's segment size: one huge send holds the socket's lock
-    through the whole copy, so the kernel cannot process the peer's ACKs meanwhile (measured
-    here: 2.0 GB/s in one call, faster in pieces)."""
-    view = memoryview(buf).cast("B")
-    for start in range(0, view.nbytes, PIECE_BYTES):
-        sock.sendall(view[start:start + PIECE_BYTES])
-
-
-def role_raw_recv(addr: str, port: int, nbytes: int, reps: int) -> dict:
-    """Baseline receiver: accept one connection, receive and ack reps + 1 messages."""
-    with socket.create_server((addr, port)) as server:
-        conn, _ = server.accept()
-    tune(conn)
-    buf = np.zeros(nbytes, np.uint8)  # prefaulted and reused, as a ceiling should be
-    with conn:
-        for _ in range(reps + 1):
-            recv_exactly(conn, memoryview(buf))
-            conn.sendall(b"k")
-    return {}
-
-
-def role_raw_send(addr: str, port: int, nbytes: int, reps: int) -> dict:
-    """Baseline sender: time sendall of `nbytes` plus the 1-byte ack, reps + 1 times."""
-    # Connect first, then allocate: allocating 64 MiB before connecting made this same loop
-    # run at 2.0 GB/s instead of 3.0 over the veth link, reproducibly (the placement of the
-    # buffer's pages, not the socket, differs); the floor should be the better of the two.
-    with connect_retrying((addr, port)) as sock:
-        src, ack, times = np.ones(nbytes, np.uint8), bytearray(1), []
-        for i in range(reps + 1):
-            start = time.perf_counter()
-            send_in_pieces(sock, src)
-            recv_exactly(sock, memoryview(ack))
-            if i:  # the first warms the connection's window and the receiver's pages
-                times.append(time.perf_counter() - start)
-    return {"times": times}
-
-
-def timed(fn) -> float:
-    """Seconds one call of fn takes."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def role_master(nbytes: int, reps: int) -> dict:
@@ -308,28 +240,13 @@ ROLES = {"raw-recv": role_raw_recv, "raw-send": role_raw_send, "master": role_ma
 
 
 def launch(host, role: str, args: dict, env: dict | None = None, log: str | None = None):
-    """This file with `--role role` on `host`; stdout is a pipe, or a log file for daemons."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--role", role, "--args", json.dumps(args)]
-    out = open(log, "w") if log else subprocess.PIPE
-    try:
-        return host.popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if log else
-                          subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    finally:
-        if log:
-            out.close()  # the child has its own descriptor
+    """This file with `--role role` on `host` (hostkit.launch)."""
+    return hostkit.launch(__file__, host, role, args, env, log)
 
 
-def result(proc, what: str, program: str = "bench_hosts") -> dict:
-    """The JSON a role printed last; an error naming `program` with its stderr if it failed."""
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise SystemExit(f"{program}: {what} timed out:\n{err[-2000:]}") from None
-    if proc.returncode != 0:
-        raise SystemExit(f"{program}: {what} exited {proc.returncode}:\n{err[-3000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+def result(proc, what: str) -> dict:
+    """The JSON a role printed last (hostkit.result, naming this benchmark)."""
+    return hostkit.result(proc, what, "bench_hosts")
 
 
 def raw_times(src, dst, nbytes: int, reps: int, port: int) -> list[float]:

@@ -35,17 +35,15 @@ import argparse
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
-import zmq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from bench_scale import EchoFarm  # noqa: E402
+from baselines import EchoFarm, SendSink, timed  # noqa: E402
 
 import mwrt  # noqa: E402
 
@@ -114,48 +112,6 @@ def op_row(n: int, echoes: EchoFarm, sink: SendSink, reps: int, ops: int) -> dic
     return row
 
 
-_SINK = """
-import sys, zmq
-ctx = zmq.Context(); router = ctx.socket(zmq.ROUTER)
-port = router.bind_to_random_port("tcp://127.0.0.1"); print(port, flush=True)
-while router.recv_multipart()[-1] != b"stop":
-    pass
-"""
-
-
-class SendSink:
-    """One process that drains what N DEALER sockets of this one send it: the baseline of a
-    master that sends each op to each node in its own message."""
-
-    def __init__(self, n: int):
-        self.proc = subprocess.Popen([sys.executable, "-c", _SINK], stdout=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, text=True)
-        self.ctx = zmq.Context()
-        port = int(self.proc.stdout.readline())
-        self.dealers = [self.ctx.socket(zmq.DEALER) for _ in range(n)]
-        for dealer in self.dealers:
-            dealer.connect(f"tcp://127.0.0.1:{port}")
-        self.body = b"x" * 48  # about a small Call's bytes
-
-    def send_to(self, n: int) -> None:
-        """One message to the sink on each of the first n sockets."""
-        body = self.body
-        for dealer in self.dealers[:n]:
-            dealer.send(body)
-
-    def close(self) -> None:
-        self.dealers[0].send(b"stop")
-        for dealer in self.dealers:
-            dealer.close(linger=1000)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
-        self.ctx.term()
-
-
 def append_floor(n: int, ops: int = 2000) -> float:
     """Seconds per op of the least a mesh op can do in Python: one bytes object appended to
     each of n lists (each node's batch), the lists emptied as batches are."""
@@ -171,12 +127,6 @@ def append_floor(n: int, ops: int = 2000) -> float:
                     batch.clear()
         best = min(best, (time.thread_time() - cpu) / ops)
     return best
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 GOALS = {"+=": 1e-6, "*": 2e-6}  # master CPU per extra node: an in-place op, a new result

@@ -15,7 +15,8 @@
    fds, TCP sockets and threads; each daemon's RSS, threads and fds; heartbeats per second,
    computed (N / MWRT_HEARTBEAT_INTERVAL pings, as many pongs) and counted on the master's
    heartbeat thread over idle seconds.
-2. SPMD over simulated hosts (tests/support/hosts.py, root only), k = 2, 4, 8, 16, one rank each:
+2. SPMD over simulated hosts (tests/support/hosts.py, root only; scale_spmd.py), k = 2, 4, 8,
+   16, one rank each:
    `init_process_group("tcp", init_method="tcp://<host0>:PORT")` with a job secret, timed
    from a common start (every rank imported mwrt and waits on a go file); a 4 KiB all_reduce
    (baseline: one 4 KiB hop to the next rank over a plain socket, the cost of one of the
@@ -35,72 +36,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
-import numpy as np
-import zmq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import mwrt  # noqa: E402
 from mwrt import config  # noqa: E402
-from mwrt.channels.tcp import tune  # noqa: E402  (raw sockets get the channel's settings)
-from bench_hosts import connect_retrying, recv_exactly, send_in_pieces, timed  # noqa: E402
-from bench_hosts import result as hosts_result  # noqa: E402
+from baselines import EchoFarm, timed  # noqa: E402
+from hostkit import KIB, MIB, fd_count, status_field, tcp_sockets  # noqa: E402
+from scale_spmd import ROLES, spmd_table  # noqa: E402
 
-KIB, MIB = 1 << 10, 1 << 20
-STORE_PORT, RAW_PORT = 29500, 29700  # each namespace is fresh; each k gets its own offset
-RUN_TIMEOUT = 240.0
-TCP_STATES = {"01": "established", "0A": "listen"}
-
-
-# -- /proc: sockets, threads, memory ------------------------------------------------------
-
-
-def tcp_sockets(pid: str = "self", store_port: int | None = None, exclude=()) -> dict:
-    """This process's TCP sockets by kind: listen, established, and `store` (either end on
-    store_port), leaving out the socket inodes in `exclude` (a benchmark's own); read from
-    /proc/PID/fd and the process's own netns' /proc/PID/net/tcp."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue  # closed meanwhile
-        if link.startswith("socket:[") and link[8:-1] not in exclude:
-            inodes.add(link[8:-1])
-    counts = {"listen": 0, "established": 0, "store": 0}
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}") as f:
-            for line in f.readlines()[1:]:
-                cols = line.split()
-                if cols[9] not in inodes or cols[3] not in TCP_STATES:
-                    continue
-                counts[TCP_STATES[cols[3]]] += 1
-                ports = {int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16)}
-                if cols[3] == "01" and store_port in ports:
-                    counts["store"] += 1
-    return counts
-
-
-def status_field(pid, name: str) -> int:
-    """An integer field of /proc/PID/status (VmRSS in kB, Threads)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-    raise KeyError(f"/proc/{pid}/status: no field {name}")
-
-
-def fd_count(pid="self") -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 # -- table 0: a session's start and stop, each in a fresh process --------------------------
@@ -158,55 +107,6 @@ def start_stop_table(reps: int) -> None:
 
 
 # -- table 1: master-worker with N local daemons -------------------------------------------
-
-_ECHO = """
-import sys, zmq
-ctx = zmq.Context(); router = ctx.socket(zmq.ROUTER)
-print(router.bind_to_random_port("tcp://127.0.0.1"), flush=True)
-while True:
-    frames = router.recv_multipart()
-    if frames[-1] == b"stop":
-        break
-    router.send_multipart(frames)
-"""
-
-
-class EchoFarm:
-    """N pyzmq ROUTER echo processes and one DEALER to each: the fan-out floor."""
-
-    def __init__(self, n: int):
-        self.procs = [subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE,
-                                       stdin=subprocess.DEVNULL, text=True) for _ in range(n)]
-        self.ctx = zmq.Context()
-        self.dealers = []
-        for proc in self.procs:
-            dealer = self.ctx.socket(zmq.DEALER)
-            dealer.connect(f"tcp://127.0.0.1:{int(proc.stdout.readline())}")
-            self.dealers.append(dealer)
-        self.round(n)  # every connection is up before anyone counts the master's sockets
-
-    def round(self, n: int) -> None:
-        """One 16-byte message to each of the first n echoes, then every answer."""
-        for dealer in self.dealers[:n]:
-            dealer.send(b"x" * 16)
-        for dealer in self.dealers[:n]:
-            if not dealer.poll(10_000):
-                raise SystemExit("bench_scale: an echo process did not answer within 10 s")
-            dealer.recv()
-
-    def close(self) -> None:
-        for dealer in self.dealers:
-            dealer.send(b"stop")
-            dealer.close(linger=1000)
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-        self.ctx.term()
-
 
 def bare_starts(n: int) -> float:
     """Seconds to start n plain Pythons importing numpy and zmq, one after another."""
@@ -383,257 +283,6 @@ def mw_table(sizes: list, reps: int, ops: int, window: float) -> None:
               f"{r['fds']} / {r['tcp']} / {r['threads']} | {r['rss'][0]:.0f}, {r['rss'][1]:.0f} "
               f"| {r['worker_threads']:.0f}, {r['worker_fds']:.0f} | {n / interval:.0f} + "
               f"{n / interval:.0f} | {r['pings']:.0f}, {r['pongs']:.0f} |")
-
-
-# -- table 2: SPMD ranks on simulated hosts (programs run as `--role rank`) ----------------
-
-
-class RawRing:
-    """Plain sockets from each rank to the next one: the bytes-only floor of a ring."""
-
-    def __init__(self, rank: int, addrs: list, port: int):
-        server = socket.create_server((addrs[rank], port))
-        self.next = connect_retrying((addrs[(rank + 1) % len(addrs)], port))
-        self.prev = server.accept()[0]
-        server.close()
-        for sock in (self.next, self.prev):
-            tune(sock)
-            sock.settimeout(RUN_TIMEOUT)
-        self.spare: dict[int, tuple] = {}
-
-    def inodes(self) -> set:
-        return {str(os.fstat(s.fileno()).st_ino) for s in (self.next, self.prev)}
-
-    def pass_on(self, nbytes: int) -> None:
-        """Send nbytes to the next rank while receiving as many from the previous."""
-        if nbytes not in self.spare:  # both prefaulted and reused, as a floor's should be
-            self.spare[nbytes] = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
-        out, into = self.spare[nbytes]
-        if nbytes <= 64 * KIB:  # fits the socket buffer: no thread needed to avoid a deadlock
-            self.next.sendall(out)
-            recv_exactly(self.prev, memoryview(into))
-            return
-        sender = threading.Thread(target=send_in_pieces, args=(self.next, out))
-        sender.start()
-        recv_exactly(self.prev, memoryview(into))
-        sender.join()
-
-    def close(self) -> None:
-        self.next.close()
-        self.prev.close()
-
-
-def count_store_requests(serve: bool) -> dict:
-    """Count TCPStore requests in this process from now on: the client's by op, new
-    connections, and (on rank 0, which serves the store) every request served."""
-    from mwrt.store import tcp_store_server as store_server
-    from mwrt.store import tcp_store as store_tcp
-
-    counts: dict = {"served": 0, "connects": 0}
-    call, connect, handle = (store_tcp.TCPStore._call, store_tcp.TCPStore._connect,
-                             store_server.handle)
-
-    def counting_call(self, op, *args, **kwargs):
-        counts[op] = counts.get(op, 0) + 1
-        return call(self, op, *args, **kwargs)
-
-    def counting_connect(self):
-        counts["connects"] += 1
-        return connect(self)
-
-    def counting_handle(*args):
-        counts["served"] += 1  # one thread per client: a lost increment is within the noise
-        return handle(*args)
-
-    store_tcp.TCPStore._call, store_tcp.TCPStore._connect = counting_call, counting_connect
-    if serve:
-        store_server.handle = counting_handle  # StoreServer._serve looks it up on each call
-    return counts
-
-
-def connect_echo(addr: str, port: int) -> float:
-    """Seconds for a fresh TCP connection to rank 0's echo and one byte there and back."""
-    start = time.perf_counter()
-    with socket.create_connection((addr, port), timeout=30) as sock:
-        sock.sendall(b"x")
-        recv_exactly(sock, memoryview(bytearray(1)))
-    return time.perf_counter() - start
-
-
-def serve_echo(addr: str, port: int) -> set:
-    """On rank 0: accept connections forever, echo one byte on each (the connect baseline);
-    returns the listener's inode."""
-    server = socket.create_server((addr, port))
-
-    def loop():
-        while True:
-            conn, _ = server.accept()
-            with conn:
-                conn.sendall(conn.recv(1))
-
-    threading.Thread(target=loop, daemon=True).start()
-    return {str(os.fstat(server.fileno()).st_ino)}
-
-
-def wait_for_file(path: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench_scale: no go file {path} within {timeout} s")
-        time.sleep(0.002)
-
-
-def in_turns(dist, impls: dict, reps: int) -> dict:
-    """Seconds per repetition of each fn, taking turns, each after a barrier, after two
-    warm-ups of each (they fault in the buffers and open the TCP windows)."""
-    for _ in range(2):
-        for fn in impls.values():
-            fn()
-    times = {name: [] for name in impls}
-    for _ in range(reps):
-        for name, fn in impls.items():
-            dist.barrier()  # every rank starts together: the slowest one's time counts
-            times[name].append(timed(fn))
-    return times
-
-
-def role_rank(rank: int, addrs: list, port: int, go: str, reps: dict) -> dict:
-    """One SPMD rank: timed init, then all_reduce and the raw floors in turn, socket counts."""
-    import mwrt.distributed as dist
-
-    counts = count_store_requests(serve=rank == 0)
-    print("ready", flush=True)  # imported: the parent starts every rank's clock at once
-    wait_for_file(go, 120)
-    init = timed(lambda: dist.init_process_group("tcp", init_method=f"tcp://{addrs[0]}:{port}",
-                                                 rank=rank, world_size=len(addrs), timeout=60))
-    out = {"init": init, "requests": dict(counts), "sockets": {"init": tcp_sockets("self", port)},
-           "threads": status_field("self", "Threads")}
-    ours = serve_echo(addrs[0], port + 2) if rank == 0 else set()
-    ring = RawRing(rank, addrs, port + 1)
-    try:
-        dist.barrier()
-        out["connect"] = [connect_echo(addrs[0], port + 2) for _ in range(5)]
-        for nbytes in (4 * KIB, 16 * MIB):
-            buf = np.zeros(nbytes // 4, np.float32)  # zeros: the sums stay exact
-            moved = nbytes if nbytes < MIB else 2 * (len(addrs) - 1) * nbytes // len(addrs)
-            impls = {"mwrt": lambda: dist.all_reduce(buf), "raw": lambda: ring.pass_on(moved)}
-            for name, times in in_turns(dist, impls, reps[nbytes]).items():
-                out[f"{name}{nbytes}"] = times
-            out["sockets"][nbytes] = tcp_sockets("self", port, ours | ring.inodes())
-        out["requests_total"] = dict(counts)
-        return out
-    finally:
-        ring.close()
-        dist.destroy_process_group()
-
-
-ROLES = {"rank": role_rank}
-
-
-def launch(host, role: str, args: dict, env: dict):
-    """This file with `--role role` on `host`, stdout and stderr piped."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--role", role, "--args", json.dumps(args)]
-    return host.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                      stdin=subprocess.DEVNULL, text=True)
-
-
-def await_ready(proc, what: str) -> None:
-    """Wait for the role's 'ready' line; an error with its stderr if it died first."""
-    line = proc.stdout.readline()  # each role prints it within seconds, or exits
-    if line.strip() != "ready":
-        proc.kill()
-        _, err = proc.communicate()
-        raise SystemExit(f"bench_scale: {what} did not start (said {line!r}):\n{err[-3000:]}")
-
-
-def result(proc, what: str) -> dict:
-    """The JSON a role printed last (bench_hosts's reader, naming this benchmark)."""
-    return hosts_result(proc, what, "bench_scale")
-
-
-def spmd_row(hosts, k: int, port: int, reps: dict, home: str) -> dict:
-    """Run k ranks on hosts[:k], start their clocks together, gather their figures."""
-    go = os.path.join(home, f"go-{k}")
-    env = {"MWRT_JOB_SECRET": secrets.token_hex(16)}  # the same secret on every rank
-    args = {"addrs": [h.addr for h in hosts[:k]], "port": port, "go": go,
-            "reps": {str(n): r for n, r in reps.items()}}
-    procs = [launch(h, "rank", dict(args, rank=r), env) for r, h in enumerate(hosts[:k])]
-    try:
-        for r, proc in enumerate(procs):
-            await_ready(proc, f"rank {r} of {k}")
-        open(go, "w").close()
-        res = [result(proc, f"rank {r} of {k}") for r, proc in enumerate(procs)]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return summarize(k, res)
-
-
-def slowest(res: list, key: str) -> float:
-    """Median over repetitions of the slowest rank's seconds."""
-    return float(np.median(np.max([r[key] for r in res], axis=0)))
-
-
-def summarize(k: int, res: list) -> dict:
-    """Table 2's figures from every rank's JSON."""
-    big = 16 * MIB
-    factor = 2 * (k - 1) / k  # bus bandwidth: bytes each rank must send, over the time
-    est = {stage: [r["sockets"][stage]["established"] - r["sockets"][stage]["store"]
-                   for r in res] for stage in ("init", str(4 * KIB), str(big))}
-    client = [sum(v for op, v in r["requests"].items() if op not in ("served", "connects"))
-              for r in res]
-    return {
-        "init": (statistics.median(r["init"] for r in res), max(r["init"] for r in res)),
-        "connect": statistics.median(t for r in res for t in r["connect"]),
-        "small": slowest(res, f"mwrt{4 * KIB}"), "small_raw": slowest(res, f"raw{4 * KIB}"),
-        "busbw": factor * big / slowest(res, f"mwrt{big}") / 1e9,
-        "busbw_raw": factor * big / slowest(res, f"raw{big}") / 1e9,
-        "requests": (statistics.median(client), max(client)),
-        "served": res[0]["requests"]["served"],
-        "connects": statistics.median(r["requests"]["connects"] for r in res),
-        "store_conns": (res[0]["sockets"]["init"]["store"],
-                        statistics.median(r["sockets"]["init"]["store"] for r in res[1:])),
-        "est": {stage: (min(v), max(v)) for stage, v in est.items()},
-        "listen": max(r["sockets"][str(big)]["listen"] for r in res),
-        "threads": (min(r["threads"] for r in res), max(r["threads"] for r in res)),
-        "ops": res[-1]["requests"],
-    }
-
-
-def spmd_table(sizes: list, reps: dict) -> None:
-    """Table 2 on tests/support/hosts.py's simulated hosts, or the reason it cannot be made."""
-    from tests.support.hosts import make_hosts, unavailable
-
-    print(f"\n## SPMD, k simulated hosts, one rank each, tcp channel (4 KiB: median of "
-          f"{reps[4 * KIB]}, 16 MiB: median of {reps[16 * MIB]}, the slowest rank's time)\n")
-    reason = unavailable()
-    if reason:
-        print(f"skipped: {reason}")
-        return
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="mwrt-bench-scale-") as home, \
-            make_hosts(max(sizes)) as hosts:
-        for i, k in enumerate(sizes):
-            rows.append((k, spmd_row(hosts, k, STORE_PORT + 10 * i, reps, home)))
-            print(f"# SPMD k={k}: rank {k - 1}'s store calls during init: {rows[-1][1]['ops']}",
-                  file=sys.stderr)
-    print("| k | init s median, max | baseline: TCP connect + 1-byte echo to host0 ms | "
-          "store requests per rank median, max (rank 0 served) | "
-          "channel TCP conns per rank after init; 4 KiB; 16 MiB (min-max) | "
-          "store conns rank 0, others | threads per rank after init | "
-          "4 KiB all_reduce µs | baseline: one 4 KiB hop µs | 16 MiB busbw GB/s | "
-          "baseline: raw ring GB/s |")
-    print("|" + "---|" * 11)
-    for k, r in rows:
-        conns = "; ".join(f"{lo}-{hi}" if lo != hi else f"{lo}" for lo, hi in r["est"].values())
-        print(f"| {k} | {r['init'][0]:.2f}, {r['init'][1]:.2f} | {r['connect'] * 1e3:.2f} | "
-              f"{r['requests'][0]:.0f}, {r['requests'][1]:.0f} ({r['served']}) | {conns} | "
-              f"{r['store_conns'][0]}, {r['store_conns'][1]:.0f} | "
-              f"{'-'.join(str(t) for t in sorted(set(r['threads'])))} | "
-              f"{r['small'] * 1e6:.0f} | {r['small_raw'] * 1e6:.0f} | {r['busbw']:.2f} | "
-              f"{r['busbw_raw']:.2f} |")
 
 
 def main() -> None:
