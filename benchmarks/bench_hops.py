@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np
 
 import mwrt
-from mwrt.master.cluster import local_spin_env
+from mwrt.master.local import local_spin_env
 from mwrt.protocol import auth, wire
 
 # Runs the daemon with its hops noted; the notes go to argv[1] when it stops.

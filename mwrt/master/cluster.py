@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import itertools
 import logging
@@ -11,7 +10,6 @@ import os
 import resource
 import signal
 import socket
-import tempfile
 import threading
 import uuid
 import weakref
@@ -28,8 +26,7 @@ from ..store import TCPStore
 from ..store.daemon_registry import wait_for as wait_for_workers
 from .client import Node
 from .heartbeat import Heartbeat
-from .local import LocalWorker, start_many, stop_all
-from .progress import Progress
+from .local import LocalWorker, start_local_workers, start_one_local_worker, stop_all
 from .sites import SITES
 
 log = logging.getLogger("mwrt")
@@ -363,30 +360,6 @@ def _session_channel(backend: str | None, channel: str | None) -> str | None:
     return "auto" if name == "gloo" else name
 
 
-def start_local_workers(count: int, timeout: float):
-    """Start `count` daemons on loopback with a fresh key: (them, the master's key, theirs)."""
-    worker_keys, master_keys = auth.generate_cluster_keys()
-    with _key_file(worker_keys) as path, Progress(
-            count if count >= 8 else 0, "starting local workers", "workers") as progress:
-        local = start_many(count, timeout, path, local_spin_env(count), progress.update)
-    return local, master_keys, worker_keys
-
-
-def start_one_local_worker(worker_keys, timeout: float, count: int) -> LocalWorker:
-    """One more local daemon with the session's worker key (a lost one's replacement)."""
-    with _key_file(worker_keys) as path:
-        return LocalWorker.start(timeout, key_file=path, env=local_spin_env(count))
-
-
-@contextlib.contextmanager
-def _key_file(worker_keys):
-    """The workers' key in a file of a private folder, removed once they have read it."""
-    with tempfile.TemporaryDirectory(prefix="mwrt-keys-") as directory:
-        path = os.path.join(directory, "worker.key")
-        worker_keys.save(path)
-        yield path
-
-
 def replace_node(index: int, address: str | None = None, *,
                  timeout: float | None = None) -> None:
     """After node `index` was lost, give the session a fresh node `index` at `address` (or,
@@ -395,19 +368,6 @@ def replace_node(index: int, address: str | None = None, *,
     timeout = config.get("connect_timeout") if timeout is None else float(timeout)
     with _lock:
         current().replace(index, address, timeout)
-
-
-def local_spin_env(count: int) -> dict:
-    """Local daemons spin between messages (MWRT_WORKER_SPIN_US) only when each has a core
-    of its own: on fewer cores the spins take turns with the very work they wait for (8
-    daemons on 2 cores: a fan-out round 1.0 -> 1.3 ms). The master's wait shares a core
-    with them, as its spin and theirs back off when they miss. A value the user set is
-    kept."""
-    name = config.SETTINGS["worker_spin_us"].env
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if name in os.environ or count <= (cores or 1):
-        return {}
-    return {name: "0"}
 
 
 def shutdown() -> None:

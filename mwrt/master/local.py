@@ -1,4 +1,5 @@
-"""Local worker daemons, started by init_master_worker() when no workers are named."""
+"""Local worker daemons, started by init_master_worker() when no workers are named, each
+with a fresh key that only this master holds."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
+from .. import config
 from ..procs import runnable_per_core, stop_processes
+from ..protocol import auth
+from .progress import Progress
 
 # The folder that holds the mwrt package (mwrt/master/local.py, three levels up).
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -160,3 +165,40 @@ def _address(worker: LocalWorker, line: str, place: int, count: int,
                           f"{line.strip()!r}); see its stderr above, or "
                           "raise the timeout (init_master_worker(timeout=...), "
                           "MWRT_CONNECT_TIMEOUT)")
+
+
+def start_local_workers(count: int, timeout: float):
+    """Start `count` daemons on loopback with a fresh key: (them, the master's key, theirs)."""
+    worker_keys, master_keys = auth.generate_cluster_keys()
+    with _key_file(worker_keys) as path, Progress(
+            count if count >= 8 else 0, "starting local workers", "workers") as progress:
+        local = start_many(count, timeout, path, local_spin_env(count), progress.update)
+    return local, master_keys, worker_keys
+
+
+def start_one_local_worker(worker_keys, timeout: float, count: int) -> LocalWorker:
+    """One more local daemon with the session's worker key (a lost one's replacement)."""
+    with _key_file(worker_keys) as path:
+        return LocalWorker.start(timeout, key_file=path, env=local_spin_env(count))
+
+
+@contextlib.contextmanager
+def _key_file(worker_keys):
+    """The workers' key in a file of a private folder, removed once they have read it."""
+    with tempfile.TemporaryDirectory(prefix="mwrt-keys-") as directory:
+        path = os.path.join(directory, "worker.key")
+        worker_keys.save(path)
+        yield path
+
+
+def local_spin_env(count: int) -> dict:
+    """Local daemons spin between messages (MWRT_WORKER_SPIN_US) only when each has a core
+    of its own: on fewer cores the spins take turns with the very work they wait for (8
+    daemons on 2 cores: a fan-out round 1.0 -> 1.3 ms). The master's wait shares a core
+    with them, as its spin and theirs back off when they miss. A value the user set is
+    kept."""
+    name = config.SETTINGS["worker_spin_us"].env
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if name in os.environ or count <= (cores or 1):
+        return {}
+    return {name: "0"}

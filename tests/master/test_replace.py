@@ -103,7 +103,7 @@ def test_training_resumes_after_a_lost_worker_to_the_same_weights(three, tmp_pat
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("after", [0.0, 0.03, 0.08])
 def test_a_replacement_that_dies_mid_replace_leaves_the_others_going(three, after):
-    from mwrt.master.cluster import start_one_local_worker
+    from mwrt.master.local import start_one_local_worker
 
     survivors = {i: _on(i, np.arange(3.0) + i) for i in (0, 2)}
     _kill(three, 1)

@@ -133,7 +133,7 @@ def test_a_daemon_serves_alike_whether_it_spins_or_sleeps_between_messages(spin_
 
 
 def test_local_daemons_spin_only_when_each_has_a_core(monkeypatch):
-    from mwrt.master.cluster import local_spin_env
+    from mwrt.master.local import local_spin_env
 
     monkeypatch.delenv("MWRT_WORKER_SPIN_US", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
