@@ -19,14 +19,15 @@ import numpy as np
 import zmq
 
 from .. import channels, config
-from ..errors import AuthError, ConfigError, MwrtError, WorkerLostError
+from ..errors import ConfigError, MwrtError
 from ..netaddr import advertise_address, join_host_port, resolve, split_host_port
 from ..protocol import auth, wire
 from ..store import TCPStore
 from ..store.daemon_registry import wait_for as wait_for_workers
+from . import replacement
 from .client import Node
 from .heartbeat import Heartbeat
-from .local import LocalWorker, start_local_workers, start_one_local_worker, stop_all
+from .local import LocalWorker, start_local_workers, stop_all
 from .sites import SITES
 
 log = logging.getLogger("mwrt")
@@ -129,83 +130,10 @@ class Cluster:
 
     def replace(self, index: int, address: str | None, timeout: float) -> None:
         """Put a fresh node in the place of lost node `index` (see replace_node)."""
-        old = self.node(index)
-        if old.lost is None:
-            raise MwrtError(f"replace_node: {old} is not lost; only a lost node is replaced "
-                            "(its tensors would be dropped)")
-        worker = None
-        if address is None:
-            if self.worker_keys is None:
-                raise MwrtError(f"replace_node: give the address of a worker to take node "
-                                f"{index}'s place (this session did not start its own workers)")
-            worker = start_one_local_worker(self.worker_keys, timeout, len(self.nodes))
-            address = worker.address
-        try:
-            self._take_place(index, Node(self, index, address, worker and worker.route),
-                             worker, timeout)
-        except BaseException as exc:
-            if worker is not None and self.nodes[index] is old:
-                worker.stop()
-            raise _not_replaced(self, index, address, exc) from exc
+        replacement.replace(self, index, address, timeout)
 
-    def _take_place(self, index: int, new: Node, worker, timeout: float) -> None:
-        """Connect `new`, then swap it in for lost node `index` and rejoin the data channel.
-        The heartbeat stops only for the swap itself: the survivors' sessions must never
-        go silent past the workers' lease, whatever the new worker does."""
-        try:
-            new.connect(timeout)
-        except BaseException:
-            new.close(goodbye=False)
-            raise
-        self._settle(index)
-        old = self.nodes[index]
-        self.heartbeat.stop()
-        try:
-            old.replaced_by = new.address
-            old.close(goodbye=False)
-            self.nodes[index] = new
-            for mesh in list(self.meshes):  # new ops on a mesh go to the new node
-                mesh.nodes = tuple(self.nodes[n] for n, _ in mesh.places)
-            self._swap_local(old, worker)
-        finally:
-            self.heartbeat = Heartbeat(self)  # it watches the new node from here on
-            self.heartbeat.start()
-        if all(n.lost is None for n in self.nodes):  # collectives need every node of the world
-            self._rejoin(timeout)
-        else:
-            log.warning("replace_node: node %d is back; collectives and transfers between "
-                        "nodes wait until every lost node is replaced", index)
 
-    def _settle(self, lost: int) -> None:
-        """Let the surviving nodes finish what was in flight when node `lost` went; what
-        failed with it (a collective it was part of) is logged, not left as a sticky error
-        to surprise the first sync after the replacement. Its results stay unreadable."""
-        pending = []
-        for node in self.nodes:
-            if node.lost is None and node.index != lost:
-                for stream in node.known_streams():
-                    sync = wire.Sync(id=next(node.ids), stream=stream, token=next(node.tokens))
-                    node.issue(sync)
-                    pending.append((node, sync.token, stream))
-        for node, token, stream in pending:
-            try:
-                node.wait(token, f"settling stream {stream} before replacing node {lost}")
-            except MwrtError as exc:
-                log.warning("replace_node: on %s, stream %d, work in flight when node %d was "
-                            "lost failed (its results are gone): %s", node, stream, lost,
-                            str(exc).splitlines()[0])
-
-    def _swap_local(self, old, worker) -> None:
-        """Stop the lost node's daemon if this master started it; keep the new one's."""
-        for i, local in enumerate(self.local):
-            if f"tcp://{local.address}" == old.address or local.address == old.address:
-                local.stop()
-                del self.local[i]
-                break
-        if worker is not None:
-            self.local.append(worker)
-
-    def _rejoin(self, timeout: float) -> None:
+    def rejoin(self, timeout: float) -> None:
         """Every node joins a new data channel (a new store), the replacement among them."""
         with self._channel_lock:
             for closeable in (self._channel, self.store):
@@ -238,20 +166,6 @@ class Cluster:
                     closeable.close()
             stop_all(self.local)
             self.context.term()
-
-
-def _not_replaced(cluster, index: int, address: str, exc: BaseException) -> BaseException:
-    """The error of a replace_node that failed: what became of the new worker, and that the
-    other nodes go on (node `index` stays lost, to be replaced again)."""
-    if not isinstance(exc, Exception):  # a Ctrl-C stays one
-        return exc
-    what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    others = [str(n.index) for n in cluster.nodes if n.index != index and n.lost is None]
-    message = (f"replace_node: node {index} not replaced by the worker at {address}: {what}; "
-               f"node {index} is still lost and nodes {', '.join(others) or 'none'} go on; "
-               f"call replace_node({index}, ADDRESS) with a live worker")
-    cls = type(exc) if isinstance(exc, (AuthError, WorkerLostError)) else WorkerLostError
-    return cls(message)
 
 
 def _named_id(name: str | None, keys) -> str:
