@@ -73,7 +73,8 @@ def call(name: str, *args, **kwargs):
     stream = context.stream_for(node.index, device)
     written = args[0] if op.inplace else None
     outs = _outputs(first.scalars if op.scalar and first.scalars is not None and _zero_d(
-        result) else first.results, node, device, stream, result)
+        result) and ops.gives_scalars(op, spec_args, spec_kwargs) else first.results, node,
+        device, stream, result)
     now = next(node.ids)
     if outs and name in ALIASING:  # (in this order: x += 1 pays one test)
         _share(name, args, outs)  # a view shares its base's record
@@ -242,14 +243,25 @@ def scalars_copied(args: tuple, issue) -> tuple:
     return tuple(issue("copy", a) if scalar else a for a, scalar in zip(args, scalars))
 
 
-def as_scalars(name: str, result):
-    """`result` (handles made on a mesh by op `name`) with each 0-d one of its element
-    class where NumPy gives a scalar (ops.Op.scalar), as _outputs makes them on one place."""
+def as_scalars(name: str, args: tuple, kwargs: dict, result):
+    """`result` (handles made on a mesh by op `name` of `args`) with each 0-d one of its
+    element class where NumPy gives a scalar (ops.Op.scalar), as call makes them on one
+    place."""
+    op = ops.get(name)
+    if not op.scalar:
+        return result
     for r in result if type(result) is tuple else (result,):
         if r is not None and r.scalars is not None and type(r._spec) is ops.Spec and \
-                not r._spec.shape and ops.get(name).scalar:
+                not r._spec.shape and ops.gives_scalars(op, *_specs_of(args, kwargs)):
             r.__class__ = r.scalars
     return result
+
+
+def _specs_of(args: tuple, kwargs: dict) -> tuple:
+    """`args` and `kwargs` with each tensor as its Spec."""
+    def spec(value):
+        return value.spec if isinstance(value, Handle) else value
+    return tuple(map(spec, args)), {k: spec(v) for k, v in kwargs.items()}
 
 
 def _zero_d(result) -> bool:

@@ -20,6 +20,19 @@ from . import (  # noqa: F401
     torchops,
     torchshards,
 )
-from .registry import UNKNOWN, Op, Spec, doc, get, has, infer, names, register, summary
+from .registry import (
+    UNKNOWN,
+    Op,
+    Spec,
+    doc,
+    get,
+    gives_scalars,
+    has,
+    infer,
+    names,
+    register,
+    summary,
+)
 
-__all__ = ["UNKNOWN", "Op", "Spec", "doc", "get", "has", "infer", "names", "register", "summary"]
+__all__ = ["UNKNOWN", "Op", "Spec", "doc", "get", "gives_scalars", "has", "infer", "names",
+           "register", "summary"]

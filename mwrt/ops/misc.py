@@ -140,18 +140,20 @@ def _to_device_impl(xp, a, device):
         return xp.asarray(a)
 
 
-register("matmul", lambda xp, a, b, **kwargs: xp.matmul(a, b, **kwargs), matmul_meta)
-register("dot", lambda xp, a, b, **kwargs: xp.dot(a, b, **kwargs), dot_meta)
+# (scalar=True: a 0-d result is a NumPy scalar, as np.dot(v, v) and np.clip(a0, 0, 1) give)
+register("matmul", lambda xp, a, b, **kwargs: xp.matmul(a, b, **kwargs), matmul_meta,
+         scalar=True)
+register("dot", lambda xp, a, b, **kwargs: xp.dot(a, b, **kwargs), dot_meta, scalar=True)
 register("astype", lambda xp, a, dtype: a.astype(dtype), astype_meta)
 register("copy", lambda xp, a: a.copy(), _same)
 register("copy_", _copy_into, copy_meta, inplace=True,
          doc="Copy `src` (broadcast) into the tensor in place.")
 register("fill_", _fill, _fill_meta, inplace=True, doc="Set every element to a scalar in place.")
 register("where", lambda xp, c, x, y: xp.where(c, x, y), where_meta)
-register("clip", _clip, clip_meta)
-register("round", lambda xp, a, decimals=0: xp.round(a, decimals), round_meta)
+register("clip", _clip, clip_meta, scalar=True)
+register("round", lambda xp, a, decimals=0: xp.round(a, decimals), round_meta, scalar=True)
 register("trace", lambda xp, a, offset=0, axis1=0, axis2=1: xp.trace(a, offset, axis1, axis2),
-         trace_meta)
+         trace_meta, scalar=True)
 register("concatenate", _join_impl("concatenate"), _join_meta("concatenate"))
 register("stack", _join_impl("stack"), _join_meta("stack"))
 register("to_device", _to_device_impl, lambda a, device: Spec(a.shape, a.dtype),

@@ -99,7 +99,14 @@ def _inplace_impl(xp, target, path: str, *args, **kwargs):
     resolve(xp, path, inplace=True)(target, *args, **kwargs)
 
 
-register("numpy", _impl, _meta, doc="A NumPy function by module path, on the tensors' worker.")
+def gives_scalar(path: str, outputs: int, *args, **kwargs) -> bool:
+    """Whether np.<path>(*args) gives NumPy scalars where its results are 0-d (np.dot of two
+    vectors, np.linalg.norm), not 0-d arrays (np.copy of one): as its probe did."""
+    return path in RULES and _probed(path, args, kwargs)[1]
+
+
+register("numpy", _impl, _meta, scalar=gives_scalar,
+         doc="A NumPy function by module path, on the tensors' worker.")
 # np.copyto(dst, src), np.fill_diagonal(a, v)…: the function changes its first argument.
 register("numpy_", _inplace_impl, lambda target, path, *args, **kwargs: None, inplace=True,
          doc="A NumPy function that changes its first argument, by module path, in place.")
@@ -137,7 +144,7 @@ def _run_probe(path: str, args: tuple, kwargs: dict) -> tuple:
         except ValueError:  # sizes the function compares (vdot of 0-d and (1,)): one each
             out = fn(*_probe(args, 1), **{k: _probe(v, 1) for k, v in kwargs.items()})
     outs = out if isinstance(out, tuple) else (out,)
-    return tuple(np.asarray(o).dtype for o in outs)
+    return tuple(np.asarray(o).dtype for o in outs), all(isinstance(o, np.generic) for o in outs)
 
 
 _CACHE: dict = {}
@@ -145,6 +152,11 @@ _CACHE: dict = {}
 
 def _result_dtypes(path: str, args: tuple, kwargs: dict) -> tuple:
     """NumPy's result dtypes for np.<path>(*args) on probes (cached by dtypes and ndims)."""
+    return _probed(path, args, kwargs)[0]
+
+
+def _probed(path: str, args: tuple, kwargs: dict) -> tuple:
+    """(dtypes, all scalars) of np.<path>(*args) on probes (cached by dtypes and ndims)."""
     key = (path, _key(args), tuple(sorted(kwargs.items())))
     try:
         hit = _CACHE.get(key)

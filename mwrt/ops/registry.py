@@ -39,8 +39,9 @@ class Op:
     # they make is known from torch's meta device, not from a Spec rule)
     own_results: bool = False
     # A 0-d result is a NumPy scalar, as ufuncs' and reductions' are: immutable, so a view of
-    # it is of a copy and augmented assignment makes a new value (NumPy's a0 + a0 is a float64)
-    scalar: bool = False
+    # it is of a copy and augmented assignment makes a new value (NumPy's a0 + a0 is a float64);
+    # a function of the op's arguments (Specs for tensors) where that depends on them
+    scalar: bool | Callable[..., bool] = False
 
 
 _OPS: dict[str, Op] = {}
@@ -48,12 +49,18 @@ _OPS: dict[str, Op] = {}
 
 def register(name: str, impl: Callable, meta: Callable, *, inplace: bool = False,
              by_type: bool = False, doc: str = "", own_results: bool = False,
-             scalar: bool = False) -> Op:
+             scalar: bool | Callable[..., bool] = False) -> Op:
     """Add (or replace) op `name`; `doc` defaults to the summary of NumPy's function `name`."""
     op = Op(name, impl, meta, inplace, by_type, doc or _numpy_doc(name, inplace), own_results,
             scalar)
     _OPS[name] = op
     return op
+
+
+def gives_scalars(op: Op, args: tuple, kwargs: dict) -> bool:
+    """Whether op's 0-d results are NumPy scalars for these arguments (Specs for tensors)."""
+    scalar = op.scalar
+    return scalar is True or (callable(scalar) and scalar(*args, **kwargs))
 
 
 def summary(func) -> str:

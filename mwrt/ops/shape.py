@@ -83,7 +83,7 @@ def take_meta(a, indices, *args, **kwargs):
     return Spec(np.take(standin(a), _index_standin(indices), *args, **kwargs).shape, a.dtype)
 
 
-register("take", _impl("take"), take_meta)
+register("take", _impl("take"), take_meta, scalar=True)  # np.take(v, 0): a scalar
 
 
 def _index_standin(index, masks: bool = False):

@@ -94,6 +94,25 @@ def test_conj_of_a_real_tensor_is_the_tensor_as_numpys(mw):
     assert float(m) == 3.0
 
 
+@pytest.mark.parametrize("fn", [
+    lambda v: np.dot(v, v), lambda v: v @ v, lambda v: np.linalg.norm(v),
+    lambda v: np.trace(np.outer(v, v)), lambda v: np.linalg.det(np.diag(v + 1)),
+    lambda v: np.take(v, 1), lambda v: np.clip(v[2:3].reshape(()), 0, 1),
+    lambda v: np.round(v.sum()), lambda v: np.copy(v[1:2].reshape(()))],
+    ids=["dot", "matmul", "norm", "trace", "det", "take", "clip", "round", "copy"])
+def test_a_functions_zero_d_result_is_a_scalar_where_numpys_is(mw, fn):
+    """np.dot(v, v), np.linalg.norm(v), np.take(v, 1) ... give NumPy scalars, whose views
+    view a copy; np.copy of a 0-d array gives a 0-d array, whose views write it."""
+    host = np.arange(4.0)
+    expected, got = fn(host), fn(mw.dist_send(host))
+    kept = np.array(expected)
+    for r in (expected, got):
+        view = r[None]
+        view[0] = -5
+    assert np.isscalar(expected) is (type(got).__name__ == "Element")
+    assert got.numpy().tolist() == (kept if np.isscalar(expected) else expected).tolist()
+
+
 def test_inplace_cast_error_is_raised_at_issue_time(mw):
     a = mw.dist_send(I)
     with pytest.raises(TypeError, match="cannot cast"):

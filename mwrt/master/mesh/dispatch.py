@@ -38,7 +38,7 @@ def call(name: str, *args, **kwargs):
     try:
         if name in issue.ALIASING:  # what views a scalar views a copy of it
             args = issue.scalars_copied(args, call)
-        return issue.as_scalars(name, _call(name, *args, **kwargs))
+        return issue.as_scalars(name, args, kwargs, _call(name, *args, **kwargs))
     finally:
         unpin_site(pinned)
 
