@@ -303,7 +303,10 @@ def _line(draw, env: dict, known: dict, mesh: str):
             known[new] = _Var(view=True)
         view = draw(st.sampled_from(VIEWS)).format(a=a)
         return f"{new} = {view if view.startswith('np.') else a + view}", new, viewed
-    if kind == "inplace" and ((a in arrays and va.writable()) or scalar):
+    # a scalar that a graph's replays write is not: += rebinds the name away from the tensor
+    # a replay writes, where NumPy's replay rebinds the name (seed 2: v2 = v1.max(axis=0)
+    # captured, v2 **= 2.5, a replay: NumPy's v2 is the max again, mwrt's the power)
+    if kind == "inplace" and ((a in arrays and va.writable()) or (scalar and not va.replayed)):
         value = draw(st.sampled_from([b, s]))
         return f"{a} {draw(st.sampled_from(INPLACE))} {value}", None, lambda: None
     if kind == "setitem" and a in arrays and va.writable():
