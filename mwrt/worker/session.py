@@ -221,7 +221,7 @@ class Session:
     def load_function(self, blob: bytes):
         """Unpickle a shipped function (cloudpickle), cached by content for this session only:
         module state one master's function leaves must never reach another's. Keyed only."""
-        if self.daemon.keys is None:  # handlers.py refuses needs_key commands first
+        if self.daemon.keys is None:  # routes.py refuses needs_key commands first
             raise PermissionError("remote: this worker has no key, so it runs no shipped code")
         digest, functions = hashlib.sha256(blob).digest(), self.functions
         with self.lock:  # the session's streams load concurrently
