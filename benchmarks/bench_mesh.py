@@ -8,7 +8,11 @@
    loop of pyzmq sends (one 48-byte message on each of N DEALER sockets per op, the
    master's CPU, its I/O thread's included, as mwrt's) and the floor in Python (appending
    one bytes object to N lists); the fan-out round (the op, then every node synchronized)
-   beside one 16-byte pyzmq DEALER/ROUTER echo to each of N echo processes.
+   beside one 16-byte pyzmq DEALER/ROUTER echo to each of N echo processes. One session of
+   the largest N's daemons serves every row (each row's mesh is its first N nodes), started
+   once, a few at a time, each daemon with one BLAS thread and a small receive pool; each
+   measurement runs about as many commands on the workers at every N (fewer ops at large
+   N), so that N = 128 finishes on 2 cores.
 2. A captured step of 100 mesh ops (50 times `t = X * 1.0001; w += t`) on 64 nodes (--full;
    8 otherwise): the master's CPU per replay beside the same 100 ops issued eagerly.
 3. examples/mesh_training.py's step on 4 nodes (1024 x 8 float64 rows split over them):
@@ -48,14 +52,15 @@ from baselines import EchoFarm, SendSink, timed  # noqa: E402
 import mwrt  # noqa: E402
 
 
-def cpu_per_op(fn, ops: int) -> float:
-    """The master's CPU seconds per call of fn (all its threads), after a synchronize."""
-    mwrt.synchronize()
+def cpu_per_op(fn, ops: int, nodes=None) -> float:
+    """The master's CPU seconds per call of fn (all its threads), after a synchronize of
+    `nodes` (every node if None)."""
+    mwrt.synchronize(nodes)
     cpu = time.process_time()
     for _ in range(ops):
         fn()
     cpu = time.process_time() - cpu
-    mwrt.synchronize()
+    mwrt.synchronize(nodes)
     return cpu / ops
 
 
@@ -69,47 +74,44 @@ def in_turns(impls: dict, reps: int, measure) -> dict:
 
 
 def op_row(n: int, echoes: EchoFarm, sink: SendSink, reps: int, ops: int) -> dict:
-    """Table 1's figures for n local daemons."""
-    mwrt.init_master_worker(local_workers=n, timeout=120)
-    try:
-        mesh = mwrt.mesh()
-        X = mwrt.zeros(64 * n, mesh=mesh, shard=0)
-        one = mwrt.zeros(64, mesh=mwrt.mesh(nodes=[0]), shard=0)  # the 1-node mesh
-        shards = X.shards()
-        held = []
+    """Table 1's figures on the session's first n daemons."""
+    nodes = list(range(n))
+    mesh = mwrt.mesh(nodes=nodes)
+    X = mwrt.zeros(64 * n, mesh=mesh, shard=0)
+    one = mwrt.zeros(64, mesh=mwrt.mesh(nodes=[0]), shard=0)  # the 1-node mesh
+    shards = X.shards()
+    held: list = []
 
-        def new(T):
-            def make():
-                held.append(T * 2.0)
-                if len(held) > 64:
-                    held.clear()
-            return make
-
-        def hand_inplace():
-            for x in shards:
-                x += 1.0
-
-        def hand_new():
-            held.append([x * 2.0 for x in shards])
+    def new(T):
+        def make():
+            held.append(T * 2.0)
             if len(held) > 64:
                 held.clear()
+        return make
 
-        row = in_turns({"mesh +=": lambda: X.__iadd__(1.0), "one +=": lambda: one.__iadd__(1.0),
-                        "loop +=": hand_inplace, "mesh *": new(X), "one *": new(one),
-                        "loop *": hand_new, "sends": lambda: sink.send_to(n)}, reps,
-                       lambda fn: cpu_per_op(fn, ops))
-        held.clear()
+    def hand_inplace():
+        for x in shards:
+            x += 1.0
 
-        def fan_out():
-            X.__iadd__(1.0)
-            mwrt.synchronize()
+    def hand_new():
+        held.append([x * 2.0 for x in shards])
+        if len(held) > 64:
+            held.clear()
 
-        row.update(in_turns({"round": fan_out, "echo": lambda: echoes.round(n)}, reps * 5,
-                            timed))
-        row["floor"] = append_floor(n)
-    finally:
-        mwrt.shutdown()
-    return row
+    row = in_turns({"mesh +=": lambda: X.__iadd__(1.0), "one +=": lambda: one.__iadd__(1.0),
+                    "loop +=": hand_inplace, "mesh *": new(X), "one *": new(one),
+                    "loop *": hand_new, "sends": lambda: sink.send_to(n)}, reps,
+                   lambda fn: cpu_per_op(fn, ops, nodes))
+    held.clear()
+
+    def fan_out():
+        X.__iadd__(1.0)
+        mwrt.synchronize(nodes)
+
+    row.update(in_turns({"round": fan_out, "echo": lambda: echoes.round(n)}, reps * 5,
+                        timed))
+    row["floor"] = append_floor(n)
+    return row  # X and the rest freed as it returns
 
 
 def append_floor(n: int, ops: int = 2000) -> float:
@@ -132,16 +134,37 @@ def append_floor(n: int, ops: int = 2000) -> float:
 GOALS = {"+=": 1e-6, "*": 2e-6}  # master CPU per extra node: an in-place op, a new result
 
 
+# What the op table's many local daemons are given: a thread for NumPy's BLAS each (they
+# share the host's cores with the master), a small receive pool (they receive no bulk),
+# and a minute's silence before one is taken for lost (128 of them on 2 loaded cores).
+_LARGE_SESSION = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                  "MWRT_RECV_POOL_BYTES": str(4 << 20), "MWRT_HEARTBEAT_TIMEOUT": "60"}
+
+
+def ops_for(n: int, ops: int) -> int:
+    """Ops per measurement on n nodes: about as many commands for the workers to run at
+    every N (ops at 8 nodes and fewer), at least 100 ops."""
+    return max(100, min(ops, ops * 8 // max(n, 1)))
+
+
 def op_table(sizes: list, reps: int, ops: int) -> None:
-    echoes, sink = EchoFarm(max(sizes)), SendSink(max(sizes))
+    """Table 1: one session of max(sizes) daemons, started once (a few at a time, each
+    row's mesh its first N nodes, the idle ones only heartbeating), beside the baselines."""
+    top = max(sizes)
+    for name, value in _LARGE_SESSION.items():
+        os.environ.setdefault(name, value)
+    started = time.monotonic()
+    echoes, sink = EchoFarm(top), SendSink(top)
+    mwrt.init_master_worker(local_workers=top, timeout=120)
     try:
-        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; master CPU "
-              "per op in us, per extra node: (N-node mesh - 1-node mesh) / (N - 1)")
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; {top} daemons "
+              f"and {top} echo processes started in {time.monotonic() - started:.1f} s; "
+              "master CPU per op in us, per extra node: (N-node mesh - 1-node mesh) / (N - 1)")
         print("| N | op | mesh us | 1-node mesh us | per extra node us | vs goal | loop over "
               "shards us | per node us | pyzmq send per node us | floor per node us |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for n in sizes:
-            r = op_row(n, echoes, sink, reps, ops)
+            r = op_row(n, echoes, sink, reps, ops_for(n, ops))
             for op, goal in GOALS.items():
                 mesh, one = r[f"mesh {op}"], r[f"one {op}"]
                 extra = (mesh - one) / (n - 1) if n > 1 else None
@@ -151,8 +174,9 @@ def op_table(sizes: list, reps: int, ops: int) -> None:
                       f"{r[f'loop {op}'] * 1e6:.1f} | {mesh / n * 1e6:.2f} | "
                       f"{r['sends'] / n * 1e6:.2f} | {r['floor'] / n * 1e6:.3f} |", flush=True)
             print(f"| {n} | fan-out round {r['round'] * 1e3:.2f} ms, N pyzmq echoes "
-                  f"{r['echo'] * 1e3:.2f} ms |", flush=True)
+                  f"{r['echo'] * 1e3:.2f} ms | load {os.getloadavg()[0]:.1f} |", flush=True)
     finally:
+        mwrt.shutdown()
         echoes.close()
         sink.close()
 

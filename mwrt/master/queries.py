@@ -3,6 +3,8 @@ devices."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..protocol import wire
 from .cluster import current
 
@@ -12,10 +14,12 @@ def num_nodes() -> int:
     return len(current().nodes)
 
 
-def synchronize(node: int | None = None) -> None:
-    """Wait until every stream of `node` (or of every node) has run all issued commands."""
+def synchronize(node: int | Sequence[int] | None = None) -> None:
+    """Wait until every stream of `node` (of each node in a sequence of them, or of every
+    node) has run all issued commands."""
     cluster = current()
-    targets = cluster.nodes if node is None else [cluster.node(node)]
+    targets = cluster.nodes if node is None else [cluster.node(node)] if isinstance(
+        node, int) else [cluster.node(i) for i in node]
     pending = []
     for target in targets:
         for stream in target.known_streams():

@@ -100,6 +100,21 @@ def test_stream_query_and_synchronize(cluster):
     assert mwrt.Event().query()  # never recorded: done
 
 
+def test_synchronize_of_several_nodes_waits_for_each(cluster):
+    """mwrt.synchronize([0, 1]) waits for every stream of both nodes, as synchronize() of
+    all and synchronize(i) of one do; a bad index is named."""
+    streams = [mwrt.Stream(node=i) for i in (0, 1)]
+    for i, s in enumerate(streams):
+        with mwrt.stream(s):
+            mwrt.remote(lambda t: time.sleep(0.3), outputs=0)(mwrt.ones(1, node=i))
+    assert not any(s.query() for s in streams)
+    mwrt.synchronize([0, 1])
+    assert all(s.query() for s in streams)
+    mwrt.synchronize([])  # none: nothing to wait for
+    with pytest.raises((ValueError, IndexError), match="7"):
+        mwrt.synchronize([0, 7])
+
+
 def test_wait_stream_and_current_stream(cluster):
     a, b = mwrt.Stream(), mwrt.Stream()
     assert mwrt.current_stream() == mwrt.Stream.default(0, -1)
