@@ -297,7 +297,7 @@ def send(sock, identity, message, frames=()) -> None:
     _send(sock, envelope(0, body, frames))
 
 
-_MORE, _RCVMORE = int(zmq.SNDMORE), int(zmq.RCVMORE)
+_MORE = int(zmq.SNDMORE)
 # pyzmq's own send, under the Python method that adds DRAFT options to it (~0.4 µs a call).
 _send = zmq.backend.Socket.send
 
@@ -315,19 +315,24 @@ def send_parts(sock, parts: list) -> None:
 
 def recv_parts(sock) -> list:
     """sock.recv_multipart() as bytes, without the flag objects pyzmq makes per frame."""
-    parts = [sock.recv()]
-    while sock.get(_RCVMORE):
-        parts.append(sock.recv())
+    frame = sock.recv(copy=False)
+    parts = [frame.bytes]
+    while frame.more:
+        frame = sock.recv(copy=False)
+        parts.append(frame.bytes)
     return parts
 
 
 def recv_routed(sock) -> list:
     """recv_parts() of a ROUTER socket that has a message (zmq.Again if not): its routing
-    identity, then the message's frames (ZeroMQ puts the identity before every message, so
-    the first frame needs no RCVMORE, an option read that costs pyzmq an enum lookup)."""
-    parts = [sock.recv(_NOBLOCK), sock.recv()]
-    while sock.get(_RCVMORE):
-        parts.append(sock.recv())
+    identity, then the message's frames. Whether more frames follow is read from a Frame
+    (`more`), not asked (RCVMORE): pyzmq makes an enum for every option it reads."""
+    parts = [sock.recv(_NOBLOCK)]
+    frame = sock.recv(copy=False)
+    parts.append(frame.bytes)
+    while frame.more:
+        frame = sock.recv(copy=False)
+        parts.append(frame.bytes)
     return parts
 
 
