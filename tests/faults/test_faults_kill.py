@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from tests.support import machine
 from tests.support.faultkit import (
     SIGNALS,
     TALLY,
@@ -32,13 +33,16 @@ from mwrt.protocol.auth import keygen
 
 pytestmark = pytest.mark.timeout(90)
 
-HEARTBEAT_TIMEOUT = 2.0
-DETECT_WITHIN = 15.0  # generous: heartbeat timeout plus a loaded 2-core CI machine
+# Bounds a quiet machine meets with room, scaled by the load (tests/support/machine.py): a
+# fixed 10 s channel timeout failed four masters' 48 MiB sends at load 12 on 2 cores.
+HEARTBEAT_TIMEOUT = machine.seconds(2, 10)
+DETECT_WITHIN = machine.seconds(15, 60)  # the heartbeat timeout, with room
 BIG = 48 << 20  # bytes: well above MWRT_INLINE_BYTES, so it goes over the data channel
+CHANNEL = str(machine.seconds(10, 60))
 MASTER_ENV = {"MWRT_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT), "MWRT_HEARTBEAT_INTERVAL": "0.2",
-              "MWRT_CHANNEL_TIMEOUT": "10", "MWRT_SYNC_TIMEOUT": "30"}
-LEASE = 2.0
-WORKER_ENV = {"MWRT_LEASE_TIMEOUT": str(LEASE), "MWRT_CHANNEL_TIMEOUT": "10",
+              "MWRT_CHANNEL_TIMEOUT": CHANNEL, "MWRT_SYNC_TIMEOUT": "30"}
+LEASE = machine.seconds(2, 10)
+WORKER_ENV = {"MWRT_LEASE_TIMEOUT": str(LEASE), "MWRT_CHANNEL_TIMEOUT": CHANNEL,
               "MWRT_SYNC_TIMEOUT": "30"}
 
 
@@ -248,7 +252,8 @@ def test_rank_killed_mid_collective(sig):
              for r in range(world)]
     try:
         for process in ranks:
-            assert read_line(process, 30).startswith("ready"), process.stderr.read()[-2000:]
+            assert read_line(process, machine.seconds(30, 300)).startswith("ready"), \
+                process.stderr.read()[-2000:]
         time.sleep(0.3)
         killed = time.monotonic()
         os.kill(ranks[victim].pid, sig)
@@ -335,7 +340,7 @@ def test_master_killed(workers, keys, phase, sig):
     freed = [_freed(p) for p, _ in pairs]
     master = python(MASTER, phase, keys[1], *(a for _, a in pairs))
     try:
-        line = read_line(master, 40)
+        line = read_line(master, machine.seconds(40, 400))
         assert line.startswith("ready"), master.stderr.read()[-3000:]
         time.sleep(0.3)
         killed = time.monotonic()
@@ -378,7 +383,8 @@ def test_a_daemon_that_serves_many_killed_masters_stays_flat(workers, keys):
         masters = [python(MASTER, phase, keys[1], *(a for _, a in pairs)) for phase in phases]
         try:
             for master in masters:
-                assert read_line(master, 60).startswith("ready"), master.stderr.read()[-3000:]
+                assert read_line(master, machine.seconds(60, 600)).startswith("ready"), \
+                    master.stderr.read()[-3000:]
             time.sleep(0.2)
             for master in masters:
                 os.kill(master.pid, signal.SIGKILL)

@@ -1,7 +1,7 @@
 """Load (issue 6): two workers, mixed commands at a steady rate for a bounded time, then
 checksums that prove no command was lost or run twice, and no free was lost either.
 
-MWRT_LOAD_SECONDS (default 20) runs it longer; MWRT_LOAD_RATE sets the ops issued per second.
+MWRT_LOAD_SECONDS (default 10) runs it longer; MWRT_LOAD_RATE sets the ops issued per second.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.support.faultkit import TALLY
 
 import mwrt
 
-SECONDS = float(os.environ.get("MWRT_LOAD_SECONDS", "20"))
+SECONDS = float(os.environ.get("MWRT_LOAD_SECONDS", "10"))
 RATE = float(os.environ.get("MWRT_LOAD_RATE", "500"))
 N = 1024  # elements per counter
 LARGE = 16 * N  # int64 elements: 128 KiB, over MWRT_INLINE_BYTES: the data channel
