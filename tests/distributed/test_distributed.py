@@ -22,7 +22,7 @@ BACKENDS = [b for b in ("tcp", "shm") if available(b)]
 
 
 def _facade(rank, backend):
-    dist.init_process_group(backend, timeout=10)
+    dist.init_process_group(backend, timeout=machine.seconds(10, 100))
     n = dist.get_world_size()
     assert (dist.get_rank(), dist.get_backend(), dist.is_initialized()) == (rank, backend, True)
     a = np.full(5, rank + 1, np.int64)
@@ -91,7 +91,7 @@ def _facade(rank, backend):
     _torch_extras(rank, n)
     dist.barrier()
     dist.destroy_process_group()
-    dist.init_process_group(backend, timeout=10)  # re-init after destroy works
+    dist.init_process_group(backend, timeout=machine.seconds(10, 100))  # re-init works
     a = np.ones(2)
     dist.all_reduce(a)
     assert (a == n).all()
@@ -135,7 +135,7 @@ def test_facade_end_to_end(backend):
 
 
 def _fails(rank):
-    dist.init_process_group("tcp", timeout=10)
+    dist.init_process_group("tcp", timeout=machine.seconds(10, 100))
     if rank == 1:
         raise ValueError("rank one is unhappy")
     dist.all_reduce(np.ones(3))  # survivors are stopped by spawn, or fail on rank 1's absence
@@ -159,7 +159,7 @@ def test_spawn_refuses_what_it_cannot_start():
 
 
 def _dies_mid_collective(rank, queue):
-    dist.init_process_group("tcp", timeout=3)
+    dist.init_process_group("tcp", timeout=machine.seconds(3, 30))
     if rank == 2:
         os._exit(3)  # a crash: no close, no goodbye
     try:
@@ -176,7 +176,7 @@ def test_a_dying_rank_is_named_by_every_survivor():
 
 
 def _monitored(rank, queue, backend="tcp"):
-    dist.init_process_group(backend, timeout=10)
+    dist.init_process_group(backend, timeout=machine.seconds(10, 100))
     dist.monitored_barrier(timeout=5)  # everyone comes: it passes
     if rank == 3:
         os._exit(3)
@@ -191,7 +191,7 @@ def _monitored(rank, queue, backend="tcp"):
 
 
 def _any_source_from_the_dead(rank, queue):
-    dist.init_process_group("tcp", timeout=20)
+    dist.init_process_group("tcp", timeout=machine.seconds(20, 200))
     if rank == 1:
         os._exit(3)
     try:
@@ -291,7 +291,7 @@ def test_recv_from_any_source_returns_the_sender(backend):
 def _bfloat16_lists(rank):
     import torch
 
-    dist.init_process_group("tcp", timeout=10)
+    dist.init_process_group("tcp", timeout=machine.seconds(10, 100))
     bf = torch.bfloat16
     out = torch.zeros(2, dtype=bf)
     dist.reduce_scatter(out, [torch.full((2,), i + 1.5, dtype=bf) for i in range(2)])
@@ -413,7 +413,7 @@ def test_example_runs_under_the_launcher(example):
 
 
 def _async_then_objects(rank, backend):
-    dist.init_process_group(backend, timeout=20)
+    dist.init_process_group(backend, timeout=machine.seconds(20, 200))
     big = np.full(1 << 20, rank + 1.0)
     work = dist.all_reduce(big, async_op=True)
     objects = [None] * dist.get_world_size()

@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from tests.support import machine
 from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
@@ -58,7 +59,10 @@ def _ops_run() -> int:
 @pytest.fixture
 def worker():
     mwrt.shutdown()
-    process, address = start_worker(env={"MWRT_SESSION_EVENTS": str(1 << 22)})
+    # A lease scaled by the load: at load 30 on 2 cores, the flooded daemon heard nothing
+    # from this live master for the default 10 s and freed its session.
+    process, address = start_worker(env={"MWRT_SESSION_EVENTS": str(1 << 22),
+                                         "MWRT_LEASE_TIMEOUT": str(machine.seconds(10, 100))})
     yield address
     mwrt.shutdown()
     stop_worker(process)
