@@ -38,11 +38,11 @@ class Run(list):
     the run's lock) before it queues anything else or sends its batch: from then on the run
     no longer grows, and the next mesh op starts a new one."""
 
-    __slots__ = ("nodes", "stream", "started", "lock", "sealed", "tables")
+    __slots__ = ("nodes", "stream", "started", "lock", "sealed", "tables", "window")
 
-    def __init__(self, nodes, stream, started: float, body) -> None:
+    def __init__(self, nodes, stream, started: float, body, window: float) -> None:
         super().__init__((body,))
-        self.nodes, self.stream, self.started = nodes, stream, started
+        self.nodes, self.stream, self.started, self.window = nodes, stream, started, window
         self.lock, self.sealed = threading.Lock(), False
         self.tables = list({id(node.sites): node.sites for node in nodes}.values())
 
@@ -69,7 +69,7 @@ def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: floa
                 if now - run.started >= window or len(run) >= nodes[0].batch_size:
                     _flush_all(nodes, now)
                 return
-        _queue_each(nodes, itertools.repeat(Run(nodes, streams, now, bodies)), slot,
+        _queue_each(nodes, itertools.repeat(Run(nodes, streams, now, bodies, window)), slot,
                     itertools.repeat(streams), site, now, window)
         return
     _queue_each(nodes, bodies, slot, streams or itertools.repeat(None), site, now, window)
@@ -113,7 +113,10 @@ def _queue_each(nodes, bodies, slot: int, streams, site, now: float, window: flo
                 due, sent = now - node.batch_started >= window, False
             else:  # (a send just went out, from this thread or the heartbeat's)
                 node.batch_started = now
-                due, sent = now - node.last_flush > QUIET, True  # quiet: the worker may wait
+                # quiet: the worker may wait. A mesh op's quiet spell is its window, as long
+                # as N nodes' queueing may take: with 1 ms, an op that took more (128 nodes
+                # on a loaded machine) found every node quiet and sent each op alone
+                due, sent = now - node.last_flush > window, True
             if node.frees:  # handles dropped before this command: their frees run before it
                 node._append_frees()
             elif node.run is not None:
@@ -251,7 +254,13 @@ class Batches:
             self._flush_locked(time.monotonic())
 
     def flush_stale(self, now: float, age: float) -> None:
-        """Send the batch if its first command has waited more than `age` seconds."""
+        """Send the batch if its first command has waited more than `age` seconds, or its
+        mesh run its window if longer (which grows with the mesh's nodes: the heartbeat
+        thread, woken by 128 nodes' pongs every few ms, sent every node's batch each 2 ms
+        and so each run of a stream of mesh ops, N sends per few ops)."""
+        run = self.run
+        if run is not None and run.window > age:
+            age = run.window
         if (self.batch or self.frees) and now - self.batch_started > age:
             with self.tx_lock:
                 self._flush_locked(now)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import mwrt
+from mwrt.master.mesh import dispatch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,6 +120,30 @@ def test_mesh_ops_in_a_row_are_one_run_that_every_node_sends(cluster):
     if len(runs) == 2:  # (a loaded machine may have sent them already)
         assert runs[0] is runs[1] and len(runs[0]) >= 2
     same(U, np.full(6, 5.0, np.float32))
+
+
+def test_a_mesh_run_waits_its_window_not_a_quiet_spell_or_the_straggler_age(cluster,
+                                                                             monkeypatch):
+    """A stream of mesh ops grows one run for its window, which grows with the mesh's nodes
+    (16 ms at 128): the heartbeat thread sends a batch that holds a run once the run's
+    window is past, not 2 ms after it began, and a node is quiet for a mesh op after its
+    window without a send, not 1 ms. At 128 nodes on a loaded machine, each op took more
+    than 1 ms and the heartbeat (woken every few ms by their pongs) sent each batch after
+    2 ms: runs of a few ops, N sends each (bench_mesh, X += 1.0: 20-30 sends per op)."""
+    monkeypatch.setattr(dispatch, "_WINDOW", 60.0)  # a window as long as a large mesh's, longer
+    mesh = mwrt.mesh()
+    U = mwrt.zeros(6, mesh=mesh, shard=0)
+    mwrt.synchronize()
+    for _ in range(3):
+        U += 1.0
+    now = time.monotonic()
+    for node in mesh.nodes:
+        assert node.batch, "the first op went alone: the node was taken for quiet"
+        node.flush_stale(now + 1.0, 2e-3)  # as the heartbeat thread, a second later
+        assert node.batch, "the batch went before its run's window"
+        node.flush_stale(now + 61.0, 2e-3)
+        assert not node.batch
+    same(U, np.full(6, 3.0, np.float32))
 
 
 def test_a_command_between_mesh_ops_at_one_node_ends_the_run(cluster):
