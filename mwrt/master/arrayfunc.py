@@ -24,7 +24,7 @@ from ..ops import numpy_functions
 from .handle import Handle, check_same_place
 from .issue import call
 from .issue import call as _call
-from .mesh import dispatch, fallback, moves, products
+from .mesh import dispatch, einsums, fallback, moves, products
 from .mesh.placement import PlacementError
 from .remote import RemoteFunction
 
@@ -153,6 +153,9 @@ def _on_mesh(value) -> bool:
     return any(t._mesh is not None for t in found)
 
 
+_PLANS = {"kron": products.kron, "einsum": einsums.einsum}  # NumPy functions with mesh plans
+
+
 def _on_every_place(func: Callable, args: tuple, kwargs: dict) -> Any:
     """A NumPy function on mesh tensors: a registry op by its placement rule; any other
     function at every place on replicated tensors (or a PlacementError naming the fix)."""
@@ -170,8 +173,8 @@ def _on_every_place(func: Callable, args: tuple, kwargs: dict) -> Any:
     label = f"np.{path}" if path else getattr(func, "__qualname__", repr(func))
 
     def again(local):
-        made = products.kron(local, margs, mkwargs, numpy_functions.RULED) \
-            if path == "kron" else None  # its plan; any other runs on replicated operands
+        plan = _PLANS.get(path or "")  # its plan; any other runs on replicated operands
+        made = None if plan is None else plan(local, margs, mkwargs, numpy_functions.RULED)
         return made if made is not None else moves.per_place(
             label, local, lambda blocks: array_function(
                 func, dispatch.fill(margs, blocks), dispatch.fill(mkwargs, blocks)))

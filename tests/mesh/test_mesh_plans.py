@@ -12,7 +12,7 @@ from tests.mesh.test_mesh import data, four, same, strict  # noqa: F401 - four: 
 from tests.mesh.test_mesh_plans_moves import planned, square  # noqa: F401 - a fixture
 
 import mwrt
-from mwrt import Replicate, Shard
+from mwrt import Partial, Replicate, Shard
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,6 +65,32 @@ def test_kron_of_a_sharded_and_a_whole_operand_keeps_the_shards(m, square):
                 got = planned(lambda: np.kron(X, Y))
                 same(got, np.kron(x, y), exact=False)
                 assert Shard(shard + got.ndim - x.ndim) in got.placements
+
+
+def test_einsum_whose_operands_agree_on_a_sharded_letter_runs_at_each_place(m, square):
+    """np.einsum with operands sharded on one subscript letter per mesh dimension (the
+    others replicated along it) runs on each place's blocks: a letter kept gives a result
+    sharded there, a letter summed a Partial sum; it ran on replicated copies with a
+    PlacementWarning. Operands sharded on different letters still do (the warning)."""
+    a, b, c = data(5, 4), data(4, 3, seed=1), data(5, 4, seed=2)
+    cases = [("ij,jk->ik", a, 0, b, None, Shard(0)), ("ij,jk->ik", a, 1, b, 0, Partial()),
+             ("ij,ij->i", a, 0, c, 0, Shard(0)), ("ij,ij->j", a, 0, c, 0, Partial()),
+             ("ij,jk->ki", a, 0, b, None, Shard(1)), ("ij,kj->ijk", a, None, b.T, 0,
+                                                      Shard(2))]
+    for subscripts, x, sx, y, sy, placed in cases:
+        X, Y = mwrt.dist_send(x, mesh=m, shard=sx), mwrt.dist_send(y, mesh=m, shard=sy)
+        got = planned(lambda: np.einsum(subscripts, X, Y))
+        assert got.placements == (placed,)
+        same(got, np.einsum(subscripts, x, y), exact=False)
+    X, Y = mwrt.dist_send(a, mesh=square, shard=(0, None)), mwrt.dist_send(b, mesh=square,
+                                                                          shard=(None, 1))
+    got = planned(lambda: np.einsum("ij,jk->ik", X, Y))
+    assert got.placements == (Shard(0), Shard(1))
+    same(got, a @ b, exact=False)
+    same(planned(lambda: np.einsum("ij,jk->ik", X, b)), a @ b, exact=False)
+    X, Y = mwrt.dist_send(a, mesh=m, shard=0), mwrt.dist_send(b, mesh=m, shard=1)
+    with strict(), pytest.raises(mwrt.PlacementError):
+        np.einsum("ij,jk->ik", X, Y)  # i and k along one dimension: no plan
 
 
 def test_the_strict_setting_raises_instead(m):

@@ -214,7 +214,7 @@ MASTER_LAYERS = [
     ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
                "mesh.groups", "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback",
                "mesh.twophase", "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting",
-               "mesh.sorting", "mesh.selecting", "mesh.products",
+               "mesh.sorting", "mesh.selecting", "mesh.products", "mesh.einsums",
                "mesh.dispatch", "remote", "arrayfunc", "mesh.naming", "torchissue", "torchgrad",
                "torchacross", "torchmeshgrad",
                "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues
