@@ -21,9 +21,10 @@ _SCANS = {"cumsum", "cumprod"}
 # NumPy's functions that reach the same ufunc reduction as the array's method of the name,
 # with the same parameters in the same order: on a NumPy array the method goes straight there,
 # where np.sum and the like first pass ~80 bytecodes of checks (_wrapreduction), a third of
-# the worker's Python in a small op.
-_SAME_AS_METHOD = frozenset(("sum", "mean", "prod", "min", "max", "std", "var", "any", "all",
-                             "argmin", "argmax", "cumsum", "cumprod"))
+# the worker's Python in a small op. Not std and var: their functions take NumPy 2's
+# correction=, which the methods do not.
+_SAME_AS_METHOD = frozenset(("sum", "mean", "prod", "min", "max", "any", "all", "argmin",
+                             "argmax", "cumsum", "cumprod"))
 
 
 def _impl(name):
