@@ -5,7 +5,8 @@ variables laid on a mesh (1-D of 2, 3 or 4 local nodes, 2x2, or 1x3 with a dimen
 place) with every placement: Shard(axis) (uneven, size-0 and size-1 axes; on a 2-D mesh one
 per dimension, one axis split by both among them), Replicate(), and
 Partial (a sum of parts). Lines: elementwise ops with arrays, Python and NumPy scalars,
-in-place ops, reductions and scans, matmul, shape ops and joins, indexing and setitem,
+in-place ops, reductions and scans, matmul, kron and einsum, sort, argsort and median,
+shape ops and joins, indexing and setitem,
 redistribute, graphs captured and replayed, two streams per node (a slow write first, so a
 missing order shows).
 Each line runs on NumPy first; a line NumPy refuses is dropped. Every variable is then
@@ -83,7 +84,9 @@ FUNCTIONS = ["np.where({a} > 0, {a}, {s})", "np.clip({a}, 1, 3)", "np.maximum({a
              "np.argsort({a}, axis=0, kind='stable')", "np.argsort({a}, axis=None, "
              "kind='stable')", "np.median({a}, axis=0)", "np.median({a})",
              "np.median({a}, axis=-1, keepdims=True)", "np.sort({a}, axis=-1)",
-             "np.argsort({a}, axis=0)", "np.argsort({a}, axis=None)"]
+             "np.argsort({a}, axis=0)", "np.argsort({a}, axis=None)", "np.kron({a}, {b})",
+             "np.einsum('ij,ij->i', {a}, {b})", "np.einsum('ij,jk->ik', {a}, {b})",
+             "np.median({a}, axis=(0, -1))"]
 
 CAPTURED = ["np.sort({a}, axis=0)", "np.concatenate([{a}, {b}])", "np.median({a}, axis=0)",
             "np.argsort({a}, axis=0, kind='stable')", "np.cumsum({a}, axis=0)",

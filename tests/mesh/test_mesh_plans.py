@@ -54,8 +54,9 @@ def test_an_op_without_a_plan_runs_and_warns_once_per_call_site(four):
 
 def test_kron_of_a_sharded_and_a_whole_operand_keeps_the_shards(m, square):
     """np.kron(A, B), A sharded along one axis, B replicated or a master array: each place's
-    kron of its block is a run of the result's axis, moved to the result's blocks; it ran
-    on replicated copies with a PlacementWarning."""
+    kron of its block is a run of the result's axis (a run per row of B where B is the
+    sharded one), moved to the result's blocks; it ran on replicated copies with a
+    PlacementWarning."""
     for x, y, shard in [(data(5, 3), data(2, 4, seed=1), 0), (data(5, 3), data(3, 2, seed=1), 1),
                         (data(4, 3, 2), data(3, 2, seed=1), 2), (data(7), data(2, 3), 0),
                         (data(2, 3), data(2, 2, 3, seed=1), 0), (data(0, 3), data(2, 2), 0)]:
@@ -65,18 +66,24 @@ def test_kron_of_a_sharded_and_a_whole_operand_keeps_the_shards(m, square):
                 got = planned(lambda: np.kron(X, Y))
                 same(got, np.kron(x, y), exact=False)
                 assert Shard(shard + got.ndim - x.ndim) in got.placements
+                got = planned(lambda: np.kron(Y, X))  # the sharded one on the right
+                same(got, np.kron(y, x), exact=False)
+                assert Shard(shard + got.ndim - x.ndim) in got.placements
 
 
 def test_einsum_whose_operands_agree_on_a_sharded_letter_runs_at_each_place(m, square):
     """np.einsum with operands sharded on one subscript letter per mesh dimension (the
-    others replicated along it) runs on each place's blocks: a letter kept gives a result
+    others replicated along it, cut to each place's block where they hold the letter) runs
+    on each place's blocks: a letter kept gives a result
     sharded there, a letter summed a Partial sum; it ran on replicated copies with a
     PlacementWarning. Operands sharded on different letters still do (the warning)."""
     a, b, c = data(5, 4), data(4, 3, seed=1), data(5, 4, seed=2)
     cases = [("ij,jk->ik", a, 0, b, None, Shard(0)), ("ij,jk->ik", a, 1, b, 0, Partial()),
              ("ij,ij->i", a, 0, c, 0, Shard(0)), ("ij,ij->j", a, 0, c, 0, Partial()),
              ("ij,jk->ki", a, 0, b, None, Shard(1)), ("ij,kj->ijk", a, None, b.T, 0,
-                                                      Shard(2))]
+                                                      Shard(2)),
+             ("ij,jk->ik", a, None, b, 0, Partial()), ("ij,ij->i", a, None, c, 0, Shard(0)),
+             ("ij,jk->ik", a, 1, b, None, Partial())]
     for subscripts, x, sx, y, sy, placed in cases:
         X, Y = mwrt.dist_send(x, mesh=m, shard=sx), mwrt.dist_send(y, mesh=m, shard=sy)
         got = planned(lambda: np.einsum(subscripts, X, Y))
@@ -88,6 +95,9 @@ def test_einsum_whose_operands_agree_on_a_sharded_letter_runs_at_each_place(m, s
     assert got.placements == (Shard(0), Shard(1))
     same(got, a @ b, exact=False)
     same(planned(lambda: np.einsum("ij,jk->ik", X, b)), a @ b, exact=False)
+    same(planned(lambda: np.einsum("ij,jk->ik", a, Y)), a @ b, exact=False)  # a cut
+    Y = mwrt.dist_send(b, mesh=square, shard=(0, 0))  # j split by both dimensions
+    same(planned(lambda: np.einsum("ij,jk->ik", a, Y)), a @ b, exact=False)
     X, Y = mwrt.dist_send(a, mesh=m, shard=0), mwrt.dist_send(b, mesh=m, shard=1)
     with strict(), pytest.raises(mwrt.PlacementError):
         np.einsum("ij,jk->ik", X, Y)  # i and k along one dimension: no plan

@@ -14,7 +14,8 @@ replicated, and otherwise replicates the smaller operand.
 
 np.kron(A, B) with A sharded along one axis and B whole at every place (replicated, or a
 master array): each place's kron of its block is a run of the result's axis (its rows
-times B's length there), moved to the result's blocks (runs.exchange, worker to worker).
+times B's length there), moved to the result's blocks (runs.exchange, worker to worker);
+with B sharded and A whole, a run for each of A's rows along that axis (64 at most).
 """
 
 from __future__ import annotations
@@ -336,32 +337,41 @@ __all__ = ["matmul"]
 
 
 def kron(operands: list, args: tuple, kwargs: dict, count):
-    """np.kron(A, B) by its plan (see the module's text), A sharded along one axis and B
-    whole at every place; None where the operands lie otherwise."""
-    a, b = args if len(args) == 2 else (None, None)
-    if kwargs or type(a) is not Slot or not (type(b) is Slot or isinstance(b, np.ndarray)):
+    """np.kron(A, B) by its plan (see the module's text), one of A and B sharded along one
+    axis and the other whole at every place; None where the operands lie otherwise."""
+    if kwargs or len(args) != 2 or not all(type(v) is Slot or isinstance(v, np.ndarray)
+                                           for v in args):
         return None
     for t in operands:
         resolve(t)
-    ta = operands[a.k]
-    whole: Any = operands[b.k] if type(b) is Slot else b
-    sharded = {p.axis for p in ta._placements if type(p) is Shard}
-    if len(sharded) != 1 or (type(b) is Slot and any(p != REPLICATE
-                                                     for p in whole._placements)):
+    values: list[Any] = [operands[v.k] if type(v) is Slot else v for v in args]
+    axes = [{p.axis for p in v._placements if type(p) is Shard} if type(u) is Slot else set()
+            for u, v in zip(args, values)]
+    side = 0 if axes[0] else 1  # the sharded operand; the other must be whole everywhere
+    other = values[1 - side]
+    if len(axes[side]) != 1 or axes[1 - side] or (type(args[1 - side]) is Slot and any(
+            p != REPLICATE for p in other._placements)):
         return None
-    axis, n = sharded.pop(), max(ta.ndim, whole.ndim)
-    r = axis + n - ta.ndim  # A's axis in the result's
+    t, axis, n = values[side], axes[side].pop(), max(values[0].ndim, values[1].ndim)
+    r = axis + n - t.ndim  # its axis in the result's
     ones = (1,) * n
-    sa, sb = ones[ta.ndim:] + tuple(ta.shape), ones[whole.ndim:] + tuple(whole.shape)
-    spec = Spec(tuple(x * y for x, y in zip(sa, sb)), np.result_type(ta.dtype, whole.dtype))
-    mesh = ta._mesh
-    out = tuple(Shard(r) if type(p) is Shard else REPLICATE for p in ta._placements)
-    dims = tuple(d for d, p in enumerate(ta._placements) if type(p) is Shard)
+    sa, sb = (ones[v.ndim:] + tuple(v.shape) for v in values)
+    if side and not 0 < sa[r] <= 64:  # as many runs of the result per place as A's rows
+        return None
+    spec = Spec(tuple(x * y for x, y in zip(sa, sb)), np.result_type(*[v.dtype for v in values]))
+    mesh = t._mesh
+    out = tuple(Shard(r) if type(p) is Shard else REPLICATE for p in t._placements)
     held, wanted = [], []
     for i, coord in enumerate(mesh.coords):
-        lo, hi = local_box(ta.shape, ta._placements, mesh.shape, coord)[axis]
-        other = whole if type(b) is not Slot else whole._locals[i]
-        held.append([(call("numpy", "kron", count, ta._locals[i], other), lo * sb[r],
-                      hi * sb[r])])
+        lo, hi = local_box(t.shape, t._placements, mesh.shape, coord)[axis]
+        local = [v._locals[i] if type(u) is Slot else v for u, v in zip(args, values)]
+        part = call("numpy", "kron", count, *local)
+        if not side:  # A's rows lo..hi: one run of the result, B's length each
+            held.append([(part, lo * sb[r], hi * sb[r])])
+        else:  # B's rows lo..hi under each of A's: a run per row of A
+            k = hi - lo
+            held.append([(_getitem(part, (slice(None),) * r + (slice(j * k, j * k + k),)),
+                          j * sb[r] + lo, j * sb[r] + hi) for j in range(sa[r])])
         wanted.append(local_box(spec.shape, out, mesh.shape, coord)[r])
-    return ta.results.on_mesh(mesh, out, runs.exchange(mesh, dims, r, held, wanted), spec)
+    dims = tuple(d for d, p in enumerate(t._placements) if type(p) is Shard)
+    return t.results.on_mesh(mesh, out, runs.exchange(mesh, dims, r, held, wanted), spec)
