@@ -13,6 +13,8 @@ import threading
 import time
 import traceback
 
+import zmq
+
 from .. import arrays
 from ..protocol import wire
 from . import calls, fperrors, handlers, report, routes, tensors
@@ -188,6 +190,8 @@ class StreamExecutor:
         """execute(), but a command too malformed even to report on must not end the stream."""
         try:
             self.execute(command, frames)
+        except zmq.ContextTerminated:  # the daemon is stopping (Ctrl-C): no one to answer
+            return
         except Exception as exc:  # noqa: BLE001 - logged; the stream must outlive any command
             log.warning("node %s stream %s: dropped a malformed %s (%s: %s)", self.session.node,
                         self.id, type(command).__name__, type(exc).__name__, exc)
