@@ -39,6 +39,20 @@ while True:
     router.send_multipart(frames)
 """
 
+# The same echo on a Unix socket (the path local workers take): it prints its address.
+ECHO_IPC = """
+import os, tempfile, zmq
+folder = tempfile.mkdtemp(); address = f"ipc://{folder}/echo"
+ctx = zmq.Context(); router = ctx.socket(zmq.ROUTER)
+router.bind(address); print(address, flush=True)
+while True:
+    frames = router.recv_multipart()
+    if frames[-1] == b"stop":
+        break
+    router.send_multipart(frames)
+router.close(0); os.unlink(address[6:]); os.rmdir(folder)
+"""
+
 
 def zmq_round_trip(reps: int) -> float:
     """Raw DEALER/ROUTER echo over loopback tcp; the echo is another process, like a worker."""

@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import sys
 
-from baselines import ECHO, SINK
+from baselines import ECHO, ECHO_IPC, SINK
 
 _FRESH_SYNC = """
 import sys, time, mwrt
@@ -33,7 +33,8 @@ FRESH_ECHO = """
 import subprocess, sys, time, zmq
 echo = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True)
 ctx = zmq.Context(); dealer = ctx.socket(zmq.DEALER)
-dealer.connect(f"tcp://127.0.0.1:{int(echo.stdout.readline())}")
+line = echo.stdout.readline().strip()  # a port, or a whole address (ECHO_IPC)
+dealer.connect(line if "://" in line else f"tcp://127.0.0.1:{int(line)}")
 times = []
 for i in range(200 + int(sys.argv[1])):
     t = time.perf_counter(); dealer.send_multipart([b"x" * 16]); dealer.recv_multipart()
@@ -190,19 +191,22 @@ def round_trip_runs(tries: int, reps: int, roots: tuple) -> tuple[dict, list]:
     """Each of ROUND_TRIPS from each tree of `roots` in fresh sessions, `tries` rounds, with
     a pyzmq DEALER/ROUTER echo in fresh processes before the first run and after every run
     (unpinned, never beside a live session); a round's order is the last one's reversed.
-    Each run's (p50, p99, p50 ratio, p99 ratio), its ratios to the mean of the echoes just
-    before and after it, so the machine's drift between runs hits both alike; and every
-    echo's (p50, p99)."""
+    Each run's (p50, p99, p50 ratio, p99 ratio, p50 ratio to the Unix socket's echo), its
+    ratios to the mean of the echoes just before and after it, so the machine's drift
+    between runs hits both alike; and every tcp echo's (p50, p99)."""
     runs: dict = {(root, kind): [] for root in roots for kind in ROUND_TRIPS}
     order = list(runs)
     echoes = [fresh_line(FRESH_ECHO, reps, ECHO)]
+    ipc = [fresh_line(FRESH_ECHO, reps, ECHO_IPC)]
     for _ in range(tries):
         for root, kind in order:
             got = fresh_line(_FRESH_SYNC, reps, kind[1], kind[2], root=root)
             before, after = echoes[-1], fresh_line(FRESH_ECHO, reps, ECHO)
             echoes.append(after)
+            ipc.append(fresh_line(FRESH_ECHO, reps, ECHO_IPC))
             runs[root, kind].append((got[0], got[1], 2 * got[0] / (before[0] + after[0]),
-                                     2 * got[1] / (before[1] + after[1])))
+                                     2 * got[1] / (before[1] + after[1]),
+                                     2 * got[0] / (ipc[-2][0] + ipc[-1][0])))
         order.reverse()
     return runs, echoes
 
@@ -224,6 +228,8 @@ def round_trip_rows(tries: int = 5, reps: int = 2000, roots: tuple = (_ROOT,)) -
         rows.append(("  p99", f"{p99:.0f} us", f"echo p99 {e99:.0f} us", f"{r99:.2f}x", "<= 2x"))
         rows.append(("  ratio's spread over the rounds", f"p50 {_spread([r[2] for r in got])}x",
                      f"p99 {_spread([r[3] for r in got])}x", "", ""))
+        ipc = statistics.median(run[4] for run in got)  # local workers' path: a Unix socket
+        rows.append(("  p50 beside the same echo on a Unix socket", "", "", f"{ipc:.2f}x", ""))
     rows.append(("  echo's spread over the runs", "", f"p50 {_spread([e[0] for e in echoes])} "
                  "us", "", f"load {os.getloadavg()[0]:.1f}"))
     return rows
