@@ -78,6 +78,9 @@ class Graph:
         self._saved: dict = {}
         self._recorders: dict = {}  # node -> what records its commands during the capture
         self._placed: list = []  # Partial mesh tensors made inside: weakref, placements
+        # tensors made inside whose shape depends on values (t[mask]): each replay may give
+        # another, so their handles forget it and ask again
+        self._sized_by_data: list = []
         self._capturing = False
 
     # -- capture --------------------------------------------------------------------------
@@ -138,7 +141,15 @@ class Graph:
         """Called for each tensor made during the capture: its making is a write."""
         self._made.setdefault(tensor._node, []).append(tensor)
         self._made_ids.add(tensor._id)
+        ordering.unreplayed.add(tensor._id)
+        if tensor._spec is None:
+            self.sized_by_data(tensor)
         self._made_uses[tensor._id] = [(ordering.made_on(tensor), True)]
+
+    def sized_by_data(self, tensor) -> None:
+        """Called for a tensor made during the capture whose shape its values decide (a mesh
+        one's too): a replay makes it again, maybe of another shape."""
+        self._sized_by_data.append(weakref.ref(tensor))
 
     def shared(self, tensor, source) -> None:
         """Called when a tensor made during the capture turns out a view of `source`: its
@@ -264,6 +275,10 @@ class Graph:
             tensor = ref()
             if tensor is not None and tensor._placements != placements:
                 place(tensor, placements)
+        for ref in self._sized_by_data:  # (asked again when next needed)
+            if (tensor := ref()) is not None:
+                tensor._spec = None
+        ordering.unreplayed.difference_update(self._made_ids)
 
     def _replayed(self, node, now: int, rid: int, touched: list) -> None:
         """What the master records of a node's replay `rid`: the bytes it queued, the
@@ -325,6 +340,7 @@ class Graph:
         return list(touched.values())
 
     def __del__(self):
+        ordering.unreplayed.difference_update(self._made_ids)
         for node, gid in self._defined.items():
             try:
                 for cid in self._sites.get(node, ()):

@@ -63,6 +63,8 @@ def call(name: str, *args, **kwargs):
         copied = scalars_copied(args, call)
         if copied is not args:
             return call(name, *copied, **kwargs)
+    if ordering.unreplayed and not ordering.capture:
+        ordering.refuse_unreplayed(place, name)
     first = place[0]
     node, device = first._node, first._device
     if ordering.capture and _pending((spec_args, spec_kwargs)):

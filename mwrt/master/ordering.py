@@ -32,12 +32,16 @@ import itertools
 import weakref
 
 from .. import config
+from ..errors import MwrtError
 from ..protocol import wire
 
 _IMPLICIT = itertools.count(wire.IMPLICIT_EVENTS, -1)  # never the user's nor checkpoints
 _ORDERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {(S, W): id}
 MANUAL: set = set()  # ids of streams made with order="manual"
 capture: list = []  # the graph being captured, if any (see graph.py)
+# ids of the tensors captured graphs made and have not replayed yet: nothing made them, so a
+# read of one is refused on the master (the worker would only say it has no such tensor)
+unreplayed: set = set()
 
 
 # Registry ops whose result may be a view of their first argument. A copy one of them makes
@@ -249,9 +253,21 @@ def _used(owner: Storage, stream: int, now: int, write: bool) -> None:
     owner.ltime = now
 
 
+def refuse_unreplayed(tensors, what: str) -> None:
+    """Raise if one of `tensors` is made by a captured graph not replayed yet (`what` uses
+    it: a read, an op), outside any capture."""
+    for tensor in tensors:
+        if tensor._id in unreplayed:
+            raise MwrtError(f"{what} of tensor {tensor._id}: made inside a mwrt.graph() "
+                            "block, which records ops and runs none (got a use before the "
+                            "graph's first replay); call g.replay() first, then use it")
+
+
 def read_stream(tensor) -> int:
     """The stream a copy of `tensor` to the master runs on: its storage's last writer,
     ordered after the view's making if another stream made it."""
+    if unreplayed and not capture:
+        refuse_unreplayed((tensor,), "read")
     owner = tensor._storage
     if tensor._base is not None and tensor._writer != owner.writer:
         _after(tensor._node, tensor._id, owner.writer, tensor._writer, tensor._wtime)

@@ -99,6 +99,38 @@ def test_nothing_runs_until_a_replay(cluster):
     np.testing.assert_array_equal(x.numpy(), [2, 2])
 
 
+def test_a_tensor_made_in_a_capture_is_read_after_a_replay_and_says_so_before(cluster):
+    """The block runs nothing: a read of what it made, before the first replay, is refused
+    on the master by name (the worker could only say it has no such tensor)."""
+    x = mwrt.dist_send(np.arange(4.0))
+    with mwrt.graph() as g:
+        y = x + 1
+        v = x[1:]
+    for read in (y.numpy, v.numpy, lambda: float(y.sum()), lambda: y.numpy(copy=False)):
+        with pytest.raises(mwrt.MwrtError, match=r"(read|sum) of tensor \d+: made inside "
+                           r"a mwrt.graph\(\) block.*before the graph's first replay"):
+            read()
+    g.replay()
+    np.testing.assert_array_equal(y.numpy(), [1, 2, 3, 4])
+    np.testing.assert_array_equal(v.numpy(), [1, 2, 3])
+
+
+def test_a_shape_decided_by_values_follows_each_replay(cluster):
+    """t[mask] in a capture: each replay may select another count, and the handle's shape
+    is the last replay's, as NumPy's x[m] run again would be."""
+    x = mwrt.dist_send(np.arange(4.0))
+    m = mwrt.dist_send(np.array([True, False, True, True]))
+    with mwrt.graph() as g:
+        z = x[m]
+        w = z * 2
+    g.replay()
+    assert z.shape == (3,) and w.shape == (3,)
+    m[1] = True
+    g.replay()
+    assert z.shape == (4,) and w.shape == (4,)
+    np.testing.assert_array_equal(w.numpy(), [0, 2, 4, 6])
+
+
 def test_an_error_in_a_replay_names_the_captured_op_and_line(cluster):
     x = mwrt.ones(3)
     bad = mwrt.remote(lambda t: t.reshape(7), spec=((7,), np.float32))

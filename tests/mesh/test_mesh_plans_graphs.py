@@ -92,3 +92,25 @@ def test_a_mask_in_a_capture_runs_on_replicated_copies_told_once(four):
             same(Y, x[x > 0])
     assert len(told) == 1 and "getitem" in str(told[0].message)
     assert told[0].filename == __file__
+
+
+def test_a_masked_result_on_a_mesh_takes_each_replays_shape(four):
+    """A mask's count may change between replays: the mesh handle's shape follows, and a
+    read before the first replay is refused by name."""
+    x = np.arange(6.0)
+    mesh = mwrt.mesh(nodes=[0, 1])
+    X = mwrt.dist_send(x, mesh=mesh, shard=0)
+    mask = np.array([True, False, True, True, False, False])
+    M = mwrt.dist_send(mask, mesh=mesh, shard=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mwrt.PlacementWarning)
+        with mwrt.graph() as g:
+            Z = X[M]
+    with pytest.raises(mwrt.MwrtError, match="before the graph's first replay"):
+        Z.numpy()
+    g.replay()
+    same(Z, x[mask])
+    M[1] = True
+    mask[1] = True
+    g.replay()
+    same(Z, x[mask])

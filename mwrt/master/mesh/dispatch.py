@@ -59,6 +59,8 @@ def _call(name: str, *args, **kwargs):
             node.check_lost()
     if ordering.capture:
         _real_before_capture(operands)
+    elif ordering.unreplayed:
+        ordering.refuse_unreplayed([b for t in operands for b in t._blocks or ()], name)
     if name in ordering.VIEWS and _views_first(margs):  # before the plan: a Partial
         moves.before_view(name, operands[0], margs)  # operand it may copy is made real
     op = ops.get(name)
@@ -163,6 +165,8 @@ def run(name, plan, operands, margs, mkwargs, spec):
         moves.share(result, operands[0])
     if ordering.capture and is_partial(result):  # a replay makes it Partial again
         ordering.capture[-1].placed(result)
+    if ordering.capture and result._spec is None:  # a replay may give another shape
+        ordering.capture[-1].sized_by_data(result)
     return result
 
 
