@@ -340,7 +340,8 @@ class Graph:
         return list(touched.values())
 
     def __del__(self):
-        ordering.unreplayed.difference_update(self._made_ids)
+        with contextlib.suppress(Exception):  # (at exit the module's globals may be gone)
+            ordering.unreplayed.difference_update(self._made_ids)
         for node, gid in self._defined.items():
             try:
                 for cid in self._sites.get(node, ()):
