@@ -237,6 +237,7 @@ class Graph:
         """Run the recorded ops again; `name=tensor` rebinds the input given as `name`."""
         if self._capturing:
             raise MwrtError("graph: replay() inside its own capture block; call it after")
+        first = not self._last  # (what it made exists from now on)
         bindings = _by_place(bindings)
         bound = self._bind(bindings)
         for node in self._defined:  # all checks first: a replay runs on every node or none
@@ -278,7 +279,8 @@ class Graph:
         for ref in self._sized_by_data:  # (asked again when next needed)
             if (tensor := ref()) is not None:
                 tensor._spec = None
-        ordering.unreplayed.difference_update(self._made_ids)
+        if first:
+            ordering.unreplayed.difference_update(self._made_ids)
 
     def _replayed(self, node, now: int, rid: int, touched: list) -> None:
         """What the master records of a node's replay `rid`: the bytes it queued, the

@@ -74,9 +74,8 @@ def call(name: str, *args, **kwargs):
     node.limits.check_result(name, result)
     stream = context.stream_for(node.index, device)
     written = args[0] if op.inplace else None
-    outs = _outputs(first.scalars if op.scalar and first.scalars is not None and _zero_d(
-        result) and ops.gives_scalars(op, spec_args, spec_kwargs) else first.results, node,
-        device, stream, result)
+    made = _made_as(op, first, result, spec_args, spec_kwargs) if op.scalar else first.results
+    outs = _outputs(made, node, device, stream, result)
     now = next(node.ids)
     if outs and name in ALIASING:  # (in this order: x += 1 pays one test)
         _share(name, args, outs)  # a view shares its base's record
@@ -245,17 +244,26 @@ def scalars_copied(args: tuple, issue) -> tuple:
     return tuple(issue("copy", a) if scalar else a for a, scalar in zip(args, scalars))
 
 
+def _made_as(op, first, result, args: tuple, kwargs: dict) -> type:
+    """The class of the handles of an op's `result` (Specs) on `first`'s place: its element
+    class where NumPy gives scalars (0-d results of a scalar op, ops.Op.scalar)."""
+    if first.scalars is not None and _zero_d(result) and ops.gives_scalars(op, args, kwargs):
+        return first.scalars
+    return first.results
+
+
 def as_scalars(name: str, args: tuple, kwargs: dict, result):
-    """`result` (handles made on a mesh by op `name` of `args`) with each 0-d one of its
-    element class where NumPy gives a scalar (ops.Op.scalar), as call makes them on one
-    place."""
+    """`result` (handles made on a mesh by op `name` of `args`) of the class call would make
+    them of on one place (_made_as)."""
     op = ops.get(name)
-    if not op.scalar:
+    if not op.scalar or result is None:
         return result
-    for r in result if type(result) is tuple else (result,):
-        if r is not None and r.scalars is not None and type(r._spec) is ops.Spec and \
-                not r._spec.shape and ops.gives_scalars(op, *_specs_of(args, kwargs)):
-            r.__class__ = r.scalars
+    results = result if type(result) is tuple else (result,)
+    specs = tuple([r._spec for r in results])
+    if _zero_d(specs):
+        made = _made_as(op, results[0], specs, *_specs_of(args, kwargs))
+        for r in results:
+            r.__class__ = made
     return result
 
 
