@@ -67,11 +67,15 @@ class Matcher:
 
     def irecv(self, view, desc, peer, tag, timeout) -> Work:
         """Post a receive now; the receiver thread fills `view` without a helper thread."""
-        post = self._post(view, peer, tag, desc)
+        try:
+            post = self._post(view, peer, tag, desc)
+            error = None
+        except ChannelError as exc:  # it arrived with another size, or the peer is gone: the
+            post, error = None, exc  # Work's wait says so, as a receive that failed later does
         if type(post) is not Post:  # it had arrived: a receive that is already complete
             post = Post(view, desc, peer, tag)
             post.finished = True
-            post.release()
+            post.release(error)
         return Work(f"{self.name} irecv rank {self.rank}<-{peer}", timeout,
                     partial(self.wait, post), partial(_completed, post),
                     partial(self._cancel_post, post))

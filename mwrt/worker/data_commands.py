@@ -71,6 +71,8 @@ def recv_from(ex, cmd, frames):
         store(ex, cmd.out, value)
         return
     try:
+        if isinstance(posted, ChannelError):  # posting it failed, and may have taken the message
+            raise posted
         if isinstance(posted, tuple):  # its receive was posted as the command arrived
             host, work = posted
             work.wait(data.get_channel().timeout)
@@ -81,7 +83,7 @@ def recv_from(ex, cmd, frames):
             data.get_channel().recv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
         ex.bytes_in += host.nbytes
     except ChannelError as exc:
-        raise _nothing_sent(ex, cmd, exc, host.nbytes) from None
+        raise _nothing_sent(ex, cmd, exc) from None
     store(ex, cmd.out, host if ex.device == arrays.HOST else ex.xp.asarray(host))
 
 
@@ -89,19 +91,20 @@ def _recv_staged(ex, cmd, data, posted):
     """A RecvFrom with a GPU at one end: its chunks, copied to the device as they come."""
     channel = data.get_channel()
     try:
+        if isinstance(posted, ChannelError):
+            raise posted
         if posted is None:
             check_size(cmd.shape, np.dtype(cmd.dtype), "recv", ex.session.tensors, cmd.device)
             posted = staging.Receive(channel, cmd.shape, cmd.dtype, cmd.device, cmd.peer,
                                      cmd.tag)
         return posted.finish(ex.xp, getattr(ex, "cuda_stream", None), channel.timeout)
     except ChannelError as exc:
-        nbytes = math.prod(cmd.shape) * np.dtype(cmd.dtype).itemsize
-        raise _nothing_sent(ex, cmd, exc, nbytes) from None
+        raise _nothing_sent(ex, cmd, exc) from None
 
 
-def _nothing_sent(ex, cmd, exc: ChannelError, nbytes: int) -> ChannelError:
+def _nothing_sent(ex, cmd, exc: ChannelError) -> ChannelError:
     """A receive that got an empty message where bytes were due: the sender's op failed."""
-    if "got 0 bytes" in str(exc) and nbytes:
+    if "got 0 bytes" in str(exc) and math.prod(cmd.shape):
         return ChannelError(f"node {ex.session.node}: rank {cmd.peer} sent nothing for tag "
                             f"{cmd.tag}: the op that made the tensor failed there, and its "
                             "error is raised at that node's next sync point")

@@ -214,6 +214,30 @@ def test_size_mismatch_names_both_sizes(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_an_irecv_posted_after_a_message_of_another_size_fails_at_its_wait(name):
+    """The receive takes the message (an empty one: its sender's op failed) and says so at
+    wait(), as one that was posted first does; posting it raised before, and a worker that
+    then received again on the tag waited out the channel's timeout."""
+    def body(ch):
+        if ch.rank == 0:
+            ch.send(b"", 1, tag=2)
+            ch.send(np.arange(3.0), 1, tag=2)
+        else:
+            deadline = time.monotonic() + JOIN
+            while not ch.arrived(0, tag=2):
+                assert time.monotonic() < deadline, "the empty message never arrived"
+                time.sleep(0.01)
+            work = ch.irecv(np.zeros(4, np.float32), 0, tag=2)
+            with pytest.raises(ChannelError, match=r"got 0 bytes.*expected 16 bytes"):
+                work.wait(JOIN)
+            after = np.zeros(3)
+            ch.recv(after, 0, tag=2)  # the next message on the tag is the next one sent
+            np.testing.assert_array_equal(after, np.arange(3.0))
+
+    run_ranks(name, 2, body)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_recv_timeout_says_what_from_whom(name):
     def body(ch):
         if ch.rank == 1:

@@ -47,6 +47,20 @@ def test_a_failed_source_is_reported_on_both_sides_without_waiting_out_a_timeout
         bad.numpy()
 
 
+def test_a_small_move_from_a_failed_source_fails_when_its_empty_message_came_first(three):
+    """The source's empty message (its op failed) reaches the destination before the move's
+    receive is posted there: the receive takes it and says so, where it waited out the
+    channel's timeout (its posting had consumed the message, and the error was dropped)."""
+    bad = mwrt.remote(lambda a: 1 / 0, spec=((4,), np.float64))(mwrt.ones(4, node=1))
+    for _ in range(3):
+        mwrt.ones(1, node=0)  # node 0 was not quiet: the receive waits in its batch, while
+        moved = bad.to(node=0)  # the send goes out with node 1's sync just below
+        with pytest.raises(mwrt.RemoteError, match="ZeroDivisionError"):
+            bad.numpy()
+        with pytest.raises(mwrt.RemoteError, match="rank 1 sent nothing"):
+            moved.numpy()
+
+
 @pytest.mark.parametrize("size", [4, BIG])
 def test_all_reduce_sum_and_ops(three, size):
     ts = [mwrt.dist_send(np.full(size, i + 1.0, np.float32), node=i) for i in range(3)]
