@@ -248,6 +248,24 @@ class Batches:
         if sent and self.limits.due():  # far behind: wait for it (never under the lock)
             self.limits.checkpoint()
 
+    def send_with_read(self, ref: int, stream: int, token: int) -> bool:
+        """Send the batch with its last command, if that is the Call that makes tensor `ref`
+        alone on `stream`, turned into a CallGet answering `token` with the value: an op and
+        the read of its result right after it are one command. False if the batch does not
+        end so (sent since, another command since, a mesh op's run, or a node that refuses)."""
+        with self.tx_lock:
+            batch = self.batch
+            last = batch[-1] if batch else None
+            if (type(last) is not wire.Call or last.outs != (ref,) or last.stream != stream
+                    or self.refusing):
+                return False
+            batch[-1] = wire.CallGet(last.id, stream, last.outs, last.op, last.args,
+                                     last.kwargs, last.fp, token)
+            self._flush_locked(_clock())
+        if self.limits.due():  # as after any send (queue())
+            self.limits.checkpoint()
+        return True
+
     def flush(self) -> None:
         """Send the queued batch now."""
         with self.tx_lock:

@@ -92,9 +92,13 @@ def fetch(tensor) -> np.ndarray:
         if ahead is not None:
             return ahead
         stream = ordering.read_stream(tensor)  # its events first: ids rise in issue order
-        get = wire.Get(id=next(node.ids), stream=stream, ref=tensor._id,
-                       token=next(node.tokens))
-        reply, frames = node.request(get, f"numpy() of tensor {tensor._id}")
+        token = next(node.tokens)
+        # The op that made it, still in the batch, answers with the value: one command. Not
+        # while a graph captures, which refuses the read (a Get) by name.
+        if not (node.batch and not ordering.capture
+                and node.send_with_read(tensor._id, stream, token)):
+            node.issue(wire.Get(id=next(node.ids), stream=stream, ref=tensor._id, token=token))
+        reply, frames = node.wait(token, f"numpy() of tensor {tensor._id}")
         shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
         if tensor._spec is None:
             tensor._spec = Spec(shape, dtype)

@@ -149,6 +149,15 @@ class Call(StreamCommand, tag=5, frozen=True):
     fp: dict | None = None
 
 
+class CallGet(Call, tag=40, frozen=True):
+    """A Call, then a Get of its one result: answered (`token`) with the result's bytes, or
+    with the error a Get after the Call would raise. A scalar read right after its op,
+    `float(t.sum())`, is one command, where it was two."""
+
+    sync_point = answered = True
+    token: int = -1  # (a default: it follows Call's fp, which has one)
+
+
 class Remote(StreamCommand, tag=6, frozen=True):
     """Run a cloudpickled user function; array results become tensors `outs`."""
 

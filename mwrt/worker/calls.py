@@ -11,11 +11,20 @@ import numpy as np
 from .. import arrays, ops
 from ..protocol import wire
 from . import fperrors, quotas
+from .handlers import answer_value
 from .tensors import resolve, store
 
 
 def call(ex, cmd, frames):
     run_op(ex, ops.get(cmd.op), cmd)
+
+
+def call_get(ex, cmd, frames):
+    """Run the Call, then answer with its result's value, as a Get of it would (its
+    warnings first); a failure is the answer (executor.fail), its results poisoned."""
+    run_op(ex, ops.get(cmd.op), cmd)
+    if not ex.raise_sticky(cmd.token):
+        answer_value(ex, ex.session.tensors[cmd.outs[0]], cmd.token)
 
 
 def run_op(ex, op, cmd) -> None:

@@ -152,7 +152,8 @@ class Dispatcher:
         """
         executor = session.streams.get(command.stream)
         # GPU streams run asynchronously on the device: only their own thread may answer.
-        if executor is None or executor.device != -1 or executor.pending:
+        # A CallGet runs an op: _run_now's bound decides.
+        if executor is None or executor.device != -1 or executor.pending or command.quick:
             return False
         if type(command) is wire.Get or type(command) is wire.Share:  # they copy bytes
             found = session.tensors.get(command.ref)
@@ -163,8 +164,8 @@ class Dispatcher:
         return True
 
     def _run_now(self, session, command, data) -> bool:
-        """Run a short command (a Free, a Call on small arrays) on an idle host stream here:
-        a sync loop's op then costs no thread hand-off before the read that follows it.
+        """Run a short command (a Free, a Call or CallGet on small arrays) on an idle host
+        stream here: a sync loop's op then costs no thread hand-off.
 
         Bounded by MWRT_INLINE_OP_ELEMENTS, so this thread, which serves every master,
         spends microseconds on it; never a remote() function, a collective or a transfer.
@@ -172,7 +173,7 @@ class Dispatcher:
         executor = session.streams.get(command.stream)
         if executor is None or executor.device != -1 or executor.pending:
             return False
-        if type(command) is wire.Call and not (
+        if type(command) is not wire.Free and not (
                 self.inline_op_elements and quick_call(executor, command,
                                                        self.inline_op_elements)):
             return False

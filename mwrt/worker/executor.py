@@ -51,7 +51,8 @@ class StreamExecutor:
         self._reply_socket = None
         # Ops take a turn at the daemon's slots (mwrt.worker.slots): a remote() function
         # anywhere, and a Call on the host (on a GPU it only launches kernels).
-        self._turned = (wire.Remote,) if device != arrays.HOST else (wire.Remote, wire.Call)
+        self._turned = ((wire.Remote,) if device != arrays.HOST
+                        else (wire.Remote, wire.Call, wire.CallGet))
         self.in_turn = False  # this stream holds a slot (a replay's commands take no other)
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"mwrt-stream-{session.node}-{stream_id}")
@@ -148,7 +149,7 @@ class StreamExecutor:
 
     def _drop(self, command) -> None:
         """Skip a cancelled command: what it would make is poisoned, naming mwrt.cancel()."""
-        handlers.poison(self, command, {
+        self.skip(command, {
             "kind": "remote", "type": "Cancelled", "node": self.session.node,
             "device": self.device, "stream": self.id, "op": handlers.op_name(command),
             "shapes": (), "command": command.id, "traceback": "",
@@ -201,7 +202,7 @@ class StreamExecutor:
         if self.stopped:  # the session ended: its queued work has no one to answer to
             return
         if self.error is not None and not command.always_runs:
-            handlers.poison(self, command, self.error)
+            self.skip(command, self.error)
             return
         # Not on the socket thread (its inline ops are short), nor twice in a replay's turn.
         turn = (type(command) in self._turned and not self.in_turn
@@ -229,16 +230,26 @@ class StreamExecutor:
             trace.append((self.device, self.id, handlers.op_name(command), start, time.time(),
                           handlers.arg_shapes(self, command)))
 
+    def skip(self, command, info: dict) -> None:
+        """Skip a command (its stream failed, or mwrt.cancel() dropped it): what it would
+        make is poisoned with `info`. A CallGet's read still answers, as a Get after its
+        Call would: with the stream's sticky error, else with `info`."""
+        handlers.poison(self, command, info)
+        if type(command) is wire.CallGet and not self.raise_sticky(command.token):
+            self.fail(command, info)
+
     def fail(self, command, info: dict) -> None:
-        """Report `command`'s failure: as its answer if the master waits, else as sticky."""
+        """Report `command`'s failure: as its answer if the master waits, else as sticky.
+        Either way what it would have made is poisoned (a CallGet's result, read again,
+        raises the same error)."""
         token = command.token if command.answered else -1
         report.note_error(self.session, info)
+        handlers.poison(self, command, info)
         if token >= 0:  # the master waits on this command's result: the error is its answer
             self.send_warnings()
             self.reply(wire.Failed(token=token, info=info))
             return
         self.error = info
-        handlers.poison(self, command, info)
 
     def describe(self, command, exc: BaseException) -> dict:
         """The error report: what failed, where, on which arguments, and the traceback."""

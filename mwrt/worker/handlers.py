@@ -96,14 +96,17 @@ def free(ex, cmd, frames):
 
 
 def get(ex, cmd, frames):
-    if ex.raise_sticky(cmd.token):
-        return
-    value = resolve(ex, wire.Ref(cmd.ref))
+    if not ex.raise_sticky(cmd.token):
+        answer_value(ex, resolve(ex, wire.Ref(cmd.ref)), cmd.token)
+
+
+def answer_value(ex, value, token: int) -> None:
+    """Answer `token` with array `value`'s bytes (a Get's, a CallGet's answer)."""
     if type(value) is not np.ndarray:  # on a GPU: through a pinned buffer, on this stream
         host = staging.download(value, ex.cuda_stream)
     else:
         host = np.asarray(value, order="C")
-    ex.reply(wire.Data(token=cmd.token, shape=host.shape, dtype=host.dtype.str),
+    ex.reply(wire.Data(token=token, shape=host.shape, dtype=host.dtype.str),
              [host.reshape(-1).view(np.uint8)])
     ex.bytes_out += host.nbytes
 

@@ -20,6 +20,7 @@ Handler = Callable[..., Any]
 
 STREAM: dict[type[wire.Command], Handler] = {
     wire.Create: handlers.create, wire.Put: handlers.put, wire.Call: calls.call,
+    wire.CallGet: calls.call_get,
     wire.Remote: handlers.remote, wire.Free: handlers.free, wire.Get: handlers.get,
     wire.Meta: handlers.meta, wire.Share: handlers.share, wire.Sync: handlers.sync,
     wire.Record: handlers.record,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -32,7 +33,8 @@ def _hops(node: int = 0) -> tuple[int, int]:
 
 def test_only_calls_and_frees_may_run_on_the_socket_thread():
     quick = {cls.__name__ for cls in wire.MESSAGES if cls.quick}
-    assert quick == {"Call", "Free"}  # never Remote (user code), a collective or a transfer
+    # never Remote (user code), a collective or a transfer
+    assert quick == {"Call", "CallGet", "Free"}
 
 
 def _settle() -> None:
@@ -129,6 +131,130 @@ def test_a_held_op_that_nothing_follows_is_sent_by_the_heartbeat(cluster):
     # > not ==: under load a heartbeat may send the sum's Free in a batch of its own first
     assert not node.batch and node.seq > before
     np.testing.assert_array_equal(y.numpy(), [3.0, 6.0])
+
+
+def _sent_commands(node, monkeypatch) -> list:
+    """The classes of the commands `node` sends from here on (its batches, as they go out);
+    no straggler is sent by the heartbeat meanwhile, so an op waits in its batch for a read."""
+    monkeypatch.setattr(heartbeat, "_STRAGGLER_AGE", 60.0)
+    sent: list = []
+    flush = type(node)._flush_locked
+
+    def noting(self, now):
+        if self is node:
+            sent.extend(type(command).__name__ for command in self.batch)
+        flush(self, now)
+    monkeypatch.setattr(type(node), "_flush_locked", noting)
+    return sent
+
+
+def _failing_read_raises_the_ops_error(node, monkeypatch) -> None:
+    """A read right after an op that fails raises the op's RemoteError, in one command; its
+    result, read again, raises it again, and the stream goes on."""
+    x = mwrt.dist_send(np.ones(3))
+    x.numpy()
+    sent = _sent_commands(node, monkeypatch)
+    time.sleep(0.005)  # quiet: the node's batch holds a small op for the read that follows
+    with np.errstate(divide="raise"):
+        y = x / 0; line = sys._getframe().f_lineno  # noqa: E702 (the op's line)
+    with pytest.raises(mwrt.RemoteError, match="FloatingPointError: divide by zero") as raised:
+        y.numpy()
+    assert sent[-1] == "CallGet" and "Get" not in sent, sent  # the read rode with its op
+    assert raised.value.op in ("truediv", "true_divide", "divide"), raised.value.op
+    assert raised.value.node == 0 and f"{__file__}:{line}" in str(raised.value)
+    with pytest.raises(mwrt.RemoteError, match="FloatingPointError") as again:
+        y.numpy()  # its result is poisoned: read again, the same error
+    assert again.value.op == raised.value.op
+    assert float((x + 2.0).sum()) == 9.0  # the stream goes on
+
+
+def test_a_failing_op_read_right_after_it_raises_its_error_in_one_command(cluster, monkeypatch):
+    _failing_read_raises_the_ops_error(mwrt.master.cluster.current().nodes[0], monkeypatch)
+
+
+def test_a_read_right_after_an_op_reports_an_earlier_failure_of_its_stream(cluster, monkeypatch):
+    node = mwrt.master.cluster.current().nodes[0]
+    x = mwrt.dist_send(np.ones(3))
+    x.numpy()
+    sent = _sent_commands(node, monkeypatch)
+    with np.errstate(divide="raise"):
+        bad = x / 0; line = sys._getframe().f_lineno  # noqa: E702 (the failing op's line)
+    node.flush()  # on its own: the next op's read rides with that op alone
+    time.sleep(0.005)
+    later = x + 1.0  # skipped: its stream failed before it
+    with pytest.raises(mwrt.RemoteError, match="FloatingPointError") as raised:
+        later.numpy()
+    assert sent[-1] == "CallGet" and "Get" not in sent, sent
+    assert f"{__file__}:{line}" in str(raised.value)  # the failure is the division's
+    with pytest.raises(mwrt.RemoteError, match="FloatingPointError"):
+        later.numpy()  # skipped, so poisoned with that error
+    del bad
+    np.testing.assert_array_equal((x + 1.0).numpy(), [2.0, 2.0, 2.0])
+
+
+def test_a_read_right_after_an_op_warns_at_the_ops_line(cluster, monkeypatch):
+    node = mwrt.master.cluster.current().nodes[0]
+    x = mwrt.dist_send(np.array([0.0, 1.0]))
+    x.numpy()
+    sent = _sent_commands(node, monkeypatch)
+    time.sleep(0.005)
+    with pytest.warns(RuntimeWarning, match="divide by zero") as record:
+        y = 1.0 / x; line = sys._getframe().f_lineno  # noqa: E702 (the op's line)
+        got = y.numpy()
+    assert sent[-1] == "CallGet", sent
+    assert {(w.filename, w.lineno) for w in record} == {(__file__, line)}
+    np.testing.assert_array_equal(got, [np.inf, 1.0])
+
+
+def test_a_read_of_an_op_held_before_a_capture_is_still_refused_in_it(cluster):
+    x = mwrt.ones(2)
+    x.numpy()
+    time.sleep(0.005)  # quiet: the op's Call is held in the batch for a read that may follow
+    total = x.sum()
+    with pytest.raises(mwrt.MwrtError, match="graph: Get waits for the worker"):
+        with mwrt.graph():
+            float(total)
+    assert float(total) == 2.0
+
+
+def test_a_read_right_after_an_op_that_mwrt_cancel_drops_says_so(cluster, tmp_path, monkeypatch):
+    node = mwrt.master.cluster.current().nodes[0]
+    go = str(tmp_path / "go")
+
+    def slow(a):  # runs until the master saw the worker take the cancel
+        import os
+        import time
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return a + 1
+
+    def cancel_then_go():
+        deadline = time.monotonic() + 60
+        while not node.rx_lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the read below is out, with its op
+        before = set(node.replies)
+        threading.Thread(target=mwrt.cancel, daemon=True).start()
+        while time.monotonic() < deadline and not [  # its answer, which the read's wait routes
+                t for t, r in list(node.replies.items()) if t not in before and
+                type(r[0]) is wire.Done]:
+            time.sleep(0.01)
+        open(go, "w").close()
+
+    x = mwrt.ones(3)
+    y = mwrt.remote(slow, spec=((3,), np.float32))(x)
+    node.flush()
+    sent = _sent_commands(node, monkeypatch)
+    time.sleep(0.005)  # quiet: the node's batch holds a small op for the read that follows
+    z = y * 2.0  # queued behind slow
+    helper = threading.Thread(target=cancel_then_go, daemon=True)
+    helper.start()
+    with pytest.raises(mwrt.RemoteError, match=r"Cancelled: dropped by mwrt.cancel\(\)") as raised:
+        z.numpy()
+    helper.join(60)
+    assert sent[0] == "CallGet", sent  # z's op, with its read
+    assert raised.value.op == "multiply"
+    np.testing.assert_array_equal(y.numpy(), [2.0, 2.0, 2.0])  # slow ran to its end
 
 
 def test_a_scalar_read_after_its_op_is_one_round_trip(cluster):
@@ -269,8 +395,8 @@ def test_a_read_takes_one_message_of_one_frame_each_way_and_no_hand_off():
 
 def test_a_small_op_and_its_read_run_on_the_socket_thread():
     path = _path("sum")
-    assert "worker: Call starts (socket thread)" in path
-    assert "worker: Get starts (socket thread)" in path
+    assert "worker: CallGet starts (socket thread)" in path  # the op, answering with its value
+    assert not [label for label in path if "Get starts" in label and "CallGet" not in label]
     assert not [label for label in path if "stream thread" in label or "forwards" in label]
     assert path.count("master: batch encoded, send (1 frame)") == 1  # the op, with the read
     assert path.count("master: reply read (1 frame)") == 1
@@ -288,5 +414,10 @@ def test_the_bound_is_a_setting(monkeypatch, limit):
         before = _hops()
         assert [float(x.sum()) for _ in range(5)] == [4.0] * 5
         assert (_hops()[0] > before[0]) == (limit == "0")
+        # limit 0: an op and the read riding with it run on the stream's thread (the master
+        # still holds a small op for its read, as with the default)
+        node = mwrt.master.cluster.current().nodes[0]
+        node.quick_elements = 4096
+        _failing_read_raises_the_ops_error(node, monkeypatch)
     finally:
         mwrt.shutdown()

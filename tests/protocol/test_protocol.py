@@ -129,8 +129,9 @@ def test_traits_agree_with_the_fields():
         assert cls.socket in ("tx", "rx", "hb"), cls
         if cls.on_stream:
             assert fields[1] == "stream" and cls.socket == "tx", cls
-        if cls.sync_point:
-            assert cls.on_stream and cls.answered and cls.always_runs, cls
+        if cls.sync_point:  # answered always; a CallGet's op is skipped as any op's, not
+            # its answer (executor.skip: test_faults' CallGet cases)
+            assert cls.on_stream and cls.answered and (cls.always_runs or cls is wire.CallGet)
         if cls.answered or cls.posts_receive:
             assert "token" in fields, cls
         if cls.data_frame:
