@@ -1,10 +1,12 @@
 """The hops of one round trip, timed on both sides: where a sync read's time goes.
 
-A worker daemon is started with a few of its functions wrapped to note the time (the
-monotonic clock, which every process of a host shares), and the master's sends and reads
-are wrapped alike; then `x.numpy()` of one element and `float(t.sum())` of four run in a
-loop. Each round trip's notes, from both processes, are put in time order: the path they
-take (the most common sequence of notes) and the p50 of each hop along it. A change that
+The local workers `init_master_worker()` starts are used, reached as users reach them (over
+their Unix socket, without CurveZMQ, the spin as local_spin_env sets it), each with a few
+of its functions wrapped to note the time (the monotonic clock, which every process of a
+host shares) by a sitecustomize on its path; the master's sends and reads are wrapped
+alike; then `x.numpy()` of one element and `float(t.sum())` of four run in a loop. Each
+round trip's notes, from both processes, are put in time order: the path they take (the
+most common sequence of notes) and the p50 of each hop along it. A change that
 adds a hop (a hand-off to a stream thread, a second message, another ZeroMQ frame per
 message) shows as a new or changed line of the path; the test
 (tests/master/test_round_trips.py) checks both round trips' paths by their notes, untimed.
@@ -36,14 +38,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np
 
 import mwrt
-from mwrt.master.local import local_spin_env
-from mwrt.protocol import auth, wire
-
-# Runs the daemon with its hops noted; the notes go to argv[1] when it stops.
-_WORKER = r"""
-import atexit, json, sys, threading, time
 from mwrt.protocol import wire
-from mwrt.worker import __main__ as main, daemon, executor, wakes
+
+# A local daemon's sitecustomize: notes its hops, which go to HOPS_NOTES_PATH.PID when it stops.
+_WORKER = r"""
+import atexit, json, os, sys, threading, time
+from mwrt.protocol import wire
+from mwrt.worker import daemon, executor, wakes
 NOTES, clock = [], time.perf_counter_ns
 def note(label, fn, when_true=False):
     def wrapped(*args, **kwargs):
@@ -81,8 +82,12 @@ def noted_send(*args, **kwargs):
     send(*args, **kwargs)
     NOTES.append((clock(), "worker: reply send returned"))
 wire.send = noted_send
-atexit.register(lambda: json.dump(NOTES, open(sys.argv[1], "w")))
-main.main(sys.argv[2:])
+def dump():
+    path = f"{os.environ['HOPS_NOTES_PATH']}.{os.getpid()}"
+    with open(path + ".part", "w") as f:
+        json.dump(NOTES, f)
+    os.rename(path + ".part", path)
+atexit.register(dump)
 """
 
 
@@ -106,19 +111,35 @@ def _frames(count: int) -> str:
     return "1 frame" if count == 1 else f"{count} frames"
 
 
-def _start_workers(count: int, folder: str, keys) -> list:
-    """`count` daemons on loopback, keyed like local workers, node 0's hops noted."""
-    path = os.path.join(folder, "worker.key")
-    keys.save(path)
-    env = dict(os.environ, **local_spin_env(count),
-               PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    workers = []
-    for i in range(count):
-        args = ["--listen", "127.0.0.1:0", "--key-file", path, "--parent-pid", str(os.getpid())]
-        workers.append(subprocess.Popen([sys.executable, "-c", _WORKER,
-                                         os.path.join(folder, f"notes{i}.json"), *args],
-                                        stdout=subprocess.PIPE, env=env, text=True))
-    return [(w, w.stdout.readline().split()[-1]) for w in workers]
+def _start_workers(count: int, folder: str) -> int:
+    """init_master_worker(local_workers=count), each daemon's hops noted (a sitecustomize
+    on its path, in `folder`): node 0's pid."""
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write(_WORKER)
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HOPS_NOTES_PATH")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, saved["PYTHONPATH"]]))
+    os.environ["HOPS_NOTES_PATH"] = os.path.join(folder, "notes")
+    try:  # (the daemons inherit this process's environment as they start)
+        mwrt.init_master_worker(local_workers=count)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    from mwrt.master.cluster import current
+
+    return current().node(0).info.pid
+
+
+def _read_notes(folder: str, pid: int) -> list:
+    """The notes daemon `pid` wrote as it stopped (waited for: it stops as shutdown() ends)."""
+    path = os.path.join(folder, f"notes.{pid}")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(path) as f:
+        return [tuple(n) for n in json.load(f)]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -128,19 +149,17 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def trace(kind: str, reps: int, count: int = 1) -> dict:
-    """Run `kind` ("read" or "sum") `reps` times against fresh daemons; its hops and costs."""
-    worker_keys, master_keys = auth.generate_cluster_keys()
+    """Run `kind` ("read" or "sum") `reps` times against fresh local daemons; its hops and
+    costs."""
     notes: list = []
     with tempfile.TemporaryDirectory(prefix="mwrt-hops-") as folder:
-        workers = _start_workers(count, folder, worker_keys)
-        mwrt.init_master_worker([address.replace("tcp://", "") for _, address in workers],
-                                key=master_keys)
+        pid = _start_workers(count, folder)
         try:
             x = mwrt.ones(1) if kind == "read" else mwrt.dist_send(np.array([1.5, 2.0, -3.25, 4.0]))
             once = x.numpy if kind == "read" else (lambda: float(x.sum()))
             for _ in range(200):
                 once()
-            spans, clock, pid = [], time.perf_counter_ns, workers[0][0].pid
+            spans, clock = [], time.perf_counter_ns
             _master_notes(notes)
             usage, worker_cpu = resource.getrusage(resource.RUSAGE_SELF), _cpu_seconds(pid)
             for _ in range(reps):
@@ -152,12 +171,7 @@ def trace(kind: str, reps: int, count: int = 1) -> dict:
         finally:
             wire.send_parts, wire.recv_parts = _ORIGINAL
             mwrt.shutdown()
-            for process, _ in workers:
-                process.terminate()
-                process.wait(10)
-                process.stdout.close()
-        with open(os.path.join(folder, "notes0.json")) as f:
-            notes += [tuple(n) for n in json.load(f)]
+        notes += _read_notes(folder, pid)
     master_cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
     return dict(paths(sorted(notes), spans), master_cpu=master_cpu / reps,
                 worker_cpu=worker_cpu / reps)
