@@ -329,13 +329,11 @@ _SETTINGS = {"deadline": None, "database": None,
 
 
 @pytest.fixture(scope="module")
-def two_streams():
-    """Two local workers, and two streams of node 0 (made once: a session's streams are
-    bounded and not given back)."""
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=2, timeout=30)
+def two_streams(cluster):
+    """Two local workers (tests/conftest.py's cluster, shared with the modules before and
+    after), and two streams of node 0 (made once: a session's streams are bounded and not
+    given back)."""
     yield mwrt.Stream(node=0), mwrt.Stream(node=0)
-    mwrt.shutdown()
 
 
 @pytest.mark.slow  # torch on both workers, then hundreds of programs

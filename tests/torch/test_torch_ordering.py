@@ -22,12 +22,10 @@ from mwrt.master.mesh.placement import Replicate  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def two():
-    """Two local workers."""
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=2, timeout=30)
+def two(cluster):
+    """Two local workers: the session tests/conftest.py's cluster shares with the modules
+    before and after, whose daemons may have imported torch already."""
     yield
-    mwrt.shutdown()
 
 
 def _busy(nodes: int, seconds: float) -> None:

@@ -159,14 +159,6 @@ def _bits(t) -> bytes:
     return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=2, timeout=60)
-    yield mwrt
-    mwrt.shutdown()
-
-
 EXAMPLES = int(os.environ.get("TORCH_EXAMPLES", "60"))
 
 
