@@ -1,9 +1,12 @@
-"""One rank of the torch-backend tests: `python torch_ranks.py MODE BACKEND OUT` under env://.
+"""One rank of the torch-backend tests: `python torch_ranks.py MODES BACKEND OUT` under env://.
 
-MODE ddp trains a small model with torch's DDP and saves its weights to OUT; calls runs
-the usual collectives through torch.distributed and saves what they returned; mismatch
-all_reduces tensors of different shapes on the two ranks and saves the error text;
-peer_dies has rank DEAD_RANK exit at once and saves the other's all_reduce error.
+MODES names one mode or several, comma-separated, run in that order in one process group
+(a rank imports torch once for all of them); OUT gets {mode: its result, "backend": ...}.
+ddp trains a small model with torch's DDP and gives its weights; calls runs the usual
+collectives through torch.distributed and gives what they returned; mismatch all_reduces
+tensors of different shapes on the two ranks and gives the error text (the group is broken
+after it: it comes last); peer_dies has rank DEAD_RANK exit at once and gives the other's
+all_reduce error.
 """
 
 import os
@@ -96,14 +99,14 @@ def peer_dies(rank: int) -> dict:
 
 
 def main() -> None:
-    mode, backend, out = sys.argv[1:4]
+    modes, backend, out = sys.argv[1].split(","), *sys.argv[2:4]
     dist.init_process_group(backend, init_method="env://")
     rank = dist.get_rank()
-    result = {"ddp": ddp, "calls": calls, "mismatch": mismatch,
-              "peer_dies": peer_dies}[mode](rank)
+    known = {"ddp": ddp, "calls": calls, "mismatch": mismatch, "peer_dies": peer_dies}
+    result = {mode: known[mode](rank) for mode in modes}
     result["backend"] = dist.get_backend()
     torch.save(result, f"{out}.{rank}")
-    if mode in ("ddp", "calls"):
+    if modes[-1] in ("ddp", "calls"):
         dist.barrier()  # gloo may abort a rank whose peer tears down first
         dist.destroy_process_group()
 

@@ -16,25 +16,34 @@ from tests.support.torchspawn import spawn  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_ranks(mode: str, backend: str, tmp_path, n: int = 2, timeout: float = 90,
+def run_ranks(modes: str, backend: str, folder, n: int = 2, timeout: float = 90,
               codes=None) -> list:
-    """Run torch_ranks.py MODE on n ranks under env://; each rank's saved result (None for
-    a rank expected to exit with a code other than 0)."""
-    return spawn("torch_ranks.py", [mode, backend], str(tmp_path / f"{mode}-{backend}"), n=n,
+    """Run torch_ranks.py MODES (comma-separated, in one process group) on n ranks under
+    env://; each rank's saved {mode: result} (None for a rank expected to exit with a code
+    other than 0)."""
+    return spawn("torch_ranks.py", [modes, backend], str(folder / f"{modes}-{backend}"), n=n,
                  timeout=timeout, codes=codes)
 
 
-def test_ddp_on_mwrt_matches_gloo(tmp_path):
-    ours, gloo = run_ranks("ddp", "mwrt", tmp_path), run_ranks("ddp", "gloo", tmp_path)
-    assert ours[0]["backend"] == "mwrt" and gloo[0]["backend"] == "gloo"
-    for key in gloo[0]:
-        if key != "backend":
-            torch.testing.assert_close(ours[0][key], ours[1][key], rtol=0, atol=0)
-            torch.testing.assert_close(ours[0][key], gloo[0][key])
+@pytest.fixture(scope="module")
+def on_mwrt(tmp_path_factory):
+    """What ddp, calls and mismatch gave on the "mwrt" backend: one run of two ranks for the
+    three (each rank's start, torch's import, is most of a run's CPU), mismatch last, as it
+    breaks the group."""
+    return run_ranks("ddp,calls,mismatch", "mwrt", tmp_path_factory.mktemp("torch_ranks"))
 
 
-def test_collectives_through_torch_distributed(tmp_path):
-    for rank, got in enumerate(run_ranks("calls", "mwrt", tmp_path)):
+def test_ddp_on_mwrt_matches_gloo(on_mwrt, tmp_path):
+    gloo = run_ranks("ddp", "gloo", tmp_path)
+    assert on_mwrt[0]["backend"] == "mwrt" and gloo[0]["backend"] == "gloo"
+    ours, theirs = [got["ddp"] for got in on_mwrt], gloo[0]["ddp"]
+    for key in theirs:
+        torch.testing.assert_close(ours[0][key], ours[1][key], rtol=0, atol=0)
+        torch.testing.assert_close(ours[0][key], theirs[key])
+
+
+def test_collectives_through_torch_distributed(on_mwrt):
+    for rank, got in enumerate(got["calls"] for got in on_mwrt):
         assert got["all_reduce"].tolist() == [1.0, 3.0, 5.0, 7.0]
         assert got["broadcast"].tolist() == [1.0, 1.0, 1.0]
         assert got["all_gather"].tolist() == [[0, 0], [1, 10]]
@@ -52,8 +61,8 @@ def test_collectives_through_torch_distributed(tmp_path):
         assert got["subgroup_avg"].tolist() == [0.5]
 
 
-def test_an_mwrt_error_surfaces_with_its_text(tmp_path):
-    errors = [got["error"] for got in run_ranks("mismatch", "mwrt", tmp_path)]
+def test_an_mwrt_error_surfaces_with_its_text(on_mwrt):
+    errors = [got["mismatch"]["error"] for got in on_mwrt]
     assert all(e.startswith("CollectiveMismatchError: all_reduce on torch group 0 (global "
                             "ranks [0, 1])") and "float32[3]" in e
                and "float32[4]" in e for e in errors), errors
@@ -64,7 +73,7 @@ def test_a_dead_peer_is_named(tmp_path, monkeypatch, dead):
     """A rank that dies is named on the survivor, even rank 0, which serves torch's store."""
     monkeypatch.setenv("DEAD_RANK", str(dead))
     codes = [3 if r == dead else 0 for r in range(2)]
-    error = run_ranks("peer_dies", "mwrt", tmp_path, codes=codes)[1 - dead]["error"]
+    error = run_ranks("peer_dies", "mwrt", tmp_path, codes=codes)[1 - dead]["peer_dies"]["error"]
     assert error.startswith("ChannelClosedError: all_reduce") and f"rank {dead}" in error, error
 
 
