@@ -190,8 +190,9 @@ class TensorReads(Handle):
 
     def item(self) -> Any:
         """The single element as a Python scalar."""
-        if self.size != 1:
-            raise ValueError(f"item: tensor has {self.size} elements (expected exactly 1)")
+        count = math.prod(self.spec.shape)  # (not self.size: a Size object per float(t))
+        if count != 1:
+            raise ValueError(f"item: tensor has {count} elements (expected exactly 1)")
         return self.numpy().item()
 
     def tolist(self) -> Any:
