@@ -21,11 +21,10 @@ F64 = torch.float64
 
 
 @pytest.fixture(scope="module")
-def two():
-    mwrt.shutdown()
-    mwrt.init_master_worker(local_workers=2, timeout=60)
+def two(cluster):
+    """The mesh of two local workers: the session tests/conftest.py's cluster shares with the
+    modules before and after, whose daemons may have imported torch already."""
     yield mwrt.mesh()
-    mwrt.shutdown()
 
 
 def _leaf(values, node: int):
