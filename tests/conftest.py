@@ -193,10 +193,28 @@ def _workers_left() -> list[str]:
     return found
 
 
+# Every process this run starts inherits it (pytest-xdist's workers, daemons, ranks): a
+# segment whose maker is alive without it belongs to another run going on beside this one.
+_RUN = os.environ.setdefault("TESTS_RUN_ID", str(os.getpid()))  # (no MWRT_: not a setting)
+
+
 def _segments_left() -> list[str]:
+    """The mwrt segments in /dev/shm but those that another run's live processes made."""
     if not os.path.isdir("/dev/shm"):
         return []
-    return [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "mwrt" in name]
+    return [f"/dev/shm/{name}" for name in os.listdir("/dev/shm")
+            if "mwrt" in name and not _another_runs(name)]
+
+
+def _another_runs(segment: str) -> bool:
+    """True if the maker named in `segment` (mwrt-PID-...) lives and is not of this run."""
+    parts = segment.split("-")
+    try:
+        with open(f"/proc/{int(parts[1])}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except (IndexError, ValueError, OSError):  # not named so, or its maker is gone: ours
+        return False
+    return f"TESTS_RUN_ID={_RUN}".encode() not in environ
 
 
 def _parallel(config) -> bool:
