@@ -13,7 +13,6 @@ import mwrt
 from tests.support import machine
 from tests.support.daemons import next_test_asks, shared_session, start_worker, stop_worker
 
-
 # The slow tier: whole modules that cross simulated hosts, run the benchmarks, kill or stall
 # processes and wait out timeouts by design, start SPMD jobs, launchers or outside tools
 # (mpiexec, a notebook kernel, Chromium, Sphinx), or import torch on clusters of their own
