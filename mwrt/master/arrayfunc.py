@@ -37,7 +37,8 @@ _ON_MASTER = {"save", "savez", "savez_compressed", "savetxt", "array_repr", "arr
 # Change their first argument in place: the numpy_ op, which the master orders as a write.
 _IN_PLACE = {"copyto", "fill_diagonal", "put", "place", "putmask", "put_along_axis"}
 # Registry ops that are not NumPy functions of the same meaning.
-_NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy", "numpy_"}
+# (np.copy of a scalar is an array, where its copy() method, the registry op, gives a scalar)
+_NOT_FUNCTIONS = {"getitem", "setitem", "to_device", "numpy", "numpy_", "copy"}
 
 # ufunc.reduce -> the reduction with the same meaning
 _UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max",

@@ -61,8 +61,8 @@ def call(name: str, *args, **kwargs):
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
     if name in ALIASING:
         copied = scalars_copied(args, call)
-        if copied is not args:
-            return call(name, *copied, **kwargs)
+        if copied is not args:  # (a scalar's reshape(()) is a scalar: of the scalar's class)
+            return as_scalars(name, args, kwargs, call(name, *copied, **kwargs))
     if ordering.unreplayed and not ordering.capture:
         ordering.refuse_unreplayed(place, name)
     first = place[0]
@@ -241,27 +241,36 @@ def scalars_copied(args: tuple, issue) -> tuple:
     scalars = [type(a) is getattr(a, "scalars", None) for a in args]
     if not any(scalars):
         return args
-    return tuple(issue("copy", a) if scalar else a for a, scalar in zip(args, scalars))
+    return tuple(_array(issue("copy", a)) if scalar else a for a, scalar in zip(args, scalars))
+
+
+def _array(copy):
+    """A scalar's copy as an array (a scalar's copy() is a scalar), which a view may share."""
+    copy.__class__ = copy.results
+    return copy
 
 
 def _made_as(op, first, result, args: tuple, kwargs: dict) -> type:
     """The class of the handles of an op's `result` (Specs) on `first`'s place: its element
     class where NumPy gives scalars (0-d results of a scalar op, ops.Op.scalar)."""
-    if first.scalars is not None and _zero_d(result) and ops.gives_scalars(op, args, kwargs):
+    if first.scalars is not None and _zero_d(result) and (
+            ops.gives_scalars(op, args, kwargs)
+            or (op.scalar is ops.KEEPS and type(first) is first.scalars)):
         return first.scalars
     return first.results
 
 
 def as_scalars(name: str, args: tuple, kwargs: dict, result):
-    """`result` (handles made on a mesh by op `name` of `args`) of the class call would make
-    them of on one place (_made_as)."""
+    """`result` (handles made by op `name` of `args`, on a mesh or of a scalar's copy) of the
+    class call would make them of on one place (_made_as)."""
     op = ops.get(name)
     if not op.scalar or result is None:
         return result
     results = result if type(result) is tuple else (result,)
     specs = tuple([r._spec for r in results])
     if _zero_d(specs):
-        made = _made_as(op, results[0], specs, *_specs_of(args, kwargs))
+        first = next((a for a in args if isinstance(a, Handle)), results[0])
+        made = _made_as(op, first, specs, *_specs_of(args, kwargs))
         for r in results:
             r.__class__ = made
     return result

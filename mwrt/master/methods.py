@@ -175,13 +175,16 @@ def _index_part(part):
 
 
 def is_element(index: Any) -> bool:
-    """True if `index` picks one element by integers alone (NumPy returns a scalar)."""
+    """True if `index` picks one element by integers alone (NumPy returns a scalar; `()`
+    picks a 0-d tensor's one element)."""
     if isinstance(index, tuple):
-        return bool(index) and all(_is_int(i) for i in index)
+        return all(_is_int(i) for i in index)
     return _is_int(index)
 
 
 def _is_int(value: Any) -> bool:
+    if type(value) is np.ndarray:  # a 0-d integer array indexes as its integer does
+        return value.ndim == 0 and value.dtype.kind in "iu"
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 

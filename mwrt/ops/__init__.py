@@ -21,6 +21,7 @@ from . import (  # noqa: F401
     torchshards,
 )
 from .registry import (
+    KEEPS,
     UNKNOWN,
     Op,
     Spec,
@@ -34,5 +35,5 @@ from .registry import (
     summary,
 )
 
-__all__ = ["UNKNOWN", "Op", "Spec", "doc", "get", "gives_scalars", "has", "infer", "names",
+__all__ = ["KEEPS", "UNKNOWN", "Op", "Spec", "doc", "get", "gives_scalars", "has", "infer", "names",
            "register", "summary"]

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import arrays
 from .meta_helpers import result_dtype, shape_of, shaped, standin
-from .registry import Spec, register
+from .registry import KEEPS, Spec, register
 
 
 def matmul_meta(a, b, **kwargs):
@@ -144,8 +144,8 @@ def _to_device_impl(xp, a, device):
 register("matmul", lambda xp, a, b, **kwargs: xp.matmul(a, b, **kwargs), matmul_meta,
          scalar=True)
 register("dot", lambda xp, a, b, **kwargs: xp.dot(a, b, **kwargs), dot_meta, scalar=True)
-register("astype", lambda xp, a, dtype: a.astype(dtype), astype_meta)
-register("copy", lambda xp, a: a.copy(), _same)
+register("astype", lambda xp, a, dtype: a.astype(dtype), astype_meta, scalar=KEEPS)
+register("copy", lambda xp, a: a.copy(), _same, scalar=KEEPS)
 register("copy_", _copy_into, copy_meta, inplace=True,
          doc="Copy `src` (broadcast) into the tensor in place.")
 register("fill_", _fill, _fill_meta, inplace=True, doc="Set every element to a scalar in place.")

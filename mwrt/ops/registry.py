@@ -40,8 +40,12 @@ class Op:
     own_results: bool = False
     # A 0-d result is a NumPy scalar, as ufuncs' and reductions' are: immutable, so a view of
     # it is of a copy and augmented assignment makes a new value (NumPy's a0 + a0 is a float64);
-    # a function of the op's arguments (Specs for tensors) where that depends on them
-    scalar: bool | Callable[..., bool] = False
+    # a function of the op's arguments (Specs for tensors) where that depends on them; KEEPS
+    # where it is one when the first argument is (a NumPy scalar's astype, copy, reshape)
+    scalar: bool | Callable[..., bool] | str = False
+
+
+KEEPS = "keeps"  # Op.scalar: a 0-d result is a scalar when the op's first argument is one
 
 
 _OPS: dict[str, Op] = {}
@@ -49,7 +53,7 @@ _OPS: dict[str, Op] = {}
 
 def register(name: str, impl: Callable, meta: Callable, *, inplace: bool = False,
              by_type: bool = False, doc: str = "", own_results: bool = False,
-             scalar: bool | Callable[..., bool] = False) -> Op:
+             scalar: bool | Callable[..., bool] | str = False) -> Op:
     """Add (or replace) op `name`; `doc` defaults to the summary of NumPy's function `name`."""
     op = Op(name, impl, meta, inplace, by_type, doc or _numpy_doc(name, inplace), own_results,
             scalar)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .meta_helpers import shaped, standin
-from .registry import UNKNOWN, Spec, register
+from .registry import KEEPS, UNKNOWN, Spec, register
 
 
 def _impl(name):
@@ -29,7 +29,8 @@ def _view_meta(name):
 for _name in ["reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "ravel",
               "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d", "roll",
               "diagonal", "tril", "triu", "repeat", "tile", "sort", "ascontiguousarray"]:
-    register(_name, _impl(_name), _view_meta(_name))
+    register(_name, _impl(_name), _view_meta(_name),
+             scalar=KEEPS if _name in ("reshape", "transpose", "squeeze") else False)
 
 register("argsort", _impl("argsort"),
          lambda a, *args, **kwargs: Spec(np.argsort(standin(a), *args, **kwargs).shape,
@@ -57,9 +58,9 @@ def _part_meta(part):
     return meta
 
 
-register("real", lambda xp, a: xp.real(a), _part_meta("real"),
+register("real", lambda xp, a: xp.real(a), _part_meta("real"), scalar=KEEPS,
          doc="The real part: a view of a complex tensor, the tensor itself if real.")
-register("imag", lambda xp, a: xp.imag(a), _part_meta("imag"),
+register("imag", lambda xp, a: xp.imag(a), _part_meta("imag"), scalar=KEEPS,
          doc="The imaginary part: a view of a complex tensor, zeros if real.")
 
 

@@ -38,6 +38,24 @@ def _reshape(p):
     return p.reshape(3, 1)
 
 
+def test_a_scalars_methods_on_a_mesh_give_scalars_as_on_one_place(X):
+    """X.sum().astype(bool) is a scalar as NumPy's is: `v += 0` makes an int64, where it
+    raised mwrt's in-place cast error; a scalar's reshape(()) and .T are new values."""
+    host = x12.sum()
+    for fn in (lambda s: s.astype(np.bool_), lambda s: s.copy(), lambda s: s.reshape(()),
+               lambda s: s.T, lambda s: s[()]):
+        expected, got = fn(host), fn(X.sum())
+        assert type(got).__name__ == "Element", got
+        expected += 0
+        got += 0
+        same(got, expected)
+    kept = X.sum()
+    view = kept.reshape(())
+    view += 1
+    assert float(kept) == host and float(view) == host + 1
+    assert type(np.copy(kept)).__name__ == "DistributedTensor"  # an array, as NumPy's
+
+
 @pytest.mark.parametrize("view", [lambda p: p[None], _reshape,
                                   lambda p: p.T, lambda p: p[0:], lambda p: p[None][:, 1:]],
                          ids=["newaxis", "reshape", "T", "slice", "view of a view"])

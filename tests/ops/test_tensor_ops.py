@@ -113,6 +113,37 @@ def test_a_functions_zero_d_result_is_a_scalar_where_numpys_is(mw, fn):
     assert got.numpy().tolist() == (kept if np.isscalar(expected) else expected).tolist()
 
 
+_OF_A_SCALAR = {
+    "astype": lambda s: s.astype(np.bool_), "copy": lambda s: s.copy(),
+    "reshape": lambda s: s.reshape(()), "np.reshape": lambda s: np.reshape(s, ()),
+    "real": lambda s: s.real, "imag": lambda s: s.imag, "squeeze": lambda s: s.squeeze(),
+    "T": lambda s: s.T, "np.transpose": lambda s: np.transpose(s), "[()]": lambda s: s[()],
+    "[...]": lambda s: s[...], "np.copy": lambda s: np.copy(s),
+    "[array(0)]": lambda s: s.reshape(1)[np.array(0)],
+    "np.expand_dims": lambda s: np.expand_dims(s, 0)}
+
+
+@pytest.mark.parametrize("fn", _OF_A_SCALAR.values(), ids=_OF_A_SCALAR.keys())
+def test_a_scalars_methods_give_scalars_where_numpys_do(mw, fn):
+    """NumPy's s.astype(bool), s.copy(), s.reshape(()), s.T, s[()] of a scalar are scalars
+    (`v += 0` makes a new value of NumPy's promoted dtype: an int from a bool), of a 0-d
+    array they are arrays, which += writes; np.copy(s) and s[...] are arrays. They were
+    arrays for both, and `s.astype(bool) += 0` raised mwrt's in-place cast error."""
+    for host, tensor in ((np.int64(6), mw.dist_send(np.arange(4)).sum()),
+                         (np.array(3), mw.dist_send(np.array(3)))):
+        expected, got = fn(host), fn(tensor)
+        assert np.isscalar(expected) is (type(got).__name__ == "Element"), (host, got)
+        if np.ndim(expected) == 0 and np.isscalar(expected):
+            expected += 0
+            got += 0
+            assert type(got).__name__ == "Element" and got.dtype == np.asarray(expected).dtype
+        same(got, expected)
+    kept = mw.dist_send(np.arange(4)).sum()
+    view = kept.reshape(())
+    view += 1
+    assert int(kept) == 6 and int(view) == 7  # a new value, as a scalar's reshape(()) is
+
+
 def test_inplace_cast_error_is_raised_at_issue_time(mw):
     a = mw.dist_send(I)
     with pytest.raises(TypeError, match="cannot cast"):

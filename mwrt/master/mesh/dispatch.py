@@ -36,9 +36,9 @@ def call(name: str, *args, **kwargs):
     it issues, at every place and on the way (moves), names one site: the op's line."""
     pinned = pin_site()
     try:
-        if name in issue.ALIASING:  # what views a scalar views a copy of it
-            args = issue.scalars_copied(args, call)
-        return issue.as_scalars(name, args, kwargs, _call(name, *args, **kwargs))
+        # what views a scalar views a copy of it; its 0-d result is a scalar as one place's
+        copied = issue.scalars_copied(args, call) if name in issue.ALIASING else args
+        return issue.as_scalars(name, args, kwargs, _call(name, *copied, **kwargs))
     finally:
         unpin_site(pinned)
 
