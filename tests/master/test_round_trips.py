@@ -24,6 +24,7 @@ import pytest
 import mwrt
 from mwrt.master import heartbeat
 from mwrt.protocol import wire
+from tests.support.daemons import waits_from_here
 
 
 def _hops(node: int = 0) -> tuple[int, int]:
@@ -259,7 +260,7 @@ def test_a_read_right_after_an_op_that_mwrt_cancel_drops_says_so(cluster, tmp_pa
 
 def test_a_scalar_read_after_its_op_is_one_round_trip(cluster):
     x = mwrt.dist_send(np.array([1.0, 2.0, 4.0]))
-    before = _waits()
+    before = waits_from_here()
     assert float(x.sum()) == 7.0
     assert bool(x.max() > 3) is True
     assert _waits() - before == 2
@@ -271,7 +272,7 @@ def test_a_data_dependent_shape_and_its_read_cost_one_round_trip(cluster, make):
     data = np.array([3.0, 0.0, 2.0, 3.0, 1.0])
     got = make(mwrt.dist_send(data))
     want = make(data)
-    before = _waits()
+    before = waits_from_here()
     assert got.shape == want.shape
     value = got.numpy()
     assert _waits() - before == 1
@@ -283,7 +284,7 @@ def test_a_masked_assignment_of_a_masked_value_waits_for_nothing(cluster):
     a, b = np.array([1.0, 0.0, 3.0, 0.0]), np.array([5.0, 6.0, 7.0, 8.0])
     ta, tb = mwrt.dist_send(a), mwrt.dist_send(b)
     zeros = ta == 0
-    before = _waits()
+    before = waits_from_here()
     ta[zeros] = tb[zeros]  # scikit-learn's variance update writes so
     assert _waits() == before
     a[a == 0] = b[a == 0]

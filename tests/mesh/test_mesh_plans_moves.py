@@ -10,10 +10,11 @@ import warnings
 
 import numpy as np
 import pytest
-from tests.mesh.test_mesh import data, four, same, strict  # noqa: F401 - four: the module's fixture
 
 import mwrt
 from mwrt import Replicate, Shard
+from tests.mesh.test_mesh import data, four, same, strict  # noqa: F401 - four: the module's fixture
+from tests.support.daemons import waits_from_here
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,7 +36,7 @@ def planned(fn):
     PlacementWarning, and the master waited on no worker."""
     with strict(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        waits = mwrt.stats()["waits"]
+        waits = waits_from_here()
         result = fn()
         assert mwrt.stats()["waits"] == waits, "the master waited on a worker"
     assert [w for w in caught if issubclass(w.category, mwrt.PlacementWarning)] == []

@@ -55,6 +55,15 @@ def shared_session(workers: int):
         mwrt.shutdown()
 
 
+def waits_from_here() -> int:
+    """mwrt.stats()'s count of the master's waits, after a backlog checkpoint at every node:
+    a session that tests share has sent commands since its last one, and the checkpoint a
+    test would otherwise reach midway (MWRT_MAX_BACKLOG_BYTES) is a wait of its own."""
+    for node in mwrt.master.cluster.current().nodes:
+        node.limits.checkpoint()
+    return mwrt.stats()["waits"]
+
+
 def next_test_asks(asks: bool) -> None:
     """Say, before a test's teardown, whether the test after it asks for a shared session."""
     _SHARED["next_asks"] = asks
