@@ -190,7 +190,9 @@ class DataChannel(abc.ABC):
         return self._submit("send", peer, self.send, buf, peer, tag, timeout)
 
     def irecv(self, buf, peer: int, tag: int = 0, timeout: float | None = None) -> Work:
-        """Start a receive into `buf`; the returned Work completes when it is filled."""
+        """Start a receive into `buf`; the returned Work completes when it is filled. A
+        message of another size that came before it, or a peer gone, fails the Work's
+        wait(), not this call: a caller that posts early and waits later must not lose it."""
         self._check(peer, tag)
         return self._submit("recv", peer, self.recv, buf, peer, tag, timeout)
 

@@ -41,10 +41,8 @@ class SessionData:
         self.error: Exception | None = None
         self.ready = threading.Event()
         self.groups: dict[int, ProcessGroup] = {}
-        # RecvFrom command id -> (array, Work), a staged receive's chunks (a GPU's), or why
-        # posting it failed (its stream raises that)
-        self.posted: dict[int, tuple[np.ndarray, channels.Work] | staging.Receive |
-                          ChannelError] = {}
+        # RecvFrom command id -> (array, Work), or a staged receive's chunks (a GPU's).
+        self.posted: dict[int, tuple[np.ndarray, channels.Work] | staging.Receive] = {}
         self.gpu_groups: dict[int, ProcessGroup | None] = {}  # group id -> over nccl, or None
         self.pool = ReceivePool(session.tensors)  # warm destinations for large receives
 
@@ -142,8 +140,6 @@ class SessionData:
                 check_size(cmd.shape, np.dtype(cmd.dtype), device=cmd.device)
                 self.posted[cmd.id] = staging.Receive(self.channel, cmd.shape, cmd.dtype,
                                                       cmd.device, cmd.peer, cmd.tag)
-            except ChannelError as exc:  # it may have taken a chunk: the stream raises this
-                self.posted[cmd.id] = exc
             except Exception:  # noqa: BLE001, S110 - the stream's own attempt reports it
                 pass
             return
@@ -152,9 +148,6 @@ class SessionData:
             check_size(cmd.shape, dtype)
             host = self.pool.empty(cmd.shape, dtype)
             work = self.channel.irecv(host.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
-        except ChannelError as exc:  # it may have taken the message: the stream raises this
-            self.posted[cmd.id] = exc
-            return
         except Exception:  # noqa: BLE001 - the stream's own attempt will fail and say why
             return
         self.posted[cmd.id] = (host, work)

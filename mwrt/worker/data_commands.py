@@ -71,8 +71,6 @@ def recv_from(ex, cmd, frames):
         store(ex, cmd.out, value)
         return
     try:
-        if isinstance(posted, ChannelError):  # posting it failed, and may have taken the message
-            raise posted
         if isinstance(posted, tuple):  # its receive was posted as the command arrived
             host, work = posted
             work.wait(data.get_channel().timeout)
@@ -91,8 +89,6 @@ def _recv_staged(ex, cmd, data, posted):
     """A RecvFrom with a GPU at one end: its chunks, copied to the device as they come."""
     channel = data.get_channel()
     try:
-        if isinstance(posted, ChannelError):
-            raise posted
         if posted is None:
             check_size(cmd.shape, np.dtype(cmd.dtype), "recv", ex.session.tensors, cmd.device)
             posted = staging.Receive(channel, cmd.shape, cmd.dtype, cmd.device, cmd.peer,
