@@ -71,9 +71,9 @@ def envelope(seq: int, body, data=()) -> bytes:
     """A message's one frame: the prefix, `body` (encode_body's) and the `data` frames."""
     if not data:
         return _PREFIX.pack(MAGIC, VERSION, 0, len(body), seq) + body
-    if len(data) == 1:  # a small read's reply
-        return b"".join((_PREFIX.pack(MAGIC, VERSION, 1, len(body), seq),
-                         _SIZES[1].pack(memoryview(data[0]).nbytes), body, data[0]))
+    if len(data) == 1:  # a small read's reply: the prefix and the frame's length at once
+        return b"".join((_PREFIX_ONE.pack(MAGIC, VERSION, 1, len(body), seq,
+                                          memoryview(data[0]).nbytes), body, data[0]))
     if len(data) > 255:
         raise WireError(f"wire: a message carries at most 255 inline data frames (got "
                         f"{len(data)}); send the arrays in several batches")
@@ -123,6 +123,7 @@ def _unequal(got: int, said: int) -> WireError:
 
 
 _unprefix, _PREFIX_BYTES = _PREFIX.unpack_from, _PREFIX.size
+_PREFIX_ONE = struct.Struct(_PREFIX.format + "I")  # the prefix, one inline frame's length
 _SIZES = [struct.Struct(f"<{n}I") for n in range(4)]
 _one_size = _SIZES[1].unpack_from
 
@@ -168,9 +169,13 @@ def encode_message(message) -> bytes:
 
 def decode_body(frame, max_bytes: int | None = None) -> list:
     """Unpack a body frame into messages; any malformation is a WireError."""
-    _check_size(len(frame), max_bytes)
+    if max_bytes is not None:
+        _check_size(len(frame), max_bytes)
+    # Each message with the lists in its bare tuple, dict and object fields as tuples
+    # (msgspec gives arrays as lists wherever a field's type does not say tuple).
     try:
-        return [_settled(message) for message in _messages(frame)]
+        return [message if (settle := _SETTLE.get(type(message))) is None else
+                settle(message) for message in _messages(frame)]
     except WireError:  # an extension's own check
         raise
     except Exception:  # noqa: BLE001 - not well-typed messages: read again to say what is wrong
@@ -219,7 +224,8 @@ def _build(row):
         raise WireError(f"wire: {cls.__name__} takes {len(names)} fields "
                         f"(got {len(row) - 1})")
     for value, kind, name in zip(row[1:], _FIELD_TYPES[number], names):
-        if not isinstance(value, kind):
+        # (a bool is an int here, but not a stream's id: a worker starts a thread per id)
+        if not isinstance(value, kind) or (name == "stream" and type(value) is bool):
             raise WireError(f"wire: {cls.__name__}.{name} has the wrong type (got "
                             f"{type(value).__name__}, expected {getattr(kind, '__name__', kind)})")
     return cls(*row[1:])
@@ -229,13 +235,6 @@ def _check_size(nbytes: int, max_bytes: int | None) -> None:
     if max_bytes is not None and nbytes > max_bytes:
         raise WireError(f"wire: command frame too large (got {nbytes} bytes, "
                         f"limit {max_bytes}; MWRT_MAX_FRAME_BYTES)")
-
-
-def _settled(message):
-    """A decoded message with the lists in its bare tuple, dict and object fields as tuples
-    (msgspec gives arrays as lists wherever a field's type does not say tuple)."""
-    settle = _SETTLE.get(type(message))
-    return message if settle is None else settle(message)
 
 
 def _settler(cls):

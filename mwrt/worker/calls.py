@@ -212,8 +212,11 @@ def _elements(value, limit: int) -> int:
     kind = type(value)
     if kind is np.ndarray:
         return value.size
-    if kind is tuple or kind is list:
-        return sum(_elements(v, limit) for v in value)
+    if kind is tuple or kind is list:  # (an op's args: a loop, not a generator's calls)
+        total = 0
+        for v in value:
+            total += v.size if type(v) is np.ndarray else _elements(v, limit)
+        return total
     if kind is dict:
         return sum(_elements(v, limit) for v in value.values())
     if kind in _SCALAR_TYPES or kind is str or value is None or isinstance(value, np.generic):

@@ -142,7 +142,8 @@ class Dispatcher:
                     if command.token >= 0:
                         self.send(session.identity, wire.Done(token=command.token, value=None))
                 groups.setdefault(command.stream, []).append(command)
-        self.submit(session, groups, data)
+        if groups:  # (a sync loop's batch ran here whole: nothing to queue)
+            self.submit(session, groups, data)
 
     def _answer_now(self, session, command) -> bool:
         """Answer a sync point on an idle stream here: saves two thread hand-offs.
@@ -150,10 +151,11 @@ class Dispatcher:
         Only when the stream has run everything before it and the answer is small, so the
         socket thread never waits on an op nor copies much.
         """
+        if command.quick:  # a CallGet runs an op: _run_now's bound decides
+            return False
         executor = session.streams.get(command.stream)
         # GPU streams run asynchronously on the device: only their own thread may answer.
-        # A CallGet runs an op: _run_now's bound decides.
-        if executor is None or executor.device != -1 or executor.pending or command.quick:
+        if executor is None or executor.device != -1 or executor.pending:
             return False
         if type(command) is wire.Get or type(command) is wire.Share:  # they copy bytes
             found = session.tensors.get(command.ref)

@@ -37,7 +37,7 @@ class TensorTable(dict):
         self._lock = threading.Lock()  # stream threads store concurrently
 
     def __setitem__(self, tid, value) -> None:
-        size = _host_bytes(value)
+        size = value.nbytes if type(value) is np.ndarray else _host_bytes(value)
         if size > self.max_tensor:  # a user function's result: sized only once made
             raise MemoryError(f"tensor {tid}: {size} bytes exceed the limit of "
                               f"{self.max_tensor} bytes (MWRT_MAX_TENSOR_BYTES)")
@@ -45,8 +45,8 @@ class TensorTable(dict):
             old = dict.get(self, tid)
             if old is None:
                 # Room is kept for the markers of failed ops, so the failure is still reported.
-                if len(self) >= (self.max_tensors if hasattr(value, "nbytes")
-                                 else 2 * self.max_tensors):
+                if len(self) >= self.max_tensors and (
+                        hasattr(value, "nbytes") or len(self) >= 2 * self.max_tensors):
                     raise QuotaError(
                         f"tensor {tid}: this master already holds {len(self)} tensors on node "
                         f"{self.node} (MWRT_SESSION_TENSORS = {self.max_tensors}); free "
@@ -60,8 +60,8 @@ class TensorTable(dict):
 
     def pop(self, tid, *default):
         with self._lock:
-            value = super().pop(tid, *default)
-            self.nbytes -= _host_bytes(value)
+            value = dict.pop(self, tid, *default)
+            self.nbytes -= value.nbytes if type(value) is np.ndarray else _host_bytes(value)
             return value
 
     def __delitem__(self, tid) -> None:
@@ -240,7 +240,7 @@ def admit(session, commands, data, body_bytes: int) -> list:
         if unread:
             raise WireError(f"wire: a batch carries {len(data)} data frames, {unread} of which "
                             "no Put reads (expected one Put per frame); it did not run")
-    nbytes = body_bytes + sum(len(frame) for frame in data)
+    nbytes = body_bytes + sum(map(len, data))
     session.inflight.admit(nbytes)
     # The streams share one list: when the last of them drops it, the bytes are freed.
     held = Frames(data)

@@ -71,6 +71,8 @@ def ref_ids(value) -> set:
 def store(ex, out: int, value) -> None:
     """Keep a result as tensor `out`, as an array of the stream's namespace (torch's tensors,
     modules, optimizers and schedulers as they are)."""
+    if type(value) is not np.ndarray and isinstance(value, np.generic):  # a reduction's
+        value = ex.xp.asarray(value)  # NumPy scalar: the stream's 0-d array of it
     if type(value) is np.ndarray and not value.dtype.hasobject:  # (nearly every result)
         ex.session.tensors[out] = value
         return

@@ -76,15 +76,19 @@ class Wakes:
 
     wait = _ready  # (spin() calls _ready: a tracer that wraps wait sees the wakes from a sleep)
 
-    def spin(self) -> list:
-        """wait() without sleeping, again and again for up to spin_seconds: the sockets that
-        hold a message, or [] if none came. After a miss the spin is skipped for the next 1,
-        3, 7 ... calls (up to 63), a hit taking one miss back, so a loaded host, a master
-        that reads rarely or many daemons on few cores spend no CPU on spins that do not pay."""
+    def spin(self, allowed) -> list:
+        """wait() without sleeping, again and again for up to spin_seconds, if allowed()
+        (asked only where a spin is due, as it costs a walk of the streams): the sockets
+        that hold a message, or [] if none came. After a miss the spin is skipped for the
+        next 1, 3, 7 ... calls (up to 63), a hit taking one miss back, so a loaded host, a
+        master that reads rarely or many daemons on few cores spend no CPU on spins that do
+        not pay."""
         if not self.spin_seconds:
             return []
         if self.spin_skips:
             self.spin_skips -= 1
+            return []
+        if not allowed():
             return []
         clock = time.perf_counter
         deadline = clock() + self.spin_seconds

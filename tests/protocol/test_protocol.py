@@ -106,6 +106,7 @@ def test_a_message_outside_the_fast_schema_decodes_as_before():
     ([wire.code(wire.Sync), 1, -1, 2, 99], "Sync takes 3 fields"),
     ([wire.code(wire.Sync), 1, -1], "Sync takes 3 fields"),
     ([wire.code(wire.Sync), 1, "s", 2], "Sync.stream has the wrong type"),
+    ([wire.code(wire.Sync), 1, True, 2], "Sync.stream has the wrong type"),  # no stream id
     ([99, 1], "unknown message code 99"),
     ("x", "a message must be"),
 ])
