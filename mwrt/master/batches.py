@@ -219,7 +219,7 @@ class Batches:
         if self.refusing:
             self._refuse_issue()
         self.sites[command_id & SITE_MASK] = site
-        if stream is not None:
+        if stream is not None and stream not in self.limits.streams:  # (a subset of streams)
             self.streams.add(stream)
             self.limits.streams.add(stream)
         with self.tx_lock:

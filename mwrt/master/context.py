@@ -83,7 +83,9 @@ def stream_for(node_index: int, device_index: int) -> int:
     Nested stream blocks for different nodes all apply, so one collective can run on a
     chosen stream of every node it spans.
     """
-    for s in reversed(_stack("streams")):
-        if s.node == node_index and s.device == device_index:
-            return s.id
+    blocks = getattr(_state, "streams", None)  # (_stack's, without making one: every op)
+    if blocks:
+        for s in reversed(blocks):
+            if s.node == node_index and s.device == device_index:
+                return s.id
     return device_index  # the default stream of a device has the device's number as id

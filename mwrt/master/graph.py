@@ -286,6 +286,7 @@ class Graph:
         """What the master records of a node's replay `rid`: the bytes it queued, the
         streams it used, and its writes and uses of the storages it touched."""
         nbytes, streams = self._weight.get(node, (0, ()))
+        node.streams.update(streams)  # (queueing adds to both only what limits lacks)
         node.limits.streams.update(streams)
         with node.tx_lock:
             node.limits.count(nbytes)

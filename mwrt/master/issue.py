@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from .handle import Handle, check_same_place
 from .mesh.placement import PlacementError
 
 _SCALARS = (int, float, bool, complex)
+_ID = attrgetter("_id")  # a handle's tensor id (in C: no generator per op)
 _DEFAULT_FP = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}
 # NumPy 2 keeps its error state in a context variable: one read (60 ns) tells the default,
 # where np.geterr() builds a dict (1-7 us). Another NumPy: np.geterr() on every op.
@@ -82,8 +84,8 @@ def call(name: str, *args, **kwargs):
     ordering.order(place, stream, now, False, written)
     # (an empty batch first: in a stream of ops the batch is seldom empty, and never quiet)
     hold = (not node.batch and time.monotonic() - node.last_flush > QUIET
-            and _fits_quick_path(place, outs, node.quick_elements))
-    node.issue(wire.Call(id=now, stream=stream, outs=tuple(t._id for t in outs),
+            and device == HOST and _fits_quick_path(place, outs, node.quick_elements))
+    node.issue(wire.Call(id=now, stream=stream, outs=tuple(map(_ID, outs)),
                          op=name, args=wire_args, kwargs=wire_kwargs, fp=fp_state()), hold=hold)
     if op.inplace:
         return None
@@ -91,12 +93,13 @@ def call(name: str, *args, **kwargs):
 
 
 def _fits_quick_path(operands: list, results: list, limit: int) -> bool:
-    """Whether an op's operands and results hold at most `limit` elements in host memory
-    (MWRT_INLINE_OP_ELEMENTS): its worker runs it on the socket thread, in microseconds."""
+    """Whether an op's operands and results (in host memory, as the caller checked: all lie
+    in one place) hold at most `limit` elements (MWRT_INLINE_OP_ELEMENTS): its worker runs
+    it on the socket thread, in microseconds."""
     total = 0
     for tensor in (*operands, *results):
         spec = tensor._spec
-        if type(spec) is not ops.Spec or tensor._device != HOST:
+        if type(spec) is not ops.Spec:
             return False
         total += math.prod(spec.shape)
     return total <= limit
@@ -285,8 +288,9 @@ def _specs_of(args: tuple, kwargs: dict) -> tuple:
 
 def _zero_d(result) -> bool:
     """Whether an op's results (Specs, or a tuple of them) are all 0-d."""
-    specs = result if type(result) is tuple else (result,)
-    return all(type(s) is ops.Spec and not s.shape for s in specs)
+    if type(result) is not tuple:  # (one result, nearly always: no generator)
+        return type(result) is ops.Spec and not result.shape
+    return all(type(s) is ops.Spec and not s.shape for s in result)
 
 
 def _masked_assignment(name: str, args: tuple) -> bool:

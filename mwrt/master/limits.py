@@ -33,6 +33,8 @@ class Limits:
         given = os.environ.get(config.SETTINGS["max_tensor_bytes"].env)
         self.max_tensor = config.get("max_tensor_bytes") if given else None
         self.limit = config.get("max_backlog_bytes")
+        # due() past half of it (asked after every send: one comparison); none for 0
+        self._due_at = self.limit / 2 if self.limit > 0 else math.inf
         self.sent = 0
         self.streams: set[int] = set()  # streams written since the last checkpoint
         self.previous: tuple = ()  # that checkpoint's events
@@ -57,7 +59,7 @@ class Limits:
         self.sent += nbytes
 
     def due(self) -> bool:
-        return self.limit > 0 and self.sent * 2 >= self.limit
+        return self.sent >= self._due_at
 
     def checkpoint(self) -> None:
         """Mark this point on every stream written since the last checkpoint, then wait

@@ -88,8 +88,7 @@ def fetch(tensor) -> np.ndarray:
     node = tensor._node
     spec = tensor._spec
     if spec is None or math.prod(spec.shape) * spec.dtype.itemsize <= node.inline_bytes:
-        ahead = read_ahead(tensor) if _READ_AHEAD[0] is not None else None
-        if ahead is not None:
+        if _READ_AHEAD[0] is not None and (ahead := read_ahead(tensor)) is not None:
             return ahead
         stream = ordering.read_stream(tensor)  # its events first: ids rise in issue order
         token = next(node.tokens)

@@ -70,8 +70,8 @@ class WaitLog:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.count, self.seconds = 0, 0.0
-        self.lines: dict[tuple, list] = {}  # (file, line, function, call) -> [count, seconds]
+        # (file, line, function, call) -> [count, seconds]; the totals are their sums
+        self.lines: dict[tuple, list] = {}
         self.recording = 0  # profiles and timelines that want slices
         self.slices: deque = deque(maxlen=_KEPT)
 
@@ -82,8 +82,6 @@ class WaitLog:
             return
         seconds = end - start
         with self.lock:
-            self.count += 1
-            self.seconds += seconds
             counts = self.lines.get(site)
             if counts is None:
                 counts = self.lines[site] = [0, 0.0]
@@ -95,8 +93,9 @@ class WaitLog:
     def snapshot(self) -> dict:
         """Copies of the counters: {site: (count, seconds)}, and the totals."""
         with self.lock:
-            return {"count": self.count, "seconds": self.seconds,
-                    "lines": {site: tuple(c) for site, c in self.lines.items()}}
+            lines = {site: tuple(c) for site, c in self.lines.items()}
+        return {"count": sum(c[0] for c in lines.values()),
+                "seconds": sum(c[1] for c in lines.values()), "lines": lines}
 
     def recent(self, since: float) -> list[tuple]:
         """The slices (node, what, start, end, site) of waits that began after `since`."""

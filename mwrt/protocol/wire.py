@@ -99,11 +99,11 @@ def open_envelope(frames, max_bytes: int | None = None) -> tuple[int, memoryview
         if _PREFIX_BYTES + size != len(first):
             raise _unequal(len(first), _PREFIX_BYTES + size)
         return seq, view[_PREFIX_BYTES:], frames[1:]
-    if count == 1 and len(first) >= _PREFIX_BYTES + 4:  # a small read's reply
-        end = _PREFIX_BYTES + 4 + size
+    if count == 1 and len(first) >= _ONE_BYTES:  # a small read's reply
+        end = _ONE_BYTES + size
         if end + _one_size(first, _PREFIX_BYTES)[0] != len(first):
             raise _unequal(len(first), end + _one_size(first, _PREFIX_BYTES)[0])
-        return seq, view[_PREFIX_BYTES + 4:end], [view[end:], *frames[1:]]
+        return seq, view[_ONE_BYTES:end], [view[end:], *frames[1:]]
     start = _PREFIX_BYTES + 4 * count
     if start + size > len(first):
         raise _unequal(len(first), start + size)
@@ -124,6 +124,7 @@ def _unequal(got: int, said: int) -> WireError:
 
 _unprefix, _PREFIX_BYTES = _PREFIX.unpack_from, _PREFIX.size
 _PREFIX_ONE = struct.Struct(_PREFIX.format + "I")  # the prefix, one inline frame's length
+_ONE_BYTES = _PREFIX_ONE.size
 _SIZES = [struct.Struct(f"<{n}I") for n in range(4)]
 _one_size = _SIZES[1].unpack_from
 
