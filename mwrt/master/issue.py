@@ -57,7 +57,8 @@ def call(name: str, *args, **kwargs):
         return _call_out(name, args, kwargs)
     op = ops.get(name)
     place: list = []
-    spec_args, wire_args = _convert_args(args, place, name, _masked_assignment(name, args))
+    spec_args, wire_args = _convert_args(args, place, name,
+                                         name == "setitem" and _masked_assignment(name, args))
     spec_kwargs, wire_kwargs = convert(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import WireError
 
 _int64 = struct.Struct("<q").unpack
+_pack_int64 = struct.Struct("<q").pack
 _ARRAY_DTYPE = re.compile(r"[<>|=][biufcSUmM]\d{1,3}(\[\w+\])?\Z")
 
 # msgpack extension codes for values that plain msgpack cannot carry.
@@ -145,4 +146,4 @@ def mapping(value: dict) -> dict:
 
 def ref(tensor_id: int) -> msgspec.msgpack.Ext:
     """A tensor reference already in wire form (the master builds one per tensor)."""
-    return _Ext(EXT_REF, tensor_id.to_bytes(8, "little", signed=True))
+    return _Ext(EXT_REF, _pack_int64(tensor_id))  # (int.to_bytes's keywords cost more)

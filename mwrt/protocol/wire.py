@@ -55,7 +55,8 @@ VERSION = 2
 # The envelope's prefix: magic, version, inline data frames, body bytes, batch sequence.
 # One frame per message, where version 1 had a header frame, a body frame and a frame per
 # array: each ZeroMQ frame costs a call and a check of RCVMORE on both sides.
-_PREFIX = struct.Struct("<4sBBIq")
+_PREFIX = struct.Struct("<5sBIq")
+_HEAD = MAGIC + bytes((VERSION,))  # magic and version, packed and compared as one field
 _OLD_HEADER = b"\x93\xc4\x04" + MAGIC  # version 1's header frame: a msgpack [MAGIC, version, seq]
 
 # Any one message class, by the code in its first field (a Union made at run time: no type
@@ -70,15 +71,15 @@ _rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode  # a body's messages, 
 def envelope(seq: int, body, data=()) -> bytes:
     """A message's one frame: the prefix, `body` (encode_body's) and the `data` frames."""
     if not data:
-        return _PREFIX.pack(MAGIC, VERSION, 0, len(body), seq) + body
+        return _PREFIX.pack(_HEAD, 0, len(body), seq) + body
     if len(data) == 1:  # a small read's reply: the prefix and the frame's length at once
-        return b"".join((_PREFIX_ONE.pack(MAGIC, VERSION, 1, len(body), seq,
+        return b"".join((_PREFIX_ONE.pack(_HEAD, 1, len(body), seq,
                                           memoryview(data[0]).nbytes), body, data[0]))
     if len(data) > 255:
         raise WireError(f"wire: a message carries at most 255 inline data frames (got "
                         f"{len(data)}); send the arrays in several batches")
     sizes = [memoryview(frame).nbytes for frame in data]
-    return b"".join([_PREFIX.pack(MAGIC, VERSION, len(data), len(body), seq),
+    return b"".join([_PREFIX.pack(_HEAD, len(data), len(body), seq),
                      _sizes(len(data)).pack(*sizes), body, *data])
 
 
@@ -87,12 +88,12 @@ def open_envelope(frames, max_bytes: int | None = None) -> tuple[int, memoryview
     taken off): the envelope's inline frames, then the frames sent on their own."""
     first = frames[0] if frames else b""
     try:
-        magic, version, count, size, seq = _unprefix(first)
+        head, count, size, seq = _unprefix(first)
     except (struct.error, TypeError):
         raise WireError(_stranger(first)) from None
-    if magic != MAGIC or version != VERSION:
+    if head != _HEAD:
         raise WireError(_stranger(first))
-    if max_bytes is not None:
+    if max_bytes is not None and size > max_bytes:
         _check_size(size, max_bytes)
     view = memoryview(first)
     if count == 0:  # a command's batch, most replies
@@ -287,7 +288,7 @@ def send(sock, identity, message, frames=()) -> None:
     body = _pack([message])
     # pyzmq's zero-copy path costs tens of µs per frame: only worth it for big payloads.
     if frames and sum(memoryview(f).nbytes for f in frames) >= ZERO_COPY_BYTES:
-        parts = [_PREFIX.pack(MAGIC, VERSION, 0, len(body), 0) + body, *frames]
+        parts = [_PREFIX.pack(_HEAD, 0, len(body), 0) + body, *frames]
         if identity is not None:
             parts.insert(0, identity)
         sock.send_multipart(parts, copy=False)

@@ -134,8 +134,9 @@ def _value_key(name: str, args: tuple, kwargs: dict, table) -> tuple | None:
     """What decides any op's results: its tensors' shapes and dtypes (from the table, by
     Ref) and its other arguments' values, typed; None where an argument is an array sent
     by value (a mask's values decide its result) or a tensor is missing."""
-    try:  # (most ops have no keywords)
-        return (name, _plain_key(args, table), _plain_key(kwargs, table) if kwargs else None)
+    try:  # (args: always a tuple, its items keyed at once; most ops have no keywords)
+        return (name, tuple([_plain_key(v, table) for v in args]),
+                _plain_key(kwargs, table) if kwargs else None)
     except (_Unkeyed, KeyError, AttributeError):
         return None
 
@@ -183,7 +184,8 @@ def quick_call(ex, cmd, limit: int) -> bool:
     if cmd.op in _NEVER_QUICK:
         return False
     try:
-        args, kwargs = resolve(ex, cmd.args), resolve(ex, cmd.kwargs)
+        args = resolve(ex, cmd.args)
+        kwargs = resolve(ex, cmd.kwargs) if cmd.kwargs else cmd.kwargs  # (most ops: none)
         count = _elements(args, limit) + (_elements(kwargs, limit) if kwargs else 0)
         if count > limit:
             return False

@@ -129,9 +129,9 @@ class Dispatcher:
                     if i + 1 < len(commands):
                         session.parked.append((commands[i + 1:], data))
                     return
-            elif not (command.stream not in groups and (
-                    (command.sync_point and self._answer_now(session, command))
-                    or (command.quick and self._run_now(session, command, data)))):
+            elif not (command.stream not in groups and (  # (a CallGet is both: quick first)
+                    (command.quick and self._run_now(session, command, data))
+                    or (command.sync_point and self._answer_now(session, command)))):
                 if command.posts_receive and session.data is not None:
                     refusal = session.data.refusal(command)
                     if refusal:  # answered now: the sender never sends, the stream never waits

@@ -204,15 +204,16 @@ class StreamExecutor:
         if self.error is not None and not command.always_runs:
             self.skip(command, self.error)
             return
+        own = _get_ident() == self.ident  # else the socket thread runs it inline
         # Not on the socket thread (its inline ops are short), nor twice in a replay's turn.
-        turn = (type(command) in self._turned and not self.in_turn
-                and _get_ident() == self.ident)
+        turn = own and type(command) in self._turned and not self.in_turn
         if turn and not self._take_turn():
             return
         trace = self.session.trace
         start = time.time() if trace is not None else 0.0
         self.ops += 1
-        self.running = (command, time.monotonic())
+        if own:  # (what status says a stream runs: an inline run ends before it can ask)
+            self.running = (command, time.monotonic())
         try:
             routes.STREAM[type(command)](self, command, frames)
         except tensors.PoisonedInput as exc:
