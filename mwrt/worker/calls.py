@@ -192,7 +192,9 @@ def quick_call(ex, cmd, limit: int) -> bool:
         expected = _expected(ex, ops.get(cmd.op), cmd, args) if cmd.outs else _UNSET
     except Exception:  # noqa: BLE001 - whatever it is, the executor's run reports it
         return False
-    if cmd.outs:
+    if type(expected) is ops.Spec:  # one result of a known shape (nearly every op)
+        count += math.prod(expected.shape)
+    elif cmd.outs:
         for spec in expected if type(expected) is tuple else (expected,):
             # a data-dependent result (a mask's) holds at most what its operands hold
             count += math.prod(spec.shape) if type(spec) is ops.Spec else count
