@@ -21,7 +21,17 @@ import zmq
 from .. import config
 from ..errors import AuthError
 from ..protocol import auth, wire
-from ..protocol.refusals import listening, master_refusal, recv_monitor_message
+from ..protocol.refusals import (
+    HUNG_UP,
+    MISMATCH,
+    REFUSED,
+    hang_up,
+    listening,
+    master_refusal,
+    mechanism_mismatch,
+    recv_monitor_message,
+    why_hung_up,
+)
 from .limits import Limits
 from .replies import Replies
 from .sites import SITES
@@ -34,8 +44,9 @@ _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | sum
 _READ_SLICE_MS = 50  # a wait notices a lost worker or a refused batch within this
 
 
-def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zmq.Socket:
-    """A DEALER socket with `identity`, connected to `address` (over CURVE given keys)."""
+def dealer(context: zmq.Context, identity: bytes, address: str | None, keys=None) -> zmq.Socket:
+    """A DEALER socket with `identity`, connected to `address` if given (over CURVE given
+    keys)."""
     sock = context.socket(zmq.DEALER)
     if keys is not None:
         auth.connect_curve(sock, keys)
@@ -43,7 +54,8 @@ def dealer(context: zmq.Context, identity: bytes, address: str, keys=None) -> zm
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
-    sock.connect(address)
+    if address is not None:
+        sock.connect(address)
     return sock
 
 
@@ -59,8 +71,12 @@ class Node(Replies):
         self.route = route or self.address
         self.route_keys = None if self.route.startswith("ipc://") else cluster.keys
         sid = cluster.connection_id.encode()
+        # rx first, watched from before it connects: connect() sees a worker that hangs up
+        # on its first connection at once (one dying), where that event came unwatched.
+        self.rx = dealer(cluster.context, sid + b"/rx", None, self.route_keys)
+        self.handshake: zmq.Socket | None = self.rx.get_monitor_socket(_HANDSHAKE_EVENTS)
+        self.rx.connect(self.route)
         self.tx = dealer(cluster.context, sid + b"/tx", self.route, self.route_keys)
-        self.rx = dealer(cluster.context, sid + b"/rx", self.route, self.route_keys)
         # A wait reads replies with this timeout, checking for a loss between reads: one
         # call per reply, where a poll and a read cost two.
         self.rx.setsockopt(zmq.RCVTIMEO, _READ_SLICE_MS)
@@ -118,13 +134,11 @@ class Node(Replies):
         hello = wire.Hello(id=token, session=self.cluster.session_id,
                            master=self.cluster.master_name, node=self.index,
                            grace=self.cluster.grace)
-        monitor = self.rx.get_monitor_socket(_HANDSHAKE_EVENTS)
         try:
             wire.send_parts(self.rx, wire.encode(0, [hello]))
-            self._await_welcome(monitor, timeout)
+            self._await_welcome(self.handshake, timeout)
         finally:
-            self.rx.disable_monitor()
-            monitor.close(linger=0)
+            self._unwatch()
         self._route(self.rx.recv_multipart())
         reply, _ = self.replies.pop(token, (None, None))
         if isinstance(reply, wire.Failed) and reply.info.get("kind") == "session":
@@ -153,21 +167,39 @@ class Node(Replies):
                 return
             if monitor in ready:
                 event = recv_monitor_message(monitor)
-                gone = event["event"] == zmq.EVENT_DISCONNECTED or (
-                    event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                    and not listening(self.address))
-                if gone:  # a worker that dies mid-handshake hangs up as a refusing one does
-                    raise ConnectionError(f"worker {self.address} (node {self.index}): closed "
-                                          "the connection before answering the Hello (it died "
-                                          "or was stopped); start it again, or use another")
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    raise ConnectionError(hang_up(self._worker(), HUNG_UP, listens=False))
+                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                    raise self._hung_up()
                 if event["event"] in _AUTH_FAILURES:
-                    raise AuthError(master_refusal(
-                        event["event"], event["value"], self.cluster.keys,
-                        f"worker {self.address} (node {self.index})", self.cluster.context,
-                        self.address))
+                    mismatch = mechanism_mismatch(event["event"], event["value"])
+                    raise AuthError(master_refusal(self.cluster.keys, self._worker(), mismatch))
         raise ConnectionError(f"worker {self.address} (node {self.index}): no answer within "
                               f"{timeout} s; is mwrt-worker running and listening there, with "
                               "a key if this master has one?")
+
+    def _unwatch(self) -> None:
+        """Close the handshake's monitor (once)."""
+        if self.handshake is not None:
+            self.rx.disable_monitor()
+            self.handshake.close(linger=0)
+            self.handshake = None
+
+    def _worker(self) -> str:
+        """The worker's name in errors."""
+        return f"worker {self.address} (node {self.index})"
+
+    def _hung_up(self) -> Exception:
+        """The error for a handshake the worker hung up on: AuthError only when probes find
+        it alive and refusing the key (or lacking one), else what they saw (a dying worker
+        hangs up as a refusing one does)."""
+        if not listening(self.route):
+            return ConnectionError(hang_up(self._worker(), HUNG_UP, listens=False))
+        seen = why_hung_up(self.cluster.context, self.route, self.route_keys)
+        if seen in (REFUSED, MISMATCH):
+            return AuthError(master_refusal(self.route_keys, self._worker(), seen == MISMATCH))
+        # No verdict may be a death still under way: its listener often closes last.
+        return ConnectionError(hang_up(self._worker(), seen, listening(self.route)))
 
     def check_device(self, device) -> int:
         """`device` if this node has it (-1 = host memory), else a ValueError naming both."""
@@ -201,6 +233,7 @@ class Node(Replies):
             except Exception as exc:  # noqa: BLE001 - a dying worker must not stop shutdown
                 log.info("%s: goodbye not answered: %s", self, exc)
         self._stop_run()
+        self._unwatch()  # never connected
         self.closed = self.refusing = True
         self.tx.close(linger=0)
         self.rx.close(linger=0)

@@ -26,51 +26,141 @@ def recv_monitor_message(monitor, flags: int = 0) -> dict[str, Any]:
     return {"event": zmq.Event(event), "value": value, "endpoint": frames[1]}
 
 
-def _mismatch(event: int, value: int) -> bool:
+def mechanism_mismatch(event: int, value: int) -> bool:
     """One side speaks CURVE, the other plain ZMTP (NULL): one of them has no key."""
     return (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 
 
-def speaks_curve(context, address: str, timeout: float = 2.0) -> bool:
-    """Whether the daemon at `address` requires CURVE: a plain (keyless) probe connection's
-    handshake fails there. Only asked after a refusal, whose event alone can be ambiguous."""
-    probe = context.socket(zmq.DEALER)
-    probe.setsockopt(zmq.LINGER, 0)
-    monitor = probe.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
-                                       | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                                       | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+# How a probe's handshake ended (probe): only an answer tells why a worker hung up.
+ADMITTED, MISMATCH, REFUSED = "admitted", "mechanism mismatch", "refused"
+HUNG_UP, SILENT = "hung up", "no answer"
+
+
+def probe(context, address: str, keys=None, timeout: float = 2.0) -> str:
+    """How a fresh connection's handshake with the daemon at `address` ends (over CURVE given
+    `keys`, else plain): ADMITTED, MISMATCH (one side speaks CURVE, the other not), REFUSED
+    (its key), HUNG_UP, or SILENT (no answer within `timeout`)."""
+    from .auth import connect_curve
+
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        connect_curve(sock, keys)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                      | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
     try:
-        probe.connect(address)
+        sock.connect(address)
         if not monitor.poll(timeout * 1000):
-            return True  # no verdict: say what the refusal itself suggests
-        return recv_monitor_message(monitor)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+            return SILENT
+        event = recv_monitor_message(monitor)
     finally:
-        probe.disable_monitor()
+        sock.disable_monitor()
         monitor.close(linger=0)
-        probe.close(linger=0)
+        sock.close(linger=0)
+    if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        return ADMITTED
+    if mechanism_mismatch(event["event"], event["value"]):
+        return MISMATCH
+    return HUNG_UP if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL else REFUSED
+
+
+def why_hung_up(context, address: str, keys, timeout: float = 2.0) -> str:
+    """Why the daemon at `address` hung up on a handshake with `keys`: a refusal (REFUSED, or
+    MISMATCH) only when a probe with them is hung up on too and the daemon then greets a
+    plain connection, alive, naming the mechanism that refuses them. A dying daemon hangs up
+    as a refusing one does, and its port takes connections until its last socket closes
+    (the kernel closes them one by one, the listener often last): silence is no verdict."""
+    seen = probe(context, address, keys, timeout)
+    if seen != HUNG_UP:
+        return seen
+    mechanism = greeting(address, timeout)
+    if mechanism is None:
+        return HUNG_UP
+    if (mechanism == "CURVE") != (keys is not None):
+        return MISMATCH
+    return REFUSED if mechanism == "CURVE" else HUNG_UP  # a NULL daemon refuses no key
+
+
+# A ZMTP 3 peer's greeting, up to its mechanism: signature (10 bytes), version (2), then
+# the mechanism's name (20, NUL-padded). libzmq sends its version and mechanism only after
+# the peer's signature and major version, which is all a greeting() sends.
+_SIGNATURE = b"\xff" + bytes(8) + b"\x7f"
+_MECHANISM_END = 32
+
+
+def greeting(address: str, timeout: float = 2.0) -> str | None:
+    """The mechanism (CURVE, NULL) that the ZMTP greeting of the daemon at `address` names,
+    read over a plain socket that then hangs up before its own mechanism; None if it hangs up
+    or says nothing within `timeout`. A keyless ZMTP probe learns no more than a hang-up
+    where the daemon reads its NULL first (most times, on loopback)."""
+    deadline = time.monotonic() + timeout
+    try:
+        with _connect(address, timeout) as sock:
+            sock.sendall(_SIGNATURE + b"\x03")
+            head = b""
+            while len(head) < _MECHANISM_END and time.monotonic() < deadline:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                chunk = sock.recv(_MECHANISM_END - len(head))
+                if not chunk:
+                    return None
+                head += chunk
+    except (OSError, ValueError):
+        return None
+    if len(head) < _MECHANISM_END or head[0] != 0xFF or head[10] < 3:  # not ZMTP 3
+        return None
+    return head[12:_MECHANISM_END].rstrip(b"\0").decode("ascii", "replace")
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    """A plain socket connected to `address` (tcp://host:port or ipc://path)."""
+    if address.startswith("ipc://"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address.removeprefix("ipc://"))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    return socket.create_connection((host.strip("[]"), int(port)), timeout)
 
 
 def listening(address: str, timeout: float = 2.0) -> bool:
-    """Whether anything accepts TCP connections at `address` (tcp://host:port) now: a worker
-    that dies during a handshake hangs up just as one refusing the key does."""
-    host, _, port = address.rpartition("://")[2].rpartition(":")
+    """Whether anything accepts connections at `address` (tcp://host:port or ipc://path)
+    now; a dying daemon's port does until its last socket closes."""
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout):
+        with _connect(address, timeout):
             return True
     except (OSError, ValueError):
         return False
 
 
-def master_refusal(event: int, value: int, keys, worker: str, context, address: str) -> str:
-    """The master's error for a failed handshake: which side lacks a key, or that they differ
-    (a keyed master hung up on learns which by a keyless probe)."""
+def hang_up(worker: str, seen: str, listens: bool, timeout: float = 2.0) -> str:
+    """The master's error for a hang-up that the probes did not explain: what they saw."""
+    if not listens:
+        return (f"{worker}: closed the connection before answering the Hello (it died or was "
+                "stopped); start it again, or use another")
+    if seen == ADMITTED:
+        return (f"{worker}: hung up during the handshake, but a second connection (with the "
+                "same key, if any) got in: no key was refused; try again, and see its log")
+    then = "was hung up on too" if seen == HUNG_UP else f"had no answer within {timeout:g} s"
+    return (f"{worker}: hung up during the handshake, and a second connection {then}, though "
+            "its port takes connections (a worker dying or stopping, too busy to answer, or "
+            "not an mwrt worker; no refusal of a key was seen); start it again, or use another")
+
+
+def master_refusal(keys, worker: str, mismatch: bool) -> str:
+    """The master's error for a handshake refused for its key: which side lacks one
+    (`mismatch`: one side speaks CURVE, the other not), or that they differ."""
     if keys is None:  # a keyless master's handshake fails only against a CURVE worker
         return (f"{worker}: requires a key and this master has none; pass key= (the "
                 "master.key made with the worker's key by `mwrt-worker keygen`) or set "
                 "MWRT_KEY_FILE")
-    hung_up = event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    if _mismatch(event, value) or (hung_up and not speaks_curve(context, address)):
+    if mismatch:
         return (f"{worker}: has no key, but this master offers one (CURVE); start the worker "
                 "with --key-file worker.key from the same `mwrt-worker keygen`, or connect "
                 "without key= and MWRT_KEY_FILE")
@@ -81,9 +171,9 @@ def master_refusal(event: int, value: int, keys, worker: str, context, address: 
 
 def worker_refusal(event: int, value: int, worker_keyed: bool) -> str:
     """Why a worker refused a connection, for its log."""
-    if _mismatch(event, value) and worker_keyed:
+    if mechanism_mismatch(event, value) and worker_keyed:
         return "it offered no key (a master without a key file, or not a master at all)"
-    if _mismatch(event, value):
+    if mechanism_mismatch(event, value):
         return "it offered a CURVE key but this worker has none (start it with --key-file)"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
             value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:

@@ -9,8 +9,10 @@ import time
 import numpy as np
 import pytest
 from tests.support.daemons import quick_to_notice_losses
+from tests.support.standins import HangsUp
 
 import mwrt
+from mwrt.errors import AuthError
 
 
 @pytest.fixture
@@ -130,3 +132,24 @@ def test_a_replacement_that_dies_mid_replace_leaves_the_others_going(three, afte
     np.testing.assert_array_equal(parts[1].numpy(), np.full(2, 6.0))
     for i, tensor in survivors.items():
         np.testing.assert_array_equal(tensor.numpy(), np.arange(3.0) + i)
+
+
+@pytest.mark.timeout(120)
+def test_a_replacement_dying_as_it_hangs_up_is_lost_not_a_key_refusal(three):
+    # Its connections closed while its port still took connections that nothing answered:
+    # the probes found no refusal, and the error was that the worker refused this master's key.
+    survivor = _on(2, np.arange(3.0))
+    _kill(three, 1)
+    dying = HangsUp()
+    try:
+        with pytest.raises(mwrt.WorkerLostError) as lost:
+            mwrt.replace_node(1, dying.address)
+    finally:
+        dying.close()
+    assert not isinstance(lost.value, AuthError)
+    assert re.search(rf"node 1 not replaced by the worker at {re.escape(dying.address)}: "
+                     r"worker .*: hung up during the handshake, .*nodes 0, 2 go on",
+                     str(lost.value)), lost.value
+    assert "refused this master's key" not in str(lost.value)
+    mwrt.replace_node(1)
+    np.testing.assert_array_equal(survivor.numpy(), np.arange(3.0))

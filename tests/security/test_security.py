@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import zmq
 from tests.support.daemons import start_worker, stop_worker
+from tests.support.standins import HangsUp
 
 import mwrt
 from mwrt.errors import AuthError
@@ -121,6 +122,23 @@ def test_wrong_or_stale_key_is_refused_and_logged(keyed, tmp_path, which):
     works(keyed[2])
     lines = refusals(keyed[0])
     assert len(lines) == 1 and expected_log in lines[0], lines
+
+
+def test_a_hang_up_is_called_a_key_refusal_only_when_the_worker_refuses_the_key(served):
+    # A worker that hangs up mid-handshake and then answers no probe (one dying: its listener
+    # outlives its other sockets), or hangs up and then takes this master's key: neither
+    # refused the key, and both were said to.
+    for then, seen in ((None, "a second connection had no answer within 2 s"),
+                       (ADDRESS[0], "a second connection .with the same key, if any. got in")):
+        worker = HangsUp(then=then)
+        try:
+            with pytest.raises(ConnectionError,
+                               match=f"hung up during the handshake, (and|but) {seen}") as failed:
+                mwrt.init_master_worker([worker.address], key=served[2], timeout=5)
+        finally:
+            worker.close()
+        assert not isinstance(failed.value, AuthError), failed.value
+    works(served[2])
 
 
 def test_plain_zmq_client_gets_nothing_and_daemon_serves_on(served):
