@@ -17,7 +17,12 @@ strace can attach, the system calls a round trip costs the worker's socket threa
 the echo server's thread (`syscalls`: the test checks a read's and an op's bound, as each
 ZeroMQ socket the thread asks costs two).
 
-    python benchmarks/bench_hops.py [--reps N] [--workers N]
+With --bytecodes: the Python bytecodes one round trip costs each side (sys.settrace opcode
+events, load-independent where times are not: the yardstick of a change that takes Python off
+the path), on the default two local workers with spins off, beside the pyzmq echo's client
+and server (a send and a recv each).
+
+    python benchmarks/bench_hops.py [--reps N] [--workers N] [--bytecodes]
 """
 
 from __future__ import annotations
@@ -111,14 +116,15 @@ def _frames(count: int) -> str:
     return "1 frame" if count == 1 else f"{count} frames"
 
 
-def _start_workers(count: int, folder: str) -> int:
-    """init_master_worker(local_workers=count), each daemon's hops noted (a sitecustomize
-    on its path, in `folder`): node 0's pid."""
+def _start_workers(count: int, folder: str, site: str = _WORKER, env: dict | None = None) -> int:
+    """init_master_worker(local_workers=count), each daemon's hops noted (a sitecustomize,
+    `site`, on its path, in `folder`) under `env` too: node 0's pid."""
     with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
-        f.write(_WORKER)
-    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HOPS_NOTES_PATH")}
+        f.write(site)
+    env = {"HOPS_NOTES_PATH": os.path.join(folder, "notes"), **(env or {})}
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", *env)}
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, saved["PYTHONPATH"]]))
-    os.environ["HOPS_NOTES_PATH"] = os.path.join(folder, "notes")
+    os.environ.update(env)
     try:  # (the daemons inherit this process's environment as they start)
         mwrt.init_master_worker(local_workers=count)
     finally:
@@ -132,14 +138,14 @@ def _start_workers(count: int, folder: str) -> int:
     return current().node(0).info.pid
 
 
-def _read_notes(folder: str, pid: int) -> list:
-    """The notes daemon `pid` wrote as it stopped (waited for: it stops as shutdown() ends)."""
+def _read_notes(folder: str, pid: int, parse=lambda text: [tuple(n) for n in json.loads(text)]):
+    """The notes daemon `pid` wrote (waited for: it writes them as it stops), parsed."""
     path = os.path.join(folder, f"notes.{pid}")
     deadline = time.monotonic() + 30
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)
     with open(path) as f:
-        return [tuple(n) for n in json.load(f)]
+        return parse(f.read())
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -286,6 +292,69 @@ def _count_calls(pid: int, once, reps: int) -> dict | None:
     return {name: count / reps for name, count in counts.items()}
 
 
+# --bytecodes: a local daemon's sitecustomize that counts its socket thread's (the main
+# thread's) opcodes from SIGUSR1 to SIGUSR2, then writes the count to HOPS_NOTES_PATH.PID.
+_COUNTER = r"""
+import os, signal, sys
+COUNT, ON = [0], [False]
+def tracer(frame, event, arg):
+    frame.f_trace_opcodes = True
+    if ON[0] and event == "opcode":
+        COUNT[0] += 1
+    return tracer
+def start(*_):
+    COUNT[0], ON[0] = 0, True
+def stop(*_):
+    ON[0] = False
+    path = f"{os.environ['HOPS_NOTES_PATH']}.{os.getpid()}"
+    with open(path + ".part", "w") as f:
+        f.write(str(COUNT[0]))
+    os.rename(path + ".part", path)
+signal.signal(signal.SIGUSR1, start)
+signal.signal(signal.SIGUSR2, stop)
+sys.settrace(tracer)
+"""
+# Spins off (a spin's count is its wait's length), heartbeats rare (each ping is a message
+# the worker's count would take for a round trip's).
+_QUIET_ENV = {"MWRT_MASTER_SPIN_US": "0", "MWRT_WORKER_SPIN_US": "0",
+              "MWRT_HEARTBEAT_INTERVAL": "5", "MWRT_HEARTBEAT_TIMEOUT": "60"}
+
+
+def bytecodes(kind: str, reps: int = 300, side: str = "master") -> float:
+    """Python bytecodes per round trip of `kind` ("read" or "sum") on the default two local
+    workers, on `side`: the master's thread, or node 0's socket thread, each counted in a
+    session of its own (traced, the master is slow enough for the heartbeat to send an op
+    it holds for its read alone, which would change what the worker runs)."""
+    counted = [0]
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            counted[0] += 1
+        return tracer
+    with tempfile.TemporaryDirectory(prefix="mwrt-bytecodes-") as folder:
+        pid = _start_workers(2, folder, _COUNTER if side == "worker" else "", _QUIET_ENV)
+        try:
+            x = mwrt.ones(1) if kind == "read" else mwrt.dist_send(np.array([1.5, 2.0, -3.25, 4.0]))
+            once = x.numpy if kind == "read" else (lambda: float(x.sum()))
+            for _ in range(200):
+                once()
+            if side == "worker":
+                os.kill(pid, signal.SIGUSR1)
+                time.sleep(0.3)  # its handler runs as its poll is interrupted
+            else:
+                sys.settrace(tracer)
+            for _ in range(reps):
+                once()
+            sys.settrace(None)
+            if side == "worker":
+                os.kill(pid, signal.SIGUSR2)
+                counted[0] = int(_read_notes(folder, pid, json.loads))
+        finally:
+            mwrt.shutdown()
+    return counted[0] / reps
+
+
 def echo_us(reps: int) -> float:
     """p50 of a pyzmq DEALER/ROUTER echo between two fresh processes (bench_ops --fresh's)."""
     from baselines import ECHO
@@ -297,6 +366,9 @@ def echo_us(reps: int) -> float:
 def main() -> None:
     reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 2000
     count = int(sys.argv[sys.argv.index("--workers") + 1]) if "--workers" in sys.argv else 1
+    if "--bytecodes" in sys.argv:
+        print_bytecodes(min(reps, 300))
+        return
     load = os.getloadavg()[0]
     for kind, what in (("read", "x.numpy(), 1 element"), ("sum", "float(t.sum()), 4 elements")):
         got = trace(kind, reps, count)
@@ -313,6 +385,54 @@ def main() -> None:
         if calls is not None and echo_calls is not None:
             print(f"  system calls per round trip, the serving thread alone (spins off): worker "
                   f"{_calls_text(calls)}; echo server {_calls_text(echo_calls)}")
+
+
+def print_bytecodes(reps: int) -> None:
+    """--bytecodes: each side's bytecodes per round trip, beside the echo's (counted alike)."""
+    client, server = _echo_bytecodes(reps)
+    print(f"Python bytecodes per round trip ({reps}, the default two local workers, spins off;"
+          f" load {os.getloadavg()[0]:.1f}), beside the pyzmq echo's client and server:")
+    for kind, what in (("read", "x.numpy(), 1 element"), ("sum", "float(t.sum()), 4 elements")):
+        master, worker = bytecodes(kind, reps, "master"), bytecodes(kind, reps, "worker")
+        print(f"  {what:28} master {master:7,.0f} ({master / client:.0f}x the client's "
+              f"{client:.0f}), worker {worker:7,.0f} ({worker / server:.0f}x the server's "
+              f"{server:.0f})")
+
+
+def _echo_bytecodes(reps: int) -> tuple[float, float]:
+    """The Python bytecodes per round trip of the pyzmq DEALER/ROUTER echo bench_ops times
+    (baselines.ECHO), in this process: its client's send and recv, its server's turn."""
+    import zmq
+
+    ctx = zmq.Context()
+    server, client = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    client.connect(f"tcp://127.0.0.1:{port}")
+    counted, message = [0], b"x" * 16
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            counted[0] += 1
+        return tracer
+    sides = []
+    for side in ("client", "server"):
+        counted[0] = 0
+        for _ in range(reps):
+            sys.settrace(tracer if side == "client" else None)
+            client.send_multipart([message])
+            sys.settrace(tracer if side == "server" else None)
+            frames = server.recv_multipart()
+            if frames[-1] != b"stop":
+                server.send_multipart(frames)
+            sys.settrace(tracer if side == "client" else None)
+            client.recv_multipart()
+            sys.settrace(None)
+        sides.append(counted[0] / reps)
+    client.close(0)
+    server.close(0)
+    ctx.term()
+    return sides[0], sides[1]
 
 
 def _calls_text(calls: dict) -> str:

@@ -18,6 +18,7 @@ BENCH = os.path.join(ROOT, "benchmarks")
 @pytest.mark.parametrize("script, args", [
     ("bench_ops.py", ["--quick"]),
     ("bench_hops.py", ["--reps", "100"]),
+    ("bench_hops.py", ["--bytecodes", "--reps", "50"]),
     ("bench_streams.py", ["--quick"]),
     ("bench_channels.py", ["--quick"]),
     ("bench_collectives.py", ["--quick", "--sizes", "4K", "--world", "2"]),
