@@ -55,16 +55,26 @@ from scale_spmd import ROLES, spmd_table  # noqa: E402
 # -- table 0: a session's start and stop, each in a fresh process --------------------------
 
 _SESSION = """
-import json, os, resource, time
+import json, os, time
 t, c = time.perf_counter(), time.process_time()
 import mwrt
 mwrt.init_master_worker  # the package and its API, loaded on first use
 imported, t, c = time.perf_counter() - t, time.perf_counter(), time.process_time()
 mwrt.init_master_worker()
-init, init_cpu, t = time.perf_counter() - t, time.process_time() - c, time.perf_counter()
+init, init_cpu = time.perf_counter() - t, time.process_time() - c
+daemons = 0.0  # the CPU of this master's daemons (and their zygote) once they listen
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            mine = f"--parent-pid\\0{os.getpid()}\\0".encode() in f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = f.read().rpartition(")")[2].split()[11:13]
+    except OSError:
+        continue
+    daemons += mine * sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
+t = time.perf_counter()
 mwrt.shutdown()
-down, kids = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps([imported, init, init_cpu, down, kids.ru_utime + kids.ru_stime]))
+print(json.dumps([imported, init, init_cpu, time.perf_counter() - t, daemons]))
 """
 _BARE = "import numpy, zmq, sys; print(1, flush=True); sys.stdin.read()"
 
@@ -82,16 +92,26 @@ def bare_python() -> tuple[float, float, float]:
     return started, usage.ru_utime + usage.ru_stime, time.perf_counter() - stop
 
 
+def session(fork: str) -> list[float]:
+    """_SESSION's figures in a fresh process, its daemons forked by a zygote or not."""
+    out = subprocess.run([sys.executable, "-c", _SESSION], capture_output=True, text=True,
+                         check=True, timeout=120,
+                         env=dict(os.environ, MWRT_FORK_LOCAL_WORKERS=fork)).stdout
+    return json.loads(out.splitlines()[-1])
+
+
 def start_stop_table(reps: int) -> None:
     """`import mwrt`, init_master_worker() (2 local daemons) and shutdown() in fresh
-    processes, each beside a bare Python's start, CPU and stop in the same rounds."""
-    runs, bare = [], []
+    processes, with daemons forked and fresh, beside a bare Python's start, CPU and stop in
+    the same rounds."""
+    forked, fresh, bare = [], [], []
     for _ in range(reps):
         bare.append(bare_python())
-        out = subprocess.run([sys.executable, "-c", _SESSION], capture_output=True, text=True,
-                             check=True, timeout=120).stdout
-        runs.append(json.loads(out.splitlines()[-1]))
-    imp, init, init_cpu, down, daemons = (statistics.median(r[i] for r in runs) for i in range(5))
+        forked.append(session("1"))
+        fresh.append(session("0"))
+    imp, init, init_cpu, down, daemons = (statistics.median(r[i] for r in forked)
+                                          for i in range(5))
+    init_fresh, daemons_fresh = (statistics.median(r[i] for r in fresh) for i in (1, 4))
     start, cpu, stop = (statistics.median(b[i] for b in bare) for i in range(3))
     cached = "not written (PYTHONDONTWRITEBYTECODE)" if sys.dont_write_bytecode else "cached"
     print(f"\n## a session's start and stop, fresh processes (medians of {reps}; load "
@@ -100,7 +120,10 @@ def start_stop_table(reps: int) -> None:
     for what, mine, base, name in [
             ("`import mwrt` and its API s", imp, start, "a bare Python's start (numpy, zmq)"),
             ("init_master_worker() s, 2 local daemons", init, start, "the same"),
-            ("CPU s per daemon, start to exit", daemons / 2, cpu, "a bare Python's CPU"),
+            ("the same, each daemon a fresh process", init_fresh, start, "the same"),
+            ("CPU s per daemon to listening, its zygote's imports included", daemons / 2, cpu,
+             "a bare Python's CPU"),
+            ("the same, each daemon a fresh process", daemons_fresh / 2, cpu, "the same"),
             ("the master's CPU s in init", init_cpu, cpu, "the same"),
             ("shutdown() s", down, stop, "a bare Python stopped by SIGTERM")]:
         print(f"| {what} | {mine:.3f} | {base:.3f} ({name}) | {mine / base:.2f}x |")

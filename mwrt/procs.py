@@ -35,7 +35,7 @@ def runnable_per_core() -> float:
 
 
 def stop_processes(procs, grace: float = 3.0) -> None:
-    """SIGTERM every process we started that still runs (subprocess.Popen or
+    """SIGTERM every process we started that still runs (subprocess.Popen, one like it, or
     multiprocessing.Process), then SIGKILL those not gone within `grace` seconds."""
     running = [p for p in procs if _running(p)]
     for p in running:
@@ -48,12 +48,12 @@ def stop_processes(procs, grace: float = 3.0) -> None:
 
 
 def _running(p) -> bool:
-    return p.poll() is None if isinstance(p, subprocess.Popen) else p.is_alive()
+    return p.poll() is None if hasattr(p, "poll") else p.is_alive()
 
 
 def _wait(p, timeout: float) -> bool:
     """Wait up to `timeout` seconds for `p` to exit; True if it did."""
-    if isinstance(p, subprocess.Popen):
+    if hasattr(p, "poll"):  # a Popen, or a forked daemon (mwrt.master.forked) like one
         deadline = time.monotonic() + timeout
         _until_exit(p.pid, timeout)
         try:

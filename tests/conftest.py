@@ -182,12 +182,16 @@ def keyed_worker(tmp_path):
 
 
 def _workers_left() -> list[str]:
-    """The worker daemons this process started that still run."""
+    """The worker daemons this process started, or its zygote forked, that still run."""
+    from mwrt.master import forked
+
+    zygotes = forked.zygote_pids()  # they stay for later daemons; they exit with this process
     found = []
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
     for line in out.splitlines():
         pid, ppid, args = line.split(None, 2)
-        if "mwrt.worker" in args and int(ppid) == os.getpid():
+        if "mwrt.worker" in args and int(ppid) in {os.getpid(), *zygotes} \
+                and int(pid) not in zygotes:
             found.append(f"worker process {pid}: {args}")
     return found
 

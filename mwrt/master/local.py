@@ -17,6 +17,7 @@ import time
 from .. import config
 from ..procs import runnable_per_core, stop_processes
 from ..protocol import auth
+from . import forked
 from .progress import Progress
 
 # The folder that holds the mwrt package (mwrt/master/local.py, three levels up).
@@ -27,7 +28,7 @@ class LocalWorker:
     """A daemon process on this machine, listening on a loopback port it picked, and on a
     Unix socket (`route`, where the master connects; the address where it has none)."""
 
-    def __init__(self, process: subprocess.Popen, address: str):
+    def __init__(self, process: subprocess.Popen | forked.Forked, address: str):
         self.process, self.address, self.route = process, address, address
 
     @classmethod
@@ -37,7 +38,7 @@ class LocalWorker:
         return start_many(1, timeout, key_file, env)[0]
 
     @classmethod
-    def _spawn(cls, key_file: str | None, env: dict | None) -> LocalWorker:
+    def _spawn(cls, key_file: str | None, env: dict | None, timeout: float) -> LocalWorker:
         """The daemon's process, started; its address comes with its first line."""
         package_root = _PACKAGE_ROOT
         child_env = dict(os.environ, **(env or {}))
@@ -54,8 +55,10 @@ class LocalWorker:
         # A session of its own: a terminal's Ctrl-C is for the master, which then frees its
         # sessions and stops the daemon; reaching the daemon too, it made the master's exit
         # report each node lost. A master that dies anyway is seen by --parent-pid.
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                   env=child_env, text=True, start_new_session=True)
+        # Forked by the zygote where it serves, which starts in its own session too.
+        process = forked.spawn(command[3:], child_env, timeout) or subprocess.Popen(
+            command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=child_env, text=True,
+            start_new_session=True)
         return cls(process, "")
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -107,7 +110,7 @@ def start_many(count: int, timeout: float, key_file: str | None = None,
                 # A Ctrl-C inside Popen would leave a daemon nobody can stop: held until
                 # the daemon is in the list that the handler below stops.
                 with _interrupt_held():
-                    worker = LocalWorker._spawn(key_file, env)
+                    worker = LocalWorker._spawn(key_file, env, bound)
                     workers.append(worker)
                 waiting[worker.process.stdout] = (worker, len(workers) - 1,
                                                   time.monotonic() + bound)

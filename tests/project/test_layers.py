@@ -207,7 +207,7 @@ def test_the_root_holds_only_the_foundation_and_the_api():
 # must make a handle makes it of its operands' class (Handle.results) or of a class it is given.
 MASTER_LAYERS = [
     ("connection", {"limits", "progress", "sites", "waits", "batches", "replies", "client",
-                    "local", "heartbeat", "replacement",
+                    "forked", "local", "heartbeat", "replacement",
                     "cluster"}),  # the nodes, their sockets and daemons
     ("places", {"context", "ordering", "streams", "queries", "methods", "mesh.device_mesh",
                 "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
