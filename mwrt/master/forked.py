@@ -6,6 +6,7 @@ waits for it and signals it through a pidfd, and learns its exit status from the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -155,6 +156,13 @@ def spawn(args: list[str], env: dict[str, str], timeout: float) -> Forked | None
             if zygote is not None:
                 zygote.close()
             return None
+
+
+@atexit.register
+def _close_zygotes() -> None:
+    """At exit, end the zygotes (which would see this process gone anyway) and reap them."""
+    while _zygotes:
+        _zygotes.popitem()[1].close()
 
 
 def zygote_pids() -> set[int]:

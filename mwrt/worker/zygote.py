@@ -19,7 +19,6 @@ import select
 import signal
 import socket
 import sys
-import traceback
 import warnings
 
 _MAX_REQUEST = 1 << 20  # arguments and an environment
@@ -45,7 +44,7 @@ def main(fd: int) -> None:
             if not message:
                 return  # the master is gone or done
             inherited = (fd, wake_read, wake_write, *status_pipes.values())  # not a daemon's
-            pid = _fork(json.loads(message), fds, inherited)
+            pid = _fork(json.loads(message), fds, master, inherited)
             status_pipes[pid] = fds[3]
             for each in fds[:3]:
                 os.close(each)
@@ -84,27 +83,18 @@ def _reap(status_pipes: dict[int, int]) -> None:
             os.close(pipe)
 
 
-def _fork(request: dict, fds: list[int], close: tuple[int, ...]) -> int:
-    """Fork a daemon for `request`; in the child this never returns."""
+def _fork(request: dict, fds: list[int], master: socket.socket, close: tuple[int, ...]) -> int:
+    """Fork a daemon for `request`. In the child this raises SystemExit with the daemon's
+    exit code, which ends it as a fresh process ends: its threads joined, atexit run."""
     pid = os.fork()
     if pid:
         return pid
-    code = 1
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for each in close:
-            os.close(each)
-        code = _run_daemon(request, fds)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 (the child's last word: it exits below, whatever it was)
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return 0  # not reached
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    master.detach()  # the zygote's socket: closed below, never again as the stack unwinds
+    for each in close:
+        os.close(each)
+    raise SystemExit(_run_daemon(request, fds))
 
 
 def _run_daemon(request: dict, fds: list[int]) -> int:
