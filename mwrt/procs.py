@@ -3,9 +3,12 @@ stopping the ones we started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import subprocess
+import threading
 import time
 
 
@@ -77,3 +80,16 @@ def _until_exit(pid: int, timeout: float) -> None:
         select.select([fd], [], [], timeout)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def deaf_to_ctrl_c():
+    """Ignore SIGINT during the block (an exit handler's: a second Ctrl-C after the one that
+    ended the script cut it short with a traceback); only the main thread sets handlers."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        yield
+    finally:
+        if main and previous is not None:  # None: a handler not set from Python
+            signal.signal(signal.SIGINT, previous)

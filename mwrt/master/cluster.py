@@ -8,7 +8,6 @@ import itertools
 import logging
 import os
 import resource
-import signal
 import socket
 import threading
 import uuid
@@ -21,6 +20,7 @@ import zmq
 from .. import channels, config
 from ..errors import ConfigError, MwrtError
 from ..netaddr import advertise_address, join_host_port, resolve, split_host_port
+from ..procs import deaf_to_ctrl_c
 from ..protocol import auth, wire
 from ..store import TCPStore
 from ..store.daemon_registry import wait_for as wait_for_workers
@@ -312,14 +312,9 @@ def _shutdown_at_exit() -> None:
     lease and local daemons running. Every wait in it has its timeout."""
     if _cluster is None:
         return
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-    try:
+    with deaf_to_ctrl_c():
         if not _detach():
             shutdown()
-    finally:
-        if main and previous is not None:  # None: a handler not set from Python
-            signal.signal(signal.SIGINT, previous)
 
 
 def _detach() -> bool:

@@ -18,6 +18,7 @@ import sys
 import threading
 
 from .. import config
+from ..procs import deaf_to_ctrl_c
 
 UNKNOWN_EXIT = 255  # a daemon's exit status once its zygote is gone (as ssh gives one it lost)
 _STATUS_WAIT = 5.0  # the zygote writes a daemon's status as soon as it has reaped it
@@ -158,11 +159,13 @@ def spawn(args: list[str], env: dict[str, str], timeout: float) -> Forked | None
             return None
 
 
-@atexit.register
+@atexit.register  # before cluster's shutdown at exit: run after it, the daemons stopped
 def _close_zygotes() -> None:
-    """At exit, end the zygotes (which would see this process gone anyway) and reap them."""
-    while _zygotes:
-        _zygotes.popitem()[1].close()
+    """At exit, end the zygotes (which would see this process gone anyway) and reap them,
+    deaf to a second Ctrl-C as shutdown() is there."""
+    with deaf_to_ctrl_c():
+        while _zygotes:
+            _zygotes.popitem()[1].close()
 
 
 def zygote_pids() -> set[int]:
