@@ -22,6 +22,7 @@ from ..procs import deaf_to_ctrl_c
 
 UNKNOWN_EXIT = 255  # a daemon's exit status once its zygote is gone (as ssh gives one it lost)
 _STATUS_WAIT = 5.0  # the zygote writes a daemon's status as soon as it has reaped it
+_FIRST_ANSWER = 30.0  # s: a zygote's imports, on a loaded machine
 # Settings a daemon reads after its fork (the zygote reads none), and pytest's per-test name:
 # a zygote serves every environment that differs from its own only in these.
 _PER_FORK = ("MWRT_", "PYTEST_CURRENT_TEST")
@@ -150,7 +151,9 @@ def spawn(args: list[str], env: dict[str, str], timeout: float) -> Forked | None
                 if len(_zygotes) >= _MAX_ZYGOTES:
                     _zygotes.pop(next(iter(_zygotes))).close()
                 _zygotes[key] = Zygote(env)
-            return _zygotes[key].fork(args, env, timeout)
+            # Its first answer waits for its imports, which a daemon's start bound may not
+            # allow for (a daemon that misses its own bound is named by the caller).
+            return _zygotes[key].fork(args, env, max(timeout, _FIRST_ANSWER))
         except OSError:  # it died, timed out or cannot fork: not worth a second try
             _failed = True
             zygote = _zygotes.pop(key, None)

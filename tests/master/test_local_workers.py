@@ -140,3 +140,17 @@ print(sorted({k for k in read if k.startswith("MWRT_")}))
                          timeout=120, env=dict(os.environ, MWRT_FAKE_GPUS="1"))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_zygote_that_died_leaves_fresh_processes_to_start_daemons(monkeypatch):
+    monkeypatch.setenv("MWRT_FORK_LOCAL_WORKERS", "1")
+    monkeypatch.setenv("TEST_ZYGOTE", "doomed")  # a zygote of this test's own
+    monkeypatch.setattr(forked, "_failed", False)  # (restored after: others fork on)
+    start_many(1, 60.0)[0].stop()
+    os.kill(list(forked._zygotes.values())[-1].process.pid, 9)  # the newest: this test's
+    worker, = start_many(1, 60.0)
+    try:
+        assert isinstance(worker.process, subprocess.Popen) and forked._failed
+    finally:
+        worker.stop()
+    assert _wait_none_left() == []
