@@ -220,6 +220,7 @@ class RefusalLog:
         self.peer = UNNAMED  # the last accepted connection's peer, until a refusal uses it
         self.pending: dict[str, tuple[str, str]] = {}  # host -> (peer, why), for flush()
         self.logged: dict[str, float] = {}  # host -> when last logged
+        self.zap_logged: dict[str, float] = {}  # host -> when the ZAP handler refused its key
 
     def note(self, event: Mapping[str, Any]) -> None:
         """Take one monitor event; a refusal is logged at the next flush()."""
@@ -229,15 +230,25 @@ class RefusalLog:
             return
         if self.peer == UNNAMED and self.pending:
             return  # most likely another socket of a peer already noted
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self.keyed:
-            return  # the ZAP handler (auth.MasterAdmission) logged it, with the master's key
         host = self.peer.rsplit(":", 1)[0] if self.peer != UNNAMED else UNNAMED
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self.keyed:
+            # The ZAP handler (auth.MasterAdmission) logged it, with the master's key; the
+            # master's probes that follow (hang-ups) say nothing more.
+            self.zap_logged[host] = time.monotonic()
+            self.peer = UNNAMED
+            return
         reason = worker_refusal(kind, value, self.keyed)
         known = self.pending.get(host)
         if (known is None and len(self.pending) < self._MAX_PEERS) or \
                 (known is not None and _rank(reason) > _rank(known[1])):
             self.pending[host] = (self.peer if known is None else known[0], reason)
         self.peer = UNNAMED
+
+    def _key_refused(self, host: str, now: float) -> bool:
+        """Whether the ZAP handler refused `host`'s key within the window (any host's, for an
+        unnamed peer: most likely the same master, gone before its address was read)."""
+        times = self.zap_logged.values() if host == UNNAMED else [self.zap_logged.get(host)]
+        return any(t is not None and now - t < self.window for t in times)
 
     def drain(self, monitor) -> None:
         """Take every event waiting on `monitor` (before a stop, so none goes unlogged)."""
@@ -256,7 +267,11 @@ class RefusalLog:
         now = time.monotonic()
         if len(self.logged) >= self._MAX_PEERS:
             self.logged.clear()
+        if len(self.zap_logged) >= self._MAX_PEERS:
+            self.zap_logged.clear()
         for host, (peer, reason) in pending.items():
+            if _rank(reason) == 1 and self._key_refused(host, now):
+                continue  # a refused key's probes, logged as that refusal
             last = self.logged.get(host)
             if last is None or now - last >= self.window:
                 self.logged[host] = now
