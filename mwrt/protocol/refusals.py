@@ -4,6 +4,7 @@ master's error (which side lacks a key, or that the keys differ) and the worker'
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -196,14 +197,20 @@ def _rank(reason: str) -> int:
     return 2 if "did not decrypt" in reason else 1 if "hung up" in reason else 0
 
 
+LOCAL = "a process of this host (on the Unix socket)"
+
+
 def peer_of_fd(fd: int) -> str:
-    """'host:port' of the TCP connection on `fd` (a monitor's ACCEPTED event), else UNNAMED."""
+    """'host:port' of the TCP connection on `fd` (a monitor's ACCEPTED event), LOCAL for a
+    Unix socket's (whose peer has no address), else UNNAMED."""
     try:
-        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as sock:  # a dup: ours
+        with socket.socket(fileno=os.dup(fd)) as sock:  # its own family, on a dup of ours
             address = sock.getpeername()
     except OSError:  # closed already: a refusal is often faster than any monitor
         return UNNAMED
-    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+    if isinstance(address, tuple):
+        return f"{address[0]}:{address[1]}"
+    return LOCAL if sock.family == socket.AF_UNIX else str(address)
 
 
 class RefusalLog:

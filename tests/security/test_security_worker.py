@@ -177,3 +177,20 @@ def test_mwrt_status_counts_every_bounded_table():
     finally:
         mwrt.shutdown()
         stop_worker(process)
+
+
+def test_a_refused_peer_is_named_by_its_own_kind_of_socket():
+    """The worker's refusal log names a peer from the accepted descriptor: a Unix socket's
+    (local workers are reached on one) was read as TCP's and gave an empty name."""
+    import socket
+
+    from mwrt.protocol.refusals import LOCAL, UNNAMED, peer_of_fd
+
+    ours, theirs = socket.socketpair()
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, address = server.accept()
+    with ours, theirs, server, client, accepted:
+        assert peer_of_fd(ours.fileno()) == LOCAL
+        assert peer_of_fd(accepted.fileno()) == f"127.0.0.1:{address[1]}"
+    assert peer_of_fd(ours.fileno()) == UNNAMED  # closed: gone before it could be read
