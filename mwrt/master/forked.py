@@ -154,11 +154,15 @@ def spawn(args: list[str], env: dict[str, str], timeout: float) -> Forked | None
             # Its first answer waits for its imports, which a daemon's start bound may not
             # allow for (a daemon that misses its own bound is named by the caller).
             return _zygotes[key].fork(args, env, max(timeout, _FIRST_ANSWER))
-        except OSError:  # it died, timed out or cannot fork: not worth a second try
-            _failed = True
+        except BaseException as exc:
+            # It died, timed out or cannot fork: not worth a second try. An interrupt (not
+            # held off this thread) may leave its answer unread: that zygote is done too.
+            _failed = _failed or isinstance(exc, OSError)
             zygote = _zygotes.pop(key, None)
             if zygote is not None:
                 zygote.close()
+            if not isinstance(exc, OSError):
+                raise
             return None
 
 
