@@ -63,16 +63,17 @@ def pytest_collection(session):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """How many processes `-n auto` (pyproject.toml's addopts) runs the tests in: none when
-    the command names test files or tests (they run in this process, as before), else as
-    many as the CPUs, 2 to 8: on two cores, four processes took no less time than two (the
-    torch, training and benchmark tests that dominate use a CPU each), and only stretched
-    every test's waits toward their bounds."""
+    the command names test files or tests (they run in this process, as before), else one
+    more than the CPUs, 3 to 8: a test spends part of its time waiting on daemons, sockets
+    and timeouts, and the extra process fills the core those waits leave idle (on two quiet
+    cores the whole suite took 9:56 with three, 11:33 with two; four took no less time than
+    two at an earlier count, its waits stretched toward their bounds)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     if any(".py" in arg for arg in config.args):
         return 0
     cpus = os.cpu_count() or 1
-    return min(8, max(2, cpus))
+    return min(8, max(3, cpus + 1))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # around pytest-xdist's, which reads the groups
