@@ -54,12 +54,13 @@ def send_to(ex, cmd, frames):
         raise
     if cmd.token >= 0:
         ex.reply(wire.Done(cmd.token, None))  # the master posts its receive on this answer
+    # Counted as it leaves, not after: its receiver may read the totals once the bytes arrive.
+    ex.bytes_out += array.nbytes
     if staged:  # from a GPU (or to one): chunks that overlap their copies, via pinned memory
         staging.send_array(_data(ex).get_channel(), array, cmd.peer, cmd.tag,
                            getattr(ex, "cuda_stream", None))
     else:
         _data(ex).get_channel().send(array.reshape(-1).view(np.uint8), cmd.peer, cmd.tag)
-    ex.bytes_out += array.nbytes
 
 
 def recv_from(ex, cmd, frames):

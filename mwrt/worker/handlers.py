@@ -106,9 +106,10 @@ def answer_value(ex, value, token: int) -> None:
         host = staging.download(value, ex.cuda_stream)
     else:
         host = np.asarray(value, order="C")
+    # Counted before the answer leaves: a master that reads the totals after it sees them.
+    ex.bytes_out += host.nbytes
     ex.reply(wire.Data(token=token, shape=host.shape, dtype=host.dtype.str),
              [host.reshape(-1).view(np.uint8)])
-    ex.bytes_out += host.nbytes
 
 
 def share(ex, cmd, frames):
@@ -118,9 +119,9 @@ def share(ex, cmd, frames):
     if type(value) is not np.ndarray:  # on a GPU: through a pinned buffer, on this stream
         value = staging.download(value, ex.cuda_stream)
     name = ex.session.share(value)
+    ex.bytes_out += value.nbytes  # before the answer, as answer_value counts
     ex.reply(wire.Done(token=cmd.token, value={"name": name, "shape": value.shape,
                                                "dtype": value.dtype.str}))
-    ex.bytes_out += value.nbytes
 
 
 def meta(ex, cmd, frames):
