@@ -58,7 +58,8 @@ def _wait(p, timeout: float) -> bool:
     """Wait up to `timeout` seconds for `p` to exit; True if it did."""
     if hasattr(p, "poll"):  # a Popen, or a forked daemon (mwrt.master.forked) like one
         deadline = time.monotonic() + timeout
-        _until_exit(p.pid, timeout)
+        if isinstance(p, subprocess.Popen):  # a forked daemon's own wait is woken by a pidfd
+            _until_exit(p.pid, timeout)
         try:
             p.wait(max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:

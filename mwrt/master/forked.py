@@ -149,21 +149,25 @@ def spawn(args: list[str], env: dict[str, str], timeout: float) -> Forked | None
         try:
             if key not in _zygotes:
                 if len(_zygotes) >= _MAX_ZYGOTES:
-                    _zygotes.pop(next(iter(_zygotes))).close()
+                    _drop(next(iter(_zygotes)))  # the oldest
                 _zygotes[key] = Zygote(env)
             # Its first answer waits for its imports, which a daemon's start bound may not
             # allow for (a daemon that misses its own bound is named by the caller).
             return _zygotes[key].fork(args, env, max(timeout, _FIRST_ANSWER))
-        except BaseException as exc:
-            # It died, timed out or cannot fork: not worth a second try. An interrupt (not
-            # held off this thread) may leave its answer unread: that zygote is done too.
-            _failed = _failed or isinstance(exc, OSError)
-            zygote = _zygotes.pop(key, None)
-            if zygote is not None:
-                zygote.close()
-            if not isinstance(exc, OSError):
-                raise
+        except OSError:  # it died, timed out or cannot fork: not worth a second try
+            _failed = True
+            _drop(key)
             return None
+        except BaseException:  # an interrupt (not held off this thread): its answer may
+            _drop(key)  # be left unread, for the next daemon to take: that zygote is done
+            raise
+
+
+def _drop(key: tuple) -> None:
+    """Close and forget the zygote for `key`, if there is one (under _lock)."""
+    zygote = _zygotes.pop(key, None)
+    if zygote is not None:
+        zygote.close()
 
 
 @atexit.register  # before cluster's shutdown at exit: run after it, the daemons stopped

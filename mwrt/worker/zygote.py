@@ -59,7 +59,7 @@ def _preload() -> None:
     # 3.12+ warns of any threads.
     warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
     from . import __main__ as entry  # noqa: F401
-    from . import daemon, handlers  # noqa: F401
+    from . import daemon  # noqa: F401  (its routes import every handler)
 
     gc.collect()
     gc.freeze()
