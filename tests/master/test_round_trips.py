@@ -235,12 +235,14 @@ def test_a_read_right_after_an_op_that_mwrt_cancel_drops_says_so(cluster, tmp_pa
         while not node.rx_lock.locked() and time.monotonic() < deadline:
             time.sleep(0.01)  # the read below is out, with its op
         before = set(node.replies)
-        threading.Thread(target=mwrt.cancel, daemon=True).start()
+        canceller = threading.Thread(target=mwrt.cancel, daemon=True)
+        canceller.start()
         while time.monotonic() < deadline and not [  # its answer, which the read's wait routes
                 t for t, r in list(node.replies.items()) if t not in before and
                 type(r[0]) is wire.Done]:
             time.sleep(0.01)
         open(go, "w").close()
+        canceller.join(60)  # its waits (one per node) are counted before the next test's
 
     x = mwrt.ones(3)
     y = mwrt.remote(slow, spec=((3,), np.float32))(x)
