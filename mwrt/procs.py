@@ -84,13 +84,32 @@ def _until_exit(pid: int, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def deaf_to_ctrl_c():
+def deaf_to_ctrl_c(heard: threading.Event | None = None):
     """Ignore SIGINT during the block (an exit handler's: a second Ctrl-C after the one that
-    ended the script cut it short with a traceback); only the main thread sets handlers."""
+    ended the script cut it short with a traceback), or only set `heard` on one; only the
+    main thread sets handlers."""
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    handler = signal.SIG_IGN if heard is None else (lambda *args: heard.set())
+    previous = signal.signal(signal.SIGINT, handler) if main else None
     try:
         yield
     finally:
         if main and previous is not None:  # None: a handler not set from Python
             signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Hold a Ctrl-C that comes during the block, and raise it (KeyboardInterrupt) after."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is None:  # None: a handler set outside Python
+        yield  # only the main thread gets signals, and may set their handlers
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda *args: held.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held and callable(previous):
+        previous(*held[0])  # Python's own handler raises KeyboardInterrupt

@@ -180,6 +180,7 @@ class Batches:
     closed: bool
     torn: bool
     refusing: bool
+    bye: int | None  # the id of the Bye sent: nothing goes after it
 
     def issue(self, command, frame=None, site=None, hold: bool = False) -> None:
         """Queue one command; it goes out with its batch (now, if the node was quiet).
@@ -305,6 +306,11 @@ class Batches:
         elif self.run is not None:
             self.seal_run()
         if not self.batch or self.closed or self.lost or self.torn:
+            return
+        if self.bye is not None:  # dropped: a worker answers a batch after its Bye with "no
+            # session for this master", which this master takes for a lost node
+            log.info("%s: dropped commands issued after its Bye", self)
+            self.batch, self.frames, self.runs = [], [], False
             return
         self.seq += 1
         # Data frames here are inline arrays (at most MWRT_INLINE_BYTES), copied to bytes when

@@ -248,7 +248,7 @@ class Node(Replies):
             self.seal_run()
             self.batch.append(bye)
             self._flush_locked(time.monotonic())
-        self.bye = bye.id
+            self.bye = bye.id  # under the lock: no batch of another thread follows the Bye
 
     def _bye(self) -> None:
         self.say_goodbye()

@@ -24,7 +24,7 @@ from ..procs import deaf_to_ctrl_c
 from ..protocol import auth, wire
 from ..store import TCPStore
 from ..store.daemon_registry import wait_for as wait_for_workers
-from . import replacement
+from . import replacement, waits
 from .client import Node
 from .heartbeat import Heartbeat
 from .local import LocalWorker, start_local_workers, stop_all
@@ -34,6 +34,7 @@ log = logging.getLogger("mwrt")
 
 _cluster: Cluster | None = None
 _lock = threading.Lock()
+_HELPERS_BOUND = 10.0  # seconds shutdown waits at most for a call a Ctrl-C left to its helper
 
 
 class Cluster:
@@ -287,6 +288,8 @@ def replace_node(index: int, address: str | None = None, *,
 def shutdown() -> None:
     """Free every session, close the sockets, stop local daemons; a no-op if not initialized."""
     global _cluster
+    if _cluster is not None:
+        _let_helpers_finish()
     with _lock:
         cluster, _cluster = _cluster, None
     if cluster is not None:
@@ -312,9 +315,22 @@ def _shutdown_at_exit() -> None:
     lease and local daemons running. Every wait in it has its timeout."""
     if _cluster is None:
         return
-    with deaf_to_ctrl_c():
+    heard = threading.Event()  # a second Ctrl-C: wait no more for the helpers
+    with deaf_to_ctrl_c(heard):
+        _let_helpers_finish(heard)
         if not _detach():
             shutdown()
+
+
+def _let_helpers_finish(heard: threading.Event | None = None) -> None:
+    """Before any Bye, let the calls a Ctrl-C left to their helpers (waits.uninterrupted: a
+    collective's parts, a transfer) send the rest: a part that came after the Bye found no
+    session on its worker, which was reported lost. Bounded; `heard` set ends it sooner."""
+    bound = min(config.get("sync_timeout"), _HELPERS_BOUND)
+    for call in waits.finish_uninterrupted(bound, heard):
+        why = "a second Ctrl-C" if heard is not None and heard.is_set() else f"after {bound:g} s"
+        log.warning("shutdown: stopped waiting for %s to send the rest of its commands (%s); "
+                    "its nodes drop what comes after their Bye", call, why)
 
 
 def _detach() -> bool:

@@ -7,15 +7,13 @@ import contextlib
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from .. import config
-from ..procs import runnable_per_core, stop_processes
+from ..procs import ctrl_c_held, runnable_per_core, stop_processes
 from ..protocol import auth
 from . import forked
 from .progress import Progress
@@ -77,23 +75,6 @@ def stop_all(workers: list[LocalWorker], timeout: float = 5.0) -> None:
             shutil.rmtree(os.path.dirname(worker.route.removeprefix("ipc://")), ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _interrupt_held():
-    """Hold a Ctrl-C that comes during the block, and raise it (KeyboardInterrupt) after."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is None:  # None: a handler set outside Python
-        yield  # only the main thread gets signals, and may set their handlers
-        return
-    held = []
-    previous = signal.signal(signal.SIGINT, lambda *args: held.append(args))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if held and callable(previous):
-        previous(*held[0])  # Python's own handler raises KeyboardInterrupt
-
-
 def start_many(count: int, timeout: float, key_file: str | None = None,
                env: dict | None = None, started=None) -> list[LocalWorker]:
     """Start `count` daemons, a few at a time (_starting_at_once), each given `timeout`
@@ -109,7 +90,7 @@ def start_many(count: int, timeout: float, key_file: str | None = None,
             while len(workers) < count and len(waiting) < window:
                 # A Ctrl-C inside Popen would leave a daemon nobody can stop: held until
                 # the daemon is in the list that the handler below stops.
-                with _interrupt_held():
+                with ctrl_c_held():
                     worker = LocalWorker._spawn(key_file, env, bound)
                     workers.append(worker)
                 waiting[worker.process.stdout] = (worker, len(workers) - 1,

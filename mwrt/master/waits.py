@@ -18,6 +18,8 @@ import time
 from collections import deque
 from types import CodeType, FrameType
 
+from ..procs import ctrl_c_held
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mwrt/
 _KEPT = 20_000  # wait slices kept while recording (a profile reads those of its block)
 
@@ -148,6 +150,11 @@ def clock() -> float:
     return time.time()
 
 
+# The uninterrupted() helpers still running, and the event each sets when done: shutdown
+# waits for those a Ctrl-C left running before it says Bye (dict operations hold the GIL).
+_RUNNING: dict[threading.Thread, threading.Event] = {}
+
+
 def uninterrupted(fn, *args):
     """Run fn(*args) on a helper thread and wait for it here: a Ctrl-C lands in this wait,
     while the helper runs to the end, so what fn sends goes out whole (every node's part of
@@ -160,13 +167,44 @@ def uninterrupted(fn, *args):
         except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
             box.append((False, exc))
         finally:
+            _RUNNING.pop(helper, None)
             done.set()
 
     helper = threading.Thread(target=run, name="mwrt-uninterrupted", daemon=True)
     helper.mwrt_site = caller()  # type: ignore[attr-defined]  # its waits are the caller's
-    helper.start()
+    # Known before it runs, and started whole: a Ctrl-C inside start() left a helper that
+    # shutdown could not wait for, its parts sent after the Bye.
+    with ctrl_c_held():
+        _RUNNING[helper] = done
+        try:
+            helper.start()
+        except BaseException:  # no thread to be had: nothing of fn runs
+            _RUNNING.pop(helper, None)
+            raise
     done.wait()
     ok, value = box[0]
     if not ok:
         raise value
     return value
+
+
+def finish_uninterrupted(timeout: float, heard: threading.Event | None = None) -> list[str]:
+    """Wait up to `timeout` s for the uninterrupted() helpers still running, or until `heard`
+    is set; the calls given up on ('all_reduce() at file:line in f'), no longer waited for."""
+    deadline = time.monotonic() + timeout
+    try:
+        for done in list(_RUNNING.values()):
+            # In slices: a Ctrl-C sets `heard` from its handler, which wakes no wait on `done`.
+            while not done.wait(min(max(deadline - time.monotonic(), 0.0), 0.05)):
+                if time.monotonic() >= deadline or (heard is not None and heard.is_set()):
+                    break
+    finally:  # forgotten even if a Ctrl-C ends this wait: a later shutdown waits no more
+        left = [helper for helper, done in list(_RUNNING.items()) if not done.is_set()]
+        for helper in left:
+            _RUNNING.pop(helper, None)
+    return [_call_text(helper.mwrt_site) for helper in left]  # type: ignore[attr-defined]
+
+
+def _call_text(site: tuple) -> str:
+    """'all_reduce() at file:line in f': the call that a helper runs, and its line."""
+    return f"{site[3] or 'a call'} at {line_text(site)}"

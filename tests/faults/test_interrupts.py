@@ -268,6 +268,133 @@ def test_master_with_separate_workers(script, external, kind, channel):
     assert sessions_of(pid, workers, key, lease + 10) == []
 
 
+# -- a Ctrl-C that leaves a collective to its helper (waits.uninterrupted) ---------------------
+
+# The script's all_reduce is slowed on its helper thread, and a Ctrl-C lands in its caller,
+# which exits: in helper.start() or in the wait for the helper (`where`). `then`: "whole",
+# the helper sends node 0's part, then node 1's a second later, as the caller exits; "again",
+# it holds both parts until after the Bye, and a second Ctrl-C comes while shutdown waits;
+# "bound", it holds them until after the Bye, and no second Ctrl-C comes. Marks on stdout
+# say when each part went (sent N) and each Bye (bye N).
+LEFT_TO_ITS_HELPER = textwrap.dedent("""
+    import os, signal, sys, threading, time, mwrt
+    from mwrt.master.client import Node
+    workers, where, then = sys.argv[1:4]
+    issue, start, goodbye = Node.issue, threading.Thread.start, Node.say_goodbye
+    said_bye = threading.Event()
+
+    def ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def ctrl_c_in_its_wait():  # once the caller waits for this thread, past its start()
+        while True:
+            frame, names = sys._current_frames()[threading.main_thread().ident], set()
+            while frame is not None:
+                names.add(frame.f_code.co_name)
+                frame = frame.f_back
+            if "uninterrupted" in names and "start" not in names:
+                return ctrl_c()
+            time.sleep(0.01)
+
+    def starting(self):  # a Ctrl-C as the helper starts lands in its caller, in start()
+        start(self)
+        if self.name == "mwrt-uninterrupted" and where == "start":
+            ctrl_c()
+
+    def slowed(self, command, *args, **kwargs):  # on the helper: the collective's parts
+        if type(command).__name__ == "Collective":
+            if self.index == 0 and where == "wait" and then == "whole":
+                issue(self, command, *args, **kwargs)
+                print("sent 0", flush=True)
+                ctrl_c_in_its_wait()
+                return
+            if self.index == 0 and then != "whole":  # nothing sent before the Bye
+                if where == "wait":
+                    ctrl_c_in_its_wait()
+                if then == "again":  # once the exit handler is deaf to Ctrl-C: a second
+                    while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                        time.sleep(0.01)
+                    ctrl_c()
+                said_bye.wait(60)
+            if self.index == 1 and then == "whole":
+                time.sleep(1.0)  # the caller meanwhile goes on to exit
+        issue(self, command, *args, **kwargs)
+        if type(command).__name__ == "Collective":
+            print(f"sent {self.index}", flush=True)
+
+    def saying_goodbye(self):
+        if self.bye is None and not self.closed:
+            print(f"bye {self.index}", flush=True)
+        goodbye(self)
+        if self.index == 1:
+            said_bye.set()
+
+    threading.Thread.start, Node.issue, Node.say_goodbye = starting, slowed, saying_goodbye
+    mwrt.init_master_worker(workers, timeout=30)
+    a, b = mwrt.ones(1000, node=0), mwrt.ones(1000, node=1)
+    print("ready", float(a[0]) + float(b[0]), flush=True)
+    mwrt.all_reduce([a, b])
+    print("not interrupted", flush=True)
+""")
+
+
+def run_to_its_end(argv, env, timeout: float = EXIT_TIMEOUT):
+    """Run `argv` (which interrupts itself) to its end: (exit code, stdout, stderr, pid)."""
+    child_env = dict(os.environ, **env)
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, child_env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env, preexec_fn=ctrl_c_reaches())
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{argv[1:]}: still running after {timeout} s; its stderr:\n"
+                    f"{err.rest()[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return proc.returncode, out.rest(), err.rest(), proc.pid
+
+
+HELPER_CASES = [("start", "whole"), ("wait", "whole"), ("wait", "again"), ("wait", "bound")]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("where,then", HELPER_CASES, ids=map(_ids, HELPER_CASES))
+def test_a_collective_left_to_its_helper_goes_out_before_the_bye_or_not_at_all(
+        tmp_path, external, where, then):
+    # A Ctrl-C in uninterrupted() left the helper sending node 1's part of an all_reduce as
+    # the master exited: its Bye went first, the worker answered "has no session for this
+    # master", and the exit reported the node lost. Shutdown now waits for the helper before
+    # any Bye (up to a bound, or until a second Ctrl-C), and a node drops what comes after.
+    workers, key = external
+    path = tmp_path / "left_to_its_helper.py"
+    path.write_text(LEFT_TO_ITS_HELPER)
+    # tcp: over auto's shared memory, a session ended right after an all_reduce can leave a
+    # worker's segment in /dev/shm (so with no Ctrl-C at all), which is not this test's matter
+    env = {"MWRT_KEY_FILE": key, "MWRT_CHANNEL": "tcp",
+           "MWRT_SYNC_TIMEOUT": "3" if then == "bound" else "60"}
+    code, out, err, pid = run_to_its_end([sys.executable, str(path), workers, where, then], env)
+    assert code == -signal.SIGINT, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("shutdown: ")]
+    assert_one_keyboard_interrupt("\n".join(line for line in err.splitlines()
+                                            if line not in said))
+    assert "in uninterrupted" in err, err[-3000:]  # the Ctrl-C landed where it was meant to
+    marks = [line for line in out.splitlines() if line.startswith(("sent", "bye"))]
+    if then == "whole":
+        assert marks == ["sent 0", "sent 1", "bye 0", "bye 1"], (out, err[-3000:])
+        assert said == [], err[-3000:]
+    else:  # given up on, and said so: nothing went before the Bye, what came after dropped
+        assert marks[:2] == ["bye 0", "bye 1"], (out, err[-3000:])
+        why = "(a second Ctrl-C)" if then == "again" else "(after 3 s)"
+        assert len(said) == 1 and f"stopped waiting for all_reduce() at {path}:" in said[0] \
+            and why in said[0], err[-3000:]
+    # Both nodes were told Bye (the lease would take longer), and both serve the next master.
+    assert sessions_of(pid, workers, key, mwrt.config.get("lease_timeout") / 2) == []
+
+
 @pytest.mark.parametrize("channel,group", [("auto", False), ("auto", True), ("tcp", True)],
                          ids=["auto-kill", "auto-terminal", "tcp-terminal"])
 def test_launcher_during_all_reduce(script, tmp_path, channel, group):
