@@ -118,9 +118,21 @@ def issue_site() -> tuple | None:
 
 
 def _outside(frame: FrameType | None) -> tuple | None:
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    known = _IN_PACKAGE
+    while frame is not None:
+        name = frame.f_code.co_filename
+        inside = known.get(name)
+        if inside is None:
+            inside = known[name] = name.startswith(_PACKAGE_DIR)
+        if not inside:
+            return (frame.f_code, frame.f_lineno)
         frame = frame.f_back
-    return None if frame is None else (frame.f_code, frame.f_lineno)
+    return None
+
+
+# Whether a source file is mwrt's, by its name (a str caches its hash: a lookup costs less
+# than startswith, and far less than a set of code objects, whose hash is computed anew).
+_IN_PACKAGE: dict = {}
 
 
 # The site every command a mesh op issues names, and the thread issuing it (a plain list:

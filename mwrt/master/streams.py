@@ -167,10 +167,5 @@ def current_stream(node: int | None = None, device: int | None = None) -> Stream
 def stream(s: Stream) -> Iterator[Stream]:
     """Send ops issued inside (on s's node and device) to stream `s`; also makes s's place
     current."""
-    stack = context.stream_stack()
-    stack.append(s)
-    try:
-        with context.node(s.node, s.device):
-            yield s
-    finally:
-        stack.pop()
+    with context.chosen_stream(s), context.node(s.node, s.device):
+        yield s

@@ -36,13 +36,14 @@ def caller(depth: int = 2) -> tuple[str, int, str, str]:
     """(file, line, function) of the first frame outside mwrt, and the mwrt call it made."""
     frame: FrameType | None = sys._getframe(depth)
     last: CodeType | None = None
-    inside = _INSIDE
-    while frame is not None:  # (a set of mwrt's code seen: no string test per frame)
+    known = _IN_PACKAGE
+    while frame is not None:
         code = frame.f_code
-        if code not in inside:
-            if not code.co_filename.startswith(_PACKAGE_DIR):
-                break
-            inside.add(code)
+        inside = known.get(code.co_filename)
+        if inside is None:
+            inside = known[code.co_filename] = code.co_filename.startswith(_PACKAGE_DIR)
+        if not inside:
+            break
         last, frame = code, frame.f_back
     entry = last.co_name if last is not None else ""
     call = _CALLS.get(entry) or (f"{entry}()" if entry else "")
@@ -51,7 +52,7 @@ def caller(depth: int = 2) -> tuple[str, int, str, str]:
     return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, call)
 
 
-_INSIDE: set = set()  # code objects of mwrt's functions that a wait's walk went through
+_IN_PACKAGE: dict = {}  # whether a source file is mwrt's, by its name (as in sites.py)
 
 
 def site() -> tuple | None:
