@@ -87,7 +87,9 @@ def noted_send(*args, **kwargs):
     send(*args, **kwargs)
     NOTES.append((clock(), "worker: reply send returned"))
 wire.send = noted_send
-def dump():
+def dump():  # (not in the zygote that forked the daemons: it noted nothing, and outlives the folder)
+    if not NOTES:
+        return
     path = f"{os.environ['HOPS_NOTES_PATH']}.{os.getpid()}"
     with open(path + ".part", "w") as f:
         json.dump(NOTES, f)
