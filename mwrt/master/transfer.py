@@ -22,7 +22,7 @@ from ..arrays import HOST
 from ..channels import Work, segments
 from ..errors import ChannelError, WorkerLostError
 from ..ops import Spec
-from ..protocol import wire
+from ..protocol import values, wire
 from . import context, ordering
 from .cluster import current
 from .sites import issue_site
@@ -98,7 +98,7 @@ def fetch(tensor) -> np.ndarray:
                 and node.send_with_read(tensor._id, stream, token)):
             node.issue(wire.Get(id=next(node.ids), stream=stream, ref=tensor._id, token=token))
         reply, frames = node.wait(token, f"numpy() of tensor {tensor._id}")
-        shape, dtype = tuple(reply.shape), np.dtype(reply.dtype)
+        shape, dtype = tuple(reply.shape), values.dtype_of(reply.dtype)
         if tensor._spec is None:
             tensor._spec = Spec(shape, dtype)
         return np.frombuffer(frames[0], dtype=dtype).reshape(shape).copy()

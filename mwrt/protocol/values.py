@@ -147,3 +147,28 @@ def mapping(value: dict) -> dict:
 def ref(tensor_id: int) -> msgspec.msgpack.Ext:
     """A tensor reference already in wire form (the master builds one per tensor)."""
     return _Ext(EXT_REF, _pack_int64(tensor_id))  # (int.to_bytes's keywords cost more)
+
+
+def dtype_str(dtype: np.dtype) -> str:
+    """dtype.str, remembered: NumPy builds the string anew on each read (0.4 us)."""
+    found = _STRS.get(dtype)
+    if found is None:
+        if len(_STRS) > _REMEMBERED:  # (structured dtypes could be made without end)
+            _STRS.clear()
+        found = _STRS[dtype] = dtype.str
+    return found
+
+
+def dtype_of(text: str) -> np.dtype:
+    """np.dtype(text), remembered: NumPy parses the string anew on each call (0.35 us)."""
+    found = _DTYPES.get(text)
+    if found is None:
+        if len(_DTYPES) > _REMEMBERED:
+            _DTYPES.clear()
+        found = _DTYPES[text] = np.dtype(text)
+    return found
+
+
+_STRS: dict = {}
+_DTYPES: dict = {}
+_REMEMBERED = 1000

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from .. import arrays, config, staging
-from ..protocol import wire
+from ..protocol import values, wire
 from . import cuda_events
 from .tensors import Poisoned, check_size, resolve, store
 
@@ -108,8 +108,13 @@ def answer_value(ex, value, token: int) -> None:
         host = np.asarray(value, order="C")
     # Counted before the answer leaves: a master that reads the totals after it sees them.
     ex.bytes_out += host.nbytes
-    ex.reply(wire.Data(token=token, shape=host.shape, dtype=host.dtype.str),
-             [host.reshape(-1).view(np.uint8)])
+    # A small value's bytes copied cost less than a flat uint8 view of it (0.1 us, 0.8 us).
+    data = host.tobytes() if host.nbytes <= _COPIED_BYTES else host.reshape(-1).view(np.uint8)
+    ex.reply(wire.Data(token=token, shape=host.shape, dtype=values.dtype_str(host.dtype)),
+             [data])
+
+
+_COPIED_BYTES = 4096
 
 
 def share(ex, cmd, frames):
