@@ -175,9 +175,14 @@ class Dispatcher:
         executor = session.streams.get(command.stream)
         if executor is None or executor.device != -1 or executor.pending:
             return False
-        if type(command) is not wire.Free and not (
-                self.inline_op_elements and quick_call(executor, command,
-                                                       self.inline_op_elements)):
+        if type(command) is wire.Free:
+            if session.trace is None and not executor.stopped:  # (a Free cannot fail)
+                session.inline += 1
+                executor.ops += 1
+                session.free(command.ids, command.uses)
+                return True
+        elif not (self.inline_op_elements and quick_call(executor, command,
+                                                        self.inline_op_elements)):
             return False
         session.inline += 1
         executor.execute_safely(command, data)
