@@ -41,6 +41,7 @@ def run_op(ex, op, cmd) -> None:
             fperrors.claim(ex.warned, cmd.id, cmd.op, KEPT_WARNINGS)
 
 
+_UNSET = object()  # no result Specs (or key) worked out yet
 KEPT_WARNINGS = 100  # per stream until its next answer: a loop that never syncs is bounded
 
 
@@ -78,16 +79,17 @@ def _run_op(ex, op, cmd) -> None:
         store(ex, out, _checked(op.name, value, spec))
 
 
-def _expected(ex, op, cmd, args):
+def _expected(ex, op, cmd, args, key=_UNSET):
     """The results' Specs by the op's meta rule: the same rule on the same Specs as on the
     master, so what it announced, without the announcement riding in every command. An
     oversized host result is refused here, before it is made (a GPU's allocator names its
     own); the numpy op is sized by its allow-list entry before its rule probes NumPy.
-    Remembered by what decides them (operands' shapes and dtypes, plain values): a sync
-    loop's op pays one lookup, not the walk of its arguments."""
+    Remembered by what decides them (operands' shapes and dtypes, plain values; `key`, if
+    _scan found it): a sync loop's op pays one lookup, not the walk of its arguments."""
     table, host = ex.session.tensors, ex.device == arrays.HOST
-    key = _ufunc_key(op, args) if op.by_type and not cmd.kwargs else \
-        _value_key(op.name, cmd.args, cmd.kwargs, table)
+    if key is _UNSET:
+        key = _ufunc_key(op, args) if op.by_type and not cmd.kwargs else \
+            _value_key(op.name, cmd.args, cmd.kwargs, table)
     seen = _SEEN.get(key) if key is not None else None
     if seen is None:
         specs, kwspecs = quotas.specs(table, cmd.args), quotas.specs(table, cmd.kwargs)
@@ -184,12 +186,18 @@ def quick_call(ex, cmd, limit: int) -> bool:
     if cmd.op in _NEVER_QUICK:
         return False
     try:
-        args = resolve(ex, cmd.args)
-        kwargs = resolve(ex, cmd.kwargs) if cmd.kwargs else cmd.kwargs  # (most ops: none)
-        count = _elements(args, limit) + (_elements(kwargs, limit) if kwargs else 0)
+        op = ops.get(cmd.op)
+        scanned = _scan(ex.session.tensors, cmd, op.by_type and not cmd.kwargs)
+        if scanned is not None:  # (nearly every op: one walk of its arguments)
+            args, kwargs, count, key = scanned
+        else:
+            args = resolve(ex, cmd.args)
+            kwargs = resolve(ex, cmd.kwargs) if cmd.kwargs else cmd.kwargs
+            count = _elements(args, limit) + (_elements(kwargs, limit) if kwargs else 0)
+            key = _UNSET
         if count > limit:
             return False
-        expected = _expected(ex, ops.get(cmd.op), cmd, args) if cmd.outs else _UNSET
+        expected = _expected(ex, op, cmd, args, key) if cmd.outs else _UNSET
     except Exception:  # noqa: BLE001 - whatever it is, the executor's run reports it
         return False
     if type(expected) is ops.Spec:  # one result of a known shape (nearly every op)
@@ -204,10 +212,43 @@ def quick_call(ex, cmd, limit: int) -> bool:
     return True
 
 
-_UNSET = object()  # no result Specs worked out yet
-
-
 _NEVER_QUICK = frozenset(("to_device",))  # a GPU's copy: on its own stream's thread
+
+
+def _scan(table, cmd, by_type: bool) -> tuple | None:
+    """A Call whose arguments are host arrays (by Ref) and plain values, its keywords plain
+    values, walked once: (args, kwargs, their arrays' elements, what decides its results as
+    _ufunc_key or _value_key would make it, by `by_type`); None for any other, which the
+    general walks take (and which says what is wrong with a missing or poisoned input)."""
+    args, count = [], 0
+    parts: list = [cmd.op] if by_type else []
+    for value in cmd.args:
+        kind = type(value)
+        if kind is wire.Ref:
+            value = table.get(value.id)
+            if type(value) is not np.ndarray:
+                return None
+            count += value.size
+            parts.append((value.shape, value.dtype))
+        elif kind in _PLAIN and (not by_type or kind in _SCALAR_TYPES):
+            parts.append(kind if by_type else (kind, value))
+        else:
+            return None
+        args.append(value)
+    if by_type:
+        return tuple(args), cmd.kwargs, count, tuple(parts)
+    kwargs = cmd.kwargs
+    if kwargs:
+        named = []
+        for name, value in kwargs.items():
+            if type(value) not in _PLAIN:
+                return None
+            named.append((name, (type(value), value)))
+        return tuple(args), kwargs, count, (cmd.op, tuple(parts), (dict, tuple(named)))
+    return tuple(args), kwargs, count, (cmd.op, tuple(parts), None)
+
+
+_PLAIN = frozenset((int, float, bool, complex, str, type(None)))
 
 
 def _elements(value, limit: int) -> int:
