@@ -112,7 +112,11 @@ def infer(op: Op, args: tuple, kwargs: dict):
         if key is None:
             return op.meta(*args, **kwargs)
         return _remember(key, op, args, kwargs)
-    key = (op.name, *(a if type(a) is Spec else type(a) for a in args))
+    if len(args) == 2:  # a binary ufunc, nearly every such op: its key without a loop
+        a, b = args
+        key = (op.name, a if type(a) is Spec else type(a), b if type(b) is Spec else type(b))
+    else:
+        key = (op.name, *[a if type(a) is Spec else type(a) for a in args])
     result = _MEMO.get(key)
     if result is None:
         # a NumPy scalar's dtype, not its value, decides (NEP 50): its type is the key
@@ -143,15 +147,18 @@ def _value_key(name: str, args: tuple, kwargs: dict):
     """A hashable key of (name, args, kwargs), or None where a value is not plain."""
     parts: list = [name]
     for value in args:
-        part = _plain(value)
+        kind = type(value)
+        part = (kind, value) if kind is Spec or kind in _PLAIN else _plain(value)
         if part is None:
             return None
         parts.append(part)
-    for item in kwargs.items():
-        part = _plain(item[1])
-        if part is None:
-            return None
-        parts.append((item[0], part))
+    if kwargs:
+        for key, value in kwargs.items():
+            kind = type(value)
+            part = (kind, value) if kind in _PLAIN else _plain(value)
+            if part is None:
+                return None
+            parts.append((key, part))
     return tuple(parts)
 
 
