@@ -59,7 +59,7 @@ def call(name: str, *args, **kwargs):
     place: list = []
     spec_args, wire_args = _convert_args(args, place, name,
                                          name == "setitem" and _masked_assignment(name, args))
-    spec_kwargs, wire_kwargs = convert(kwargs, place, name) if kwargs else ({}, {})
+    spec_kwargs, wire_kwargs = _convert_kwargs(kwargs, place, name) if kwargs else ({}, {})
     if not place:
         raise TypeError(f"{name}: no DistributedTensor among the arguments")
     if name in ALIASING:
@@ -325,6 +325,14 @@ def _convert_args(args: tuple, place: list, name: str, lazy: bool = False):
             specs.append(spec)
             wires.append(wired)
     return tuple(specs), tuple(wires)
+
+
+def _convert_kwargs(kwargs: dict, place: list, name: str) -> tuple[dict, dict]:
+    """convert() of an op's keywords: as they are where all are plain (axis=0, keepdims)."""
+    for value in kwargs.values():
+        if type(value) not in _SCALARS and value is not None:
+            return convert(kwargs, place, name)
+    return kwargs, kwargs
 
 
 def convert(value, place: list, name: str):
