@@ -38,7 +38,7 @@ from time import monotonic as _now
 import numpy as np
 
 from .. import config
-from ..errors import ChannelClosedError, ChannelTimeoutError, ConfigError, WireError
+from ..errors import ChannelClosedError, ChannelError, ChannelTimeoutError, ConfigError, WireError
 from . import cma
 from .framing import Frame
 from .paths import SocketPath
@@ -88,6 +88,7 @@ class SlotPath(SocketPath):
         self.lock = threading.Lock()
         self.owed: deque[int] = deque()  # the tag of each frame read in place, unanswered
         self._making = threading.Lock()
+        self.closed = False  # set under _making: no segment is made after close()
         self._warned = False
         # Reading: the peer's slots, once its MAP frame came.
         self.mapped: Segment | None = None
@@ -108,6 +109,8 @@ class SlotPath(SocketPath):
     def _slots(self, deadline) -> Segment | None:
         """Our slots toward the peer, made on first use; None while /dev/shm has no room."""
         with self._making:
+            if self.closed:  # a send racing the close: a segment made now nobody would unlink
+                raise ChannelError(f"{self.what}: the channel is closed")
             if self.segment is None:
                 name, memory = new_name(), self.memory
                 try:
@@ -206,6 +209,8 @@ class SlotPath(SocketPath):
         mapped, self.mapped = self.mapped, None
         if mapped is not None:
             mapped.close()
+        with self._making:  # a send making our slots now finishes first (its socket is shut)
+            self.closed = True
         if self.segment is not None:
             self.segment.unlink()  # the receiver never mapped it (it died or never received)
             self.segment.close()

@@ -22,6 +22,22 @@ def new_name() -> str:
     return f"mwrt-{os.getpid()}-{secrets.token_hex(8)}"
 
 
+def unlink_own(directory: str = DIR) -> list[str]:
+    """Unlink the segments this process named that are still there (it is about to exit)."""
+    prefix, left = f"mwrt-{os.getpid()}-", []
+    try:
+        names = [name for name in os.listdir(directory) if name.startswith(prefix)]
+    except OSError:
+        return []
+    for name in names:  # made by a thread the exit cuts off before its own unlink
+        try:
+            os.unlink(os.path.join(directory, name))
+            left.append(name)
+        except OSError:
+            pass  # its peer mapped it meanwhile, and unlinked it
+    return left
+
+
 class Segment:
     """A mapped /dev/shm segment; `slots` is an (n, slot_bytes) uint8 view of it."""
 

@@ -90,7 +90,9 @@ def reap_orphan_segments(directory: str = DIR, skip: set | None = None) -> list[
     """Unlink shm-channel segments of this user whose creator is dead; return their names.
 
     A sender names its segment mwrt-PID-HEX and the receiver unlinks it once mapped; a
-    sender killed before that leaves it behind, and no live process knows the name. Only
+    sender killed before that leaves it behind, and no live process knows the name. A live
+    maker's are never touched, so one it forgot stays until it is dead and another process
+    looks: each unlinks its own, and a daemon any it left as it exits (segments.unlink_own). Only
     names of that form, owned by this user, are looked at: /dev/shm is anyone's to fill,
     and another user's files are not ours to judge (their names go into `skip`, so a
     directory full of them costs one look each, not one per scan).

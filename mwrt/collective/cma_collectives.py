@@ -249,9 +249,9 @@ def setup(channel, group) -> CmaGroup | None:
     probe = np.zeros(1, np.uint64)  # any word of ours: reading it tells a peer we exist
     mine, why = _new_segment(channel, group)
     name, size = (mine.path.rsplit("/", 1)[1], mine.mm.size()) if mine else ("-", 0)
-    store.set(f"{prefix}/{channel.rank}", f"{os.getpid()}:{probe.ctypes.data}:{name}:{size}")
     peers, segments = {}, {group.rank: mine} if mine else {}
-    try:
+    try:  # from the publication on: the session may end, its store closed, at any step
+        store.set(f"{prefix}/{channel.rank}", f"{os.getpid()}:{probe.ctypes.data}:{name}:{size}")
         for p, rank in enumerate(group.ranks):
             if rank != channel.rank:
                 pid, addr, name, size = _get(store, prefix, rank, group).split(":")

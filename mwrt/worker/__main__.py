@@ -144,8 +144,23 @@ def main(argv=None) -> int:
     finally:
         if announced:
             os.unlink(announced)
+        _unlink_segments_left()
     logging.getLogger("mwrt.worker").info("stopped")
     return 0
+
+
+def _unlink_segments_left() -> None:
+    """Unlink the /dev/shm segments this daemon made that still have their names."""
+    # A stream still running at the stop (serve waits a grace only) may never reach its own
+    # unlink, and no reaper would: one removes a dead maker's, and this one lived as long
+    # as any daemon of this host looked.
+    from ..channels.segments import unlink_own
+
+    left = unlink_own()
+    if left:
+        logging.getLogger("mwrt.worker").info(
+            "removed %d shared-memory segment(s) left at the stop: %s", len(left),
+            ", ".join(left[:20]))
 
 
 def _register(args, endpoint: str) -> str:

@@ -213,6 +213,9 @@ class Session:
         finally:
             segment.close()
         with self.lock:
+            if self.closed:  # ended while we copied: close() has unlinked the others already
+                segment.unlink()
+                return name
             if len(self.shared) >= _SHARED_KEPT:  # those the master took are gone already
                 self.shared = [path for path in self.shared if os.path.exists(path)]
             self.shared.append(segment.path)
@@ -311,12 +314,13 @@ class Session:
         self.parked = None
         self.functions.clear()
         self.trace = None
-        for path in self.shared:  # the master died before it took them
+        with self.lock:  # share() adds under it, and looks at self.closed first
+            shared, self.shared = self.shared, []
+        for path in shared:  # the master died before it took them
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        self.shared = []
 
 
 def _held(arrays: list) -> int:
