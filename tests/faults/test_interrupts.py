@@ -106,12 +106,8 @@ def interrupt(argv, *, group=False, env=None, at="ready", after=0.5, again=None)
         if again is not None:
             time.sleep(again)
             _sigint(proc, group)
-        try:
-            proc.wait(EXIT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            pytest.fail(f"{argv[1:]}: still running {EXIT_TIMEOUT} s after SIGINT (a hang at "
-                        f"exit); its stderr:\n{err.rest()[-3000:]}")
+        _exits(proc, EXIT_TIMEOUT, err,
+               f"{argv[1:]}: still running {EXIT_TIMEOUT} s after SIGINT (a hang at exit)")
         return proc.returncode, err.rest(), proc.pid
     finally:
         if proc.poll() is None:
@@ -338,6 +334,15 @@ LEFT_TO_ITS_HELPER = textwrap.dedent("""
 """)
 
 
+def _exits(proc, timeout: float, err, what: str) -> None:
+    """Wait `timeout` s for `proc` to exit; else kill it and fail, saying `what` and its stderr."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{what}; its stderr:\n{err.rest()[-3000:]}")
+
+
 def run_to_its_end(argv, env, timeout: float = EXIT_TIMEOUT):
     """Run `argv` (which interrupts itself) to its end: (exit code, stdout, stderr, pid)."""
     child_env = dict(os.environ, **env)
@@ -346,11 +351,7 @@ def run_to_its_end(argv, env, timeout: float = EXIT_TIMEOUT):
                             env=child_env, preexec_fn=ctrl_c_reaches())
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"{argv[1:]}: still running after {timeout} s; its stderr:\n"
-                    f"{err.rest()[-3000:]}")
+        _exits(proc, timeout, err, f"{argv[1:]}: still running after {timeout} s")
     finally:
         if proc.poll() is None:
             proc.kill()
