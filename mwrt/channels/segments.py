@@ -38,6 +38,24 @@ def unlink_own(directory: str = DIR) -> list[str]:
     return left
 
 
+def write_new(name: str, data: memoryview) -> str:
+    """A new segment `name` holding `data`, written (not mapped): the kernel takes each page
+    as the write fills it, where a mapped copy zeroes it first and then faults it in; its
+    path. A full /dev/shm is an OSError here, and leaves no name behind."""
+    path = os.path.join(DIR, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view, done = data.cast("B"), 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return path
+
+
 class Segment:
     """A mapped /dev/shm segment; `slots` is an (n, slot_bytes) uint8 view of it."""
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..channels.segments import Segment, new_name
+from ..channels.segments import new_name, write_new
 from ..errors import QuotaError
 from ..protocol import wire
 from ..protocol.wire import DEFAULT_STREAM_LIMIT
@@ -203,22 +203,15 @@ class Session:
         """Copy `array` into a new /dev/shm segment that the master maps and unlinks; its
         name. Names the master never took are unlinked when the session ends."""
         name = new_name()
-        segment = Segment(name, 1, max(array.nbytes, 1), create=True)
-        try:
-            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            np.copyto(segment.slots[0, : flat.nbytes], flat)
-        except BaseException:
-            segment.unlink()
-            raise
-        finally:
-            segment.close()
+        flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        path = write_new(name, flat.data if flat.nbytes else memoryview(b"\0"))  # (never empty)
         with self.lock:
             if self.closed:  # ended while we copied: close() has unlinked the others already
-                segment.unlink()
+                os.unlink(path)
                 return name
             if len(self.shared) >= _SHARED_KEPT:  # those the master took are gone already
                 self.shared = [path for path in self.shared if os.path.exists(path)]
-            self.shared.append(segment.path)
+            self.shared.append(path)
         return name
 
     def load_function(self, blob: bytes):

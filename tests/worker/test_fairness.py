@@ -133,7 +133,9 @@ def test_a_flood_of_long_ops_on_many_streams_does_not_hold_another_masters_op(ke
         sessions = mwrt.status()[0]["worker"]["sessions"]
         flooding = [s for s in sessions if s["master"].endswith(f":{flood.pid}")]
         assert flood.poll() is None and len(flooding) == 1, "the flood drained first"
-        assert flooding[0]["ops"] < STREAMS * LONG_OPS // 4, flooding[0]  # far from drained
+        # Far from drained: under half its ops (a quarter was the bound, and 81 of 320 ran in
+        # one run in six on a quiet 2-core VM, while a wait for the drain would see all 320)
+        assert flooding[0]["ops"] < STREAMS * LONG_OPS // 2, flooding[0]
     finally:
         flood.kill()
         flood.wait(30)
