@@ -42,6 +42,7 @@ _AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PR
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | sum(_AUTH_FAILURES)
 _READ_SLICE_MS = 50  # a wait notices a lost worker or a refused batch within this
+_CLOSE_WAIT = 5.0  # seconds close() waits for another thread's wait to let go of the socket
 
 
 def dealer(context: zmq.Context, identity: bytes, address: str | None, keys=None) -> zmq.Socket:
@@ -235,8 +236,17 @@ class Node(Replies):
         self._stop_run()
         self._unwatch()  # never connected
         self.closed = self.refusing = True
-        self.tx.close(linger=0)
-        self.rx.close(linger=0)
+        # A ZeroMQ socket closed while another thread sends or reads on it aborts the process
+        # (a dashboard's status() as shutdown() ran): close each under the lock its users
+        # hold; a wait on another thread sees `closed` within a read slice and lets go.
+        with self.tx_lock:
+            self.tx.close(linger=0)
+        held = self.rx_lock.acquire(timeout=_CLOSE_WAIT)
+        try:
+            self.rx.close(linger=0)
+        finally:
+            if held:
+                self.rx_lock.release()
 
     def say_goodbye(self) -> None:
         """Send Bye without waiting for its answer (close() waits for it): a cluster's nodes

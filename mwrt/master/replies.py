@@ -62,6 +62,9 @@ class Replies(Batches):
         deadline, asked = start + timeout, None
         site = waits.site()  # the user's line, found while the worker works
         with self.rx_lock:
+            if self.closed:  # by another thread since the test above: its socket is gone
+                self.check_lost()
+                self._raise_closed()
             try:
                 if self.spin:  # before the first read
                     self._spin(token)
@@ -78,6 +81,8 @@ class Replies(Batches):
                     try:  # small replies: bytes beat Frames
                         frames = wire.recv_parts(self.rx)
                     except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, read again
+                        if self.closed:  # shut down by another thread, which waits for the lock
+                            self._raise_closed()
                         continue
                     self._route(frames)
             except KeyboardInterrupt:  # what it awaited runs on: the next long wait says so

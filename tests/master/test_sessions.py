@@ -257,3 +257,40 @@ def test_a_worker_bounds_its_sessions_and_their_grace(tmp_path, monkeypatch):
     finally:
         mwrt.shutdown()
         stop_worker(process)
+
+
+QUERIED_AS_IT_ENDS = textwrap.dedent("""
+    import sys, threading, mwrt
+    for round in range(int(sys.argv[1])):
+        mwrt.init_master_worker(local_workers=1, timeout=60)
+        stop, answers, refusals = threading.Event(), [0], []
+
+        def ask():  # as the dashboard's sampler does, beside the program
+            while not stop.is_set():
+                try:
+                    mwrt.status()
+                    answers[0] += 1
+                except Exception as exc:
+                    refusals.append(f"{type(exc).__name__}: {exc}")
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        while not answers[0]:
+            pass
+        mwrt.shutdown()
+        stop.set()
+        asker.join(30)
+        assert not asker.is_alive(), "the asking thread hung"
+        odd = {r for r in refusals if not r.startswith("MwrtError")}
+        assert not odd, odd
+    print("ok", flush=True)
+""")
+
+
+def test_a_thread_asking_a_node_as_shutdown_closes_it_gets_an_error_not_an_abort():
+    # A ZeroMQ socket closed while another thread read on it aborted the process (a
+    # dashboard's sampler asked status() as mwrt.shutdown() ran: "Fatal Python error").
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
+    done = subprocess.run([sys.executable, "-c", QUERIED_AS_IT_ENDS, "12"], timeout=240,
+                          capture_output=True, text=True, check=False,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
