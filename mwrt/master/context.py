@@ -82,17 +82,20 @@ def chosen_stream(s) -> Iterator[None]:
     """Push stream `s` on this thread's stack inside this block (mwrt.stream's)."""
     stack = _stack("streams")
     stack.append(s)
-    _OPEN_STREAM_BLOCKS[0] += 1
+    with _COUNTING:  # (+= is a read and a write: two threads' blocks could lose one)
+        _OPEN_STREAM_BLOCKS[0] += 1
     try:
         yield
     finally:
-        _OPEN_STREAM_BLOCKS[0] -= 1
+        with _COUNTING:
+            _OPEN_STREAM_BLOCKS[0] -= 1
         stack.pop()
 
 
 # `with mwrt.stream` blocks open in any thread: while none is, stream_for reads no
 # threading.local (0.5 us an attribute, on every op); a plain list, as sites._PINNED is.
 _OPEN_STREAM_BLOCKS = [0]
+_COUNTING = threading.Lock()
 
 
 def stream_for(node_index: int, device_index: int) -> int:

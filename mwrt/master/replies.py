@@ -52,9 +52,6 @@ class Replies(Batches):
 
     def wait(self, token: int, what: str, timeout: float | None = None):
         """Wait for the reply `token`; raise the worker's error, a loss, or a timeout."""
-        if self.closed:
-            self.check_lost()
-            self._raise_closed()
         if self.batch or self.frees:  # (a request's own command went out as it was queued)
             self.flush()
         timeout = self.sync_timeout if timeout is None else timeout
@@ -62,7 +59,7 @@ class Replies(Batches):
         deadline, asked = start + timeout, None
         site = waits.site()  # the user's line, found while the worker works
         with self.rx_lock:
-            if self.closed:  # by another thread since the test above: its socket is gone
+            if self.closed:  # (under the lock: close() may run on another thread meanwhile)
                 self.check_lost()
                 self._raise_closed()
             try:
