@@ -315,13 +315,19 @@ def send_parts(sock, parts: list) -> None:
 
 
 def recv_parts(sock) -> list:
-    """sock.recv_multipart() as bytes, without the flag objects pyzmq makes per frame."""
-    frame = sock.recv(copy=False)
-    parts = [frame.bytes]
-    while frame.more:
-        frame = sock.recv(copy=False)
-        parts.append(frame.bytes)
+    """sock.recv_multipart() as bytes, without the flag objects pyzmq makes per frame.
+
+    Bytes, not Frames: a Ctrl-C that lands as a Frame is freed raises in its __dealloc__,
+    where Python drops the KeyboardInterrupt, and the master's program ran on (a test's
+    interrupted dist_send loop, one run in a loaded whole-suite pair)."""
+    parts = [sock.recv()]
+    while _get(sock, _RCVMORE):
+        parts.append(sock.recv())
     return parts
+
+
+_RCVMORE = int(zmq.RCVMORE)
+_get = zmq.backend.Socket.get  # (pyzmq's own, under the method that makes an option enum)
 
 
 def recv_routed(sock) -> list:
