@@ -19,6 +19,7 @@ from collections import deque
 from types import CodeType, FrameType
 
 from ..procs import ctrl_c_held
+from .sites import line_of
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mwrt/
 _KEPT = 20_000  # wait slices kept while recording (a profile reads those of its block)
@@ -49,7 +50,8 @@ def caller(depth: int = 2) -> tuple[str, int, str, str]:
     call = _CALLS.get(entry) or (f"{entry}()" if entry else "")
     if frame is None:
         return ("", 0, "", call)
-    return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, call)
+    code, line = line_of(frame.f_code, frame.f_lasti)
+    return (code.co_filename, line, code.co_name, call)
 
 
 _IN_PACKAGE: dict = {}  # whether a source file is mwrt's, by its name (as in sites.py)
