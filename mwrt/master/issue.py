@@ -45,10 +45,21 @@ _FP_DEFAULT = _FP_READ() if _FP_STATE is not None and np.geterr() == _DEFAULT_FP
 def fp_state() -> dict | None:
     """NumPy's floating-point error state (np.geterr()) if not NumPy's default, else None:
     the worker runs the op under it."""
-    if _FP_DEFAULT is not None and _FP_READ() is _FP_DEFAULT:
-        return None
-    state = np.geterr()
-    return None if state == _DEFAULT_FP else dict(state)
+    if _FP_DEFAULT is not None:
+        current = _FP_READ()
+        if current is _FP_DEFAULT:
+            return None
+        last = _FP_LAST[0]  # (one read: another thread may replace it meanwhile)
+        if current is last[0]:  # the same np.errstate block as the last op's
+            return last[1]
+    errors = np.geterr()
+    state = None if errors == _DEFAULT_FP else dict(errors)
+    if _FP_DEFAULT is not None:  # np.geterr() costs 3 us: once per errstate block, not per op
+        _FP_LAST[0] = (current, state)  # (the object kept: its id names no other meanwhile)
+    return state
+
+
+_FP_LAST: list = [(None, None)]  # NumPy's last non-default error-state object, its state
 
 
 def call(name: str, *args, **kwargs):

@@ -33,6 +33,12 @@ def run_op(ex, op, cmd) -> None:
     try:
         if cmd.fp is None:
             _run_op(ex, op, cmd)
+        elif (state := fperrors.state_object(cmd.fp)) is not None:
+            token = fperrors.STATE.set(state)  # type: ignore[union-attr]
+            try:
+                _run_op(ex, op, cmd)
+            finally:
+                fperrors.STATE.reset(token)  # type: ignore[union-attr]
         else:
             with np.errstate(**fperrors.modes(cmd.fp)):
                 _run_op(ex, op, cmd)

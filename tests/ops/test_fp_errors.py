@@ -174,3 +174,30 @@ def test_torch_handles_do_as_torch_does(mw):
             got = (t / 0).numpy()
             expected = (local / 0).numpy()
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_each_op_in_a_loop_of_errstate_blocks_runs_under_its_own_state(mw, size):
+    """Both sides keep the last error state (the master's np.geterr(), the worker's NumPy
+    object of it): ops in nested and repeated blocks still run under the state of their line."""
+    x, want = mw.dist_send(np.ones(size)), np.full(size, np.inf)  # 1 / 0: divide by zero
+
+    def quiet(t):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            np.testing.assert_array_equal(t.numpy(), want)
+
+    for _ in range(3):
+        with np.errstate(divide="ignore"):
+            quiet(x / 0)
+            with np.errstate(divide="warn"):
+                warned = x / 0
+            with pytest.warns(RuntimeWarning, match="divide by zero"):
+                np.testing.assert_array_equal(warned.numpy(), want)
+            quiet(x / 0)
+            with np.errstate(divide="raise"):
+                loud = x / 0
+            with pytest.raises(RemoteError, match="FloatingPointError: divide by zero"):
+                loud.numpy()
+            quiet(x / 0)
+        assert np.geterr()["divide"] == "warn"  # NumPy's default again after the block
