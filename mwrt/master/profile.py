@@ -96,6 +96,16 @@ class Profile:
         """The lines that made the master wait for a worker, most waits first."""
         return waits.table(self.waits, top)
 
+    def __str__(self) -> str:
+        """Both tables: the ops that took the most time, and the lines that waited most."""
+        return (f"{self.table()}\n\nthe master's waits for workers, by line:\n"
+                f"{self.waits_table()}")
+
+    def __repr__(self) -> str:
+        """What the block recorded, in numbers (print() it for the tables)."""
+        return (f"<mwrt Profile: {len(self.slices)} ops on {len({s['node'] for s in self.slices})}"
+                f" node(s), {sum(w['count'] for w in self.waits)} waits of the master>")
+
     def table(self, top: int = 15) -> str:
         """The ops that took the most time, summed over nodes and streams."""
         totals: dict[str, list] = defaultdict(lambda: [0, 0.0])

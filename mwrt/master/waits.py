@@ -30,7 +30,8 @@ _CALLS = {"__float__": "float()", "__bool__": "bool()", "__int__": "int()",
           "tolist": ".tolist()", "numpy": ".numpy()", "get": ".get()",
           "__array__": "np.asarray()", "__dlpack__": "np.from_dlpack()",
           "<lambda>": "a data-dependent shape", "spec": "a data-dependent shape",
-          "__len__": "len() of a data-dependent shape"}
+          "__len__": "len() of a data-dependent shape",
+          "__enter__": "a with block's start", "__exit__": "a with block's end"}
 
 
 def caller(depth: int = 2) -> tuple[str, int, str, str]:

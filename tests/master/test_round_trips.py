@@ -326,6 +326,9 @@ def test_a_profile_lists_each_wait_at_its_line(cluster, tmp_path):
     assert all(row["seconds"] > 0 for row in prof.waits)
     assert len([w for w in prof.wait_slices if here in w["line"]]) == 4
     assert "bool() at " in prof.waits_table()
+    printed = str(prof)  # print(prof): both tables
+    assert prof.table() in printed and prof.waits_table() in printed
+    assert "4 waits of the master" in repr(prof) and "ops on 1 node" in repr(prof)
     prof.export_chrome_trace(str(tmp_path / "trace.json"))
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     assert sum(e.get("name") == "wait: bool()" for e in events) == 3
@@ -343,6 +346,17 @@ def test_stats_count_waits_per_line(cluster):
     row = next(r for r in after["lines"]
                if r["call"] == "int()" and "test_round_trips.py" in r["line"])
     assert row["count"] >= 4
+
+
+def test_a_with_blocks_own_waits_are_named_as_such(cluster):
+    x = mwrt.dist_send(np.array([2.0]))
+    x += 1.0
+    before = mwrt.stats()
+    with mwrt.profile():  # its start and its end wait for the workers
+        pass
+    calls = {r["call"] for r in mwrt.stats()["lines"] if "test_round_trips.py" in r["line"]}
+    assert {"a with block's start", "a with block's end"} <= calls, calls
+    assert mwrt.stats()["waits"] > before["waits"]
 
 
 def test_the_waits_of_a_helper_thread_count_at_the_line_that_started_it(cluster):
