@@ -9,6 +9,7 @@ are in tensor.py.
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 from typing import Any
 
@@ -190,10 +191,22 @@ class TensorReads(Handle):
 
     def item(self) -> Any:
         """The single element as a Python scalar."""
-        count = math.prod(self.spec.shape)  # (not self.size: a Size object per float(t))
-        if count != 1:
-            raise ValueError(f"item: tensor has {count} elements (expected exactly 1)")
+        if math.prod(self.spec.shape) != 1:  # (not self.size: a Size object per float(t))
+            self._stand_in().item()  # NumPy's own error (or torch's, for a torch handle)
         return self.numpy().item()
+
+    def _stand_in(self) -> Any:
+        """An array of this tensor's shape and dtype that holds no memory: what NumPy says
+        of it (float() of a vector, bool() of several elements) is what it says of ours."""
+        spec = self.spec
+        return np.broadcast_to(np.zeros((), spec.dtype), spec.shape)
+
+    def _scalar(self, convert) -> Any:
+        """convert(t) of a one-element tensor as NumPy (torch) converts an array of its
+        shape: their own error, without a wait, where they refuse one."""
+        if self.spec.shape:
+            convert(self._stand_in())  # raises where NumPy does (may warn, as NumPy does)
+        return convert(self.item())
 
     def tolist(self) -> Any:
         """The value as nested Python lists (a scalar for a 0-d tensor); waits for it."""
@@ -201,25 +214,24 @@ class TensorReads(Handle):
 
     def __float__(self) -> float:
         """float(t) of a one-element tensor; waits for it."""
-        return float(self.item())
+        return self._scalar(float)
 
     def __int__(self) -> int:
         """int(t) of a one-element tensor; waits for it."""
-        return int(self.item())
+        return self._scalar(int)
 
     def __index__(self) -> int:
         """The value of a one-element integer tensor used as an index; waits for it."""
-        if not np.issubdtype(self.dtype, np.integer):
-            raise TypeError(f"__index__: only integer tensors can be indices (got {self.dtype})")
+        operator.index(self._stand_in())  # NumPy's own error for a float or a shaped one
         return int(self.item())
 
     def __complex__(self) -> complex:
         """complex(t) of a one-element tensor; waits for it."""
-        return complex(self.item())
+        return self._scalar(complex)
 
     def __bool__(self) -> bool:
         """bool(t) of a one-element tensor; waits for it."""
-        return bool(self.item())
+        return self._scalar(bool)
 
 
 def _asked_spec(tensor: TensorReads) -> Spec:

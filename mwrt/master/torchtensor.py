@@ -158,8 +158,13 @@ class TorchTensor(DistributedTensor):
     def item(self) -> Any:
         """The single element as a Python scalar."""
         if self.numel() != 1:
-            raise ValueError(f"item: tensor has {self.numel()} elements (expected exactly 1)")
+            self._stand_in().item()  # torch's own error
         return self.torch().item()
+
+    def _stand_in(self) -> Any:
+        """A torch tensor of this one's shape and dtype that holds one element: what torch
+        says of it (float() of a vector, bool() of several elements) it says of ours."""
+        return _torch().zeros((), dtype=self._spec.dtype).expand(self._spec.shape)
 
     def tolist(self) -> Any:
         """The values as nested Python lists (a scalar for a 0-d tensor); waits for them."""
