@@ -335,7 +335,7 @@ def test_a_profile_lists_each_wait_at_its_line(cluster, tmp_path):
 
 
 def test_stats_count_waits_per_line(cluster):
-    x = mwrt.dist_send(np.array([2.0]))
+    x = mwrt.dist_send(np.array(2.0))
     before = mwrt.stats()
     for _ in range(4):
         int(x)
