@@ -5,12 +5,14 @@ torch's grad_fn and AccumulateGrad do, so that `w.grad` is None, as torch's, unt
 backward reached `w` (and again after zero_grad()) without asking the worker. Each torch
 handle that requires grad has a Node: a leaf's own, a result's naming its inputs' nodes. An
 in-place op gives the written tensor a new node, and the other tensors of its storage too:
-torch rebases the history of a base and its views when one of them is written. A backward
-walks the nodes from its roots and marks the leaves it reaches; a node that stands for a
-tensor moved from another node (`.to(node=)`) is handed back to the caller, which sends
-its gradient home (see torchacross), and one that stands for a Partial mesh tensor made
-real (an all_reduce) to the caller that carries its gradient on to the parts (see
-torchmeshgrad).
+torch rebases the history of a base and its views when one of them is written. A view of a
+leaf whose storage was written (even without grad) after the view was made leads to that
+leaf once it needs grad, a non-leaf: torch makes the view's grad_fn again when its version
+counter has moved (an AsStridedBackward0). A backward walks the nodes from its roots and
+marks the leaves it reaches; a node that stands for a tensor moved from another node
+(`.to(node=)`) is handed back to the caller, which sends its gradient home (see
+torchacross), and one that stands for a Partial mesh tensor made real (an all_reduce) to
+the caller that carries its gradient on to the parts (see torchmeshgrad).
 """
 
 from __future__ import annotations
@@ -93,13 +95,18 @@ def viewed(view: Any) -> None:
 
 # Views whose requires_grad_() set their own flag: a base's flag no longer says theirs.
 _OWN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# Views whose storage was written (in place, or its metadata changed) since they were made:
+# torch's version counter moved past the view's, and once the base needs grad torch makes
+# the view's grad_fn again (an AsStridedBackward0 to the base), so it is no leaf.
+_STALE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def respecified(tensor: Any, spec: Any) -> None:
-    """requires_grad_() is changing a leaf's flag to spec's: the views made of it before,
-    leaves too, follow it, as torch asks a view's base whether it needs grad (unless the
-    view set its own)."""
-    old = tensor._spec
+def respecified(tensor: Any, old: Any) -> None:
+    """requires_grad_() changed a leaf's flag from `old`'s to its spec's: the views made of
+    it before, leaves too, follow it, as torch asks a view's base whether it needs grad
+    (unless the view set its own); a view whose storage was written since it was made leads
+    to the base instead."""
+    spec = tensor._spec
     if not spec.leaf or spec.requires_grad == getattr(old, "requires_grad", None):
         return
     if tensor._base is not None:
@@ -109,11 +116,39 @@ def respecified(tensor: Any, spec: Any) -> None:
         else:
             _OWN.pop(id(tensor), None)
         return
-    for ref in getattr(tensor, "_views", None) or ():
-        view = ref()
-        if view is not None and view._spec.leaf and _OWN.get(id(view)) is not view:
+    for view in _views(tensor):
+        if spec.requires_grad and _STALE.pop(id(view), None) is view:
+            _remade(view, tensor)
+        elif view._spec.leaf and _OWN.get(id(view)) is not view:
             view._spec = view._spec._replace(requires_grad=spec.requires_grad)
             view._autograd = Inert()
+
+
+def written(tensor: Any) -> None:
+    """An op wrote `tensor` in place or changed its metadata: each view of its storage is
+    behind its version now; where the base is a leaf that needs grad (the write ran without
+    grad), torch makes their grad_fn again when asked."""
+    owner = tensor._base if tensor._base is not None else tensor
+    views = _views(owner)
+    if not views:
+        return
+    spec = owner._spec
+    remake = getattr(spec, "requires_grad", False) and spec.leaf
+    for view in views:
+        if remake and (view._spec.leaf or view._spec.requires_grad):
+            _remade(view, owner)
+        else:
+            _STALE[id(view)] = view
+
+
+def _views(owner: Any) -> list:
+    return [v for v in (r() for r in getattr(owner, "_views", None) or ()) if v is not None]
+
+
+def _remade(view: Any, base: Any) -> None:
+    """torch made `view`'s grad_fn again: a non-leaf whose gradient goes to `base`."""
+    view._spec = view._spec._replace(requires_grad=True, leaf=False)
+    view._autograd = Node((node_of(base),))
 
 
 def record(inputs: list, made: list, outs: tuple, written: tuple) -> None:

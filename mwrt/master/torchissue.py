@@ -91,8 +91,8 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
     stream = context.stream_for(node.index, device)
     made, fresh = _results(outs, place, node, device, stream, results, name)
     for index, spec in respec:
-        torchgrad.respecified(place[index], spec)
-        place[index]._spec = spec
+        old, place[index]._spec = place[index]._spec, spec
+        torchgrad.respecified(place[index], old)
     inputs = place
     if uses:
         written = (*written, *(len(place) + i for i, (_, w) in enumerate(uses) if w))
@@ -101,6 +101,8 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
         written = tuple(range(1, len(place)))
     if grad and records:
         torchgrad.record(inputs, made, outs, outcome.written)
+    for index in outcome.written:  # torch's version counter moved (on the meta device)
+        torchgrad.written(place[index])
     filled: list = []  # a backward writes the .grad of the tensors it fills: ordered so
     if name in _AUTOGRAD and _crosses(name, args, kwargs, filled):
         raise Crossing(name)

@@ -406,6 +406,14 @@ FOUND = {
         {"v0": torch.tensor(1.0)}, {"v0"},
         ["v1 = world.move(v0)", "with torch.no_grad():\n    v2 = world.move(v1, there=True)",
          "v2.mul_(3)"]),
+    "a view made before its storage was written in place is no leaf once its base needs "
+    "grad (torch makes its grad_fn again, an AsStridedBackward0), whatever its size": (
+        {"v0": torch.zeros(0), "v1": torch.tensor([1.0, 2.0, 3.0]), "v2": torch.zeros(2, 3)},
+        set(),
+        ["v3 = v0 + v0", "v5 = v3[1:]", "v3.add_(v0)", "v3.requires_grad_()",
+         "v6 = v1[1:]", "v7 = v1[:1]", "v7.mul_(2)", "v8 = v1[::2]", "v1.requires_grad_()",
+         "(v6 * 2).sum().backward()", "v9 = v2[0]", "v2.requires_grad_()",
+         "with torch.no_grad():\n    v2.t_()", "v9.sum().backward()"]),
 }
 
 
