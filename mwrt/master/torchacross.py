@@ -1,18 +1,24 @@
 """A backward, or torch.autograd.grad, through a graph whose tensors live on several nodes.
 
 A tensor moved to another node (`b = a.to(node=1)`) is made there by an autograd function
-whose backward leaves its gradient on an anchor (torchissue.arrive); the master's copy of
-the graph (torchgrad) marks it as a crossing. A backward that reaches crossings, or whose
-`inputs=` (or autograd.grad's inputs) live on other nodes, runs here as walks, planned on
-the master before any is issued: one on the roots' node, then, for the crossings each walk
-reaches, one on each node they came from, from the tensors that were moved, seeded with
-the anchors' gradients sent home over the data channel (and so on, for chains 0 to 1 to
-0). A walk computes the gradients of the inputs of its node that it reaches and of its
-anchors (torch.autograd.grad), or accumulates them (backward with `inputs=`, or every leaf
-without it). Each walk but a node's last keeps its graph (a later walk may pass there
-again); the last one frees it unless `retain_graph=True`, so a second backward fails with
-torch's own error, as one graph's would. Gradients an input gets from several walks are
-summed.
+whose backward leaves its gradient on an anchor, and leaves from a departure on its own
+node: an autograd node made at the move, as torch's copy would be, that leads to `a`
+(torchissue.arrive); the master's copy of the graph (torchgrad) marks the crossing. A
+backward that reaches crossings, or whose `inputs=` (or autograd.grad's inputs) live on
+other nodes, runs here as walks, planned on the master before any is issued.
+
+Each node is walked once in full, from the roots there and every departure there, each
+seeded (the roots by the caller, a departure by its anchor's gradient sent home): torch's
+engine runs one graph's nodes by their sequence numbers, latest first, and a departure
+stands where torch's copy would, so every gradient adds up in the order, and to the bits,
+that one graph's backward gives. A full walk computes the gradients of the inputs of its
+node that it reaches (torch.autograd.grad) or accumulates them (backward with `inputs=`,
+or every leaf without it), and its anchors' gradients too; it frees its graph unless
+`retain_graph=True`, so a second backward fails with torch's own error, as one graph's
+would. A node whose departures are not all seeded when an anchor there is needed (a chain
+0 to 1 to 0) first gives that anchor's gradient by a walk of its own (autograd.grad,
+keeping the graph) from the roots and the departures seeded so far; the newest crossings
+go first, as only tensors made after a move reach its anchor.
 """
 
 from __future__ import annotations
@@ -29,15 +35,23 @@ _UNUSED = ("One of the differentiated Tensors appears to not have been used in t
 
 
 class Walk(NamedTuple):
-    """One node's part of the backward: from `roots`, reaching `visited` and `crossed`;
-    `origin`: (the index of the walk, its crossings) whose anchors' gradients seed it (None:
-    the first)."""
+    """One walk on `place`: in full (its roots and all its departures, its last), or for
+    the anchors of `crossings` alone."""
+
+    place: tuple
+    full: bool
+    crossings: list
+
+
+class Start(NamedTuple):
+    """What every walk starts from: the caller's roots (on `place`) and seeds, the crossings
+    reached (the newest first), and the anchors' gradients sent home so far."""
 
     place: tuple
     roots: list
-    visited: set
-    crossed: list
-    origin: tuple | None
+    seeds: list | None
+    crossings: list
+    sent: dict
 
 
 def call(func, args: tuple, kwargs: dict) -> Any:
@@ -60,109 +74,161 @@ def call(func, args: tuple, kwargs: dict) -> Any:
     if len(places) != 1:
         raise ValueError(f"backward: the roots live on several nodes ({sorted(places)}); "
                          "move them to one node first (t.to(node=...)) and add them")
-    walks = _plan(places.pop(), roots)
+    crossings = _crossings(roots)
+    start = Start(places.pop(), roots, None if seeds is None else _listed(seeds), crossings, {})
+    walks = _plan(start)
     if func is torch.autograd.grad:
-        found = _grads(walks, _listed(seeds) if seeds is not None else None, inputs or [],
-                       retain, create)
+        found = _grads(walks, start, inputs or [], retain, create)
         return _results(inputs or [], found, bound)
-    _backward(walks, _listed(seeds) if seeds is not None else None, inputs, retain, create)
+    _backward(walks, start, inputs, retain, create)
     return None
 
 
-def _plan(place: tuple, roots: list) -> list[Walk]:
-    """The walks of a backward from `roots` (on `place`), in the order they run."""
+def _crossings(roots: list) -> list:
+    """The crossing nodes a backward from `roots` reaches, through departures too, the
+    newest first."""
+    found: dict = {}
+    todo = roots
+    while todo:
+        new = [n for n in torchgrad.reach(todo)[1] if id(n) not in found]
+        found.update((id(n), n) for n in new)
+        todo = [n.cross[0] for n in new]
+    return sorted(found.values(), key=lambda n: n.cross[3], reverse=True)
+
+
+def _plan(start: Start) -> list[Walk]:
+    """The walks, in the order they run: a node's full walk as soon as its departures are
+    all seeded, an anchors' walk where one is needed before."""
     walks: list[Walk] = []
-    frontier: list = [(place, roots, None)]
-    while frontier:
-        place, roots, origin = frontier.pop(0)
-        visited, crossed = torchgrad.reach(roots)
-        index = len(walks)
-        walks.append(Walk(place, roots, visited, crossed, origin))
-        homes: dict = {}
-        for node in crossed:
-            homes.setdefault(_place(node.cross[0]), []).append(node)
-        for home, nodes in homes.items():
-            frontier.append((home, [n.cross[0] for n in nodes], (index, nodes)))
+    done: set = set()
+    pending = list(start.crossings)
+    while pending:
+        where = _place(pending[0].cross[1])
+        if all(_place(n.cross[0]) != where for n in pending):  # its departures are seeded
+            walks.append(Walk(where, True, []))
+            done.add(where)
+            pending = [n for n in pending if _place(n.cross[1]) != where]
+            continue
+        group = 0  # the newest that arrive there: none of their departures is there
+        while group < len(pending) and _place(pending[group].cross[1]) == where:
+            group += 1
+        walks.append(Walk(where, False, pending[:group]))
+        pending = pending[group:]
+    others = {start.place} | {_place(n.cross[0]) for n in start.crossings}
+    walks.extend(Walk(p, True, []) for p in sorted(others - done))
     return walks
 
 
-def _keeps(walks: list[Walk], k: int, retain: bool) -> bool:
-    """Whether walk k keeps its graph: a later walk runs on its node, or the caller asks."""
-    return retain or any(w.place == walks[k].place for w in walks[k + 1:])
+def _starts(walk: Walk, start: Start) -> tuple[list, list]:
+    """(the tensors a walk starts from, their seeds): the caller's roots on its node, and
+    the departures there whose anchors' gradients came home."""
+    roots: list = []
+    seeds: list = []
+    if walk.place == start.place:
+        roots.extend(start.roots)
+        seeds.extend(start.seeds if start.seeds is not None else [None] * len(start.roots))
+    for node in start.crossings:
+        if id(node) in start.sent and _place(node.cross[0]) == walk.place:
+            roots.append(node.cross[0])
+            seeds.append(start.sent[id(node)])
+    return roots, seeds
 
 
-def _grads(walks: list[Walk], seeds: list | None, inputs: list, retain: bool,
-           create: bool) -> dict:
-    """autograd.grad along the walks: each input's gradients (one per walk reaching it)."""
+def _arrivals(walk: Walk, start: Start, roots: list) -> tuple[set, list, list]:
+    """(the ids of the graph's nodes a walk reaches; the crossings whose anchors it gives: its
+    own, or those it reaches whose gradients are not home yet; all those it reaches)."""
+    visited, crossed = torchgrad.reach(roots)
+    if not walk.full:
+        return visited, walk.crossings, walk.crossings
+    reached = {id(n) for n in crossed}
+    found = [n for n in start.crossings if id(n) in reached]
+    return visited, [n for n in found if id(n) not in start.sent], found
+
+
+def _grads(walks: list[Walk], start: Start, inputs: list, retain: bool, create: bool) -> dict:
+    """autograd.grad along the walks: each input's gradient, from its node's full walk."""
     found: dict = {}
-    sent: dict = {}  # (walk, id(crossing node)) -> its anchor's gradient, moved home
-    for k, walk in enumerate(walks):
-        wanted = [x for x in inputs if _place(x) == walk.place and _reached(x, walk)]
-        anchors = [n.cross[1] for n in walk.crossed]
-        if not wanted and not anchors:
+    for walk in walks:
+        roots, seeds = _starts(walk, start)
+        visited, arrivals, _ = _arrivals(walk, start, roots)
+        wanted = [x for x in inputs if walk.full and _place(x) == walk.place
+                  and _reached(x, visited)]
+        if not roots or (not wanted and not arrivals):
             continue
-        # by another name than torch's: issued as it is, not planned again
-        grads = run("across.grad", _grads_rule, (walk.roots, [*wanted, *anchors]),
-                    {"grad_outputs": _seeds(walk, seeds, sent),
-                     "retain_graph": _keeps(walks, k, retain), "create_graph": create},
-                    "torch", ("torch.autograd.grad",))
-        for x, g in zip(wanted, grads):
-            found.setdefault(id(x), []).append(g)
-        for node, g in zip(walk.crossed, grads[len(wanted):]):
-            sent[k, id(node)] = _home(g, node)
+        grads = _grad(roots, seeds, [*wanted, *(n.cross[1] for n in arrivals)],
+                      retain or not walk.full, create)
+        found.update((id(x), g) for x, g in zip(wanted, grads))
+        for node, g in zip(arrivals, grads[len(wanted):]):
+            start.sent[id(node)] = _home(g, node)
     return found
 
 
-def _backward(walks: list[Walk], seeds: list | None, inputs: list | None, retain: bool,
+def _grad(roots: list, seeds: list, inputs: list, retain: bool, create: bool) -> Any:
+    """torch.autograd.grad of `roots` for `inputs` on their node."""
+    # by another name than torch's: issued as it is, not planned again
+    return run("across.grad", _grads_rule, (roots, inputs),
+               {"grad_outputs": seeds, "retain_graph": retain, "create_graph": create},
+               "torch", ("torch.autograd.grad",))
+
+
+def _backward(walks: list[Walk], start: Start, inputs: list | None, retain: bool,
               create: bool) -> None:
-    """backward along the walks: the leaves (or `inputs`) each reaches accumulate."""
-    torch = _torch()
-    get, put = torch.Tensor.grad.__get__, torch.Tensor.grad.__set__
-    sent: dict = {}
-    for k, walk in enumerate(walks):
-        anchors = [n.cross[1] for n in walk.crossed]
-        options: dict = {"retain_graph": _keeps(walks, k, retain), "create_graph": create}
+    """backward along the walks: the leaves (or `inputs`) each full walk reaches
+    accumulate."""
+    for walk in walks:
+        roots, seeds = _starts(walk, start)
+        if not roots:
+            continue
+        visited, arrivals, reached = _arrivals(walk, start, roots)
+        if not walk.full:
+            anchors = [n.cross[1] for n in arrivals]
+            for node, g in zip(arrivals, _grad(roots, seeds, anchors, True, create)):
+                start.sent[id(node)] = _home(g, node)
+            continue
         here = None
         if inputs is not None:
-            here = [x for x in inputs if _place(x) == walk.place and _reached(x, walk)]
-            if not here and not anchors:
-                continue
-            options["inputs"] = [*here, *anchors]
-        filled: list = []
-        torchgrad.backward(walk.roots, here, filled)
-        # by another name than torch's: issued as it is, not planned again; it writes the
-        # .grad of the tensors it fills
-        run("across.backward", _nothing, (walk.roots, _seeds(walk, seeds, sent)), options,
-            "torch", ("torch.autograd.backward",), uses=tuple((t, True) for t in filled))
-        for node, anchor in zip(walk.crossed, anchors):
-            sent[k, id(node)] = _home(torch_call(get, (anchor,), {}), node)
-            torch_call(put, (anchor, None), {})  # the next backward starts from nothing
+            here = [x for x in inputs if _place(x) == walk.place and _reached(x, visited)]
+            reached = arrivals  # the only anchors it fills
+        _accumulate(roots, seeds, here, arrivals, retain, create)
+        get, put = _torch().Tensor.grad.__get__, _torch().Tensor.grad.__set__
+        for node in arrivals:
+            start.sent[id(node)] = _home(torch_call(get, (node.cross[1],), {}), node)
+        for node in reached:  # the next backward starts from nothing
+            torch_call(put, (node.cross[1], None), {})
 
 
-def _seeds(walk: Walk, seeds: list | None, sent: dict) -> list | None:
-    """The gradients a walk starts from: the caller's for the first, else those its
-    origin's anchors received, moved home."""
-    if walk.origin is None:
-        return seeds
-    index, nodes = walk.origin
-    return [sent[index, id(node)] for node in nodes]
+def _accumulate(roots: list, seeds: list, here: list | None, arrivals: list, retain: bool,
+                create: bool) -> None:
+    """A node's full backward: its leaves (or `here`, and the anchors of `arrivals`)
+    accumulate."""
+    options: dict = {"retain_graph": retain, "create_graph": create}
+    if here is not None:
+        if not here and not arrivals:
+            return
+        options["inputs"] = [*here, *(n.cross[1] for n in arrivals)]
+    filled: list = []
+    torchgrad.backward(roots, here, filled)
+    # by another name than torch's: issued as it is, not planned again; it writes the
+    # .grad of the tensors it fills
+    run("across.backward", _nothing, (roots, seeds), options, "torch",
+        ("torch.autograd.backward",), uses=tuple((t, True) for t in filled))
 
 
 def _home(grad: Any, node: Any) -> Any:
     """An anchor's gradient sent to the node its tensor came from (worker to worker)."""
-    source, _, raw = node.cross
+    source, _, raw, _ = node.cross
     moved = transfer.move(bits(grad, raw), source._node.index, HOST)
     return from_raw(moved, str(grad._spec.dtype), False, source._device, type(source))
 
 
 def _results(inputs: list, found: dict, bound: dict) -> tuple:
-    """One gradient per input, summed over the walks; None or zeros for one no walk
+    """One gradient per input, its node's full walk's; None or zeros for one no walk
     reached, as allow_unused and materialize_grads ask, else torch's error."""
     torch = _torch()
     out = []
     for x in inputs:
-        parts = found.get(id(x))
-        if parts is None:
+        grad = found.get(id(x))
+        if grad is None:
             if bound.get("materialize_grads"):
                 out.append(torch_call(torch.zeros_like, (x,), {}))
                 continue
@@ -170,16 +236,13 @@ def _results(inputs: list, found: dict, bound: dict) -> tuple:
                 raise RuntimeError(_UNUSED)
             out.append(None)
             continue
-        total = parts[0]
-        for part in parts[1:]:
-            total = torch_call(torch.add, (total, part), {})
-        out.append(total)
+        out.append(grad)
     return tuple(out)
 
 
-def _reached(x: Any, walk: Walk) -> bool:
+def _reached(x: Any, visited: set) -> bool:
     node = torchgrad.node_of(x)
-    return node is not None and id(node) in walk.visited
+    return node is not None and id(node) in visited
 
 
 def _place(t: Any) -> tuple:

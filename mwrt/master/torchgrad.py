@@ -30,7 +30,9 @@ class Node:
         self.parents = parents  # the nodes its gradient flows on to
         self.keeps = keeps  # a leaf's (or retain_grad()'s): a backward fills its .grad
         self.filled = False  # its .grad is set on the worker
-        self.cross = cross  # (source, anchor, raw class): a tensor moved here from another node
+        # (departure, anchor, raw class, order of the move): a tensor moved here from
+        # another node, its gradient sent back to the departure there
+        self.cross = cross
         # (order made, the tensor its parts' backward starts from, what the caller needs):
         # a mesh tensor made real from a Partial one
         self.resolved: tuple | None = None

@@ -14,6 +14,7 @@ a constructor names.
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from typing import Any
@@ -385,7 +386,8 @@ def from_raw(raw: Any, dtype: str, grad: bool, device: int, results: type) -> Ha
 def arrive(raw: Any, source: Any, device: int, raw_class: type) -> Handle:
     """A torch handle of the bytes of torch handle `source` moved to another node (`raw`, a
     NumPy handle there): it needs grad, and a backward reaching it carries its gradient back
-    to `source` (see torchacross); `raw_class` makes the NumPy handles that carry it."""
+    to `source`, through a departure made now on `source`'s node (see torchacross);
+    `raw_class` makes the NumPy handles that carry it."""
     node, torch = raw._node, ready()
     stream = context.stream_for(node.index, device)
     shape, dtype = tuple(raw._spec.shape), source._spec.dtype
@@ -397,7 +399,24 @@ def arrive(raw: Any, source: Any, device: int, raw_class: type) -> Handle:
     place = "cpu" if device == HOST else f"cuda:{device}"
     _issue(node, stream, [raw], (), "torch_arrive", (raw._ref, str(dtype), place), {},
            (anchor._id, out._id))
-    out._autograd = torchgrad.Node((), False, (source, anchor, raw_class))
+    out._autograd = torchgrad.Node((), False, (_depart(source), anchor, raw_class, next(_MOVES)))
+    return out
+
+
+_MOVES = itertools.count()  # the order of moves that carry a gradient back, all nodes'
+
+
+def _depart(source: Any) -> Handle:
+    """The departure of torch handle `source` to another node, on its node: an autograd node
+    made now, as torch's copy would be, that leads to `source` (torchops._depart)."""
+    node, device = source._node, source._device
+    stream = context.stream_for(node.index, device)
+    shape = tuple(source._spec.shape)
+    spec = TorchSpec(shape, source._spec.dtype, (0,) * len(shape), True, False)
+    out = type(source)(node, device, next(node.ids), spec, stream)
+    _issue(node, stream, [source], (), "torch_depart", (source._ref,), {}, (out._id,))
+    parent = torchgrad.node_of(source)
+    out._autograd = torchgrad.Node(() if parent is None else (parent,))
     return out
 
 

@@ -101,12 +101,37 @@ def _arrive(xp, array, dtype: str, device: str) -> list:
                 return _from(None, array, dtype, False, device)[0]
 
             @staticmethod
-            def backward(ctx, grad):
-                return grad, None, None, None
+            def backward(ctx, grad):  # dense, as autograd.grad's meta rule for the anchor says
+                return grad.contiguous(), None, None, None
         _ARRIVAL.append(Arrival)
     anchor = torch.empty_strided(array.shape, (0,) * array.ndim, dtype=objects()[dtype],
                                  device=device).requires_grad_()
     return [anchor, _ARRIVAL[0].apply(anchor, array, dtype, device)]
+
+
+_DEPARTURE: list = []  # the autograd Function of tensors sent to another node, once made
+
+
+def _depart(xp, t) -> list:
+    """The mark of `t` sent to another node with its gradient to come back: a tensor of its
+    shape on one element of memory, made by an autograd node at the move, as torch's would be
+    by the copy a move stands for. A backward from it, seeded with the gradient sent home,
+    passes that gradient to `t` where torch would (its node's sequence number is the
+    copy's), so `t`'s gradients add up in torch's order (mwrt.master.torchacross)."""
+    torch = torch_module()
+    if not _DEPARTURE:
+        class Departure(torch.autograd.Function):  # type: ignore[name-defined]  # torch: imported now
+            @staticmethod
+            def forward(ctx, t):
+                return torch.empty_strided(t.shape, (0,) * t.dim(), dtype=t.dtype,
+                                           device=t.device)
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad
+        _DEPARTURE.append(Departure)
+    with torch.enable_grad():
+        return [_DEPARTURE[0].apply(t)]
 
 
 def _bits(xp, t):
@@ -217,6 +242,8 @@ register("torch_from", _from, lambda *args, **kwargs: None, own_results=True,
          doc="A torch tensor of a NumPy array's bytes.")
 register("torch_arrive", _arrive, lambda *args, **kwargs: None, own_results=True,
          doc="A tensor received from another node whose gradient goes back there.")
+register("torch_depart", _depart, lambda *args, **kwargs: None, own_results=True,
+         doc="The autograd mark of a tensor sent to another node.")
 register("torch_new", _new, lambda *args, **kwargs: None, own_results=True,
          doc="An optimizer or LR scheduler of torch.optim on the worker.")
 register("torch_method", _method, lambda *args, **kwargs: None, own_results=True,
