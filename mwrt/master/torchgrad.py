@@ -205,7 +205,7 @@ def backward(roots: list, inputs: list | None, filled: list | None = None) -> li
                 filled.append(owner)
         if node.cross is not None:
             crossed.append(node)
-    return crossed if inputs is None else []
+    return crossed  # with `inputs=` too: a gradient may come back to them (0 to 1 to 0)
 
 
 def reach(roots: list) -> tuple[set, list]:

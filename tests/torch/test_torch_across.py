@@ -122,12 +122,13 @@ CHAINS = {  # moves as clones in local torch; float32, where the order of sums s
 }
 
 
-@pytest.mark.parametrize("how", ["backward", "grad"])
+@pytest.mark.parametrize("how", ["backward", "inputs", "grad"])
 @pytest.mark.parametrize("what", CHAINS)
 def test_gradients_across_nodes_add_up_in_torch_order(two, what, how):
     """Each node's gradients add up in one backward there, where the gradient sent home
     enters as torch's copy would, so they equal torch's bit for bit (they were summed walk
-    by walk, the last bit off)."""
+    by walk, the last bit off); backward(inputs=) follows a gradient home (0 to 1 to 0) too
+    (it stopped at the first node)."""
     values = torch.randn(5, generator=torch.Generator().manual_seed(1))
     grads = []
     for local in (True, False):
