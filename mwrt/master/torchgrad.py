@@ -85,7 +85,11 @@ def retain(tensor: Any) -> None:
 
 
 def viewed(view: Any) -> None:
-    """`view` shares its storage with its base's: kept for the rebase an in-place op makes."""
+    """`view` shares its storage with its base's: kept for the rebase an in-place op makes.
+    One made without grad of a tensor that needs grad needs grad with it, a leaf that gets
+    no gradient, as torch's."""
+    if view._spec.requires_grad and view._spec.leaf:
+        view._autograd = Inert()
     owner = view._base
     views = getattr(owner, "_views", None)
     if views is None:

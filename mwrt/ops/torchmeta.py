@@ -127,8 +127,9 @@ def _meta_tensor(spec: TorchSpec):
     if spec.leaf:
         return made.requires_grad_()
     size = made.untyped_storage().nbytes() // max(made.element_size(), 1)
-    base = torch.empty(size, dtype=spec.dtype, device="meta", requires_grad=True) * 1
-    return base.as_strided(spec.shape, spec.stride)
+    with torch.enable_grad():  # a non-leaf under no_grad too: a view of it needs grad
+        base = torch.empty(size, dtype=spec.dtype, device="meta", requires_grad=True) * 1
+        return base.as_strided(spec.shape, spec.stride)
 
 
 def _grads(args: tuple, kwargs: dict) -> Outcome:

@@ -414,6 +414,12 @@ FOUND = {
          "v6 = v1[1:]", "v7 = v1[:1]", "v7.mul_(2)", "v8 = v1[::2]", "v1.requires_grad_()",
          "(v6 * 2).sum().backward()", "v9 = v2[0]", "v2.requires_grad_()",
          "with torch.no_grad():\n    v2.t_()", "v9.sum().backward()"]),
+    "a view made under no_grad of a tensor that needs grad needs grad, a leaf that gets no "
+    "gradient (seed 8)": (
+        {"v0": torch.tensor(0.0), "v1": torch.zeros(0), "v2": torch.ones(3)}, {"v1", "v2"},
+        ["v3 = v0 + v1", "with torch.no_grad():\n    v4 = v3[1:]", "v5 = v2 * 2",
+         "with torch.no_grad():\n    v6 = v5[1:]\n    v7 = v2[1:]\n    v8 = v5.view(-1)",
+         "((v6 * 2).sum() + v7.sum() + v8.sum()).backward()", "v9 = v2.grad"]),
 }
 
 
