@@ -12,6 +12,7 @@ unknown (a file:// store): never a guess at an interface.
 from __future__ import annotations
 
 import fcntl
+import functools
 import ipaddress
 import os
 import socket
@@ -121,17 +122,20 @@ def bind_listener(sock: socket.socket, host: str, port: int, what: str) -> None:
                           f"({exc.strerror})") from None
 
 
+@functools.cache
 def host_identity() -> str:
-    """Who shares this host: hostname, boot id, the /dev/shm filesystem and the network
-    namespace (the shm channel's sockets are abstract UNIX sockets, which live in one).
-    Two processes with equal identities can hand each other shared memory."""
+    """Who shares this host: hostname, boot id, the /dev/shm filesystem, the network
+    namespace (the shm channel's sockets are abstract UNIX sockets, which live in one) and
+    the pid namespace (where a pid, which the shm channel checks a peer's segments by and
+    reads its memory by, names the same process). Two processes with equal identities can
+    hand each other shared memory, and read each other's by pid where the kernel allows."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = "?"
     parts = [socket.gethostname(), boot]
-    for path in ("/dev/shm", "/proc/self/ns/net"):
+    for path in ("/dev/shm", "/proc/self/ns/net", "/proc/self/ns/pid"):
         try:
             st = os.stat(path)
             parts.append(f"{st.st_dev}:{st.st_ino}")

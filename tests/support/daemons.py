@@ -69,12 +69,14 @@ def next_test_asks(asks: bool) -> None:
     _SHARED["next_asks"] = asks
 
 
-def start_worker(*extra, env=None):
-    """A worker daemon process on a free loopback port: (process, address)."""
+def start_worker(*extra, env=None, prefix=(), launch=("-m", "mwrt.worker")):
+    """A worker daemon process on a free loopback port: (process, address). `launch`: what
+    follows the interpreter (another way to run mwrt.worker's main); `prefix`: a command
+    that runs it (`unshare ...`)."""
     child_env = dict(os.environ, **(env or {}))
     root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, child_env.get("PYTHONPATH")]))
-    process = subprocess.Popen([sys.executable, "-m", "mwrt.worker", "--listen", "127.0.0.1:0",
+    process = subprocess.Popen([*prefix, sys.executable, *launch, "--listen", "127.0.0.1:0",
                                 *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=child_env)
     line = process.stdout.readline()
