@@ -201,6 +201,25 @@ class Share(StreamCommand, tag=38, frozen=True):
     token: int
 
 
+class Lend(StreamCommand, tag=41, frozen=True):
+    """Pin tensor `ref`'s bytes once `stream` reaches this point, and say where they are
+    (pid, address, nbytes, netaddr.host_identity()), for a master on this host to copy them
+    in place (mwrt.master.inplace); None for one not in NumPy's host memory in C order. Held
+    until the master's Unlend."""
+
+    sync_point = answered = always_runs = True
+    ref: int
+    token: int
+
+
+class Unlend(StreamCommand, tag=42, frozen=True):
+    """Drop the pin of Lend `lend` (on the same stream, so it never comes first): the master
+    has read it, or gave up."""
+
+    always_runs = True
+    lend: int
+
+
 class Sync(StreamCommand, tag=10, frozen=True):
     """Answer once `stream` reaches this point (raising its sticky error, if any)."""
 

@@ -6,6 +6,7 @@ them all)."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 import time
@@ -13,6 +14,7 @@ import time
 import numpy as np
 
 from .. import arrays, config, staging
+from ..netaddr import host_identity
 from ..protocol import values, wire
 from . import cuda_events
 from .tensors import Poisoned, check_size, resolve, store
@@ -127,6 +129,26 @@ def share(ex, cmd, frames):
     ex.bytes_out += value.nbytes  # before the answer, as answer_value counts
     ex.reply(wire.Done(token=cmd.token, value={"name": name, "shape": value.shape,
                                                "dtype": value.dtype.str}))
+
+
+def lend(ex, cmd, frames):
+    if ex.raise_sticky(cmd.token):
+        return
+    value = resolve(ex, wire.Ref(cmd.ref))
+    # On a GPU, torch's, or a strided view (whose copy the socket thread, which may run
+    # this, must not make): the master reads it by SendTo instead.
+    if type(value) is not np.ndarray or not value.flags.c_contiguous:
+        ex.reply(wire.Done(token=cmd.token, value=None))
+        return
+    ex.session.lend(cmd.id, value)
+    ex.bytes_out += value.nbytes  # before the answer, as answer_value counts
+    ex.reply(wire.Done(token=cmd.token, value={
+        "pid": os.getpid(), "address": value.ctypes.data, "nbytes": value.nbytes,
+        "where": host_identity()}))
+
+
+def unlend(ex, cmd, frames):
+    ex.session.unlend(cmd.lend)
 
 
 def meta(ex, cmd, frames):

@@ -77,6 +77,7 @@ class Session:
         self.max_id = 0  # the highest command id seen: a re-attaching master counts on
         self.inline = 0  # stream commands the socket thread ran itself (idle streams)
         self.shared: list[str] = []  # segments made for t.numpy(copy=False), maybe not taken
+        self.lent: dict[int, object] = {}  # arrays a master on this host reads in place, by Lend
 
     def attach(self, sid: bytes, master: str) -> None:
         """Pass this session to the master of connections `sid` (a re-attach)."""
@@ -214,6 +215,17 @@ class Session:
             self.shared.append(path)
         return name
 
+    def lend(self, lend: int, array) -> None:
+        """Hold `array` (its memory stays where Lend said) until unlend(lend)."""
+        with self.lock:
+            if not self.closed:  # ended meanwhile: close() has dropped the others already
+                self.lent[lend] = array
+
+    def unlend(self, lend: int) -> None:
+        """Let go of what Lend `lend` pinned (unknown ids: the session ended between)."""
+        with self.lock:
+            self.lent.pop(lend, None)
+
     def load_function(self, blob: bytes):
         """Unpickle a shipped function (cloudpickle), cached by content for this session only:
         module state one master's function leaves must never reach another's. Keyed only."""
@@ -307,8 +319,9 @@ class Session:
         self.parked = None
         self.functions.clear()
         self.trace = None
-        with self.lock:  # share() adds under it, and looks at self.closed first
+        with self.lock:  # share() and lend() add under it, and look at self.closed first
             shared, self.shared = self.shared, []
+            self.lent.clear()
         for path in shared:  # the master died before it took them
             try:
                 os.unlink(path)

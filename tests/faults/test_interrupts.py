@@ -464,10 +464,13 @@ def test_ctrl_c_of_a_worker_daemon(script, tmp_path, kind):
 # -- a notebook's Ctrl-C: the interrupted transfer ends whole, and the session goes on -------
 
 # The script sends itself SIGINT (a Ctrl-C) as the k-th segment of its transfers goes out
-# (dist_send) or comes in (numpy), or as dist_send waits for the worker to post its receive
-# (post): a point inside a large transfer, the same in every run.
+# (dist_send) or comes in (numpy: a chunk read in place from the worker's memory; channel:
+# a segment of the data channel, where reads in place are off), or as dist_send waits for
+# the worker to post its receive (post): a point inside a large transfer, the same in every
+# run.
 AFTER_CTRL_C = textwrap.dedent("""
     import os, signal, sys, numpy as np, mwrt
+    from mwrt.channels import cma
     from mwrt.channels.matching import Matcher
     from mwrt.channels.paths import OutConn
     from mwrt.master.client import Node
@@ -487,6 +490,8 @@ AFTER_CTRL_C = textwrap.dedent("""
         OutConn.write = counting(OutConn.write)
     elif kind == "post":
         Node.wait = counting(Node.wait)
+    elif kind == "numpy":
+        cma.read_remote = counting(cma.read_remote)
     else:
         Matcher.segment_done = counting(Matcher.segment_done)
     mwrt.init_master_worker(timeout=30)
@@ -495,7 +500,7 @@ AFTER_CTRL_C = textwrap.dedent("""
     seen[0] = 0
     try:  # a notebook cell interrupted: the kernel catches the KeyboardInterrupt and goes on
         while True:
-            big.numpy() if kind == "numpy" else mwrt.dist_send(host)
+            big.numpy() if kind in ("numpy", "channel") else mwrt.dist_send(host)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
     seen[0] = -1
@@ -511,20 +516,22 @@ AFTER_CTRL_C = textwrap.dedent("""
 
 
 INSIDE = [(kind, segment) for kind in ("numpy", "send") for segment in (1, 9, 200)] + [
+    ("channel", 9),
     ("post", 1)]
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind,segment", INSIDE)
 def test_a_session_works_after_a_ctrl_c_inside_a_large_transfer(tmp_path, kind, segment):
-    # 32 MB transfers in 64 KiB segments (512 each): a Ctrl-C after the first, inside, or
-    # several transfers on. The next calls in both directions must work: a message cut in
-    # two stalled the worker's receive, its stream and the calls behind it until the channel
-    # timeout, and then named the live worker lost.
+    # 32 MB transfers in 64 KiB segments (512 each; a read in place: 9 chunks): a Ctrl-C
+    # after the first, inside, or several transfers on. The next calls in both directions
+    # must work: a message cut in two stalled the worker's receive, its stream and the calls
+    # behind it until the channel timeout, and then named the live worker lost; a read in
+    # place must give its pin back, and leave no thread copying into the session.
     path = tmp_path / "after_ctrl_c.py"
     path.write_text(AFTER_CTRL_C)
     env = dict(os.environ, MWRT_CHANNEL_TIMEOUT="60", MWRT_SYNC_TIMEOUT="60",
-               MWRT_SEGMENT_BYTES=str(64 << 10),
+               MWRT_SEGMENT_BYTES=str(64 << 10), MWRT_SHM_CMA="0" if kind == "channel" else "1",
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen([sys.executable, str(path), kind, str(ELEMENTS), str(segment)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

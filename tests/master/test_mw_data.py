@@ -9,6 +9,7 @@ import pytest
 from tests.support.daemons import start_worker, stop_worker
 
 import mwrt
+from mwrt.master import inplace
 
 BIG = 1 << 18  # elements: above the inline size, so bytes take the data channel
 
@@ -196,6 +197,9 @@ def test_a_worker_in_another_pid_namespace_takes_and_gives_large_tensors():
         for _ in range(2):
             np.testing.assert_array_equal(t.numpy(), want)
         np.testing.assert_array_equal((t + 1).numpy(), want + 1)
+        # Read in place, its pid would name another process of this host: the channel's way.
+        node = mwrt.master.cluster.current().nodes[0]
+        assert "another host" in inplace._BY_CHANNEL[node]
     finally:
         mwrt.shutdown()
         worker.kill()  # unshare: its worker, pid 1 of the namespace, dies with it

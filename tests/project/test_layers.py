@@ -211,7 +211,7 @@ MASTER_LAYERS = [
                     "cluster"}),  # the nodes, their sockets and daemons
     ("places", {"context", "ordering", "streams", "queries", "methods", "mesh.device_mesh",
                 "mesh.placement", "mesh.plan"}),  # where new work goes, and in which order
-    ("verbs", {"handle", "issue", "collectives", "transfer", "mesh", "mesh.fetch",
+    ("verbs", {"handle", "issue", "collectives", "transfer", "inplace", "mesh", "mesh.fetch",
                "mesh.groups", "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback",
                "mesh.twophase", "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting",
                "mesh.sorting", "mesh.selecting", "mesh.products", "mesh.einsums",
