@@ -175,7 +175,7 @@ def print_graph_replay(steps: int = 2000) -> None:
 
 
 if __name__ == "__main__":
-    if {"--fresh", "--round-trips", "--sklearn"} & set(sys.argv[1:]):
+    if {"--fresh", "--round-trips", "--read", "--sklearn"} & set(sys.argv[1:]):
         fresh_figures.print_fresh()
         raise SystemExit
     main(shm_only="--shm" in sys.argv[1:], quick="--quick" in sys.argv[1:])

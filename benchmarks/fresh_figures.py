@@ -2,7 +2,8 @@
 baseline also in fresh processes: the sync round trips (a read, and an op then its read: p50
 and p99, in rounds with an echo between any two runs), the eager issue rate, the first 64 MiB
 .numpy() of a session (and its copy=False view), and scikit-learn on mwrt tensors vs NumPy
-with the round trips counted. --round-trips and --sklearn run those rows alone."""
+with the round trips counted. --round-trips, --read and --sklearn run those rows alone
+(the first two beside another tree's with --against DIR, in the same rounds)."""
 
 from __future__ import annotations
 
@@ -170,8 +171,10 @@ def fresh_line(script: str, *args, root: str = _ROOT) -> list[float]:
     """Run `script` in a fresh Python process (mwrt imported from `root`); the numbers of the
     last line it prints."""
     env = dict(os.environ, PYTHONPATH=root)
+    # In `root`: `python -c` and the local workers' `python -m` put the working directory
+    # first on sys.path, where another tree's mwrt would shadow root's.
     done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, timeout=300,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, cwd=root)
     if done.returncode != 0:
         raise SystemExit(f"bench_ops --fresh: a run failed: {done.stderr[-2000:]}")
     return [float(word) for word in done.stdout.strip().splitlines()[-1].split()]
@@ -245,18 +248,12 @@ def fresh_rows(tries: int = 5) -> list:
         issue.append(_fresh(_FRESH_ISSUE, 100_000))
         push.append(_fresh(_FRESH_PUSH, 200_000, SINK))
     nbytes = 64 << 20
-    got, views, pages = [], [], []
-    for _ in range(2 * tries):  # in turns, so the load is the same for each
-        got.append(_fresh(_FRESH_NUMPY, nbytes))
-        views.append(_fresh(_FRESH_NUMPY, nbytes, "view"))
-        pages.append(_fresh(_FRESH_PAGES, nbytes))
+    runs = read_runs(2 * tries, (_ROOT,), views=True)
+    got, views, pages = runs[_ROOT], runs["view"], runs["pages"]
     rows += [("eager issue rate, x += 1 (fresh sessions)", f"{statistics.median(issue):,.0f}/s",
               f"bare PUSH loop {statistics.median(push):,.0f}/s",
               f"{statistics.median(issue) / statistics.median(push):.2f}x", ">= 0.25x"),
-             (".numpy() 64 MiB, first of a session", f"{statistics.median(got):.2f} GB/s",
-              f"copy into new pages {statistics.median(pages):.2f} GB/s",
-              f"{statistics.median(got) / statistics.median(pages):.2f}x", ">= 0.8x"),
-             ("  spread over the runs", _spread(got), _spread(pages), "", ""),
+             *read_rows(runs, (_ROOT,)),
              (".numpy(copy=False) 64 MiB, first of a session", f"{statistics.median(views):.2f} "
               "GB/s", f"copy into new pages {statistics.median(pages):.2f} GB/s",
               f"{statistics.median(views) / statistics.median(pages):.2f}x", ">= 0.8x"),
@@ -271,6 +268,40 @@ def fresh_rows(tries: int = 5) -> list:
         rows.append(("  Ray's ray.get of 64 MiB (fresh)", "", f"{ray_median:.2f} GB/s",
                      f"{statistics.median(got) / ray_median:.2f}x", ""))
     return rows + sync_bound_rows()
+
+
+def read_runs(runs: int, roots: tuple, views: bool = False, nbytes: int = 64 << 20) -> dict:
+    """The first `nbytes` .numpy() of `runs` fresh sessions of each tree of `roots` (with
+    `views`, of the copy=False view too, from the first tree), each round's sessions and a
+    memcpy into fresh pages ("pages") in turns, a round's order the last one's reversed, so
+    the load is the same for each; GB/s per run, by root."""
+    kinds = [*roots, *(["view"] if views else []), "pages"]
+    got: dict = {kind: [] for kind in kinds}
+    for _ in range(runs):
+        for kind in kinds:
+            if kind == "pages":
+                got[kind].append(_fresh(_FRESH_PAGES, nbytes))
+            elif kind == "view":
+                got[kind].append(fresh_line(_FRESH_NUMPY, nbytes, "view")[-1])
+            else:
+                got[kind].append(fresh_line(_FRESH_NUMPY, nbytes, root=kind)[-1])
+        kinds.reverse()
+    return got
+
+
+def read_rows(runs: dict, roots: tuple) -> list:
+    """read_runs()' medians, each tree's beside the memcpy's of the same rounds, with the
+    spreads."""
+    pages = runs["pages"]
+    rows = []
+    for root in roots:
+        where = f" [{root}]" if root != _ROOT else ""
+        got = runs[root]
+        rows += [(f".numpy() 64 MiB, first of a session{where}", f"{statistics.median(got):.2f} "
+                  "GB/s", f"copy into new pages {statistics.median(pages):.2f} GB/s",
+                  f"{statistics.median(got) / statistics.median(pages):.2f}x", ">= 0.8x"),
+                 ("  spread over the runs", _spread(got), _spread(pages), "", "")]
+    return rows
 
 
 def _option(name: str, default):
@@ -288,6 +319,10 @@ def print_fresh() -> None:
                                (_ROOT,) if against is None else (_ROOT, against))
     elif "--sklearn" in sys.argv[1:]:
         rows = sync_bound_rows()
+    elif "--read" in sys.argv[1:]:  # the first 64 MiB .numpy(), alone (beside another tree)
+        against = _option("--against", None)
+        roots = (_ROOT,) if against is None else (_ROOT, against)
+        rows = read_rows(read_runs(int(_option("--tries", 10)), roots), roots)
     else:
         rows = fresh_rows()
     for row in rows:
