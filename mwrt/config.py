@@ -218,9 +218,10 @@ SETTINGS = {
     "recv_pool_min_bytes": Setting("MWRT_RECV_POOL_MIN_BYTES", 1 << 20, int,
                                    "receives from this size take their buffer from that pool"),
     "shm_cma": Setting("MWRT_SHM_CMA", 1, int,
-                       "1: shm collectives, and messages from MWRT_SHM_CMA_BYTES, read peers' "
-                       "buffers in place (process_vm_readv, one copy) when the kernel allows; "
-                       "0: always the socket and slot path"),
+                       "1: shm collectives, messages from MWRT_SHM_CMA_BYTES, and the "
+                       "master's large reads from workers of its host read peers' buffers "
+                       "in place (process_vm_readv, one copy) when the kernel allows; 0: "
+                       "always the socket and slot path"),
     "shm_cma_bytes": Setting("MWRT_SHM_CMA_BYTES", 1 << 20, int,
                              "shm messages from this size are read in place by the receiver "
                              "(one copy) instead of through slots (two)"),
