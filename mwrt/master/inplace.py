@@ -134,16 +134,16 @@ def _copy(node, pid: int, address: int, out: np.ndarray, what: str) -> bool:
         partner.start()
     try:
         run((cma.IoVec(), cma.IoVec()))
+        if partner is not None:
+            partner.join(_JOIN_SECONDS)
     except BaseException:  # a Ctrl-C between two chunks: the partner ends its own first
         errors.append(None)
         if partner is not None:
             partner.join(_JOIN_SECONDS)
         raise
-    if partner is not None:
-        partner.join(_JOIN_SECONDS)
-        if partner.is_alive():
-            raise MwrtError(f"{node}: {what}: a copy from the worker's memory ran past "
-                            f"{_JOIN_SECONDS} s")
+    if partner is not None and partner.is_alive():
+        raise MwrtError(f"{node}: {what}: a copy from the worker's memory ran past "
+                        f"{_JOIN_SECONDS} s")
     if errors and errors[0] is not None:
         raise _lost(node, what, errors[0])
     return True
