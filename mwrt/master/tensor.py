@@ -94,6 +94,19 @@ class DistributedTensor(TensorReads):
         """The rows t[0], t[1], …: each a tensor on the worker, made as the loop asks."""
         return (self[i] for i in range(len(self)))
 
+    def __contains__(self, value: Any) -> bool:
+        """`value in t`, as NumPy (and torch) answer it: (t == value).any(); one wait, where
+        a walk of the rows would wait once per row."""
+        return bool((self == value).any())
+
+    def __copy__(self) -> DistributedTensor:
+        """copy.copy(t): a copy made on its worker, as copy.copy of a NumPy array copies."""
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict) -> DistributedTensor:
+        """copy.deepcopy(t) (of a structure holding it): a copy made on its worker."""
+        return self.copy()
+
     # -- moves ----------------------------------------------------------------------------
 
     def to(self, node: int | None = None, device: int | None = None) -> DistributedTensor:

@@ -229,6 +229,15 @@ class TensorReads(Handle):
         """complex(t) of a one-element tensor; waits for it."""
         return self._scalar(complex)
 
+    def __format__(self, spec: str) -> str:
+        """f"{t:.3f}" of a 0-d tensor: its value formatted (waits for it), as NumPy and torch
+        format theirs; their own error for a shaped one. No spec (f"{t}"): repr(t), no wait."""
+        if not spec:
+            return repr(self)
+        if self.spec.shape:
+            return format(self._stand_in(), spec)  # raises, as NumPy (torch) does
+        return format(self.item(), spec)
+
     def __bool__(self) -> bool:
         """bool(t) of a one-element tensor; waits for it."""
         return self._scalar(bool)

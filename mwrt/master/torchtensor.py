@@ -161,6 +161,16 @@ class TorchTensor(DistributedTensor):
             self._stand_in().item()  # torch's own error
         return self.torch().item()
 
+    def __copy__(self) -> Any:
+        """Refused with the way to copy: torch's copy protocol copies storage, grad and
+        autograd state, which a remote handle's clone() says explicitly."""
+        raise TypeError("copy of a torch handle: make the copy on its worker with t.clone() "
+                        "(t.detach().clone() for a copy outside autograd)")
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        """Refused, as copy.copy is (see __copy__)."""
+        return self.__copy__()
+
     def _stand_in(self) -> Any:
         """A torch tensor of this one's shape and dtype that holds one element: what torch
         says of it (float() of a vector, bool() of several elements) it says of ours."""

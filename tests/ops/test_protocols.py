@@ -1,0 +1,109 @@
+"""Python's protocols on a tensor: float(t), int(t), complex(t), bool(t), operator.index(t),
+t.item(), format(t, spec), `v in t`, copy.copy and copy.deepcopy. Each gives what NumPy gives
+for an array of the tensor's shape and dtype, its value or its own error (type and message),
+on one place and on a mesh; a torch handle gives what torch gives. A refusal is told without
+a wait: the shape is known on the master."""
+
+from __future__ import annotations
+
+import copy
+import operator
+import warnings
+
+import numpy as np
+import pytest
+
+import mwrt
+
+CONVERSIONS = {"float": float, "int": int, "complex": complex, "bool": bool,
+               "index": operator.index, "item": lambda a: a.item()}
+SHAPES = [(), (1,), (1, 1), (3,), (0,), (2, 2)]
+
+
+def outcome(convert, value):
+    """convert(value), or the (type, message) it raised; with any warning it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            got: object = convert(value)
+        except Exception as exc:  # noqa: BLE001 - the error is the outcome compared
+            got = (type(exc), str(exc))
+    return got, [(w.category, str(w.message)) for w in caught]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", CONVERSIONS)
+def test_a_conversion_of_a_tensor_is_numpys(cluster, name, shape, dtype):
+    host = np.full(shape, 3, dtype)
+    want = outcome(CONVERSIONS[name], host)
+    assert outcome(CONVERSIONS[name], mwrt.dist_send(host)) == want
+
+
+@pytest.mark.parametrize("name", CONVERSIONS)
+@pytest.mark.parametrize("shape", [(2,), (4, 1)])
+def test_a_conversion_of_a_mesh_tensor_is_numpys(cluster, name, shape):
+    host = np.arange(float(np.prod(shape))).reshape(shape) + 1
+    sharded = mwrt.dist_send(host, mesh=mwrt.mesh(nodes=[0, 1]), shard=0)
+    assert outcome(CONVERSIONS[name], sharded) == outcome(CONVERSIONS[name], host)
+
+
+def test_a_refused_conversion_does_not_wait(cluster):
+    vector = mwrt.dist_send(np.ones(5))
+    before = mwrt.stats()["waits"]
+    for convert in (float, int, bool, lambda a: a.item()):
+        with pytest.raises((TypeError, ValueError)):
+            convert(vector)
+    assert mwrt.stats()["waits"] == before
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3,), (0,)])
+@pytest.mark.parametrize("name", ["float", "int", "bool", "item"])
+def test_a_conversion_of_a_torch_handle_is_torchs(cluster, name, shape):
+    torch = pytest.importorskip("torch")
+    local = torch.full(shape, 3.0)
+    want = outcome(CONVERSIONS[name], local)
+    assert outcome(CONVERSIONS[name], mwrt.dist_send(local)) == want
+
+
+@pytest.mark.parametrize("spec", [".2f", ">8", "e", ".3g"])
+@pytest.mark.parametrize("shape", [(), (2,)])
+def test_a_format_spec_formats_a_0d_tensors_value_as_numpy(cluster, shape, spec):
+    host = np.full(shape, 2.5)
+    want = outcome(lambda a: format(a, spec), host)
+    assert outcome(lambda a: format(a, spec), mwrt.dist_send(host)) == want
+    got = mwrt.dist_send(host)
+    assert f"{got}" == repr(got)  # no spec: the handle's repr, without a wait
+
+
+@pytest.mark.parametrize("value", [2.5, 7.0, np.float32(2.5)])
+@pytest.mark.parametrize("shape", [(), (4,), (2, 3), (0,)])
+def test_in_asks_one_wait_and_answers_as_numpy(cluster, shape, value):
+    host = np.full(shape, 2.5)
+    t = mwrt.dist_send(host)
+    before = mwrt.stats()["waits"]
+    assert (value in t) == (value in host)
+    assert mwrt.stats()["waits"] - before == 1
+
+
+def test_a_copy_is_made_on_the_worker_and_owns_its_values(cluster):
+    t = mwrt.dist_send(np.arange(3.0))
+    shallow, deep = copy.copy(t), copy.deepcopy({"w": [t]})["w"][0]
+    t += 1.0
+    for c in (shallow, deep):
+        assert c is not t and c.get_node() == t.get_node()
+        np.testing.assert_array_equal(c.numpy(), np.arange(3.0))
+    sharded = mwrt.dist_send(np.arange(4.0), mesh=mwrt.mesh(nodes=[0, 1]), shard=0)
+    copied = copy.deepcopy(sharded)
+    assert copied.placements == sharded.placements
+    np.testing.assert_array_equal(copied.numpy(), np.arange(4.0))
+
+
+def test_a_torch_handle_says_how_to_copy_it(cluster):
+    torch = pytest.importorskip("torch")
+    t = mwrt.dist_send(torch.ones(2))
+    for copier in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match=r"t\.clone\(\)"):
+            copier(t)
+    assert 1.0 in t and 2.0 not in t
+    assert f"{mwrt.dist_send(torch.tensor(2.5)):.2f}" == f"{torch.tensor(2.5):.2f}"
