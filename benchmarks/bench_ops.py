@@ -90,6 +90,7 @@ def overhead_rows(reps: int = 2000, n: int = 200_000) -> list:
     if x.numpy()[0] != n:
         raise SystemExit(f"bench_ops: wrong result {x.numpy()[0]} (expected {n})")
     event_cpu = event_pair_cpu_us(n // 10)
+    where_rows = issued_where_rows(x, n // 10)
     mwrt.shutdown()
     push = zmq_push_rate(n)
     rows.append(("ops issued per second, x += 1.0 (16 floats)", f"{n / t_issue:,.0f} /s",
@@ -100,7 +101,39 @@ def overhead_rows(reps: int = 2000, n: int = 200_000) -> list:
                  "≥ 150,000 /s"))
     rows.append(("event record + wait_event pair, master CPU", f"{event_cpu:.1f} µs", "", "",
                  "≤ 10 µs"))
-    return rows
+    return rows + where_rows
+
+
+# x += 1.0 in a loop at the top of a script, and after 400 lines of it (a long script or
+# notebook cell): the op's issue site is the loop's line, found on every op.
+_LOOP = "for _ in range(n):\n    x += 1.0\n"
+_LONG = "".join(f"v{i} = {i}\n" for i in range(400)) + _LOOP
+
+
+def issued_where_rows(x, n: int) -> list:
+    """Master CPU per `x += 1.0` where users write it and benchmarks seldom do: at line 400
+    of a script, and inside an np.errstate block; each beside the same loop at line 1 and
+    outside any block, in this run (the ratio's goal is 1x)."""
+    def cpu_us(source: str, errstate: bool = False) -> float:
+        code, scope = compile(source, "<a user's script>", "exec"), {"x": x, "n": n}
+        mwrt.synchronize()
+        c0 = time.thread_time()  # this thread's: the heartbeat's would blur a few us
+        if errstate:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                exec(code, scope)
+        else:
+            exec(code, scope)
+        cpu = time.thread_time() - c0
+        mwrt.synchronize()
+        return cpu / n * 1e6
+
+    short = min(cpu_us(_LOOP) for _ in range(3))
+    long = min(cpu_us(_LONG) for _ in range(3))
+    blocked = min(cpu_us(_LOOP, errstate=True) for _ in range(3))
+    return [("  master CPU per op, issued at line 401", f"{long:.1f} µs",
+             f"the same at line 1 {short:.1f} µs", f"{long / short:.2f}x", "1x"),
+            ("  master CPU per op, in an np.errstate block", f"{blocked:.1f} µs",
+             f"the same outside one {short:.1f} µs", f"{blocked / short:.2f}x", "1x")]
 
 
 def event_pair_cpu_us(n: int = 20_000) -> float:
