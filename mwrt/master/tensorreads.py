@@ -202,10 +202,10 @@ class TensorReads(Handle):
         return np.broadcast_to(np.zeros((), spec.dtype), spec.shape)
 
     def _scalar(self, convert) -> Any:
-        """convert(t) of a one-element tensor as NumPy (torch) converts an array of its
-        shape: their own error, without a wait, where they refuse one."""
-        if self.spec.shape:
-            convert(self._stand_in())  # raises where NumPy does (may warn, as NumPy does)
+        """convert(t) of a one-element tensor, of any shape (torch's rule: NumPy 2.4 refuses
+        float() of a shaped one); of any other, NumPy's (torch's) own error, without a wait."""
+        if math.prod(self.spec.shape) != 1:
+            convert(self._stand_in())  # raises, as NumPy does for an array of this shape
         return convert(self.item())
 
     def tolist(self) -> Any:
@@ -222,8 +222,8 @@ class TensorReads(Handle):
 
     def __index__(self) -> int:
         """The value of a one-element integer tensor used as an index; waits for it."""
-        operator.index(self._stand_in())  # NumPy's own error for a float or a shaped one
-        return int(self.item())
+        operator.index(np.zeros((), self.spec.dtype))  # NumPy's own error for a float one
+        return self._scalar(operator.index)
 
     def __complex__(self) -> complex:
         """complex(t) of a one-element tensor; waits for it."""
