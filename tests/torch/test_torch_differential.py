@@ -178,8 +178,19 @@ def programs(draw, max_lines: int = 8, mesh: bool = False):
                 continue
             nodes[made] = node
         lines.append(line)
-    final = {k: env[k] for k in nodes if isinstance(env.get(k), torch.Tensor)}
+    final = {k: env[k] for k in nodes if isinstance(env.get(k), torch.Tensor)
+             and _torch_answers(env[k])}
     return initial, grads, lines, final
+
+
+def _torch_answers(tensor) -> bool:
+    """Whether torch says what the comparison asks of `tensor`: it refuses is_leaf of a
+    view that a multi-view function (unbind) made under no_grad once its base was written
+    in place with grad on (a RuntimeError), which leaves nothing to compare."""
+    try:
+        return tensor.is_leaf in (True, False)
+    except RuntimeError:
+        return False
 
 
 def _tensor(draw, dtype: str, shape: tuple):
@@ -420,6 +431,11 @@ FOUND = {
         ["v3 = v0 + v1", "with torch.no_grad():\n    v4 = v3[1:]", "v5 = v2 * 2",
          "with torch.no_grad():\n    v6 = v5[1:]\n    v7 = v2[1:]\n    v8 = v5.view(-1)",
          "((v6 * 2).sum() + v7.sum() + v8.sum()).backward()", "v9 = v2.grad"]),
+    "torch refuses is_leaf of an unbind view written in place, which leaves nothing to "
+    "compare of it (seed 11)": (
+        {"v0": torch.ones(2, 3)}, set(),
+        ["v1 = v0.unbind(0)[0]", "with torch.no_grad():\n    v1.add_(1)",
+         "v0.requires_grad_()", "v2 = v0 * 2"]),
 }
 
 
@@ -428,7 +444,7 @@ def test_what_the_programs_found(two_streams, what):
     initial, grads, lines = FOUND[what]
     env = _torch_env(initial, grads, lines)
     final = {k: v for k, v in env.items() if k.startswith("v") and k != "v_read"
-             and isinstance(v, torch.Tensor)}
+             and isinstance(v, torch.Tensor) and _torch_answers(v)}
     _check((initial, grads, lines, final), two_streams)
 
 
