@@ -246,6 +246,9 @@ def dispatch(func: Callable, args: tuple, kwargs: dict) -> Any:
     """torch's `func` where its handles live: one place (torchissue), or a mesh
     (torchmesh); a backward (or autograd.grad) across nodes as walks on each
     (torchacross)."""
+    read = _reads().get(func)
+    if read is not None:  # a Python value of the tensors' values: read from the worker
+        return read(*args, **kwargs)
     try:
         return torch_call(func, args, kwargs)
     except OnMesh:
@@ -275,6 +278,32 @@ def install_methods(cls: type, call: Callable) -> None:
     for name in _PROPERTIES:
         setattr(cls, name, property(_getter(getattr(torch.Tensor, name).__get__, call),
                                     doc=f"torch.Tensor.{name}, on the tensor's worker."))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """torch.equal: the same shape and the same elements (NaN equals nothing); one wait."""
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    return bool((a == b).all())
+
+
+def _allclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
+              equal_nan: bool = False) -> bool:
+    """torch.allclose: isclose everywhere (torch's own definition); one wait."""
+    return bool(_torch().isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan).all())
+
+
+def _reads() -> dict:
+    """torch functions whose result is a Python value of the tensors' values, which torch's
+    meta device cannot give: each an op on the worker and a read of its one element."""
+    if not _READS:
+        torch = _torch()
+        _READS.update({torch.equal: _equal, torch.Tensor.equal: _equal,
+                       torch.allclose: _allclose, torch.Tensor.allclose: _allclose})
+    return _READS
+
+
+_READS: dict = {}
 
 
 def _across() -> tuple:

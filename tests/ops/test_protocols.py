@@ -114,3 +114,18 @@ def test_a_torch_handle_says_how_to_copy_it(cluster):
             copier(t)
     assert 1.0 in t and 2.0 not in t
     assert f"{mwrt.dist_send(torch.tensor(2.5)):.2f}" == f"{torch.tensor(2.5):.2f}"
+
+
+@pytest.mark.parametrize("pair", ["same", "other values", "nan", "other shape", "broadcast",
+                                  "other dtype", "local tensor"])
+def test_torch_equal_and_allclose_of_handles_answer_as_torch(cluster, pair):
+    torch = pytest.importorskip("torch")
+    a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    b = {"same": a.clone(), "other values": a + 1e-7, "nan": a.clone().fill_(float("nan")),
+         "other shape": a[:1], "broadcast": a[1], "other dtype": a.double(),
+         "local tensor": a.clone()}[pair]
+    ra = mwrt.dist_send(a)
+    rb = b if pair == "local tensor" else mwrt.dist_send(b)
+    for fn in (torch.equal, torch.allclose, lambda x, y: x.equal(y),
+               lambda x, y: x.allclose(y, atol=0.0), lambda x, y: torch.allclose(x, y, equal_nan=True)):
+        assert outcome(lambda pair: fn(*pair), (ra, rb)) == outcome(lambda pair: fn(*pair), (a, b))
