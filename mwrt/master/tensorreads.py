@@ -63,7 +63,7 @@ class TensorReads(Handle):
     def spec(self) -> Spec:
         """Shape and dtype; asks the worker(s) once if they depend on data (masks, remote())."""
         if self._spec is None:
-            self._spec = _asked_spec(self) if self._mesh is None else _global_spec(self)
+            self._spec = asked_spec(self) if self._mesh is None else _global_spec(self)
         return self._spec
 
     shape = property(lambda self: self.spec.shape, doc="The shape, a tuple of ints.")
@@ -243,7 +243,7 @@ class TensorReads(Handle):
         return self._scalar(bool)
 
 
-def _asked_spec(tensor: TensorReads) -> Spec:
+def asked_spec(tensor: TensorReads) -> Spec:
     """The shape and dtype of a one-place tensor, asked of its worker."""
     node = tensor._node
     meta = wire.Meta(id=next(node.ids), stream=ordering.read_stream(tensor), ref=tensor._id,

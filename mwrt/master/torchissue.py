@@ -28,6 +28,7 @@ from ..ops.torchspec import TorchSpec
 from ..protocol import wire
 from . import context, ordering, torchgrad, transfer
 from .handle import Handle, check_same_place
+from .tensorreads import asked_spec
 
 _NAMES: dict = {}  # torch function -> its qualified name, once checked
 _STARTED: dict = {}  # id of a node sent a torch command -> a weak reference to it
@@ -111,9 +112,21 @@ def run(name: str, func, args: tuple, kwargs: dict, op: str, prefix: tuple, *, k
         written = (*written, *range(len(inputs), len(inputs) + len(filled)))
         inputs = [*inputs, *filled]
     _issue(node, stream, inputs, written, op, (*prefix, grad, *wargs), wkwargs, fresh)
+    if torchmeta.asks(outcome):  # shapes that depend on the values: one round trip
+        _ask_shapes(made, outs)
     if tree is None:
         return made[0] if made else None
     return torchmeta.unflatten(tree, iter(made))
+
+
+def _ask_shapes(made: list, outs: tuple) -> None:
+    """Give the results whose shapes depend on the values (a mask's index, nonzero, unique)
+    their worker's metadata, as a NumPy handle's mask result brings its shape: asked at
+    once, so every handle a torch call returns has a known shape (a failed call raises its
+    RemoteError here, at its line)."""
+    for handle, (spec, _, _) in zip(made, outs):
+        if spec.shape is None:
+            handle._spec = asked_spec(handle)
 
 
 # (name, grad mode, _flat's key) -> (Outcome, whether autograd's graph may need a record)
@@ -136,7 +149,8 @@ def _inferred(name: str, func, grad: bool, args: tuple, kwargs: dict, key, uses:
         skwargs, wkwargs, kkwargs = _convert(kwargs, place, name) if kwargs else ({}, {}, ())
         del place[0]
     key = None if kargs is None or kkwargs is None else (key or name, grad, kargs, kkwargs)
-    return place, wargs, wkwargs, torchmeta.infer(name, func, grad, sargs, skwargs, key)
+    return place, wargs, wkwargs, torchmeta.infer(name, func, grad, sargs, skwargs, key,
+                                                  ask=True)
 
 
 def _results(outs: tuple, place: list, node, device, stream: int, results, name: str):

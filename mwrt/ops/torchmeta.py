@@ -7,6 +7,7 @@ input metas, plain values). `flatten` and `unflatten` carry how a result's tenso
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from .torchspec import Outcome, TorchSpec, decode, spec_of, torch_module
@@ -17,9 +18,12 @@ _SPECIAL = {"torch.manual_seed": NOTHING, "torch.Tensor.backward": NOTHING,
 _MEMO: dict = {}
 
 
-def infer(name: str, func, grad: bool, args: tuple, kwargs: dict, key) -> Outcome:
+def infer(name: str, func, grad: bool, args: tuple, kwargs: dict, key,
+          ask: bool = False) -> Outcome:
     """What `func(*args, **kwargs)` makes (TorchSpecs for tensors), remembered by `key`
-    (None: not remembered)."""
+    (None: not remembered). `ask`: a call whose shapes depend on the values (nonzero, a
+    mask's index, unique) gives its results' specs with shape None, to ask of the worker
+    that ran it (asked_outcome); else it is a TypeError that says so."""
     special = _SPECIAL.get(name)
     if special is not None:
         return special
@@ -29,15 +33,21 @@ def infer(name: str, func, grad: bool, args: tuple, kwargs: dict, key) -> Outcom
             return found
     rule = _RULES.get(name)
     outcome = rule(args, kwargs) if rule is not None else _run_meta(name, func, grad, args,
-                                                                    kwargs)
-    if key is not None:
+                                                                    kwargs, ask)
+    if key is not None and not asks(outcome):  # (another caller may not ask)
         if len(_MEMO) > 100_000:
             _MEMO.clear()
         _MEMO[key] = outcome
     return outcome
 
 
-def _run_meta(name: str, func, grad: bool, args: tuple, kwargs: dict) -> Outcome:
+def asks(outcome: Outcome) -> bool:
+    """Whether the shapes of `outcome`'s results are to be asked of the worker."""
+    return any(spec.shape is None for spec, _, _ in outcome.outs)
+
+
+def _run_meta(name: str, func, grad: bool, args: tuple, kwargs: dict,
+              ask: bool = False) -> Outcome:
     torch = torch_module()
     inputs: list = []
     margs, mkwargs = _to_meta(args, inputs), _to_meta(kwargs, inputs)
@@ -52,6 +62,9 @@ def _run_meta(name: str, func, grad: bool, args: tuple, kwargs: dict) -> Outcome
         with torch.set_grad_enabled(grad):
             result = func(*margs, **mkwargs)
     except NotImplementedError as exc:
+        asked = asked_outcome(func, grad, args, kwargs) if ask else None
+        if asked is not None:
+            return asked
         raise TypeError(f"{name}: its result's shape depends on the tensor's values, which the "
                         f"master does not have ({str(exc).splitlines()[0]:.100}); compute it "
                         "inside a function run with mwrt.remote(fn)") from None
@@ -69,6 +82,47 @@ def _run_meta(name: str, func, grad: bool, args: tuple, kwargs: dict) -> Outcome
     if not outs:
         return Outcome((), written, respec, None, result)
     return Outcome(tuple(outs), written, respec, tree, None)
+
+
+def asked_outcome(func, grad: bool, args: tuple, kwargs: dict) -> Outcome | None:
+    """What a call whose shapes depend on the values makes, shapes aside (None: asked of
+    the worker once it ran): run on stand-ins without elements, it tells its results'
+    number, nesting, dtypes, grad and leafness. None where it fails on them, writes or
+    returns an input, or makes no tensor (a Python value: it needs the values)."""
+    torch = torch_module()
+    inputs: list = []
+    try:
+        sargs, skwargs = _to_meta(args, inputs, _stand_in), _to_meta(kwargs, inputs, _stand_in)
+        versions = [t._version for t in inputs]
+        with torch.set_grad_enabled(grad), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = func(*sargs, **skwargs)
+    except Exception:  # noqa: BLE001 - not such a call: the caller says why it cannot run
+        return None
+    leaves: list = []
+    tree = flatten(result, leaves, torch.Tensor)
+    if (not leaves or any(t._version != v for t, v in zip(inputs, versions))
+            or any(leaf is t for leaf in leaves for t in inputs)):
+        return None
+    outs = tuple((TorchSpec(ASKED, leaf.dtype, ASKED, leaf.requires_grad, leaf.is_leaf), -1,
+                  -1) for leaf in leaves)
+    return Outcome(outs, (), (), tree, None)
+
+
+# A TorchSpec's shape and strides where the worker is asked them (asked_outcome's).
+ASKED: Any = None
+
+
+def _stand_in(spec: TorchSpec):
+    """A host tensor with `spec`'s dtype, ndim, grad and leafness and no elements."""
+    torch = torch_module()
+    made = torch.empty((0,) * len(spec.shape), dtype=spec.dtype)
+    if not spec.requires_grad:
+        return made
+    if spec.leaf:
+        return made.requires_grad_()
+    with torch.enable_grad():
+        return made.requires_grad_() * 1
 
 
 def _setitem_on_host(target, index, value) -> None:
@@ -104,16 +158,16 @@ def _root(t):
     return t if base is None else base
 
 
-def _to_meta(value, inputs: list):
+def _to_meta(value, inputs: list, make=None):
     kind = type(value)
     if kind is TorchSpec:
-        meta = _meta_tensor(value)
+        meta = (make or _meta_tensor)(value)
         inputs.append(meta)
         return meta
     if kind is tuple or kind is list:
-        return kind(_to_meta(v, inputs) for v in value)
+        return kind(_to_meta(v, inputs, make) for v in value)
     if kind is dict:
-        return {k: _to_meta(v, inputs) for k, v in value.items()}
+        return {k: _to_meta(v, inputs, make) for k, v in value.items()}
     return decode(value)
 
 

@@ -34,7 +34,7 @@ def _call(xp, name: str, grad: bool, *args, **kwargs) -> list:
     specs: list = []
     sargs, skwargs = _specs(args, specs, torch), _specs(kwargs, specs, torch)
     key = (name, grad, key_of(sargs), key_of(skwargs))
-    expected = infer(name, func, grad, sargs, skwargs, None if None in key else key)
+    expected = infer(name, func, grad, sargs, skwargs, None if None in key else key, ask=True)
     with torch.set_grad_enabled(grad):
         result = func(*args, **kwargs)
     if result is None and name == "torch.Tensor.grad.__get__":
@@ -49,7 +49,7 @@ def _call(xp, name: str, grad: bool, *args, **kwargs) -> list:
     for leaf, (spec, same, _) in zip(leaves, expected.outs):
         if same < 0:
             got = spec_of(leaf)
-            if not same_layout(got, spec):
+            if spec.shape is not None and not same_layout(got, spec):  # (None: asked next)
                 raise TypeError(f"{name}: the result disagrees with what the master announced "
                                 f"(got {got.dtype}{list(got.shape)} strides {got.stride}, "
                                 f"expected {spec.dtype}{list(spec.shape)} strides "
