@@ -276,8 +276,7 @@ def test_errors_name_the_fix(cluster):
         a + torch.ones(3, requires_grad=True)
     with pytest.raises(ValueError, match=r"'torch\.load' is not a torch function"):
         mwrt.master.torchissue.torch_call(torch.load, (a,), {})
-    with pytest.raises(TypeError, match="depends on the tensor's values"):
-        a[a > 0]
+    # (a[a > 0], refused here once, runs: test_torch_data_dependent.py; a mesh's still refuses)
 
 
 def test_grad_is_none_until_a_backward_reaches_it_and_after_zero_grad(cluster):
