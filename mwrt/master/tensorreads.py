@@ -17,15 +17,15 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..arrays import HOST
-from ..ops import Spec, torchspec
+from ..ops import Spec
 from ..protocol import wire
-from . import context, methods, ordering
+from . import context, methods
 from .handle import Handle
 from .mesh.device_mesh import Mesh
 from .mesh.moves import gather_to_master
 from .mesh.naming import name_places
 from .mesh.placement import REPLICATE, Shard, describe
-from .transfer import fetch, keep_read_ahead, share
+from .transfer import asked_spec, fetch, share
 
 _NAMES: dict[int, str] = {}  # id(handle) -> its name, while the handle lives
 
@@ -241,22 +241,6 @@ class TensorReads(Handle):
     def __bool__(self) -> bool:
         """bool(t) of a one-element tensor; waits for it."""
         return self._scalar(bool)
-
-
-def asked_spec(tensor: TensorReads) -> Spec:
-    """The shape and dtype of a one-place tensor, asked of its worker."""
-    node = tensor._node
-    meta = wire.Meta(id=next(node.ids), stream=ordering.read_stream(tensor), ref=tensor._id,
-                     token=next(node.tokens))
-    reply, frames = node.request(meta, f"shape of tensor {tensor._id}")
-    if type(reply) is wire.Data:  # small: its bytes came too, for a read next
-        spec = Spec(tuple(reply.shape), np.dtype(reply.dtype))
-        keep_read_ahead(tensor, frames[0], spec)
-        return spec
-    if "stride" in reply.value:  # a torch tensor's metadata
-        torch_spec: Any = torchspec.spec_from(reply.value)  # a torch handle's
-        return torch_spec
-    return Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
 
 
 def _global_spec(tensor: TensorReads) -> Spec:

@@ -28,7 +28,6 @@ from ..ops.torchspec import TorchSpec
 from ..protocol import wire
 from . import context, ordering, torchgrad, transfer
 from .handle import Handle, check_same_place
-from .tensorreads import asked_spec
 
 _NAMES: dict = {}  # torch function -> its qualified name, once checked
 _STARTED: dict = {}  # id of a node sent a torch command -> a weak reference to it
@@ -126,7 +125,7 @@ def _ask_shapes(made: list, outs: tuple) -> None:
     RemoteError here, at its line)."""
     for handle, (spec, _, _) in zip(made, outs):
         if spec.shape is None:
-            handle._spec = asked_spec(handle)
+            handle._spec = transfer.asked_spec(handle)
 
 
 # (name, grad mode, _flat's key) -> (Outcome, whether autograd's graph may need a record)

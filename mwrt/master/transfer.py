@@ -14,6 +14,7 @@ import math
 import mmap
 import os
 import socket
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from .. import config, staging
 from ..arrays import HOST
 from ..channels import Work, segments
 from ..errors import ChannelError, WorkerLostError
-from ..ops import Spec
+from ..ops import Spec, torchspec
 from ..protocol import values, wire
 from . import context, inplace, ordering
 from .cluster import current
@@ -246,3 +247,19 @@ def host_array(array) -> np.ndarray:
     raise TypeError(f"dist_send: expected a NumPy array or a CPU tensor (got "
                     f"{type(array).__name__}); wrap data with np.asarray first, and move GPU "
                     "tensors to the host (.cpu())")
+
+
+def asked_spec(tensor) -> Spec:
+    """The shape and dtype of a one-place tensor, asked of its worker."""
+    node = tensor._node
+    meta = wire.Meta(id=next(node.ids), stream=ordering.read_stream(tensor), ref=tensor._id,
+                     token=next(node.tokens))
+    reply, frames = node.request(meta, f"shape of tensor {tensor._id}")
+    if type(reply) is wire.Data:  # small: its bytes came too, for a read next
+        spec = Spec(tuple(reply.shape), np.dtype(reply.dtype))
+        keep_read_ahead(tensor, frames[0], spec)
+        return spec
+    if "stride" in reply.value:  # a torch tensor's metadata
+        torch_spec: Any = torchspec.spec_from(reply.value)  # a torch handle's
+        return torch_spec
+    return Spec(tuple(reply.value["shape"]), np.dtype(reply.value["dtype"]))
