@@ -113,3 +113,45 @@ def ctrl_c_held():
         signal.signal(signal.SIGINT, previous)
     if held and callable(previous):
         previous(*held[0])  # Python's own handler raises KeyboardInterrupt
+
+
+def interrupt_outside_finalizers() -> None:
+    """Make Python's Ctrl-C handler (if it is this process's) deliver a KeyboardInterrupt
+    that lands in a finalizer (a __del__, such as a handle's; a weakref callback, such as
+    importlib's module locks) once it has returned: Python prints an exception raised
+    there as 'Exception ignored' and drops it, and the program ran on as if no Ctrl-C had
+    come. Main thread only, as only it gets signals; undone by restore_interrupt()."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, interrupt_handler)
+
+
+def restore_interrupt() -> None:
+    """Python's own Ctrl-C handler again, where interrupt_outside_finalizers() set one."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is interrupt_handler):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def interrupt_handler(signum, frame) -> None:
+    """Python's KeyboardInterrupt, sent again a moment later if it lands in a finalizer."""
+    if _in_finalizer(frame):  # send it again, to land once the finalizer returned
+        threading.Timer(_AGAIN_AFTER, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return
+    raise KeyboardInterrupt
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether `frame` runs inside a finalizer, where Python drops exceptions: any __del__
+    on the stack, or importlib's module-lock callback (a weakref's, run as an import ends).
+    (Not weakref.finalize's: at exit they run the exit handlers, which hear a Ctrl-C.)"""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (
+                code.co_name == "cb" and code.co_filename == "<frozen importlib._bootstrap>"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_AGAIN_AFTER = 0.005  # seconds: a finalizer of mwrt's returns in microseconds

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import zmq
 
-from .. import channels, config
+from .. import channels, config, procs
 from ..errors import ConfigError, MwrtError
 from ..netaddr import advertise_address, join_host_port, resolve, split_host_port
 from ..procs import deaf_to_ctrl_c
@@ -207,6 +207,7 @@ def init_master_worker(workers: str | Sequence[str] | None = None, *,
     its master is gone, and a master with the same name and key re-attaches (mwrt.attached()).
     """
     global _cluster
+    procs.interrupt_outside_finalizers()  # a Ctrl-C in a handle's __del__ is not lost
     timeout = config.get("connect_timeout") if timeout is None else float(timeout)
     channel = _session_channel(backend, channel)
     registry = registry or config.get("registry")
@@ -294,6 +295,7 @@ def shutdown() -> None:
         cluster, _cluster = _cluster, None
     if cluster is not None:
         cluster.close()
+    procs.restore_interrupt()
 
 
 def current() -> Cluster:

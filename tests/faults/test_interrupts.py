@@ -308,7 +308,8 @@ LEFT_TO_ITS_HELPER = textwrap.dedent("""
                 if where == "wait":
                     ctrl_c_in_its_wait()
                 if then == "again":  # once the exit handler is deaf to Ctrl-C: a second
-                    while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                    while signal.getsignal(signal.SIGINT) in (signal.default_int_handler,
+                                                          mwrt.procs.interrupt_handler):
                         time.sleep(0.01)
                     ctrl_c()
                 said_bye.wait(60)
@@ -645,3 +646,39 @@ def test_a_ctrl_c_while_a_collective_is_issued_reaches_every_node_or_none(tmp_pa
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+FINALIZER = textwrap.dedent("""
+    import os, signal, sys, time
+    import mwrt
+    mwrt.init_master_worker(local_workers=1, timeout=30)
+
+    class Slow:  # its __del__ runs when it is dropped: the signal lands inside it
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(10_000))
+
+    x = mwrt.ones(8)
+    try:
+        Slow()
+        for _ in range(100):
+            x += 1.0  # ops go on; the Ctrl-C must come before they end
+            time.sleep(0.01)
+        print("ran on past a Ctrl-C in a __del__", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    mwrt.shutdown()
+""")
+
+
+def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost(tmp_path):
+    """Python drops an exception raised in a __del__ or a weakref callback ('Exception
+    ignored'): a Ctrl-C that lands in a __del__ (a handle's) or importlib's module-lock
+    callback (while workers start: one run in a whole suite) reaches the program once the
+    finalizer returns."""
+    path = tmp_path / "finalizer.py"
+    path.write_text(FINALIZER)
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=EXIT_TIMEOUT, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "interrupted", done.stdout
