@@ -7,6 +7,11 @@ import importlib
 import numpy as np
 
 HOST = -1
+# NumPy 2 keeps its floating-point error state (what np.errstate sets) in a context
+# variable, read and set directly where np.geterr() and np.errstate cost microseconds an op
+# (the master's issue, the worker's run); None on a NumPy without one.
+ERROR_STATE = getattr(getattr(getattr(np, "_core", None), "_ufunc_config", None),
+                      "_extobj_contextvar", None)
 
 # torch-style typed constructors and the dtypes they make.
 TYPED = {

@@ -21,7 +21,7 @@ from operator import attrgetter
 import numpy as np
 
 from .. import ops
-from ..arrays import HOST
+from ..arrays import ERROR_STATE, HOST
 from ..ops import UNKNOWN
 from ..protocol import wire
 from . import context, ordering
@@ -32,10 +32,9 @@ from .mesh.placement import PlacementError
 _SCALARS = (int, float, bool, complex)
 _ID = attrgetter("_id")  # a handle's tensor id (in C: no generator per op)
 _DEFAULT_FP = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}
-# NumPy 2 keeps its error state in a context variable: one read (60 ns) tells the default,
+# NumPy's error state object (arrays.ERROR_STATE): one read (60 ns) tells the default,
 # where np.geterr() builds a dict (1-7 us). Another NumPy: np.geterr() on every op.
-_FP_STATE = getattr(getattr(getattr(np, "_core", None), "_ufunc_config", None),
-                    "_extobj_contextvar", None)
+_FP_STATE = ERROR_STATE
 # The default's own object, if NumPy is at its default now (mwrt may be imported inside an
 # np.errstate): errstate and seterr make new ones, and leaving errstate restores this one.
 _FP_READ = _FP_STATE.get if _FP_STATE is not None else np.geterr

@@ -246,7 +246,7 @@ def dispatch(func: Callable, args: tuple, kwargs: dict) -> Any:
     """torch's `func` where its handles live: one place (torchissue), or a mesh
     (torchmesh); a backward (or autograd.grad) across nodes as walks on each
     (torchacross)."""
-    read = _reads().get(func)
+    read = _READS.get(func)
     if read is not None:  # a Python value of the tensors' values: read from the worker
         return read(*args, **kwargs)
     try:
@@ -265,6 +265,9 @@ def install_methods(cls: type, call: Callable) -> None:
     """Give `cls` every method torch.Tensor hands to __torch_function__ that it lacks."""
     torch = _torch()
     from torch.overrides import get_overridable_functions, resolve_name
+
+    _READS.update({torch.equal: _equal, torch.Tensor.equal: _equal,
+                   torch.allclose: _allclose, torch.Tensor.allclose: _allclose})
 
     for func in get_overridable_functions()[torch.Tensor]:
         name = (resolve_name(func) or "").removeprefix("torch.Tensor.")
@@ -293,16 +296,9 @@ def _allclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
     return bool(_torch().isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan).all())
 
 
-def _reads() -> dict:
-    """torch functions whose result is a Python value of the tensors' values, which torch's
-    meta device cannot give: each an op on the worker and a read of its one element."""
-    if not _READS:
-        torch = _torch()
-        _READS.update({torch.equal: _equal, torch.Tensor.equal: _equal,
-                       torch.allclose: _allclose, torch.Tensor.allclose: _allclose})
-    return _READS
-
-
+# torch functions whose result is a Python value of the tensors' values, which torch's meta
+# device cannot give: each an op on the worker and a read of its one element (filled by
+# install_methods, with the first torch handle, as torch is imported then).
 _READS: dict = {}
 
 

@@ -14,6 +14,8 @@ import threading
 
 import numpy as np
 
+from ..arrays import ERROR_STATE
+
 _KINDS = ("divide", "over", "under", "invalid")
 # How the worker runs each of the master's modes: "warn" (and print, log, call, which act
 # on the master's side) becomes noted; "raise" and "ignore" are NumPy's own.
@@ -56,8 +58,7 @@ def state_object(state: dict):
     return found
 
 
-STATE = getattr(getattr(getattr(np, "_core", None), "_ufunc_config", None),
-                 "_extobj_contextvar", None)
+STATE = ERROR_STATE  # NumPy's context variable of the error state (None: another NumPy)
 _STATES: dict = {}  # the master's state, as items -> NumPy's object of the worker's modes
 
 
