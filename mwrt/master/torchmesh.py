@@ -113,8 +113,9 @@ def results(name, mesh, operands, outcome, per_place, args, kwargs):
         blocks = [leaves[j] for leaves in trees]
         placements = _placements(name, mesh, spec, blocks, sharded, kwargs)
         if any(p == PARTIAL for p in placements) and _mean(name, args, kwargs):
-            blocks = [torchissue.torch_call(_torch().mul, (b, _share(sharded[0], i)), {})
-                      for i, b in enumerate(blocks)]
+            mul = _torch().mul  # (its meta rule; the worker's torch_scale saves no tensor)
+            blocks = [torchissue.run("torch.mul", mul, (b, _share(sharded[0], i)), {},
+                                     "torch_scale", ()) for i, b in enumerate(blocks)]
         made.append(handle.on_mesh(mesh, placements, blocks, spec))
     if outcome.tree is None:
         return made[0] if made else None

@@ -134,6 +134,30 @@ def _depart(xp, t) -> list:
         return [_DEPARTURE[0].apply(t)]
 
 
+_SCALING: list = []  # the autograd Function of a mesh mean's weighting, once made
+
+
+def _scale(xp, grad: bool, t, factor: float) -> list:
+    """t * factor (a place's part of a mean over a sharded axis, weighted by its share of
+    the rows), whose backward keeps the factor as a number: torch's mul saves it as a
+    tensor, which a backward frees, so a second backward through a mean (which torch's own
+    mean allows: it saves nothing) failed as 'backward through the graph a second time'."""
+    torch = torch_module()
+    if not _SCALING:
+        class Scaling(torch.autograd.Function):  # type: ignore[name-defined]  # torch: imported now
+            @staticmethod
+            def forward(ctx, t, factor):
+                ctx.factor = factor
+                return t * factor
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * ctx.factor, None
+        _SCALING.append(Scaling)
+    with torch.set_grad_enabled(grad):
+        return [_SCALING[0].apply(t, factor)]
+
+
 def _bits(xp, t):
     """A torch tensor's values as a NumPy array (a dtype NumPy lacks as same-sized ints)."""
     torch = torch_module()
@@ -244,6 +268,8 @@ register("torch_arrive", _arrive, lambda *args, **kwargs: None, own_results=True
          doc="A tensor received from another node whose gradient goes back there.")
 register("torch_depart", _depart, lambda *args, **kwargs: None, own_results=True,
          doc="The autograd mark of a tensor sent to another node.")
+register("torch_scale", _scale, lambda *args, **kwargs: None, own_results=True,
+         doc="A mesh mean's part weighted by its rows, its backward saving no tensor.")
 register("torch_new", _new, lambda *args, **kwargs: None, own_results=True,
          doc="An optimizer or LR scheduler of torch.optim on the worker.")
 register("torch_method", _method, lambda *args, **kwargs: None, own_results=True,

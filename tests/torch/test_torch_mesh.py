@@ -375,3 +375,16 @@ def test_a_sharded_module_accumulates_and_clears_gradients_as_torch(mesh):
     assert all(p.grad is None for p in sharded.parameters())
     with pytest.raises(ValueError, match="fully_shard: no mesh to shard over"):
         mwrt.torch.fully_shard(_model())
+
+
+def test_a_second_backward_through_a_mean_over_the_sharded_axis(cluster):
+    """Found by the random mesh programs: torch's mean saves no tensor, so a second backward
+    through it runs; the mesh's weighting of each place's part saved its factor as a tensor,
+    freed by the first backward ('backward through the graph a second time')."""
+    local = (torch.arange(12.0).reshape(4, 3) / 7).requires_grad_()
+    v0 = mwrt.dist_send(local.detach(), mesh=mwrt.mesh(), shard=0).requires_grad_()
+    for t in (local, v0):
+        v3 = t.mean(0)
+        v3.sum().backward()
+        (t * v3).mean().backward()
+    torch.testing.assert_close(v0.grad.torch(), local.grad)
