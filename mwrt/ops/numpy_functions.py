@@ -210,6 +210,8 @@ OUTPUTS.update({
     "nonzero": _ndim, "diag_indices_from": _ndim,
     "where": lambda *args, **kwargs: _ndim(args[0]) if len(args) == 1 else 0,
     "unique": _flags("return_index", "return_inverse", "return_counts"),
+    "unique_counts": lambda *a, **k: 2, "unique_inverse": lambda *a, **k: 2,
+    "unique_all": lambda *a, **k: 4,
     "histogram": lambda *a, **k: 2, "histogram2d": lambda *a, **k: 3,
     "histogramdd": lambda *a, **k: 2, "tril_indices_from": lambda *a, **k: 2,
     "triu_indices_from": lambda *a, **k: 2, "gradient": _gradient,

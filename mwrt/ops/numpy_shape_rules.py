@@ -87,7 +87,10 @@ def _qr(a, mode="reduced"):
         return [batch + (m, m), batch + (m, n)]
     if mode == "reduced":
         return [batch + (m, k), batch + (k, n)]
-    return UNKNOWN  # "raw": the shapes of (h, tau) are left to the worker
+    if mode == "raw":  # (h, tau): h is LAPACK's, transposed
+        return [batch + (n, m), batch + (k,)]
+    raise ValueError(f"np.linalg.qr: unrecognized mode {mode!r} (expected 'reduced', "
+                     "'complete', 'r' or 'raw')")
 
 
 @rule("linalg.svdvals")

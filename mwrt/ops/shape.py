@@ -28,9 +28,22 @@ def _view_meta(name):
 
 for _name in ["reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "ravel",
               "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d", "roll",
-              "diagonal", "tril", "triu", "repeat", "tile", "sort", "ascontiguousarray"]:
+              "diagonal", "tril", "triu", "tile", "sort", "ascontiguousarray"]:
     register(_name, _impl(_name), _view_meta(_name),
              scalar=KEEPS if _name in ("reshape", "transpose", "squeeze") else False)
+
+
+def _repeat_meta(a, repeats, axis=None):
+    # A Spec is a tuple to NumPy, which would read its fields as counts.
+    if isinstance(repeats, Spec):
+        raise TypeError(f"repeat: counts held in a tensor size the result from their values "
+                        f"(got a tensor of shape {repeats.shape}, expected an int, a list or a "
+                        "NumPy array): pass counts.numpy(), or use mwrt.array_api.repeat, "
+                        "which reads back their total")
+    return Spec(np.repeat(standin(a), repeats, axis).shape, a.dtype)
+
+
+register("repeat", _impl("repeat"), _repeat_meta)
 
 register("argsort", _impl("argsort"),
          lambda a, *args, **kwargs: Spec(np.argsort(standin(a), *args, **kwargs).shape,

@@ -128,6 +128,31 @@ def test_linalg_decompositions_are_tuples_of_tensors(device):
     assert np.linalg.qr(W, mode="r").shape == np.linalg.qr(wide, mode="r").shape
 
 
+def test_decompositions_and_unique_sets_are_numpys_named_tuples(device):
+    _, a, spd = _matrices(6)
+    A, S = _put(a, device), _put(spd, device)
+    v = np.array([3, 1, 3, 0, 1, 3])
+    V = _put(v, device)
+    for name, result, expected in [
+        ("eigh", np.linalg.eigh(S), np.linalg.eigh(spd)),
+        ("svd", np.linalg.svd(A), np.linalg.svd(a)),
+        ("qr", np.linalg.qr(A), np.linalg.qr(a)),
+        ("slogdet", np.linalg.slogdet(A), np.linalg.slogdet(a)),
+        ("eig", np.linalg.eig(S), np.linalg.eig(spd)),
+        ("unique_all", np.unique_all(V), np.unique_all(v)),
+        ("unique_counts", np.unique_counts(V), np.unique_counts(v)),
+        ("unique_inverse", np.unique_inverse(V), np.unique_inverse(v)),
+    ]:
+        assert type(result) is type(expected), (name, type(result))
+    assert np.linalg.eigh(S).eigenvalues.shape == (4,)
+    _same(tuple(np.unique_all(V)), tuple(np.unique_all(v)), known=False)
+    _same(np.unique_counts(V).counts, np.unique_counts(v).counts, known=False)
+    _same(np.linalg.slogdet(A).logabsdet, np.linalg.slogdet(a).logabsdet)
+    h, tau = np.linalg.qr(A, mode="raw")  # NumPy's is a plain tuple
+    _same((h, tau), np.linalg.qr(a, mode="raw"))
+    assert type(np.linalg.qr(A, mode="raw")) is tuple
+
+
 def test_fft_equals_numpy_with_the_shape_known_at_once(device):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4, 6)).astype(np.float32)
@@ -255,6 +280,16 @@ def test_bad_shapes_fail_at_issue_time_as_numpy_would(two_nodes):
         np.linalg.det(A[0])
     with pytest.raises(ValueError, match=r"np\.einsum: label 'j' has sizes 4 and 3"):
         np.einsum("ij,jk->ik", A, A)
+    with pytest.raises(ValueError, match=r"np\.linalg\.qr: unrecognized mode 'bad'"):
+        np.linalg.qr(A, mode="bad")
+
+
+def test_repeat_by_counts_in_a_tensor_is_refused_by_name(two_nodes):
+    A = _put(np.arange(6.0).reshape(3, 2), -1)
+    with pytest.raises(TypeError, match=r"repeat: counts held in a tensor .*mwrt\.array_api"):
+        np.repeat(A, _put(np.array([1, 0, 2]), -1), axis=0)
+    np.testing.assert_array_equal(np.repeat(A, np.array([1, 0, 2]), axis=0).numpy(),
+                                  np.repeat(np.arange(6.0).reshape(3, 2), [1, 0, 2], axis=0))
 
 
 def test_a_function_outside_numpys_namespaces_still_runs(two_nodes):
