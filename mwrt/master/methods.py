@@ -75,6 +75,9 @@ def binary(op: str, py: str, call, mesh_call):
     op_ = op + "_"
 
     def forward(self, other):
+        if op == "power" and type(other) is int and other == 2:
+            # NumPy's a ** 2 is np.square(a): the same values, but a bool's square is int8
+            return (call if self._mesh is None else mesh_call)("square", self)
         return (call if self._mesh is None else mesh_call)(op, self, operand(other))
 
     def reverse(self, other):

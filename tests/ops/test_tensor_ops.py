@@ -36,6 +36,13 @@ def test_binary_operators_tensor_tensor_and_scalar(mw, op):
     same(op(3, a), op(3, A))
 
 
+def test_a_power_of_two_is_numpys_square_as_for_bools(mw):
+    flags = np.array([True, False, True])
+    for array in (flags, A, I):
+        for exponent in (2, 3, 2.0, True):
+            same(mw.dist_send(array) ** exponent, array ** exponent)  # bools: int8, int64...
+
+
 @pytest.mark.parametrize("op", [operator.and_, operator.or_, operator.xor, operator.lshift,
                                 operator.rshift])
 def test_bitwise_operators_on_ints(mw, op):
