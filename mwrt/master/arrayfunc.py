@@ -58,6 +58,10 @@ def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: d
         if type(value) is list or type(value) is tuple:
             inputs = tuple(np.asarray(v) if type(v) in (list, tuple) else v for v in inputs)
             break
+    if out is not None and any(isinstance(o, np.ndarray) for o in
+                               (out if isinstance(out, tuple) else (out,))):
+        # NumPy writes into the master's array (b += t): NumPy runs it here, on the values
+        return getattr(ufunc, method)(*_values(inputs), out=out, **_values(kwargs))
     if out is not None:
         out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
         if call is not _call:  # a mesh's call: the result copied into out

@@ -182,6 +182,19 @@ def test_ufunc_out_argument(mw):
     same(a, A * 2)
 
 
+def test_a_numpy_array_out_is_written_as_numpy_writes_it(mw):
+    a = mw.dist_send(A)
+    b = np.ones_like(A)
+    b -= a  # ndarray.__isub__: np.subtract(b, a, out=b)
+    np.testing.assert_array_equal(b, 1 - A)
+    c = np.zeros_like(A)
+    assert np.add(A, a, out=c, where=A > 4) is c
+    np.testing.assert_array_equal(c, np.add(A, A, out=np.zeros_like(A), where=A > 4))
+    counts = np.arange(12).reshape(3, 4)
+    with pytest.raises(TypeError, match="Cannot cast"):  # float into int, as NumPy refuses
+        counts += a
+
+
 @pytest.mark.parametrize("name", ["sum", "mean", "prod", "min", "max", "argmin", "argmax",
                                   "std", "var", "any", "all"])
 @pytest.mark.parametrize("axis", [None, 0, 1])
