@@ -34,6 +34,11 @@ def _specs(value) -> list:
     return []
 
 
+def _dtype(value) -> np.dtype:
+    """A Spec's dtype, or the dtype of NumPy's array of an inline array or number."""
+    return value.dtype if isinstance(value, Spec) else np.asarray(value).dtype
+
+
 def _shaped(path: str, dtypes: str):
     """A rule running np.<path> on stand-ins; dtypes "first" (the first operand's), "promote"
     (all operands' promoted) or "each" (result i has operand i's)."""
@@ -46,8 +51,8 @@ def _shaped(path: str, dtypes: str):
                      *stand[2:])  # zero indices: in bounds of any non-empty axis
         out = fn(*stand, **_stand(kwargs))
         specs = _specs((args, tuple(kwargs.values())))
-        if dtypes == "each":
-            return tuple(Spec(o.shape, s.dtype) for o, s in zip(out, specs, strict=True))
+        if dtypes == "each":  # result i is operand i's, a NumPy array or number among them
+            return tuple(Spec(o.shape, _dtype(v)) for o, v in zip(out, args, strict=True))
         dtype = np.result_type(*(s.dtype for s in specs)) if dtypes == "promote" \
             else specs[0].dtype
         if isinstance(out, (tuple, list)):

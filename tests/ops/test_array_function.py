@@ -202,6 +202,20 @@ def test_joins_einsum_and_registry_functions(device):
         _named_same("np." + name, result, expected)
 
 
+def test_broadcast_arrays_and_meshgrid_take_numpy_arrays_and_numbers_beside_tensors(device):
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    A = _put(a, device)
+    for name, result, expected in [
+        ("broadcast_arrays", np.broadcast_arrays(A, a[0].astype(np.int16), 1),
+         np.broadcast_arrays(a, a[0].astype(np.int16), 1)),
+        ("meshgrid", np.meshgrid(A[0], a[1]), np.meshgrid(a[0], a[1])),
+        ("meshgrid sparse", np.meshgrid(a[1], A[0], indexing="ij", sparse=True),
+         np.meshgrid(a[1], a[0], indexing="ij", sparse=True)),
+    ]:
+        assert type(result) is type(expected), name
+        _named_same("np." + name, result, expected)
+
+
 def test_functions_without_a_rule_run_with_a_lazy_shape(device):
     rng, a, _ = _matrices(4)
     A = _put(a, device)
