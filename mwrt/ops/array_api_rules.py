@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .meta_helpers import normalize_axes, shape_of, shaped, standin
-from .numpy_functions import RULES, rule
+from .numpy_functions import RULES, as_lists, rule
 from .registry import UNKNOWN, Spec
 
 
@@ -71,6 +71,29 @@ for _path in ["concat", "stack"]:
     _shaped(_path, "promote")
 for _path in ["broadcast_arrays", "meshgrid"]:
     _shaped(_path, "each")
+
+
+def _leaves(value) -> list:
+    if isinstance(value, (tuple, list)) and not isinstance(value, Spec):  # a Spec is a tuple
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+def _stand_all(value):
+    """Specs, inline arrays and numbers as zero-byte stand-ins of their shapes."""
+    if isinstance(value, (tuple, list)) and not isinstance(value, Spec):
+        return type(value)(_stand_all(v) for v in value)
+    return shaped(shape_of(value))
+
+
+def _block(arrays):
+    """np.block's shape from NumPy on stand-ins; its dtype is every block's, promoted (NumPy
+    makes arrays of numbers among them first)."""
+    out = np.block(as_lists(_stand_all(arrays)))
+    return Spec(out.shape, np.result_type(*(_dtype(v) for v in _leaves(arrays))))
+
+
+RULES["block"] = _block
 
 
 def _repeat(x, repeats, axis=None):

@@ -60,9 +60,18 @@ def _on_device(xp, value):
     return value
 
 
+def as_lists(value):
+    """`value` with its tuples as lists: np.block's nesting, which the wire sends as tuples."""
+    if isinstance(value, (tuple, list)):
+        return [as_lists(v) for v in value]
+    return value
+
+
 def _impl(xp, path: str, outputs: int, *args, **kwargs):
     if xp is not np:
         args, kwargs = _on_device(xp, args), _on_device(xp, kwargs)
+    if path == "block":  # np.block arranges lists only
+        args = (as_lists(args[0]), *args[1:])
     result = resolve(xp, path)(*args, **kwargs)
     if outputs == RULED:  # the meta rule, run on the master, told it how many
         return tuple(result) if isinstance(result, (tuple, list)) else result

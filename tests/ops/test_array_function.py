@@ -216,6 +216,21 @@ def test_broadcast_arrays_and_meshgrid_take_numpy_arrays_and_numbers_beside_tens
         _named_same("np." + name, result, expected)
 
 
+def test_block_arranges_tensors_numpy_arrays_and_numbers(device):
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    A = _put(a, device)
+    for name, result, expected in [
+        ("block 2-d", np.block([[A, A[:, :1]], [np.zeros((1, 4))]]),
+         np.block([[a, a[:, :1]], [np.zeros((1, 4))]])),
+        ("block 1-d", np.block([A[0], 1, A[1]]), np.block([a[0], 1, a[1]])),
+        ("block deeper than the arrays", np.block([[[A]]]), np.block([[[a]]])),
+        ("block of one", np.block(A), np.block(a)),
+    ]:
+        _named_same("np." + name, result, expected)
+    with pytest.raises(ValueError, match="must match exactly"):  # at issue, as NumPy's
+        np.block([[A, np.ones((3, 1))]])
+
+
 def test_functions_without_a_rule_run_with_a_lazy_shape(device):
     rng, a, _ = _matrices(4)
     A = _put(a, device)
