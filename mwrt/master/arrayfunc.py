@@ -148,20 +148,23 @@ def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     count = numpy_functions.RULED if path in numpy_functions.RULES else 0
     if path in numpy_functions.OUTPUTS:
         count = numpy_functions.outputs(path, _specs(args), _specs(kwargs))
-    return _named(path, kwargs, call("numpy", path, count, *args, **kwargs))
+    return _sequence(path, kwargs, call("numpy", path, count, *args, **kwargs))
 
 
 # NumPy functions whose tuple of results is a named tuple (np.linalg.eigh(a).eigenvalues)
 _NAMED = {"linalg.eig", "linalg.eigh", "linalg.qr", "linalg.slogdet", "linalg.svd",
           "unique_all", "unique_counts", "unique_inverse"}
 _NAMED_TYPES: dict = {}  # (path, options) -> the class NumPy's function returns with them
+_LISTS = {"split", "array_split", "hsplit", "vsplit", "dsplit"}  # NumPy's give lists
 
 
-def _named(path: str, kwargs: dict, result: Any) -> Any:
-    """`result`, a tuple of tensors, as the named tuple NumPy's function returns for these
-    options (found on a 1x1 identity: qr's mode="raw" gives a plain tuple)."""
-    if path not in _NAMED or type(result) is not tuple:
+def _sequence(path: str, kwargs: dict, result: Any) -> Any:
+    """`result`, a tuple of tensors, as the sequence NumPy's function returns: a list, or
+    the named tuple for these options (found on a 1x1 identity: qr's "raw" gives a tuple)."""
+    if type(result) is not tuple or path not in _NAMED | _LISTS:
         return result
+    if path in _LISTS:
+        return list(result)
     key = (path, *sorted(kwargs.items()))  # options only: these functions take one array
     kind = _NAMED_TYPES.get(key)
     if kind is None:

@@ -231,6 +231,19 @@ def test_block_arranges_tensors_numpy_arrays_and_numbers(device):
         np.block([[A, np.ones((3, 1))]])
 
 
+def test_splits_are_lists_as_numpys(device):
+    a = np.arange(12.0).reshape(3, 4)
+    A = _put(a, device)
+    for name, result, expected in [
+        ("split", np.split(A, 2, axis=1), np.split(a, 2, axis=1)),
+        ("array_split", np.array_split(A, 2), np.array_split(a, 2)),
+        ("hsplit", np.hsplit(A, [1]), np.hsplit(a, [1])),
+        ("vsplit", np.vsplit(A, 3), np.vsplit(a, 3)),
+    ]:
+        assert type(result) is list, name
+        _named_same("np." + name, tuple(result), tuple(expected))
+
+
 def test_functions_without_a_rule_run_with_a_lazy_shape(device):
     rng, a, _ = _matrices(4)
     A = _put(a, device)
