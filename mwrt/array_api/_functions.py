@@ -289,8 +289,9 @@ def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
                include_initial=include_initial)
 
 
-def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
-    """The `n`-th differences along `axis`."""
+def diff(x, /, n=1, axis=-1, prepend=None, append=None):
+    """The `n`-th differences along `axis` (n and axis by place too, as NumPy's and CuPy's
+    diff take them: scikit-learn's roc_curve calls xp.diff(x, 2))."""
     kwargs = {k: v for k, v in (("prepend", prepend), ("append", append)) if v is not None}
     return run("diff", x, n=n, axis=axis, **kwargs)
 

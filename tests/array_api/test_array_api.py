@@ -122,6 +122,7 @@ CASES = [
      np.linspace(0, 1, 4, endpoint=False)),
     ("diff with prepend", lambda xp, a, i, v: xp.diff(i, axis=1, prepend=xp.asarray(
         np.zeros((2, 1), np.uint8))), np.diff(I8, axis=1, prepend=np.zeros((2, 1), np.uint8))),
+    ("diff by place, as NumPy's", lambda xp, a, i, v: xp.diff(v, 2), np.diff(V, 2)),
     ("take along axis", lambda xp, a, i, v: xp.take(a, xp.asarray([2, 0]), axis=1),
      np.take(A, [2, 0], axis=1)),
 ]
