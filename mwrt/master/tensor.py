@@ -24,6 +24,7 @@ from ..errors import MwrtError
 from ..ops import Spec
 from . import context, methods, ordering
 from .arrayfunc import array_function, array_ufunc
+from .flat import FlatIndex
 from .handle import Handle
 from .issue import call
 from .mesh.dispatch import call as mesh_call
@@ -69,6 +70,8 @@ class DistributedTensor(TensorReads):
     T = property(lambda self: self.transpose(), doc="The transpose (axes reversed), a view.")
     mT = property(lambda self: self.swapaxes(-1, -2),
                   doc="The last two axes swapped (the Array API's matrix transpose), a view.")
+    flat = property(FlatIndex, doc="NumPy's flat indexing: t.flat[::n + 1] = 0 writes the "
+                                   "diagonal of an n x n tensor.")
 
     def to_device(self, device: context.Device, /, *, stream: Any = None) -> DistributedTensor:
         """This tensor on `device` (an mwrt.Device, such as another tensor's .device)."""

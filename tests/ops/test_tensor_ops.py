@@ -255,6 +255,26 @@ def test_item_assignment(mw):
         a[0] = mw.dist_send(np.ones(3, np.float32))
 
 
+def test_flat_indexing_reads_and_writes_as_numpys(mw):
+    a = np.arange(9.0).reshape(3, 3)
+    t = mw.dist_send(a)
+    t.flat[::4] += 10  # the diagonal, as scikit-learn adds to it
+    a.flat[::4] += 10
+    t[:, ::-1].flat[[0, -1]] = -1  # a view's places: the write reaches the tensor
+    a[:, ::-1].flat[[0, -1]] = -1
+    t.flat[a.ravel() > 15] = 0
+    a.flat[a.ravel() > 15] = 0
+    np.testing.assert_array_equal(t.numpy(), a)
+    same(t.flat[1:7:2], a.flat[1:7:2])
+    assert t.flat[4].item() == a.flat[4] and len(t.flat) == 9
+    np.testing.assert_array_equal(np.asarray(t.flat), np.asarray(a.flat))
+    with pytest.raises(IndexError, match="index 9 is out of bounds for size 9"):
+        t.flat[9]
+    s = mw.dist_send(np.array(2.5))
+    s.flat[0] = 4.0
+    assert s.numpy() == 4.0 and s.shape == ()
+
+
 def test_copies_casts_and_fills(mw):
     a = mw.dist_send(A)
     same(a.astype(np.int64), A.astype(np.int64))
