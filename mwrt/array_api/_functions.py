@@ -186,8 +186,13 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None):
     return run("searchsorted", x1, x2, side=side, sorter=sorter)
 
 
-def where(condition, x1, x2, /):
-    """Elements of `x1` where `condition` holds, else of `x2`."""
+def where(condition, x1=None, x2=None, /):
+    """Elements of `x1` where `condition` holds, else of `x2`; with `condition` alone, its
+    nonzero() as NumPy's where gives (scikit-learn's roc_curve calls xp.where(mask))."""
+    if x1 is None and x2 is None:
+        return nonzero(condition)
+    if x1 is None or x2 is None:
+        raise TypeError("where: give both x1 and x2, or neither (got one)")
     return op("where", condition, x1, x2)
 
 

@@ -123,6 +123,8 @@ CASES = [
     ("diff with prepend", lambda xp, a, i, v: xp.diff(i, axis=1, prepend=xp.asarray(
         np.zeros((2, 1), np.uint8))), np.diff(I8, axis=1, prepend=np.zeros((2, 1), np.uint8))),
     ("diff by place, as NumPy's", lambda xp, a, i, v: xp.diff(v, 2), np.diff(V, 2)),
+    ("where of a condition alone, as NumPy's", lambda xp, a, i, v: xp.where(v > 0)[0],
+     np.where(V > 0)[0]),
     ("take along axis", lambda xp, a, i, v: xp.take(a, xp.asarray([2, 0]), axis=1),
      np.take(A, [2, 0], axis=1)),
 ]
