@@ -71,7 +71,10 @@ def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: d
         kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike sum()'s
         return call(_UFUNC_REDUCE[name], *inputs, **kwargs)
     if method == "at":
-        call("ufunc_at_", inputs[0], name, *inputs[1:], **kwargs)
+        if not isinstance(inputs[0], Handle):  # np.add.at(master_array, t, ...) writes it here
+            ufunc.at(inputs[0], *_values(inputs[1:]), **_values(kwargs))
+        else:
+            call("ufunc_at_", inputs[0], name, *inputs[1:], **kwargs)
         return None
     if method != "__call__":
         return call("ufunc_method", name, method, *inputs, **kwargs)

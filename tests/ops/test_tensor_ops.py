@@ -193,6 +193,9 @@ def test_a_numpy_array_out_is_written_as_numpy_writes_it(mw):
     counts = np.arange(12).reshape(3, 4)
     with pytest.raises(TypeError, match="Cannot cast"):  # float into int, as NumPy refuses
         counts += a
+    ranked = np.zeros(3)  # ufunc.at into a master array (scikit-learn's dcg_score)
+    np.add.at(ranked, mw.dist_send(np.array([0, 2, 0])), mw.dist_send(np.array([1.0, 2, 4])))
+    np.testing.assert_array_equal(ranked, [5.0, 0.0, 2.0])
 
 
 @pytest.mark.parametrize("name", ["sum", "mean", "prod", "min", "max", "argmin", "argmax",
