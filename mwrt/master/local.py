@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from .. import config
@@ -28,12 +29,14 @@ class LocalWorker:
 
     def __init__(self, process: subprocess.Popen | forked.Forked, address: str):
         self.process, self.address, self.route = process, address, address
+        self.forwarder: threading.Thread | None = None  # forward_output's, which closes stdout
 
     @classmethod
     def start(cls, timeout: float, key_file: str | None = None,
-              env: dict | None = None) -> LocalWorker:
-        """Start `python -m mwrt.worker` on a free loopback port; wait for its address."""
-        return start_many(1, timeout, key_file, env)[0]
+              env: dict | None = None, node: int = 0) -> LocalWorker:
+        """Start `python -m mwrt.worker` on a free loopback port, to be node `node`; wait
+        for its address."""
+        return start_many(1, timeout, key_file, env, first=node)[0]
 
     @classmethod
     def _spawn(cls, key_file: str | None, env: dict | None, timeout: float) -> LocalWorker:
@@ -68,19 +71,23 @@ def stop_all(workers: list[LocalWorker], timeout: float = 5.0) -> None:
     """SIGTERM every one, then SIGKILL those not gone within `timeout` seconds: all at once
     (one after another, 32 daemons took 10 s to stop)."""
     stop_processes([w.process for w in workers], timeout)
+    deadline = time.monotonic() + 1.0  # what they printed last still shows, within a second
     for worker in workers:
-        if worker.process.stdout is not None:
+        if worker.forwarder is not None:
+            worker.forwarder.join(max(0.0, deadline - time.monotonic()))
+        elif worker.process.stdout is not None:
             worker.process.stdout.close()
         if worker.route.startswith("ipc://"):  # the daemon removes it, unless it was killed
             shutil.rmtree(os.path.dirname(worker.route.removeprefix("ipc://")), ignore_errors=True)
 
 
 def start_many(count: int, timeout: float, key_file: str | None = None,
-               env: dict | None = None, started=None) -> list[LocalWorker]:
-    """Start `count` daemons, a few at a time (_starting_at_once), each given `timeout`
-    seconds from its own start to say its address; `started(k)` counts those that did.
-    A daemon that fails is named (its place in the count, pid, what it said), and every
-    daemon started so far is stopped."""
+               env: dict | None = None, started=None, first: int = 0) -> list[LocalWorker]:
+    """Start `count` daemons, to be nodes `first`, `first` + 1, ..., a few at a time
+    (_starting_at_once), each given `timeout` seconds from its own start to say its address;
+    `started(k)` counts those that did. What each prints next goes to this process's stdout
+    (forward_output). A daemon that fails is named (its place in the count, pid, what it
+    said), and every daemon started so far is stopped."""
     workers: list[LocalWorker] = []
     waiting: dict = {}  # stdout -> (worker, its place, its deadline)
     window = _starting_at_once()
@@ -100,6 +107,7 @@ def start_many(count: int, timeout: float, key_file: str | None = None,
                 worker, place, _ = waiting.pop(stream)
                 worker.address, worker.route = _address(worker, stream.readline(), place,
                                                         count, bound)
+                forward_output(worker, f"node {first + place}")
                 if started is not None:
                     started(1)
             for stream, (worker, place, deadline) in list(waiting.items()):
@@ -160,10 +168,44 @@ def start_local_workers(count: int, timeout: float):
     return local, master_keys, worker_keys
 
 
-def start_one_local_worker(worker_keys, timeout: float, count: int) -> LocalWorker:
-    """One more local daemon with the session's worker key (a lost one's replacement)."""
+def start_one_local_worker(worker_keys, timeout: float, count: int,
+                           node: int = 0) -> LocalWorker:
+    """One more local daemon with the session's worker key (a lost node `node`'s
+    replacement)."""
     with _key_file(worker_keys) as path:
-        return LocalWorker.start(timeout, key_file=path, env=local_spin_env(count))
+        return LocalWorker.start(timeout, key_file=path, env=local_spin_env(count), node=node)
+
+
+def forward_output(worker: LocalWorker, label: str) -> None:
+    """Copy what `worker` prints from now on (a remote() function's print()) to this
+    process's stdout, each line after `(label)`, as Ray shows its workers' prints: left
+    unread, the pipe filled at 64 KiB and the daemon's next print stopped it for good. A
+    thread per daemon, which closes the pipe when the daemon's end of it closes."""
+    stream = worker.process.stdout
+    if stream is None:
+        return
+
+    def run() -> None:
+        try:
+            for line in stream:
+                _print_line(f"({label}) {line}")
+        except (OSError, ValueError):  # not text, or closed: nothing more to show
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                stream.close()
+    worker.forwarder = threading.Thread(target=run, name=f"mwrt-output-{label}", daemon=True)
+    worker.forwarder.start()
+
+
+def _print_line(text: str) -> None:
+    """Write a line to sys.stdout as it is now (a notebook's, a redirected one)."""
+    out = sys.stdout
+    if out is None:
+        return
+    with contextlib.suppress(OSError, ValueError):  # closed, at the interpreter's exit
+        out.write(text if text.endswith("\n") else text + "\n")
+        out.flush()
 
 
 @contextlib.contextmanager

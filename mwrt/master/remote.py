@@ -85,7 +85,14 @@ def _pickle(fn) -> bytes:
     """cloudpickle `fn`; functions of the user's own modules go by value (workers lack them)."""
     by_value(getattr(fn, "__module__", None))
     remember_places(fn)
-    return cloudpickle.dumps(fn)
+    try:
+        return cloudpickle.dumps(fn)
+    except Exception as exc:  # whatever cloudpickle refuses, named for the user
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        raise TypeError(f"remote: {name} cannot be shipped to a worker ({type(exc).__name__}: "
+                        f"{exc}); what it uses from outside (its closure, its module's "
+                        "globals) must pickle: make locks, files and connections inside "
+                        "the function") from exc
 
 
 def by_value(name: str | None) -> None:

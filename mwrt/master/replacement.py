@@ -26,7 +26,8 @@ def replace(cluster, index: int, address: str | None, timeout: float) -> None:
         if cluster.worker_keys is None:
             raise MwrtError(f"replace_node: give the address of a worker to take node "
                             f"{index}'s place (this session did not start its own workers)")
-        worker = start_one_local_worker(cluster.worker_keys, timeout, len(cluster.nodes))
+        worker = start_one_local_worker(cluster.worker_keys, timeout, len(cluster.nodes),
+                                        index)
         address = worker.address
     try:
         route = worker.route if worker is not None else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
@@ -138,6 +139,10 @@ def main(argv=None) -> int:
     gc.freeze()
     also = f" {daemon.ipc_address}" if daemon.ipc_address else ""
     print(f"mwrt-worker: listening on {daemon.address}{also}", flush=True)
+    # A remote() function's print() reaches whoever reads this (a local daemon's master
+    # shows it) line by line, not when a pipe's block buffer fills.
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     announced = _register(args, daemon.address) if args.register else None
     try:
         daemon.serve()

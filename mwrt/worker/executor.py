@@ -220,6 +220,10 @@ class StreamExecutor:
             self.fail(command, exc.info)
         except Exception as exc:  # noqa: BLE001 - the op's error, sent to the master
             self.fail(command, self.describe(command, exc))
+        except BaseException as exc:  # a function's sys.exit(): uncaught, it ended the stream's
+            if not own:  # thread, whose queue no one ran again (the master waited for ever);
+                raise  # on the socket thread, the daemon's own Ctrl-C: it stops the daemon
+            self.fail(command, self.describe(command, exc))
         finally:
             self.running = None
             if turn:

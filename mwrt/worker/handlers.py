@@ -226,6 +226,9 @@ def expect(ex, cmd, frames):
 
 def explain(ex, exc: BaseException) -> tuple[str, str]:
     """An error's type and message for its report; a GPU out of memory is named for users."""
+    if isinstance(exc, SystemExit):
+        return "SystemExit", (f"the function called sys.exit({exc.code!r}), which ends no "
+                              "worker: return a value, or raise an exception")
     if ex.device == arrays.HOST or not isinstance(exc, MemoryError):
         return type(exc).__name__, str(exc)
     wanted = re.search(r"allocating ([\d,]+) bytes", str(exc))

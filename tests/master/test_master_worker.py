@@ -172,6 +172,50 @@ def test_remote_results_and_captures_that_cannot_be_tensors_are_named(cluster):
         mwrt.remote(lambda a: a + np.asarray(y))(x)  # a handle inside the shipped closure
 
 
+def test_a_functions_sys_exit_is_its_error_and_its_stream_goes_on(cluster):
+    """sys.exit() in a function ended its stream's thread: the master waited for ever."""
+    import sys
+
+    x = mwrt.dist_send(np.arange(3.0))
+    with pytest.raises(mwrt.RemoteError, match=r"sys.exit\(3\), which ends no worker"):
+        mwrt.remote(lambda a: sys.exit(3))(x).numpy()
+    with pytest.raises(mwrt.RemoteError, match="KeyboardInterrupt"):
+        mwrt.remote(lambda a: (_ for _ in ()).throw(KeyboardInterrupt))(x).numpy()
+    np.testing.assert_array_equal((x * 2).numpy(), [0.0, 2.0, 4.0])  # on the same stream
+
+
+def test_a_function_that_cannot_be_shipped_is_named():
+    import threading
+
+    lock = threading.Lock()
+
+    def holds_a_lock(a):
+        with lock:
+            return a
+    with pytest.raises(TypeError, match="remote: .*holds_a_lock cannot be shipped to a worker "
+                                        r"\(TypeError: cannot pickle '_thread.lock'"):
+        mwrt.remote(holds_a_lock)(mwrt.ones(1))
+
+
+def test_what_a_function_prints_shows_on_the_masters_stdout_by_node(cluster, capsys):
+    """A local daemon's stdout was a pipe that no one read: prints were lost, and 64 KiB
+    of them stopped the daemon for good."""
+    x = mwrt.dist_send(np.arange(3.0), node=1)
+
+    def chatty(a):
+        for i in range(20_000):  # ~1 MB, far past a pipe's buffer
+            print(f"line {i} of the function's output")
+        print("the last line")
+        return a + 1
+    np.testing.assert_array_equal(mwrt.remote(chatty)(x).numpy(), [1.0, 2.0, 3.0])
+    shown, deadline = "", time.monotonic() + 30
+    while "(node 1) the last line\n" not in shown and time.monotonic() < deadline:
+        time.sleep(0.05)  # forwarded by a thread of the master's, soon after
+        shown += capsys.readouterr().out
+    assert "(node 1) line 0 of the function's output\n" in shown
+    assert "(node 1) the last line\n" in shown
+
+
 def test_dropping_handles_frees_worker_memory(cluster):
     mwrt.synchronize()
     gc.collect()
