@@ -264,6 +264,7 @@ SETTINGS = {
 # warned about as typos.
 OTHER_VARIABLES = {
     "MWRT_RUN_DIR": "worker/slurm_workers.sh", "MWRT_PORT": "worker/slurm_workers.sh",
+    "MWRT_RESTART_COUNT": "mwrt-launch (the restart a rank runs in)",
     "MWRT_TEST_SEED": "tests", "MWRT_FUZZ_FRAMES": "tests", "MWRT_FUZZ_SEED": "tests",
     "MWRT_LOAD_SECONDS": "tests", "MWRT_LOAD_RATE": "tests", "MWRT_LOAD_SEED": "tests",
 }

@@ -355,6 +355,7 @@ def test_launcher_runs_ranks_with_prefixed_output(tmp_path):
     res = _launch(tmp_path)
     assert res.returncode == 0, res.stderr
     assert "[rank 0] sum 1.0 local 0" in res.stdout and "[rank 1] sum 1.0 local 1" in res.stdout
+    assert "not an mwrt setting" not in res.stderr  # the launcher's own MWRT_RESTART_COUNT
 
 
 def test_launcher_reports_a_failing_rank(tmp_path):
