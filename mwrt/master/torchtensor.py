@@ -249,6 +249,8 @@ def dispatch(func: Callable, args: tuple, kwargs: dict) -> Any:
     read = _READS.get(func)
     if read is not None:  # a Python value of the tensors' values: read from the worker
         return read(*args, **kwargs)
+    if func in _INDEXING and len(args) > 1:
+        args = (args[0], _index_lists(args[1]), *args[2:])
     try:
         return torch_call(func, args, kwargs)
     except OnMesh:
@@ -268,6 +270,7 @@ def install_methods(cls: type, call: Callable) -> None:
 
     _READS.update({torch.equal: _equal, torch.Tensor.equal: _equal,
                    torch.allclose: _allclose, torch.Tensor.allclose: _allclose})
+    _INDEXING.update({torch.Tensor.__getitem__, torch.Tensor.__setitem__})
 
     for func in get_overridable_functions()[torch.Tensor]:
         name = (resolve_name(func) or "").removeprefix("torch.Tensor.")
@@ -300,6 +303,38 @@ def _allclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
 # device cannot give: each an op on the worker and a read of its one element (filled by
 # install_methods, with the first torch handle, as torch is imported then).
 _READS: dict = {}
+
+
+_INDEXING: set = set()  # torch.Tensor.__getitem__ and __setitem__ (filled with _READS)
+
+
+def _index_lists(index: Any) -> Any:
+    """An index's lists of ints or bools as tensors, as torch reads them (t[[2, 0]] takes
+    rows 2 and 0): the wire carries a list as a tuple, which would index t[2, 0]."""
+    if type(index) is list and len(index) < 32 and any(map(_index_like, index)):
+        index = tuple(index)  # torch's legacy (deprecated) reading: t[[[1, 2], [0, 0]]]
+    if type(index) is tuple:
+        return tuple([_list_tensor(part) for part in index])
+    return _list_tensor(index)
+
+
+def _index_like(part: Any) -> bool:
+    """True for what makes torch read a list index as a tuple of indices."""
+    return part is None or part is Ellipsis or isinstance(
+        part, (list, tuple, slice, DistributedTensor, _torch().Tensor))
+
+
+def _list_tensor(part: Any) -> Any:
+    """A list of ints or bools as a local tensor (sent with the command); else `part`."""
+    if type(part) is not list:
+        return part
+    try:
+        values = np.asarray(part)
+    except ValueError:  # ragged: torch refuses it on the meta device
+        return part
+    if values.dtype.kind not in "biu" and values.size:  # slices, handles: as given
+        return part
+    return _torch().from_numpy(values.astype(bool if values.dtype.kind == "b" else np.int64))
 
 
 def _across() -> tuple:

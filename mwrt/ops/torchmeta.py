@@ -61,7 +61,11 @@ def _run_meta(name: str, func, grad: bool, args: tuple, kwargs: dict,
     try:
         with torch.set_grad_enabled(grad):
             result = func(*margs, **mkwargs)
-    except NotImplementedError as exc:
+    except (NotImplementedError, RuntimeError) as exc:
+        # torch says a shape needs the values as either ("cannot repeat_interleave a meta
+        # tensor without output_size"); any other RuntimeError is the call's own
+        if type(exc) is RuntimeError and "meta tensor" not in str(exc):
+            raise
         asked = asked_outcome(func, grad, args, kwargs) if ask else None
         if asked is not None:
             return asked

@@ -21,6 +21,8 @@ CALLS = {
     "unique": lambda x: torch.unique(x.detach().round()),
     "unique with counts": lambda x: torch.unique(x.detach().long() % 3, return_counts=True),
     "a mask's index, then an op": lambda x: (x[x > 1] * 2).sum(),
+    "repeat_interleave by counts": lambda x: torch.repeat_interleave(
+        x, torch.tensor([2, 0, 1]), dim=0),
 }
 
 

@@ -333,6 +333,24 @@ def test_writing_a_view_in_place_rebases_its_base_and_siblings(cluster):
     assert torch.equal(w.grad.torch(), lw.grad)
 
 
+def test_a_list_index_reads_and_writes_as_torchs(cluster):
+    """t[[2, 0]] takes rows 2 and 0, as torch's (the wire carries lists as tuples); a list of
+    lists is torch's legacy tuple of indices."""
+    local = torch.arange(20.0).reshape(4, 5)
+    for index in ([2, 0], [True, False, True, False], [], ([0, 1], [2, 3]),
+                  (slice(None), [4, 0]), [[1, 2], [0, 0]]):
+        remote = mwrt.dist_send(local.clone())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's deprecation of the list of lists
+            got, want = remote[index], local[index]
+            assert tuple(got.shape) == tuple(want.shape), index
+            assert torch.equal(got.torch(), want), index
+            remote[index] = -1.0
+            written = local.clone()
+            written[index] = -1.0
+        assert torch.equal(remote.torch(), written), index
+
+
 def test_local_torch_tensors_are_sent_as_operands(cluster):
     """A local tensor beside a handle goes to the handle's place, its values as they were at
     the call (as NumPy operands go for NumPy handles); one that needs grad is refused."""
