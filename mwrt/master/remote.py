@@ -9,7 +9,7 @@ import cloudpickle
 
 from ..arrays import as_dtype
 from ..ops import Spec, torchspec
-from ..protocol import wire
+from ..protocol import values, wire
 from . import context, ordering, torchgrad
 from .cluster import current
 from .handle import Handle
@@ -54,6 +54,8 @@ class RemoteFunction:
             device = context.current_device() if device is None else device
         if self._blob is None:
             self._blob = _pickle(self.fn)
+        layout = values.list_layout((args, kwargs))
+        blob = self._blob if layout is None else _pickle(values.Relisted(self.fn, layout))
         stream = context.stream_for(target.index, device)
         outs = [results(target, device, next(target.ids), spec, stream)
                 for spec in self.specs]
@@ -61,7 +63,7 @@ class RemoteFunction:
         for tensor in place:  # read: in-place side effects are the function's own business
             ordering.use(tensor, stream, now)
         target.issue(wire.Remote(id=now, stream=stream,
-                                 outs=tuple(t._id for t in outs), fn=self._blob, args=wire_args,
+                                 outs=tuple(t._id for t in outs), fn=blob, args=wire_args,
                                  kwargs=wire_kwargs))
         if getattr(results, "holds_torch", False) and not self.objects:
             _torch_results(place, outs)

@@ -172,3 +172,45 @@ def dtype_of(text: str) -> np.dtype:
 _STRS: dict = {}
 _DTYPES: dict = {}
 _REMEMBERED = 1000
+
+
+def list_layout(value):
+    """Where `value` holds lists, which arrive as tuples: its nesting (lists, tuples and
+    dicts as they are, every other value None), or None if it holds no list."""
+    found: list = []
+    nesting = _nesting(value, found)
+    return nesting if found else None
+
+
+def _nesting(value, found: list):
+    kind = type(value)
+    if kind is list:
+        found.append(True)
+        return [_nesting(v, found) for v in value]
+    if kind is tuple:
+        return tuple([_nesting(v, found) for v in value])
+    if kind is dict:
+        return {k: _nesting(v, found) for k, v in value.items()}
+    return None
+
+
+def relist(value, layout):
+    """`value` (arrived, its lists tuples) with the lists of `layout` (list_layout's) back."""
+    if layout is None:
+        return value
+    if type(layout) is dict:
+        return {k: relist(v, layout.get(k)) for k, v in value.items()}
+    parts = [relist(v, part) for v, part in zip(value, layout)]
+    return parts if type(layout) is list else tuple(parts)
+
+
+class Relisted:
+    """A shipped function given its arguments' lists back: mwrt.remote(fn)(t, [2, 0]) calls
+    fn with the list it was given, not the tuple the wire delivers (x[[2, 0]] != x[2, 0])."""
+
+    def __init__(self, fn, layout):
+        self.fn, self.layout = fn, layout
+
+    def __call__(self, *args, **kwargs):
+        args, kwargs = relist((args, kwargs), self.layout)
+        return self.fn(*args, **kwargs)

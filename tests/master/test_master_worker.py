@@ -128,6 +128,16 @@ def test_remote_function_runs_where_its_tensor_lives(cluster):
     assert first.get_node() == 1
 
 
+def test_a_remote_function_gets_the_lists_it_was_given(cluster):
+    a = np.arange(20.0).reshape(4, 5)
+    x = mwrt.dist_send(a)
+    rows = mwrt.remote(lambda t, index: t[index])(x, [2, 0])  # the wire delivers a tuple
+    np.testing.assert_array_equal(rows.numpy(), a[[2, 0]])
+    kinds = mwrt.remote(lambda t, pair, named: np.array(
+        [type(pair) is tuple, type(pair[1]) is list, type(named["ids"]) is list]))
+    assert kinds(x, (1, [2]), named={"ids": [3]}).numpy().all()
+
+
 def test_remote_error_names_place_op_and_line_and_is_sticky(cluster):
     x = mwrt.dist_send(np.ones(3))
 
