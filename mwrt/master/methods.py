@@ -156,6 +156,13 @@ def shape_arg(shape: tuple) -> tuple:
     return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
 
 
+def names_dtype(value: Any) -> bool:
+    """True if `value` names a dtype (view(np.int8), view("f4")), not a shape or a tensor."""
+    if isinstance(value, (np.dtype, str)):
+        return True
+    return isinstance(value, type) and issubclass(value, (np.generic, bool, int, float, complex))
+
+
 def index_arg(index):
     """Lists in an index become arrays (the wire carries lists as tuples); tensors as slice
     bounds become ints (x[:n] with n a 0-d tensor: its value decides the shape)."""

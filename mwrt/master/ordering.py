@@ -49,7 +49,7 @@ unreplayed: set = set()
 # and keeps the base's handle, so its worker memory, while the copy lives.
 VIEWS = frozenset({"getitem", "reshape", "transpose", "swapaxes", "squeeze", "expand_dims",
                    "ravel", "moveaxis", "broadcast_to", "flip", "atleast_1d", "atleast_2d",
-                   "diagonal", "ascontiguousarray", "real", "imag"})
+                   "diagonal", "ascontiguousarray", "real", "imag", "view"})
 # NumPy functions (the `numpy` op, by path) whose results may view their first tensor
 # argument; those of EACH_PATHS view the tensor argument in the same position.
 VIEW_PATHS = frozenset({

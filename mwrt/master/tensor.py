@@ -30,7 +30,7 @@ from .issue import call
 from .mesh.dispatch import call as mesh_call
 from .mesh.moves import redistribute, resolve
 from .mesh.placement import shard_arg
-from .methods import index_arg, is_element, operand, out_arg, shape_arg
+from .methods import index_arg, is_element, names_dtype, operand, out_arg, shape_arg
 from .streams import Stream
 from .tensorreads import TensorReads
 from .transfer import move
@@ -177,7 +177,13 @@ class DistributedTensor(TensorReads):
         return _via(self)("reshape", self, shape_arg(shape), **({} if order == "C" else
                                                           {"order": order}))
 
-    view = reshape
+    def view(self, *shape_or_dtype: Any) -> DistributedTensor:
+        """NumPy's view(dtype): the same bytes read as `dtype` (the last axis resized), a
+        view; torch's view(shape): reshape."""
+        if not shape_or_dtype or (len(shape_or_dtype) == 1 and names_dtype(shape_or_dtype[0])):
+            dtype = shape_or_dtype[0] if shape_or_dtype else self.dtype
+            return _via(self)("view", self, as_dtype(dtype).str)
+        return self.reshape(*shape_or_dtype)
 
     def flatten(self, order: str = "C") -> DistributedTensor:
         """A 1-D copy, its elements in `order` ("C" or "F", as NumPy's)."""
@@ -224,9 +230,18 @@ class DistributedTensor(TensorReads):
             return _via(self)("reshape", self, ())
         return _via(self)("ascontiguousarray", self)
 
-    def astype(self, dtype: DTypeLike) -> DistributedTensor:
-        """A copy converted to `dtype` (a NumPy dtype, its name, or a Python type)."""
-        return _via(self)("astype", self, as_dtype(dtype).str)
+    def astype(self, dtype: DTypeLike, order: str = "K", casting: Any = "unsafe",
+               subok: bool = True, copy: bool = True) -> DistributedTensor:
+        """A copy converted to `dtype` (a NumPy dtype, its name, or a Python type), with
+        NumPy's arguments: copy=False gives the tensor itself where nothing changes, a
+        `casting` rule it breaks is NumPy's TypeError (order: the worker keeps C order)."""
+        target = as_dtype(dtype)
+        if casting != "unsafe" and not np.can_cast(self.dtype, target, casting):
+            raise TypeError(f"astype: cannot cast array data from {self.dtype!r} to "
+                            f"{target!r} according to the rule {casting!r}")
+        if not copy and target == self.dtype:
+            return self
+        return _via(self)("astype", self, target.str)
 
     def clone(self) -> DistributedTensor:
         """A copy on the same (node, device)."""

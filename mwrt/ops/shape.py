@@ -45,6 +45,26 @@ def _repeat_meta(a, repeats, axis=None):
 
 register("repeat", _impl("repeat"), _repeat_meta)
 
+
+def _view_dtype_meta(a, dtype):
+    """NumPy's a.view(dtype): the last axis resized to hold the same bytes (its checks, by
+    arithmetic: a stand-in holds no bytes to reinterpret)."""
+    new = np.dtype(dtype)
+    if new.itemsize == a.dtype.itemsize:
+        return Spec(a.shape, new)
+    if not a.shape:
+        raise ValueError("Changing the dtype of a 0d array is only supported if the itemsize "
+                         "is unchanged")
+    last = a.shape[-1] * a.dtype.itemsize
+    if last % new.itemsize:
+        raise ValueError("When changing to a larger dtype, its size must be a divisor of the "
+                         "total size in bytes of the last axis of the array.")
+    return Spec((*a.shape[:-1], last // new.itemsize), new)
+
+
+register("view", lambda xp, a, dtype: a.view(dtype), _view_dtype_meta,
+         doc="The same bytes read as another dtype (NumPy's ndarray.view), a view.")
+
 register("argsort", _impl("argsort"),
          lambda a, *args, **kwargs: Spec(np.argsort(standin(a), *args, **kwargs).shape,
                                          np.dtype(np.intp)))

@@ -258,6 +258,24 @@ def test_item_assignment(mw):
         a[0] = mw.dist_send(np.ones(3, np.float32))
 
 
+def test_astype_and_view_take_numpys_arguments(mw):
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    t = mw.dist_send(a)
+    assert t.astype(np.int32, copy=False) is t  # scikit-learn's X.astype(dtype, copy=False)
+    same(t.astype(np.float64, copy=False), a.astype(np.float64))
+    same(t.astype("f4", order="C", casting="same_kind"), a.astype("f4"))
+    with pytest.raises(TypeError, match="according to the rule 'safe'"):
+        t.astype(np.int16, casting="safe")
+    for dtype in (np.int8, "f4", np.uint16, bool):
+        same(t.view(dtype), a.view(dtype))
+    with pytest.raises(ValueError, match="larger dtype"):
+        t.view(np.int64)  # 12 bytes a row: NumPy's error, at issue
+    t.view(np.uint8)[0, 0] = 255  # a view: the write reaches the tensor
+    a.view(np.uint8)[0, 0] = 255
+    same(t, a)
+    assert t.view(3, 2).shape == (3, 2)  # torch's view(shape) stays reshape
+
+
 def test_flat_indexing_reads_and_writes_as_numpys(mw):
     a = np.arange(9.0).reshape(3, 3)
     t = mw.dist_send(a)
