@@ -196,8 +196,8 @@ class Replies(Batches):
         message = (f"node {info.get('node')}, device {info.get('device')}, stream "
                    f"{info.get('stream')}: {info.get('op')} on shapes {info.get('shapes')} "
                    f"failed: {info.get('type')}: {info.get('message')}")
-        return RemoteError(message, node=info.get("node"), device=info.get("device"),
-                           stream=info.get("stream"), op=info.get("op"),
-                           remote_traceback=restore_places(info.get("traceback", "")),
-                           issued_at=site)
+        return RemoteError.of(info.get("type"))(
+            message, node=info.get("node"), device=info.get("device"),
+            stream=info.get("stream"), op=info.get("op"),
+            remote_traceback=restore_places(info.get("traceback", "")), issued_at=site)
 

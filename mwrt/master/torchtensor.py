@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import HOST
+from ..errors import RemoteError
 from ..ops import torchspec
 from . import torchacross, torchgrad, torchmesh, transfer
 from .tensor import DistributedTensor
@@ -257,8 +258,8 @@ def dispatch(func: Callable, args: tuple, kwargs: dict) -> Any:
         return torchmesh.call(func, args, kwargs)
     except Crossing:
         return torchacross.call(func, args, kwargs)
-    except ValueError:  # handles in several places: an error, unless autograd spans them
-        if func not in _across():
+    except ValueError as exc:  # handles in several places: an error, unless autograd spans
+        if func not in _across() or isinstance(exc, RemoteError):  # them (not a worker's)
             raise
     return torchacross.call(func, args, kwargs)
 

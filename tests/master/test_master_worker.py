@@ -194,6 +194,29 @@ def test_a_functions_sys_exit_is_its_error_and_its_stream_goes_on(cluster):
     np.testing.assert_array_equal((x * 2).numpy(), [0.0, 2.0, 4.0])  # on the same stream
 
 
+def test_a_workers_error_is_also_of_its_own_class(cluster):
+    """`except ZeroDivisionError:` (or LinAlgError, as libraries write it) around the read
+    catches the worker's error, as around the same call on NumPy; it is a RemoteError too."""
+    import pickle
+
+    x = mwrt.dist_send(np.zeros((2, 2)))
+    with pytest.raises(ZeroDivisionError) as info:
+        mwrt.remote(lambda a: 1 / 0)(x).numpy()
+    err = info.value
+    assert isinstance(err, mwrt.RemoteError) and (err.node, err.op) == (0, "remote")
+    assert str(err).startswith("node 0, device -1, stream ")  # its text, not the class's
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is type(err) and again.node == 0 and str(again) == str(err)
+    with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
+        np.linalg.inv(x).numpy()
+    with pytest.raises(KeyError) as info:
+        mwrt.remote(lambda a: {}["k"])(x).numpy()
+    assert str(info.value).startswith("node 0")  # (KeyError's own str() would quote it)
+    with pytest.raises(mwrt.RemoteError) as info:  # a class that cannot also be one: plain
+        mwrt.remote(lambda a: b"\xff".decode())(x).numpy()
+    assert type(info.value) is mwrt.RemoteError and "UnicodeDecodeError" in str(info.value)
+
+
 def test_a_function_that_cannot_be_shipped_is_named():
     import threading
 

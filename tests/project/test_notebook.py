@@ -18,6 +18,8 @@ CELLS = [
     "x = mwrt.ones(3)",
     "def bad(a):\n    return a.reshape(7)\n\ny = mwrt.remote(bad)(x)",
     "y.numpy()",
+    "import time\nmwrt.remote(lambda a: print('hello from node 0') or a)(x).numpy()\n"
+    "time.sleep(1)  # forwarded by a thread of the kernel's, soon after",
     "mwrt.shutdown()",
 ]
 
@@ -34,7 +36,9 @@ def test_a_failing_cell_is_named_as_ipython_names_it(monkeypatch):
               if out.get("output_type") == "error"]
     assert [i for i, _ in errors] == [3], errors  # only y.numpy() fails, where it waits
     text = errors[0][1]["evalue"]
-    assert errors[0][1]["ename"] == "RemoteError", text
+    assert errors[0][1]["ename"] == "RemoteValueError", text  # a RemoteError and a ValueError
     assert "issued at: Cell In[3], line 4 in <module>\n    y = mwrt.remote(bad)(x)" in text, text
     assert "Cell In[3], line 2, in bad\n    return a.reshape(7)" in text, text
     assert "ipykernel_" not in text, text
+    shown = "".join(out.get("text", "") for out in nb.cells[4].get("outputs", []))
+    assert "(node 0) hello from node 0\n" in shown, nb.cells[4].get("outputs")  # under its cell

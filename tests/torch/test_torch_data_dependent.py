@@ -59,9 +59,9 @@ def test_a_backward_through_a_mask_gives_torchs_gradient(cluster):
 
 def test_a_mask_of_the_wrong_shape_fails_at_its_line(cluster):
     remote = mwrt.dist_send(_local())
-    with pytest.raises(mwrt.RemoteError, match="IndexError: The shape of the mask") as raised:
-        remote[torch.tensor([True, False])]
-    assert __file__ in str(raised.value)
+    with pytest.raises(IndexError, match="IndexError: The shape of the mask") as raised:
+        remote[torch.tensor([True, False])]  # torch's error class, as torch raises it here
+    assert isinstance(raised.value, mwrt.RemoteError) and __file__ in str(raised.value)
     assert float(remote.sum().detach()) == 30.0  # the stream runs on
 
 
