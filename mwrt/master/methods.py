@@ -148,7 +148,43 @@ def generated(call, mesh_call) -> dict:
                      ("pow_", "pow")]:
         inplace = made[f"__i{py}__"]
         put(_named(binary(BINARY_OPERATORS[py], py, call, mesh_call)[2], name, inplace.__doc__))
+    for fn in array_methods().values():
+        put(fn)
     return made
+
+
+def array_methods() -> dict:
+    """ndarray's methods that are NumPy functions of the array (t.searchsorted(v) is
+    np.searchsorted(t, v)): each goes as that function goes, through __array_function__."""
+    def argpartition(self, kth, axis=-1, kind="introselect", order=None):
+        """The indices that partition along `axis` around `kth` (np.argpartition)."""
+        return np.argpartition(self, kth, axis, kind, order)
+
+    def partition(self, kth, axis=-1, kind="introselect", order=None):
+        """Partition along `axis` around `kth`, in place (np.partition, written back)."""
+        self[...] = np.partition(self, kth, axis, kind, order)
+
+    def choose(self, choices, out=None, mode="raise"):
+        """Elements of `choices` picked by this tensor's values (np.choose)."""
+        return np.choose(self, choices, out=out, mode=mode)
+
+    def compress(self, condition, axis=None, out=None):
+        """The slices along `axis` where `condition` holds (np.compress)."""
+        return np.compress(condition, self, axis, out)
+
+    def searchsorted(self, v, side="left", sorter=None):
+        """Where `v` would go in this sorted 1-D tensor (np.searchsorted)."""
+        return np.searchsorted(self, v, side, sorter)
+
+    def put(self, indices, values, mode="raise"):
+        """Write `values` at flat `indices`, in place (np.put)."""
+        np.put(self, indices, values, mode)
+
+    def tobytes(self, order="C"):
+        """The elements' bytes, copied to the master (ndarray.tobytes)."""
+        return self.numpy().tobytes(order)
+    return {fn.__name__: fn for fn in (argpartition, partition, choose, compress,
+                                       searchsorted, put, tobytes)}
 
 
 def shape_arg(shape: tuple) -> tuple:

@@ -189,9 +189,9 @@ class DistributedTensor(TensorReads):
         """A 1-D copy, its elements in `order` ("C" or "F", as NumPy's)."""
         return _via(self)("flatten", self, *(() if order == "C" else (order,)))
 
-    def ravel(self) -> DistributedTensor:
-        """A 1-D view where NumPy can make one, else a copy."""
-        return _via(self)("ravel", self)
+    def ravel(self, order: str = "C") -> DistributedTensor:
+        """A 1-D view where NumPy can make one, else a copy; elements in `order` ("C", "F")."""
+        return _via(self)("ravel", self, *(() if order == "C" else (order,)))
 
     def transpose(self, *axes: int | Sequence[int]) -> DistributedTensor:
         """The axes permuted (reversed if none are given), a view."""
@@ -243,8 +243,9 @@ class DistributedTensor(TensorReads):
             return self
         return _via(self)("astype", self, target.str)
 
-    def clone(self) -> DistributedTensor:
-        """A copy on the same (node, device)."""
+    def clone(self, order: str = "K") -> DistributedTensor:
+        """A copy on the same (node, device) (NumPy's `order` is its memory layout, which the
+        worker keeps C: the values are the same)."""
         return _via(self)("copy", self)
 
     copy = clone

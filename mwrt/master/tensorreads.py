@@ -20,6 +20,7 @@ from ..arrays import HOST
 from ..ops import Spec
 from ..protocol import wire
 from . import context, methods
+from .flat import FlatIndex
 from .handle import Handle
 from .mesh.device_mesh import Mesh
 from .mesh.moves import gather_to_master
@@ -189,8 +190,13 @@ class TensorReads(Handle):
                               f"{dl_device}, expected (1, 0) or None)")
         return self.numpy().__dlpack__(max_version=max_version, copy=True)
 
-    def item(self) -> Any:
-        """The single element as a Python scalar."""
+    def item(self, *args: Any) -> Any:
+        """The single element as a Python scalar; as NumPy's, item(i) takes the element at
+        flat index i and item(i, j, ...) (or item((i, j))) the one at those indices."""
+        if args:
+            index = args[0] if len(args) == 1 else args
+            element = self[index] if isinstance(index, tuple) else FlatIndex(self)[index]  # type: ignore[index]
+            return element.item()
         if math.prod(self.spec.shape) != 1:  # (not self.size: a Size object per float(t))
             self._stand_in().item()  # NumPy's own error (or torch's, for a torch handle)
         return self.numpy().item()

@@ -276,6 +276,28 @@ def test_astype_and_view_take_numpys_arguments(mw):
     assert t.view(3, 2).shape == (3, 2)  # torch's view(shape) stays reshape
 
 
+def test_ndarray_methods_that_are_numpy_functions(mw):
+    v = np.array([3, 1, 4, 1, 5, 9, 2, 6])
+    a = np.arange(12.0).reshape(3, 4)
+    V, A = mw.dist_send(v), mw.dist_send(a)
+    same(mw.dist_send(np.sort(v)).searchsorted([2, 5], side="right"),
+         np.sort(v).searchsorted([2, 5], side="right"))
+    assert V[V.argpartition(3)[3]].item() == np.partition(v, 3)[3]
+    same(A.compress([True, False, True], axis=0), a.compress([True, False, True], axis=0))
+    same(mw.dist_send(np.array([0, 1, 0])).choose([A[0, :3], A[1, :3]]),
+         np.array([0, 1, 0]).choose([a[0, :3], a[1, :3]]))
+    V.partition(3)  # in place, as ndarray.partition
+    assert V.numpy()[3] == np.partition(v, 3)[3] and sorted(V.numpy()) == sorted(v)
+    A.put([0, 5], [-1.0, -2.0])
+    b = a.copy()
+    b.put([0, 5], [-1.0, -2.0])
+    same(A, b)
+    assert A.tobytes() == b.tobytes() and A.item(5) == b.item(5) == -2.0
+    assert A.item(1, 2) == A.item((1, 2)) == b.item(1, 2)
+    same(A.ravel("F"), b.ravel("F"))
+    same(A.copy(order="F"), b.copy(order="F"))
+
+
 def test_flat_indexing_reads_and_writes_as_numpys(mw):
     a = np.arange(9.0).reshape(3, 3)
     t = mw.dist_send(a)
