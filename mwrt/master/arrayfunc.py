@@ -30,7 +30,7 @@ from .remote import RemoteFunction
 
 # Asked of shape and dtype only: answered on the master from broadcast one-element stand-ins.
 _SPEC_ONLY = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type",
-              "iscomplexobj", "isrealobj", "may_share_memory", "shares_memory"}
+              "iscomplexobj", "isrealobj", "may_share_memory", "shares_memory", "einsum_path"}
 # Write files or text on the master: run there on copies of the values.
 _ON_MASTER = {"save", "savez", "savez_compressed", "savetxt", "array_repr", "array_str",
               "array2string"}
@@ -164,10 +164,12 @@ _LISTS = {"split", "array_split", "hsplit", "vsplit", "dsplit"}  # NumPy's give 
 def _sequence(path: str, kwargs: dict, result: Any) -> Any:
     """`result`, a tuple of tensors, as the sequence NumPy's function returns: a list, or
     the named tuple for these options (found on a 1x1 identity: qr's "raw" gives a tuple)."""
-    if type(result) is not tuple or path not in _NAMED | _LISTS:
+    if type(result) is not tuple or path not in _NAMED | _LISTS | {"histogramdd"}:
         return result
     if path in _LISTS:
         return list(result)
+    if path == "histogramdd":  # its edges, one tensor per dimension, in a list
+        return result[0], list(result[1:])
     key = (path, *sorted(kwargs.items()))  # options only: these functions take one array
     kind = _NAMED_TYPES.get(key)
     if kind is None:

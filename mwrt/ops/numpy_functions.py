@@ -73,6 +73,8 @@ def _impl(xp, path: str, outputs: int, *args, **kwargs):
     if path == "block":  # np.block arranges lists only
         args = (as_lists(args[0]), *args[1:])
     result = resolve(xp, path)(*args, **kwargs)
+    if path == "histogramdd":  # (hist, [edges per dimension]): one tensor each
+        result = (result[0], *result[1])
     if outputs == RULED:  # the meta rule, run on the master, told it how many
         return tuple(result) if isinstance(result, (tuple, list)) else result
     if outputs == 0:  # one array
@@ -209,6 +211,19 @@ def _flags(*names):
     return count
 
 
+def _option(args: tuple, kwargs: dict, place: int, name: str) -> bool:
+    """Whether flag `name`, the argument at `place` (0-based), is set."""
+    return bool(args[place] if len(args) > place else kwargs.get(name))
+
+
+def _dimensions(sample) -> int:
+    """histogramdd's dimensions: an array's last axis, or a sequence's length."""
+    if isinstance(sample, (tuple, list)) and not isinstance(sample, Spec):
+        return len(sample)
+    shape = shape_of(sample)
+    return shape[-1] if len(shape) > 1 else 1
+
+
 def _gradient(f, *varargs, axis=None, **kwargs):
     n = _ndim(f) if axis is None else len(axis) if isinstance(axis, tuple) else 1
     return n if n > 1 else 0
@@ -222,7 +237,10 @@ OUTPUTS.update({
     "unique_counts": lambda *a, **k: 2, "unique_inverse": lambda *a, **k: 2,
     "unique_all": lambda *a, **k: 4,
     "histogram": lambda *a, **k: 2, "histogram2d": lambda *a, **k: 3,
-    "histogramdd": lambda *a, **k: 2, "tril_indices_from": lambda *a, **k: 2,
+    "histogramdd": lambda sample, *a, **k: 1 + _dimensions(sample),
+    "intersect1d": lambda *a, **k: 3 if _option(a, k, 3, "return_indices") else 0,
+    "average": lambda *a, **k: 2 if _option(a, k, 3, "returned") else 0,
+    "tril_indices_from": lambda *a, **k: 2,
     "triu_indices_from": lambda *a, **k: 2, "gradient": _gradient,
     "meshgrid": lambda *args, **kwargs: len(args), "broadcast_arrays": lambda *a, **k: len(a),
     "unravel_index": lambda indices, shape, **kwargs: len(shape),

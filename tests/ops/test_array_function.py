@@ -244,6 +244,27 @@ def test_splits_are_lists_as_numpys(device):
         _named_same("np." + name, tuple(result), tuple(expected))
 
 
+def test_functions_whose_result_count_follows_their_options(device):
+    a = np.arange(12.0).reshape(4, 3)
+    A = _put(a, device)
+    v, w = np.array([3, 1, 4, 1, 5]), np.array([1, 5, 9])
+    V, W = _put(v, device), _put(w, device)
+    for name, result, expected in [
+        ("intersect1d indices", np.intersect1d(V, W, return_indices=True),
+         np.intersect1d(v, w, return_indices=True)),
+        ("intersect1d by place", np.intersect1d(V, W, False, True),
+         np.intersect1d(v, w, False, True)),
+        ("average returned", np.average(A, 0, None, True), np.average(a, 0, None, True)),
+        ("cov without rows", np.cov(A, rowvar=False, ddof=0), np.cov(a, rowvar=False, ddof=0)),
+    ]:
+        _named_same("np." + name, result, expected, known=False)
+    hist, edges = np.histogramdd(A[:, :2], bins=(2, 3))
+    want, want_edges = np.histogramdd(a[:, :2], bins=(2, 3))
+    assert type(edges) is list and len(edges) == 2
+    _same((hist, *edges), (want, *want_edges), known=False)
+    assert np.einsum_path("ij,jk", A, A.T)[0] == np.einsum_path("ij,jk", a, a.T)[0]
+
+
 def test_functions_without_a_rule_run_with_a_lazy_shape(device):
     rng, a, _ = _matrices(4)
     A = _put(a, device)
