@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 import zmq
 from msgspec import Raw
@@ -158,6 +160,7 @@ class Batches:
     # Set by Node.__init__ (client.py).
     index: int
     address: str
+    cluster: Any  # the Cluster (its pid: the process that owns the session)
     tx: zmq.Socket
     tx_lock: threading.Lock
     batch: list  # commands queued for the next send
@@ -372,6 +375,12 @@ class Batches:
             log.error("%s lost: %s", self, reason)
 
     def _raise_closed(self) -> None:
+        if os.getpid() != self.cluster.pid:
+            raise MwrtError(
+                f"{self}: this process (pid {os.getpid()}) is a fork of the master (pid "
+                f"{self.cluster.pid}), whose session and tensors are the master's alone; pass "
+                "the child values (t.numpy()), or call mwrt.init_master_worker() in it for a "
+                "session of its own")
         raise MwrtError(f"{self}: this master's session with the node has ended "
                         "(mwrt.shutdown()); tensors made in it are gone")
 

@@ -248,6 +248,14 @@ class Node(Replies):
             if held:
                 self.rx_lock.release()
 
+    def forget(self) -> None:
+        """In a forked child: refuse every command and read, and touch no socket, lock or run
+        that the fork copied (they are the parent's, and a lock may have been held)."""
+        self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
+        self.run, self.batch, self.frames, self.runs = None, [], [], False
+        self.frees = deque()
+        self.closed = self.refusing = True
+
     def say_goodbye(self) -> None:
         """Send Bye without waiting for its answer (close() waits for it): a cluster's nodes
         free their sessions together (one after another, 32 took 1.5 s)."""

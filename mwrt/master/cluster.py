@@ -53,7 +53,8 @@ class Cluster:
         # The workers know this master's connections by a nonce of its own: no other master,
         # even one with the key and the session's name, can speak or keep the session alive.
         self.connection_id = f"{self.session_id}/{uuid.uuid4().hex}"
-        self.master_name = f"{socket.gethostname()}:{os.getpid()}"
+        self.pid = os.getpid()  # the process whose session it is (a fork's child is not)
+        self.master_name = f"{socket.gethostname()}:{self.pid}"
         self.context = _context_for(len(addresses))
         self.local = local
         self.ids = itertools.count(1)  # command and tensor ids, shared by every node
@@ -353,4 +354,19 @@ def _detach() -> bool:
     return True
 
 
+def _forget_in_child() -> None:
+    """In a child of os.fork() (multiprocessing's fork, a Pool's worker): leave the parent's
+    session alone. Without, the child's exit ran shutdown() on the parent's sockets: its Bye
+    ended the parent's session and stopped its local daemons, and the child spun forever
+    waiting for a reply that went to the parent. Its handles now raise an error naming the
+    fork, and the child may open a session of its own."""
+    global _cluster, _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    cluster, _cluster = _cluster, None
+    if cluster is not None:
+        for node in cluster.nodes:
+            node.forget()
+
+
 atexit.register(_shutdown_at_exit)
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -179,6 +179,17 @@ def _close_zygotes() -> None:
             _zygotes.popitem()[1].close()
 
 
+def _forget_in_child() -> None:
+    """In a child of os.fork(): the zygotes are the parent's (a daemon the child asked of one
+    raced the parent's requests on its socket), and so is the lock, which may have been held;
+    the child starts a zygote of its own if it starts daemons."""
+    global _lock, _zygotes
+    _lock, _zygotes = threading.Lock(), {}  # the copies of the sockets close with the dict
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def zygote_pids() -> set[int]:
     """The pids of this process's zygotes (its forked daemons are their children)."""
     return {zygote.process.pid for zygote in list(_zygotes.values())}

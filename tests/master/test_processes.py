@@ -1,0 +1,114 @@
+"""A master's session in the processes a user's program makes: children of os.fork() and
+multiprocessing, which must leave the parent's session as it was. Each test runs a script
+in a fresh process, as a user does, and reads what it prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import mwrt
+
+pytestmark = pytest.mark.timeout(120)
+
+# A child's wait, bounded: a child that hangs is killed and said so, never waited on forever.
+_WAIT_CHILD = textwrap.dedent("""
+    import os, time
+    def wait_child(pid, timeout=60.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.05)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return "hung"
+""")
+
+FORK_THEN_EXIT = _WAIT_CHILD + textwrap.dedent("""
+    import sys, numpy as np, mwrt
+    mwrt.init_master_worker()
+    x = mwrt.dist_send(np.arange(10.0))
+    with mwrt.node(1):
+        y = mwrt.ones(4)
+    x += 1  # queued when the fork comes
+    pid = os.fork()
+    if pid == 0:  # touches a handle, drops them all and exits as a script does (atexit runs)
+        try:
+            (x * 2).numpy()
+        except mwrt.MwrtError as exc:
+            print("child:", exc, flush=True)
+        del x, y
+        sys.exit(3)
+    print("child exit:", wait_child(pid), flush=True)
+    print("parent:", (x * 2).numpy().tolist(), float(y.sum()), flush=True)
+    mwrt.shutdown()
+""")
+
+FORK_OWN_SESSION = _WAIT_CHILD + textwrap.dedent("""
+    import sys, numpy as np, mwrt
+    mwrt.init_master_worker()
+    x = mwrt.dist_send(np.arange(3.0))
+    pid = os.fork()
+    if pid == 0:
+        mwrt.init_master_worker(local_workers=1)
+        print("child:", (mwrt.dist_send(np.arange(4.0)) * 3).numpy().tolist(), flush=True)
+        sys.exit(0)  # its atexit stops its own daemon, and not the parent's
+    print("child exit:", wait_child(pid), flush=True)
+    print("parent:", (x + 1).numpy().tolist(), flush=True)
+""")
+
+POOL = textwrap.dedent("""
+    import multiprocessing as mp, numpy as np, mwrt
+    def read(i):
+        try:
+            return float(X.sum())
+        except mwrt.MwrtError as exc:
+            return str(exc)
+    if __name__ == "__main__":
+        mwrt.init_master_worker()
+        X = mwrt.dist_send(np.arange(10.0))
+        for _ in range(2):
+            with mp.get_context("fork").Pool(2) as pool:
+                print("pool:", pool.map(read, range(2))[0], flush=True)
+            print("parent:", float((X * 2).sum()), flush=True)
+""")
+
+
+def _run(script: str) -> subprocess.CompletedProcess:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=100, env=dict(os.environ, PYTHONPATH=root))
+
+
+def test_a_forked_child_that_exits_leaves_the_parents_session_running():
+    # Its exit ran shutdown() at exit on the parent's sockets: the Bye ended the parent's
+    # session and the child spun forever waiting for an answer that went to the parent.
+    done = _run(FORK_THEN_EXIT)
+    out = done.stdout
+    assert done.returncode == 0 and "child exit: 3" in out, out + done.stderr[-3000:]
+    assert "is a fork of the master" in out and "init_master_worker() in it" in out, out
+    assert "parent: [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0] 4.0" in out, out
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, \
+        done.stderr[-3000:]
+
+
+def test_a_forked_child_opens_a_session_of_its_own():
+    done = _run(FORK_OWN_SESSION)
+    out = done.stdout
+    assert "child: [0.0, 3.0, 6.0, 9.0]" in out and "child exit: 0" in out, \
+        out + done.stderr[-3000:]
+    assert "parent: [1.0, 2.0, 3.0]" in out and done.returncode == 0, out + done.stderr[-3000:]
+
+
+def test_a_fork_pools_workers_are_refused_the_parents_handles_and_leave_it_running():
+    done = _run(POOL)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 4, done.stdout + done.stderr[-3000:]
+    assert all("is a fork of the master" in line for line in lines[0::2]), lines
+    assert lines[1::2] == ["parent: 90.0"] * 2, lines
