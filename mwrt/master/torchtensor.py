@@ -54,6 +54,28 @@ class TorchTensor(DistributedTensor):
     is_leaf = property(lambda self: self._spec.leaf,
                        doc="True unless autograd made it from tensors that require grad.")
     is_cuda = property(lambda self: self._device != HOST, doc="True if it lives on a GPU.")
+    is_cpu = property(lambda self: self._device == HOST, doc="True if it lives in host memory.")
+    # a dense tensor in host or GPU memory (what libraries ask before they use one)
+    vars().update({name: property(lambda self: False, doc="False: a dense, unquantized tensor.")
+                   for name in ("is_sparse", "is_sparse_csr", "is_quantized", "is_nested",
+                                "is_meta", "is_mkldnn")})
+    layout = property(lambda self: _torch().strided, doc="torch.strided: a dense tensor.")
+
+    def unflatten(self, dim: int, sizes: Any) -> Any:
+        """torch's unflatten: dimension `dim` viewed as `sizes` (one may be -1), a view
+        (torch defines it in Python, outside the functions it lists for handles)."""
+        shape = list(self.shape)
+        at = dim % len(shape)
+        return self.view(*shape[:at], *sizes, *shape[at + 1:])
+
+    def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        """torch's type(): the type's name ('torch.FloatTensor'), or a cast to `dtype`."""
+        if dtype is None:
+            name = _torch().empty(0, dtype=self.dtype).type()
+            return name.replace("torch.", "torch.cuda.", 1) if self.is_cuda else name
+        if isinstance(dtype, str):  # 'torch.DoubleTensor': its dtype (the device stays)
+            dtype = _torch().empty(0).type(dtype.replace("torch.cuda.", "torch.", 1)).dtype
+        return self.to(dtype)
     nbytes = property(lambda self: math.prod(self._spec.shape) * self._spec.dtype.itemsize,
                       doc="The bytes its elements take on the worker.")
     itemsize = property(lambda self: self._spec.dtype.itemsize, doc="The bytes of one element.")

@@ -218,6 +218,23 @@ def test_kinds_and_copies_back(cluster):
         b.numpy()
 
 
+def test_what_libraries_ask_of_a_tensor_is_answered_as_torchs(cluster):
+    """is_sparse, is_cpu, layout, type() and unflatten, which torch defines outside the
+    functions it hands to __torch_function__."""
+    local = torch.arange(12.0).reshape(3, 4)
+    t = mwrt.dist_send(local)
+    for name in ("is_sparse", "is_sparse_csr", "is_quantized", "is_nested", "is_meta",
+                 "is_mkldnn", "is_cpu", "is_cuda", "layout"):
+        assert getattr(t, name) == getattr(local, name), name
+    assert t.type() == local.type() == "torch.FloatTensor"
+    assert t.type(torch.float64).dtype == torch.float64
+    assert t.type("torch.IntTensor").dtype == torch.int32
+    assert torch.equal(t.unflatten(1, (2, -1)).torch(), local.unflatten(1, (2, -1)))
+    w = mwrt.dist_send(torch.ones(3, 4, requires_grad=True))
+    (w.unflatten(0, (3, 1)) * 2).sum().backward()
+    assert torch.equal(w.grad.torch(), torch.full((3, 4), 2.0))
+
+
 def test_a_0d_tensor_stays_0d_on_its_worker_and_across_nodes(cluster):
     """A 0-d tensor sent or moved was 1-d on the worker (shape [1]) while the master said ()."""
     t = mwrt.dist_send(torch.tensor(2.5), node=0)
