@@ -126,6 +126,15 @@ def _lookup(path: str):
 
 def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run NumPy function `func` for tensors among `args`/`kwargs` (see the module's doc)."""
+    if func in _PYTHON_BOOLS:  # NumPy answers a Python bool: the tensors' answer, read here
+        return bool(_array_function(func, args, kwargs))  # (one wait, as torch.equal's)
+    return _array_function(func, args, kwargs)
+
+
+_PYTHON_BOOLS = {np.allclose, np.array_equal, np.array_equiv}
+
+
+def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if _on_mesh((args, kwargs)):
         return _on_every_place(func, args, kwargs)
     path = path_of(func)
@@ -208,7 +217,7 @@ def _on_every_place(func: Callable, args: tuple, kwargs: dict) -> Any:
         plan = _PLANS.get(path or "")  # its plan; any other runs on replicated operands
         made = None if plan is None else plan(local, margs, mkwargs, numpy_functions.RULED)
         return made if made is not None else moves.per_place(
-            label, local, lambda blocks: array_function(
+            label, local, lambda blocks: _array_function(
                 func, dispatch.fill(margs, blocks), dispatch.fill(mkwargs, blocks)))
     try:
         return again(operands)
