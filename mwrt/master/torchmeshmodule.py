@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 from ..ops import torchmeta, torchspec
@@ -91,8 +92,18 @@ class MeshModule(torchmodule.RemoteModule):
         _cleared(self._params, set_to_none)
 
     def state_dict(self) -> dict:
-        """Its parameters' values as local torch tensors (place 0's: every place's are equal)."""
+        """torch's state_dict, as local torch tensors: place 0's (every place's parameters
+        are equal; its buffers are place 0's, as DDP broadcasts rank 0's)."""
         return self._places[0].state_dict()
+
+    def buffers(self) -> Iterator[TorchTensor]:
+        """Handles to place 0's buffers (state_dict's)."""
+        return self._places[0].buffers()
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> Any:
+        """torch's load_state_dict at every place (torch's checks first, at place 0)."""
+        found = [place.load_state_dict(state_dict, strict) for place in self._places]
+        return found[0]
 
     def __repr__(self) -> str:
         return f"MeshModule({self.mesh!r}, {self.meta!r})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,9 +91,45 @@ class RemoteModule:
             for p in self._params:
                 torchgrad.set_filled(p, False)
 
+    @property
+    def training(self) -> bool:
+        """Whether it is in training mode (train(), eval()), as torch's attribute."""
+        return self.meta.training
+
+    def buffers(self) -> Iterator[TorchTensor]:
+        """Handles to its buffers on the worker (a batch norm's running statistics)."""
+        return iter(self._call("buffers", lambda: list(self.meta.buffers()), ()) or [])
+
+    def named_buffers(self) -> Iterator[tuple[str, TorchTensor]]:
+        """(name, handle) of each buffer."""
+        return zip([name for name, _ in self.meta.named_buffers()], self.buffers())
+
     def state_dict(self) -> dict:
-        """Its parameters' values as local torch tensors (a sync point)."""
-        return {name: p.torch() for name, p in self.named_parameters()}
+        """torch's state_dict: its parameters' and buffers' values, by torch's names and in
+        its order, as local torch tensors (a sync point)."""
+        names = list(self.meta.state_dict())
+        values = self._call("state_dict", lambda: list(self.meta.state_dict().values()), ())
+        return dict(zip(names, [v.torch() for v in values or ()], strict=True))
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> Any:
+        """torch's load_state_dict: values (local tensors, or handles on its node) copied
+        into its parameters and buffers on the worker; torch's errors for missing,
+        unexpected or misshapen entries, raised here before anything is sent."""
+        torch = ready()
+        with warnings.catch_warnings():  # (the copies into a meta module that copy nothing)
+            warnings.simplefilter("ignore", UserWarning)
+            found = self.meta.load_state_dict(  # (on the meta copy: torch's checks, no values)
+                {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in
+                 state_dict.items()}, strict=strict)
+        index, device = self._handle._node.index, self._handle._device
+        values = {k: v if isinstance(v, TorchTensor) else put(v, index, device,
+                                                             requires_grad=False)
+                  for k, v in state_dict.items()}
+        uses = ((self._handle, True), *((p, True) for p in self._params))
+        run("module.load_state_dict", _nothing, (values,), {"strict": strict}, "torch_method",
+            (self._handle._ref, "load_state_dict"), key=(*self._key, "load_state_dict"),
+            uses=uses)
+        return found
 
     def __repr__(self) -> str:
         node = self._handle._node.index

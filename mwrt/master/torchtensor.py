@@ -20,7 +20,7 @@ import numpy as np
 from ..arrays import HOST
 from ..errors import RemoteError
 from ..ops import torchspec
-from . import torchacross, torchgrad, torchmesh, transfer
+from . import torchacross, torchgrad, torchmesh, torchutils, transfer
 from .tensor import DistributedTensor
 from .torchissue import Crossing, OnMesh, arrive, bits, from_raw, torch_call
 from .torchissue import ready as torch_ready
@@ -113,10 +113,11 @@ class TorchTensor(DistributedTensor):
 
     @property
     def device(self) -> Any:
-        """torch's device of it on its node: cpu, or cuda:k."""
+        """torch's device of it on its node: cpu, or cuda:k (a mesh tensor's: its first
+        place's, as a DTensor's is its mesh's device type)."""
         torch = _torch()
-        return torch.device("cpu") if self._device == HOST else torch.device("cuda",
-                                                                              self._device)
+        device = self._device if self._mesh is None else self._mesh.places[0][1]
+        return torch.device("cpu") if device == HOST else torch.device("cuda", device)
 
     def size(self, dim: int | None = None) -> Any:
         """The shape (a torch.Size), or dimension `dim` of it."""
@@ -220,7 +221,22 @@ class TorchTensor(DistributedTensor):
             return moved.to(*args, **kwargs) if args or kwargs else moved
         if node is not None:
             return self._moved(node, kwargs.pop("device", self._device), *args, **kwargs)
+        if self._changes_nothing(args, kwargs):  # torch's rule: itself, no copy
+            return self
         return dispatch(_torch().Tensor.to, (self, *args), kwargs)
+
+    def _changes_nothing(self, args: tuple, kwargs: dict) -> bool:
+        """Whether to(*args, **kwargs) names this tensor's own device and dtype, and no copy
+        (clip_grad_norm_'s norm.to(first_device)): the meta device cannot run it."""
+        if kwargs.get("copy") or any(isinstance(a, DistributedTensor) for a in args):
+            return False
+        try:  # (torch's own parse of to()'s arguments, as nn.Module.to uses it)
+            device, dtype, _, memory_format = _torch()._C._nn._parse_to(
+                *args, **{k: v for k, v in kwargs.items() if k != "copy"})
+        except (TypeError, RuntimeError):
+            return False
+        return (device is None or device == self.device) and (
+            dtype is None or dtype == self.dtype) and memory_format is None
 
     def dist_send(self, node: int | None = None, device: int | None = None) -> Any:
         """A copy on another node (worker to worker); the device stays unless given."""
@@ -262,6 +278,7 @@ def ready() -> Any:
     torch = torch_ready()
     if "matmul" not in TorchTensor.__dict__:
         install_methods(TorchTensor, dispatch)
+        torchutils.clip_grad_takes(torch, TorchTensor)
     return torch
 
 

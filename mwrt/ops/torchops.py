@@ -206,7 +206,8 @@ def _new(xp, path: str, grad: bool, *args, **kwargs) -> list:
 
 
 # What a master may call on each kind of object a session holds.
-_METHODS = {"Module": {"__call__", "parameters", "buffers", "train", "eval", "zero_grad"},
+_METHODS = {"Module": {"__call__", "parameters", "buffers", "train", "eval", "zero_grad",
+                      "state_dict", "load_state_dict"},
             "Optimizer": {"step", "zero_grad"}, "LRScheduler": {"step"}}
 
 
@@ -224,6 +225,8 @@ def _method(xp, obj, method: str, grad: bool, *args, **kwargs) -> list:
         result = getattr(obj, method)(*decode(args), **decode(kwargs))
     if method in ("parameters", "buffers"):
         result = list(result)
+    elif method == "state_dict":  # its tensors, in its order (the master knows the names)
+        result = list(result.values())
     leaves: list = []
     flatten(result, leaves, torch.Tensor)
     return leaves
