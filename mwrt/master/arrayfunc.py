@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from ..ops import numpy_functions
+from ..ops import Spec, numpy_functions
+from . import context, transfer
 from .handle import Handle, check_same_place
 from .issue import call
 from .issue import call as _call
@@ -124,8 +125,11 @@ def _lookup(path: str):
     return obj
 
 
-def array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
-    """Run NumPy function `func` for tensors among `args`/`kwargs` (see the module's doc)."""
+def array_function(func: Callable, args: tuple, kwargs: dict, like: Any = None) -> Any:
+    """Run NumPy function `func` for tensors among `args`/`kwargs` (see the module's doc);
+    `like`: the tensor NumPy asked, which without tensors among them is np.f(..., like=t)."""
+    if like is not None and not _holds_tensor((args, kwargs)):
+        return _made_like(like, func, args, kwargs)
     if func in _PYTHON_BOOLS:  # NumPy answers a Python bool: the tensors' answer, read here
         return bool(_array_function(func, args, kwargs))  # (one wait, as torch.equal's)
     return _array_function(func, args, kwargs)
@@ -185,6 +189,27 @@ def _sequence(path: str, kwargs: dict, result: Any) -> Any:
         kind = _NAMED_TYPES[key] = type(_lookup(path)(np.eye(1), **kwargs))
     fields = getattr(kind, "_fields", ())
     return kind(*result) if len(fields) == len(result) else result
+
+
+def _holds_tensor(value) -> bool:
+    found: list = []
+    _walk(value, found.append)
+    return bool(found)
+
+
+def _made_like(like: Handle, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """np.zeros(3, like=t), NumPy's creation by a reference array (NEP 35): NumPy makes the
+    array here, and a copy goes to t's place, as mwrt.dist_send(array, node=, device=)."""
+    if like._mesh is not None or like.holds_torch:
+        raise TypeError(f"np.{getattr(func, '__name__', func)}: like= takes a NumPy tensor on "
+                        "one place (got a mesh or torch tensor); make the array, then "
+                        "mwrt.dist_send(array, mesh=...) or mwrt.dist_send(torch tensor)")
+    array = np.asarray(func(*args, **kwargs), order="C")  # keeps 0-d arrays 0-d
+    node, device = like._node, like._device
+    made = like.results(node, device, next(node.ids), Spec(array.shape, array.dtype),
+                        context.stream_for(node.index, device))
+    transfer.send(made, array)
+    return made
 
 
 def _on_mesh(value) -> bool:

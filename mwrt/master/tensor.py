@@ -373,8 +373,9 @@ class DistributedTensor(TensorReads):
     def __array_function__(self, func: Callable, types: Collection[type], args: tuple,
                            kwargs: dict) -> Any:
         """Other NumPy functions (np.linalg.inv(t), np.fft.fft(t), np.concatenate) on the
-        worker that holds every tensor argument (see mwrt.master.arrayfunc)."""
-        return array_function(func, args, kwargs)
+        worker that holds every tensor argument (see mwrt.master.arrayfunc); np.zeros(3,
+        like=t) makes its array on the master and sends it to t's place."""
+        return array_function(func, args, kwargs, like=self)
 
     # -- torch's casts (last: above other methods, float and int would name these) --------
 

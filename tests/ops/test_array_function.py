@@ -307,6 +307,22 @@ def test_master_side_functions(device, tmp_path):
     assert np.array_equiv(A, A[0]) is False and np.allclose(A, a + 1) is False
 
 
+def test_creation_like_a_tensor_makes_it_at_the_tensors_place(two_nodes):
+    like = _put(np.ones(2), -1, node=1)
+    for name, made, expected in [
+        ("zeros", np.zeros((2, 3), dtype=np.int8, like=like), np.zeros((2, 3), np.int8)),
+        ("arange", np.arange(5, like=like), np.arange(5)),
+        ("asarray", np.asarray([1.5, 2], like=like), np.asarray([1.5, 2])),
+        ("full", np.full(3, 7, like=like), np.full(3, 7)),
+        ("eye", np.eye(2, k=1, like=like), np.eye(2, k=1)),
+        ("0-d array", np.array(3.0, like=like), np.array(3.0)),
+    ]:
+        assert isinstance(made, mwrt.DistributedTensor) and made.get_node() == 1, name
+        _named_same("np." + name, made, expected)
+    with pytest.raises(TypeError, match="like= takes a NumPy tensor on one place"):
+        np.zeros(2, like=mwrt.dist_send(np.ones(2), mesh=mwrt.mesh()))
+
+
 def test_in_place_functions_change_the_worker_array(device):
     a = np.arange(9.0).reshape(3, 3)
     A = _put(a, device)
