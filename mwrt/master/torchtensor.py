@@ -61,6 +61,15 @@ class TorchTensor(DistributedTensor):
                                 "is_meta", "is_mkldnn")})
     layout = property(lambda self: _torch().strided, doc="torch.strided: a dense tensor.")
 
+    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
+        """Refused by name: mwrt.array_api runs NumPy's functions, a torch handle torch's (it
+        answered mwrt.array_api, whose first op failed inside scikit-learn or SciPy)."""
+        raise TypeError("__array_namespace__: a torch handle has no Array API namespace "
+                        "(mwrt.array_api runs NumPy's functions, a torch handle torch's); for "
+                        "Array API code such as scikit-learn's array_api_dispatch, send NumPy "
+                        "arrays (mwrt.dist_send(t.numpy(), node=...)), or call torch's "
+                        "functions on the handle")
+
     def unflatten(self, dim: int, sizes: Any) -> Any:
         """torch's unflatten: dimension `dim` viewed as `sizes` (one may be -1), a view
         (torch defines it in Python, outside the functions it lists for handles)."""

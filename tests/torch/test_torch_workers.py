@@ -233,6 +233,8 @@ def test_what_libraries_ask_of_a_tensor_is_answered_as_torchs(cluster):
     w = mwrt.dist_send(torch.ones(3, 4, requires_grad=True))
     (w.unflatten(0, (3, 1)) * 2).sum().backward()
     assert torch.equal(w.grad.torch(), torch.full((3, 4), 2.0))
+    with pytest.raises(TypeError, match="a torch handle has no Array API namespace"):
+        t.__array_namespace__()  # mwrt.array_api's ops are NumPy's: Array API code failed
 
 
 def test_a_0d_tensor_stays_0d_on_its_worker_and_across_nodes(cluster):
