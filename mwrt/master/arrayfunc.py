@@ -83,7 +83,13 @@ def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: d
             and len(kwargs) == 1 and ops.has(f"{name}_")):
         call(f"{name}_", *inputs)  # the in-place op: replayed graphs call it directly
         return out
+    if ufunc.signature and not _GUFUNC_KEYS.isdisjoint(kwargs) and out is None:
+        # core dimensions placed by axis=/axes=/keepdims=: NumPy's by path, sized on the worker
+        return call("numpy", name, 0, *inputs, **kwargs)
     return call(name, *inputs, **kwargs)
+
+
+_GUFUNC_KEYS = frozenset({"axis", "axes", "keepdims"})
 
 
 def _copy_into(ufunc, method: str, inputs: tuple, out, kwargs: dict, call: Callable) -> Any:

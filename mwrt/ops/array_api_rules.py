@@ -106,7 +106,9 @@ RULES["repeat"] = _repeat
 
 
 @rule("vecdot", "linalg.vecdot")
-def _vecdot(x1, x2, axis=-1):
+def _vecdot(x1, x2, axis=-1, **placed):
+    if placed:  # the ufunc's axes= or keepdims=: sized on the worker
+        return UNKNOWN
     s1, s2 = shape_of(x1), shape_of(x2)
     n = max(len(s1), len(s2))
     if not s1 or not s2:

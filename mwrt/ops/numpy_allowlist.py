@@ -134,6 +134,7 @@ ALLOWED = {
     "unstack": linear(), "split": linear(), "array_split": linear(), "hsplit": linear(),
     "vsplit": linear(), "dsplit": linear(), "take": take, "tile": tile, "repeat": repeat,
     "cumulative_sum": cumulative, "cumulative_prod": cumulative, "vecdot": broadcast,
+    "matvec": broadcast, "vecmat": broadcast,
     "broadcast_to": broadcast_to,
 }
 # Change their first argument, within its bounds (the numpy_ op).

@@ -72,6 +72,8 @@ def _impl(xp, path: str, outputs: int, *args, **kwargs):
         args, kwargs = _on_device(xp, args), _on_device(xp, kwargs)
     if path == "block":  # np.block arranges lists only
         args = (as_lists(args[0]), *args[1:])
+    if isinstance(kwargs.get("axes"), tuple) and isinstance(getattr(np, path, None), np.ufunc):
+        kwargs["axes"] = list(kwargs["axes"])  # a gufunc's axes= is a list (the wire's tuple)
     result = resolve(xp, path)(*args, **kwargs)
     if path == "histogramdd":  # (hist, [edges per dimension]): one tensor each
         result = (result[0], *result[1])

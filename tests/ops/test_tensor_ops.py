@@ -176,6 +176,24 @@ def test_matmul_and_ufuncs(mw):
         a @ a
 
 
+def test_generalized_ufuncs_take_axis_axes_and_keepdims(mw):
+    a = np.arange(12.0).reshape(3, 4) - 5
+    t = mw.dist_send(a)
+    for name, got, want in [
+        ("vecdot axis", np.vecdot(t, t, axis=0), np.vecdot(a, a, axis=0)),
+        ("vecdot keepdims", np.vecdot(t, t, axis=0, keepdims=True),
+         np.vecdot(a, a, axis=0, keepdims=True)),
+        ("vecdot axes", np.vecdot(t, t.T, axes=[(0,), (1,), ()]),
+         np.vecdot(a, a.T, axes=[(0,), (1,), ()])),
+        ("matvec axes", np.matvec(t, np.ones(3), axes=[(1, 0), (0,), (0,)]),
+         np.matvec(a, np.ones(3), axes=[(1, 0), (0,), (0,)])),
+        ("matmul axes", np.matmul(t, t.T, axes=[(-2, -1), (-2, -1), (-1, -2)]),
+         np.matmul(a, a.T, axes=[(-2, -1), (-2, -1), (-1, -2)])),
+    ]:
+        assert got.shape == want.shape, name
+        same(got, want)
+
+
 def test_ufunc_out_argument(mw):
     a = mw.dist_send(A)
     assert np.multiply(a, 2, out=a) is a
