@@ -100,6 +100,8 @@ def _pickle(fn) -> bytes:
 def by_value(name: str | None) -> None:
     """Have cloudpickle ship module `name`'s code by value if it is the user's own (not
     installed, so workers lack it)."""
+    if (name or "").partition(".")[0] == "mwrt":  # every worker has it, installed or not
+        return
     module = sys.modules.get(name or "")
     path = getattr(module, "__file__", None) or ""
     installed = any(path.startswith(p) for p in (sys.prefix, sys.base_prefix, *site_paths()))

@@ -109,7 +109,22 @@ class MeshModule(torchmodule.RemoteModule):
         return f"MeshModule({self.mesh!r}, {self.meta!r})"
 
 
-class MeshOptimizer:
+class _Replicas:
+    """An optimizer's or scheduler's copies, one at every place, kept equal."""
+
+    _places: list
+
+    def state_dict(self) -> dict:
+        """torch's state_dict: place 0's (every place's is equal), as local values."""
+        return self._places[0].state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict at every place."""
+        for place in self._places:
+            place.load_state_dict(state_dict)
+
+
+class MeshOptimizer(_Replicas):
     """A torch.optim optimizer at every place of its parameters' mesh."""
 
     def __init__(self, path: str, params: list, **options: Any):
@@ -135,7 +150,7 @@ class MeshOptimizer:
         _cleared(self.params, set_to_none)
 
 
-class MeshScheduler:
+class MeshScheduler(_Replicas):
     """A torch.optim.lr_scheduler scheduler at every place of its optimizer."""
 
     def __init__(self, path: str, optimizer: MeshOptimizer, *args: Any, **options: Any):
@@ -146,6 +161,10 @@ class MeshScheduler:
         """One step of the schedule at every place."""
         for place in self._places:
             place.step()
+
+    def get_last_lr(self) -> list:
+        """The learning rates of its last step, as torch's (a sync point)."""
+        return self._places[0].get_last_lr()
 
 
 def _local(params: Any, i: int) -> list:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import io
 import itertools
 import warnings
 from collections.abc import Iterator
@@ -161,6 +162,15 @@ class RemoteOptimizer:
             for p in self.params:
                 torchgrad.set_filled(p, False)
 
+    def state_dict(self) -> dict:
+        """torch's state_dict (its state and param_groups), as local tensors and values, for
+        torch.save (a sync point)."""
+        return _state_of(self.handle)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict on the worker (a state_dict of the same optimizer's)."""
+        _load_into(self.handle, state_dict)
+
     def _call(self, method: str, args: tuple, kwargs: dict | None = None) -> None:
         uses = ((self.handle, True), *((p, True) for p in self.params))
         run(f"{self.path}.{method}", _nothing, args, kwargs or {}, "torch_method",
@@ -182,6 +192,36 @@ class RemoteScheduler:
         """One step of the schedule (the optimizer's learning rate changes on the worker)."""
         run(f"{self.path}.step", _nothing, (), {}, "torch_method", (self.handle._ref, "step"),
             uses=((self.handle, True), (self.optimizer.handle, True)))
+
+    def get_last_lr(self) -> list:
+        """The learning rates of its last step, as torch's (a sync point)."""
+        return list(self.state_dict()["_last_lr"])
+
+    def state_dict(self) -> dict:
+        """torch's state_dict of the scheduler, as local values (a sync point)."""
+        return _state_of(self.handle)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict on the worker."""
+        _load_into(self.handle, state_dict)
+
+
+def _state_of(handle: DistributedTensor) -> dict:
+    """The state_dict of the optimizer or scheduler `handle` names, read back as torch.save
+    wrote it on the worker (torch.load of tensors and plain values alone)."""
+    torch = ready()
+    saved = RemoteFunction(torchops.saved_state)(handle)
+    return torch.load(io.BytesIO(saved.torch().numpy().tobytes()), weights_only=True)
+
+
+def _load_into(handle: DistributedTensor, state_dict: dict) -> None:
+    """state_dict loaded into the optimizer or scheduler `handle` names, on its worker."""
+    torch = ready()
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    data = put(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8),
+               handle._node.index, handle._device)
+    RemoteFunction(torchops.load_state, outputs=0)(handle, data)
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:

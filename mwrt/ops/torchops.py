@@ -205,6 +205,27 @@ def _new(xp, path: str, grad: bool, *args, **kwargs) -> list:
     return [kind(*decode(args), **decode(kwargs))]
 
 
+def saved_state(obj):
+    """An optimizer's or LR scheduler's state_dict as torch.save's bytes (a uint8 tensor):
+    run on the worker by the master's state_dict() (mwrt.remote's path), read back there
+    with torch.load(weights_only)."""
+    import io
+
+    torch = worker_torch()
+    buffer = io.BytesIO()
+    torch.save(obj.state_dict(), buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def load_state(obj, data) -> None:
+    """The inverse: torch.save's bytes (a uint8 tensor) of a state_dict loaded into `obj` on
+    the worker (only tensors and plain values are read back: weights_only)."""
+    import io
+
+    torch = worker_torch()
+    obj.load_state_dict(torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True))
+
+
 # What a master may call on each kind of object a session holds.
 _METHODS = {"Module": {"__call__", "parameters", "buffers", "train", "eval", "zero_grad",
                       "state_dict", "load_state_dict"},

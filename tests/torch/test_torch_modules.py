@@ -1,7 +1,10 @@
 """A model on a worker as a training loop uses it: torch's gradient clipping on its
-parameters, its state_dict (buffers too) to save and load, its mode, all as torch's."""
+parameters, its state_dict (buffers too) and its optimizer's and scheduler's to save and
+resume from, its mode, all as torch's, on one node and on a mesh."""
 
 from __future__ import annotations
+
+import io
 
 import pytest
 
@@ -108,3 +111,42 @@ def test_a_mesh_models_clipping_and_state_dict_are_torchs(cluster):
     for name, value in remote.state_dict().items():
         torch.testing.assert_close(value, local.state_dict()[name], msg=name)
     assert str(remote.load_state_dict(local.state_dict())) == "<All keys matched successfully>"
+
+
+@pytest.mark.parametrize("mesh", [False, True])
+def test_a_training_saved_and_resumed_steps_as_the_one_never_stopped(cluster, mesh):
+    """torch.save of the model's, optimizer's and scheduler's state_dicts, loaded into new
+    ones: their next steps equal those of the run that went on, and a local one's."""
+    x, y = _data()
+    make = (lambda: torch.nn.Sequential(*list(_model())[::2])) if mesh else _model
+    place = {"mesh": mwrt.mesh(nodes=[0, 1])} if mesh else {"node": 1}
+    send = {"mesh": place["mesh"], "shard": 0} if mesh else place
+
+    def trainer(model):
+        opt = mwrt.torch.optim.Adam(model.parameters(), lr=1e-2)
+        return model, opt, mwrt.torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+
+    def steps(model, opt, sched, count):
+        for _ in range(count):
+            opt.zero_grad()
+            F.cross_entropy(model(xh), yh).backward()
+            opt.step()
+            sched.step()
+    xh, yh = mwrt.dist_send(x, **send), mwrt.dist_send(y, **send)
+    going = trainer(mwrt.torch.module(make(), **place))
+    steps(*going, 3)
+    saved = io.BytesIO()
+    torch.save({"model": going[0].state_dict(), "opt": going[1].state_dict(),
+                "sched": going[2].state_dict()}, saved)
+    saved.seek(0)
+    kept = torch.load(saved)
+    assert list(kept["opt"]["state"][0]) == ["step", "exp_avg", "exp_avg_sq"]
+    assert going[2].get_last_lr() == [0.005]
+    resumed = trainer(mwrt.torch.module(make(), **place))
+    for part, name in zip(resumed, ("model", "opt", "sched")):
+        part.load_state_dict(kept[name])
+    steps(*going, 2)
+    steps(*resumed, 2)
+    assert resumed[2].get_last_lr() == going[2].get_last_lr() == [0.0025]
+    for (name, a), b in zip(resumed[0].state_dict().items(), going[0].state_dict().values()):
+        assert torch.equal(a, b), name
