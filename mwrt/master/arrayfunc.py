@@ -165,6 +165,7 @@ def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     if path is not None and _is_registry_function(path, args, kwargs):
         return call(path, *args, **kwargs)
     if path is None or not numpy_functions.allowed(path):  # not run by name: ship the function
+        _refuse_functions(label, (args, kwargs))
         return RemoteFunction(func)(*args, **kwargs)
     # 0: one array, shape unknown
     count = numpy_functions.RULED if path in numpy_functions.RULES else 0
@@ -195,6 +196,21 @@ def _sequence(path: str, kwargs: dict, result: Any) -> Any:
         kind = _NAMED_TYPES[key] = type(_lookup(path)(np.eye(1), **kwargs))
     fields = getattr(kind, "_fields", ())
     return kind(*result) if len(fields) == len(result) else result
+
+
+def _refuse_functions(label: str, value) -> None:
+    """A function among the arguments (np.apply_along_axis(np.sum, 1, t)) is never shipped
+    implicitly: the TypeError says how to run the call."""
+    if isinstance(value, (tuple, list)):
+        for part in value:
+            _refuse_functions(label, part)
+    elif isinstance(value, dict):
+        _refuse_functions(label, tuple(value.values()))
+    elif callable(value) and not isinstance(value, (type, np.dtype, Handle)):
+        name = getattr(value, "__name__", type(value).__name__)
+        raise TypeError(f"{label}: takes a function ({name}), which mwrt does not send to a "
+                        "worker by itself; run the whole call there, mwrt.remote(lambda a: "
+                        f"{label}(...a...))(t), or here on t.numpy()")
 
 
 def _holds_tensor(value) -> bool:

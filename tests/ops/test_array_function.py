@@ -373,6 +373,15 @@ def test_repeat_by_counts_in_a_tensor_is_refused_by_name(two_nodes):
                                   np.repeat(np.arange(6.0).reshape(3, 2), [1, 0, 2], axis=0))
 
 
+def test_a_function_argument_is_refused_with_the_way_to_run_the_call(two_nodes):
+    A = _put(np.arange(6.0).reshape(2, 3), -1)
+    with pytest.raises(TypeError, match=r"np\.apply_along_axis: takes a function \(sum\).*"
+                                        r"mwrt\.remote"):
+        np.apply_along_axis(np.sum, 1, A)
+    with pytest.raises(TypeError, match=r"takes a function \(<lambda>\)"):
+        np.apply_over_axes(lambda a, axis: a, A, [0])
+
+
 def test_a_function_outside_numpys_namespaces_still_runs(two_nodes):
     a = np.arange(10.0)
     windows = np.lib.stride_tricks.sliding_window_view(_put(a, -1), 3)
