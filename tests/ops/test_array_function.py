@@ -373,6 +373,23 @@ def test_repeat_by_counts_in_a_tensor_is_refused_by_name(two_nodes):
                                   np.repeat(np.arange(6.0).reshape(3, 2), [1, 0, 2], axis=0))
 
 
+def test_another_librarys_ufunc_runs_where_the_tensor_lives(device):
+    special = pytest.importorskip("scipy.special")
+    v = np.array([0.5, 1.5, 2.0])
+    V = _put(v, device)
+    for name, got, want in [("erf", special.erf(V), special.erf(v)),
+                            ("xlogy", special.xlogy(V, V), special.xlogy(v, v)),
+                            ("psi", special.psi(V), special.psi(v)),
+                            ("fresnel", special.fresnel(V), special.fresnel(v))]:
+        _named_same("scipy.special." + name, got, want, known=False)
+    out = _put(np.zeros(3), device)
+    assert special.erf(V, out=out) is out
+    _same(out, special.erf(v), known=True)
+    into = np.zeros(3)
+    assert special.erf(V, out=into) is into  # the master's array, written here
+    np.testing.assert_allclose(into, special.erf(v))
+
+
 def test_a_function_argument_is_refused_with_the_way_to_run_the_call(two_nodes):
     A = _put(np.arange(6.0).reshape(2, 3), -1)
     with pytest.raises(TypeError, match=r"np\.apply_along_axis: takes a function \(sum\).*"
