@@ -59,6 +59,18 @@ def _as_master(commands, name: str, summary: str, description: str):
     return command
 
 
+def _no_workers_named(args, command: str) -> bool:
+    """Whether no workers are named (--workers, MWRT_WORKERS, MWRT_REGISTRY), said on stderr:
+    init_master_worker() would start daemons of its own and show them (up 0 s, no work),
+    not the ones a script runs, whose key only that script holds."""
+    if args.workers or config.get("workers") or config.get("registry"):
+        return False
+    print(f"mwrt {command}: no workers named (expected --workers HOST:PORT,..., MWRT_WORKERS "
+          "or MWRT_REGISTRY); a script's own local workers answer only it: call "
+          "mwrt.status() or mwrt.dashboard() in the script", file=sys.stderr)
+    return True
+
+
 def dashboard_main(args) -> int:
     """`mwrt dashboard`: serve the page until Ctrl-C (or SIGTERM)."""
     import signal
@@ -66,6 +78,8 @@ def dashboard_main(args) -> int:
 
     import mwrt
 
+    if _no_workers_named(args, "dashboard"):
+        return 2
     try:
         mwrt.init_master_worker(args.workers or None, key=args.key)
         board = mwrt.dashboard(args.port, args.host, interval=args.interval, timeline=False,
@@ -93,6 +107,8 @@ def status_main(args) -> int:
 
     import mwrt
 
+    if _no_workers_named(args, "status"):
+        return 2
     try:
         mwrt.init_master_worker(args.workers or None, key=args.key)
     except (mwrt.MwrtError, ConnectionError, TimeoutError) as exc:

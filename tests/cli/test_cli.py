@@ -192,3 +192,11 @@ def test_status_shows_each_worker_as_a_table_and_as_json():
 def test_status_of_a_worker_nobody_runs_says_so():
     res = run("mwrt", "status", "--workers", "127.0.0.1:9", env={"MWRT_CONNECT_TIMEOUT": "1"})
     assert res.returncode == 1 and "mwrt status:" in res.stderr and "127.0.0.1:9" in res.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "dashboard"])
+def test_status_without_workers_named_says_so_and_starts_none(command):
+    """It started two daemons of its own and showed them (up 0 s, no work), not a script's."""
+    res = run("mwrt", command)  # (run() passes no MWRT_ variable of the test's)
+    assert res.returncode == 2 and f"mwrt {command}: no workers named" in res.stderr
+    assert "mwrt.status()" in res.stderr and not res.stdout
