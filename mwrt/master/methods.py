@@ -183,8 +183,13 @@ def array_methods() -> dict:
     def tobytes(self, order="C"):
         """The elements' bytes, copied to the master (ndarray.tobytes)."""
         return self.numpy().tobytes(order)
+
+    def __bytes__(self):
+        """bytes(t) as bytes() of the local array or tensor gives it (a NumPy array's buffer;
+        Python asks a 0-d integer one's __index__ first)."""
+        return bytes(self.torch() if self.holds_torch else self.numpy())
     return {fn.__name__: fn for fn in (argpartition, partition, choose, compress,
-                                       searchsorted, put, tobytes)}
+                                       searchsorted, put, tobytes, __bytes__)}
 
 
 def shape_arg(shape: tuple) -> tuple:

@@ -310,7 +310,9 @@ def test_ndarray_methods_that_are_numpy_functions(mw):
     b = a.copy()
     b.put([0, 5], [-1.0, -2.0])
     same(A, b)
-    assert A.tobytes() == b.tobytes() and A.item(5) == b.item(5) == -2.0
+    assert A.tobytes() == b.tobytes() == bytes(A) and A.item(5) == b.item(5) == -2.0
+    for value in (np.array(3), np.array(2.5), np.arange(3, dtype=np.int8)):
+        assert bytes(mw.dist_send(value)) == bytes(value)  # a 0-d int: its value's zeros
     assert A.item(1, 2) == A.item((1, 2)) == b.item(1, 2)
     same(A.ravel("F"), b.ravel("F"))
     same(A.copy(order="F"), b.copy(order="F"))
