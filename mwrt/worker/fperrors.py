@@ -11,6 +11,7 @@ stream, for the master to warn at the line that issued the op.
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 
@@ -27,13 +28,37 @@ NOTED: dict[int, list] = {}  # thread id -> what NumPy met there ("divide by zer
 def _note(err: str, flag: int) -> None:
     noted = NOTED.setdefault(threading.get_ident(), [])
     if len(noted) < _PER_THREAD:
-        noted.append(err)
+        noted.append((err, False))
 
 
 def note_in_this_thread() -> None:
-    """Make NumPy note, not print, what it warns of in this thread (errstate is per thread)."""
+    """Make NumPy note, not print, what it warns of in this thread (errstate is per thread),
+    and its functions' RuntimeWarnings ("Mean of empty slice") too."""
     np.seterr(divide="call", over="call", invalid="call")
     np.seterrcall(_note)
+    with _LOCK:
+        _OP_THREADS.add(threading.get_ident())
+        if warnings.showwarning is not _show:  # once a process, before any op runs
+            _SHOWN.append(warnings.showwarning)
+            warnings.showwarning = _show
+            warnings.simplefilter("always", RuntimeWarning)  # each op's, as on the master
+
+
+def _show(message, category, filename, lineno, file=None, line=None) -> None:
+    """A RuntimeWarning in a thread that runs ops is noted for the master, whose filters
+    decide, as its fp errors are; any other warning is printed as Python prints it."""
+    thread = threading.get_ident()
+    if issubclass(category, RuntimeWarning) and thread in _OP_THREADS:
+        noted = NOTED.setdefault(thread, [])
+        if len(noted) < _PER_THREAD:
+            noted.append((str(message), True))
+        return
+    _SHOWN[0](message, category, filename, lineno, file, line)
+
+
+_LOCK = threading.Lock()
+_OP_THREADS: set = set()  # the threads that run ops (note_in_this_thread's)
+_SHOWN: list = []  # Python's showwarning, for what is not an op's
 
 
 def modes(state: dict) -> dict:
@@ -65,6 +90,8 @@ _STATES: dict = {}  # the master's state, as items -> NumPy's object of the work
 def claim(keep: list, command_id: int, op: str, limit: int) -> None:
     """Move what NumPy noted in this thread to `keep`, as (command id, warning text)."""
     noted = NOTED.pop(threading.get_ident(), None)
-    for err in noted or ():
+    ufunc = getattr(np, op.removesuffix("_"), None)  # NumPy names a ufunc by its own name
+    name = ufunc.__name__ if isinstance(ufunc, np.ufunc) else op
+    for text, whole in noted or ():
         if len(keep) < limit:
-            keep.append((command_id, f"{err} encountered in {op}"))
+            keep.append((command_id, text if whole else f"{text} encountered in {name}"))

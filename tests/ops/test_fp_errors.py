@@ -148,8 +148,27 @@ def test_a_mesh_op_run_place_by_place_warns_once(mw):
         got.numpy()
         mwrt.synchronize()  # every place has answered: what each noted has come
     from_workers = [w for w in record if "encountered" in str(w.message)]
-    assert [str(w.message) for w in from_workers] == ["invalid value encountered in true_divide"]
+    assert [str(w.message) for w in from_workers] == ["invalid value encountered in divide"]
     assert (from_workers[0].filename, from_workers[0].lineno) == (__file__, line)
+
+
+def test_warnings_name_the_ufunc_and_a_functions_own_warnings_come_too(mw):
+    """NumPy names the ufunc ("in divide", where mwrt's op is true_divide), and a NumPy
+    function's own RuntimeWarning (nanmean's "Mean of empty slice") reaches the master."""
+    x, host = zero_and_one(mw, 4)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        (x / 0).numpy()
+        host / 0
+    texts = [str(w.message) for w in record]
+    assert texts[:2] == texts[2:] and "divide by zero encountered in divide" in texts, texts
+    nans = mw.dist_send(np.full((2, 3), np.nan))
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice") as record:
+        got = np.nanmean(nans, axis=0); line = sys._getframe().f_lineno  # noqa: E702
+        got.numpy()
+    assert {(w.filename, w.lineno) for w in record} == {(__file__, line)}
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):  # each call, as NumPy's
+        np.nanmean(nans).numpy()
 
 
 def test_each_issue_of_an_op_warns(mw):
