@@ -345,8 +345,10 @@ def _convert_kwargs(kwargs: dict, place: list, name: str) -> tuple[dict, dict]:
     return kwargs, kwargs
 
 
-def convert(value, place: list, name: str):
-    """(value with tensors as Specs, value with tensors as Refs); checks one (node, device)."""
+def convert(value, place: list, name: str, specs: bool = True):
+    """(value with tensors as Specs, value with tensors as Refs); checks one (node, device).
+    specs=False: the Specs are not wanted (a remote() function's arguments), so a tensor
+    whose shape is still pending is not waited for (its Spec stays None)."""
     if type(value) in _SCALARS:
         return value, value
     if isinstance(value, Handle):
@@ -362,12 +364,12 @@ def convert(value, place: list, name: str):
             check_same_place(place[0], value, f"{name}: operands",
                              "move one with .to(node=, device=) first")
         place.append(value)
-        return _spec_of(value), value._ref
+        return (_spec_of(value) if specs else None), value._ref
     if isinstance(value, (tuple, list)):
-        pairs = [convert(v, place, name) for v in value]
+        pairs = [convert(v, place, name, specs) for v in value]
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
     if isinstance(value, dict):
-        named = {k: convert(v, place, name) for k, v in value.items()}
+        named = {k: convert(v, place, name, specs) for k, v in value.items()}
         return {k: p[0] for k, p in named.items()}, {k: p[1] for k, p in named.items()}
     if isinstance(value, _PASSED):
         if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "OV":

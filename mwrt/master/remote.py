@@ -41,8 +41,9 @@ class RemoteFunction:
                for a in (*args, *kwargs.values())):
             return remote_call(self, args, kwargs)  # at every place of the mesh
         place: list = []
-        _, wire_args = convert(args, place, "remote")
-        _, wire_kwargs = convert(kwargs, place, "remote")
+        # (no Specs: an argument a pending function makes is not waited for here)
+        _, wire_args = convert(args, place, "remote", specs=False)
+        _, wire_kwargs = convert(kwargs, place, "remote", specs=False)
         results = self.results
         if place:
             target, device, results = place[0]._node, place[0]._device, place[0].results

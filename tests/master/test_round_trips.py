@@ -359,6 +359,39 @@ def test_a_with_blocks_own_waits_are_named_as_such(cluster):
     assert mwrt.stats()["waits"] > before["waits"]
 
 
+def test_an_operators_wait_is_named_by_its_operator(cluster):
+    """It was named 'forward()', the name of the code every operator method shares."""
+    y = mwrt.remote(lambda a: a + 1)(mwrt.dist_send(np.ones(2)))  # its shape: pending
+    y * 2  # the product's shape needs y's: one wait
+    calls = {r["call"] for r in mwrt.stats()["lines"] if "test_round_trips.py" in r["line"]}
+    assert "__mul__()" in calls and "forward()" not in calls, calls
+
+
+def test_a_function_given_a_pending_functions_result_waits_for_nothing(cluster, tmp_path):
+    """remote(f)(remote(g)(x)) waited for g's result's shape at the call, which it does
+    not use: a pipeline of functions ran one at a time, and mwrt.cancel() found nothing
+    queued behind the first."""
+    started = tmp_path / "started"
+
+    def slow(a):
+        started.touch()  # (the worker shares this host's files)
+        time.sleep(0.3)
+        return a + 1
+    x = mwrt.dist_send(np.ones(3))
+    before = mwrt.stats()["waits"]
+    first = mwrt.remote(slow)(x)
+    second = mwrt.remote(slow)(first)
+    third = mwrt.remote(slow)(second)
+    assert mwrt.stats()["waits"] == before  # all three queued at once
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    mwrt.cancel()  # the first runs on; the two behind it are dropped
+    with pytest.raises(mwrt.RemoteError, match="dropped by mwrt.cancel"):
+        third.numpy()
+    assert first.numpy().tolist() == [2.0, 2.0, 2.0]
+
+
 def test_the_waits_of_a_helper_thread_count_at_the_line_that_started_it(cluster):
     big = np.arange(1 << 15, dtype=np.float64)  # over MWRT_INLINE_BYTES: sent by a helper thread
     before = {r["line"]: r["count"] for r in mwrt.stats()["lines"]}
