@@ -31,7 +31,9 @@ from .remote import RemoteFunction
 
 # Asked of shape and dtype only: answered on the master from broadcast one-element stand-ins.
 _SPEC_ONLY = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type",
-              "iscomplexobj", "isrealobj", "may_share_memory", "shares_memory", "einsum_path"}
+              "iscomplexobj", "isrealobj", "einsum_path"}
+# Asked whether two arrays overlap: answered from the handles' storage records.
+_OVERLAP = {np.may_share_memory, np.shares_memory}
 # Write files or text on the master: run there on copies of the values.
 _ON_MASTER = {"save", "savez", "savez_compressed", "savetxt", "array_repr", "array_str",
               "array2string"}
@@ -153,15 +155,34 @@ def array_function(func: Callable, args: tuple, kwargs: dict, like: Any = None) 
     `like`: the tensor NumPy asked, which without tensors among them is np.f(..., like=t)."""
     if like is not None and not _holds_tensor((args, kwargs)):
         return _made_like(like, func, args, kwargs)
-    if func in _PYTHON_BOOLS:  # NumPy answers a Python bool: the tensors' answer, read here
-        return bool(_array_function(func, args, kwargs))  # (one wait, as torch.equal's)
+    answer = _python_answer(func, args, kwargs)
+    if answer is not None:  # NumPy answers a Python bool or int: read here (one wait, as
+        return answer(_array_function(func, args, kwargs))  # torch.equal's is)
     return _array_function(func, args, kwargs)
 
 
 _PYTHON_BOOLS = {np.allclose, np.array_equal, np.array_equiv}
 
 
+def _python_answer(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """The Python type NumPy's `func` answers with for these arguments (bool, int), or None
+    where it gives arrays or NumPy scalars."""
+    if func in _PYTHON_BOOLS:
+        return bool
+    whole = len(args) < 2 and kwargs.get("axis") is None and not kwargs.get("keepdims")
+    return int if func is np.count_nonzero and whole else None
+
+
+def _may_share(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` may overlap: handles that view one storage (a view and its base,
+    two views of one base; disjoint views of it too, where NumPy's shares_memory would look
+    closer). A master array shares nothing with a worker's."""
+    return isinstance(a, Handle) and isinstance(b, Handle) and a._storage is b._storage
+
+
 def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
+    if func in _OVERLAP:
+        return _may_share(*args[:2])
     if _on_mesh((args, kwargs)):
         return _on_every_place(func, args, kwargs)
     path = path_of(func)
