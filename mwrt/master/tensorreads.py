@@ -170,7 +170,13 @@ class TensorReads(Handle):
     get = numpy
 
     def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
-        """The value as a NumPy array on the master (np.asarray(t)); waits, as numpy() does."""
+        """The value as a NumPy array on the master (np.asarray(t)); waits, as numpy() does.
+        copy=False is NumPy's ValueError: the worker's memory cannot become the array."""
+        if copy is False:
+            raise ValueError("__array__: a remote tensor's values must be copied to the master "
+                             "(got copy=False); use np.asarray(t) or t.numpy(), or "
+                             "t.numpy(copy=False) for a read-only view of a snapshot in "
+                             "shared memory (a worker on this host)")
         array = self.numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
 

@@ -183,6 +183,8 @@ def test_dlpack_exports_a_copy_on_the_master(xp):
     np.testing.assert_array_equal(np.from_dlpack(t), A)
     with pytest.raises(BufferError, match="copy=False"):
         t.__dlpack__(copy=False)
+    with pytest.raises(ValueError, match="copy=False"):  # NumPy 2's protocol: no copy, or an error
+        np.asarray(t, copy=False)
     assert xp.from_dlpack(t, copy=False) is t  # a tensor to the namespace: no copy at all
 
 
