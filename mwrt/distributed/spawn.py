@@ -9,6 +9,7 @@ naming the rank, with its traceback.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -17,6 +18,8 @@ import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+import cloudpickle
 
 from ..errors import MwrtError
 from ..procs import stop_processes
@@ -35,6 +38,8 @@ class RankFailedError(MwrtError):
 def _entry(fn, rank, args, env, errors):
     os.environ.update(env)
     try:
+        if type(fn) is bytes:  # cloudpickle's (see spawn)
+            fn = cloudpickle.loads(fn)
         fn(rank, *args)
         process_groups.leave_at_exit()  # a forked child skips atexit handlers
     except BaseException:  # noqa: BLE001 - sent to the parent, then this rank exits 1
@@ -51,11 +56,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
     if not callable(fn) or not isinstance(args, (tuple, list)):
         raise TypeError(f"spawn: expected a function and a tuple of its arguments after the "
                         f"rank (got {type(fn).__name__} and {type(args).__name__})")
-    where = getattr(fn, "__qualname__", "")
-    if start_method != "fork" and ("<locals>" in where or "<lambda>" in where):
-        raise TypeError(f"spawn: {where} is defined inside a function or is a "
-                        f"lambda, which the '{start_method}' start method cannot send to the "
-                        "ranks; define it at module level")
+    shipped = fn if start_method == "fork" else _shipped(fn)
     ctx = mp.get_context(start_method)
     errors = ctx.SimpleQueue()
     addr, port = "127.0.0.1", free_port()
@@ -64,7 +65,7 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
         env = dict(rank_env(rank, nprocs, rank, nprocs, addr, port), **secret)
         # Every context has Process; typeshed's BaseContext (what a str method gives) omits it.
         process = ctx.Process  # type: ignore[attr-defined]
-        p = process(target=_entry, args=(fn, rank, args, env, errors), daemon=daemon)
+        p = process(target=_entry, args=(shipped, rank, args, env, errors), daemon=daemon)
         p.start()
         procs.append(p)
     context = SpawnContext(procs, errors)
@@ -130,7 +131,22 @@ def _failed(failed: dict[int, int], errors) -> RankFailedError:
     return RankFailedError(text, rank=rank, exitcode=exitcode)
 
 
-def _call_main(rank: int, main) -> None:
+def _shipped(fn) -> bytes:
+    """fn as cloudpickle's bytes, for a start method that imports nothing of this process: a
+    function of a notebook, of `python -c` or of a script's __main__, a lambda or a closure
+    reach the ranks by value (pickle's by-name reference failed in the ranks with "Can't get
+    attribute 'main' on <module '__main__'>"). Its arguments go as multiprocessing sends
+    them (a queue only so)."""
+    try:
+        return cloudpickle.dumps(fn)
+    except Exception as exc:  # whatever cloudpickle refuses: named for the user
+        where = getattr(fn, "__qualname__", None) or type(fn).__name__
+        raise TypeError(f"spawn: {where} cannot be sent to the ranks ({type(exc).__name__}: "
+                        f"{exc}); make locks, files and connections inside the "
+                        "function") from exc
+
+
+def _call_main(rank: int, *, main) -> None:
     main()
 
 
@@ -142,4 +158,4 @@ def run(main: Callable[[], Any], nprocs: int | None = None) -> None:
         main()
         return
     count = nprocs if nprocs is not None else int(os.environ.get("NPROC", "2"))
-    spawn(_call_main, args=(main,), nprocs=count)
+    spawn(functools.partial(_call_main, main=main), nprocs=count)  # main goes with it

@@ -150,12 +150,41 @@ def test_spawn_names_the_failing_rank_and_its_traceback():
 
 @pytest.mark.quick
 def test_spawn_refuses_what_it_cannot_start():
+    import threading
+
     with pytest.raises(ValueError, match="nprocs must be a positive int"):
         dist.spawn(_fails, nprocs=0)
-    with pytest.raises(TypeError, match="define it at module level"):
-        dist.spawn(lambda rank: None, nprocs=2)
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"<lambda> cannot be sent to the ranks "
+                                        r"\(TypeError: cannot pickle '_thread.lock'"):
+        dist.spawn(lambda rank: lock, nprocs=2)
     with pytest.raises(TypeError, match="a tuple of its arguments"):
         dist.spawn(_fails, args=5, nprocs=1)
+
+
+def test_run_and_spawn_take_a_function_of_python_c_a_lambda_or_a_closure(tmp_path):
+    """The spawn start method sent fn by name, which a rank cannot import from `python -c`
+    or a notebook ("Can't get attribute 'main' on <module '__main__'>"): cloudpickle's."""
+    program = textwrap.dedent("""
+        import numpy as np, mwrt.distributed as dist
+        def main():
+            dist.init_process_group()
+            t = np.ones(2) * (dist.get_rank() + 1)
+            dist.all_reduce(t)
+            print(f"rank {dist.get_rank()} {t.tolist()}\\n", end="", flush=True)  # one write
+            dist.destroy_process_group()
+        dist.run(main, nprocs=2)
+        scale = 3
+        dist.spawn(lambda rank, k: print(f"lambda {rank} {k * scale}\\n", end="", flush=True),
+                   args=(2,), nprocs=2)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+        ROOT, os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         env=env, timeout=machine.seconds(60, 600), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(res.stdout.splitlines()) == [
+        "lambda 0 6", "lambda 1 6", "rank 0 [3.0, 3.0]", "rank 1 [3.0, 3.0]"], res.stdout
 
 
 def _dies_mid_collective(rank, queue):
