@@ -13,6 +13,7 @@ base's, TensorReads (tensorreads.py).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -422,5 +423,9 @@ class Element(DistributedTensor, element=True):
         or with `ndigits` a 0-d tensor rounded on the worker."""
         return round(self.item()) if ndigits is None else self.round(ndigits)
 
+
+# An element stands for NumPy's scalar (np.float64, np.int64), which is a number:
+# np.isscalar(t[0]) and np.testing.assert_equal(t.sum(), 6.0) take it as NumPy's.
+numbers.Number.register(Element)
 
 ShardedTensor = DistributedTensor  # the name mesh tensors had: one class holds both

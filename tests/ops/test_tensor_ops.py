@@ -116,8 +116,19 @@ def test_a_functions_zero_d_result_is_a_scalar_where_numpys_is(mw, fn):
     for r in (expected, got):
         view = r[None]
         view[0] = -5
-    assert np.isscalar(expected) is (type(got).__name__ == "Element")
+    assert np.isscalar(expected) is (type(got).__name__ == "Element") is np.isscalar(got)
     assert got.numpy().tolist() == (kept if np.isscalar(expected) else expected).tolist()
+
+
+def test_an_element_is_a_number_as_numpys_scalar_is(mw):
+    import numbers
+
+    a = np.arange(4.0)
+    t = mw.dist_send(a)
+    assert isinstance(t[0], numbers.Number) and np.isscalar(t.sum())
+    assert not isinstance(t, numbers.Number) and not np.isscalar(t)
+    np.testing.assert_equal(t[1], 1.0)  # scalars compare as scalars, as NumPy's do
+    np.testing.assert_equal(t.sum(), 6.0)
 
 
 _OF_A_SCALAR = {
