@@ -60,7 +60,11 @@ def queue_everywhere(nodes, bodies, command_id: int, streams, site, window: floa
     slot = command_id & SITE_MASK
     if type(streams) is int:  # one command for all
         run = nodes[0].run  # the last run queued at these nodes, if it may grow
-        if run is not None and run.nodes is nodes and run.stream == streams:
+        # ... once the last node has it: one that another thread was still queueing grew
+        # with this thread's op, which then reached the later nodes after what this thread
+        # queued next there (a collective found its input missing on node 1).
+        if run is not None and run.nodes is nodes and run.stream == streams \
+                and nodes[-1].run is run:
             with run.lock:
                 grew = not run.sealed
                 if grew:
@@ -84,7 +88,8 @@ def free_everywhere(nodes, tensor_id: int, streams: tuple) -> None:
     frees. It runs in Handle.__del__, at any point of any thread: nothing under a run's lock
     allocates or drops a handle, so this never waits for its own thread."""
     run = nodes[0].run
-    if run is not None and run.nodes is nodes and streams == (run.stream,):
+    if run is not None and run.nodes is nodes and streams == (run.stream,) \
+            and nodes[-1].run is run:  # queued at every node (queue_everywhere)
         body = Raw(wire.encode_message(wire.Free(id=next(nodes[0].ids), stream=run.stream,
                                                  ids=(tensor_id,), uses=1)))
         with run.lock:

@@ -67,6 +67,11 @@ class Cluster:
         self.attached: dict | None = None  # handles of a re-attached session (reattach.py)
         self.meshes: weakref.WeakSet = weakref.WeakSet()  # meshes over these nodes
         self._channel_lock = threading.Lock()
+        # Commands that make nodes wait on each other (a move's receive and send, the parts of
+        # a collective) are issued under it, so every node queues them in one order: two
+        # threads' moves, interleaved, left each node's stream in a receive whose send was
+        # queued behind the other's, and two collectives of one group took each other's turn.
+        self.pairing = threading.RLock()
         self.store: TCPStore | None = None
         self._channel: channels.DataChannel | None = None
         try:

@@ -86,9 +86,10 @@ def _send(sends: Sends) -> None:
         return
 
     def send_all():
-        for node, command, site in sends:
-            node.issue(command, site=site)
-            node.flush()
+        with current().pairing:  # every node queues the collectives of a group in one order
+            for node, command, site in sends:
+                node.issue(command, site=site)
+                node.flush()
 
     uninterrupted(send_all)
 

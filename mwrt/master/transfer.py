@@ -201,6 +201,12 @@ def move(tensor, node_index: int, device: int):
     if node_index == source.index:
         return _to_device(tensor, device)
     source.check_lost()  # before the receive is posted: it would wait for bytes never sent
+    with current().pairing:  # the receive and the send in one order on every node
+        return _move(tensor, source, target, device)
+
+
+def _move(tensor, source, target, device: int):
+    """move() between nodes: a receive on `target`, then the send on `source`."""
     stream = context.stream_for(target.index, device)
     out = tensor.results(target, device, next(target.ids), tensor.spec, stream)
     tag = staging.tag_for(wire.TRANSFER_TAGS | next(_TAGS), tensor.nbytes,
@@ -212,7 +218,7 @@ def move(tensor, node_index: int, device: int):
                          dtype=tensor.dtype.str, device=device, peer=source.index, tag=tag,
                          token=next(target.tokens) if large else -1)
     if large:
-        target.request(recv, f"posting a receive for .to(node={node_index})")
+        target.request(recv, f"posting a receive for .to(node={target.index})")
     else:
         target.issue(recv)
     now = next(source.ids)

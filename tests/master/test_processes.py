@@ -1,6 +1,7 @@
-"""A master's session in the processes a user's program makes: children of os.fork() and
-multiprocessing, which must leave the parent's session as it was. Each test runs a script
-in a fresh process, as a user does, and reads what it prints."""
+"""A master's session in the processes and threads a user's program makes: children of
+os.fork() and multiprocessing, which must leave the parent's session as it was (each such
+test runs a script in a fresh process, as a user does, and reads what it prints), and
+threads that issue ops, moves and collectives at once, each reading its own values."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 import mwrt
@@ -112,3 +115,42 @@ def test_a_fork_pools_workers_are_refused_the_parents_handles_and_leave_it_runni
     assert done.returncode == 0 and len(lines) == 4, done.stdout + done.stderr[-3000:]
     assert all("is a fork of the master" in line for line in lines[0::2]), lines
     assert lines[1::2] == ["parent: 90.0"] * 2, lines
+
+
+def _in_threads(work, count: int = 8) -> list:
+    """work(k) on `count` threads at once; what each returned, each awaited 60 s at most."""
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(work, k) for k in range(count)]
+        return [future.result(timeout=60) for future in futures]
+
+
+def test_threads_moving_tensors_both_ways_between_two_nodes_get_their_values(cluster):
+    # Two threads' moves, interleaved, left node 0's stream in the receive of one and node
+    # 1's in the receive of the other, each send queued behind the other node's receive.
+    base = np.arange(1000.0)
+    x, y = mwrt.dist_send(base, node=0), mwrt.dist_send(base * 2, node=1)
+
+    def work(k):
+        moved = [(y.to(node=0) if k % 2 else x.to(node=1)) * k for _ in range(30)]
+        return [float(t.sum()) for t in moved]
+
+    for k, sums in enumerate(_in_threads(work)):
+        assert sums == [float((base * (2 if k % 2 else 1)).sum()) * k] * 30
+
+
+def test_threads_issuing_mesh_ops_and_their_collectives_get_their_values(cluster):
+    # A mesh op grew a run that another thread was still queueing at the nodes: it reached
+    # node 1 after that thread's next command there, a collective whose input was missing.
+    mesh = mwrt.mesh()
+
+    def work(k):
+        sums = []
+        for _ in range(30):
+            m = mwrt.dist_send(np.full((10, 4), float(k)), mesh=mesh, shard=0)
+            sums.append((m.sum(axis=0) + 0).numpy().tolist())
+            pair = [mwrt.full(100 + k, float(k + n), node=n) for n in (0, 1)]
+            sums.append([float(t.sum()) for t in mwrt.all_reduce(pair)])
+        return sums
+
+    for k, sums in enumerate(_in_threads(work)):
+        assert sums == [[10.0 * k] * 4, [(2.0 * k + 1) * (100 + k)] * 2] * 30
