@@ -41,6 +41,8 @@ def probe_key(value):
         return ("array", value.dtype)
     if isinstance(value, (tuple, list)):  # an array-like: NumPy makes an array of it
         return ("array", np.asarray(value).dtype)
+    if isinstance(value, np.generic):  # its dtype, a datetime's unit too (np.datetime64(1)
+        return ("scalar", value.dtype)  # has none: NumPy refuses it)
     return type(value)
 
 
@@ -58,6 +60,7 @@ def _kwarg_key(value):
 @lru_cache(maxsize=4096)
 def _dtype_of(fn, keys, kwargs):
     values = [np.ones(1, dtype=k) if isinstance(k, np.dtype) else
+              np.ones(1, dtype=k[1])[0] if isinstance(k, tuple) and k[0] == "scalar" else
               np.ones(1, dtype=k[1]) if isinstance(k, tuple) else
               None if k is type(None) else k(1) for k in keys]
     kwargs = {k: np.ones((1,) * v.ndim, v.dtype) if type(v) is _Probe else v

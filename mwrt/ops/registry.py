@@ -101,6 +101,7 @@ def get(name: str) -> Op:
 
 _MEMO: dict = {}
 _SCALARS = (int, float, bool, complex)
+_UNITED = frozenset((np.datetime64, np.timedelta64))  # NumPy scalars whose type is not a dtype
 
 
 def infer(op: Op, args: tuple, kwargs: dict):
@@ -117,6 +118,8 @@ def infer(op: Op, args: tuple, kwargs: dict):
         key = (op.name, a if type(a) is Spec else type(a), b if type(b) is Spec else type(b))
     else:
         key = (op.name, *[a if type(a) is Spec else type(a) for a in args])
+    if not _UNITED.isdisjoint(key):  # a datetime's unit decides too, not its type alone
+        key = (*key, *[a.dtype for a in args if type(a) in _UNITED])
     result = _MEMO.get(key)
     if result is None:
         # a NumPy scalar's dtype, not its value, decides (NEP 50): its type is the key

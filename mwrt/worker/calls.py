@@ -125,8 +125,10 @@ def _ufunc_key(op, args) -> tuple | None:
     key = [op.name]
     for value in args:
         kind = type(value)
-        if kind in _SCALAR_TYPES or isinstance(value, np.generic):
+        if kind in _SCALAR_TYPES:
             key.append(kind)
+        elif isinstance(value, np.generic):  # its dtype: a datetime's unit decides too
+            key.append(value.dtype)
         elif hasattr(value, "dtype"):
             key.append((value.shape, value.dtype))
         else:

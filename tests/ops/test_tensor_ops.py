@@ -187,6 +187,16 @@ def test_matmul_and_ufuncs(mw):
         a @ a
 
 
+def test_a_numpy_datetime_scalars_unit_decides_the_result_as_in_numpy(mw):
+    days = np.array(["2020-01-01", "2020-03-05", "2021-07-04"], dtype="datetime64[D]")
+    t = mw.dist_send(days)
+    same(t > np.datetime64("2020-06-01"), days > np.datetime64("2020-06-01"))  # no unit: 'D'
+    for step in (np.timedelta64(1, "D"), np.timedelta64(3, "h"), np.timedelta64(5, "ms")):
+        got, want = t + step, days + step  # one op, its scalar of another unit each time
+        assert got.dtype == want.dtype, (step, got.dtype)
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
 def test_generalized_ufuncs_take_axis_axes_and_keepdims(mw):
     a = np.arange(12.0).reshape(3, 4) - 5
     t = mw.dist_send(a)
