@@ -155,22 +155,12 @@ def array_function(func: Callable, args: tuple, kwargs: dict, like: Any = None) 
     `like`: the tensor NumPy asked, which without tensors among them is np.f(..., like=t)."""
     if like is not None and not _holds_tensor((args, kwargs)):
         return _made_like(like, func, args, kwargs)
-    answer = _python_answer(func, args, kwargs)
-    if answer is not None:  # NumPy answers a Python bool or int: read here (one wait, as
-        return answer(_array_function(func, args, kwargs))  # torch.equal's is)
+    if func in _PYTHON_BOOLS:  # NumPy answers a Python bool: the tensors' answer, read here
+        return bool(_array_function(func, args, kwargs))  # (one wait, as torch.equal's)
     return _array_function(func, args, kwargs)
 
 
 _PYTHON_BOOLS = {np.allclose, np.array_equal, np.array_equiv}
-
-
-def _python_answer(func: Callable, args: tuple, kwargs: dict) -> Any:
-    """The Python type NumPy's `func` answers with for these arguments (bool, int), or None
-    where it gives arrays or NumPy scalars."""
-    if func in _PYTHON_BOOLS:
-        return bool
-    whole = len(args) < 2 and kwargs.get("axis") is None and not kwargs.get("keepdims")
-    return int if func is np.count_nonzero and whole else None
 
 
 def _may_share(a: Any, b: Any) -> bool:
