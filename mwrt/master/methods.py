@@ -81,7 +81,12 @@ def binary(op: str, py: str, call, mesh_call):
         if op == "power" and type(other) is int and other == 2:
             # NumPy's a ** 2 is np.square(a): the same values, but a bool's square is int8
             return (call if self._mesh is None else mesh_call)("square", self)
-        return (call if self._mesh is None else mesh_call)(op, self, operand(other))
+        try:
+            return (call if self._mesh is None else mesh_call)(op, self, operand(other))
+        except TypeError:
+            if op not in ("equal", "not_equal") or hasattr(other, "_node") or np.ndim(other):
+                raise  # (a tensor's own error stands: another place, another kind)
+            return _unequal(self, op, other)
 
     def reverse(self, other):
         return (call if self._mesh is None else mesh_call)(op, operand(other), self)
@@ -92,6 +97,17 @@ def binary(op: str, py: str, call, mesh_call):
     return (_named(forward, f"__{py}__", f"self {sym} other: {what}, {_WHERE}."),
             _named(reverse, f"__r{py}__", f"other {sym} self: {what}, {_WHERE}."),
             _named(inplace, f"__i{py}__", f"self {sym}= other: {what}, in place; returns self."))
+
+
+def _unequal(tensor, op: str, other):
+    """t == "a" where NumPy has no loop for the pair: NumPy's answer on a one-element probe
+    (an array of False for ==, of True for !=), at every place of the tensor; else the
+    TypeError stands."""
+    probe = np.zeros((1,) * tensor.ndim, tensor.dtype)
+    answer = probe == other if op == "equal" else probe != other
+    if not isinstance(answer, np.ndarray):  # NumPy's own error was raised above
+        raise TypeError(f"{op}: no comparison of {tensor.dtype} with {type(other).__name__}")
+    return (np.ones_like if answer.all() else np.zeros_like)(tensor, dtype=bool)
 
 
 def method(name: str, op: str, call, mesh_call, nargs: int):

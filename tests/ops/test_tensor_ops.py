@@ -187,6 +187,16 @@ def test_matmul_and_ufuncs(mw):
         a @ a
 
 
+def test_equality_with_what_numpy_cannot_compare_is_numpys_array_of_false(mw):
+    a = np.arange(3.0)
+    t = mw.dist_send(a)
+    for other in ("a", b"z", object()):
+        same(t == other, a == other)  # all False, as NumPy 2's ==
+        same(t != other, a != other)
+    with pytest.raises(TypeError):  # an ordering has no such answer, in NumPy either
+        t < "a"
+
+
 def test_a_numpy_datetime_scalars_unit_decides_the_result_as_in_numpy(mw):
     days = np.array(["2020-01-01", "2020-03-05", "2021-07-04"], dtype="datetime64[D]")
     t = mw.dist_send(days)
