@@ -170,7 +170,9 @@ def _may_share(a: Any, b: Any) -> bool:
     return isinstance(a, Handle) and isinstance(b, Handle) and a._storage is b._storage
 
 
-def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
+def _array_function(func: Callable, args: tuple, kwargs: dict, shaped: bool = True) -> Any:
+    """`func` on one place or a mesh; `shaped`: tuple results as NumPy's sequence (a mesh
+    shapes them once its places' results are joined)."""
     if func in _OVERLAP:
         return _may_share(*args[:2])
     if _on_mesh((args, kwargs)):
@@ -199,7 +201,8 @@ def _array_function(func: Callable, args: tuple, kwargs: dict) -> Any:
     count = numpy_functions.RULED if path in numpy_functions.RULES else 0
     if path in numpy_functions.OUTPUTS:
         count = numpy_functions.outputs(path, _specs(args), _specs(kwargs))
-    return _sequence(path, kwargs, call("numpy", path, count, *args, **kwargs))
+    made = call("numpy", path, count, *args, **kwargs)
+    return _sequence(path, kwargs, made) if shaped else made
 
 
 # NumPy functions whose tuple of results is a named tuple (np.linalg.eigh(a).eigenvalues)
@@ -293,15 +296,16 @@ def _on_every_place(func: Callable, args: tuple, kwargs: dict) -> Any:
         made = None if plan is None else plan(local, margs, mkwargs, numpy_functions.RULED)
         return made if made is not None else moves.per_place(
             label, local, lambda blocks: _array_function(
-                func, dispatch.fill(margs, blocks), dispatch.fill(mkwargs, blocks)))
+                func, dispatch.fill(margs, blocks), dispatch.fill(mkwargs, blocks), False))
     try:
-        return again(operands)
+        return _sequence(path or "", kwargs, again(operands))
     except PlacementError as error:
         # a function that writes an argument would write a copy: it stays an error
         if name in dispatch.WRITING_FUNCTIONS or "out" in kwargs or \
                 not fallback.applies(error):
             raise
-        return fallback.run(label, operands, None, again, dispatch.call, error)
+        return _sequence(path or "", kwargs,
+                         fallback.run(label, operands, None, again, dispatch.call, error))
 
 
 def _is_registry_function(path: str, args: tuple, kwargs: dict) -> bool:

@@ -371,6 +371,22 @@ def test_bad_shapes_fail_at_issue_time_as_numpy_would(two_nodes):
         np.linalg.qr(A, mode="bad")
 
 
+def test_a_mesh_tensors_function_results_are_numpys_sequences(two_nodes):
+    a = np.arange(16.0).reshape(4, 4)
+    spd = a @ a.T + np.eye(4)
+    mesh = mwrt.mesh()
+    X, S = mwrt.dist_send(a, mesh=mesh), mwrt.dist_send(spd, mesh=mesh)
+    assert type(np.linalg.eigh(S)) is type(np.linalg.eigh(spd))
+    np.testing.assert_allclose(np.linalg.eigh(S).eigenvalues.numpy(), np.linalg.eigh(spd)[0])
+    assert type(np.unique_counts(X)).__name__ == "UniqueCountsResult"
+    assert type(np.split(X, 2)) is list
+    hist, edges = np.histogramdd(X[:, :2], bins=2)  # its edges: a list, one per dimension
+    want, want_edges = np.histogramdd(a[:, :2], bins=2)
+    np.testing.assert_array_equal(hist.numpy(), want)
+    assert type(edges) is list and len(edges) == 2
+    np.testing.assert_array_equal(edges[1].numpy(), want_edges[1])
+
+
 def test_repeat_by_counts_in_a_tensor_is_refused_by_name(two_nodes):
     A = _put(np.arange(6.0).reshape(3, 2), -1)
     with pytest.raises(TypeError, match=r"repeat: counts held in a tensor .*mwrt\.array_api"):
