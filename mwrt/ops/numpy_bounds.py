@@ -69,14 +69,14 @@ def like(a, dtype=None, order="K", subok=True, shape=None, **kwargs) -> int:
     return elements(a) if shape is None else math.prod(np.atleast_1d(shape).tolist())
 
 
-def _bins(bins, dims: int) -> int:
+def _bins(bins, dims: int, name: str = "histogram") -> int:
     """Histogram bins and edges: bins+1 per dimension for a count, an array's size for edges."""
     counted = type(bins) is Spec and (not bins.shape or (dims > 1 and bins.shape[0] == dims))
     if isinstance(bins, str) or counted:
-        raise TypeError(f"np.histogram: bins={bins!r:.40} are counted from the data, so the "
+        raise TypeError(f"np.{name}: bins={bins!r:.40} are counted from the data, so the "
                         "result cannot be sized before it is made; pass a count or edges")
     if dims > 1 and type(bins) is not Spec and shape_of(bins)[:1] == (dims,):  # one per dimension
-        return math.prod(_bins(b, 1) for b in bins)
+        return math.prod(_bins(b, 1, name) for b in bins)
     if (isinstance(bins, (int, np.integer)) and not isinstance(bins, (bool, np.bool_))) or \
             (isinstance(bins, np.ndarray) and bins.ndim == 0):  # a count, a NumPy one too
         return (abs(int(bins)) + 1) ** dims
@@ -87,15 +87,19 @@ def histogram(a, bins=10, *args, **kwargs) -> int:
     return 2 * _bins(bins, 1) + elements(a)
 
 
+def histogram_bin_edges(a, bins=10, *args, **kwargs) -> int:
+    return _bins(bins, 1, "histogram_bin_edges") + elements(a)
+
+
 def histogram2d(x, y, bins=10, *args, **kwargs) -> int:
-    return 3 * _bins(bins, 2) + elements(x) + elements(y)
+    return 3 * _bins(bins, 2, "histogram2d") + elements(x) + elements(y)
 
 
 def histogramdd(sample, bins=10, *args, **kwargs) -> int:
     """An array's rows are points; a sequence holds one array of coordinates per dimension."""
     shape = shape_of(sample)
     dims = len(sample) if isinstance(sample, (tuple, list)) else shape[-1] if shape else 1
-    return 2 * _bins(bins, dims) + elements(sample)
+    return 2 * _bins(bins, dims, "histogramdd") + elements(sample)
 
 
 def unique(ar, *args, **kwargs) -> int:

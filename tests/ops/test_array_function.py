@@ -387,6 +387,14 @@ def test_a_mesh_tensors_function_results_are_numpys_sequences(two_nodes):
     np.testing.assert_array_equal(edges[1].numpy(), want_edges[1])
 
 
+def test_bins_counted_from_the_data_are_refused_naming_the_function(two_nodes):
+    V = _put(np.arange(10.0), -1)
+    for fn in (np.histogram, np.histogram_bin_edges):
+        with pytest.raises(TypeError, match=rf"np\.{fn.__name__}: bins='auto' are counted"):
+            made = fn(V, bins="auto")
+            (made[0] if isinstance(made, tuple) else made).numpy()
+
+
 def test_repeat_by_counts_in_a_tensor_is_refused_by_name(two_nodes):
     A = _put(np.arange(6.0).reshape(3, 2), -1)
     with pytest.raises(TypeError, match=r"repeat: counts held in a tensor .*mwrt\.array_api"):
