@@ -82,6 +82,7 @@ class Node(Replies):
         # call per reply, where a poll and a read cost two.
         self.rx.setsockopt(zmq.RCVTIMEO, _READ_SLICE_MS)
         self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
+        self.routed, self.waiting = threading.Condition(threading.Lock()), 0  # replies.py
         self.batch = []  # commands queued for the next send
         self.run = None  # the batch's last item, a Run still growing
         self.runs = False  # the batch holds runs (spliced in when sent)
@@ -252,6 +253,7 @@ class Node(Replies):
         """In a forked child: refuse every command and read, and touch no socket, lock or run
         that the fork copied (they are the parent's, and a lock may have been held)."""
         self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
+        self.routed, self.waiting = threading.Condition(threading.Lock()), 0
         self.run, self.batch, self.frames, self.runs = None, [], [], False
         self.frees = deque()
         self.closed = self.refusing = True

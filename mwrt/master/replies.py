@@ -26,6 +26,7 @@ from .sites import restore_places, warn_at_sites
 log = logging.getLogger("mwrt")
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum made per call
+_READ_SLICE = 0.05  # s: a thread waiting for the reader checks the lock and its timeout
 _SAY_AFTER = 2.0  # seconds a wait after an interrupted one goes before it says what it awaits
 
 
@@ -37,6 +38,8 @@ class Replies(Batches):
     rx_lock: threading.Lock
     tokens: itertools.count
     replies: dict[int, tuple]
+    routed: threading.Condition  # notified as a reply is routed and as a reader lets go
+    waiting: int  # threads waiting for the reader to route their reply
     warned: list  # (command id, text): NumPy's warnings on the worker, to issue
     rejected: str | QuotaError | None
     interrupted: tuple[int, str, float] | None
@@ -56,38 +59,18 @@ class Replies(Batches):
             self.flush()
         timeout = self.sync_timeout if timeout is None else timeout
         start, began = time.monotonic(), time.time()
-        deadline, asked = start + timeout, None
+        deadline = start + timeout
         site = waits.site()  # the user's line, found while the worker works
-        with self.rx_lock:
-            if self.closed:  # (under the lock: close() may run on another thread meanwhile)
-                self.check_lost()
-                self._raise_closed()
+        if self._take_reading(token, what, deadline, timeout):
             try:
-                if self.spin:  # before the first read
-                    self._spin(token)
-                while token not in self.replies:
-                    self.check_lost()
-                    if self.rejected is not None:
-                        self._raise_rejected()
-                    now = time.monotonic()
-                    if now >= deadline:
-                        raise TimeoutError(f"{self}: {what} not answered after {timeout} s "
-                                           "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
-                    if self.interrupted is not None and now - start > _SAY_AFTER:
-                        asked = self._after_interrupt(asked, what)
-                    try:  # small replies: bytes beat Frames
-                        frames = wire.recv_parts(self.rx)
-                    except zmq.Again:  # _READ_SLICE_MS passed: check for a loss, read again
-                        if self.closed:  # shut down by another thread, which waits for the lock
-                            self._raise_closed()
-                        continue
-                    self._route(frames)
-            except KeyboardInterrupt:  # what it awaited runs on: the next long wait says so
-                self.interrupted = (token, what, time.monotonic())
-                raise
+                reply, frames = self._read_until(token, what, start, deadline, timeout)
+            finally:
+                self.rx_lock.release()
+                if self.waiting:  # one of them reads on
+                    self._wake_waiting()
+        else:  # the thread that reads routed it here
             reply, frames = self.replies.pop(token)
-            if self.rejected is not None:  # a refusal routed with the answer: it came first
-                self._raise_rejected()
+            self._raise_rejected()  # a refusal routed with the answer: it came first
         if self.warned:  # outside the lock: a filter set to "error" raises here
             warned, self.warned = self.warned, []
             warn_at_sites(warned, self.sites_of)
@@ -95,6 +78,68 @@ class Replies(Batches):
         if isinstance(reply, wire.Failed):
             raise self.remote_error(reply.info)
         return reply, frames
+
+    def _take_reading(self, token: int, what: str, deadline: float, timeout: float) -> bool:
+        """Take rx_lock to read replies (True), or, while another thread reads, wait until it
+        routes reply `token` here (False). Waiting for the lock alone deadlocked threads: the
+        reader's own reply was queued behind a receive whose bytes a waiting thread sends once
+        its reply (routed, unseen) is in (a dist_send beside a read of the same node)."""
+        if self.rx_lock.acquire(blocking=False):
+            return True
+        with self.routed:
+            self.waiting += 1
+            try:
+                while token not in self.replies:
+                    if self.rx_lock.acquire(blocking=False):
+                        return True
+                    if time.monotonic() >= deadline:
+                        raise self._timed_out(what, timeout)
+                    self.routed.wait(_READ_SLICE)  # woken by each reply routed
+            finally:
+                self.waiting -= 1
+        return False
+
+    def _wake_waiting(self) -> None:
+        """Wake the threads waiting for the reader (a reply routed, or the reader done)."""
+        with self.routed:
+            self.routed.notify_all()
+
+    def _timed_out(self, what: str, timeout: float) -> TimeoutError:
+        return TimeoutError(f"{self}: {what} not answered after {timeout} s "
+                            "(MWRT_SYNC_TIMEOUT); the worker is alive but busy")
+
+    def _read_until(self, token: int, what: str, start: float, deadline: float,
+                    timeout: float) -> tuple:
+        """Read and route replies until `token`'s is in, holding rx_lock; it, popped."""
+        if self.closed:  # (under the lock: close() may run on another thread meanwhile)
+            self.check_lost()
+            self._raise_closed()
+        asked = None
+        try:
+            if self.spin:  # before the first read
+                self._spin(token)
+            while token not in self.replies:
+                self.check_lost()
+                if self.rejected is not None:
+                    self._raise_rejected()
+                now = time.monotonic()
+                if now >= deadline:
+                    raise self._timed_out(what, timeout)
+                if self.interrupted is not None and now - start > _SAY_AFTER:
+                    asked = self._after_interrupt(asked, what)
+                try:  # small replies: bytes beat Frames
+                    frames = wire.recv_parts(self.rx)
+                except zmq.Again:  # _READ_SLICE passed: check for a loss, read again
+                    if self.closed:  # shut down by another thread, which waits for the lock
+                        self._raise_closed()
+                    continue
+                self._route(frames)
+        except KeyboardInterrupt:  # what it awaited runs on: the next long wait says so
+            self.interrupted = (token, what, time.monotonic())
+            raise
+        reply = self.replies.pop(token)
+        self._raise_rejected()  # a refusal routed with the answer: it came first
+        return reply
 
     def _spin(self, token: int) -> None:
         """Read replies without sleeping until reply `token` is in or MWRT_MASTER_SPIN_US
@@ -170,6 +215,8 @@ class Replies(Batches):
                     self.rejected = QuotaError(f"{self}: {self.rejected}")
             return
         self.replies[reply.token] = (reply, data)
+        if self.waiting:  # another thread's, maybe
+            self._wake_waiting()
 
     def _raise_rejected(self) -> None:
         if self.rejected is not None:

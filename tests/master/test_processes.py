@@ -154,3 +154,19 @@ def test_threads_issuing_mesh_ops_and_their_collectives_get_their_values(cluster
 
     for k, sums in enumerate(_in_threads(work)):
         assert sums == [[10.0 * k] * 4, [(2.0 * k + 1) * (100 + k)] * 2] * 30
+
+
+def test_threads_sending_reading_and_moving_large_tensors_get_their_values(cluster):
+    # A thread reading node 1 held its reply lock while its reply was queued behind a
+    # dist_send's receive, whose bytes the sending thread, waiting for that lock to see the
+    # answer that the reader had routed, never sent.
+    def work(k):
+        sums = []
+        for r in range(6):
+            a = np.full(100_000 + k, float(r + k))  # over MWRT_INLINE_BYTES: the data channel
+            t = mwrt.dist_send(a, node=k % 2)
+            sums.append(float((t.to(node=1 - k % 2) * 2).numpy().sum()))
+        return sums
+
+    for k, sums in enumerate(_in_threads(work)):
+        assert sums == [2.0 * (r + k) * (100_000 + k) for r in range(6)]
