@@ -389,6 +389,12 @@ class Batches:
         raise MwrtError(f"{self}: this master's session with the node has ended "
                         "(mwrt.shutdown()); tensors made in it are gone")
 
+    def check_open(self) -> None:
+        """Raise why this node takes no more commands (its session ended, a Ctrl-C cut a
+        send, or its worker was lost), if it takes none."""
+        if self.refusing:
+            self._refuse_issue()
+
     def _refuse_issue(self) -> None:
         """Why nothing more can be issued to this node: ended, cut by a Ctrl-C, or lost (a
         loop with no sync point must not queue commands for a dead worker forever)."""

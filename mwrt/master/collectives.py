@@ -78,8 +78,8 @@ def _send(sends: Sends) -> None:
     """Send every node its part now, not with a later batch (its peers may already wait in
     it), and all of them: on a helper thread, so that a Ctrl-C (or a node's backpressure
     wait it falls in) never leaves the nodes that got theirs waiting for the others."""
-    for node, _, _ in sends:  # a node known lost refuses it before any peer waits in it
-        node.check_lost()
+    for node, _, _ in sends:  # a node lost, or of an ended session, refuses it before any
+        node.check_open()  # peer waits in it
     if ordering.capture:  # a graph records them (on this thread), nothing is sent
         for node, command, _ in sends:
             node.issue(command)

@@ -160,6 +160,8 @@ class Handle:
 def check_same_place(first: Handle, other: Handle, what: str, fix: str) -> None:
     """A ValueError naming both places unless `other` lives where `first` does."""
     if other._node is not first._node or other._device != first._device:
+        for t in (first, other):  # one of an ended session: say so, not 'node 0 and node 0'
+            t._node.check_open()
         raise ValueError(
             f"{what} live in different places (node {first._node.index} device "
             f"{first._device} and node {other._node.index} device {other._device}); {fix}")

@@ -124,6 +124,8 @@ class Event:
         if self._stream is None or self._id is None:  # never recorded: nothing to wait for
             return
         target, source = stream._node, self._stream._node
+        if source.closed:  # recorded in an ended session: it would never fire
+            source.check_open()
         if target is not source and ordering.capture:
             raise MwrtError("graph: a wait on an event of another node cannot be captured (the "
                             "master relays it); record and wait on the same node inside graphs")
@@ -167,5 +169,6 @@ def current_stream(node: int | None = None, device: int | None = None) -> Stream
 def stream(s: Stream) -> Iterator[Stream]:
     """Send ops issued inside (on s's node and device) to stream `s`; also makes s's place
     current."""
+    s._node.check_open()  # one of an ended session: its worker no longer knows it
     with context.chosen_stream(s), context.node(s.node, s.device):
         yield s

@@ -200,7 +200,7 @@ def move(tensor, node_index: int, device: int):
     source = tensor._node
     if node_index == source.index:
         return _to_device(tensor, device)
-    source.check_lost()  # before the receive is posted: it would wait for bytes never sent
+    source.check_open()  # before the receive is posted: it would wait for bytes never sent
     with current().pairing:  # the receive and the send in one order on every node
         return _move(tensor, source, target, device)
 

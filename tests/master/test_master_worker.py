@@ -306,6 +306,37 @@ def test_tensors_of_a_session_that_ended_say_so():
             use()
 
 
+def test_what_an_ended_session_made_is_refused_in_the_next_which_runs_on(monkeypatch):
+    # A move or collective with such a tensor left the new session's node waiting for bytes
+    # or a peer that never came; an event of it was waited for forever; an op with a mesh
+    # tensor of it named its ids, which are others' now; x + y said 'node 0 and node 0'.
+    monkeypatch.setenv("MWRT_SYNC_TIMEOUT", "30")  # a node left waiting fails, not hangs
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=2, timeout=30)
+    x, old_mesh = mwrt.arange(4.0), mwrt.zeros(6, mesh=mwrt.mesh())
+    stream = mwrt.Stream(node=1)
+    event = stream.record_event()
+    mwrt.shutdown()
+    mwrt.init_master_worker(local_workers=2, timeout=30)
+    try:
+        y0, y1 = mwrt.arange(4.0), mwrt.arange(4.0, node=1)
+        new_mesh = mwrt.ones(6, mesh=mwrt.mesh())
+
+        def in_stream():
+            with mwrt.stream(stream):
+                return mwrt.ones(3, node=1)
+
+        for use in (lambda: x + y0, lambda: y0 + x, lambda: x.to(node=1),
+                    lambda: mwrt.all_reduce([x, y1]), lambda: new_mesh + old_mesh,
+                    lambda: mwrt.Stream(node=1).wait_event(event), in_stream):
+            with pytest.raises(mwrt.MwrtError, match="session with the node has ended"):
+                use()
+        assert (y0 + 1).numpy().tolist() == (y1 + 1).numpy().tolist() == [1, 2, 3, 4]
+        assert (new_mesh * 2).numpy().tolist() == [2.0] * 6
+    finally:
+        mwrt.shutdown()
+
+
 def test_unreachable_worker_is_a_connection_error_naming_it():
     mwrt.shutdown()
     start = time.monotonic()

@@ -54,6 +54,9 @@ def _call(name: str, *args, **kwargs):
         if t._mesh is not mesh and t._mesh != mesh:
             raise PlacementError(f"{name}: operands lie on different meshes ({mesh!r} and "
                                  f"{t._mesh!r}); redistribute them onto one mesh first")
+        if t._mesh is not mesh:  # alike, maybe of an ended session (its ids name others now)
+            for node in t._mesh.nodes:
+                node.check_open()
     for node in mesh.nodes:  # all or none: a lost node is named before any place runs it
         if node.lost is not None:
             node.check_lost()
