@@ -90,6 +90,24 @@ def test_wait_event_across_nodes_is_relayed(cluster):
     assert 250 <= start.elapsed_time(end) < 5000
 
 
+def test_streams_events_and_meshes_refuse_pickling_by_name_and_copy_as_themselves(cluster):
+    # They pickled as their node's sockets ('self.handle cannot be converted to a Python
+    # object'), or an unrecorded event as bytes that meant nothing in another process.
+    import copy
+    import pickle
+    import re
+
+    stream = mwrt.Stream(node=1)
+    event, mesh = stream.record_event(), mwrt.mesh()
+    for thing, fix in ((stream, "mwrt.Stream()"), (mwrt.Event(), "mwrt.Event()"),
+                       (event, "mwrt.Event()"), (mesh, "mwrt.mesh()")):
+        with pytest.raises(TypeError, match="cannot be pickled: .*" + re.escape(f"({fix})")):
+            pickle.dumps(thing)
+        assert copy.copy(thing) is thing and copy.deepcopy([thing])[0] is thing
+    with mwrt.stream(copy.deepcopy(stream)):
+        assert float(mwrt.ones(3, node=1).sum()) == 3.0
+
+
 def test_stream_query_and_synchronize(cluster):
     s = mwrt.Stream()
     with mwrt.stream(s):
