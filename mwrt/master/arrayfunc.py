@@ -57,16 +57,16 @@ def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, out: Any, kwargs: d
     registry op of the same name, on the worker (mesh tensors pass their own `call`); out= is
     written in place, as NumPy writes it (where= leaves its other places as they were)."""
     name = ufunc.__name__
+    if out is not None and any(isinstance(o, np.ndarray) for o in
+                               (out if isinstance(out, tuple) else (out,))):
+        # NumPy writes into the master's array (b += t): NumPy runs it here, on the values
+        return getattr(ufunc, method)(*_values(inputs), out=out, **_values(kwargs))
     if getattr(np, name, None) is not ufunc and method == "__call__":
         return _foreign_ufunc(ufunc, inputs, out, kwargs)
     for value in inputs:  # a list operand is NumPy's array of it (rare: no generator else)
         if type(value) is list or type(value) is tuple:
             inputs = tuple(np.asarray(v) if type(v) in (list, tuple) else v for v in inputs)
             break
-    if out is not None and any(isinstance(o, np.ndarray) for o in
-                               (out if isinstance(out, tuple) else (out,))):
-        # NumPy writes into the master's array (b += t): NumPy runs it here, on the values
-        return getattr(ufunc, method)(*_values(inputs), out=out, **_values(kwargs))
     if out is not None:
         out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
         if call is not _call:  # a mesh's call: the result copied into out
@@ -99,9 +99,6 @@ _GUFUNC_KEYS = frozenset({"axis", "axes", "keepdims"})
 def _foreign_ufunc(ufunc: np.ufunc, inputs: tuple, out: Any, kwargs: dict) -> Any:
     """A ufunc of another library (scipy.special.erf(t)): shipped to run where the tensors
     live, as a NumPy function outside the registry is; out= a tensor is written after."""
-    if out is not None and any(isinstance(o, np.ndarray) for o in
-                               (out if isinstance(out, tuple) else (out,))):
-        return ufunc(*_values(inputs), out=out, **_values(kwargs))  # into the master's array
     made = RemoteFunction(ufunc, outputs=ufunc.nout)(*inputs, **kwargs)
     if out is None:
         return made

@@ -304,6 +304,25 @@ def shutdown() -> None:
     procs.restore_interrupt()
 
 
+class OfTheSession:
+    """What names one thing of this master's session (a stream, an event, a mesh): refused by
+    pickle, as it means nothing in another process (it pickled as its node's sockets), and
+    its own copy, as a copy would name the same thing. `_kind` and `_fix` say it."""
+
+    _kind = ""  # "a stream of this master's session"
+    _fix = ""  # "make one where it is needed (mwrt.Stream())"
+
+    def __reduce__(self):
+        raise TypeError(f"{type(self).__name__}: {self!r} cannot be pickled: it is "
+                        f"{self._kind}; {self._fix}")
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo: dict):
+        return self
+
+
 def current() -> Cluster:
     """The initialized cluster, or an error saying how to make one."""
     cluster = _cluster

@@ -70,7 +70,8 @@ class Replies(Batches):
                     self._wake_waiting()
         else:  # the thread that reads routed it here
             reply, frames = self.replies.pop(token)
-            self._raise_rejected()  # a refusal routed with the answer: it came first
+            if self.rejected is not None:  # a refusal routed with the answer: it came first
+                self._raise_rejected()
         if self.warned:  # outside the lock: a filter set to "error" raises here
             warned, self.warned = self.warned, []
             warn_at_sites(warned, self.sites_of)
@@ -138,7 +139,8 @@ class Replies(Batches):
             self.interrupted = (token, what, time.monotonic())
             raise
         reply = self.replies.pop(token)
-        self._raise_rejected()  # a refusal routed with the answer: it came first
+        if self.rejected is not None:  # a refusal routed with the answer: it came first
+            self._raise_rejected()
         return reply
 
     def _spin(self, token: int) -> None:

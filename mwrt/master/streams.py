@@ -17,13 +17,16 @@ from collections.abc import Iterator
 from ..errors import MwrtError
 from ..protocol import wire
 from . import context, ordering
-from .cluster import current
+from .cluster import OfTheSession, current
 
 _EVENT_IDS = itertools.count(1)
 
 
-class Stream:
+class Stream(OfTheSession):
     """An ordered queue of commands on (node, device); streams of one worker run concurrently."""
+
+    _kind = "a stream of this master's session"
+    _fix = "make one where it is needed (mwrt.Stream())"
 
     def __init__(self, node: int | None = None, device: int | None = None, *,
                  order: str = "safe", _id=None):
@@ -52,18 +55,6 @@ class Stream:
 
     def __hash__(self):
         return hash((self.node, self.id))
-
-    def __reduce__(self):
-        """Refused: a stream is this master's, and means nothing pickled elsewhere."""
-        raise TypeError(f"Stream: {self!r} cannot be pickled: it is a stream of this master's "
-                        "session; make one where it is needed (mwrt.Stream())")
-
-    def __copy__(self) -> Stream:
-        """Itself: it names one stream of a worker, which a copy would name too."""
-        return self
-
-    def __deepcopy__(self, memo: dict) -> Stream:
-        return self
 
     def __repr__(self):
         kind = "default " if self.id < wire.DEFAULT_STREAM_LIMIT else ""
@@ -97,8 +88,11 @@ class Stream:
         return event
 
 
-class Event:
+class Event(OfTheSession):
     """A point in a stream; query/synchronize/wait/elapsed_time as CUDA's."""
+
+    _kind = "an event of this master's session"
+    _fix = "record one where it is needed (mwrt.Event())"
 
     def __init__(self, enable_timing: bool = False):
         self.enable_timing = enable_timing
@@ -106,18 +100,6 @@ class Event:
         self._time = 0  # the id of the Record command: what a wait on it covers
         self._stream: Stream | None = None
         self._fired = False  # set by the master's heartbeat thread when the worker says so
-
-    def __reduce__(self):
-        """Refused: an event is of this master's session, and means nothing pickled elsewhere."""
-        raise TypeError(f"Event: {self!r} cannot be pickled: it is an event of this master's "
-                        "session; record one where it is needed (mwrt.Event())")
-
-    def __copy__(self) -> Event:
-        """Itself: it names one point of a stream, which a copy would name too."""
-        return self
-
-    def __deepcopy__(self, memo: dict) -> Event:
-        return self
 
     def __repr__(self):
         where = "unrecorded" if self._stream is None else f"recorded on {self._stream!r}"

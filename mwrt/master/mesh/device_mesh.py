@@ -16,13 +16,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...arrays import HOST
-from ..cluster import current
+from ..cluster import OfTheSession, current
 
 _state = threading.local()
 
 
-class Mesh:
+class Mesh(OfTheSession):
     """Places (node, device) in an n-D grid with named dimensions."""
+
+    _kind = "made of this master's nodes"
+    _fix = "make one where it is needed (mwrt.mesh())"
 
     def __init__(self, places: Sequence[tuple], shape: tuple, names: tuple):
         if math.prod(shape) != len(places):
@@ -78,18 +81,6 @@ class Mesh:
 
     def __hash__(self) -> int:
         return self._hash
-
-    def __reduce__(self):
-        """Refused: a mesh is of this master's nodes, and means nothing pickled elsewhere."""
-        raise TypeError(f"Mesh: {self!r} cannot be pickled: it is made of this master's "
-                        "nodes; make one where it is needed (mwrt.mesh())")
-
-    def __copy__(self) -> Mesh:
-        """Itself: a mesh does not change, and names places a copy would name too."""
-        return self
-
-    def __deepcopy__(self, memo: dict) -> Mesh:
-        return self
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}={s}" for n, s in zip(self.dim_names, self.shape))
