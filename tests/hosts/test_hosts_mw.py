@@ -71,6 +71,15 @@ def test_a_master_drives_workers_on_two_other_hosts(hosts3, tmp_path):
     assert f"ok: nodes on {names}, channel auto" in res.stdout
 
 
+def test_users_calls_of_this_stop_run_on_workers_on_other_hosts(hosts3, tmp_path):
+    """A worker's error caught by its class, a pipeline of shipped functions, and a torch
+    model trained with clip_grad_norm_, saved and resumed, on workers of other hosts."""
+    keyed_workers(hosts3, tmp_path)
+    res = hosts3[0].run([sys.executable, os.path.join(PROGRAMS, "mw_user_calls.py")],
+                        env=master_env(hosts3, tmp_path), timeout=150)
+    assert res.returncode == 0 and res.stdout.split()[-1:] == ["ok"], res.stderr[-3000:]
+
+
 def test_the_readme_recipe_runs_as_written(hosts3, tmp_path):
     """The README's commands, with its example addresses swapped for the simulated hosts'."""
     readme = open(os.path.join(ROOT, "README.md")).read()
