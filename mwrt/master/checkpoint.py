@@ -4,10 +4,11 @@ Each worker writes the tensors it holds, one safetensors file per (node, device)
 parallel, on the tensors' streams; the master writes only the manifest (names, shapes,
 dtypes, where each tensor lived, its file and CRC32), last, by an atomic rename. A save
 goes into a folder of its own generation, and the files of the generation before the
-previous one are removed as the new one is written: a crash mid-save leaves the previous
-checkpoint whole. `wait=False` first snapshots the tensors on their streams (a copy, so
-later in-place updates are not saved), then writes on a checkpoint stream of each worker
-while the program goes on.
+previous one are removed as the new one is written, by the worker of each place, whether
+this save writes there or not: a crash mid-save leaves the previous checkpoint whole.
+`wait=False` first snapshots the tensors on their streams (a copy, so later in-place
+updates are not saved), then writes on a checkpoint stream of each worker while the
+program goes on.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .torchtensor import ready as torch_ready
 MANIFEST = "manifest.json"
 _LAST: dict = {}  # folder -> its latest SaveHandle (a save waits for the one before it)
 _FORMAT = "mwrt-checkpoint"
-_PART = re.compile(r"generation-\d+/node\d+-device-?\d+\.safetensors")  # what a save writes
+_PART = re.compile(r"generation-\d+/node(\d+)-device(-?\d+)\.safetensors")  # what a save writes
 _SAVE_STREAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {dev: id}
 
 
@@ -49,8 +50,9 @@ class SaveHandle:
     """A save in progress: wait() returns once the manifest is written; done() asks."""
 
     def __init__(self, path: str, entries: dict, parts: list, generation: int, started: float,
-                 sharded: dict):
+                 sharded: dict, replaces: list):
         self.path, self._entries, self._parts, self._sharded = path, entries, parts, sharded
+        self._replaces = replaces  # the previous generation's files: the next save removes them
         self._written = False  # the manifest is in place
         self._generation, self._started = generation, started
         self._error: BaseException | None = None
@@ -89,7 +91,8 @@ class SaveHandle:
                 progress.update(sum(_nbytes(self._entries[n]) for n in names))
         _write_manifest(self.path, {
             "format": _FORMAT, "version": 1, "generation": self._generation,
-            "files": sorted({rel for _, _, rel, _ in self._parts}),
+            "files": sorted({rel for _, _, rel, _ in self._parts if rel}),
+            "replaces": self._replaces,
             "seconds": round(time.monotonic() - self._started, 3),
             "tensors": self._entries, "sharded": self._sharded})
         self._parts, self._written = [], True  # the CRC tensors may go
@@ -110,7 +113,7 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     prior = _LAST.get(path)
     if prior is not None:  # one save per folder at a time: its manifest says what comes next
         prior.wait()
-    generation, before = _previous(path)
+    generation, before, stale = _previous(path)
     generation += 1
     groups: dict = {}
     for name, t in tensors.items():
@@ -126,11 +129,14 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
             if t.holds_torch:  # read back as torch: its dtype (the file's too), requires_grad
                 entries[name]["torch"] = {"dtype": str(t.dtype),
                                           "requires_grad": bool(t.requires_grad)}
-        parts.append(_issue_save(path, rel, old.get("replaces") or "", members, wait))
+        node = members[0][1]._node
+        parts.append(_issue_save(path, rel, stale.pop(where, ()), node, where[1], members, wait))
+    parts += _issue_removals(path, stale, wait)
     for name, entry in sharded.items():
         for block in entry["blocks"]:
             entries[block["name"]]["part_of"] = name
-    handle = SaveHandle(path, entries, parts, generation, started, sharded)
+    replaces = sorted({e["file"] for e in before.values() if e.get("file")})
+    handle = SaveHandle(path, entries, parts, generation, started, sharded, replaces)
     for node in {t._node for t in tensors.values()}:
         node.flush()  # every worker starts writing before the master waits on the first
     _LAST[path] = handle
@@ -223,10 +229,25 @@ def _blocks_of_sharded(tensors: dict) -> tuple[dict, dict]:
     return flat, sharded
 
 
-def _issue_save(path: str, rel: str, stale: str, members: list, wait: bool):
-    """One SaveTensors for the tensors of one (node, device): (names, crc handle, rel, stream)."""
-    first = members[0][1]
-    node, device = first._node, first._device
+def _issue_removals(path: str, stale: dict, wait: bool) -> list:
+    """A SaveTensors that writes nothing for each place this save leaves out, removing its
+    stale files; a place this session lacks keeps them (no worker here wrote them)."""
+    cluster, parts = current(), []
+    for (node_index, device), files in sorted(stale.items()):
+        if node_index >= len(cluster.nodes):
+            continue
+        node = cluster.node(node_index)
+        try:
+            node.check_device(device)
+        except ValueError:
+            continue
+        parts.append(_issue_save(path, "", files, node, device, [], wait))
+    return parts
+
+
+def _issue_save(path: str, rel: str, stale, node, device: int, members: list, wait: bool):
+    """One SaveTensors for the tensors of one (node, device), removing its `stale` files:
+    (names, crc handle, rel, stream)."""
     tensors = [t for _, t in members]
     if not wait:  # a snapshot on the tensors' own streams; later updates go elsewhere
         tensors = [t.detach().clone() if t.holds_torch else t.copy() for t in tensors]
@@ -240,7 +261,7 @@ def _issue_save(path: str, rel: str, stale: str, members: list, wait: bool):
         {"dtype": "<i8", "shape": [len(tensors)]}), stream)
     node.issue(wire.SaveTensors(id=now, stream=stream, out=crcs._id, folder=path, file=rel,
                                 names=tuple(name for name, _ in members),
-                                refs=tuple(t._ref for t in tensors), stale=stale))
+                                refs=tuple(t._ref for t in tensors), stale=tuple(stale)))
     return [name for name, _ in members], crcs, rel, Stream(node.index, device, _id=stream)
 
 
@@ -287,33 +308,51 @@ def _pick(every: dict, names, path: str) -> dict:
     return {n: every[n] for n in names}
 
 
-def _previous(path: str) -> tuple[int, dict]:
-    """(the generation of the checkpoint at `path`, 0 for none; its entries by place), every
-    file it names checked to be one a save wrote: the next save removes the older ones."""
+def _previous(path: str) -> tuple[int, dict, dict]:
+    """(the generation of the checkpoint at `path`, 0 for none; its entries by place; the
+    files of the generation before it by place, which this save removes), every file it
+    names checked to be one a save wrote."""
     previous = _read_manifest(path, missing_ok=True)
     where = os.path.join(path, MANIFEST)
     generation, tensors = previous.get("generation", 0), previous.get("tensors", {})
-    if type(generation) is not int or generation < 0 or not isinstance(tensors, dict):
+    replaces = previous.get("replaces", [])
+    if (type(generation) is not int or generation < 0 or not isinstance(tensors, dict)
+            or not isinstance(replaces, list)):
         raise ValueError(f"mwrt.save: {where}: not a manifest mwrt.save wrote (got generation "
-                         f"{generation!r:.40} and tensors of type {type(tensors).__name__}, "
-                         "expected an int >= 0 and a dict); save to a new folder")
-    before = {}
+                         f"{generation!r:.40}, tensors of type {type(tensors).__name__} and "
+                         f"replaces of type {type(replaces).__name__}, expected an int >= 0, a "
+                         "dict and a list); save to a new folder")
+    before, stale = {}, {rel: _written(where, "the manifest", "replaces", rel) for rel in replaces}
     for name, entry in tensors.items():
         place = entry.get("where") if isinstance(entry, dict) else None
         if not isinstance(place, list):
             raise ValueError(f"mwrt.save: {where}: tensor {name!r} has no place (got "
                              f"{entry!r:.80}, expected a dict with 'where': [node, device]); "
                              "save to a new folder")
-        for key in ("file", "replaces"):  # the file this save removes, and the next one
-            rel = entry.get(key)
-            if rel is not None and not (isinstance(rel, str) and _PART.fullmatch(rel)):
-                raise ValueError(
-                    f"mwrt.save: {where}: tensor {name!r} names a file that a later save would "
-                    f"remove, and mwrt.save did not write it (got {key} {rel!r:.200}, expected "
-                    "one like 'generation-1/node0-device-1.safetensors'); a save removes only "
-                    "older files of its own folder: restore the manifest, or save elsewhere")
+        for key in ("file", "replaces"):  # the file the save after this removes, and this one's
+            if entry.get(key) is not None:
+                place_of = _written(where, f"tensor {name!r}", key, entry[key])
+                stale.update({entry[key]: place_of} if key == "replaces" else {})
         before[tuple(place)] = entry
-    return generation, before
+    by_place: dict = {}
+    live = {e.get("file") for e in before.values()}
+    for rel, place_of in sorted(stale.items()):
+        if rel not in live:  # never a file the checkpoint in place reads
+            by_place.setdefault(place_of, []).append(rel)
+    return generation, before, by_place
+
+
+def _written(where: str, whose: str, key: str, rel) -> tuple[int, int]:
+    """The (node, device) whose worker wrote `rel`, if a save wrote it, else a ValueError
+    naming the manifest's entry."""
+    found = _PART.fullmatch(rel) if isinstance(rel, str) else None
+    if found is None:
+        raise ValueError(
+            f"mwrt.save: {where}: {whose} names a file that a later save would remove, and "
+            f"mwrt.save did not write it (got {key} {rel!r:.200}, expected one like "
+            "'generation-1/node0-device-1.safetensors'); a save removes only older files of "
+            "its own folder: restore the manifest, or save elsewhere")
+    return int(found[1]), int(found[2])
 
 
 def _inside(path: str, name: str, rel) -> None:

@@ -316,8 +316,9 @@ class DropGraph(Command, tag=33, frozen=True):
 
 class SaveTensors(StreamCommand, tag=34, frozen=True):
     """Write tensors `refs` as `names` to safetensors file `file` of checkpoint folder `folder`
-    on this worker's disk; their CRC32s become tensor `out`; then remove file `stale` of the
-    folder (an older checkpoint's), if named. Both paths are relative, and inside `folder`."""
+    on this worker's disk (none when `names` is empty); their CRC32s become tensor `out`; then
+    remove files `stale` of the folder (an older checkpoint's). Every path is relative, and
+    inside `folder`."""
 
     needs_key = True  # it writes files as the worker's user: what shipped code could do
     out: int
@@ -325,7 +326,7 @@ class SaveTensors(StreamCommand, tag=34, frozen=True):
     file: str
     names: tuple[str, ...]
     refs: tuple[int, ...]
-    stale: str
+    stale: tuple[str, ...]
 
 
 class LoadTensors(StreamCommand, tag=35, frozen=True):

@@ -26,11 +26,12 @@ def save_tensors(ex, cmd, frames):
             host[name], codes[name] = torchops.stored(value)  # torch's dtype, in its code
         else:
             host[name] = _host_copy(ex, value)
-    crcs = tensorfile.write(cmd.folder, cmd.file, host, codes)
+    crcs = tensorfile.write(cmd.folder, cmd.file, host, codes) if cmd.names else []
     ex.bytes_out += sum(a.nbytes for a in host.values())
     store(ex, cmd.out, np.array(crcs, np.int64))
-    if cmd.stale and cmd.stale != cmd.file:
-        tensorfile.remove(cmd.folder, cmd.stale)
+    for stale in cmd.stale:
+        if stale != cmd.file:
+            tensorfile.remove(cmd.folder, stale)
 
 
 def load_tensors(ex, cmd, frames):

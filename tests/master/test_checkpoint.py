@@ -101,6 +101,31 @@ def test_older_generations_are_removed_and_the_last_two_kept(cluster, tmp_path):
     np.testing.assert_array_equal(mwrt.load(tmp_path)["w"].numpy(), np.full(3, 4.0))
 
 
+def _files(folder) -> list:
+    return sorted(str(p.relative_to(folder)) for p in folder.glob("generation-*/*"))
+
+
+def test_a_place_a_save_leaves_out_has_its_older_files_removed_too(cluster, tmp_path):
+    with mwrt.node(0):
+        a = mwrt.dist_send(np.arange(3.0))
+    with mwrt.node(1):
+        b = mwrt.dist_send(np.arange(4.0))
+    for _ in range(2):
+        mwrt.save(tmp_path, {"a": a, "b": b})
+    mwrt.save(tmp_path, {"a": a + 1})  # node 1's generation-1 file goes; generation 2 stays
+    assert _files(tmp_path) == ["generation-2/node0-device-1.safetensors",
+                                "generation-2/node1-device-1.safetensors",
+                                "generation-3/node0-device-1.safetensors"]
+    mwrt.save(tmp_path, {"a": a + 2, "b": b})
+    assert _files(tmp_path) == ["generation-3/node0-device-1.safetensors",
+                                "generation-4/node0-device-1.safetensors",
+                                "generation-4/node1-device-1.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["generation-3", "generation-4", "manifest.json"]
+    loaded = mwrt.load(tmp_path)
+    np.testing.assert_array_equal(loaded["a"].numpy(), np.arange(3.0) + 2)
+    np.testing.assert_array_equal(loaded["b"].numpy(), np.arange(4.0))
+
+
 def test_damaged_files_are_named_and_the_session_goes_on(cluster, tmp_path):
     with mwrt.node(1):
         w = mwrt.dist_send(np.arange(5))
@@ -133,15 +158,16 @@ def test_bad_arguments_are_named(cluster, tmp_path):
 
 
 _SAVER = textwrap.dedent("""
-    import sys, numpy as np, mwrt
+    import itertools, sys, numpy as np, mwrt
     mwrt.init_master_worker(local_workers=2)
     path = sys.argv[1]
     with mwrt.node(1):
         big = mwrt.zeros(8_000_000)
     mwrt.save(path, {"w": mwrt.dist_send(np.full(4, 1.0)), "big": big})
     print("saved", flush=True)
-    while True:
-        mwrt.save(path, {"w": mwrt.dist_send(np.full(4, 2.0)), "big": big})
+    for step in itertools.count(2):  # every other save leaves node 1 out
+        w = mwrt.dist_send(np.full(4, float(step)))
+        mwrt.save(path, {"w": w, "big": big} if step % 2 else {"w": w})
 """)
 
 
@@ -157,8 +183,13 @@ def test_a_master_killed_mid_save_leaves_a_whole_checkpoint(cluster, tmp_path):
         saver.wait(30)
         saver.stdout.close()
     loaded = mwrt.load(tmp_path)
-    assert loaded["w"].numpy()[0] in (1.0, 2.0)
-    assert loaded["big"].shape == (8_000_000,)
+    generation = json.loads((tmp_path / "manifest.json").read_text())["generation"]
+    assert loaded["w"].numpy()[0] == generation
+    assert ("big" in loaded) == (generation % 2 == 1)
+    if "big" in loaded:
+        assert loaded["big"].shape == (8_000_000,)
+    kept = {f"generation-{g}" for g in (generation - 1, generation, generation + 1)}
+    assert {f.split("/")[0] for f in _files(tmp_path)} <= kept  # one save removed the rest
 
 
 @pytest.mark.slow  # saves and loads hundreds of MiB

@@ -86,6 +86,31 @@ def test_a_save_removes_only_files_a_save_wrote(saved):
     assert (folder / "notes.txt").read_text() == "mine"
 
 
+def _edit_replaces(folder, replaces) -> None:
+    """Set the manifest's list of the files the next save removes."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["replaces"] = replaces
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_save_removes_no_file_the_manifests_list_names_outside_its_folder(saved):
+    folder, w, victim = saved
+    for bad in _outside_paths(victim):
+        _edit_replaces(folder, [bad])
+        with pytest.raises(ValueError, match=r"manifest.json: the manifest names a file .* "
+                                             r"\(got replaces " + repr(bad).replace(".", r"\.")):
+            mwrt.save(folder, {"w": w})
+    assert victim.read_text() == "keep me"
+
+
+def test_a_save_removes_no_file_the_checkpoint_in_place_reads(saved):
+    folder, w, _ = saved
+    _edit_replaces(folder, [PART])  # the file of generation 1, which its manifest reads
+    mwrt.save(folder, {"w": w + 1})
+    assert (folder / PART).exists()
+    np.testing.assert_array_equal(mwrt.load(folder)["w"].numpy(), np.arange(1.0, 5.0))
+
+
 @pytest.mark.parametrize("which", range(3))
 def test_a_load_reads_no_file_outside_its_folder(saved, which):
     folder, _, victim = saved
