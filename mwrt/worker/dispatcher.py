@@ -5,7 +5,8 @@ the sessions take in turn (round-robin), so one master's flood delays another's 
 a few slices, never by the whole flood. A session's commands behind a Replay whose graph is
 being decoded are parked until it is. Session-level commands are answered here in order with
 the streams' work; a sync point on an idle stream, or a short op, is answered or run here
-(no thread hand-off); the rest queue on their stream's executor.
+(no thread hand-off); the rest queue on their stream's executor, a shape question (Meta)
+answered as soon as its tensor is made.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..protocol import wire
 from . import quotas, routes
 from .calls import quick_call
 from .session import RX, Session
+from .tensors import Poisoned, meta_answer
 
 log = logging.getLogger("mwrt.worker")
 
@@ -141,6 +143,8 @@ class Dispatcher:
                     session.data.post(command)
                     if command.token >= 0:
                         self.send(session.identity, wire.Done(token=command.token, value=None))
+                elif type(command) is wire.Meta:  # answered once its tensor is made
+                    self._answer_when_made(session, command)
                 groups.setdefault(command.stream, []).append(command)
         if groups:  # (a sync loop's batch ran here whole: nothing to queue)
             self.submit(session, groups, data)
@@ -164,6 +168,14 @@ class Dispatcher:
         session.inline += 1
         executor.execute(command, ())
         return True
+
+    def _answer_when_made(self, session, command) -> None:
+        """Answer a shape question now if its tensor is made, else when it is: a shape does
+        not wait for the later commands of its stream (the stream, reaching it, skips it)."""
+        value = session.tensors.watch(command.ref, command.token)
+        if value is not None and type(value) is not Poisoned:  # (a failure: in order)
+            session.tensors.answering(command.token)
+            self.send(session.identity, meta_answer(value, command.token))
 
     def _run_now(self, session, command, data) -> bool:
         """Run a short command (a Free, a Call or CallGet on small arrays) on an idle host

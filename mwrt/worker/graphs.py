@@ -63,7 +63,7 @@ class ImplicitEvents:
 class Graph:
     """One recorded graph: its commands grouped by stream, and where its inputs appear."""
 
-    __slots__ = ("groups", "inputs", "bound", "prepared")
+    __slots__ = ("groups", "inputs", "bound", "prepared", "writes", "replayed")
 
     def __init__(self, commands: list, inputs: tuple):
         self.groups: dict[int, list] = {}
@@ -78,6 +78,9 @@ class Graph:
                       for i, command in enumerate(group) if _names(command, self.inputs)]
         # A replay without rebinding runs steps prepared once (compiled.py) per stream.
         self.prepared = {stream: Prepared(group) for stream, group in self.groups.items()}
+        # The tensors each replay makes again, under the ids it made them first.
+        self.writes = frozenset(i for command in commands for i in _outs(command))
+        self.replayed = False
 
     def bind(self, bindings: tuple) -> dict:
         """The groups to submit, with captured input ids replaced as `bindings` pairs them."""
@@ -199,6 +202,9 @@ class GraphStore:
                            "(dropped, refused, or its definition never arrived)")
         if isinstance(graph, str):
             raise KeyError(f"graph {command.graph}: its definition was refused: {graph}")
+        if not graph.replayed:  # a shape asked of them is answered in order from now on
+            graph.replayed = True
+            self.session.tensors.remade(graph.writes)
         return graph.bind(tuple(command.bindings)), self.sizes.get(command.graph, 0)
 
     def drop(self, graph_id: int) -> None:
@@ -209,6 +215,12 @@ class GraphStore:
         self.graphs.clear()
         self.sizes.clear()
         self.nbytes = 0
+
+
+def _outs(command) -> tuple:
+    """The ids of the tensors `command` makes."""
+    out = getattr(command, "out", None)
+    return getattr(command, "outs", None) or (() if out is None else (out,))
 
 
 def _names(command, ids) -> bool:

@@ -17,7 +17,7 @@ from .. import arrays, config, staging
 from ..netaddr import host_identity
 from ..protocol import values, wire
 from . import cuda_events
-from .tensors import Poisoned, check_size, resolve, store
+from .tensors import Poisoned, check_size, keep, meta_answer, resolve, store
 
 
 def create(ex, cmd, frames):
@@ -152,6 +152,8 @@ def unlend(ex, cmd, frames):
 
 
 def meta(ex, cmd, frames):
+    if ex.session.tensors.answered(cmd.ref, cmd.token):  # once its tensor was made
+        return
     if ex.raise_sticky(cmd.token):
         return
     value = resolve(ex, wire.Ref(cmd.ref))
@@ -160,12 +162,7 @@ def meta(ex, cmd, frames):
         # so the read costs no second round trip.
         get(ex, cmd, frames)
         return
-    if not isinstance(value.dtype, np.dtype):  # a torch tensor: torch's metadata
-        ex.reply(wire.Done(token=cmd.token, value={
-            "shape": tuple(value.shape), "dtype": str(value.dtype), "stride": value.stride(),
-            "requires_grad": value.requires_grad, "leaf": value.is_leaf}))
-        return
-    ex.reply(wire.Done(token=cmd.token, value={"shape": value.shape, "dtype": value.dtype.str}))
+    ex.reply(meta_answer(value, cmd.token))
 
 
 def sync(ex, cmd, frames):
@@ -279,4 +276,4 @@ def poison(ex, command, info: dict) -> None:
         out = getattr(command, "out", None)
         outs = () if out is None else (out,)
     for out in outs:
-        ex.session.tensors[out] = Poisoned(info)
+        keep(ex, out, Poisoned(info))

@@ -35,6 +35,12 @@ class TensorTable(dict):
         self.max_bytes = config.get("session_bytes")
         self.max_tensor = config.get("max_tensor_bytes")
         self._lock = threading.Lock()  # stream threads store concurrently
+        # Shape questions (Meta) asked before their tensor was made: tokens by tensor id;
+        # the tokens answered before their stream reached them, which it then skips; and
+        # the tensors a graph's replays make again under one id, whose shapes it answers.
+        self.watched: dict[int, set[int]] = {}
+        self._answered: set[int] = set()
+        self._remade: set[int] = set()
 
     def __setitem__(self, tid, value) -> None:
         size = value.nbytes if type(value) is np.ndarray else _host_bytes(value)
@@ -58,6 +64,50 @@ class TensorTable(dict):
             self.nbytes += size
             dict.__setitem__(self, tid, value)
 
+    def watch(self, tid: int, token: int):
+        """Tensor `tid` if made, else None, and `token` waits for it: whoever stores it next
+        takes it from made(). None, too, for a tensor a replay makes again: which one the
+        question asks of is known only in stream order."""
+        with self._lock:
+            if tid in self._remade:
+                return None
+            value = dict.get(self, tid)
+            if value is None:
+                self.watched.setdefault(tid, set()).add(token)
+            return value
+
+    def remade(self, ids) -> None:
+        """Tensors `ids` will be made again (a graph's replays): shapes asked in order."""
+        with self._lock:
+            self._remade |= ids
+            for tid in ids:
+                self.watched.pop(tid, None)
+
+    def answering(self, token: int) -> None:
+        """Note that `token` is answered before its stream reaches it."""
+        with self._lock:
+            self._answered.add(token)
+
+    def made(self, tid: int) -> set[int]:
+        """The tokens that wait for tensor `tid`, just stored: the caller answers them."""
+        with self._lock:
+            tokens = self.watched.pop(tid, set())
+            self._answered |= tokens
+            return tokens
+
+    def answered(self, tid: int, token: int) -> bool:
+        """Whether `token` was answered before its stream reached it; else it waits no more
+        and its stream answers it."""
+        with self._lock:
+            if token in self._answered:
+                self._answered.discard(token)
+                return True
+            waiting = self.watched.get(tid, set())
+            waiting.discard(token)
+            if not waiting:
+                self.watched.pop(tid, None)
+            return False
+
     def pop(self, tid, *default):
         with self._lock:
             value = dict.pop(self, tid, *default)
@@ -70,6 +120,9 @@ class TensorTable(dict):
     def clear(self) -> None:
         with self._lock:
             super().clear()
+            self.watched.clear()
+            self._answered.clear()
+            self._remade.clear()
             self.nbytes = 0
 
     def check_room(self, nbytes: int) -> None:

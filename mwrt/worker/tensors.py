@@ -74,11 +74,11 @@ def store(ex, out: int, value) -> None:
     if type(value) is not np.ndarray and isinstance(value, np.generic):  # a reduction's
         value = ex.xp.asarray(value)  # NumPy scalar: the stream's 0-d array of it
     if type(value) is np.ndarray and not value.dtype.hasobject:  # (nearly every result)
-        ex.session.tensors[out] = value
+        keep(ex, out, value)
         return
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, _torch_kinds(torch)):
-        ex.session.tensors[out] = value
+        keep(ex, out, value)
         return
     kind = type(value).__name__
     if not hasattr(value, "shape") or isinstance(value, np.generic):
@@ -86,7 +86,28 @@ def store(ex, out: int, value) -> None:
     if value.dtype.hasobject:  # a dict, a list of mixed things: nothing the wire can carry
         raise TypeError(f"the result is a {kind}, which is not an array of numbers; return "
                         "NumPy/CuPy arrays or numbers")
-    ex.session.tensors[out] = value
+    keep(ex, out, value)
+
+
+def keep(ex, out: int, value) -> None:
+    """Put `value` in the table as tensor `out`, and answer the shape questions that wait
+    for it: a shape is known once its tensor is made, not once its stream reaches the ask.
+    (A failure is its stream's to report, in order: that clears the stream's error.)"""
+    table = ex.session.tensors
+    table[out] = value
+    # (watched read without the lock: watch() adds under it before this store, or sees it)
+    if table.watched and type(value) is not Poisoned:
+        for token in table.made(out):
+            ex.reply(meta_answer(value, token))
+
+
+def meta_answer(value, token: int):
+    """The answer to a shape question (Meta) on array `value`: its shape and dtype."""
+    if not isinstance(value.dtype, np.dtype):  # a torch tensor: torch's metadata
+        return wire.Done(token=token, value={
+            "shape": tuple(value.shape), "dtype": str(value.dtype), "stride": value.stride(),
+            "requires_grad": value.requires_grad, "leaf": value.is_leaf})
+    return wire.Done(token=token, value={"shape": value.shape, "dtype": value.dtype.str})
 
 
 def _torch_kinds(torch) -> tuple:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 
 import numpy as np
 import pytest
 
 import mwrt
+from tests.support import machine
 
 
 def _rendezvous_wait(a):
@@ -167,6 +170,46 @@ def test_remote_with_declared_spec_never_waits(cluster):
     r = fn(mwrt.dist_send(np.arange(4.0)))
     assert r._spec is not None and r.shape == (2,)
     np.testing.assert_array_equal(r.numpy(), [0.0, 2.0])
+
+
+def _after_file(path: str, bound: float) -> None:
+    """In a shipped function: wait until file `path` exists (`bound` seconds at most)."""
+    deadline = time.monotonic() + bound
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("asked", ["before", "after"])
+def test_a_shape_is_answered_once_its_tensor_is_made_not_after_later_calls(cluster, tmp_path,
+                                                                          asked):
+    # `a * 2` needs a's shape, known once `first` ran; it waited for `second` too.
+    made, go, done = (str(tmp_path / name) for name in ("made", "go", "second-done"))
+    bound = machine.seconds(10, 60)
+
+    def first(x):
+        if asked == "before":  # the shape is asked while this runs
+            _after_file(go + "-first", bound)
+        open(made, "w").close()
+        return np.arange(5.0)
+
+    def second(a):
+        _after_file(go, bound)
+        open(done, "w").close()
+        return a * 3
+
+    a = mwrt.remote(first)(mwrt.ones(1))
+    b = mwrt.remote(second)(a)
+    if asked == "before":  # most likely once the question is there; right in either order
+        threading.Timer(0.2, lambda: open(go + "-first", "w").close()).start()
+    else:
+        _after_file(made, bound)
+    c = a * 2
+    assert c.shape == (5,)
+    assert not os.path.exists(done), "the shape waited for the call after the one that made it"
+    open(go, "w").close()
+    np.testing.assert_array_equal(b.numpy(), np.arange(5.0) * 3)
+    assert os.path.exists(done)
+    np.testing.assert_array_equal(c.numpy(), np.arange(5.0) * 2)
 
 
 def test_profile_writes_a_trace_with_one_track_per_stream(cluster, tmp_path):
