@@ -19,7 +19,7 @@ from collections import deque
 import zmq
 
 from .. import config
-from ..errors import AuthError
+from ..errors import AuthError, QuotaError
 from ..protocol import auth, wire
 from ..protocol.refusals import (
     HUNG_UP,
@@ -218,6 +218,18 @@ class Node(Replies):
             raise ValueError(f"device: node {self.index} has no GPU {device} (it has {count}); "
                              f"use a GPU index below {count}, or device=-1 (host memory)")
         return device
+
+    def check_stream_room(self) -> None:
+        """Refuse a new stream past its worker's quota for this master, by name: the worker
+        would refuse it, and a collective on it would leave its peers waiting."""
+        quota = self.info.streams if self.info is not None else 0
+        used = self.streams | {-1} | set(self.resumed["streams"] if self.resumed else ())
+        if quota and len(used) >= quota:
+            raise QuotaError(
+                f"Stream: node {self.index} has no room for another stream of this master "
+                f"(got {len(used)} there, the host's default stream counted, expected at most "
+                f"MWRT_SESSION_STREAMS = {quota}, its worker's setting); reuse streams instead "
+                "of making new ones, or raise MWRT_SESSION_STREAMS on that worker")
 
     def known_streams(self) -> list[int]:
         """Streams used on this node so far."""

@@ -35,6 +35,7 @@ class Stream(OfTheSession):
         self.device = self._node.check_device(context.current_device() if device is None
                                               else device)
         if _id is None:
+            self._node.check_stream_room()
             _id = next(current().stream_ids)
             self._node.issue(wire.NewStream(id=next(self._node.ids), stream=_id,
                                             device=self.device))

@@ -369,6 +369,7 @@ class Welcome(Reply, tag=23, frozen=True):
     gpus: tuple = ()  # a dict per GPU (arrays.devices()): index, name, memory, capability
     # A named session re-attached: its named tensors, last command id and streams ({}: new).
     resumed: dict = msgspec.field(default_factory=dict)
+    streams: int = 0  # streams one master may use there (MWRT_SESSION_STREAMS); 0: not said
 
 
 class Pong(Reply, tag=24, frozen=True):

@@ -376,7 +376,8 @@ class Daemon(Dispatcher):
         self.send(identity, wire.Welcome(token=command.id, incarnation=self.incarnation,
                                          hostname=socket.gethostname(), pid=os.getpid(),
                                          devices=len(gpus), data_address="", gpus=tuple(gpus),
-                                         resumed=resumed or {}))
+                                         resumed=resumed or {},
+                                         streams=self.streams.per_session))
         return session
 
     def end_session(self, session, answer=None) -> None:

@@ -144,6 +144,31 @@ def test_two_thousand_streams_get_a_named_error_while_another_master_works(daemo
     assert process.poll() is None
 
 
+def test_a_stream_past_the_quota_is_refused_at_its_line_and_a_collective_goes_on():
+    # The worker refused it, and a collective on it left node 0's part waiting out
+    # MWRT_SYNC_TIMEOUT: the master learns the quota in the worker's Welcome.
+    mwrt.shutdown()
+    workers = [start_worker(env={"MWRT_SESSION_STREAMS": "3"}) for _ in range(2)]
+    try:
+        mwrt.init_master_worker([address for _, address in workers], timeout=30)
+        made: list = []
+        with pytest.raises(mwrt.QuotaError, match=r"Stream: node 1 has no room for another "
+                                                  r"stream .* MWRT_SESSION_STREAMS = 3"):
+            for _ in range(3):
+                made.append(mwrt.Stream(node=1))
+        assert len(made) == 2  # the host's default stream is the third
+        with mwrt.node(1), mwrt.stream(made[-1]):
+            t1 = mwrt.ones(4)
+        t0 = mwrt.ones(4)
+        mwrt.all_reduce([t0, t1])
+        np.testing.assert_array_equal(t0.numpy(), np.full(4, 2.0, np.float32))
+        np.testing.assert_array_equal(t1.numpy(), np.full(4, 2.0, np.float32))
+    finally:
+        mwrt.shutdown()
+        for process, _ in workers:
+            stop_worker(process)
+
+
 @pytest.mark.parametrize("daemon", [{"MWRT_SESSION_BYTES": str(8 * MiB),
                                      "MWRT_SESSION_TENSORS": "100"}], indirect=True)
 def test_tensor_and_byte_quotas_are_named_errors_for_that_master_alone(daemon):
