@@ -135,6 +135,14 @@ class MeshOptimizer(_Replicas):
                              "per mesh")
         self._places = [torchmodule.RemoteOptimizer(path, _local(params, i), **options)
                         for i in range(mesh.size)]
+        self._groups = torchmodule._group_params(params)
+
+    @property
+    def param_groups(self) -> list[torchmodule.ParamGroup]:
+        """torch's param_groups, as views: a read asks place 0's worker (a sync point), a
+        write of a plain value goes to every place's, before the next step."""
+        return [torchmodule.ParamGroup(self.path, self._places, i, ps)
+                for i, ps in enumerate(self._groups)]
 
     def step(self) -> None:
         """Sum the Partial gradients (one all_reduce between the workers), then step

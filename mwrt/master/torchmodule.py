@@ -16,7 +16,7 @@ import functools
 import io
 import itertools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 from ..arrays import HOST
@@ -142,14 +142,21 @@ class RemoteOptimizer:
 
     def __init__(self, path: str, params: Any, **options: Any):
         torch = ready()
+        params = list(params) if not isinstance(params, TorchTensor) else params
         self.params = _flat_params(params)
         if not self.params or not all(isinstance(p, TorchTensor) for p in self.params):
             raise TypeError(f"{path}: expected torch handles as parameters (got "
                             f"{[type(p).__name__ for p in self.params][:3]}); put a model's "
                             "with mwrt.torch.module(model, node=...) first")
-        self.path = path
-        self.handle = run(path, _fake(torch, path), (self.params,), options, "torch_new",
-                          (path,))
+        self.path, self._groups = path, _group_params(params)
+        self.handle = run(path, _fake(torch, path), (_groups_arg(params),), options,
+                          "torch_new", (path,))
+
+    @property
+    def param_groups(self) -> list[ParamGroup]:
+        """torch's param_groups, as views of the worker's: a read asks it (a sync point), a
+        write of a plain value (lr, momentum, betas ...) goes to it before the next step."""
+        return [ParamGroup(self.path, [self], i, ps) for i, ps in enumerate(self._groups)]
 
     def step(self) -> None:
         """One step of the optimizer on the worker (the parameters are written there)."""
@@ -175,6 +182,56 @@ class RemoteOptimizer:
         uses = ((self.handle, True), *((p, True) for p in self.params))
         run(f"{self.path}.{method}", _nothing, args, kwargs or {}, "torch_method",
             (self.handle._ref, method), uses=uses)
+
+    def _read_groups(self) -> list:
+        """Its param_groups on the worker, but their params (a sync point)."""
+        return _state_of(self.handle, torchops.saved_groups)
+
+    def _set_group(self, index: int, key: str, value: Any) -> None:
+        """param_groups[index][key] = value on the worker, in stream order."""
+        method = "param_groups.__setitem__"
+        run(f"{self.path}.param_groups[{index}][{key!r}]", _nothing, (index, key, value), {},
+            "torch_method", (self.handle._ref, method), uses=((self.handle, True),))
+
+
+class ParamGroup(MutableMapping):
+    """One of an optimizer's param_groups, as torch's dict: a read asks the worker (of its
+    first place, on a mesh), a write of a plain value goes to every place in stream order."""
+
+    def __init__(self, path: str, places: list, index: int, params: list):
+        self._where = f"{path}.param_groups[{index}]"
+        self._places, self._index, self._params = places, index, params
+
+    def _options(self) -> dict:
+        return self._places[0]._read_groups()[self._index]
+
+    def __getitem__(self, key: str) -> Any:
+        return list(self._params) if key == "params" else self._options()[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "params" or not isinstance(key, str):
+            raise TypeError(f"{self._where}: {key!r} cannot be set (got key {key!r}, expected "
+                            "an option such as 'lr'); a group's params are set when the "
+                            "optimizer is made")
+        if not _plain(value):
+            raise TypeError(f"{self._where}[{key!r}]: expected a plain Python value (got "
+                            f"{type(value).__name__}, expected a number, bool, string, None or "
+                            "a tuple of them, as betas); pass float(t) for a tensor's value")
+        for place in self._places:
+            place._set_group(self._index, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError(f"{self._where}: an option cannot be removed (got del {key!r}); set "
+                        "it instead")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["params", *self._options()])
+
+    def __len__(self) -> int:
+        return 1 + len(self._options())
+
+    def __repr__(self) -> str:
+        return f"<{self._where}: a view of the worker's group>"
 
 
 class RemoteScheduler:
@@ -206,11 +263,12 @@ class RemoteScheduler:
         _load_into(self.handle, state_dict)
 
 
-def _state_of(handle: DistributedTensor) -> dict:
-    """The state_dict of the optimizer or scheduler `handle` names, read back as torch.save
-    wrote it on the worker (torch.load of tensors and plain values alone)."""
+def _state_of(handle: DistributedTensor, reader: Any = torchops.saved_state) -> Any:
+    """The state_dict of the optimizer or scheduler `handle` names (what `reader` saves of
+    it), read back as torch.save wrote it on the worker (torch.load of tensors and plain
+    values alone)."""
     torch = ready()
-    saved = RemoteFunction(torchops.saved_state)(handle)
+    saved = RemoteFunction(reader)(handle)
     return torch.load(io.BytesIO(saved.torch().numpy().tobytes()), weights_only=True)
 
 
@@ -236,12 +294,39 @@ def _fake(torch, path: str):
     return made
 
 
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is a number, bool, string, None, or a tuple or list of them."""
+    if isinstance(value, (tuple, list)):
+        return all(isinstance(v, _PLAIN) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+def _group_params(params: Any) -> list:
+    """The handles of each param group (one group when `params` names no groups)."""
+    if isinstance(params, list) and params and isinstance(params[0], dict):
+        return [_listed(item["params"]) for item in params]
+    return [_flat_params(params)]
+
+
+def _groups_arg(params) -> list:
+    """What torch's optimizer takes, with each group's params a list."""
+    return [{**item, "params": _listed(item["params"])} if isinstance(item, dict) else item
+            for item in params]
+
+
+def _listed(params) -> list:
+    return [params] if isinstance(params, TorchTensor) else list(params)
+
+
 def _flat_params(params) -> list:
     if isinstance(params, TorchTensor):
         raise TypeError("optimizer: params must be an iterable of handles (got one handle)")
     found: list = []
     for item in params:
-        found.extend(item["params"] if isinstance(item, dict) else [item])
+        found.extend(_listed(item["params"]) if isinstance(item, dict) else [item])
     return found
 
 

@@ -9,6 +9,8 @@ optimizer's gradient bucket.
 from __future__ import annotations
 
 import copy
+import functools
+from typing import Any
 
 import numpy as np
 
@@ -209,12 +211,32 @@ def saved_state(obj):
     """An optimizer's or LR scheduler's state_dict as torch.save's bytes (a uint8 tensor):
     run on the worker by the master's state_dict() (mwrt.remote's path), read back there
     with torch.load(weights_only)."""
+    return _saved(obj.state_dict())
+
+
+def saved_groups(obj):
+    """An optimizer's param_groups but their params, as saved_state's bytes: what the
+    master's param_groups read."""
+    return _saved([{k: v for k, v in group.items() if k != "params"}
+                   for group in obj.param_groups])
+
+
+def _saved(value):
     import io
 
     torch = worker_torch()
     buffer = io.BytesIO()
-    torch.save(obj.state_dict(), buffer)
+    torch.save(value, buffer)
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _set_group(obj, index: int, key: str, value) -> None:
+    """`obj.param_groups[index][key] = value`, a plain value (a list as the tuple it was)."""
+    groups = obj.param_groups
+    if not (isinstance(index, int) and 0 <= index < len(groups)) or key == "params":
+        raise ValueError(f"param_groups: no group {index!r} to set {key!r} of (this optimizer "
+                         f"has {len(groups)}, and a group's params are set when it is made)")
+    groups[index][key] = tuple(value) if isinstance(value, list) else value
 
 
 def load_state(obj, data) -> None:
@@ -229,7 +251,8 @@ def load_state(obj, data) -> None:
 # What a master may call on each kind of object a session holds.
 _METHODS = {"Module": {"__call__", "parameters", "buffers", "train", "eval", "zero_grad",
                       "state_dict", "load_state_dict"},
-            "Optimizer": {"step", "zero_grad"}, "LRScheduler": {"step"}}
+            "Optimizer": {"step", "zero_grad", "param_groups.__setitem__"},
+            "LRScheduler": {"step"}}
 
 
 def _method(xp, obj, method: str, grad: bool, *args, **kwargs) -> list:
@@ -242,8 +265,10 @@ def _method(xp, obj, method: str, grad: bool, *args, **kwargs) -> list:
     if kind is None or method not in _METHODS[kind]:
         raise TypeError(f"torch: cannot call {method!r} on a {type(obj).__name__} (expected a "
                         f"module, optimizer or scheduler and one of {sorted(_METHODS)})")
+    call: Any = (functools.partial(_set_group, obj) if method == "param_groups.__setitem__"
+                 else getattr(obj, method))
     with torch.set_grad_enabled(grad):
-        result = getattr(obj, method)(*decode(args), **decode(kwargs))
+        result = call(*decode(args), **decode(kwargs))
     if method in ("parameters", "buffers"):
         result = list(result)
     elif method == "state_dict":  # its tensors, in its order (the master knows the names)

@@ -150,3 +150,60 @@ def test_a_training_saved_and_resumed_steps_as_the_one_never_stopped(cluster, me
     assert resumed[2].get_last_lr() == going[2].get_last_lr() == [0.0025]
     for (name, a), b in zip(resumed[0].state_dict().items(), going[0].state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def _schedule_steps(model, opt, x, y, count: int) -> list:
+    """`count` steps of a manual schedule (halve every lr, set momentum, before each step);
+    the lrs read back after each."""
+    read = []
+    for step in range(count):
+        for group in opt.param_groups:
+            group["lr"] = group["lr"] * 0.5
+            group["momentum"] = 0.9 if step else 0.0
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        read.append([group["lr"] for group in opt.param_groups])
+    return read
+
+
+@pytest.mark.parametrize("mesh", [False, True])
+def test_a_manual_schedule_through_param_groups_steps_as_torchs(cluster, mesh):
+    """Two groups with their own lr (the second the optimizer's default), each halved by
+    hand before each step: the weights, and the lrs read back, are a local model's."""
+    x, y = _data()
+    make = (lambda: torch.nn.Sequential(*list(_model())[::2])) if mesh else _model
+    place = {"mesh": mwrt.mesh(nodes=[0, 1])} if mesh else {"node": 1}
+    send = {"mesh": place["mesh"], "shard": 0} if mesh else place
+    local, remote = make(), mwrt.torch.module(make(), **place)
+
+    def groups(model):
+        first, *rest = list(model.parameters())
+        return [{"params": [first], "lr": 0.4}, {"params": rest}]
+    lopt = torch.optim.SGD(groups(local), lr=0.2)
+    opt = mwrt.torch.optim.SGD(groups(remote), lr=0.2)
+    xh, yh = mwrt.dist_send(x, **send), mwrt.dist_send(y, **send)
+    want = _schedule_steps(local, lopt, x, y, 4)
+    assert _schedule_steps(remote, opt, xh, yh, 4) == want == [[0.2 / 2**i, 0.1 / 2**i]
+                                                               for i in range(4)]
+    for (name, a), b in zip(remote.state_dict().items(), local.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+    group = opt.param_groups[1]
+    assert [id(p) for p in group["params"]] == [id(p) for p in remote.parameters()][1:]
+    assert dict(group)["momentum"] == 0.9 and set(group) >= {"params", "lr", "nesterov"}
+
+
+def test_param_groups_take_plain_values_alone_and_keep_their_params(cluster):
+    remote = mwrt.torch.module(_model(), node=0)
+    opt = mwrt.torch.optim.Adam(remote.parameters(), lr=1e-2)
+    (group,) = opt.param_groups
+    group["betas"] = (0.8, 0.9)
+    assert group["betas"] == (0.8, 0.9)
+    with pytest.raises(TypeError, match=r"param_groups\[0\]\['lr'\]: expected a plain Python "
+                                        r"value \(got Tensor"):
+        group["lr"] = torch.tensor(0.1)
+    with pytest.raises(TypeError, match=r"param_groups\[0\]: 'params' cannot be set"):
+        group["params"] = []
+    with pytest.raises(KeyError, match="no_such_option"):
+        group["no_such_option"]
+    assert group["lr"] == 1e-2
