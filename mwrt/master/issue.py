@@ -194,7 +194,7 @@ def _check_out(name: str, result, targets: list, ufunc: bool, casting: str) -> N
         return  # shape known on the worker only: NumPy checks it there
     if len(specs) != len(targets):
         raise ValueError(f"{name}: out= needs {len(specs)} tensors (got {len(targets)})")
-    for spec, target in zip(specs, targets):  # target: out's Spec
+    for i, (spec, target) in enumerate(zip(specs, targets)):  # target: out's Spec
         shape = target.shape
         fits = (spec.shape == shape if not ufunc else
                 len(spec.shape) <= len(shape) and all(
@@ -205,9 +205,11 @@ def _check_out(name: str, result, targets: list, ufunc: bool, casting: str) -> N
         # casting= is the user's str, checked by NumPy (which names a wrong one).
         if ufunc and not np.can_cast(spec.dtype, target.dtype,
                                      casting=casting):  # type: ignore[arg-type]
-            raise TypeError(f"{name}: cannot cast the result to out='s dtype (got {spec.dtype},"
-                            f" expected a dtype {spec.dtype} casts to with casting={casting!r}); "
-                            "pass casting='unsafe' to NumPy's rule, or an out of another dtype")
+            raise ops.OutputCastingError(
+                f"{name}: cannot cast the result to out='s dtype (got {spec.dtype}, expected a "
+                f"dtype {spec.dtype} casts to with casting={casting!r}); pass casting='unsafe' "
+                "to NumPy's rule, or an out of another dtype", getattr(np, name), casting,
+                spec.dtype, target.dtype, i)
 
 
 def _spec_of(tensor):

@@ -20,6 +20,7 @@ from . import (  # noqa: F401
     torchops,
     torchshards,
 )
+from .meta_helpers import OutputCastingError
 from .registry import (
     KEEPS,
     UNKNOWN,
@@ -35,5 +36,5 @@ from .registry import (
     summary,
 )
 
-__all__ = ["KEEPS", "UNKNOWN", "Op", "Spec", "doc", "get", "gives_scalars", "has", "infer", "names",
-           "register", "summary"]
+__all__ = ["KEEPS", "UNKNOWN", "Op", "OutputCastingError", "Spec", "doc", "get", "gives_scalars",
+           "has", "infer", "names", "register", "summary"]

@@ -6,7 +6,15 @@ import re
 
 import numpy as np
 
-from .meta_helpers import bind, normalize_axes, result_dtype, run_small, shape_of, uncut
+from .meta_helpers import (
+    OutputCastingError,
+    bind,
+    normalize_axes,
+    result_dtype,
+    run_small,
+    shape_of,
+    uncut,
+)
 from .registry import Spec, register
 
 # Python operator -> ufunc name; the tensor class builds __op__/__rop__/__iop__ from this.
@@ -112,9 +120,10 @@ def _inplace_meta(ufunc):
                              f"shape {shape}, expected the target's {target.shape})")
         dtype = result_dtype(ufunc, (target, *args), kwargs)
         if not np.can_cast(dtype, target.dtype, casting="same_kind"):
-            raise TypeError(f"{name}_: cannot cast the result to the target's dtype in place "
-                            f"(got {dtype}, expected a dtype castable to {target.dtype}); "
-                            f"use the out-of-place form")
+            raise OutputCastingError(
+                f"{name}_: cannot cast the result to the target's dtype in place (got {dtype}, "
+                f"expected a dtype castable to {target.dtype}); use the out-of-place form",
+                ufunc, "same_kind", dtype, target.dtype)
     return meta
 
 

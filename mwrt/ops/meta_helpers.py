@@ -150,3 +150,27 @@ def run_small(fn, a: Spec, *args, **kwargs) -> np.ndarray:
 def uncut(a: Spec) -> bool:
     """True if run_small's stand-in of `a` is `a`'s own shape (no axis longer than one)."""
     return all(d <= 1 for d in a.shape)
+
+
+
+def _numpy_output_casting_error() -> type:
+    """NumPy's class for a ufunc result its output cannot hold: private to NumPy and moved
+    in 2.0, so asked of NumPy itself rather than imported."""
+    try:
+        np.add(np.zeros(1, np.int8), 0.5, out=np.zeros(1, np.int8))
+    except TypeError as error:
+        return type(error)
+    raise ImportError("NumPy cast 0.5 into an int8 output under casting='same_kind'")
+
+
+class OutputCastingError(_numpy_output_casting_error()):  # type: ignore[misc]
+    """A ufunc's result its target cannot hold (`i += 1.5` of an int tensor): NumPy's own
+    error class (a UFuncTypeError, so a TypeError), with a message that names the fix."""
+
+    def __init__(self, message: str, ufunc: np.ufunc, casting: str, from_: np.dtype,
+                 to: np.dtype, i: int = 0) -> None:
+        super().__init__(ufunc, casting, from_, to, i)  # NumPy's fields: ufunc, casting, ...
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

@@ -129,3 +129,24 @@ def test_torch_equal_and_allclose_of_handles_answer_as_torch(cluster, pair):
     for fn in (torch.equal, torch.allclose, lambda x, y: x.equal(y),
                lambda x, y: x.allclose(y, atol=0.0), lambda x, y: torch.allclose(x, y, equal_nan=True)):
         assert outcome(lambda pair: fn(*pair), (ra, rb)) == outcome(lambda pair: fn(*pair), (a, b))
+
+
+
+@pytest.mark.parametrize("write", ["in place", "out="])
+def test_a_result_its_int_target_cannot_hold_raises_numpys_error_class(cluster, write):
+    """`i += 1.5` and np.add(i, 1.5, out=i) raise NumPy's own class (a UFuncTypeError), so
+    an `except` written for NumPy's arrays catches ours, with NumPy's fields."""
+    def raised(target):
+        try:
+            if write == "in place":
+                target += 1.5
+            else:
+                np.add(target, 1.5, out=target)
+        except TypeError as exc:
+            return exc
+        raise AssertionError("no error")
+
+    fields = operator.attrgetter("ufunc", "casting", "from_", "to")
+    expected, got = raised(np.arange(3)), raised(cluster.dist_send(np.arange(3)))
+    assert isinstance(got, type(expected)) and fields(got) == fields(expected), (got, expected)
+    assert "cannot cast the result" in str(got) and "(got float64" in str(got), str(got)
