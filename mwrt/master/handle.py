@@ -33,7 +33,7 @@ class Handle:
                  "_ref", "_mesh", "_placements", "_blocks", "_nodes", "__weakref__")
     results: type[Handle]  # the class a verb makes its results of (see __init_subclass__)
     # the class of a 0-d result NumPy gives as a scalar (ops.Op.scalar), its element class
-    scalars: type | None = None
+    scalars: type[Handle] | None = None
     holds_torch = False  # a torch tensor's handle (TorchTensor): NumPy's ops refuse it
     _mesh: Any  # a Mesh, or None on one place (then _placements and _blocks are unset)
     _placements: tuple
@@ -56,8 +56,14 @@ class Handle:
         super().__init_subclass__(**kwargs)
         if element:
             cls.results.scalars = cls
-        else:
-            cls.results, cls.scalars = cls, None
+        elif cls.scalars is None or not issubclass(cls, cls.scalars):  # (an element's kinds
+            cls.results, cls.scalars = cls, None  # keep its classes: Element.of_dtype)
+
+    @classmethod
+    def of_dtype(cls, dtype: Any) -> type[Handle]:
+        """The class of a handle of `dtype` that stands for this class: itself (an element
+        class, its subclass for the dtype's kind)."""
+        return cls
 
     def __init__(self, node: Any, device: int, tensor_id: int, spec: Spec | None,
                  stream: int) -> None:

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Sequence
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -89,6 +90,8 @@ def call(name: str, *args, **kwargs):
     written = args[0] if op.inplace else None
     made = _made_as(op, first, result, spec_args, spec_kwargs) if op.scalar else first.results
     outs = _outputs(made, node, device, stream, result)
+    if made is not first.results:
+        of_kinds(outs, made)
     now = next(node.ids)
     if outs and name in ALIASING:  # (in this order: x += 1 pays one test)
         _share(name, args, outs)  # a view shares its base's record
@@ -254,10 +257,16 @@ def scalars_copied(args: tuple, issue) -> tuple:
     """`args` with each scalar (an element: NumPy's is immutable) replaced by a copy made
     with `issue` (call, or the mesh's), as what views a scalar views a copy in NumPy
     (np.expand_dims(a0 + a0, 0)); `args` itself if none is."""
-    scalars = [type(a) is getattr(a, "scalars", None) for a in args]
+    scalars = [is_scalar(a) for a in args]
     if not any(scalars):
         return args
     return tuple(_array(issue("copy", a)) if scalar else a for a, scalar in zip(args, scalars))
+
+
+def is_scalar(value: Any) -> bool:
+    """Whether `value` is a handle of an element class (NumPy's scalars)."""
+    scalars = getattr(value, "scalars", None)
+    return scalars is not None and isinstance(value, scalars)
 
 
 def _array(copy):
@@ -271,7 +280,7 @@ def _made_as(op, first, result, args: tuple, kwargs: dict) -> type:
     class where NumPy gives scalars (0-d results of a scalar op, ops.Op.scalar)."""
     if first.scalars is not None and _zero_d(result) and (
             ops.gives_scalars(op, args, kwargs)
-            or (op.scalar is ops.KEEPS and type(first) is first.scalars)):
+            or (op.scalar is ops.KEEPS and isinstance(first, first.scalars))):
         return first.scalars
     return first.results
 
@@ -287,9 +296,15 @@ def as_scalars(name: str, args: tuple, kwargs: dict, result):
     if _zero_d(specs):
         first = next((a for a in args if isinstance(a, Handle)), results[0])
         made = _made_as(op, first, specs, *_specs_of(args, kwargs))
-        for r in results:
-            r.__class__ = made
+        of_kinds(results, made)
     return result
+
+
+def of_kinds(handles, cls: type[Handle]) -> None:
+    """Make `handles` (0-d) of class `cls`, or of its class for each one's dtype (an element
+    class: one per kind, as NumPy's scalar types are numbers.Integral, Real or Complex)."""
+    for handle in handles:
+        handle.__class__ = cls.of_dtype(handle._spec.dtype)
 
 
 def _specs_of(args: tuple, kwargs: dict) -> tuple:

@@ -336,7 +336,8 @@ class DistributedTensor(TensorReads):
         """t[index] as NumPy indexes (ints, slices, ..., None, int/bool tensors), on the worker."""
         result = _via(self)("getitem", self, index_arg(index))
         if is_element(index) and type(result._spec) is Spec and not result._spec.shape:
-            result.__class__ = Element  # NumPy gives a scalar: `t[0] += 1` rebinds
+            result.__class__ = Element.of_dtype(result._spec.dtype)  # a scalar: `t[0] += 1`
+            # rebinds
         return result
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -423,9 +424,40 @@ class Element(DistributedTensor, element=True):
         or with `ndigits` a 0-d tensor rounded on the worker."""
         return round(self.item()) if ndigits is None else self.round(ndigits)
 
+    @classmethod
+    def of_dtype(cls, dtype: Any) -> type[Handle]:
+        """The element class of `dtype`'s kind (an integer, a real or a complex number)."""
+        return _KINDS.get(dtype.kind, Element)
+
+
+class IntegralElement(Element):
+    """An element of an integer dtype: numbers.Integral, as NumPy's np.int64 is."""
+
+    __slots__ = ()
+
+
+class RealElement(Element):
+    """An element of a floating dtype: numbers.Real, as NumPy's np.float64 is (so that
+    scikit-learn takes `Ridge(alpha=t.std())`)."""
+
+    __slots__ = ()
+
+
+class ComplexElement(Element):
+    """An element of a complex dtype: numbers.Complex, as NumPy's np.complex128 is."""
+
+    __slots__ = ()
+
+
+_KINDS: dict[str, type[Element]] = {"i": IntegralElement, "u": IntegralElement,
+                                    "f": RealElement, "c": ComplexElement}
 
 # An element stands for NumPy's scalar (np.float64, np.int64), which is a number:
-# np.isscalar(t[0]) and np.testing.assert_equal(t.sum(), 6.0) take it as NumPy's.
+# np.isscalar(t[0]) and np.testing.assert_equal(t.sum(), 6.0) take it as NumPy's, and each
+# kind is registered where NumPy registers its scalar types (numbers.Real for np.floating).
 numbers.Number.register(Element)
+numbers.Integral.register(IntegralElement)
+numbers.Real.register(RealElement)
+numbers.Complex.register(ComplexElement)
 
 ShardedTensor = DistributedTensor  # the name mesh tensors had: one class holds both

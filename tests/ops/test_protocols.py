@@ -150,3 +150,25 @@ def test_a_result_its_int_target_cannot_hold_raises_numpys_error_class(cluster, 
     expected, got = raised(np.arange(3)), raised(cluster.dist_send(np.arange(3)))
     assert isinstance(got, type(expected)) and fields(got) == fields(expected), (got, expected)
     assert "cannot cast the result" in str(got) and "(got float64" in str(got), str(got)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint8", "float64", "float32", "complex128"])
+def test_an_element_is_the_number_numpys_scalar_is(cluster, dtype):
+    """t[0] and t.sum() are numbers.Integral, Real or Complex as NumPy's scalars of their
+    dtype are (numbers.Real is what scikit-learn's parameter checks ask of a float)."""
+    import numbers
+
+    host = np.arange(1, 4).astype(dtype)
+    kinds = (numbers.Number, numbers.Complex, numbers.Real, numbers.Integral)
+    for take in (lambda a: a[0], lambda a: a.sum(), lambda a: a.std()):
+        expected, got = take(host), take(cluster.dist_send(host))
+        assert [isinstance(got, k) for k in kinds] == [isinstance(expected, k) for k in kinds]
+
+
+def test_scikit_learn_takes_an_elements_value_as_a_parameter(cluster):
+    """Ridge(alpha=t.std()) passes scikit-learn's `Real` check and fits as with NumPy's."""
+    linear = pytest.importorskip("sklearn.linear_model")
+    rng = np.random.default_rng(0)
+    x, y, host = rng.random((8, 2)), rng.random(8), np.array([0.5, 1.5])
+    got = linear.Ridge(alpha=cluster.dist_send(host).std()).fit(x, y).coef_
+    np.testing.assert_allclose(got, linear.Ridge(alpha=host.std()).fit(x, y).coef_)
