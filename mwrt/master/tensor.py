@@ -28,6 +28,7 @@ from .arrayfunc import array_function, array_ufunc
 from .flat import FlatIndex
 from .handle import Handle
 from .issue import call
+from .layout import Flags
 from .mesh.dispatch import call as mesh_call
 from .mesh.moves import redistribute, resolve
 from .mesh.placement import shard_arg
@@ -423,6 +424,12 @@ class Element(DistributedTensor, element=True):
         """round(t[i]): a Python int as round() of a NumPy scalar gives (waits for the value),
         or with `ndigits` a 0-d tensor rounded on the worker."""
         return round(self.item()) if ndigits is None else self.round(ndigits)
+
+    @property
+    def flags(self) -> Flags:
+        """NumPy's flags of a scalar: those of the 0-d array on its worker, read-only (a
+        scalar is immutable); asks it (a wait)."""
+        return super().flags.of_scalar()
 
     @classmethod
     def of_dtype(cls, dtype: Any) -> type[Handle]:

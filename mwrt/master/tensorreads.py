@@ -19,9 +19,10 @@ from numpy.typing import DTypeLike
 from ..arrays import HOST
 from ..ops import Spec
 from ..protocol import wire
-from . import context, methods
+from . import context, layout, methods
 from .flat import FlatIndex
 from .handle import Handle
+from .layout import Flags
 from .mesh.device_mesh import Mesh
 from .mesh.moves import gather_to_master
 from .mesh.naming import name_places
@@ -144,6 +145,24 @@ class TensorReads(Handle):
                         "the shape or one dimension (torch's).")
     nbytes = property(lambda self: self.size * self.spec.dtype.itemsize,
                       doc="The bytes its elements take on the worker.")
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """NumPy's strides (bytes per step along each axis) of the array on its worker; asks
+        it (a wait)."""
+        return tuple(self._layout("strides")["strides"])
+
+    @property
+    def flags(self) -> Flags:
+        """NumPy's flags (c_contiguous, f_contiguous, writeable, ...) of the array on its
+        worker, read-only; asks it (a wait)."""
+        return Flags(self._layout("flags")["flags"])
+
+    def _layout(self, what: str) -> dict:
+        if self.holds_torch:
+            raise AttributeError(f"{what}: a torch tensor has no NumPy {what} (got a handle "
+                                 "to a torch tensor); use t.stride() and t.is_contiguous()")
+        return layout.asked(self._one_place(what))
 
     @property
     def kind(self) -> str:

@@ -192,6 +192,14 @@ class Meta(StreamCommand, tag=9, frozen=True):
     token: int
 
 
+class Layout(StreamCommand, tag=43, frozen=True):
+    """Report tensor `ref`'s strides and NumPy's flags once `stream` reaches this point."""
+
+    sync_point = answered = always_runs = True
+    ref: int
+    token: int
+
+
 class Share(StreamCommand, tag=38, frozen=True):
     """Copy tensor `ref` into a new /dev/shm segment once `stream` reaches this point, and
     name it, for a master on this host to map read-only (t.numpy(copy=False))."""

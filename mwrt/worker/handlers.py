@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -163,6 +164,27 @@ def meta(ex, cmd, frames):
         get(ex, cmd, frames)
         return
     ex.reply(meta_answer(value, cmd.token))
+
+
+def layout(ex, cmd, frames):
+    if ex.raise_sticky(cmd.token):
+        return
+    value = resolve(ex, wire.Ref(cmd.ref))
+    flags = value.flags if type(value) is np.ndarray else _gpu_flags(value.flags)
+    ex.reply(wire.Done(token=cmd.token, value={"strides": tuple(value.strides), "flags": {
+        name: bool(getattr(flags, name)) for name in (
+            "c_contiguous", "f_contiguous", "owndata", "writeable", "aligned",
+            "writebackifcopy", "fnc", "forc", "behaved", "carray", "farray")}}))
+
+
+def _gpu_flags(flags) -> SimpleNamespace:
+    """NumPy's flags of a CuPy array, whose own say only c_contiguous, f_contiguous and
+    owndata: its memory is writeable and aligned, and never a writeback copy."""
+    c, f = flags.c_contiguous, flags.f_contiguous
+    return SimpleNamespace(c_contiguous=c, f_contiguous=f, owndata=flags.owndata,
+                           writeable=True, aligned=True, writebackifcopy=False,
+                           fnc=f and not c, forc=f or c, behaved=True, carray=c,
+                           farray=not c)
 
 
 def sync(ex, cmd, frames):

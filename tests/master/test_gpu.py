@@ -552,3 +552,15 @@ def test_the_staging_loops_over_a_channel(xp, ends, monkeypatch):
     finally:
         for chan in chans:
             chan.close()
+
+
+def test_strides_and_flags_of_a_gpu_array_are_numpys(gpu):
+    """t.strides, t.flags and np.isfortran(t) of an array on a GPU (CuPy's flags say only
+    the contiguity: the rest is NumPy's for a writeable, aligned array)."""
+    from tests.ops.test_protocols import FLAGS
+
+    host = np.arange(24.0).reshape(4, 6)
+    t = mwrt.dist_send(host).cuda()
+    for expected, got in ((host, t), (host.T, t.T), (host[::2, 1:], t[::2, 1:])):
+        assert got.strides == expected.strides and np.isfortran(got) == np.isfortran(expected)
+        assert [got.flags[k] for k in FLAGS] == [expected.flags[k] for k in FLAGS], got

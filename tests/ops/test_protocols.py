@@ -172,3 +172,31 @@ def test_scikit_learn_takes_an_elements_value_as_a_parameter(cluster):
     x, y, host = rng.random((8, 2)), rng.random(8), np.array([0.5, 1.5])
     got = linear.Ridge(alpha=cluster.dist_send(host).std()).fit(x, y).coef_
     np.testing.assert_allclose(got, linear.Ridge(alpha=host.std()).fit(x, y).coef_)
+
+
+LAYOUTS = {"made": lambda a: a, "transposed": lambda a: a.T, "sliced": lambda a: a[::2, 1:],
+           "fortran": np.asfortranarray, "broadcast": lambda a: np.broadcast_to(a[0], (3, 6)),
+           "row": lambda a: a[1], "scalar": lambda a: a.sum(), "reshaped": lambda a: a.reshape(2, 12)}
+FLAGS = ("C_CONTIGUOUS", "F_CONTIGUOUS", "WRITEABLE", "ALIGNED", "WRITEBACKIFCOPY", "FNC", "FORC",
+         "BEHAVED", "CARRAY", "FARRAY")  # all but OWNDATA: where a worker's array came from
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_strides_flags_and_isfortran_are_those_of_numpys_array(cluster, layout):
+    """t.strides, t.flags and np.isfortran(t) of the array as its worker laid it out (a view
+    where NumPy makes one) are NumPy's of the same array."""
+    host = np.arange(24.0).reshape(4, 6)
+    expected, got = LAYOUTS[layout](host), LAYOUTS[layout](cluster.dist_send(host))
+    assert got.strides == expected.strides and np.isfortran(got) == np.isfortran(expected)
+    flags = got.flags
+    assert {k: flags[k] for k in FLAGS} == {k: expected.flags[k] for k in FLAGS}
+    assert (flags.c_contiguous, flags.f_contiguous, flags.writeable) == \
+        (expected.flags.c_contiguous, expected.flags.f_contiguous, expected.flags.writeable)
+
+
+def test_flags_are_a_read_only_snapshot(cluster):
+    flags = cluster.dist_send(np.arange(3)).flags
+    with pytest.raises(AttributeError, match=r"flags: .*read-only \(got writeable = False\)"):
+        flags.writeable = False
+    with pytest.raises(KeyError, match=r"unknown flag \(got 'c'"):
+        flags["c"]

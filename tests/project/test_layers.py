@@ -215,7 +215,7 @@ MASTER_LAYERS = [
                "mesh.groups", "mesh.moves", "mesh.shapes", "mesh.rules", "mesh.fallback",
                "mesh.twophase", "mesh.slicing", "mesh.runs", "mesh.regroup", "mesh.setting",
                "mesh.sorting", "mesh.selecting", "mesh.products", "mesh.einsums",
-               "mesh.dispatch", "remote", "arrayfunc", "flat", "mesh.naming", "torchissue",
+               "mesh.dispatch", "remote", "arrayfunc", "flat", "mesh.naming", "layout", "torchissue",
                "torchgrad", "torchacross", "torchmeshgrad", "torchutils",
                "torchmesh"}),  # a handle's fields, and the ops, copies and moves it issues
     ("handles", {"tensorreads", "tensor", "mesh.mesh_creation", "creation", "reattach", "mesh.saving",
