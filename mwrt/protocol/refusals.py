@@ -158,9 +158,9 @@ def master_refusal(keys, worker: str, mismatch: bool) -> str:
     """The master's error for a handshake refused for its key: which side lacks one
     (`mismatch`: one side speaks CURVE, the other not), or that they differ."""
     if keys is None:  # a keyless master's handshake fails only against a CURVE worker
-        return (f"{worker}: requires a key and this master has none; pass key= (the "
-                "master.key made with the worker's key by `mwrt-worker keygen`) or set "
-                "MWRT_KEY_FILE")
+        return (f"{worker}: requires a key and this master has none; pass the master.key "
+                "made with the worker's key by `mwrt-worker keygen` as key= (--key to `mwrt "
+                "status` and `mwrt dashboard`) or in MWRT_KEY_FILE")
     if mismatch:
         return (f"{worker}: has no key, but this master offers one (CURVE); start the worker "
                 "with --key-file worker.key from the same `mwrt-worker keygen`, or connect "

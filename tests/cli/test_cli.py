@@ -163,6 +163,14 @@ def test_readme_recipe_with_tilde_in_the_key_file(tmp_path):
                                 env={**base, **env, "MWRT_KEY_FILE": "~/mwrt-keys/master.key"},
                                 timeout=60)
         assert master.returncode == 0 and master.stdout.strip() == "3.0", master.stderr
+        # `mwrt status --workers ...`, as the README shows it: a keyed worker needs --key
+        address = line.split()[-1].removeprefix("tcp://")
+        keyless = run("mwrt", "status", "--workers", address, env=env)
+        assert keyless.returncode == 1 and "--key to `mwrt status`" in keyless.stderr, \
+            keyless.stderr
+        keyed = run("mwrt", "status", "--workers", address, "--key", "~/mwrt-keys/master.key",
+                    env=env)
+        assert keyed.returncode == 0 and address in keyed.stdout, keyed.stderr
     finally:
         stop_worker(worker)
 
