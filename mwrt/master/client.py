@@ -136,9 +136,10 @@ class Node(Replies):
         hello = wire.Hello(id=token, session=self.cluster.session_id,
                            master=self.cluster.master_name, node=self.index,
                            grace=self.cluster.grace)
+        deadline = time.monotonic() + timeout
         try:
-            wire.send_parts(self.rx, wire.encode(0, [hello]))
-            self._await_welcome(self.handshake, timeout)
+            self._send_hello(hello, deadline)
+            self._await_welcome(self.handshake, deadline - time.monotonic())
         finally:
             self._unwatch()
         self._route(self.rx.recv_multipart())
@@ -157,10 +158,24 @@ class Node(Replies):
             self.ids = itertools.count(int(reply.resumed["last_id"]) + 1)
             self.sites = [None] * SITES  # ids of its own: a table of its own
 
-    def _await_welcome(self, monitor, timeout: float) -> None:
-        """Wait for the Hello's answer; a refused key is reported as such, not as silence."""
+    def _send_hello(self, hello, deadline: float) -> None:
+        """Send the Hello once rx can queue it: a worker that refused the handshake before
+        the send (a key it requires, quick on loopback) leaves rx no connection, where a
+        blocking send would wait forever; the monitor then says why."""
+        parts = wire.encode(0, [hello])
+        while True:
+            self._await_welcome(self.handshake, deadline - time.monotonic(), zmq.POLLOUT)
+            try:
+                self.rx.send_multipart(parts, zmq.NOBLOCK)
+                return
+            except zmq.Again:  # the connection went between the poll and the send
+                continue
+
+    def _await_welcome(self, monitor, timeout: float, events: int = zmq.POLLIN) -> None:
+        """Wait for the Hello's answer (or, given POLLOUT, for rx to take the Hello); a
+        refused key is reported as such, not as silence."""
         poller = zmq.Poller()
-        poller.register(self.rx, zmq.POLLIN)
+        poller.register(self.rx, events)
         poller.register(monitor, zmq.POLLIN)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -93,6 +93,16 @@ def test_master_without_a_key_is_refused(keyed):
                                    for line in lines), lines
 
 
+def test_a_keyless_master_is_refused_each_time_without_hanging(served):
+    """A refusal that came before the Hello was sent left the master's socket no connection
+    to queue it on, and its send waited forever (`mwrt status` without --key hung, one try in
+    a few on loopback); each try now raises at once."""
+    for _ in range(30):
+        with pytest.raises(AuthError, match="requires a key and this master has none"):
+            mwrt.init_master_worker([served[1]], timeout=5)
+    works(served[2])
+
+
 def test_keyed_master_and_keyless_worker_say_which_lacks_the_key(keyed_worker):
     mwrt.shutdown()
     process, address = start_worker()
