@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "process, uptime, last heartbeat, sessions and busy streams, its RSS and "
                     "the host's free memory, its GPUs, and the stream commands run and bytes "
                     "moved since it started (--watch: per second). Workers from --workers, else "
-                    "MWRT_WORKERS, else MWRT_REGISTRY; the key from --key, else MWRT_KEY_FILE.")
+                    "MWRT_WORKERS, else MWRT_REGISTRY (with MWRT_NUM_WORKERS: waits for as "
+                    "many; without: those registered now); the key from --key, else "
+                    "MWRT_KEY_FILE.")
     look.add_argument("--json", action="store_true", help="one JSON list, for scripts")
     look.add_argument("--watch", type=float, metavar="SECONDS",
                       help="refresh every SECONDS until Ctrl-C, with ops/s and MB/s")
@@ -59,16 +61,29 @@ def _as_master(commands, name: str, summary: str, description: str):
     return command
 
 
-def _no_workers_named(args, command: str) -> bool:
-    """Whether no workers are named (--workers, MWRT_WORKERS, MWRT_REGISTRY), said on stderr:
-    init_master_worker() would start daemons of its own and show them (up 0 s, no work),
-    not the ones a script runs, whose key only that script holds."""
-    if args.workers or config.get("workers") or config.get("registry"):
-        return False
-    print(f"mwrt {command}: no workers named (expected --workers HOST:PORT,..., MWRT_WORKERS "
-          "or MWRT_REGISTRY); a script's own local workers answer only it: call "
-          "mwrt.status() or mwrt.dashboard() in the script", file=sys.stderr)
-    return True
+def _where(args, command: str) -> dict | None:
+    """init_master_worker()'s arguments for the workers to look at: --workers, MWRT_WORKERS,
+    or MWRT_REGISTRY's daemons (with MWRT_NUM_WORKERS as many as it says, else those
+    registered now: init_master_worker() refuses a registry without a count). None, said on
+    stderr, where none is named: init_master_worker() would start daemons of its own and show
+    them (up 0 s, no work), not the ones a script runs, whose key only that script holds."""
+    from ..store import daemon_registry
+
+    directory = config.get("registry")
+    if args.workers or config.get("workers") or (directory and config.get("num_workers")):
+        return {"workers": args.workers or None, "key": args.key}
+    if not directory:
+        print(f"mwrt {command}: no workers named (expected --workers HOST:PORT,..., "
+              "MWRT_WORKERS or MWRT_REGISTRY); a script's own local workers answer only it: "
+              "call mwrt.status() or mwrt.dashboard() in the script", file=sys.stderr)
+        return None
+    found = daemon_registry.registered(config.expand_path(directory))
+    if not found:
+        print(f"mwrt {command}: registry {directory}: no worker registered (expected the "
+              "files of `mwrt-worker --register` there); start the daemons, or name them "
+              "with --workers", file=sys.stderr)
+        return None
+    return {"workers": found, "key": args.key}
 
 
 def dashboard_main(args) -> int:
@@ -78,10 +93,11 @@ def dashboard_main(args) -> int:
 
     import mwrt
 
-    if _no_workers_named(args, "dashboard"):
+    where = _where(args, "dashboard")
+    if where is None:
         return 2
     try:
-        mwrt.init_master_worker(args.workers or None, key=args.key)
+        mwrt.init_master_worker(**where)
         board = mwrt.dashboard(args.port, args.host, interval=args.interval, timeline=False,
                                quiet=True)
     except (mwrt.MwrtError, ConnectionError, TimeoutError) as exc:
@@ -107,10 +123,11 @@ def status_main(args) -> int:
 
     import mwrt
 
-    if _no_workers_named(args, "status"):
+    where = _where(args, "status")
+    if where is None:
         return 2
     try:
-        mwrt.init_master_worker(args.workers or None, key=args.key)
+        mwrt.init_master_worker(**where)
     except (mwrt.MwrtError, ConnectionError, TimeoutError) as exc:
         print(f"mwrt status: {exc}", file=sys.stderr)
         return 1

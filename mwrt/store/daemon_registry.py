@@ -45,7 +45,7 @@ def wait_for(directory: str, count: int, timeout: float) -> list[str]:
     directory = config.expand_path(directory)
     deadline, found = time.monotonic() + timeout, []
     while True:
-        found = _registered(directory)
+        found = registered(directory)
         if len(found) >= count:
             return found[:count]
         if time.monotonic() > deadline:
@@ -56,7 +56,8 @@ def wait_for(directory: str, count: int, timeout: float) -> list[str]:
         time.sleep(0.1)
 
 
-def _registered(directory: str) -> list[str]:
+def registered(directory: str) -> list[str]:
+    """The addresses of the daemons registered in `directory` now, in order."""
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
     except FileNotFoundError:

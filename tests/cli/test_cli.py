@@ -197,6 +197,26 @@ def test_status_shows_each_worker_as_a_table_and_as_json():
             stop_worker(proc)
 
 
+def test_status_of_a_registry_shows_the_workers_registered_in_it(tmp_path):
+    """MWRT_REGISTRY alone names the workers for `mwrt status`, as its help and deploy.md
+    say: it shows every daemon registered now (it failed 'num_workers: must be an int >= 1'
+    unless MWRT_NUM_WORKERS said how many there were); an empty one is said so."""
+    registry = str(tmp_path / "registry")
+    empty = run("mwrt", "status", env={"MWRT_REGISTRY": registry})
+    assert empty.returncode == 2 and "no worker registered" in empty.stderr, empty.stderr
+    workers = [start_worker("--register", registry) for _ in range(2)]
+    try:
+        for proc, _ in workers:
+            assert "registered in" in proc.stdout.readline()
+        res = run("mwrt", "status", "--json", env={"MWRT_REGISTRY": registry})
+        assert res.returncode == 0, res.stderr[-2000:]
+        pids = sorted(row["worker"]["pid"] for row in json.loads(res.stdout))
+        assert pids == sorted(proc.pid for proc, _ in workers)
+    finally:
+        for proc, _ in workers:
+            stop_worker(proc)
+
+
 def test_status_of_a_worker_nobody_runs_says_so():
     res = run("mwrt", "status", "--workers", "127.0.0.1:9", env={"MWRT_CONNECT_TIMEOUT": "1"})
     assert res.returncode == 1 and "mwrt status:" in res.stderr and "127.0.0.1:9" in res.stderr
