@@ -25,10 +25,12 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def blocks() -> list:
-    """(page, index, code) of every ```python block under docs/."""
+    """(page, index, code) of every ```python block under docs/, and of the README."""
     found = []
-    for path in sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)):
-        page = os.path.relpath(path, DOCS)
+    pages = [os.path.join(ROOT, "README.md"),
+             *sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))]
+    for path in pages:
+        page = os.path.relpath(path, DOCS if path.startswith(DOCS + os.sep) else ROOT)
         for index, match in enumerate(BLOCK.finditer(pathlib.Path(path).read_text())):
             found.append(pytest.param(match.group(1), id=f"{page}#{index}"))
     return found
@@ -38,19 +40,39 @@ OPTIONAL = {"torch": "'mwrt[torch]'", "sklearn": "scikit-learn array-api-compat"
             "scipy": "scipy"}
 
 
+def run_block(code: str, folder) -> subprocess.CompletedProcess:
+    """`code` run as a script of its own in a fresh process, in `folder`."""
+    script = folder / "block.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, str(script)], cwd=folder, env=env,
+                         capture_output=True, text=True, timeout=240, check=False)
+    assert res.returncode == 0, f"the block failed:\n{code}\n{res.stdout[-2000:]}" \
+                                f"{res.stderr[-4000:]}"
+    return res
+
+
 @pytest.mark.parametrize("code", blocks())
 def test_a_block_of_the_docs_runs(code, tmp_path):
     for module, install in OPTIONAL.items():  # what a guide may show but mwrt never needs
         if f"import {module}" in code and importlib.util.find_spec(module) is None:
             pytest.skip(f"the block needs {module} (pip install {install})")
-    script = tmp_path / "block.py"
-    script.write_text(code)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=240, check=False)
-    assert res.returncode == 0, f"the block failed:\n{code}\n{res.stdout[-2000:]}" \
-                                f"{res.stderr[-4000:]}"
+    run_block(code, tmp_path)
+
+
+@pytest.mark.parametrize("page, printed", [
+    ("README.md", r"\[\[[-\d. e\n\[\]]+\]\]"),  # z: 20 rows of 20 floats
+    ("docs/getting-started.md", r"\[[-\d. e]+\]\n10\.0"),  # z[0, :3], then a.sum()
+])
+def test_the_first_example_prints_what_its_page_says(page, printed, tmp_path):
+    """The README's example and getting started's first master print what their comments
+    say: z's values, then 10.0, computed on node 1."""
+    code = BLOCK.search(pathlib.Path(ROOT, page).read_text()).group(1)
+    out = run_block(code, tmp_path).stdout
+    assert re.fullmatch(printed + r"\n", out), out
+    if page == "README.md":
+        assert len(re.findall(r"\d\.\d", out)) == 400, out
 
 
 @pytest.fixture(scope="module")
