@@ -35,6 +35,7 @@ log = logging.getLogger("mwrt")
 _cluster: Cluster | None = None
 _lock = threading.Lock()
 _HELPERS_BOUND = 10.0  # seconds shutdown waits at most for a call a Ctrl-C left to its helper
+_exited = False  # the session ended as the program exits (the at-exit shutdown)
 
 
 class Cluster:
@@ -327,6 +328,9 @@ def current() -> Cluster:
     """The initialized cluster, or an error saying how to make one."""
     cluster = _cluster
     if cluster is None:
+        if _exited:
+            raise MwrtError("mwrt: the session ended as the program exits (mwrt.shutdown() "
+                            "at exit); a thread that still uses it ends with the program")
         raise MwrtError("mwrt: not initialized; call mwrt.init_master_worker() first")
     return cluster
 
@@ -340,13 +344,26 @@ def _shutdown_at_exit() -> None:
     """shutdown() as the interpreter exits, deaf to Ctrl-C: a second one there (after the
     first ended the script) cut it short with a traceback, left the session to the workers'
     lease and local daemons running. Every wait in it has its timeout."""
+    global _exited
     if _cluster is None:
         return
+    _exited = True
+    threading.excepthook = _quiet_at_exit(threading.excepthook)
     heard = threading.Event()  # a second Ctrl-C: wait no more for the helpers
     with deaf_to_ctrl_c(heard):
         _let_helpers_finish(heard)
         if not _detach():
             shutdown()
+
+
+def _quiet_at_exit(previous):
+    """threading.excepthook for the exit: only daemon threads run then, and one whose mwrt
+    call the shutdown ended (session ended) ends quietly, as the exit ends it a moment later;
+    it printed a traceback of the shutdown's internals, though the program had succeeded."""
+    def hook(args) -> None:
+        if not issubclass(args.exc_type, MwrtError):
+            previous(args)
+    return hook
 
 
 def _let_helpers_finish(heard: threading.Event | None = None) -> None:

@@ -131,8 +131,10 @@ class Replies(Batches):
                 try:  # small replies: bytes beat Frames
                     frames = wire.recv_parts(self.rx)
                 except zmq.Again:  # _READ_SLICE passed: check for a loss, read again
+                    frames = None
+                if frames is None:
                     if self.closed:  # shut down by another thread, which waits for the lock
-                        self._raise_closed()
+                        self._raise_closed()  # (outside the except: no zmq.Again chained)
                     continue
                 self._route(frames)
         except KeyboardInterrupt:  # what it awaited runs on: the next long wait says so

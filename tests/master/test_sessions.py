@@ -294,3 +294,58 @@ def test_a_thread_asking_a_node_as_shutdown_closes_it_gets_an_error_not_an_abort
                           capture_output=True, text=True, check=False,
                           env=dict(os.environ, PYTHONPATH=root))
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+THREADS_AT_EXIT = textwrap.dedent("""
+    import threading, numpy as np, mwrt
+    mwrt.init_master_worker(local_workers=2, timeout=60)
+
+    def reads(i, going):
+        with mwrt.node(i):
+            x = mwrt.ones(1000)
+        while True:
+            x = x + 1
+            float(x.sum())
+            going.set()
+
+    def makes(i, going):
+        while True:
+            with mwrt.node(i):
+                y = mwrt.ones(10) * 2
+            going.set()
+            del y
+
+    def big(i, going):
+        with mwrt.node(i):
+            x = mwrt.ones(2_000_000)
+        while True:
+            x.numpy()
+            going.set()
+
+    def moves(i, going):
+        with mwrt.node(i):
+            x = mwrt.ones(1000)
+        while True:
+            float(x.to(node=1 - i).sum())
+            going.set()
+
+    started = []
+    for work in (reads, makes, big, moves):
+        for i in range(2):
+            started.append(threading.Event())
+            threading.Thread(target=work, args=(i, started[-1]), daemon=True).start()
+    assert all(going.wait(60) for going in started)
+    print("main ends", flush=True)
+""")
+
+
+def test_daemon_threads_still_using_mwrt_end_quietly_with_the_program():
+    # The at-exit shutdown closed the session under them: each printed a traceback of its
+    # internals ("session has ended" after a zmq.Again, "not initialized", a worker "lost").
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mwrt.__file__)))
+    done = subprocess.run([sys.executable, "-c", THREADS_AT_EXIT], timeout=240,
+                          capture_output=True, text=True, check=False,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert done.returncode == 0 and done.stdout.strip() == "main ends", done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr, \
+        done.stderr[-3000:]
