@@ -84,7 +84,7 @@ class Daemon(Dispatcher):
         if host not in ("*", "0.0.0.0", "::"):
             host = resolve(host, "mwrt-worker --listen")
         if keys is None and not is_loopback(host):
-            raise ConfigError(f"mwrt-worker: refusing to listen on {host} without a key "
+            raise ConfigError(f"--listen: refusing to listen on {host} without a key "
                               "(a worker runs what masters send); pass --key-file (make one "
                               "with `mwrt-worker keygen DIR`), or listen on 127.0.0.1")
         self.keys = keys
@@ -109,7 +109,7 @@ class Daemon(Dispatcher):
             if self.authenticator is not None:
                 self.authenticator.stop()
             self.context.term()
-            raise ConfigError(f"mwrt-worker: cannot listen on {join_host_port(host, port)} "
+            raise ConfigError(f"--listen: cannot listen on {join_host_port(host, port)} "
                               f"({exc}); pick another port with --listen HOST:PORT (port 0 "
                               "takes a free one)") from None
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)

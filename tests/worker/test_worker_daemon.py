@@ -150,7 +150,8 @@ def test_daemon_refuses_a_non_loopback_bind_without_a_key():
     result = subprocess.run([sys.executable, "-m", "mwrt.worker", "--listen", "0.0.0.0:0"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
-    assert "refusing to listen on 0.0.0.0 without a key" in result.stderr
+    assert result.stderr.startswith("mwrt-worker: --listen: refusing to listen on 0.0.0.0 "
+                                     "without a key"), result.stderr  # (the name once)
 
 
 def test_sigterm_stops_the_daemon_cleanly(worker):
@@ -194,6 +195,6 @@ def test_a_port_in_use_is_named_with_the_flag_to_change_it(worker):
     result = subprocess.run([sys.executable, "-m", "mwrt.worker", "--listen",
                              f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
-    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert result.stderr.startswith(f"mwrt-worker: --listen: cannot listen on 127.0.0.1:{port}")
     assert "--listen HOST:PORT" in result.stderr and "Traceback" not in result.stderr
 
