@@ -123,10 +123,15 @@ def send(tensor: Tensor, dst: int, group: GroupLike = None, tag: int = 0) -> Non
 def recv(tensor: Tensor = None, src: int | None = None, group: GroupLike = None,
          tag: int = 0) -> Any:
     """Receive from global rank `src` (None: whoever sends first): into `tensor`, returning
-    the sender (torch's), or, called as recv(src), into a new array it returns (the 2017
-    proposal's)."""
+    the sender (torch's), or, called as recv(src) or recv(src=src), into a new array it
+    returns (the 2017 proposal's)."""
     if isinstance(tensor, numbers.Integral) and not isinstance(tensor, bool):
         return _recv_new(int(tensor), group, tag)
+    if tensor is None:  # recv(src=0) is the proposal's form, by keyword
+        if src is None:
+            raise TypeError("recv: nothing to receive into and no sender named (got tensor=None"
+                            ", src=None); pass an array, or recv(src) for a new one")
+        return _recv_new(src, group, tag)
     if src is None:
         src = _first_sender(group, tag)
     g, t = _p2p_args(src, tag, "recv", group)

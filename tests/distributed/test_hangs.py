@@ -147,6 +147,7 @@ def _recv_forms(rank):
         dist.send(np.zeros((0, 3), np.int16), 1)
         dist.isend(np.arange(5.0), 1).wait()
         dist.isend(np.arange(100_000.0), 1).wait()
+        dist.send(np.arange(2.0), 1)
     else:
         new = dist.recv(0)
         assert new.dtype == np.float32 and new.tolist() == [[0, 1, 2], [3, 4, 5]], new
@@ -163,6 +164,10 @@ def _recv_forms(rank):
         dist.irecv(small, 0).wait()
         dist.irecv(large, 0).wait()
         assert small.tolist() == [0, 1, 2, 3, 4] and large[-1] == 99_999
+        # by keyword too (it said 'expected an array ..., got NoneType')
+        assert dist.recv(src=0).tolist() == [0.0, 1.0]
+        with pytest.raises(TypeError, match=r"recv: nothing to receive into and no sender "):
+            dist.recv()
     t = np.full(2, rank + 1.0)
     assert dist.all_reduce(t) is t and t.tolist() == [3.0, 3.0]
     assert dist.broadcast(t, 0) is t
