@@ -271,9 +271,10 @@ def _wait_all(procs, timeout: float) -> None:
 def _report(rank, pid, code, tail):
     how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
            else f"exited with code {code}")
-    lines = "\n".join(f"[rank {rank}] {line}" for line in tail)
+    lines = "".join(f"\n[rank {rank}] {line}" for line in tail)
+    said = f"Its last lines:{lines}" if tail else "It printed nothing."
     sys.stderr.write(f"mwrt-launch: rank {rank} (pid {pid}) {how}; stopped the other ranks. "
-                     f"Its last lines:\n{lines}\n")
+                     f"{said}\n")
 
 
 def main(argv=None) -> None:

@@ -60,3 +60,17 @@ def test_restarts_run_out(tmp_path):
     script_fails_always = _launch(tmp_path, max_restarts=0, fail_on=0)
     assert script_fails_always.returncode == 3
     assert "restarting" not in script_fails_always.stderr
+
+
+def test_a_failed_rank_that_printed_nothing_is_said_so(tmp_path):
+    """The report named 'Its last lines:' and then none."""
+    script = tmp_path / "quiet.py"
+    script.write_text("import os, sys, time\n"
+                      "sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(60)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT,
+                                                                   os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, "-m", "mwrt.distributed.launch", "--nproc-per-node",
+                          "2", str(script)], capture_output=True, text=True, env=env, timeout=100)
+    assert res.returncode == 3, res.stderr
+    assert "rank 1 (pid" in res.stderr and "exited with code 3; stopped the other ranks. It " \
+        "printed nothing." in res.stderr, res.stderr
