@@ -110,6 +110,11 @@ SETTINGS = {
                               "(a sleeping thread's wake-up costs tens of us on a VM), for at "
                               "most that much CPU per wait (skipped after a miss as a "
                               "worker's spin is); 0: never"),
+    "lanes": Setting("MWRT_LANES", 1, int,
+                     "1: a master and the local daemons it starts move their batches and "
+                     "replies off ZeroMQ onto one Unix stream socket each after the Hello (a "
+                     "round trip without ZeroMQ's I/O threads: ~60 us less on a VM); 0: "
+                     "ZeroMQ alone"),
     "inline_op_elements": Setting("MWRT_INLINE_OP_ELEMENTS", 4096, int,
                                   "an op on an idle host stream whose operands and results "
                                   "hold at most this many elements in all runs on the "

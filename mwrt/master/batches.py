@@ -25,6 +25,7 @@ from msgspec.structs import replace
 
 from ..errors import MwrtError, WorkerLostError
 from ..protocol import wire
+from ..protocol.lane import CONNECTION_CLOSED, Lane, LaneClosed
 from .limits import Limits
 from .sites import SITE_MASK, issue_site, site_text
 
@@ -167,6 +168,8 @@ class Batches:
     address: str
     cluster: Any  # the Cluster (its pid: the process that owns the session)
     tx: zmq.Socket
+    lane: Lane | None  # a local daemon's lane: batches go there, not on tx
+    sync_timeout: float
     tx_lock: threading.Lock
     batch: list  # commands queued for the next send
     run: Run | None  # the batch's last item, a Run still growing
@@ -326,7 +329,13 @@ class Batches:
         message = wire.envelope(self.seq, wire.encode_body(_flat(self.batch) if self.runs
                                                            else self.batch), self.frames)
         try:
-            wire.send_parts(self.tx, [message])
+            if self.lane is not None:
+                self.lane.send((message,), self.sync_timeout)
+            else:
+                wire.send_parts(self.tx, [message])
+        except LaneClosed:  # the worker's process ended: as its heartbeat's loss would say
+            self.mark_lost(CONNECTION_CLOSED)
+            self.check_lost()
         except BaseException:  # a Ctrl-C at the send: whether the batch went out is unknown,
             self.torn = self.refusing = True  # so nothing more goes (resent, it could run twice)
             raise

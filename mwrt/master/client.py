@@ -21,6 +21,7 @@ import zmq
 from .. import config
 from ..errors import AuthError, QuotaError
 from ..protocol import auth, wire
+from ..protocol.lane import open_lane
 from ..protocol.refusals import (
     HUNG_UP,
     MISMATCH,
@@ -81,6 +82,7 @@ class Node(Replies):
         # A wait reads replies with this timeout, checking for a loss between reads: one
         # call per reply, where a poll and a read cost two.
         self.rx.setsockopt(zmq.RCVTIMEO, _READ_SLICE_MS)
+        self.lane = None  # a local daemon's lane (protocol/lane.py), once connected
         self.tx_lock, self.rx_lock = threading.Lock(), threading.Lock()
         self.routed, self.waiting = threading.Condition(threading.Lock()), 0  # replies.py
         self.batch = []  # commands queued for the next send
@@ -153,6 +155,10 @@ class Node(Replies):
             raise ConnectionError(f"worker {self.address} (node {self.index}): unexpected answer "
                                   f"to Hello ({reply!r:.200})")
         self.info = reply
+        if self.route.startswith("ipc://") and config.get("lanes"):  # off ZeroMQ from here
+            folder = self.route[len("ipc://"):].rpartition("/")[0]
+            self.lane = open_lane(f"{folder}/lane", self.cluster.connection_id.encode(),
+                                  timeout)
         if reply.resumed:  # a named session re-attached: number past its earlier commands
             self.resumed = reply.resumed
             self.ids = itertools.count(int(reply.resumed["last_id"]) + 1)
@@ -272,6 +278,8 @@ class Node(Replies):
         held = self.rx_lock.acquire(timeout=_CLOSE_WAIT)
         try:
             self.rx.close(linger=0)
+            if self.lane is not None:
+                self.lane.close()
         finally:
             if held:
                 self.rx_lock.release()
@@ -283,6 +291,7 @@ class Node(Replies):
         self.routed, self.waiting = threading.Condition(threading.Lock()), 0
         self.run, self.batch, self.frames, self.runs = None, [], [], False
         self.frees = deque()
+        self.lane = None  # the parent's: its copy here is closed with the process
         self.closed = self.refusing = True
 
     def say_goodbye(self) -> None:

@@ -20,6 +20,7 @@ import zmq
 from .. import config
 from ..netio import Waker
 from ..protocol import wire
+from ..protocol.lane import CONNECTION_CLOSED
 from ..protocol.refusals import recv_monitor_message
 from .client import dealer
 
@@ -127,8 +128,7 @@ class Heartbeat(threading.Thread):
             if event == zmq.EVENT_CONNECTED:
                 self.connected[index] = True
             elif event == zmq.EVENT_DISCONNECTED and self.connected[index]:
-                self.cluster.nodes[index].mark_lost("its connection closed (the worker process "
-                                                    "died or was stopped)")
+                self.cluster.nodes[index].mark_lost(CONNECTION_CLOSED)
             return
         index = self.sockets.index(sock)
         while True:

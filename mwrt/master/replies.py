@@ -19,6 +19,7 @@ import zmq
 
 from ..errors import ChannelError, MwrtError, QuotaError, RemoteError, WireError, WorkerLostError
 from ..protocol import wire
+from ..protocol.lane import CONNECTION_CLOSED, LaneClosed
 from . import waits
 from .batches import Batches
 from .sites import restore_places, warn_at_sites
@@ -129,7 +130,11 @@ class Replies(Batches):
                 if self.interrupted is not None and now - start > _SAY_AFTER:
                     asked = self._after_interrupt(asked, what)
                 try:  # small replies: bytes beat Frames
-                    frames = wire.recv_parts(self.rx)
+                    lane = self.lane
+                    frames = wire.recv_parts(self.rx) if lane is None else lane.recv(_READ_SLICE)
+                except LaneClosed:  # its process ended (or freed the session): said next turn
+                    self.mark_lost(CONNECTION_CLOSED)
+                    continue
                 except zmq.Again:  # _READ_SLICE passed: check for a loss, read again
                     frames = None
                 if frames is None:
@@ -154,17 +159,24 @@ class Replies(Batches):
         if self.spin_skips:
             self.spin_skips -= 1
             return
-        rx, clock = self.rx, time.monotonic
+        rx, clock, lane = self.rx, time.monotonic, self.lane
         deadline = clock() + self.spin
         while token not in self.replies:
-            if rx.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
+            if lane is not None:
+                try:
+                    if lane.ready():
+                        self._route(lane.recv(0))  # another's reply, or a warning, first
+                        continue
+                except LaneClosed:  # _read_until says so
+                    return
+            elif rx.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
                 self._route(wire.recv_parts(rx))  # another's reply, or a warning, first
-            elif clock() >= deadline:
+                continue
+            if clock() >= deadline:
                 self.spin_misses = min(self.spin_misses + 1, 6)
                 self.spin_skips = (1 << self.spin_misses) - 1
                 return
-            else:
-                os.sched_yield()  # the core, to whoever waits for it (the worker, if local)
+            os.sched_yield()  # the core, to whoever waits for it (the worker, if local)
         self.spin_misses = max(self.spin_misses - 1, 0)  # on only while hits outnumber misses
 
     def _after_interrupt(self, asked: int | None, what: str) -> int | None:

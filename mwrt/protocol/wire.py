@@ -298,6 +298,14 @@ def send(sock, identity, message, frames=()) -> None:
     _send(sock, envelope(0, body, frames))
 
 
+def parts(message, frames=()) -> list:
+    """The frames send() sends for one message (after its routing identity), as a list."""
+    body = _pack([message])
+    if frames and sum(memoryview(f).nbytes for f in frames) >= ZERO_COPY_BYTES:
+        return [_PREFIX.pack(_HEAD, 0, len(body), 0) + body, *frames]
+    return [envelope(0, body, frames)]
+
+
 _MORE = int(zmq.SNDMORE)
 # pyzmq's own send, under the Python method that adds DRAFT options to it (~0.4 µs a call).
 _send = zmq.backend.Socket.send

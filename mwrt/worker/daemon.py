@@ -32,6 +32,7 @@ from ..protocol.refusals import RefusalLog, recv_monitor_message
 from . import fperrors, lifecycle, quotas, report, routes
 from .dispatcher import Dispatcher
 from .graphs import GraphDecoder
+from .lanes import Lanes
 from .session import HB, RX, TX, Session
 from .slots import OpSlots
 from .wakes import Wakes
@@ -113,6 +114,7 @@ class Daemon(Dispatcher):
                               f"({exc}); pick another port with --listen HOST:PORT (port 0 "
                               "takes a free one)") from None
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.lanes: Lanes | None = None  # the parent master's sessions' lanes (_bind_ipc)
         self.ipc_address, self._ipc_folder = self._bind_ipc(parent_pid) if ipc else ("", None)
         self._reply_address = f"inproc://mwrt-replies-{self.incarnation}"
         self.replies = self.context.socket(zmq.PULL)
@@ -156,6 +158,8 @@ class Daemon(Dispatcher):
                 self.router.setsockopt(zmq.IPC_FILTER_PID, parent_pid)
                 self.router.curve_server = False
             self.router.bind(address)
+            if parent_pid is not None and config.get("lanes"):
+                self.lanes = Lanes(folder, parent_pid, int(self.router.getsockopt(zmq.MAXMSGSIZE)))
         except zmq.ZMQError as exc:  # (a path too long for a Unix socket): tcp alone serves
             log.warning("not serving on %s (%s); masters reach this daemon by tcp", address, exc)
             shutil.rmtree(folder, ignore_errors=True)
@@ -172,6 +176,9 @@ class Daemon(Dispatcher):
                       fds=(self.waker.fd,),  # stop() writes to the waker
                       unasked=(self.router, self.replies))  # _drain reads them NOBLOCK
         self.decoder.start()
+        if self.lanes is not None:
+            self.lanes.wakes = wakes
+            wakes.watch(self.lanes)
         next_reap = time.monotonic() + 1.0
         lifecycle.off_thread(lambda: lifecycle.reap_segments(self), "mwrt-shm-reaper")
         ready: list = []
@@ -181,7 +188,8 @@ class Daemon(Dispatcher):
             # Only while no stream runs an op: one would contend with the spin for the GIL.
             ready = wakes.spin(self._streams_idle) if ready else []
             if not ready:
-                ready = wakes.wait(0 if self._more_parked or self._turns else 200)
+                ready = wakes.wait(0 if self._more_parked or self._turns or (
+                    self.lanes is not None and self.lanes.waiting) else 200)
             wakes.unsettled.add(self.router)  # a reply sent from here on may take its signal
             if self.replies in ready and self._drain(self.replies, _recv_frames, self._forward):
                 wakes.unsettled.discard(self.replies)
@@ -195,6 +203,8 @@ class Daemon(Dispatcher):
                 self._reap()
                 self.refusals.flush()
                 next_reap = time.monotonic() + 1.0
+            if self.lanes is not None and (ready or self.lanes.waiting):
+                self._serve_lanes(ready)
             if self.router in ready:  # last: a drain that reads it empty leaves it settled
                 self._read = 0  # commands read: _on_message counts them, _drain stops past a bound
                 if self._drain(self.router, wire.recv_routed, self._on_message):
@@ -205,6 +215,23 @@ class Daemon(Dispatcher):
         monitor.close(linger=0)
         self.close()
         self.waker.close()
+
+    def _serve_lanes(self, ready: list) -> None:
+        """Take new lanes, write what waits for a writable one, read each that has messages
+        (a bound per turn, as _drain's), from the wake's `ready` and those left unread."""
+        lanes = self.lanes
+        assert lanes is not None
+        self._read = 0
+        for item in (*ready, *lanes.waiting):
+            if item is lanes:
+                lanes.accept()
+            elif item in lanes.lanes:
+                if item.outbox:
+                    lanes.flush(item)
+                lanes.read(item, self.sessions, self._on_message, self._turn_left)
+
+    def _turn_left(self) -> bool:
+        return self._read <= _READ_COMMANDS
 
     def _streams_idle(self) -> bool:
         """True when no stream of any session has an op queued or running."""
@@ -240,6 +267,8 @@ class Daemon(Dispatcher):
             session.close()
         self.sessions.clear()
         self.router.close(linger=0)
+        if self.lanes is not None:
+            self.lanes.close_all()
         self.decoder.stop()
         if self.authenticator is not None:
             self.authenticator.stop()
@@ -285,7 +314,9 @@ class Daemon(Dispatcher):
         if len(frames) == 1:  # not a reply (identity, message): the graph decoder's wake
             self._decoded = True
             return
-        self.router.send_multipart(frames, copy=False)
+        lanes = self.lanes
+        if lanes is None or not lanes.send(frames[0].bytes, frames[1:]):
+            self.router.send_multipart(frames, copy=False)
 
     # -- requests -------------------------------------------------------------------------
 
@@ -388,8 +419,12 @@ class Daemon(Dispatcher):
     # -- helpers --------------------------------------------------------------------------
 
     def send(self, identity: bytes, message, frames=()) -> None:
-        """Send one reply from the socket thread."""
-        wire.send(self.router, identity, message, frames)
+        """Send one reply from the socket thread: on its session's lane if it has one."""
+        lanes = self.lanes
+        if lanes is None or identity not in lanes.by_identity:
+            wire.send(self.router, identity, message, frames)
+        else:
+            lanes.send(identity, wire.parts(message, frames))
 
     def refuse(self, session, kind: str, message: str) -> None:
         """Report a failure no waiter owns: the master raises it at its next wait on the node."""

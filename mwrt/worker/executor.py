@@ -89,7 +89,7 @@ class StreamExecutor:
     def send(self, identity: bytes, message, frames=()) -> None:
         """Send a message to `identity`: directly when called on the socket thread."""
         if _get_ident() != self.ident:  # the socket thread's own socket
-            wire.send(self.session.daemon.router, identity, message, frames)
+            self.session.daemon.send(identity, message, frames)
             return
         wire.send(self._reply_socket, identity, message, frames)
 

@@ -45,6 +45,7 @@ class Wakes:
             self._by_fd[sock.getsockopt(_FD)] = sock
         for fd in self._by_fd:
             self._poll.register(fd, select.POLLIN)
+        self.others: dict = {}  # descriptors of other kinds (lanes), by fd: ready when fired
         self.spin_seconds = spin_seconds
         self.spin_misses = self.spin_skips = 0  # the spin's back-off (spin())
 
@@ -66,13 +67,30 @@ class Wakes:
                 unsettled.update(self.sockets)
             return ready
         for fd, _ in fired:
-            sock = self._by_fd[fd]
-            if sock is None or sock in ready:
+            sock = self._by_fd.get(fd)
+            if sock is None:
+                other = self.others.get(fd)
+                if other is not None:
+                    ready.append(other)
+                continue
+            if sock in ready:
                 continue
             if sock in self.unasked or sock.getsockopt(_EVENTS) & _POLLIN:
                 unsettled.add(sock)
                 ready.append(sock)
         return ready
+
+    def watch(self, other, writable: bool = False) -> None:
+        """Wake for `other` (with a fileno()) too: as it is readable, or also writable."""
+        fd = other.fileno()
+        self.others[fd] = other
+        self._poll.register(fd, select.POLLIN | (select.POLLOUT if writable else 0))
+
+    def forget(self, other) -> None:
+        """Stop waking for `other` (before it closes: its fd may be reused)."""
+        fd = other.fileno()
+        if self.others.pop(fd, None) is not None:
+            self._poll.unregister(fd)
 
     wait = _ready  # (spin() calls _ready: a tracer that wraps wait sees the wakes from a sleep)
 
