@@ -44,12 +44,13 @@ import numpy as np
 
 import mwrt
 from mwrt.protocol import wire
+from mwrt.protocol.lane import Lane
 
 # A local daemon's sitecustomize: notes its hops, which go to HOPS_NOTES_PATH.PID when it stops.
 _WORKER = r"""
 import atexit, json, os, sys, threading, time
 from mwrt.protocol import wire
-from mwrt.worker import daemon, executor, wakes
+from mwrt.worker import daemon, executor, lanes, wakes
 NOTES, clock = [], time.perf_counter_ns
 def note(label, fn, when_true=False):
     def wrapped(*args, **kwargs):
@@ -81,12 +82,15 @@ daemon.Daemon._forward = note("worker: forwards a stream's reply", daemon.Daemon
 executor.StreamExecutor.submit = note("worker: hands off to a stream thread",
                                       executor.StreamExecutor.submit)
 executor.StreamExecutor.execute = on_thread(executor.StreamExecutor.execute)
-send = wire.send
-def noted_send(*args, **kwargs):
-    NOTES.append((clock(), "worker: reply encoded and sent"))
-    send(*args, **kwargs)
-    NOTES.append((clock(), "worker: reply send returned"))
-wire.send = noted_send
+def noted_send(send):
+    def wrapped(*args, **kwargs):
+        NOTES.append((clock(), "worker: reply encoded and sent"))
+        got = send(*args, **kwargs)
+        NOTES.append((clock(), "worker: reply send returned"))
+        return got
+    return wrapped
+wire.send = noted_send(wire.send)  # on ZeroMQ
+lanes.Lanes.send = noted_send(lanes.Lanes.send)  # on a lane (MWRT_LANES)
 def dump():  # (not in the zygote that forked the daemons: it noted nothing, and outlives the folder)
     if not NOTES:
         return
@@ -100,18 +104,23 @@ atexit.register(dump)
 
 def _master_notes(notes: list):
     """Wrap the master's send and read of a batch to note their times in `notes`."""
-    clock, send, recv = time.perf_counter_ns, wire.send_parts, wire.recv_parts
+    clock = time.perf_counter_ns
 
-    def send_parts(sock, parts):
-        notes.append((clock(), f"master: batch encoded, send ({_frames(len(parts))})"))
-        send(sock, parts)
-        notes.append((clock(), "master: send returned"))
+    def noted_send(send):
+        def wrapped(end, parts, *args):
+            notes.append((clock(), f"master: batch encoded, send ({_frames(len(parts))})"))
+            send(end, parts, *args)
+            notes.append((clock(), "master: send returned"))
+        return wrapped
 
-    def recv_parts(sock):
-        got = recv(sock)
-        notes.append((clock(), f"master: reply read ({_frames(len(got))})"))
-        return got
-    wire.send_parts, wire.recv_parts = send_parts, recv_parts
+    def noted_recv(recv):
+        def wrapped(end, *args):
+            got = recv(end, *args)
+            notes.append((clock(), f"master: reply read ({_frames(len(got))})"))
+            return got
+        return wrapped
+    wire.send_parts, wire.recv_parts = noted_send(wire.send_parts), noted_recv(wire.recv_parts)
+    Lane.send, Lane.recv = noted_send(Lane.send), noted_recv(Lane.recv)
 
 
 def _frames(count: int) -> str:
@@ -177,7 +186,7 @@ def trace(kind: str, reps: int, count: int = 1) -> dict:
             after = resource.getrusage(resource.RUSAGE_SELF)
             worker_cpu = _cpu_seconds(pid) - worker_cpu
         finally:
-            wire.send_parts, wire.recv_parts = _ORIGINAL
+            wire.send_parts, wire.recv_parts, Lane.send, Lane.recv = _ORIGINAL
             mwrt.shutdown()
         notes += _read_notes(folder, pid)
     master_cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
@@ -185,7 +194,7 @@ def trace(kind: str, reps: int, count: int = 1) -> dict:
                 worker_cpu=worker_cpu / reps)
 
 
-_ORIGINAL = (wire.send_parts, wire.recv_parts)
+_ORIGINAL = (wire.send_parts, wire.recv_parts, Lane.send, Lane.recv)
 
 
 def paths(notes: list, spans: list) -> dict:

@@ -45,6 +45,25 @@ times = sorted(times[200:])
 print(times[len(times) // 2] * 1e6, times[len(times) * 99 // 100] * 1e6)
 """
 
+# The floor of a local round trip: 16 bytes each way on a Unix stream socket between two
+# fresh processes, no ZeroMQ (the path a lane takes, protocol/lane.py).
+FRESH_UNIX_ECHO = """
+import os, socket, subprocess, sys, tempfile, time
+folder = tempfile.mkdtemp(); path = os.path.join(folder, "echo")
+server = (f"import socket; s = socket.socket(socket.AF_UNIX); s.bind({path!r}); s.listen(1); "
+          "print(1, flush=True); c, _ = s.accept()\\nwhile (d := c.recv(65536)): c.sendall(d)")
+echo = subprocess.Popen([sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
+echo.stdout.readline()
+client = socket.socket(socket.AF_UNIX); client.connect(path)
+times = []
+for i in range(200 + int(sys.argv[1])):
+    t = time.perf_counter(); client.sendall(b"x" * 16); client.recv(65536)
+    times.append(time.perf_counter() - t)
+client.close(); echo.wait(10); os.unlink(path); os.rmdir(folder)
+times = sorted(times[200:])
+print(times[len(times) // 2] * 1e6, times[len(times) * 99 // 100] * 1e6)
+"""
+
 _FRESH_ISSUE = """
 import sys, time, mwrt
 mwrt.init_master_worker(local_workers=1)
@@ -194,22 +213,26 @@ def round_trip_runs(tries: int, reps: int, roots: tuple) -> tuple[dict, list]:
     """Each of ROUND_TRIPS from each tree of `roots` in fresh sessions, `tries` rounds, with
     a pyzmq DEALER/ROUTER echo in fresh processes before the first run and after every run
     (unpinned, never beside a live session); a round's order is the last one's reversed.
-    Each run's (p50, p99, p50 ratio, p99 ratio, p50 ratio to the Unix socket's echo), its
+    Each run's (p50, p99, p50 ratio, p99 ratio, p50 ratios to the Unix socket's echo and to
+    a bare Unix stream socket's, the floor), its
     ratios to the mean of the echoes just before and after it, so the machine's drift
     between runs hits both alike; and every tcp echo's (p50, p99)."""
     runs: dict = {(root, kind): [] for root in roots for kind in ROUND_TRIPS}
     order = list(runs)
     echoes = [fresh_line(FRESH_ECHO, reps, ECHO)]
     ipc = [fresh_line(FRESH_ECHO, reps, ECHO_IPC)]
+    unix = [fresh_line(FRESH_UNIX_ECHO, reps)]
     for _ in range(tries):
         for root, kind in order:
             got = fresh_line(_FRESH_SYNC, reps, kind[1], kind[2], root=root)
             before, after = echoes[-1], fresh_line(FRESH_ECHO, reps, ECHO)
             echoes.append(after)
             ipc.append(fresh_line(FRESH_ECHO, reps, ECHO_IPC))
+            unix.append(fresh_line(FRESH_UNIX_ECHO, reps))
             runs[root, kind].append((got[0], got[1], 2 * got[0] / (before[0] + after[0]),
                                      2 * got[1] / (before[1] + after[1]),
-                                     2 * got[0] / (ipc[-2][0] + ipc[-1][0])))
+                                     2 * got[0] / (ipc[-2][0] + ipc[-1][0]),
+                                     2 * got[0] / (unix[-2][0] + unix[-1][0])))
         order.reverse()
     return runs, echoes
 
@@ -233,6 +256,9 @@ def round_trip_rows(tries: int = 5, reps: int = 2000, roots: tuple = (_ROOT,)) -
                      f"p99 {_spread([r[3] for r in got])}x", "", ""))
         ipc = statistics.median(run[4] for run in got)  # local workers' path: a Unix socket
         rows.append(("  p50 beside the same echo on a Unix socket", "", "", f"{ipc:.2f}x", ""))
+        floor = statistics.median(run[5] for run in got)
+        rows.append(("  p50 beside a bare Unix stream socket's echo (the floor)", "", "",
+                     f"{floor:.2f}x", ""))
     rows.append(("  echo's spread over the runs", "", f"p50 {_spread([e[0] for e in echoes])} "
                  "us", "", f"load {os.getloadavg()[0]:.1f}"))
     return rows

@@ -336,6 +336,9 @@ class Batches:
         except LaneClosed:  # the worker's process ended: as its heartbeat's loss would say
             self.mark_lost(CONNECTION_CLOSED)
             self.check_lost()
+        except TimeoutError as exc:  # part of the batch may be written: nothing more goes
+            self.torn = self.refusing = True
+            raise TimeoutError(f"{self}: {exc} (MWRT_SYNC_TIMEOUT)") from None
         except BaseException:  # a Ctrl-C at the send: whether the batch went out is unknown,
             self.torn = self.refusing = True  # so nothing more goes (resent, it could run twice)
             raise

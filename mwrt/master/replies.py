@@ -132,7 +132,9 @@ class Replies(Batches):
                 try:  # small replies: bytes beat Frames
                     lane = self.lane
                     frames = wire.recv_parts(self.rx) if lane is None else lane.recv(_READ_SLICE)
-                except LaneClosed:  # its process ended (or freed the session): said next turn
+                except LaneClosed:  # its process ended: said next turn (or closed here)
+                    if self.closed:
+                        self._raise_closed()
                     self.mark_lost(CONNECTION_CLOSED)
                     continue
                 except zmq.Again:  # _READ_SLICE passed: check for a loss, read again

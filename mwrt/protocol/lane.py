@@ -111,14 +111,23 @@ class Lane:
             raise LaneClosed(f"lane: {exc}") from None
         if not data:
             raise LaneClosed("lane: closed by the other end")
-        if self._pos == len(self._in):
+        buf, pos = self._in, self._pos
+        if pos == len(buf):
             self._in, self._pos = data, 0
+        elif type(buf) is bytearray:
+            if pos > len(buf) >> 1:  # taken messages dropped now and then: linear in all
+                del buf[:pos]
+                self._pos = 0
+            buf += data
         else:
-            rest = self._in[self._pos:]
-            self._in = rest if type(rest) is bytearray else bytearray(rest)
+            self._in = bytearray(memoryview(buf)[pos:])
             self._in += data
             self._pos = 0
         return True
+
+    def unread(self) -> int:
+        """Bytes read from the socket and not yet taken as messages."""
+        return len(self._in) - self._pos
 
     def ready(self) -> bool:
         """Whether a whole message is here, reading what the socket holds first if not."""

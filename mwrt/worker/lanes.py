@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mwrt.worker")
 
 _PEER = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_INBOX_BYTES = 64 << 20  # a lane's messages read ahead of the socket thread at most
 
 
 class Lanes:
@@ -64,7 +65,7 @@ class Lanes:
         """Hand `lane`'s messages to `handle` (frames after the routing identity, as the
         ROUTER gives them) while `more()` says the turn goes on; what is left waits."""
         try:
-            if not lane.message_waiting():
+            if lane.unread() < _INBOX_BYTES:  # else the master waits: its backpressure
                 lane.fill()
             while (frames := lane.message()) is not None:
                 if not lane.identity:
@@ -86,12 +87,12 @@ class Lanes:
         if len(frames) != 2 or frames[0] != BIND or frames[1] not in sessions:
             log.warning("closed a lane whose first message names no session")
             raise LaneClosed("unbound")
-        lane.identity = sessions[frames[1]].identity
-        lane.sender = frames[1] + b"/tx"  # as the ROUTER names the session's batches
-        old = self.by_identity.get(lane.identity)
-        if old is not None:
-            self.close(old)
-        self.by_identity[lane.identity] = lane
+        identity = sessions[frames[1]].identity
+        if identity in self.by_identity:  # a session has one lane: its master opened it
+            log.warning("closed a second lane for session %s", sessions[frames[1]].id)
+            raise LaneClosed("bound already")
+        lane.identity, lane.sender = identity, frames[1] + b"/tx"  # (as the ROUTER names them)
+        self.by_identity[identity] = lane
         lane.post([BOUND])
 
     def send(self, identity: bytes, frames) -> bool:
