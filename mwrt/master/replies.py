@@ -166,11 +166,12 @@ class Replies(Batches):
         while token not in self.replies:
             if lane is not None:
                 try:
-                    if lane.ready():
-                        self._route(lane.recv(0))  # another's reply, or a warning, first
-                        continue
+                    frames = lane.take()
                 except LaneClosed:  # _read_until says so
                     return
+                if frames is not None:
+                    self._route(frames)  # another's reply, or a warning, first
+                    continue
             elif rx.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
                 self._route(wire.recv_parts(rx))  # another's reply, or a warning, first
                 continue

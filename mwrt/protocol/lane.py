@@ -1,15 +1,15 @@
 """A lane: a master's batches and a local daemon's replies over one Unix stream socket.
 
 ZeroMQ hands every message to an I/O thread on each side: four thread wake-ups a round
-trip, about 60 µs of a pyzmq echo's 80 on a VM, where a Unix socket's round trip takes 17.
+trip, most of a pyzmq echo's 60-90 µs on a VM, where a bare Unix socket's echo takes 6-17.
 A daemon started by its master (a local worker: its Unix socket folder admits that process
 alone) also listens on `lane` in that folder; after the session's Hello on ZeroMQ, the
 master sends its batches and reads its replies there. Heartbeats stay on ZeroMQ.
 
-A message is its frame count and the frames' lengths (uint32, little-endian), then the
-frames. The master writes blocking (a lane is one thread's at a time, under the node's
-locks); the daemon's socket thread never blocks: what the socket does not take waits in
-the lane's outbox until it is writable.
+Each frame of a message is its length (uint64, little-endian; the top bit set where
+another frame of the message follows), then its bytes. The master writes blocking (a
+lane is one thread's at a time, under the node's locks); the daemon's socket thread never
+blocks: what the socket does not take waits in the lane's outbox until it is writable.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ import time
 
 import zmq
 
-_COUNT = struct.Struct("<I")
-_SIZES = [struct.Struct(f"<{n}I") for n in range(5)]
+_LENGTH = struct.Struct("<Q")
+_MORE = 1 << 63  # in a frame's length word: another frame of the message follows
+_pack, _unpack = _LENGTH.pack, _LENGTH.unpack_from
 _READ_BYTES = 1 << 18  # one read's most: a 64 KiB inline array's message whole
+_JOINED_BYTES = 1 << 16  # a frame up to this size goes out joined to its length: one copy
 _IOV_MAX = 512  # buffers one sendmsg takes at most (Linux allows 1024)
-_POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
+_POLLOUT = select.POLLOUT
+_GONE = (errno.EPIPE, errno.ECONNRESET, errno.EBADF, errno.ENOTCONN)
 BIND, BOUND = b"mwrt-lane", b"mwrt-lane-bound"  # the first message and its answer
-
-
 CONNECTION_CLOSED = "its connection closed (the worker process died or was stopped)"
 
 
@@ -38,14 +39,15 @@ class LaneClosed(ConnectionError):
     """The other end closed the lane (its process stopped, or it let the session go)."""
 
 
-def _sizes(count: int) -> struct.Struct:
-    return _SIZES[count] if count < len(_SIZES) else struct.Struct(f"<{count}I")
-
-
-def header(frames) -> bytes:
-    """A message's header: its frame count and their lengths."""
-    sizes = [memoryview(f).nbytes for f in frames]
-    return _COUNT.pack(len(sizes)) + _sizes(len(sizes)).pack(*sizes)
+def _views(frames) -> list:
+    """A message's buffers as written: each frame's length word, then its bytes."""
+    views: list = []
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        view = memoryview(frame)
+        views.append(_pack(view.nbytes | (_MORE if i < last else 0)))
+        views.append(view)
+    return views
 
 
 class Lane:
@@ -55,10 +57,12 @@ class Lane:
     def __init__(self, sock: socket.socket, max_bytes: int | None = None):
         sock.setblocking(False)
         self.sock, self.fd = sock, sock.fileno()
-        self.max_bytes = max_bytes  # the most a frame may hold (the daemon's bound)
+        self.max_bytes = max_bytes or 1 << 62  # the most a frame may hold (the daemon's bound)
         self._in: bytes | bytearray = b""
         self._pos = 0
-        self.outbox: list = []  # memoryviews not written yet
+        self.outbox: list = []  # buffers not written yet
+        self._readable = select.poll()  # (made once: a wait for a reply is on the hot path)
+        self._readable.register(self.fd, select.POLLIN)
         self.closed = False
         # The daemon's end, once bound: its session's reply identity and its batches' sender.
         self.identity = self.sender = b""
@@ -74,30 +78,28 @@ class Lane:
     # -- reading --------------------------------------------------------------------------
 
     def message(self) -> list | None:
-        """The next whole message read so far (its frames, as bytes), or None."""
+        """The next whole message read so far (its frames), or None."""
         buf, pos = self._in, self._pos
-        left = len(buf) - pos
-        if left < 4:
-            return None
-        (count,) = _COUNT.unpack_from(buf, pos)
-        start = pos + 4 + 4 * count
-        if len(buf) < start:
-            return None
-        sizes = _sizes(count).unpack_from(buf, pos + 4)
-        end = start + sum(sizes)
-        if self.max_bytes is not None and end - start > self.max_bytes + 4096 * (count + 1):
-            raise LaneClosed(f"lane: a message of {end - start} bytes (at most "
-                             f"{self.max_bytes} expected)")
-        if len(buf) < end:
-            return None
-        frames = []
-        for size in sizes:
-            frames.append(bytes(buf[start:start + size]))
-            start += size
-        if end == len(buf):
+        end, frames = len(buf), []
+        while True:
+            if end - pos < 8:
+                return None
+            (word,) = _unpack(buf, pos)
+            size, start = word & ~_MORE, pos + 8
+            if size > self.max_bytes:
+                raise LaneClosed(f"lane: a frame of {size} bytes (at most {self.max_bytes} "
+                                 "expected)")
+            pos = start + size
+            if pos > end:
+                return None
+            frames.append(buf[start:pos] if type(buf) is bytes else
+                          bytes(memoryview(buf)[start:pos]))
+            if not word & _MORE:
+                break
+        if pos == end:
             self._in, self._pos = b"", 0
         else:
-            self._pos = end
+            self._pos = pos
         return frames
 
     def fill(self) -> bool:
@@ -129,26 +131,19 @@ class Lane:
         """Bytes read from the socket and not yet taken as messages."""
         return len(self._in) - self._pos
 
-    def ready(self) -> bool:
-        """Whether a whole message is here, reading what the socket holds first if not."""
-        if self.message_waiting():
-            return True
-        return self.fill() and self.message_waiting()
-
-    def message_waiting(self) -> bool:
-        """Whether the inbox holds a whole message (read, not yet taken)."""
-        buf, pos = self._in, self._pos
-        if len(buf) - pos < 4:
-            return False
-        (count,) = _COUNT.unpack_from(buf, pos)
-        start = pos + 4 + 4 * count
-        return len(buf) >= start and len(buf) >= start + sum(
-            _sizes(count).unpack_from(buf, pos + 4))
+    def take(self) -> list | None:
+        """The next whole message, reading what the socket holds first if none is here
+        (never waiting); None if none came."""
+        if self._pos != len(self._in):
+            found = self.message()
+            if found is not None:
+                return found
+        return self.message() if self.fill() else None
 
     def recv(self, timeout: float) -> list:
         """The next message's frames, waiting up to `timeout` seconds: zmq.Again if none
         came by then (as a ZeroMQ socket's read with RCVTIMEO), LaneClosed if it closed."""
-        found = self.message()
+        found = self.take()
         if found is not None:
             return found
         deadline = time.monotonic() + timeout
@@ -159,7 +154,7 @@ class Lane:
                     return found
                 continue
             left = deadline - time.monotonic()
-            if left <= 0 or not _wait(self.fd, _POLLIN, left):
+            if left <= 0 or not self._readable.poll(left * 1000):
                 raise zmq.Again()
 
     # -- writing --------------------------------------------------------------------------
@@ -167,25 +162,43 @@ class Lane:
     def send(self, frames, timeout: float) -> None:
         """Write one message whole, waiting up to `timeout` for room (the master's end);
         TimeoutError if the daemon took none of it for that long."""
-        views = [memoryview(header(frames)), *[memoryview(f) for f in frames]]
-        while views:
+        if len(frames) == 1 and len(frames[0]) <= _JOINED_BYTES:  # a batch: one write
+            views: list = [_pack(len(frames[0])) + frames[0]]
+        else:
+            views = _views(frames)
+        sock = self.sock
+        while True:
             try:
-                sent = self.sock.sendmsg(views[:_IOV_MAX])
+                sent = sock.send(views[0]) if len(views) == 1 else sock.sendmsg(views[:_IOV_MAX])
             except (BlockingIOError, InterruptedError):
-                if not _wait(self.fd, _POLLOUT, timeout):
+                if not _writable(self.fd, timeout):
                     raise TimeoutError(f"lane: the worker read nothing for {timeout} s") from None
                 continue
             except OSError as exc:
                 raise LaneClosed(f"lane: {exc}") from None
             _consume(views, sent)
+            if not views:
+                return
 
     def post(self, frames) -> None:
         """Write one message, or as much as the socket takes now and the rest later
         (flush(), when it is writable): the daemon's end, which never waits."""
-        self.outbox.append(memoryview(header(frames)))
-        self.outbox.extend([memoryview(f) for f in frames])
-        if len(self.outbox) == len(frames) + 1:  # nothing was waiting before it
-            self.flush()
+        if not self.outbox and len(frames) == 1:  # a reply: one write, nearly always whole
+            view = memoryview(frames[0])
+            data = _pack(view.nbytes) + view
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                if exc.errno in _GONE:  # its master is gone: the read side says so
+                    return
+                raise
+            if sent < len(data):
+                self.outbox.append(memoryview(data)[sent:])
+            return
+        self.outbox.extend(_views(frames))
+        self.flush()
 
     def flush(self) -> bool:
         """Write what the outbox holds, as far as the socket takes it; True once empty."""
@@ -196,7 +209,7 @@ class Lane:
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as exc:
-                if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.EBADF):
+                if exc.errno in _GONE:
                     box.clear()  # its master is gone: the read side says so
                     return True
                 raise
@@ -205,23 +218,23 @@ class Lane:
 
 
 def _consume(views: list, sent: int) -> None:
-    """Drop `sent` bytes off the front of `views`."""
+    """Drop `sent` bytes off the front of `views`, and the empty buffers at its front."""
     while sent:
-        size = views[0].nbytes
+        size = memoryview(views[0]).nbytes
         if sent >= size:
             views.pop(0)
             sent -= size
         else:
-            views[0] = views[0][sent:]
+            views[0] = memoryview(views[0])[sent:]
             sent = 0
-    while views and not views[0].nbytes:
+    while views and not memoryview(views[0]).nbytes:
         views.pop(0)
 
 
-def _wait(fd: int, events: int, timeout: float) -> bool:
-    """Wait up to `timeout` seconds for `fd` to be readable or writable (`events`)."""
+def _writable(fd: int, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for `fd` to take more bytes."""
     poll = select.poll()
-    poll.register(fd, events | select.POLLHUP)
+    poll.register(fd, _POLLOUT)
     return bool(poll.poll(max(timeout, 0) * 1000))
 
 

@@ -64,6 +64,7 @@ class Lanes:
     def read(self, lane: Lane, sessions: dict, handle, more) -> None:
         """Hand `lane`'s messages to `handle` (frames after the routing identity, as the
         ROUTER gives them) while `more()` says the turn goes on; what is left waits."""
+        self.waiting.discard(lane)
         try:
             if lane.unread() < _INBOX_BYTES:  # else the master waits: its backpressure
                 lane.fill()
@@ -72,15 +73,11 @@ class Lanes:
                     self._bind(lane, frames, sessions)
                     continue
                 handle([lane.sender, *frames])
-                if not more():
-                    break
+                if not more():  # the next turn reads on (it may find a part of one)
+                    self.waiting.add(lane)
+                    return
         except LaneClosed:
             self.close(lane)
-            return
-        if lane.message_waiting():
-            self.waiting.add(lane)
-        else:
-            self.waiting.discard(lane)
 
     def _bind(self, lane: Lane, frames: list, sessions: dict) -> None:
         """Bind `lane` to the session its first message names, or close it."""
