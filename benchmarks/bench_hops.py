@@ -116,11 +116,13 @@ def _master_notes(notes: list):
     def noted_recv(recv):
         def wrapped(end, *args):
             got = recv(end, *args)
-            notes.append((clock(), f"master: reply read ({_frames(len(got))})"))
+            if got is not None:  # (a lane's message(): None while a message is not whole)
+                notes.append((clock(), f"master: reply read ({_frames(len(got))})"))
             return got
         return wrapped
     wire.send_parts, wire.recv_parts = noted_send(wire.send_parts), noted_recv(wire.recv_parts)
-    Lane.send, Lane.recv = noted_send(Lane.send), noted_recv(Lane.recv)
+    # A lane's reply is taken by message() (its wait's, or its spin's, take()).
+    Lane.send, Lane.message = noted_send(Lane.send), noted_recv(Lane.message)
 
 
 def _frames(count: int) -> str:
@@ -186,7 +188,7 @@ def trace(kind: str, reps: int, count: int = 1) -> dict:
             after = resource.getrusage(resource.RUSAGE_SELF)
             worker_cpu = _cpu_seconds(pid) - worker_cpu
         finally:
-            wire.send_parts, wire.recv_parts, Lane.send, Lane.recv = _ORIGINAL
+            wire.send_parts, wire.recv_parts, Lane.send, Lane.message = _ORIGINAL
             mwrt.shutdown()
         notes += _read_notes(folder, pid)
     master_cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
@@ -194,7 +196,7 @@ def trace(kind: str, reps: int, count: int = 1) -> dict:
                 worker_cpu=worker_cpu / reps)
 
 
-_ORIGINAL = (wire.send_parts, wire.recv_parts, Lane.send, Lane.recv)
+_ORIGINAL = (wire.send_parts, wire.recv_parts, Lane.send, Lane.message)
 
 
 def paths(notes: list, spans: list) -> dict:

@@ -80,7 +80,24 @@ class Lane:
     def message(self) -> list | None:
         """The next whole message read so far (its frames), or None."""
         buf, pos = self._in, self._pos
-        end, frames = len(buf), []
+        end = len(buf)
+        if end - pos < 8:
+            return None
+        (word,) = _unpack(buf, pos)
+        if word <= self.max_bytes:  # one frame (no _MORE bit): nearly every message
+            start, pos = pos + 8, pos + 8 + word
+            if pos > end:
+                return None
+            if pos == end:
+                self._in, self._pos = b"", 0
+            else:
+                self._pos = pos
+            return [buf[start:pos] if type(buf) is bytes else bytes(memoryview(buf)[start:pos])]
+        return self._frames(buf, pos, end)
+
+    def _frames(self, buf, pos: int, end: int) -> list | None:
+        """message() of several frames (or of one too large)."""
+        frames = []
         while True:
             if end - pos < 8:
                 return None

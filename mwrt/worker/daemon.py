@@ -115,6 +115,7 @@ class Daemon(Dispatcher):
                               "takes a free one)") from None
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.lanes: Lanes | None = None  # the parent master's sessions' lanes (_bind_ipc)
+        self._router_sent = True  # a send on the router since its last ask (serve())
         self.ipc_address, self._ipc_folder = self._bind_ipc(parent_pid) if ipc else ("", None)
         self._reply_address = f"inproc://mwrt-replies-{self.incarnation}"
         self.replies = self.context.socket(zmq.PULL)
@@ -183,6 +184,9 @@ class Daemon(Dispatcher):
         lifecycle.off_thread(lambda: lifecycle.reap_segments(self), "mwrt-shm-reaper")
         ready: list = []
         while not self.stopping:
+            if self._router_sent:  # a send on it may have taken a coming message's signal
+                wakes.unsettled.add(self.router)
+                self._router_sent = False
             # After a message, a short spin: waking a sleeping thread costs more than the
             # rest of a round trip on a VM, and a sync loop's next request comes within it.
             # Only while no stream runs an op: one would contend with the spin for the GIL.
@@ -190,7 +194,6 @@ class Daemon(Dispatcher):
             if not ready:
                 ready = wakes.wait(0 if self._more_parked or self._turns or (
                     self.lanes is not None and self.lanes.waiting) else 200)
-            wakes.unsettled.add(self.router)  # a reply sent from here on may take its signal
             if self.replies in ready and self._drain(self.replies, _recv_frames, self._forward):
                 wakes.unsettled.discard(self.replies)
             if self._turns:
@@ -317,6 +320,7 @@ class Daemon(Dispatcher):
         lanes = self.lanes
         if lanes is None or not lanes.send(frames[0].bytes, frames[1:]):
             self.router.send_multipart(frames, copy=False)
+            self._router_sent = True
 
     # -- requests -------------------------------------------------------------------------
 
@@ -423,6 +427,7 @@ class Daemon(Dispatcher):
         lanes = self.lanes
         if lanes is None or identity not in lanes.by_identity:
             wire.send(self.router, identity, message, frames)
+            self._router_sent = True
         else:
             lanes.send(identity, wire.parts(message, frames))
 
