@@ -180,13 +180,21 @@ class Lane:
         """Write one message whole, waiting up to `timeout` for room (the master's end);
         TimeoutError if the daemon took none of it for that long."""
         if len(frames) == 1 and len(frames[0]) <= _JOINED_BYTES:  # a batch: one write
-            views: list = [_pack(len(frames[0])) + frames[0]]
+            data = _pack(len(frames[0])) + frames[0]
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                raise LaneClosed(f"lane: {exc}") from None
+            if sent == len(data):
+                return
+            views = [memoryview(data)[sent:]]
         else:
             views = _views(frames)
-        sock = self.sock
-        while True:
+        while views:
             try:
-                sent = sock.send(views[0]) if len(views) == 1 else sock.sendmsg(views[:_IOV_MAX])
+                sent = self.sock.sendmsg(views[:_IOV_MAX])
             except (BlockingIOError, InterruptedError):
                 if not _writable(self.fd, timeout):
                     raise TimeoutError(f"lane: the worker read nothing for {timeout} s") from None
@@ -194,8 +202,6 @@ class Lane:
             except OSError as exc:
                 raise LaneClosed(f"lane: {exc}") from None
             _consume(views, sent)
-            if not views:
-                return
 
     def post(self, frames) -> None:
         """Write one message, or as much as the socket takes now and the rest later

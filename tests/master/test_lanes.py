@@ -31,8 +31,12 @@ def _program() -> dict:
     with mwrt.node(1):
         y = mwrt.dist_send(np.full((3, 4), 0.5))
     big = mwrt.dist_send(np.arange(8000.0))  # 64,000 bytes: inline, a large lane message
+    edge = mwrt.dist_send(np.arange(8192.0))  # 64 KiB: its reply's array in a frame of its own
+    # Forty arrays of 56 KB in few batches: writes larger than the socket takes at once.
+    many = [mwrt.dist_send(np.full(7000, float(i))) for i in range(40)]
     return {"sum": float((x * 2).sum()), "mean": x.mean(axis=0).numpy(),
             "moved": (x + y.to(0)).numpy(), "big": big.numpy(), "big_sum": float(big.sum()),
+            "edge": edge.numpy(), "many": np.stack([m.numpy() for m in many]),
             "shape": x[x > 3].shape}
 
 
