@@ -160,7 +160,8 @@ class Daemon(Dispatcher):
                 self.router.curve_server = False
             self.router.bind(address)
             if parent_pid is not None and config.get("lanes"):
-                self.lanes = Lanes(folder, parent_pid, int(self.router.getsockopt(zmq.MAXMSGSIZE)))
+                largest = int(self.router.getsockopt(zmq.MAXMSGSIZE))
+                self.lanes = Lanes(folder, parent_pid, largest)
         except zmq.ZMQError as exc:  # (a path too long for a Unix socket): tcp alone serves
             log.warning("not serving on %s (%s); masters reach this daemon by tcp", address, exc)
             shutil.rmtree(folder, ignore_errors=True)
@@ -207,7 +208,8 @@ class Daemon(Dispatcher):
                 self.refusals.flush()
                 next_reap = time.monotonic() + 1.0
             if self.lanes is not None and (ready or self.lanes.waiting):
-                self._serve_lanes(ready)
+                self._read = 0  # a bound per turn, as _drain's
+                self.lanes.serve(ready, self.sessions, self._on_message, self._turn_left)
             if self.router in ready:  # last: a drain that reads it empty leaves it settled
                 self._read = 0  # commands read: _on_message counts them, _drain stops past a bound
                 if self._drain(self.router, wire.recv_routed, self._on_message):
@@ -219,21 +221,8 @@ class Daemon(Dispatcher):
         self.close()
         self.waker.close()
 
-    def _serve_lanes(self, ready: list) -> None:
-        """Take new lanes, write what waits for a writable one, read each that has messages
-        (a bound per turn, as _drain's), from the wake's `ready` and those left unread."""
-        lanes = self.lanes
-        assert lanes is not None
-        self._read = 0
-        for item in (*ready, *lanes.waiting):
-            if item is lanes:
-                lanes.accept()
-            elif item in lanes.lanes:
-                if item.outbox:
-                    lanes.flush(item)
-                lanes.read(item, self.sessions, self._on_message, self._turn_left)
-
     def _turn_left(self) -> bool:
+        """Whether this turn may read more commands (_drain's bound)."""
         return self._read <= _READ_COMMANDS
 
     def _streams_idle(self) -> bool:

@@ -38,10 +38,22 @@ class Lanes:
         self.by_identity: dict[bytes, Lane] = {}  # a session's reply identity -> its lane
         self.lanes: set[Lane] = set()  # every open lane, bound or not yet
         self.waiting: set[Lane] = set()  # lanes holding whole messages a bound left unread
-        self.wakes: Wakes = None  # type: ignore[assignment]  # the socket thread's Wakes, which watches the lanes (serve())
+        # The socket thread's Wakes, which watches the lanes (set as the daemon serves).
+        self.wakes: Wakes = None  # type: ignore[assignment]
 
     def fileno(self) -> int:
         return self.listener.fileno()
+
+    def serve(self, ready: list, sessions: dict, handle, more) -> None:
+        """Take new lanes, write what waits for a writable one, and read each that has
+        messages, of the wake's `ready` and those a bound left unread (read()'s args)."""
+        for item in (*ready, *self.waiting):
+            if item is self:
+                self.accept()
+            elif item in self.lanes:
+                if item.outbox:
+                    self.flush(item)
+                self.read(item, sessions, handle, more)
 
     def accept(self) -> None:
         """Take the connections waiting: the parent's become lanes, others are closed."""
