@@ -159,13 +159,17 @@ class Daemon(Dispatcher):
                 self.router.setsockopt(zmq.IPC_FILTER_PID, parent_pid)
                 self.router.curve_server = False
             self.router.bind(address)
-            if parent_pid is not None and config.get("lanes"):
-                largest = int(self.router.getsockopt(zmq.MAXMSGSIZE))
-                self.lanes = Lanes(folder, parent_pid, largest)
         except zmq.ZMQError as exc:  # (a path too long for a Unix socket): tcp alone serves
             log.warning("not serving on %s (%s); masters reach this daemon by tcp", address, exc)
             shutil.rmtree(folder, ignore_errors=True)
             return "", None
+        if parent_pid is not None and config.get("lanes"):
+            try:
+                self.lanes = Lanes(folder, parent_pid, int(self.router.getsockopt(
+                    zmq.MAXMSGSIZE)))
+            except OSError as exc:  # the master keeps to the ZeroMQ socket
+                log.warning("no lane in %s (%s); the master's commands go by ZeroMQ", folder,
+                            exc)
         return address, folder
 
     # -- the loop -------------------------------------------------------------------------

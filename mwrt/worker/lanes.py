@@ -32,8 +32,12 @@ class Lanes:
         self.path = os.path.join(folder, "lane")
         self.parent_pid, self.max_bytes = parent_pid, max_bytes
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        self.listener.listen(16)
+        try:
+            self.listener.bind(self.path)
+            self.listener.listen(16)
+        except OSError:
+            self.listener.close()
+            raise
         self.listener.setblocking(False)
         self.by_identity: dict[bytes, Lane] = {}  # a session's reply identity -> its lane
         self.lanes: set[Lane] = set()  # every open lane, bound or not yet
