@@ -10,12 +10,17 @@ from .arrays import HOST
 from .collective.reduce_ops import ReduceOp
 from .dashboard import dashboard
 from .errors import (
+    AuthError,
     ChannelClosedError,
     ChannelError,
+    ChannelTimeoutError,
     CollectiveMismatchError,
+    ConfigError,
     MwrtError,
     QuotaError,
     RemoteError,
+    RendezvousError,
+    RendezvousTimeoutError,
     WireError,
     WorkerLostError,
 )
@@ -82,7 +87,8 @@ __all__ = [
     "all_gather", "gather", "scatter", "Stream", "Event", "stream", "current_stream", "profile",
     "graph", "Graph", "devices", "status", "dashboard", "channels", "array_api", "Device",
     "HOST", "MwrtError", "RemoteError", "WorkerLostError", "ChannelError",
-    "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError",
+    "ChannelClosedError", "CollectiveMismatchError", "WireError", "QuotaError", "ConfigError",
+    "AuthError", "ChannelTimeoutError", "RendezvousError", "RendezvousTimeoutError",
     "mesh", "Mesh", "ShardedTensor", "Shard", "Replicate", "Partial", "Placement",
     "PlacementError", "PlacementWarning", "reduce_scatter",
 ]

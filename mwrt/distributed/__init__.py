@@ -6,6 +6,16 @@
 """
 
 from ..collective.reduce_ops import ReduceOp
+from ..errors import AuthError as AuthError
+from ..errors import ChannelClosedError as ChannelClosedError
+from ..errors import ChannelError as ChannelError
+from ..errors import ChannelTimeoutError as ChannelTimeoutError
+from ..errors import CollectiveMismatchError as CollectiveMismatchError
+from ..errors import ConfigError as ConfigError
+from ..errors import MwrtError as MwrtError
+from ..errors import RendezvousError as RendezvousError
+from ..errors import RendezvousTimeoutError as RendezvousTimeoutError
+from ..errors import WireError as WireError
 from ..store import FileStore, HashStore, PrefixStore, Store, TCPStore
 from .backends import Backend, is_gloo_available, is_mpi_available, is_nccl_available
 from .collective import (
@@ -68,4 +78,8 @@ __all__ = [
     "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
     "all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list",
     "send_object_list", "recv_object_list", "spawn", "run", "RankFailedError",
+    # the errors a rank meets (mwrt.errors; those of a master's workers are mwrt's alone)
+    "MwrtError", "ConfigError", "WireError", "AuthError", "ChannelError", "ChannelClosedError",
+    "ChannelTimeoutError", "CollectiveMismatchError", "RendezvousError",
+    "RendezvousTimeoutError",
 ]

@@ -51,6 +51,25 @@ def test_every_public_name_and_tensor_method_has_a_docstring():
     assert len(_public_tensor_members()) > 150  # the operators and generated methods count
 
 
+# The errors only a master meets: an SPMD rank has no workers, sessions or meshes.
+_MASTER_ONLY_ERRORS = {"RemoteError", "WorkerLostError", "QuotaError", "PlacementError"}
+
+
+def test_every_error_class_is_a_public_name():
+    """`except mwrt.AuthError` works for every class of mwrt.errors, and `except
+    dist.ChannelTimeoutError` for every one an SPMD rank meets: the same classes."""
+    import mwrt.errors
+
+    classes = {name: obj for name, obj in vars(mwrt.errors).items()
+               if isinstance(obj, type) and issubclass(obj, Exception)}
+    assert {"AuthError", "ConfigError", "ChannelTimeoutError", "RendezvousError"} <= set(classes)
+    assert [n for n in classes if n not in mwrt.__all__ or getattr(mwrt, n) is not
+            classes[n]] == []
+    spmd = set(classes) - _MASTER_ONLY_ERRORS
+    assert [n for n in spmd if n not in dist.__all__ or getattr(dist, n) is not classes[n]] == []
+    assert not _MASTER_ONLY_ERRORS & set(dist.__all__)
+
+
 def test_every_registry_op_has_a_one_line_doc():
     missing = [name for name in ops.names() if not ops.doc(name)]
     assert not missing, f"ops without a doc: {missing}"
