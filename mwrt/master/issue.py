@@ -29,6 +29,7 @@ from . import context, ordering
 from .batches import QUIET
 from .handle import Handle, check_same_place
 from .mesh.placement import PlacementError
+from .methods import array_like
 
 _SCALARS = (int, float, bool, complex)
 _ID = attrgetter("_id")  # a handle's tensor id (in C: no generator per op)
@@ -395,23 +396,11 @@ def convert(value, place: list, name: str, specs: bool = True):
         return value, value
     if isinstance(value, (np.dtype, type)):
         return _dtype(value, name)
-    array = _array_like(value)
+    array = array_like(value)
     if array is not None:  # range(3), an object with __array__: as NumPy would take it
         return array, array
-    raise TypeError(f"{name}: a {type(value).__name__} cannot be sent to a worker (got "
-                    f"{value!r:.60}); pass numbers, strings, arrays, tensors or dtypes")
-
-
-def _array_like(value):
-    """`value` as NumPy's array of numbers, or None if NumPy makes no such array of it."""
-    if not (hasattr(value, "__array__") or hasattr(value, "__len__") or
-            hasattr(value, "__iter__")) or isinstance(value, (set, frozenset)):
-        return None
-    try:
-        array = np.asarray(value)
-    except Exception:  # noqa: BLE001 (anything NumPy refuses is refused below, named)
-        return None
-    return array if array.dtype.kind not in "OVUS" else None
+    raise TypeError(f"{name}: a value of type {type(value).__name__} cannot be sent to a worker "
+                    f"(got {value!r:.60}, expected numbers, strings, arrays, tensors or dtypes)")
 
 
 # What the wire carries as it is (tensors, tuples and dicts are converted above).

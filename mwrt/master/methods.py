@@ -60,6 +60,34 @@ def operand(value):
     return np.asarray(value) if type(value) in (list, tuple) else value
 
 
+# What an operator takes as it is (tensors, and local tensors of other libraries, have
+# __array__); anything else only where NumPy makes an array of numbers of it (range(3)).
+_OPERANDS = (int, float, bool, complex, str, bytes, list, tuple, np.ndarray, np.generic)
+
+
+def operator_arg(value):
+    """An operator's other operand as NumPy takes it (operand()), or NotImplemented where
+    NumPy would make no array of numbers or strings of it (object(), None, a dict, a set):
+    Python then asks the other operand's reflected method (its __radd__), and else raises
+    its own TypeError ("unsupported operand type(s) for +"), as for a NumPy array."""
+    if isinstance(value, _OPERANDS) or hasattr(value, "__array__"):
+        return operand(value)
+    array = array_like(value)
+    return NotImplemented if array is None else array
+
+
+def array_like(value):
+    """`value` as NumPy's array of numbers, or None if NumPy makes no such array of it."""
+    if not (hasattr(value, "__array__") or hasattr(value, "__len__") or
+            hasattr(value, "__iter__")) or isinstance(value, (set, frozenset)):
+        return None
+    try:
+        array = np.asarray(value)
+    except Exception:  # noqa: BLE001 (anything NumPy refuses is refused by the caller, named)
+        return None
+    return array if array.dtype.kind not in "OVUS" else None
+
+
 def _named(fn, name: str, doc: str):
     fn.__name__, fn.__qualname__, fn.__doc__ = name, f"DistributedTensor.{name}", doc
     # its code's too: a wait counts at the call a user made by its code's name ('forward()'
@@ -73,30 +101,50 @@ def _lower(text: str) -> str:
 
 
 def binary(op: str, py: str, call, mesh_call):
-    """(forward, reverse, in-place) methods of Python operator `py` over op `op`."""
+    """(forward, reverse, in-place) methods of Python operator `py` over op `op`; each
+    returns NotImplemented for an operand NumPy makes no array of numbers of (operator_arg)."""
     sym, what = SYMBOLS.get(py, py), f"{_lower(op_doc(op)).rstrip('.')} (np.{op})"
-    op_ = op + "_"
+    update = updating(op, call, mesh_call)
 
     def forward(self, other):
         if op == "power" and type(other) is int and other == 2:
             # NumPy's a ** 2 is np.square(a): the same values, but a bool's square is int8
             return (call if self._mesh is None else mesh_call)("square", self)
+        taken = operator_arg(other)
+        if taken is NotImplemented:  # t == None is all False in NumPy, not Python's False
+            return _unequal(self, op, other) if op in _EQUALITY else NotImplemented
         try:
-            return (call if self._mesh is None else mesh_call)(op, self, operand(other))
+            return (call if self._mesh is None else mesh_call)(op, self, taken)
         except TypeError:
-            if op not in ("equal", "not_equal") or hasattr(other, "_node") or np.ndim(other):
+            if op not in _EQUALITY or hasattr(other, "_node") or np.ndim(other):
                 raise  # (a tensor's own error stands: another place, another kind)
             return _unequal(self, op, other)
 
     def reverse(self, other):
-        return (call if self._mesh is None else mesh_call)(op, operand(other), self)
+        taken = operator_arg(other)
+        if taken is NotImplemented:
+            return NotImplemented
+        return (call if self._mesh is None else mesh_call)(op, taken, self)
 
     def inplace(self, other):
-        (call if self._mesh is None else mesh_call)(op_, self, operand(other))
-        return self
+        taken = operator_arg(other)
+        return NotImplemented if taken is NotImplemented else update(self, taken)
     return (_named(forward, f"__{py}__", f"self {sym} other: {what}, {_WHERE}."),
             _named(reverse, f"__r{py}__", f"other {sym} self: {what}, {_WHERE}."),
             _named(inplace, f"__i{py}__", f"self {sym}= other: {what}, in place; returns self."))
+
+
+_EQUALITY = ("equal", "not_equal")
+
+
+def updating(op: str, call, mesh_call):
+    """Method (self, other) over op `op` in place (t.add_(x)); returns self."""
+    op_ = op + "_"
+
+    def fn(self, other):
+        (call if self._mesh is None else mesh_call)(op_, self, operand(other))
+        return self
+    return fn
 
 
 def _unequal(tensor, op: str, other):
@@ -150,7 +198,7 @@ def generated(call, mesh_call) -> dict:
         put(forward)
         put(reverse)
         put(inplace)
-        put(_named(binary(uf, py, call, mesh_call)[2], f"{uf}_", inplace.__doc__))
+        put(_named(updating(uf, call, mesh_call), f"{uf}_", inplace.__doc__))
     for py, uf in COMPARISONS.items():
         put(binary(uf, py, call, mesh_call)[0])
     for py, uf in UNARY_OPERATORS.items():
@@ -166,7 +214,7 @@ def generated(call, mesh_call) -> dict:
     for name, py in [("add_", "add"), ("sub_", "sub"), ("mul_", "mul"), ("div_", "truediv"),
                      ("pow_", "pow")]:
         inplace = made[f"__i{py}__"]
-        put(_named(binary(BINARY_OPERATORS[py], py, call, mesh_call)[2], name, inplace.__doc__))
+        put(_named(updating(BINARY_OPERATORS[py], call, mesh_call), name, inplace.__doc__))
     for fn in array_methods().values():
         put(fn)
     return made
@@ -266,6 +314,9 @@ def out_arg(out) -> dict:
 def rebinding(op: str, call, mesh_call):
     """An element's augmented assignment over op `op`: a new value, as a scalar's is."""
     def fn(self, other):
-        return (call if self._mesh is None else mesh_call)(op, self, operand(other))
+        taken = operator_arg(other)
+        if taken is NotImplemented:
+            return NotImplemented
+        return (call if self._mesh is None else mesh_call)(op, self, taken)
     fn.__name__, fn.__qualname__ = f"__i{op}__", f"Element.__i{op}__"
     return fn

@@ -348,23 +348,28 @@ class DistributedTensor(TensorReads):
     def __imatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """self @= other: the product written into this tensor (a view writes through), as
         NumPy's matmul(self, other, out=self)."""
-        return _via(self)("matmul", self, operand(other), out=self)
+        taken = methods.operator_arg(other)
+        return taken if taken is NotImplemented else _via(self)("matmul", self, taken, out=self)
 
     def __divmod__(self, other: Any) -> tuple:
         """divmod(self, other): (floor quotient, remainder), np.divmod on the worker."""
-        return _via(self)("divmod", self, operand(other))
+        taken = methods.operator_arg(other)
+        return taken if taken is NotImplemented else _via(self)("divmod", self, taken)
 
     def __rdivmod__(self, other: Any) -> tuple:
         """divmod(other, self), np.divmod on the worker."""
-        return _via(self)("divmod", operand(other), self)
+        taken = methods.operator_arg(other)
+        return taken if taken is NotImplemented else _via(self)("divmod", taken, self)
 
     def __matmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """self @ other: the matrix product (np.matmul), on the tensor's worker."""
-        return _via(self)("matmul", self, other)
+        taken = methods.operator_arg(other)
+        return taken if taken is NotImplemented else _via(self)("matmul", self, taken)
 
     def __rmatmul__(self, other: DistributedTensor | ArrayLike) -> DistributedTensor:
         """other @ self: the matrix product (np.matmul), on the tensor's worker."""
-        return _via(self)("matmul", other, self)
+        taken = methods.operator_arg(other)
+        return taken if taken is NotImplemented else _via(self)("matmul", taken, self)
 
     # -- NumPy protocols ------------------------------------------------------------------
 

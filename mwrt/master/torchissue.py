@@ -323,8 +323,9 @@ def _convert_other(value, name: str):
                         "it first: mwrt.dist_send(tensor, node=...)")
     if isinstance(value, (np.ndarray, np.generic)):
         return value, value, None
-    raise TypeError(f"{name}: a {type(value).__name__} cannot be sent to a worker (got "
-                    f"{value!r:.60}); pass numbers, tuples, slices, dtypes or torch handles")
+    raise TypeError(f"{name}: a value of type {type(value).__name__} cannot be sent to a worker "
+                    f"(got {value!r:.60}, expected numbers, tuples, slices, dtypes or torch "
+                    "handles)")
 
 
 class _Unplaced(Exception):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import re
 
 import numpy as np
 import pytest
@@ -197,6 +198,58 @@ def test_equality_with_what_numpy_cannot_compare_is_numpys_array_of_false(mw):
         same(t != other, a != other)
     with pytest.raises(TypeError):  # an ordering has no such answer, in NumPy either
         t < "a"
+
+
+def test_an_operand_numpy_makes_no_array_of_numbers_of_is_pythons_type_error(mw):
+    """t + object() returns NotImplemented, as np.ones(3) + object() fails in NumPy: Python
+    raises its own TypeError, after the other operand's reflected method had its turn;
+    lists, ranges and strings go as NumPy takes them."""
+    a = np.arange(3.0)
+    t = mw.dist_send(a)
+    for other in (object(), None, {}, {1}):
+        kind = type(other).__name__
+        for sym, fn in (("+", operator.add), ("-", operator.sub), ("@", operator.matmul),
+                        ("+=", operator.iadd), ("divmod()", divmod)):
+            expected = rf"for {re.escape(sym)}: 'DistributedTensor' and '{kind}'"
+            with pytest.raises(TypeError, match=rf"unsupported operand type\(s\) {expected}"):
+                fn(t, other)
+        with pytest.raises(TypeError, match=rf"for \*: '{kind}' and 'DistributedTensor'"):
+            other * t
+        with pytest.raises(TypeError, match=rf"'<' not supported between instances of "
+                                            rf"'DistributedTensor' and '{kind}'"):
+            t < other
+        same(t == other, a == other)  # an array of False, as NumPy's ==
+    with pytest.raises(TypeError, match="add_: a value of type object cannot be sent"):
+        t.add_(object())  # a named method is no operator: its own error
+    for other in ("a", b"z"):  # NumPy makes arrays of these, and has no loop for the pair
+        with pytest.raises(TypeError, match="did not contain a loop"):
+            t + other
+        with pytest.raises(TypeError, match="did not contain a loop"):
+            a + other
+    same(t + [1, 2, 3], a + [1, 2, 3])
+    same((4, 5, 6) - t, (4, 5, 6) - a)
+    same(t * range(3), a * range(3))
+
+
+def test_an_operand_of_another_class_has_its_reflected_operator_called(mw):
+    class Other:
+        def __radd__(self, other):
+            return "radd"
+
+        def __rmatmul__(self, other):
+            return "rmatmul"
+
+        def __gt__(self, other):  # t < Other() asks this, reflected
+            return "gt"
+
+    t, other = mw.dist_send(np.arange(3.0)), Other()
+    assert (t + other, t @ other, t < other) == ("radd", "rmatmul", "gt")
+    u = t
+    u += other  # __iadd__ and __add__ decline: Python rebinds u to other.__radd__(t)
+    assert u == "radd"
+    element = t[0]
+    element += other
+    assert element == "radd"
 
 
 def test_a_numpy_datetime_scalars_unit_decides_the_result_as_in_numpy(mw):
