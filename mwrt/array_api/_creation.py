@@ -90,7 +90,7 @@ def _filled(kind: str, shape, dtype, device) -> DistributedTensor:
 
 
 def empty(shape, *, dtype=None, device=None) -> DistributedTensor:
-    """An uninitialized tensor (zeros: a worker never hands out old bytes)."""
+    """A tensor for values written later, zero-filled (a worker never hands out old bytes)."""
     return _filled("empty", shape, dtype, device)
 
 
@@ -119,7 +119,7 @@ def full(shape, fill_value, *, dtype=None, device=None) -> DistributedTensor:
 
 
 def empty_like(x, /, *, dtype=None, device=None) -> DistributedTensor:
-    """An uninitialized tensor of `x`'s shape (and dtype, and device, unless given)."""
+    """A zero-filled tensor of `x`'s shape (and dtype, and device, unless given), as empty()."""
     shape, dtype, node, dev = _like(x, dtype, device)
     return creation.empty(shape, dtype=dtype, node=node, device=dev)
 

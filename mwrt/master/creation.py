@@ -70,7 +70,8 @@ def remote(fn: Callable | None = None, *, outputs: int = 1, spec: Any = None) ->
 def empty(*shape: Shape, dtype: DTypeLike = np.float32, node: int | None = None,
           device: int | None = None, mesh: Mesh | None = None,
           shard: ShardArg = None) -> DistributedTensor:
-    """An uninitialized tensor of `shape` on (node, device)."""
+    """A tensor of `shape` on (node, device) for values written later, zero-filled by its
+    worker (which never hands out freed memory: it may hold another master's bytes)."""
     return _create("empty", as_shape(shape), dtype, node, device, (), mesh, shard)
 
 
@@ -169,7 +170,8 @@ def _typed(name: str, dtype) -> Callable[..., DistributedTensor]:
                     mesh: Mesh | None = None, shard: ShardArg = None) -> DistributedTensor:
         return _create("empty", as_shape(shape), dtype, node, device, (), mesh, shard)
     constructor.__name__ = constructor.__qualname__ = name
-    constructor.__doc__ = f"An uninitialized {np.dtype(dtype)} tensor (torch's {name})."
+    constructor.__doc__ = (f"A {np.dtype(dtype)} tensor (torch's {name}), zero-filled by its "
+                           "worker as empty() is.")
     return constructor
 
 

@@ -36,6 +36,22 @@ def test_typed_constructors(cluster, name, dtype):
     assert t.numpy().dtype == dtype
 
 
+def test_empty_is_zero_filled_as_its_docstring_says(cluster):
+    """A worker never hands out freed memory (it may hold another master's bytes): empty(),
+    the typed constructors and the Array API's empty and empty_like are zeros, and their
+    docstrings say so."""
+    import mwrt.array_api as xp
+
+    freed = mwrt.full(4096, 7.0)
+    freed.numpy()
+    del freed
+    makers = (mwrt.empty, mwrt.FloatTensor, mwrt.LongTensor, xp.empty, xp.empty_like)
+    for make in makers:
+        made = make(mwrt.ones(4096)) if make is xp.empty_like else make(4096)
+        assert not made.numpy().any(), make.__name__
+        doc = " ".join(make.__doc__.split())
+        assert "zero-filled" in doc and "uninitiali" not in doc, doc
+
 def test_creation_functions(cluster):
     np.testing.assert_array_equal(mwrt.zeros(2, 3).numpy(), np.zeros((2, 3), np.float32))
     np.testing.assert_array_equal(mwrt.ones((4,), dtype=np.int64).numpy(), np.ones(4, np.int64))
