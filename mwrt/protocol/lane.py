@@ -30,6 +30,9 @@ _READ_BYTES = 1 << 18  # one read's most: a 64 KiB inline array's message whole
 _JOINED_BYTES = 1 << 16  # a frame up to this size goes out joined to its length: one copy
 _IOV_MAX = 512  # buffers one sendmsg takes at most (Linux allows 1024)
 _POLLOUT = select.POLLOUT
+# A write to a lane whose other end died fails with EPIPE and never raises SIGPIPE, which
+# would kill a program that restored its default action (a CLI piped to `head` does).
+_NOSIGNAL = socket.MSG_NOSIGNAL
 _GONE = (errno.EPIPE, errno.ECONNRESET, errno.EBADF, errno.ENOTCONN)
 BIND, BOUND = b"mwrt-lane", b"mwrt-lane-bound"  # the first message and its answer
 CONNECTION_CLOSED = "its connection closed (the worker process died or was stopped)"
@@ -182,7 +185,7 @@ class Lane:
         if len(frames) == 1 and len(frames[0]) <= _JOINED_BYTES:  # a batch: one write
             data = _pack(len(frames[0])) + frames[0]
             try:
-                sent = self.sock.send(data)
+                sent = self.sock.send(data, _NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
@@ -194,7 +197,7 @@ class Lane:
             views = _views(frames)
         while views:
             try:
-                sent = self.sock.sendmsg(views[:_IOV_MAX])
+                sent = self.sock.sendmsg(views[:_IOV_MAX], (), _NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 if not _writable(self.fd, timeout):
                     raise TimeoutError(f"lane: the worker read nothing for {timeout} s") from None
@@ -210,7 +213,7 @@ class Lane:
             view = memoryview(frames[0])
             data = _pack(view.nbytes) + view
             try:
-                sent = self.sock.send(data)
+                sent = self.sock.send(data, _NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
@@ -228,7 +231,7 @@ class Lane:
         box = self.outbox
         while box:
             try:
-                sent = self.sock.sendmsg(box[:_IOV_MAX])
+                sent = self.sock.sendmsg(box[:_IOV_MAX], (), _NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as exc:
