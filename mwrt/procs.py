@@ -133,12 +133,38 @@ def restore_interrupt() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+_AGAIN: list = []  # a Ctrl-C held back, to be sent again (interrupt_handler)
+_DEFERRED: set = set()  # code objects a Ctrl-C must not land in (defer_interrupts)
+
+
+def defer_interrupts(*functions) -> None:
+    """Hold back a Ctrl-C that lands in one of `functions` (not in what they call) as one
+    that lands in a finalizer is: they keep a count a KeyboardInterrupt must not cut."""
+    _DEFERRED.update(f.__code__ for f in functions)
+
+
 def interrupt_handler(signum, frame) -> None:
-    """Python's KeyboardInterrupt, sent again a moment later if it lands in a finalizer."""
-    if _in_finalizer(frame):  # send it again, to land once the finalizer returned
-        threading.Timer(_AGAIN_AFTER, os.kill, (os.getpid(), signal.SIGINT)).start()
-        return
+    """Python's KeyboardInterrupt, sent again a moment later if it lands in a finalizer or
+    in a function of defer_interrupts()."""
+    if _AGAIN:  # one sent again is on its way (a second Ctrl-C came as the first's timer
+        return  # started, where it would have landed in threading's code)
+    if (frame is not None and frame.f_code in _DEFERRED) or _in_finalizer(frame):
+        _AGAIN.append(True)  # sent again, to land once the finalizer (or function) returned
+        try:
+            threading.Timer(_AGAIN_AFTER, _again).start()
+            return
+        except RuntimeError:  # no thread may start (the interpreter is ending): now, then
+            _AGAIN.clear()
     raise KeyboardInterrupt
+
+
+os.register_at_fork(after_in_child=_AGAIN.clear)  # (the timer that would clear it is not there)
+
+
+def _again() -> None:
+    """Send the Ctrl-C held back (interrupt_handler) again."""
+    _AGAIN.clear()
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def _in_finalizer(frame) -> bool:

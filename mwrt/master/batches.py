@@ -24,6 +24,7 @@ from msgspec import Raw
 from msgspec.structs import replace
 
 from ..errors import MwrtError, WorkerLostError
+from ..procs import defer_interrupts
 from ..protocol import wire
 from ..protocol.lane import CONNECTION_CLOSED, Lane, LaneClosed
 from .limits import Limits
@@ -291,7 +292,9 @@ class Batches:
         run = self.run
         if run is not None and run.window > age:
             age = run.window
-        if (self.batch or self.frees) and now - self.batch_started > age:
+        lane = self.lane
+        if (lane is not None and lane.unsent) or (
+                (self.batch or self.frees) and now - self.batch_started > age):
             with self.tx_lock:
                 self._flush_locked(now)
 
@@ -316,7 +319,11 @@ class Batches:
             self._append_frees()
         elif self.run is not None:
             self.seal_run()
-        if not self.batch or self.closed or self.lost or self.torn:
+        if self.closed or self.lost or self.torn:
+            return
+        if self.lane is not None and self.lane.unsent:  # a batch a Ctrl-C cut: its rest first
+            self._send(None)
+        if not self.batch:
             return
         if self.bye is not None:  # dropped: a worker answers a batch after its Bye with "no
             # session for this master", which this master takes for a lost node
@@ -329,10 +336,22 @@ class Batches:
         message = wire.envelope(self.seq, wire.encode_body(_flat(self.batch) if self.runs
                                                            else self.batch), self.frames)
         try:
-            if self.lane is not None:
-                self.lane.send((message,), self.sync_timeout)
-            else:
+            self._send(message)
+        finally:  # sent, or (a Ctrl-C as it waited for room on the lane) its rest goes next
+            if not self.torn:
+                self.limits.count(len(message))
+                self.batch, self.frames, self.runs = [], [], False
+
+    def _send(self, message) -> None:
+        """Send a batch's `message` (None: the rest of one a Ctrl-C cut on the lane)."""
+        lane = self.lane
+        try:
+            if lane is None:
                 wire.send_parts(self.tx, [message])
+            elif message is None:
+                lane.finish(self.sync_timeout)
+            else:
+                lane.send((message,), self.sync_timeout)
         except LaneClosed:  # the worker's process ended: as its heartbeat's loss would say
             self.mark_lost(CONNECTION_CLOSED)
             self.check_lost()
@@ -340,10 +359,11 @@ class Batches:
             self.torn = self.refusing = True
             raise TimeoutError(f"{self}: {exc} (MWRT_SYNC_TIMEOUT)") from None
         except BaseException:  # a Ctrl-C at the send: whether the batch went out is unknown,
+            if lane is not None and lane.cut:  # (known on the lane as it waited for room)
+                lane.cut = False
+                raise
             self.torn = self.refusing = True  # so nothing more goes (resent, it could run twice)
             raise
-        self.limits.count(len(message))
-        self.batch, self.frames, self.runs = [], [], False
 
     def _append_frees(self) -> None:
         """One Free per stream for the handles dropped so far (some), grouped by streams."""
@@ -427,3 +447,8 @@ class Batches:
                                   f"tensors are gone{since}", node=self.index,
                                   address=self.address)
 
+
+# A Ctrl-C that lands as a send returns is held back until _send has kept what it sent (as
+# one in the lane's own writes is): landing there, it left the batch's fate unknown, and the
+# session could send no more.
+defer_interrupts(Batches._send, wire.send_parts)

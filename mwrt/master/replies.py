@@ -56,8 +56,9 @@ class Replies(Batches):
 
     def wait(self, token: int, what: str, timeout: float | None = None):
         """Wait for the reply `token`; raise the worker's error, a loss, or a timeout."""
-        if self.batch or self.frees:  # (a request's own command went out as it was queued)
-            self.flush()
+        lane = self.lane
+        if self.batch or self.frees or (lane is not None and lane.unsent):  # (a request's own
+            self.flush()  # command went out as it was queued; a Ctrl-C may have cut it)
         timeout = self.sync_timeout if timeout is None else timeout
         start, began = time.monotonic(), time.time()
         deadline = start + timeout

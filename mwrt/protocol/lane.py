@@ -23,6 +23,8 @@ import time
 
 import zmq
 
+from ..procs import defer_interrupts
+
 _LENGTH = struct.Struct("<Q")
 _MORE = 1 << 63  # in a frame's length word: another frame of the message follows
 _pack, _unpack = _LENGTH.pack, _LENGTH.unpack_from
@@ -63,7 +65,11 @@ class Lane:
         self.max_bytes = max_bytes or 1 << 62  # the most a frame may hold (the daemon's bound)
         self._in: bytes | bytearray = b""
         self._pos = 0
-        self.outbox: list = []  # buffers not written yet
+        self.outbox: list = []  # buffers not written yet (the daemon's end)
+        # The master's end: the rest of the message being sent, and whether a Ctrl-C cut its
+        # send where that rest was known (send()); else the batch's fate is unknown.
+        self.unsent: list = []
+        self.cut = False
         self._readable = select.poll()  # (made once: a wait for a reply is on the hot path)
         self._readable.register(self.fd, select.POLLIN)
         self.closed = False
@@ -174,14 +180,18 @@ class Lane:
                     return found
                 continue
             left = deadline - time.monotonic()
-            if left <= 0 or not self._readable.poll(left * 1000):
+            if left <= 0 or not _wait(self._readable, left):
                 raise zmq.Again()
 
     # -- writing --------------------------------------------------------------------------
 
     def send(self, frames, timeout: float) -> None:
-        """Write one message whole, waiting up to `timeout` for room (the master's end);
-        TimeoutError if the daemon took none of it for that long."""
+        """Write one message whole, after the rest of one a Ctrl-C cut (the master's end),
+        waiting up to `timeout` for room; TimeoutError if the daemon took none of it for
+        that long. A KeyboardInterrupt while it waits for room sets `cut`: the message is
+        sent all the same, its rest left in `unsent` for finish() (or the next send)."""
+        if self.unsent:
+            self.finish(timeout)
         if len(frames) == 1 and len(frames[0]) <= _JOINED_BYTES:  # a batch: one write
             data = _pack(len(frames[0])) + frames[0]
             try:
@@ -192,14 +202,24 @@ class Lane:
                 raise LaneClosed(f"lane: {exc}") from None
             if sent == len(data):
                 return
-            views = [memoryview(data)[sent:]]
+            self.unsent = [memoryview(data)[sent:]]
         else:
-            views = _views(frames)
+            self.unsent = _views(frames)
+        self.finish(timeout)
+
+    def finish(self, timeout: float) -> None:
+        """Write the rest of the message send() began, waiting up to `timeout` for room."""
+        views = self.unsent
         while views:
             try:
                 sent = self.sock.sendmsg(views[:_IOV_MAX], (), _NOSIGNAL)
             except (BlockingIOError, InterruptedError):
-                if not _writable(self.fd, timeout):
+                try:
+                    room = _writable(self.fd, timeout)
+                except BaseException:  # (a Ctrl-C) `unsent` is what the socket has not taken
+                    self.cut = True
+                    raise
+                if not room:
                     raise TimeoutError(f"lane: the worker read nothing for {timeout} s") from None
                 continue
             except OSError as exc:
@@ -257,11 +277,24 @@ def _consume(views: list, sent: int) -> None:
         views.pop(0)
 
 
+def _wait(poll, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for `poll` to fire (a frame of its own: a Ctrl-C lands
+    here, where the lane's bytes are all accounted for)."""
+    return bool(poll.poll(timeout * 1000))
+
+
 def _writable(fd: int, timeout: float) -> bool:
     """Wait up to `timeout` seconds for `fd` to take more bytes."""
     poll = select.poll()
     poll.register(fd, _POLLOUT)
     return bool(poll.poll(max(timeout, 0) * 1000))
+
+
+# A Ctrl-C is held back while these run (procs.interrupt_handler): landing between a system
+# call and the count of what it moved, it would drop bytes read or leave the count of those
+# written unknown, and the next message would be framed from the middle of another.
+defer_interrupts(Lane.message, Lane._frames, Lane.fill, Lane.take, Lane.recv, Lane.send,
+                 Lane.finish, _views, _consume)
 
 
 def open_lane(path: str, sid: bytes, timeout: float) -> Lane | None:
