@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import stat
 import struct
 import threading
@@ -36,6 +37,9 @@ DTYPES = {code: np.dtype(name) for name, code in CODES.items()}
 BITS: dict[str, np.dtype] = {"BF16": np.dtype(np.int16), "F8_E4M3": np.dtype(np.uint8),
                              "F8_E5M2": np.dtype(np.uint8)}
 DTYPES.update(BITS)
+# The name of every file a save writes (mwrt.save), which a sweep of older ones matches whole.
+PART = re.compile(r"generation-(\d+)/node(\d+)-device(-?\d+)\.safetensors")
+_GENERATION = re.compile(r"generation-(\d+)")
 _PAIRS = "mwrt.complex128"  # __metadata__ key: tensors stored as float64 pairs
 _CHUNK = 64 << 20  # CRC32 and write in pieces, so a GB tensor never needs a second GB
 MAX_HEADER = 100_000_000  # the safetensors library's own bound on a header's length
@@ -121,6 +125,38 @@ def remove(folder: str, rel: str) -> None:
     if "/" in rel:  # the older save's folder, once empty
         with contextlib.suppress(OSError), _parent(folder, rel.rpartition("/")[0], "") as at:
             os.rmdir(at[1], dir_fd=at[0])
+
+
+def remove_older(folder: str, generation: int) -> None:
+    """Remove the files of `folder` named as a save names them (PART) of generations older
+    than `generation`, and their folders once empty; nothing else, and no link's target."""
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):  # no save of this worker's went there
+        return
+    for name in names:
+        found = _GENERATION.fullmatch(name)
+        if found is None or int(found[1]) >= generation:
+            continue
+        for part in _listing(folder, name):
+            if PART.fullmatch(f"{name}/{part}"):
+                with contextlib.suppress(OSError):  # (a folder of that name: not a save's)
+                    remove(folder, f"{name}/{part}")
+
+
+def _listing(folder: str, name: str) -> list[str]:
+    """The names in folder `name` of `folder`; none where it is a link or not a folder."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        inner = os.open(name, _DIR, dir_fd=fd)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    try:
+        return os.listdir(inner)
+    finally:
+        os.close(inner)
 
 
 def outside(rel) -> str:

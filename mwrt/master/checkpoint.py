@@ -5,7 +5,9 @@ parallel, on the tensors' streams; the master writes only the manifest (names, s
 dtypes, where each tensor lived, its file and CRC32), last, by an atomic rename. A save
 goes into a folder of its own generation, and the files of the generation before the
 previous one are removed as the new one is written, by the worker of each place, whether
-this save writes there or not: a crash mid-save leaves the previous checkpoint whole.
+this save writes there or not: a crash mid-save leaves the previous checkpoint whole. The
+files a killed save wrote, which no manifest lists, each node removes once they are older
+than the generation the manifest in place replaces.
 `wait=False` first snapshots the tensors on their streams (a copy, so later in-place
 updates are not saved), then writes on a checkpoint stream of each worker while the
 program goes on.
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import threading
 import time
@@ -42,7 +43,6 @@ from .torchtensor import ready as torch_ready
 MANIFEST = "manifest.json"
 _LAST: dict = {}  # folder -> its latest SaveHandle (a save waits for the one before it)
 _FORMAT = "mwrt-checkpoint"
-_PART = re.compile(r"generation-\d+/node(\d+)-device(-?\d+)\.safetensors")  # what a save writes
 _SAVE_STREAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node -> {dev: id}
 
 
@@ -114,6 +114,7 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
     if prior is not None:  # one save per folder at a time: its manifest says what comes next
         prior.wait()
     generation, before, stale = _previous(path)
+    older = _older(generation, before)
     generation += 1
     groups: dict = {}
     for name, t in tensors.items():
@@ -130,8 +131,9 @@ def save(path: str | os.PathLike, tensors: dict, *, wait: bool = True) -> SaveHa
                 entries[name]["torch"] = {"dtype": str(t.dtype),
                                           "requires_grad": bool(t.requires_grad)}
         node = members[0][1]._node
-        parts.append(_issue_save(path, rel, stale.pop(where, ()), node, where[1], members, wait))
-    parts += _issue_removals(path, stale, wait)
+        parts.append(_issue_save(path, rel, stale.pop(where, ()), node, where[1], members, wait,
+                                 older))
+    parts += _issue_removals(path, stale, wait, older, {where[0] for where in groups})
     for name, entry in sharded.items():
         for block in entry["blocks"]:
             entries[block["name"]]["part_of"] = name
@@ -229,10 +231,11 @@ def _blocks_of_sharded(tensors: dict) -> tuple[dict, dict]:
     return flat, sharded
 
 
-def _issue_removals(path: str, stale: dict, wait: bool) -> list:
+def _issue_removals(path: str, stale: dict, wait: bool, older: int, saving: set) -> list:
     """A SaveTensors that writes nothing for each place this save leaves out, removing its
-    stale files; a place this session lacks keeps them (no worker here wrote them)."""
-    cluster, parts = current(), []
+    stale files (a place this session lacks keeps them: no worker here wrote them), and for
+    each other node where older files may lie (a killed save's, which no manifest lists)."""
+    cluster, parts, reached = current(), [], set(saving)
     for (node_index, device), files in sorted(stale.items()):
         if node_index >= len(cluster.nodes):
             continue
@@ -241,13 +244,19 @@ def _issue_removals(path: str, stale: dict, wait: bool) -> list:
             node.check_device(device)
         except ValueError:
             continue
-        parts.append(_issue_save(path, "", files, node, device, [], wait))
+        parts.append(_issue_save(path, "", files, node, device, [], wait, older))
+        reached.add(node_index)
+    if older > 1:  # (files of generation 1 and later: none is older than 1)
+        for node in cluster.nodes:
+            if node.index not in reached and node.lost is None:
+                parts.append(_issue_save(path, "", (), node, HOST, [], wait, older))
     return parts
 
 
-def _issue_save(path: str, rel: str, stale, node, device: int, members: list, wait: bool):
-    """One SaveTensors for the tensors of one (node, device), removing its `stale` files:
-    (names, crc handle, rel, stream)."""
+def _issue_save(path: str, rel: str, stale, node, device: int, members: list, wait: bool,
+                older: int):
+    """One SaveTensors for the tensors of one (node, device), removing its `stale` files and
+    those of generations before `older`: (names, crc handle, rel, stream)."""
     tensors = [t for _, t in members]
     if not wait:  # a snapshot on the tensors' own streams; later updates go elsewhere
         tensors = [t.detach().clone() if t.holds_torch else t.copy() for t in tensors]
@@ -261,7 +270,8 @@ def _issue_save(path: str, rel: str, stale, node, device: int, members: list, wa
         {"dtype": "<i8", "shape": [len(tensors)]}), stream)
     node.issue(wire.SaveTensors(id=now, stream=stream, out=crcs._id, folder=path, file=rel,
                                 names=tuple(name for name, _ in members),
-                                refs=tuple(t._ref for t in tensors), stale=tuple(stale)))
+                                refs=tuple(t._ref for t in tensors), stale=tuple(stale),
+                                older=older))
     return [name for name, _ in members], crcs, rel, Stream(node.index, device, _id=stream)
 
 
@@ -342,17 +352,24 @@ def _previous(path: str) -> tuple[int, dict, dict]:
     return generation, before, by_place
 
 
+def _older(generation: int, before: dict) -> int:
+    """The generation files older than which no manifest lists (a killed save's): older than
+    what the manifest in place replaces, and than any file it reads (a copied one's may be)."""
+    files = (tensorfile.PART.fullmatch(e.get("file") or "") for e in before.values())
+    return min([generation - 1, *(int(found[1]) for found in files if found)])
+
+
 def _written(where: str, whose: str, key: str, rel) -> tuple[int, int]:
     """The (node, device) whose worker wrote `rel`, if a save wrote it, else a ValueError
     naming the manifest's entry."""
-    found = _PART.fullmatch(rel) if isinstance(rel, str) else None
+    found = tensorfile.PART.fullmatch(rel) if isinstance(rel, str) else None
     if found is None:
         raise ValueError(
             f"mwrt.save: {where}: {whose} names a file that a later save would remove, and "
             f"mwrt.save did not write it (got {key} {rel!r:.200}, expected one like "
             "'generation-1/node0-device-1.safetensors'); a save removes only older files of "
             "its own folder: restore the manifest, or save elsewhere")
-    return int(found[1]), int(found[2])
+    return int(found[2]), int(found[3])
 
 
 def _inside(path: str, name: str, rel) -> None:

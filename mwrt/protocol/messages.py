@@ -325,8 +325,9 @@ class DropGraph(Command, tag=33, frozen=True):
 class SaveTensors(StreamCommand, tag=34, frozen=True):
     """Write tensors `refs` as `names` to safetensors file `file` of checkpoint folder `folder`
     on this worker's disk (none when `names` is empty); their CRC32s become tensor `out`; then
-    remove files `stale` of the folder (an older checkpoint's). Every path is relative, and
-    inside `folder`."""
+    remove files `stale` of the folder (an older checkpoint's), and every file a save wrote
+    of a generation older than `older` (a killed save's, which no manifest lists). Every
+    path is relative, and inside `folder`."""
 
     needs_key = True  # it writes files as the worker's user: what shipped code could do
     out: int
@@ -335,6 +336,7 @@ class SaveTensors(StreamCommand, tag=34, frozen=True):
     names: tuple[str, ...]
     refs: tuple[int, ...]
     stale: tuple[str, ...]
+    older: int = 0
 
 
 class LoadTensors(StreamCommand, tag=35, frozen=True):

@@ -32,6 +32,8 @@ def save_tensors(ex, cmd, frames):
     for stale in cmd.stale:
         if stale != cmd.file:
             tensorfile.remove(cmd.folder, stale)
+    if cmd.older > 1:
+        tensorfile.remove_older(cmd.folder, cmd.older)
 
 
 def load_tensors(ex, cmd, frames):

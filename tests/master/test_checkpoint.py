@@ -126,6 +126,39 @@ def test_a_place_a_save_leaves_out_has_its_older_files_removed_too(cluster, tmp_
     np.testing.assert_array_equal(loaded["b"].numpy(), np.arange(4.0))
 
 
+def test_a_killed_saves_file_that_no_manifest_lists_is_removed_by_later_saves(cluster,
+                                                                              tmp_path):
+    """A save of {a on node 0, b on node 1} killed after node 1 wrote its file but before
+    the manifest (the manifest put back here, as the kill leaves it) leaves a file no manifest
+    lists; saves of {a} alone remove it once it is older than what the manifest in place
+    replaces, and nothing else of the folder that a save did not write."""
+    with mwrt.node(0):
+        a = mwrt.dist_send(np.arange(3.0))
+    with mwrt.node(1):
+        b = mwrt.dist_send(np.arange(4.0))
+    mwrt.save(tmp_path, {"a": a, "b": b})  # generation 1
+    manifest = (tmp_path / "manifest.json").read_bytes()
+    mwrt.save(tmp_path, {"a": a, "b": b})  # generation 2, killed before its manifest:
+    (tmp_path / "manifest.json").write_bytes(manifest)
+    (tmp_path / "generation-2" / "node0-device-1.safetensors").unlink()  # node 0 not yet
+    foreign = ["generation-1/notes.txt", "generation-1/node1-device-1.safetensors.bak",
+               "generation-9x/node1-device-1.safetensors", "node1-device-1.safetensors"]
+    for name in foreign:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("not a save's")
+    orphan = "generation-2/node1-device-1.safetensors"
+    for _ in range(3):  # generations 2 (again), 3 and 4: not older than what 1, 2, 3 replace
+        mwrt.save(tmp_path, {"a": a})
+        assert orphan in _files(tmp_path)
+    mwrt.save(tmp_path, {"a": a + 1})  # generation 5 replaces 4: older than that goes
+    assert _files(tmp_path) == ["generation-1/node1-device-1.safetensors.bak",
+                                "generation-1/notes.txt",
+                                "generation-4/node0-device-1.safetensors",
+                                "generation-5/node0-device-1.safetensors",
+                                "generation-9x/node1-device-1.safetensors"]
+    assert all((tmp_path / name).read_text() == "not a save's" for name in foreign)
+    np.testing.assert_array_equal(mwrt.load(tmp_path)["a"].numpy(), np.arange(3.0) + 1)
+
 def test_damaged_files_are_named_and_the_session_goes_on(cluster, tmp_path):
     with mwrt.node(1):
         w = mwrt.dist_send(np.arange(5))

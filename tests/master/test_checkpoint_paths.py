@@ -64,6 +64,27 @@ def _outside_paths(victim) -> list:
     return ["../vdir/v2.txt", str(victim), "generation-1/../../vdir/v2.txt"]
 
 
+def test_a_sweep_of_older_files_removes_none_the_checkpoint_in_place_reads(saved):
+    folder, w, _ = saved
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["generation"] = 50  # a copied checkpoint's: its files are of generation 1
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    mwrt.save(folder, {"w": w + 1})  # generation 51: the files of 49 and older may go
+    assert (folder / PART).exists()  # read by the checkpoint in place while it was saved
+    np.testing.assert_array_equal(mwrt.load(folder)["w"].numpy(), np.arange(1.0, 5.0))
+
+
+def test_a_sweep_of_older_files_follows_no_link(saved):
+    folder, w, victim = saved
+    planted = victim.parent / "node0-device-1.safetensors"
+    planted.write_text("keep me")
+    os.symlink(victim.parent, folder / "generation-0")
+    os.symlink(planted, folder / "generation-1" / "node7-device-1.safetensors")
+    for _ in range(3):  # generation 4 removes what is older than 2
+        mwrt.save(folder, {"w": w})
+    assert not (folder / "generation-1").exists() and (folder / "generation-0").is_symlink()
+    assert planted.read_text() == "keep me" and victim.read_text() == "keep me"
+
 @pytest.mark.parametrize("which", range(3))
 @pytest.mark.parametrize("key", ["replaces", "file"])
 def test_a_save_removes_no_file_a_manifest_names_outside_its_folder(saved, which, key):
