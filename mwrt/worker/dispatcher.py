@@ -21,7 +21,7 @@ from ..protocol import wire
 from . import quotas, routes
 from .calls import quick_call
 from .session import RX, Session
-from .tensors import Poisoned, meta_answer
+from .tensors import early_answer, meta_answer
 
 log = logging.getLogger("mwrt.worker")
 
@@ -173,7 +173,7 @@ class Dispatcher:
         """Answer a shape question now if its tensor is made, else when it is: a shape does
         not wait for the later commands of its stream (the stream, reaching it, skips it)."""
         value = session.tensors.watch(command.ref, command.token)
-        if value is not None and type(value) is not Poisoned:  # (a failure: in order)
+        if value is not None and early_answer(value, self.inline_bytes):
             session.tensors.answering(command.token)
             self.send(session.identity, meta_answer(value, command.token))
 

@@ -96,9 +96,19 @@ def keep(ex, out: int, value) -> None:
     table = ex.session.tensors
     table[out] = value
     # (watched read without the lock: watch() adds under it before this store, or sees it)
-    if table.watched and type(value) is not Poisoned:
+    if table.watched and early_answer(value, ex.session.daemon.inline_bytes):
         for token in table.made(out):
             ex.reply(meta_answer(value, token))
+
+
+def early_answer(value, inline_bytes: int) -> bool:
+    """Whether a shape question on `value` is answered before its stream reaches it. Not a
+    failure's (its stream reports it, in order), nor a small host array's, whose bytes ride
+    with the answer so that the read after it costs no round trip (handlers.meta): a later
+    command of the stream may write them."""
+    if type(value) is np.ndarray:
+        return value.nbytes > inline_bytes
+    return type(value) is not Poisoned
 
 
 def meta_answer(value, token: int):

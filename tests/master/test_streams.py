@@ -182,7 +182,9 @@ def _after_file(path: str, bound: float) -> None:
 @pytest.mark.parametrize("asked", ["before", "after"])
 def test_a_shape_is_answered_once_its_tensor_is_made_not_after_later_calls(cluster, tmp_path,
                                                                           asked):
-    # `a * 2` needs a's shape, known once `first` ran; it waited for `second` too.
+    # `a * 2` needs a's shape, known once `first` ran; it waited for `second` too. (An array
+    # past MWRT_INLINE_BYTES: a smaller one's bytes ride with its shape, in stream order, so
+    # that reading it next costs no second round trip: test_round_trips.py.)
     made, go, done = (str(tmp_path / name) for name in ("made", "go", "second-done"))
     bound = machine.seconds(10, 60)
 
@@ -190,7 +192,7 @@ def test_a_shape_is_answered_once_its_tensor_is_made_not_after_later_calls(clust
         if asked == "before":  # the shape is asked while this runs
             _after_file(go + "-first", bound)
         open(made, "w").close()
-        return np.arange(5.0)
+        return np.arange(10_000.0)
 
     def second(a):
         _after_file(go, bound)
@@ -204,12 +206,12 @@ def test_a_shape_is_answered_once_its_tensor_is_made_not_after_later_calls(clust
     else:
         _after_file(made, bound)
     c = a * 2
-    assert c.shape == (5,)
+    assert c.shape == (10_000,)
     assert not os.path.exists(done), "the shape waited for the call after the one that made it"
     open(go, "w").close()
-    np.testing.assert_array_equal(b.numpy(), np.arange(5.0) * 3)
+    np.testing.assert_array_equal(b.numpy(), np.arange(10_000.0) * 3)
     assert os.path.exists(done)
-    np.testing.assert_array_equal(c.numpy(), np.arange(5.0) * 2)
+    np.testing.assert_array_equal(c.numpy(), np.arange(10_000.0) * 2)
 
 
 def test_profile_writes_a_trace_with_one_track_per_stream(cluster, tmp_path):
