@@ -32,6 +32,7 @@ import itertools
 import os
 import socket
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
@@ -115,7 +116,7 @@ class _Collective:
     # microsecond of it.
 
     __slots__ = ("agreement", "desc", "eager_bytes", "group", "kind", "posted_receives", "rank",
-                 "segment_bytes", "seq", "size", "tag")
+                 "segment_bytes", "seq", "size", "started", "tag")
 
     def __init__(self, group, kind: str, desc: dict):
         self.group, self.kind, self.desc = group, kind, desc
@@ -125,11 +126,13 @@ class _Collective:
     def __enter__(self) -> _Collective:
         g = self.group
         self.seq = seq = next(g._seqs)  # atomic: two threads never draw the same number
+        self.started = time.time()  # the hang reports count from here, not from their look
         g.current = self  # for the hang watchdog, which looks every few seconds
         try:
             self.agreement = Agreement(g, g._tag(_CONTROL, seq), self.kind,
                                        describe_call(seq, self.kind, **self.desc))
         except BaseException:
+            g.idle_since = time.time()  # before finished: a look that sees one sees both
             g.finished = seq
             if g.turns is not None:
                 g.turns.end(seq)  # no __exit__ will: later calls must not wait for this one
@@ -148,6 +151,7 @@ class _Collective:
         except _CHANNEL_ERRORS as e:
             exc = e
         finally:
+            self.group.idle_since = time.time()
             self.group.finished = self.seq
             if self.group.turns is not None:
                 self.group.turns.end(self.seq)

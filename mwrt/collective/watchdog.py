@@ -1,17 +1,20 @@
 """Hang reports: one thread per process looks at each group's current call every few seconds.
 
-A collective marks itself on its group as it enters (`group.current`) and as it ends
-(`group.finished`); the facade's send/recv mark `group.p2p`. Nothing else happens on the
-hot path: this thread notices a call that has not changed for MWRT_HANG_WARNING seconds
-and logs who it waits for (the members whose last report, through the group's store, is
-behind this call), naming the call (`all_reduce #12 on group [0, 1, 2]`). It also
+A collective marks itself on its group as it enters (`group.current`, with the time it
+began) and as it ends (`group.finished`, `group.idle_since`); the facade's send/recv mark
+`group.p2p`. Nothing else happens on the hot path: this thread notices a call that has
+waited MWRT_HANG_WARNING seconds since it began and logs who it waits for (the members
+whose last report, through the group's store, is behind this call), naming the call
+(`all_reduce #12 on group [0, 1, 2]`). It also
 publishes each group's state to the store when it changes (so the others can say what this
 rank does), and, under mwrt-launch, to a file the launcher prints as a table
-(MWRT_STATUS_DIR).
+(MWRT_STATUS_DIR). The collectives a call of mwrt's own makes (init_process_group's) are
+named as its, and leave the group as if it had made none (`internal`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +33,7 @@ _thread: list[threading.Thread | None] = [None]
 def watch(group) -> None:
     """Start watching `group` (from its constructor); the thread starts with the first."""
     group.current, group.finished, group.p2p = None, -1, None
+    group.idle_since, group.caller = time.time(), None
     warning = config.get("hang_warning")
     if warning <= 0 and not config.get("status_dir"):
         return
@@ -48,31 +52,47 @@ def forget(group) -> None:
         _groups.discard(group)
 
 
+@contextlib.contextmanager
+def internal(group, caller: str):
+    """`with internal(g, "init_process_group")`: the reports name the collectives inside as
+    `caller`'s, and after it say the group has made none yet (none was the user's)."""
+    group.caller = caller
+    try:
+        yield
+    finally:
+        group.caller, group.current, group.finished = None, None, -1
+        group.idle_since = time.time()
+
+
 def group_label(g) -> str:
     """`the default group [0, 1]` or `group 3 [0, 2]`: how reports name a group."""
     return f"{'the default group' if not g.group_id else f'group {g.group_id}'} {g.ranks}"
 
 
 def state_of(g) -> tuple:
-    """(key, busy, text) of what `g` does now: the key changes whenever the call does."""
-    call, finished, p2p = g.current, g.finished, g.p2p
+    """(key, busy, text, since) of what `g` does now: the key changes whenever the call does;
+    `since` is the time.time() its call began, or the group went idle."""
+    call, finished, p2p, idle_since = g.current, g.finished, g.p2p, g.idle_since
     if call is not None and call.seq > finished:
-        return ("call", call.seq), True, f"{call.kind} #{call.seq} on {group_label(g)}"
+        name = f"{call.kind} #{call.seq}"
+        name = name if g.caller is None else f"{g.caller}'s {name}"
+        return ("call", call.seq), True, f"{name} on {group_label(g)}", call.started
     if p2p is not None:
-        return ("p2p", p2p[0]), True, f"{p2p[1]} on {group_label(g)}"
+        return ("p2p", p2p[0]), True, f"{p2p[1]} on {group_label(g)}", p2p[3]
     if call is None:
-        return ("idle", -1), False, f"idle on {group_label(g)} (no collective yet)"
-    return ("idle", finished), False, f"idle after {call.kind} #{finished} on {group_label(g)}"
+        return ("idle", -1), False, f"idle on {group_label(g)} (no collective yet)", idle_since
+    text = f"idle after {call.kind} #{finished} on {group_label(g)}"
+    return ("idle", finished), False, text, idle_since
 
 
 class _Seen:
     """What the watchdog last saw of one group: the state, since when, last warned when."""
 
-    __slots__ = ("busy", "key", "published", "since", "wall", "warned")
+    __slots__ = ("busy", "key", "published", "since", "warned")
 
-    def __init__(self, key, busy, now):
-        self.key, self.busy, self.since, self.warned = key, busy, now, now
-        self.wall, self.published = time.time(), False
+    def __init__(self, key, busy, since):
+        self.key, self.busy, self.since, self.warned = key, busy, since, since
+        self.published = False
 
 
 def _run(warning: float) -> None:
@@ -88,17 +108,17 @@ def _run(warning: float) -> None:
 
 
 def _tick(seen: dict, warning: float) -> None:
-    now, changed = time.monotonic(), False
+    now, changed = time.time(), False  # wall time: the others compare it with theirs
     with _lock:
         groups = list(_groups)
     for g in groups:
-        key, busy, text = state_of(g)
+        key, busy, text, since = state_of(g)
         s = seen.get(id(g))
         if s is None or s.key != key:
-            s = seen[id(g)] = _Seen(key, busy, now)
+            s = seen[id(g)] = _Seen(key, busy, since)
             changed = True
         if not s.published:
-            s.published = _publish(g, key, busy, text, s.wall)
+            s.published = _publish(g, key, busy, text, s.since)
         if busy and warning > 0 and now - s.warned >= warning:
             s.warned = now
             log.warning("%s", report(g, key, text, now - s.since))
@@ -176,7 +196,7 @@ def _write_status(groups, seen: dict) -> None:
     for g in groups:
         s = seen.get(id(g))
         if s is not None:
-            rows.append({"busy": s.busy, "what": state_of(g)[2], "since": s.wall,
+            rows.append({"busy": s.busy, "what": state_of(g)[2], "since": s.since,
                          "group": g.group_id})
     tmp = os.path.join(where, f".rank-{rank}.{os.getpid()}")
     with open(tmp, "w") as f:
@@ -215,4 +235,5 @@ def table(records: dict, ranks) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["watch", "forget", "state_of", "report", "read_status", "table", "group_label"]
+__all__ = ["watch", "forget", "internal", "state_of", "report", "read_status", "table",
+           "group_label"]

@@ -98,7 +98,7 @@ class _marked:
 
     def __init__(self, g, text: str, peer: int | None = None):
         self.g = g
-        g.p2p = (next(_calls), text, peer)
+        g.p2p = (next(_calls), text, peer, time.time())
 
     def __enter__(self):
         return self

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import channels, config
 from ..collective import api as C
+from ..collective import watchdog
 from ..collective.group import ProcessGroup, default_timeout
 from ..errors import MwrtError
 from ..protocol import auth
@@ -152,11 +153,12 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             group = ProcessGroup(channel, store=store, prefix=prefix, peers=peers,
                                  timeout=timeout)
             # Connect every pair now, while rank 0 (which serves the store) is sure to be up.
-            if channel.device_buffers:  # host memory is not its to move (nccl): a barrier
-                C.barrier(group)
-            else:
-                probe = np.zeros(world_size, np.uint8)
-                C.all_to_all(group, probe.copy(), probe)
+            with watchdog.internal(group, "init_process_group"):
+                if channel.device_buffers:  # host memory is not its to move (nccl): a barrier
+                    C.barrier(group)
+                else:
+                    probe = np.zeros(world_size, np.uint8)
+                    C.all_to_all(group, probe.copy(), probe)
             group.timeout = waits
         except BaseException:
             if channel is not None:
@@ -179,7 +181,8 @@ def destroy_process_group(group: GroupLike = None) -> None:
     if not g.broken:
         try:  # rank 0 serves the store: keep it up until everyone is done with it
             g.timeout = min(g.timeout, 30.0)
-            C.barrier(g)
+            with watchdog.internal(g, "destroy_process_group"):
+                C.barrier(g)
         except MwrtError:
             pass
     for pg in _state.groups:

@@ -31,6 +31,7 @@ except ModuleNotFoundError as missing:  # torch is optional: say how to get it
 
 from .. import channels, config
 from ..collective import api as C
+from ..collective import watchdog
 from ..collective.group import ProcessGroup as MwrtGroup
 from ..protocol import auth
 from ..store import rendezvous
@@ -63,7 +64,8 @@ def create_process_group(opts, backend_options=None) -> MwrtProcessGroup:
                       f"{list(opts.global_ranks_in_group) or list(range(size))})")
         # Connect every pair now, while rank 0 (which serves torch's store) is sure to be up.
         probe = np.zeros(size, np.uint8)
-        C.all_to_all(group, probe.copy(), probe)
+        with watchdog.internal(group, "init_process_group"):  # no collective of the user's
+            C.all_to_all(group, probe.copy(), probe)
     except BaseException:
         channel.close()
         raise

@@ -53,7 +53,8 @@ def test_a_rank_that_never_calls_is_reported_then_times_out():
     line = next(ln for ln in out.splitlines() if "[rank 0] mwrt: rank 0 has waited" in ln)
     assert "all_reduce #1 on the default group [0, 1]" in line, line
     assert "waiting for ranks [1]" in line, line
-    assert "rank 1: idle after all_to_all #0" in line, line
+    assert "rank 1: idle on the default group [0, 1] (no collective yet)" in line, line
+    assert "all_to_all" not in line, line  # init_process_group's own, not the user's
     assert f"timed out after {timeout} s" in out and "MWRT_COLLECTIVE_TIMEOUT" in out, out
     # the launcher noticed the hang too, and printed its table
     assert "mwrt-launch: every rank's current call (rank 0 in all_reduce #1" in out, out
@@ -68,7 +69,7 @@ def test_a_recv_from_a_silent_rank_is_reported():
     line = next((ln for ln in out.splitlines() if "[rank 0] mwrt: rank 0 has waited" in ln), "")
     assert "in recv from rank 1 (tag 0) on the default group [0, 1], waiting for ranks [1]" \
         in line, out
-    assert "rank 1: idle after all_to_all #0" in line, line
+    assert "rank 1: idle on the default group [0, 1] (no collective yet)" in line, line
 
 
 def _pump(stream, lines):
@@ -107,7 +108,8 @@ def test_sigusr1_to_the_launcher_prints_every_ranks_call(tmp_path):
             table = _table(err, start)
         assert "waiting" in table and "all_reduce #1 on the default group [0, 1]" in table, \
             "".join(err)
-        assert "idle" in table and "after all_to_all #0" in table, table
+        assert "idle" in table and "(no collective yet)" in table, table
+        assert "all_to_all" not in table, table  # init_process_group's, not the user's
         go.write_text("")
         proc.wait(60)
         for t in pumps:
@@ -135,6 +137,50 @@ def test_the_collective_timeout_variable_and_group_timeouts(monkeypatch):
     finally:
         ch.close()
 
+
+@pytest.mark.quick
+def test_a_calls_time_counts_from_when_it_began_not_from_the_watchdogs_look(
+        monkeypatch, tmp_path):
+    """The status mwrt-launch's table and the hang reports read gives a call's start, not
+    when the watchdog (which looks every few seconds) first saw it; a collective of mwrt's
+    own (init_process_group's) is named as its, and leaves the group with none of the user's."""
+    from mwrt import channels
+    from mwrt.collective import api as C
+    from mwrt.collective import watchdog
+    from mwrt.store import HashStore
+
+    monkeypatch.setenv("MWRT_STATUS_DIR", str(tmp_path))
+    store = HashStore(timeout=30)
+    chans = [channels.create("inproc", r, 2, store=store, timeout=30) for r in range(2)]
+    groups = [ProcessGroup(ch, store=store, timeout=30) for ch in chans]
+
+    def init_like():
+        with watchdog.internal(groups[0], "init_process_group"):
+            C.all_reduce(groups[0], np.ones(2))
+
+    waiter = threading.Thread(target=init_like, daemon=True)
+    try:
+        waiter.start()
+        deadline = time.monotonic() + machine.seconds(10, 60)
+        while not watchdog.state_of(groups[0])[1] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        entered = time.time()  # after the call began; the watchdog looks later, mostly
+        rows: list = []
+        while not rows and time.monotonic() < deadline:
+            time.sleep(0.05)
+            rows = [row for rec in watchdog.read_status(str(tmp_path)).values()
+                    for row in rec["calls"] if row["busy"]]
+        assert [row["what"] for row in rows] == [
+            "init_process_group's all_reduce #0 on the default group [0, 1]"], rows
+        assert rows[0]["since"] <= entered, (rows, entered)
+        C.all_reduce(groups[1], np.ones(2))
+        waiter.join(30)
+        assert watchdog.state_of(groups[0])[2] == ("idle on the default group [0, 1] (no "
+                                                   "collective yet)")
+        assert watchdog.state_of(groups[1])[2].startswith("idle after all_reduce #0")
+    finally:
+        for ch in chans:
+            ch.close()
 
 def _recv_forms(rank):
     dist.init_process_group("tcp")
