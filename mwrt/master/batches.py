@@ -33,6 +33,7 @@ from .sites import SITE_MASK, issue_site, site_text
 log = logging.getLogger("mwrt")
 
 _clock = time.monotonic  # (one global read per command)
+_CUT_BY_CTRL_C = "a Ctrl-C came as a batch of commands was sent (it may have gone out or not)"
 QUIET = 1e-3  # seconds without a send after which a node is quiet: its next batch goes at once
 
 
@@ -190,7 +191,7 @@ class Batches:
     lost_at: str
     replaced_by: str
     closed: bool
-    torn: bool
+    torn: str  # why no more messages go on tx or the lane ("": they go)
     refusing: bool
     bye: int | None  # the id of the Bye sent: nothing goes after it
 
@@ -293,10 +294,15 @@ class Batches:
         if run is not None and run.window > age:
             age = run.window
         lane = self.lane
-        if (lane is not None and lane.unsent) or (
-                (self.batch or self.frees) and now - self.batch_started > age):
-            with self.tx_lock:
+        stale = (lane is not None and lane.unsent) or (
+            (self.batch or self.frees) and now - self.batch_started > age)
+        # Not waiting for the lock: its holder sends (maybe waiting for room on a lane, where
+        # a heartbeat thread waiting here would ping no node meanwhile).
+        if stale and self.tx_lock.acquire(blocking=False):
+            try:
                 self._flush_locked(now)
+            finally:
+                self.tx_lock.release()
 
     def seal_run(self) -> None:
         """The batch's last run grows no more (called under tx_lock, before the batch does)."""
@@ -348,21 +354,25 @@ class Batches:
         try:
             if lane is None:
                 wire.send_parts(self.tx, [message])
-            elif message is None:
-                lane.finish(self.sync_timeout)
+            elif message is None:  # (a lost worker ends a wait for room, as its loss)
+                lane.finish(self.sync_timeout, self.check_lost)
             else:
-                lane.send((message,), self.sync_timeout)
+                lane.send((message,), self.sync_timeout, self.check_lost)
         except LaneClosed:  # the worker's process ended: as its heartbeat's loss would say
             self.mark_lost(CONNECTION_CLOSED)
             self.check_lost()
+        except WorkerLostError:  # lost as the lane waited for room: said as such
+            raise
         except TimeoutError as exc:  # part of the batch may be written: nothing more goes
-            self.torn = self.refusing = True
+            self.torn = f"a batch of commands was cut: {exc} (MWRT_SYNC_TIMEOUT)"
+            self.refusing = True
             raise TimeoutError(f"{self}: {exc} (MWRT_SYNC_TIMEOUT)") from None
         except BaseException:  # a Ctrl-C at the send: whether the batch went out is unknown,
             if lane is not None and lane.cut:  # (known on the lane as it waited for room)
                 lane.cut = False
                 raise
-            self.torn = self.refusing = True  # so nothing more goes (resent, it could run twice)
+            self.torn = _CUT_BY_CTRL_C  # so nothing more goes (resent, it could run twice)
+            self.refusing = True
             raise
 
     def _append_frees(self) -> None:
@@ -434,8 +444,7 @@ class Batches:
             self.check_lost()  # a replaced node: say it was lost, not that the session ended
             self._raise_closed()
         if self.torn:
-            raise MwrtError(f"{self}: a Ctrl-C came as a batch of commands was sent (it may have "
-                            "gone out or not), so this session cannot send more; call "
+            raise MwrtError(f"{self}: {self.torn}, so this session cannot send more; call "
                             "mwrt.shutdown(), then mwrt.init_master_worker() again")
         self.check_lost()
 

@@ -120,7 +120,7 @@ class Node(Replies):
         self.info: wire.Welcome | None = None
         self.resumed: dict | None = None  # what a re-attached named session held
         self.closed = False
-        self.torn = False  # a Ctrl-C came at a batch's send: no more messages on tx
+        self.torn = ""  # why no more messages go (a Ctrl-C came at a batch's send)
         self.refusing = False  # closed, torn or lost: one test per command issued
         # (token, what, when) of a wait a Ctrl-C cut short.
         self.interrupted = None

@@ -32,6 +32,7 @@ _READ_BYTES = 1 << 18  # one read's most: a 64 KiB inline array's message whole
 _JOINED_BYTES = 1 << 16  # a frame up to this size goes out joined to its length: one copy
 _IOV_MAX = 512  # buffers one sendmsg takes at most (Linux allows 1024)
 _POLLOUT = select.POLLOUT
+_ROOM_SLICE = 0.05  # s: a write waiting for room calls its check this often (a lost worker)
 # A write to a lane whose other end died fails with EPIPE and never raises SIGPIPE, which
 # would kill a program that restored its default action (a CLI piped to `head` does).
 _NOSIGNAL = socket.MSG_NOSIGNAL
@@ -157,6 +158,18 @@ class Lane:
         """Bytes read from the socket and not yet taken as messages."""
         return len(self._in) - self._pos
 
+    def whole(self) -> bool:
+        """Whether the bytes read hold a whole message not yet taken."""
+        buf, pos, end = self._in, self._pos, len(self._in)
+        while end - pos >= 8:
+            (word,) = _unpack(buf, pos)
+            pos += 8 + (word & ~_MORE)
+            if pos > end:
+                return False
+            if not word & _MORE:
+                return True
+        return False
+
     def take(self) -> list | None:
         """The next whole message, reading what the socket holds first if none is here
         (never waiting); None if none came."""
@@ -185,13 +198,14 @@ class Lane:
 
     # -- writing --------------------------------------------------------------------------
 
-    def send(self, frames, timeout: float) -> None:
+    def send(self, frames, timeout: float, check=None) -> None:
         """Write one message whole, after the rest of one a Ctrl-C cut (the master's end),
-        waiting up to `timeout` for room; TimeoutError if the daemon took none of it for
-        that long. A KeyboardInterrupt while it waits for room sets `cut`: the message is
-        sent all the same, its rest left in `unsent` for finish() (or the next send)."""
+        waiting up to `timeout` for room, calling `check` now and then meanwhile (what it
+        raises ends the wait); TimeoutError if the daemon took none of it for that long. A
+        KeyboardInterrupt as it waits for room sets `cut`: the message is sent all the
+        same, its rest left in `unsent` for finish() (or the next send)."""
         if self.unsent:
-            self.finish(timeout)
+            self.finish(timeout, check)
         if len(frames) == 1 and len(frames[0]) <= _JOINED_BYTES:  # a batch: one write
             data = _pack(len(frames[0])) + frames[0]
             try:
@@ -205,9 +219,9 @@ class Lane:
             self.unsent = [memoryview(data)[sent:]]
         else:
             self.unsent = _views(frames)
-        self.finish(timeout)
+        self.finish(timeout, check)
 
-    def finish(self, timeout: float) -> None:
+    def finish(self, timeout: float, check=None) -> None:
         """Write the rest of the message send() began, waiting up to `timeout` for room."""
         views = self.unsent
         while views:
@@ -215,7 +229,7 @@ class Lane:
                 sent = self.sock.sendmsg(views[:_IOV_MAX], (), _NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 try:
-                    room = _writable(self.fd, timeout)
+                    room = _room(self.fd, timeout, check)
                 except BaseException:  # (a Ctrl-C) `unsent` is what the socket has not taken
                     self.cut = True
                     raise
@@ -281,6 +295,19 @@ def _wait(poll, timeout: float) -> bool:
     """Wait up to `timeout` seconds for `poll` to fire (a frame of its own: a Ctrl-C lands
     here, where the lane's bytes are all accounted for)."""
     return bool(poll.poll(timeout * 1000))
+
+
+def _room(fd: int, timeout: float, check) -> bool:
+    """Wait up to `timeout` seconds for `fd` to take more bytes, calling `check` (if given)
+    every _ROOM_SLICE meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if _writable(fd, left if check is None else min(left, _ROOM_SLICE)):
+            return True
+        if left <= _ROOM_SLICE or check is None:
+            return False
+        check()
 
 
 def _writable(fd: int, timeout: float) -> bool:

@@ -82,7 +82,10 @@ class Lanes:
         ROUTER gives them) while `more()` says the turn goes on; what is left waits."""
         self.waiting.discard(lane)
         try:
-            if lane.unread() < _INBOX_BYTES:  # else the master waits: its backpressure
+            # Past the bound, messages wait their turn and the master waits: its backpressure.
+            # One message larger than the bound is read on (the bound of its size is the
+            # lane's, as ZeroMQ's socket's): else both ends waited out MWRT_SYNC_TIMEOUT.
+            if lane.unread() < _INBOX_BYTES or not lane.whole():
                 lane.fill()
             while (frames := lane.message()) is not None:
                 if not lane.identity:

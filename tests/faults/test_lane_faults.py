@@ -113,3 +113,64 @@ def test_a_loop_that_catches_many_ctrl_cs_goes_on_with_right_values(lanes):
         child.kill()
         child.wait(60)
     assert rest.splitlines() == ["wrong 0 6.0", "second 4.0"], rest
+
+
+_HUGE_FUNCTION = textwrap.dedent("""
+    import re, numpy as np, mwrt
+    mwrt.init_master_worker(local_workers=1, timeout=60)
+    big = np.ones(70_000_000 // 8)  # a closure of 70 MB: one message past the lane's inbox
+    def f(a):
+        return a + big[:3].sum()
+    try:
+        mwrt.remote(f)(mwrt.zeros(3)).numpy()
+    except mwrt.WireError as exc:
+        said = str(exc).partition("did not run: ")[2]  # (the pickled function's size varies)
+        print(type(exc).__name__, re.sub(r"got 7000\d\d\d\d bytes", "got 7000.... bytes", said))
+    print("after", float(mwrt.ones(2).sum()), flush=True)
+    mwrt.shutdown()
+""")
+
+
+def test_one_message_larger_than_a_lanes_inbox_is_refused_as_zeromq_refuses_it():
+    # The daemon stopped reading a lane past 64 MiB unread, even when those bytes were one
+    # message not yet whole: the master waited for room until MWRT_SYNC_TIMEOUT (600 s), its
+    # heartbeat with it, where ZeroMQ's socket takes the message and the worker refuses it.
+    for lanes in ("1", "0"):
+        done = subprocess.run([sys.executable, "-c", _HUGE_FUNCTION], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, "MWRT_LANES": lanes, "MWRT_SYNC_TIMEOUT": "40"})
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines() == [
+            "WireError wire: command frame too large (got 7000.... bytes, limit 1048576; "
+            "MWRT_MAX_FRAME_BYTES)", "after 2.0"], (lanes, done.stdout + done.stderr)
+
+
+_STOPPED = textwrap.dedent("""
+    import os, signal, numpy as np, mwrt
+    from mwrt.master.cluster import current
+    mwrt.init_master_worker(local_workers=2, timeout=60)
+    a = mwrt.ones(3, node=0)
+    pid = current().nodes[1].info.pid
+    os.kill(pid, signal.SIGSTOP)  # its socket thread reads nothing: the lane fills
+    try:
+        with mwrt.node(1):
+            made = [mwrt.dist_send(np.full(7000, 1.0)) for i in range(400)]
+    except mwrt.WorkerLostError as exc:
+        print("lost:", exc.node, str(exc).split("): ")[1].partition(";")[0], flush=True)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    print("node 0", float(a.sum()), flush=True)
+    mwrt.shutdown()
+""")
+
+
+def test_a_send_waiting_for_room_on_a_stopped_workers_lane_ends_as_its_loss():
+    # The master waited for room until MWRT_SYNC_TIMEOUT, holding the node's send lock,
+    # and the heartbeat thread, waiting for that lock to send stale batches, pinged no node
+    # meanwhile: every other worker freed the session, and node 0 was lost too.
+    done = subprocess.run([sys.executable, "-c", _STOPPED], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "MWRT_SYNC_TIMEOUT": "40"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("lost: 1 no heartbeat for "), done.stdout
+    assert lines[1:] == ["node 0 3.0"], done.stdout + done.stderr
