@@ -141,7 +141,42 @@ def _known() -> dict:
                 found[name] = func
     for name in EXTRA:
         found[name] = _lookup(torch, name)
+    for name in _UNINITIALIZED:  # freed memory may hold another session's bytes
+        if name in found:
+            found[name] = _zeroed(found[name], torch)
+    if "torch.Tensor.resize_" in found:
+        found["torch.Tensor.resize_"] = _resize_zeroed(found["torch.Tensor.resize_"], torch)
     return found
+
+
+# torch's functions that hand out memory as it was: run zero-filled, as NumPy's empty is on a
+# worker (handlers.create), so no tensor shows what a freed one held.
+_UNINITIALIZED = ("torch.empty", "torch.empty_like", "torch.empty_strided",
+                  "torch.empty_permuted", "torch.Tensor.new_empty",
+                  "torch.Tensor.new_empty_strided")
+
+
+def _zeroed(func, torch):
+    """`func`, its result zero-filled."""
+    def zeroed(*args, **kwargs):
+        made = func(*args, **kwargs)
+        with torch.no_grad():  # (a leaf made to require grad)
+            made.zero_()
+        return made
+    zeroed.__name__, zeroed.__qualname__ = func.__name__, getattr(func, "__qualname__", "")
+    return zeroed
+
+
+def _resize_zeroed(resize, torch):
+    """Tensor.resize_, the elements it adds zero-filled (those it keeps are torch's)."""
+    def resize_(t, *args, **kwargs):
+        before = t.numel()
+        made = resize(t, *args, **kwargs)
+        if made.numel() > before:  # its storage in order, from the tensor's first element
+            with torch.no_grad():
+                made.as_strided((made.numel(),), (1,))[before:].zero_()
+        return made
+    return resize_
 
 
 def _lookup(torch, name: str):

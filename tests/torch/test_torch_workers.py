@@ -588,3 +588,30 @@ def test_the_training_example_matches_local_torch_bit_for_bit():
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "same losses as local torch, bit for bit: True" in result.stdout, result.stdout
+
+
+def test_torchs_uninitialized_memory_is_handed_out_zero_filled(cluster):
+    # A freed tensor's bytes (another session's, on a shared worker) never show through
+    # torch.empty, empty_like, new_empty or the elements resize_ adds:
+    # they are zeros, as NumPy's empty is on a worker. What resize_ keeps is torch's.
+    def freed():
+        t = mwrt.torch.full((4096,), 7.0)
+        t.torch()
+        del t
+
+    made = {}
+    for name, make in {
+            "empty": lambda: mwrt.torch.empty(4096),
+            "empty_like": lambda: torch.empty_like(mwrt.torch.zeros(4096)),
+            "new_empty": lambda: mwrt.torch.zeros(3).new_empty((4096,)),
+            "empty with grad": lambda: mwrt.torch.empty(4096, requires_grad=True)}.items():
+        freed()
+        made[name] = make().torch()
+    grown = mwrt.torch.ones(4)
+    freed()
+    grown.resize_(4096)
+    made["resize_'s new elements"] = grown.torch()[4:]
+    for name, value in made.items():
+        assert int((value != 0).sum()) == 0, name
+    np.testing.assert_array_equal(grown.torch()[:4].numpy(), np.ones(4, np.float32))
+    assert made["empty with grad"].shape == (4096,)
