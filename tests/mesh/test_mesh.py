@@ -489,3 +489,18 @@ def test_concatenate_and_stack_along_an_unsharded_axis(m):
         joined = np.concatenate([X, X])
     assert joined.placement == Shard(0)
     same(joined, np.concatenate([x, x]))
+
+
+def test_an_operand_numpy_takes_no_array_of_is_pythons_type_error_on_a_mesh(m):
+    # As on one place (tests/ops/test_tensor_ops.py): NotImplemented, then Python's own
+    # TypeError; lists go as NumPy takes them, == of None is an array of False.
+    a = np.arange(8.0)
+    t = mwrt.dist_send(a, mesh=m)
+    for other in (object(), None, {}):
+        kind = type(other).__name__
+        with pytest.raises(TypeError, match=rf"for \+: 'DistributedTensor' and '{kind}'"):
+            t + other
+        with pytest.raises(TypeError, match=rf"for \*: '{kind}' and 'DistributedTensor'"):
+            other * t
+    same(t + [1.0] * 8, a + 1.0)
+    same(t == None, a == None)  # noqa: E711 - NumPy's elementwise comparison
