@@ -341,16 +341,19 @@ class Batches:
         # issued: cheap, and it frees the caller to reuse its array at once.
         message = wire.envelope(self.seq, wire.encode_body(_flat(self.batch) if self.runs
                                                            else self.batch), self.frames)
+        lane = self.lane
+        began = lane.began if lane is not None else -1
         try:
             self._send(message)
-        finally:  # sent, or (a Ctrl-C as it waited for room on the lane) its rest goes next
-            if not self.torn:
+        finally:  # sent, or its rest goes next; unless torn, or a Ctrl-C came before its write
+            if not self.torn and (lane is None or lane.began != began):
                 self.limits.count(len(message))
                 self.batch, self.frames, self.runs = [], [], False
 
     def _send(self, message) -> None:
         """Send a batch's `message` (None: the rest of one a Ctrl-C cut on the lane)."""
         lane = self.lane
+        began = lane.began if lane is not None else -1
         try:
             if lane is None:
                 wire.send_parts(self.tx, [message])
@@ -368,8 +371,8 @@ class Batches:
             self.refusing = True
             raise TimeoutError(f"{self}: {exc} (MWRT_SYNC_TIMEOUT)") from None
         except BaseException:  # a Ctrl-C at the send: whether the batch went out is unknown,
-            if lane is not None and lane.cut:  # (known on the lane as it waited for room)
-                lane.cut = False
+            if lane is not None and (lane.cut or lane.began == began):  # (known on the lane:
+                lane.cut = False  # its rest goes next, or none of it went and it is queued)
                 raise
             self.torn = _CUT_BY_CTRL_C  # so nothing more goes (resent, it could run twice)
             self.refusing = True

@@ -18,6 +18,7 @@ import time
 import zmq
 
 from ..errors import ChannelError, MwrtError, QuotaError, RemoteError, WireError, WorkerLostError
+from ..procs import defer_interrupts
 from ..protocol import wire
 from ..protocol.lane import CONNECTION_CLOSED, LaneClosed
 from . import waits
@@ -268,3 +269,8 @@ class Replies(Batches):
             stream=info.get("stream"), op=info.get("op"),
             remote_traceback=restore_places(info.get("traceback", "")), issued_at=site)
 
+
+# A Ctrl-C landing in wait() itself (as _take_reading returns with rx_lock taken, before the
+# try that lets it go; as _read_until returns the reply) is held back until wait returns:
+# there it left the lock held, and every later wait on the node waited out its timeout.
+defer_interrupts(Replies.wait)

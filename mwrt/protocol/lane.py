@@ -32,6 +32,13 @@ _READ_BYTES = 1 << 18  # one read's most: a 64 KiB inline array's message whole
 _JOINED_BYTES = 1 << 16  # a frame up to this size goes out joined to its length: one copy
 _IOV_MAX = 512  # buffers one sendmsg takes at most (Linux allows 1024)
 _POLLOUT = select.POLLOUT
+# A system call's result must never be lost to an exception that a signal handler
+# raises (a Ctrl-C, where ipykernel's handler holds none back as mwrt's does): Python raises
+# it as a call returns, before its result is stored. list.extend(map(call, args)) stores the
+# result in C, where no handler runs, so the bytes a read took or the count a write sent
+# are kept, and the lane's framing stays whole.
+_READ_ARGS = (_READ_BYTES,)
+_NOSIGNALS, _NO_ANCILLARY = (socket.MSG_NOSIGNAL,), ((),)
 _ROOM_SLICE = 0.05  # s: a write waiting for room calls its check this often (a lost worker)
 # A write to a lane whose other end died fails with EPIPE and never raises SIGPIPE, which
 # would kill a program that restored its default action (a CLI piped to `head` does).
@@ -71,6 +78,9 @@ class Lane:
         # send where that rest was known (send()); else the batch's fate is unknown.
         self.unsent: list = []
         self.cut = False
+        self.began = 0  # messages whose write began (a batch's fate, after a Ctrl-C)
+        self._counts: list = []  # a write's count (see _READ_ARGS)
+        self._got: list = []  # bytes read, not yet merged into _in (see _READ_ARGS)
         self._readable = select.poll()  # (made once: a wait for a reply is on the hot path)
         self._readable.register(self.fd, select.POLLIN)
         self.closed = False
@@ -89,6 +99,8 @@ class Lane:
 
     def message(self) -> list | None:
         """The next whole message read so far (its frames), or None."""
+        if self._got:
+            self._merge()
         buf, pos = self._in, self._pos
         end = len(buf)
         if end - pos < 8:
@@ -98,11 +110,12 @@ class Lane:
             start, pos = pos + 8, pos + 8 + word
             if pos > end:
                 return None
-            if pos == end:
+            found = [buf[start:pos] if type(buf) is bytes else bytes(memoryview(buf)[start:pos])]
+            if pos == end:  # (taken after it is copied: no call from here to the return)
                 self._in, self._pos = b"", 0
             else:
                 self._pos = pos
-            return [buf[start:pos] if type(buf) is bytes else bytes(memoryview(buf)[start:pos])]
+            return found
         return self._frames(buf, pos, end)
 
     def _frames(self, buf, pos: int, end: int) -> list | None:
@@ -132,30 +145,35 @@ class Lane:
     def fill(self) -> bool:
         """Read what the socket holds now (never waiting); True if anything came. A closed
         lane raises LaneClosed."""
-        try:
-            data = self.sock.recv(_READ_BYTES)
+        got = self._got
+        try:  # (the bytes land in `got` in C, kept there until _merge: see _READ_ARGS)
+            got.extend(map(self.sock.recv, _READ_ARGS))
         except (BlockingIOError, InterruptedError):
             return False
         except OSError as exc:
             raise LaneClosed(f"lane: {exc}") from None
-        if not data:
+        if not got[-1]:
             raise LaneClosed("lane: closed by the other end")
-        buf, pos = self._in, self._pos
-        if pos == len(buf):
-            self._in, self._pos = data, 0
-        elif type(buf) is bytearray:
-            if pos > len(buf) >> 1:  # taken messages dropped now and then: linear in all
-                del buf[:pos]
-                self._pos = 0
-            buf += data
-        else:
-            self._in = bytearray(memoryview(buf)[pos:])
-            self._in += data
-            self._pos = 0
+        self._merge()
         return True
+
+    def _merge(self) -> None:
+        """Add the bytes read (`_got`) to those not yet taken, in one store: an exception a
+        signal's handler raises lands before it (they stay in `_got`) or after it."""
+        buf, pos, got = self._in, self._pos, self._got
+        data = got[0] if len(got) == 1 else b"".join(got)
+        if pos == len(buf):
+            self._in, self._pos, self._got = data, 0, []
+            return
+        if type(buf) is bytes or pos > len(buf) >> 1:  # (taken messages dropped now and then)
+            buf, pos = bytearray(memoryview(buf)[pos:]), 0  # a copy: nothing changed yet
+        buf += data  # (no call from here to the store)
+        self._in, self._pos, self._got = buf, pos, []
 
     def unread(self) -> int:
         """Bytes read from the socket and not yet taken as messages."""
+        if self._got:
+            self._merge()
         return len(self._in) - self._pos
 
     def whole(self) -> bool:
@@ -173,7 +191,7 @@ class Lane:
     def take(self) -> list | None:
         """The next whole message, reading what the socket holds first if none is here
         (never waiting); None if none came."""
-        if self._pos != len(self._in):
+        if self._pos != len(self._in) or self._got:
             found = self.message()
             if found is not None:
                 return found
@@ -208,25 +226,35 @@ class Lane:
             self.finish(timeout, check)
         if len(frames) == 1 and len(frames[0]) <= _JOINED_BYTES:  # a batch: one write
             data = _pack(len(frames[0])) + frames[0]
-            try:
-                sent = self.sock.send(data, _NOSIGNAL)
+            counts = self._counts
+            del counts[:]  # (no call from here to the write's: no handler runs in between)
+            self.began += 1
+            try:  # (the count lands in `counts` in C: see _READ_ARGS)
+                counts.extend(map(self.sock.send, (data,), _NOSIGNALS))
             except (BlockingIOError, InterruptedError):
-                sent = 0
+                counts.append(0)
             except OSError as exc:
                 raise LaneClosed(f"lane: {exc}") from None
-            if sent == len(data):
+            except BaseException:  # as the write returned: the rest goes next, as in finish()
+                self.unsent, self.cut = [memoryview(data)[counts[0] if counts else 0:]], True
+                raise
+            if counts[0] == len(data):
                 return
-            self.unsent = [memoryview(data)[sent:]]
+            self.unsent = [memoryview(data)[counts[0]:]]
         else:
-            self.unsent = _views(frames)
+            views = _views(frames)
+            self.unsent = views  # (its bytes were not yet sent: with no call in between)
+            self.began += 1
         self.finish(timeout, check)
 
     def finish(self, timeout: float, check=None) -> None:
         """Write the rest of the message send() began, waiting up to `timeout` for room."""
-        views = self.unsent
+        views, counts = self.unsent, self._counts
         while views:
-            try:
-                sent = self.sock.sendmsg(views[:_IOV_MAX], (), _NOSIGNAL)
+            del counts[:]
+            try:  # (the count lands in `counts` in C: see _READ_ARGS)
+                counts.extend(map(self.sock.sendmsg, (views[:_IOV_MAX],), _NO_ANCILLARY,
+                                  _NOSIGNALS))
             except (BlockingIOError, InterruptedError):
                 try:
                     room = _room(self.fd, timeout, check)
@@ -238,7 +266,12 @@ class Lane:
                 continue
             except OSError as exc:
                 raise LaneClosed(f"lane: {exc}") from None
-            _consume(views, sent)
+            except BaseException:  # as the write returned: `unsent` is what it left
+                if counts:
+                    _consume(views, counts[0])
+                self.cut = True
+                raise
+            _consume(views, counts[0])
 
     def post(self, frames) -> None:
         """Write one message, or as much as the socket takes now and the rest later
@@ -320,8 +353,8 @@ def _writable(fd: int, timeout: float) -> bool:
 # A Ctrl-C is held back while these run (procs.interrupt_handler): landing between a system
 # call and the count of what it moved, it would drop bytes read or leave the count of those
 # written unknown, and the next message would be framed from the middle of another.
-defer_interrupts(Lane.message, Lane._frames, Lane.fill, Lane.take, Lane.recv, Lane.send,
-                 Lane.finish, _views, _consume)
+defer_interrupts(Lane.message, Lane._frames, Lane.fill, Lane._merge, Lane.take, Lane.recv,
+                 Lane.send, Lane.finish, _views, _consume)
 
 
 def open_lane(path: str, sid: bytes, timeout: float) -> Lane | None:

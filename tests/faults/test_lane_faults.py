@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+
 from tests.support.children import ctrl_c_reaches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -92,27 +93,26 @@ def test_a_loop_that_catches_many_ctrl_cs_goes_on_with_right_values(lanes):
 
     from tests.support.children import Lines
 
-    count, pick = 25, random.Random(1)
+    count, pick = 40, random.Random(1)
     child = subprocess.Popen([sys.executable, "-c", _CAUGHT, str(count)], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              preexec_fn=ctrl_c_reaches(), env={**os.environ, "MWRT_LANES": lanes})
-    lines = Lines(child.stdout)
+    lines, said = Lines(child.stdout), []
     try:
         lines.until("ready")
         for n in range(1, count + 1):
-            while True:  # another until it is caught (one may land as the last is caught)
-                time.sleep(pick.uniform(0.005, 0.1))
-                child.send_signal(signal.SIGINT)
-                line = lines.next(60)
-                if line.strip() == f"caught {n}":
-                    break
-                assert line.startswith("caught"), line + lines.rest()
+            time.sleep(pick.uniform(0.005, 0.1))
+            child.send_signal(signal.SIGINT)
+            while (line := lines.next(60)).strip() != f"caught {n}":  # (a log line between)
+                assert line, "".join(said)
+                said.append(line)
         rest = lines.rest(120)
         assert child.wait(60) == 0, rest
     finally:
         child.kill()
         child.wait(60)
-    assert rest.splitlines() == ["wrong 0 6.0", "second 4.0"], rest
+    assert rest.splitlines()[-2:] == ["wrong 0 6.0", "second 4.0"], "".join(said) + rest
+    assert "Traceback" not in "".join(said) + rest, "".join(said) + rest
 
 
 _HUGE_FUNCTION = textwrap.dedent("""
@@ -125,7 +125,7 @@ _HUGE_FUNCTION = textwrap.dedent("""
         mwrt.remote(f)(mwrt.zeros(3)).numpy()
     except mwrt.WireError as exc:
         said = str(exc).partition("did not run: ")[2]  # (the pickled function's size varies)
-        print(type(exc).__name__, re.sub(r"got 7000\d\d\d\d bytes", "got 7000.... bytes", said))
+        print(type(exc).__name__, re.sub(r"got 7000[0-9]+ bytes", "got 7000.... bytes", said))
     print("after", float(mwrt.ones(2).sum()), flush=True)
     mwrt.shutdown()
 """)
